@@ -1,0 +1,57 @@
+"""Errors for bad GGUF files. ``GGUFError`` is the only type that escapes ``gguf``.
+
+::
+
+    GGUFError (+ValueError)        any file we cannot read as GGUF
+    ├── NotGGUFError               the file does not start with the GGUF magic
+    ├── UnsupportedVersionError    version 1, an unknown version, or big-endian
+    ├── TruncatedError             the file ends inside the header or tensor data
+    ├── CorruptHeaderError         lengths, counts, types or text that cannot be right
+    └── MissingShardError          a split model is missing sibling files
+
+Each carries ``path`` and ``offset`` (the byte where the problem starts, or None).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+
+class GGUFError(ValueError):
+    """A file that cannot be read as a GGUF model."""
+
+    def __init__(self, message: str, *, path: Path | str | None = None, offset: int | None = None) -> None:
+        where = ""
+        if path is not None:
+            where = f"{path}"
+            if offset is not None:
+                where += f" (byte {offset})"
+            where += ": "
+        super().__init__(where + message)
+        self.path = Path(path) if path is not None else None
+        self.offset = offset
+        self.reason = message
+
+
+class NotGGUFError(GGUFError):
+    """The file is not a GGUF file at all."""
+
+
+class UnsupportedVersionError(GGUFError):
+    """A GGUF version or byte order this reader does not handle."""
+
+
+class TruncatedError(GGUFError):
+    """The file ends before the header or the tensor data it declares."""
+
+
+class CorruptHeaderError(GGUFError):
+    """A header field holds a value no valid file can have."""
+
+
+class MissingShardError(GGUFError):
+    """Some shards of a split model are missing."""
+
+    def __init__(self, message: str, *, path: Path | str | None = None, missing: list[str] | None = None) -> None:
+        super().__init__(message, path=path)
+        self.missing = missing or []

@@ -1,0 +1,439 @@
+"""Parse one GGUF file's header: metadata, tensor-info table, data offset.
+
+The file is memory-mapped and parsed in place with ``struct.unpack_from``: no
+read of the tensor data, no copy of the header. Large arrays (token lists,
+merges, scores) are skipped, not decoded, and kept as ``LazyArray`` views that
+read and decode their bytes only when asked. Runs of short strings are skipped
+by a compiled regular expression that matches 1024 length-prefixed strings per
+call, which is several times faster than a Python loop over each length.
+
+Every malformed input raises a ``GGUFError`` subclass with the byte offset.
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+import re
+import struct
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from functools import cached_property
+from pathlib import Path
+from types import MappingProxyType
+from typing import Any
+
+from gguf.errors import CorruptHeaderError, GGUFError, NotGGUFError, TruncatedError, UnsupportedVersionError
+from gguf.ggml_types import GGML_TYPES, GGMLType
+
+MAGIC = b"GGUF"
+SUPPORTED_VERSIONS = (2, 3)
+DEFAULT_ALIGNMENT = 32
+MAX_DIMS = 4
+MAX_NAME = 64  # GGML_MAX_NAME, including the terminating NUL
+MAX_NESTING = 8
+
+# GGUF metadata value types.
+UINT8, INT8, UINT16, INT16, UINT32, INT32, FLOAT32, BOOL, STRING, ARRAY, UINT64, INT64, FLOAT64 = range(13)
+VALUE_TYPE_NAMES = (
+    "uint8", "int8", "uint16", "int16", "uint32", "int32", "float32", "bool", "string", "array",
+    "uint64", "int64", "float64",
+)
+#: struct format character and size of each fixed-size value type.
+FIXED: dict[int, tuple[str, int]] = {
+    UINT8: ("B", 1), INT8: ("b", 1), UINT16: ("H", 2), INT16: ("h", 2), UINT32: ("I", 4),
+    INT32: ("i", 4), FLOAT32: ("f", 4), BOOL: ("?", 1), UINT64: ("Q", 8), INT64: ("q", 8),
+    FLOAT64: ("d", 8),
+}
+
+#: Arrays longer than this are kept lazy (strings) ...
+EAGER_STRINGS = 64
+#: ... or longer than this (numbers); per-layer arrays stay eager.
+EAGER_NUMBERS = 4096
+
+_U32 = struct.Struct("<I").unpack_from
+_U64 = struct.Struct("<Q").unpack_from
+_U32U64 = struct.Struct("<IQ").unpack_from
+
+_SKIP_CHUNK = 1024
+_short_strings: re.Pattern[bytes] | None = None
+
+
+def _short_string_run() -> re.Pattern[bytes]:
+    """Return a regex matching ``_SKIP_CHUNK`` consecutive strings shorter than 256 bytes."""
+    global _short_strings
+    if _short_strings is None:
+        one = b"|".join(re.escape(bytes([n])) + b"\x00{7}" + b".{%d}" % n for n in range(256))
+        _short_strings = re.compile(b"(?>" + one + b"){%d}" % _SKIP_CHUNK, re.DOTALL)
+    return _short_strings
+
+
+@dataclass(frozen=True)
+class TensorInfo:
+    """One entry of the tensor-info table."""
+
+    name: str
+    shape: tuple[int, ...]  # ggml order: shape[0] is the contiguous dimension
+    ggml_type: GGMLType
+    offset: int  # relative to the file's data section
+    n_bytes: int
+    shard: int = 0  # index of the shard file holding the data
+
+    @property
+    def n_elements(self) -> int:
+        n = 1
+        for d in self.shape:
+            n *= d
+        return n
+
+
+@dataclass(frozen=True)
+class StatKey:
+    """Identity of a file's contents for caching: same key, same bytes (in practice)."""
+
+    size: int
+    mtime_ns: int
+    inode: int
+    device: int
+
+    @classmethod
+    def of(cls, st: os.stat_result) -> StatKey:
+        return cls(st.st_size, st.st_mtime_ns, st.st_ino, st.st_dev)
+
+
+@dataclass(frozen=True, eq=False)
+class LazyArray:
+    """A large metadata array, decoded from the file only when read."""
+
+    path: Path
+    offset: int  # first element
+    end: int  # one past the last element's last byte
+    count: int
+    element_type: int
+    stat_key: StatKey
+
+    def __len__(self) -> int:
+        return self.count
+
+    def __iter__(self) -> Iterator[Any]:
+        return iter(self.values)
+
+    def __getitem__(self, index: int) -> Any:
+        return self.values[index]
+
+    def __repr__(self) -> str:
+        return f"LazyArray({VALUE_TYPE_NAMES[self.element_type]}[{self.count}])"
+
+    @cached_property
+    def values(self) -> tuple[Any, ...]:
+        """Every element, decoded (read from the file on first access)."""
+        with self.path.open("rb") as fh:
+            if StatKey.of(os.fstat(fh.fileno())) != self.stat_key:
+                raise GGUFError("the file changed since its header was read; read it again", path=self.path)
+            fh.seek(self.offset)
+            data = fh.read(self.end - self.offset)
+        if len(data) != self.end - self.offset:
+            raise TruncatedError("the file is shorter than when its header was read", path=self.path)
+        if self.element_type == STRING:
+            try:
+                return tuple(_decode_strings(data, self.count, self.path, self.offset))
+            except struct.error:
+                raise CorruptHeaderError("a string array runs past its recorded end", path=self.path) from None
+        fmt, _ = FIXED[self.element_type]
+        return struct.unpack_from(f"<{self.count}{fmt}", data)
+
+
+def _decode_strings(data: bytes, count: int, path: Path, base: int) -> Iterator[str]:
+    off = 0
+    for _ in range(count):
+        (n,) = _U64(data, off)
+        raw = data[off + 8 : off + 8 + n]
+        try:
+            yield raw.decode("utf-8")
+        except UnicodeDecodeError:
+            raise CorruptHeaderError("a string in an array is not valid UTF-8", path=path, offset=base + off) from None
+        off += 8 + n
+
+
+@dataclass(frozen=True)
+class Header:
+    """The parsed header of one GGUF file."""
+
+    path: Path
+    version: int
+    metadata: Mapping[str, Any]
+    value_types: Mapping[str, tuple[int, ...]]  # (type,) or (ARRAY, element type, ...)
+    tensors: tuple[TensorInfo, ...]
+    alignment: int
+    data_offset: int
+    file_size: int
+    stat_key: StatKey = field(repr=False)
+
+    @property
+    def tensor_bytes(self) -> int:
+        return sum(t.n_bytes for t in self.tensors)
+
+
+def read_header(path: str | os.PathLike[str], shard: int = 0) -> Header:
+    """Return the parsed header of the GGUF file at ``path``.
+
+    Raises:
+        GGUFError: the file is missing, unreadable, or not a valid GGUF file.
+    """
+    path = Path(path)
+    try:
+        fh = path.open("rb")
+    except OSError as exc:
+        raise GGUFError(f"cannot open the file: {exc.strerror or exc}", path=path) from exc
+    with fh:
+        st = os.fstat(fh.fileno())
+        size = st.st_size
+        if size < 24:
+            _check_magic(fh.read(4), path)
+            raise TruncatedError(f"the file is only {size} bytes; a GGUF header needs at least 24", path=path)
+        try:
+            buf = mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ)
+        except (OSError, ValueError) as exc:
+            raise GGUFError(f"cannot map the file: {exc}", path=path) from exc
+        with buf:
+            return _Parser(buf, size, path, StatKey.of(st), shard).header()
+
+
+def _check_magic(magic: bytes, path: Path) -> None:
+    if magic != MAGIC:
+        raise NotGGUFError(
+            f"not a GGUF file (it starts with {magic[:4]!r}, not b'GGUF'); is this the right file?",
+            path=path, offset=0,
+        )
+
+
+class _Parser:
+    """One pass over a mapped header; ``off`` always points at the next unread byte."""
+
+    def __init__(self, buf: mmap.mmap, size: int, path: Path, stat_key: StatKey, shard: int) -> None:
+        self.buf = buf
+        self.size = size
+        self.path = path
+        self.stat_key = stat_key
+        self.shard = shard
+        self.off = 0
+
+    # -- errors -------------------------------------------------------------
+    def corrupt(self, message: str, offset: int | None = None) -> CorruptHeaderError:
+        return CorruptHeaderError(message, path=self.path, offset=self.off if offset is None else offset)
+
+    def truncated(self, what: str, offset: int) -> TruncatedError:
+        return TruncatedError(
+            f"the file ends inside {what} (it is {self.size} bytes); the download may be incomplete",
+            path=self.path, offset=offset,
+        )
+
+    # -- header -------------------------------------------------------------
+    def header(self) -> Header:
+        buf = self.buf
+        _check_magic(buf[:4], self.path)
+        (version,) = _U32(buf, 4)
+        if version not in SUPPORTED_VERSIONS:
+            (as_big,) = struct.unpack_from(">I", buf, 4)
+            if as_big in SUPPORTED_VERSIONS:
+                raise UnsupportedVersionError(
+                    "this is a big-endian GGUF file (made for s390x or similar); convert it to "
+                    "little-endian to use it here", path=self.path, offset=4)
+            if version == 1:
+                raise UnsupportedVersionError(
+                    "GGUF version 1 (2023, 32-bit lengths) is not supported; re-convert the model "
+                    "with a current llama.cpp", path=self.path, offset=4)
+            raise UnsupportedVersionError(
+                f"unknown GGUF version {version}; this reader handles versions 2 and 3",
+                path=self.path, offset=4)
+        n_tensors, n_kv = struct.unpack_from("<QQ", buf, 8)
+        self.off = 24
+        # Each key/value needs at least 13 bytes and each tensor info 28: reject
+        # counts the file cannot possibly hold before looping over them.
+        if n_kv * 13 > self.size - 24:
+            raise self.corrupt(f"the header claims {n_kv} metadata entries, more than the file can hold", 16)
+        if n_tensors * 28 > self.size - 24:
+            raise self.corrupt(f"the header claims {n_tensors} tensors, more than the file can hold", 8)
+        metadata: dict[str, Any] = {}
+        types: dict[str, tuple[int, ...]] = {}
+        for _ in range(n_kv):
+            start = self.off
+            key = self.string("a metadata key")
+            if not key:
+                raise self.corrupt("a metadata key is empty", start)
+            if key in metadata:
+                raise self.corrupt(f"metadata key {key!r} appears twice", start)
+            vtype = self.u32("a value type")
+            value, vtypes = self.value(vtype, key, 0)
+            metadata[key] = value
+            types[key] = vtypes
+        alignment = metadata.get("general.alignment", DEFAULT_ALIGNMENT)
+        if "general.alignment" in types and types["general.alignment"] != (UINT32,):
+            raise self.corrupt("general.alignment must be a uint32 (llama.cpp refuses other types)")
+        if alignment <= 0 or alignment & (alignment - 1):
+            raise self.corrupt(f"general.alignment is {alignment!r}; it must be a power of two")
+        infos = [self.tensor_info() for _ in range(n_tensors)]
+        data_offset = -(-self.off // alignment) * alignment
+        tensors = self.check_tensors(infos, data_offset, alignment)
+        return Header(
+            path=self.path, version=version, metadata=MappingProxyType(metadata),
+            value_types=MappingProxyType(types), tensors=tensors, alignment=alignment,
+            data_offset=data_offset, file_size=self.size, stat_key=self.stat_key,
+        )
+
+    # -- primitives ---------------------------------------------------------
+    def u32(self, what: str) -> int:
+        if self.off + 4 > self.size:
+            raise self.truncated(what, self.off)
+        (v,) = _U32(self.buf, self.off)
+        self.off += 4
+        return v
+
+    def u64(self, what: str) -> int:
+        if self.off + 8 > self.size:
+            raise self.truncated(what, self.off)
+        (v,) = _U64(self.buf, self.off)
+        self.off += 8
+        return v
+
+    def string(self, what: str) -> str:
+        start = self.off
+        n = self.u64(what)
+        end = self.off + n
+        if end > self.size:
+            raise TruncatedError(
+                f"{what} claims {n} bytes but the file ends {self.size - self.off} bytes later; "
+                "the file is truncated or corrupt", path=self.path, offset=start)
+        try:
+            text = self.buf[self.off:end].decode("utf-8")
+        except UnicodeDecodeError:
+            raise self.corrupt(f"{what} is not valid UTF-8", start) from None
+        self.off = end
+        return text
+
+    # -- values -------------------------------------------------------------
+    def value(self, vtype: int, key: str, depth: int) -> tuple[Any, tuple[int, ...]]:
+        if vtype in FIXED:
+            fmt, n = FIXED[vtype]
+            if self.off + n > self.size:
+                raise self.truncated(f"the value of {key!r}", self.off)
+            (v,) = struct.unpack_from("<" + fmt, self.buf, self.off)
+            self.off += n
+            return v, (vtype,)
+        if vtype == STRING:
+            return self.string(f"the value of {key!r}"), (STRING,)
+        if vtype == ARRAY:
+            return self.array(key, depth)
+        raise self.corrupt(f"unknown value type {vtype} for key {key!r}", self.off - 4)
+
+    def array(self, key: str, depth: int) -> tuple[Any, tuple[int, ...]]:
+        if depth >= MAX_NESTING:
+            raise self.corrupt(f"arrays in {key!r} are nested more than {MAX_NESTING} deep")
+        start = self.off
+        etype = self.u32(f"the array type of {key!r}")
+        count = self.u64(f"the array length of {key!r}")
+        remaining = self.size - self.off
+        if etype in FIXED:
+            fmt, n = FIXED[etype]
+            if count * n > remaining:
+                raise self.truncated(f"the {count}-element array {key!r}", start)
+            if count > EAGER_NUMBERS:
+                lazy = LazyArray(self.path, self.off, self.off + count * n, count, etype, self.stat_key)
+                self.off += count * n
+                return lazy, (ARRAY, etype)
+            values = list(struct.unpack_from(f"<{count}{fmt}", self.buf, self.off))
+            self.off += count * n
+            return values, (ARRAY, etype)
+        if etype == STRING:
+            if count * 8 > remaining:
+                raise self.truncated(f"the {count}-string array {key!r}", start)
+            if count > EAGER_STRINGS:
+                first = self.off
+                self.skip_strings(count, key)
+                return LazyArray(self.path, first, self.off, count, STRING, self.stat_key), (ARRAY, STRING)
+            return [self.string(f"an element of {key!r}") for _ in range(count)], (ARRAY, STRING)
+        if etype == ARRAY:
+            if count * 12 > remaining:
+                raise self.truncated(f"the {count}-array array {key!r}", start)
+            items = []
+            inner_types = set()
+            for _ in range(count):
+                v, inner = self.array(key, depth + 1)
+                items.append(v)
+                inner_types.add(inner)
+            # One shared inner type is recorded; mixed inner arrays record none.
+            return items, (ARRAY, *inner_types.pop()) if len(inner_types) == 1 else (ARRAY, ARRAY)
+        raise self.corrupt(f"unknown array element type {etype} in {key!r}", start)
+
+    def skip_strings(self, count: int, key: str) -> None:
+        buf, off, size = self.buf, self.off, self.size
+        match = _short_string_run().match
+        try:
+            while count >= _SKIP_CHUNK:
+                m = match(buf, off)
+                if m is not None:
+                    off = m.end()
+                else:  # a string of 256+ bytes in this run: step through it one by one
+                    for _ in range(_SKIP_CHUNK):
+                        off += 8 + _U64(buf, off)[0]
+                count -= _SKIP_CHUNK
+            for _ in range(count):
+                off += 8 + _U64(buf, off)[0]
+        except (struct.error, OverflowError):  # a length that points past the end
+            raise self.truncated(f"the string array {key!r}", self.off) from None
+        if off > size:
+            raise self.truncated(f"the string array {key!r}", self.off)
+        self.off = off
+
+    # -- tensors ------------------------------------------------------------
+    def tensor_info(self) -> tuple[str, tuple[int, ...], int, int, int]:
+        start = self.off
+        name = self.string("a tensor name")
+        if len(name.encode()) >= MAX_NAME:
+            raise self.corrupt(f"tensor name {name[:40]!r}... is {len(name.encode())} bytes; ggml allows {MAX_NAME - 1}", start)
+        n_dims = self.u32(f"the dimension count of tensor {name!r}")
+        if n_dims > MAX_DIMS:
+            raise self.corrupt(f"tensor {name!r} has {n_dims} dimensions; ggml allows at most {MAX_DIMS}", start)
+        if self.off + 8 * n_dims + 12 > self.size:
+            raise self.truncated(f"the info of tensor {name!r}", start)
+        shape = struct.unpack_from(f"<{n_dims}Q", self.buf, self.off)
+        self.off += 8 * n_dims
+        ttype = self.u32(f"the type of tensor {name!r}")
+        offset = self.u64(f"the offset of tensor {name!r}")
+        return name, shape, ttype, offset, start
+
+    def check_tensors(self, infos: list, data_offset: int, alignment: int) -> tuple[TensorInfo, ...]:
+        data_size = self.size - data_offset
+        seen: set[str] = set()
+        out = []
+        expected_offset = 0  # llama.cpp requires tensors packed in table order, each padded
+        for name, shape, ttype, offset, start in infos:
+            if name in seen:
+                raise self.corrupt(f"tensor {name!r} appears twice", start)
+            seen.add(name)
+            gtype = GGML_TYPES.get(ttype)
+            if gtype is None:
+                raise self.corrupt(
+                    f"tensor {name!r} has unknown ggml type {ttype}; the file may need a newer llama.cpp", start)
+            n = 1
+            for d in shape:
+                n *= d
+            if n >= 1 << 62 or any(d >= 1 << 62 for d in shape):
+                raise self.corrupt(f"tensor {name!r} has an impossible shape {list(shape)}", start)
+            if shape and shape[0] % gtype.block_size:
+                raise self.corrupt(
+                    f"tensor {name!r} has {shape[0]} columns, not a multiple of the {gtype.name} block "
+                    f"size {gtype.block_size}", start)
+            nbytes = gtype.nbytes(n)
+            if offset != expected_offset:
+                raise self.corrupt(
+                    f"tensor {name!r} has data offset {offset}, but the tensors before it end at "
+                    f"{expected_offset}; llama.cpp refuses such files", start)
+            expected_offset += -(-nbytes // alignment) * alignment
+            if offset + nbytes > data_size:
+                raise TruncatedError(
+                    f"tensor {name!r} needs bytes up to {data_offset + offset + nbytes}, but the file has "
+                    f"{self.size}; the download is incomplete or the file is corrupt",
+                    path=self.path, offset=start)
+            out.append(TensorInfo(name, tuple(shape), gtype, offset, nbytes, self.shard))
+        return tuple(out)
