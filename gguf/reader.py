@@ -55,6 +55,11 @@ _U32 = struct.Struct("<I").unpack_from
 _U64 = struct.Struct("<Q").unpack_from
 _U32U64 = struct.Struct("<IQ").unpack_from
 
+try:  # the optional C loop (gguf/_skip.c); the regex path below is the fallback
+    from gguf._skip import skip_strings as c_skip_strings
+except ImportError:  # pragma: no cover - depends on the install having a compiler
+    c_skip_strings = None
+
 _SKIP_CHUNK = 1024
 _short_strings: re.Pattern[bytes] | None = None
 
@@ -366,6 +371,12 @@ class _Parser:
         raise self.corrupt(f"unknown array element type {etype} in {key!r}", start)
 
     def skip_strings(self, count: int, key: str) -> None:
+        if c_skip_strings is not None:
+            end = c_skip_strings(self.buf, self.off, count)
+            if end is None:
+                raise self.truncated(f"the string array {key!r}", self.off)
+            self.off = end
+            return
         buf, off, size = self.buf, self.off, self.size
         match = _short_string_run().match
         try:

@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
 """Benchmark the GGUF reader: header + facts, cold and cached, against baselines.
 
-Prints the median of N runs for each file, next to a plain struct+seek reader
-measured in the same run, and PyPI ``gguf`` (GGUFReader) when a separate venv
+Prints the median of N runs for each file ("cold": metadata cache cleared, file
+in the page cache; "cold(py)": the same without the C string skipper), next to a
+plain struct+seek reader measured in the same run, and PyPI ``gguf`` (GGUFReader) when a separate venv
 with it is given by ``--reference-python`` (never install it into .venv: our own
 package is also called ``gguf``).
 
@@ -23,6 +24,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import gguf  # noqa: E402
+from gguf import reader  # noqa: E402
 from launcher.build import layout_for, load_pin  # noqa: E402
 
 FIXED = {0: 1, 1: 1, 2: 2, 3: 2, 4: 4, 5: 4, 6: 4, 7: 1, 10: 8, 11: 8, 12: 8}
@@ -64,21 +66,20 @@ def struct_seek_baseline(path: Path) -> int:
 
 def ours_cold(path: Path) -> object:
     gguf.clear_cache()
-    f = gguf.read(path)
-    return f.facts if _has_facts() else f
+    return gguf.read(path).facts
+
+
+def ours_cold_pure_python(path: Path) -> object:
+    """The same, with the C string skipper switched off (the fallback path)."""
+    saved, reader.c_skip_strings = reader.c_skip_strings, None
+    try:
+        return ours_cold(path)
+    finally:
+        reader.c_skip_strings = saved
 
 
 def ours_cached(path: Path) -> object:
-    f = gguf.read(path)
-    return f.facts if _has_facts() else f
-
-
-def _has_facts() -> bool:
-    try:
-        import gguf.facts  # noqa: F401
-    except ImportError:
-        return False
-    return True
+    return gguf.read(path).facts
 
 
 def median_ms(fn, path: Path, runs: int) -> float:
@@ -122,12 +123,15 @@ def main() -> int:
         home / "models" / "gemma-3-270m-it-Q4_K_M.gguf",
     ]
     ref = args.reference_python or (str(Path(".venv-ref/bin/python")) if Path(".venv-ref/bin/python").exists() else None)
-    print(f"{'file':32} {'baseline':>10} {'cold':>9} {'cached':>9} {'base/cold':>10}" + (f" {'pypi gguf':>10}" if ref else ""))
+    print(f"C string skipper: {'built' if reader.c_skip_strings else 'NOT built (cold = pure Python)'}")
+    print(f"{'file':32} {'baseline':>10} {'cold':>9} {'cold(py)':>9} {'cached':>9} {'base/cold':>10}"
+          + (f" {'pypi gguf':>10}" if ref else ""))
     for path in files:
         base = median_ms(struct_seek_baseline, path, args.runs)
         cold = median_ms(ours_cold, path, args.runs)
+        pure = median_ms(ours_cold_pure_python, path, args.runs)
         cached = median_ms(ours_cached, path, args.runs * 20)
-        line = f"{path.name:32} {base:8.2f}ms {cold:7.2f}ms {cached:7.3f}ms {base / cold:9.1f}x"
+        line = f"{path.name:32} {base:8.2f}ms {cold:7.2f}ms {pure:7.2f}ms {cached:7.3f}ms {base / cold:9.1f}x"
         if ref:
             r = reference_ms(ref, path, max(3, args.runs // 5))
             line += f" {r:8.1f}ms" if r is not None else "     failed"

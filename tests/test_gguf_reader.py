@@ -123,6 +123,42 @@ def test_large_vocab_arrays_are_lazy_and_decode_on_demand(llama_src, name, n_tok
     assert " " in merges[0]
 
 
+@pytest.fixture(params=["c", "python"])
+def skip_path(request, monkeypatch):
+    """Run a test with the C string skipper and with the pure-Python fallback."""
+    from gguf import reader
+
+    if request.param == "python":
+        monkeypatch.setattr(reader, "c_skip_strings", None)
+    else:
+        assert reader.c_skip_strings is not None, "the C accelerator was not built by `pip install -e .`"
+    return request.param
+
+
+@pytest.mark.parametrize("name", ["ggml-vocab-qwen2.gguf", "ggml-vocab-gemma-4.gguf", "ggml-vocab-llama-spm.gguf"])
+def test_c_and_python_string_skipping_agree(llama_src, name, monkeypatch):
+    from gguf import reader
+
+    path = llama_src / "models" / name
+    fast = gguf.read(path, cache=False)
+    monkeypatch.setattr(reader, "c_skip_strings", None)
+    slow = gguf.read(path, cache=False)
+    assert fast.shards[0].data_offset == slow.shards[0].data_offset
+    for key, value in fast.metadata.items():
+        other = slow.metadata[key]
+        if isinstance(value, gguf.LazyArray):
+            assert (value.offset, value.end, value.count) == (other.offset, other.end, other.count), key
+        else:
+            assert value == other, key
+
+
+def test_long_strings_in_a_big_array_take_the_slow_step(tmp_path, skip_path):
+    words = [("w" * (i % 700)) for i in range(5000)]  # lengths past 255 break the regex's fast runs
+    big = kv("v.words", ARRAY, struct.pack("<IQ", STRING, len(words)) + b"".join(s(w) for w in words))
+    f = gguf.read(write(tmp_path, header([big, kv("v.after", UINT8, b"\x07")])), cache=False)
+    assert list(f.metadata["v.words"]) == words and f.metadata["v.after"] == 7
+
+
 def test_cache_returns_the_same_object_until_the_file_changes(tmp_path):
     p = write(tmp_path, small_model())
     first = gguf.read(p)
@@ -236,7 +272,7 @@ BAD_FILES = {
 
 
 @pytest.mark.parametrize("case", list(BAD_FILES))
-def test_bad_file_raises_one_clear_error(tmp_path, case):
+def test_bad_file_raises_one_clear_error(tmp_path, case, skip_path):
     data, error, words = BAD_FILES[case]
     path = write(tmp_path, data)
     with pytest.raises(error) as info:
