@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import shlex
 import signal
 import sys
@@ -12,6 +13,7 @@ from typing import Annotated, Optional
 import click
 import typer
 
+import gguf
 from launcher.build import ProgressFn, ensure_built, load_pin
 from launcher.command import server_argv
 from launcher.discovery import find_llama_server
@@ -20,6 +22,7 @@ from launcher.process import LlamaServer
 from studio import __version__
 from studio.default_model import DefaultModelError, ensure_default_model
 from studio.logs import configure_logging
+from studio.model_summary import render, summary
 from studio.settings import Settings
 
 app = typer.Typer(
@@ -100,6 +103,16 @@ def build_llama(
 def fetch_model() -> None:
     """Assemble the embedded default model (Gemma 3 270M) into the models dir."""
     typer.echo(ensure_default_model(Settings.from_env().models_dir))
+
+
+@app.command()
+def inspect(
+    file: Annotated[Path, typer.Argument(help="A .gguf file (any shard of a split model).")],
+    json_output: Annotated[bool, typer.Option("--json", help="Print JSON instead of text.")] = False,
+) -> None:
+    """Summarise a GGUF model: architecture, size, context, KV cost, SWA, MTP, template."""
+    info = summary(gguf.read(file))
+    typer.echo(json.dumps(info, indent=2) if json_output else render(info))
 
 
 @app.command()

@@ -1,0 +1,100 @@
+"""A person-readable (and JSON) summary of a GGUF model, for ``ggstudio inspect``."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from gguf import GGUFFile
+from gguf.templates import template_capabilities
+
+MIB = 1024 * 1024
+
+
+def summary(model: GGUFFile) -> dict[str, Any]:
+    """Return the facts a user asks about first, as plain JSON-able values."""
+    f = model.facts
+    kv = f.kv_bytes_per_token(2.0)
+    caps = template_capabilities(f.chat_template) if f.chat_template else None
+    swa_count = sum(f.swa_layers)
+    return {
+        "path": str(model.path),
+        "architecture": f.architecture,
+        "name": f.name,
+        "size_label": f.size_label,
+        "parameters": f.parameter_count,
+        "quant": f.quant_label,
+        "quant_description": f.file_type_description,
+        "file_bytes": model.file_size,
+        "native_context": f.context_length,
+        "layers": f.layer_count,
+        "blocks": f.block_count,
+        "embedding_length": f.embedding_length,
+        "heads": _collapse(f.head_count),
+        "kv_heads": _collapse(f.head_count_kv),
+        "head_dim_k": f.key_length,
+        "head_dim_v": f.value_length,
+        "kv_f16_bytes_per_1k_tokens": {"full": kv.full * 1024, "swa": kv.swa * 1024},
+        "sliding_window": f.sliding_window if swa_count else 0,
+        "swa_layers": swa_count,
+        "recurrent_layers": sum(f.recurrent_layers),
+        "mla_kv_lora_rank": f.kv_lora_rank,
+        "mtp_layers": f.nextn_predict_layers,
+        "experts": f.expert_count,
+        "experts_used": f.expert_used_count,
+        "vocab_size": f.vocab_size,
+        "chat_template": dataclasses.asdict(caps) if caps else None,
+        "shards": [str(h.path) for h in model.shards],
+        "approximate": f.approximate,
+        "notes": list(f.notes),
+    }
+
+
+def _collapse(values: tuple[int, ...]) -> int | list[int]:
+    """One number when every layer agrees, else the per-layer list."""
+    return values[0] if values and len(set(values)) == 1 else list(values)
+
+
+def render(info: dict[str, Any]) -> str:
+    """Return ``summary`` as aligned text lines."""
+    kv = info["kv_f16_bytes_per_1k_tokens"]
+    caps = info["chat_template"]
+    rows = [
+        ("architecture", f"{info['architecture']}" + (f"  ({info['name']})" if info["name"] else "")),
+        ("parameters", _count(info["parameters"]) + (f"  (label {info['size_label']})" if info["size_label"] else "")),
+        ("quant", f"{info['quant']}  ({info['quant_description']}), {info['file_bytes'] / MIB:,.1f} MiB on disk"),
+        ("native context", f"{info['native_context']:,} tokens"),
+        ("layers", f"{info['layers']}" + (f" (+{info['blocks'] - info['layers']} extra blocks)" if info["blocks"] != info["layers"] else "")),
+        ("heads", f"{info['heads']} query, {info['kv_heads']} KV; head dim K {info['head_dim_k']} / V {info['head_dim_v']}"),
+        ("KV per 1k tokens", f"{(kv['full'] + kv['swa']) / MIB:,.2f} MiB at f16"
+         + (f" ({kv['swa'] / MIB:,.2f} MiB of it in SWA layers, capped by the window)" if kv["swa"] else "")),
+        ("sliding window", f"{info['sliding_window']} tokens on {info['swa_layers']} of {info['blocks']} layers"
+         if info["swa_layers"] else "none"),
+        ("recurrent", f"{info['recurrent_layers']} layers" if info["recurrent_layers"] else "none"),
+        ("MLA", f"kv_lora_rank {info['mla_kv_lora_rank']}" if info["mla_kv_lora_rank"] else "no"),
+        ("MTP", f"yes, {info['mtp_layers']} layer(s)" if info["mtp_layers"] else "no"),
+        ("experts", f"{info['experts']} ({info['experts_used']} used per token)" if info["experts"] else "none (dense)"),
+        ("vocab", f"{info['vocab_size']:,} tokens"),
+        ("chat template", _template_line(caps)),
+        ("shards", f"{len(info['shards'])} file(s)"),
+    ]
+    if info["approximate"] or info["notes"]:
+        rows.append(("notes", "; ".join(info["notes"]) or "approximate"))
+    width = max(len(k) for k, _ in rows)
+    return "\n".join([info["path"]] + [f"  {k:<{width}}  {v}" for k, v in rows])
+
+
+def _template_line(caps: dict[str, Any] | None) -> str:
+    if caps is None:
+        return "none in the file"
+    reasoning = "no"
+    if caps["supports_reasoning"]:
+        reasoning = "always on" if caps["always_thinks"] else f"yes (switch: {caps['reasoning_style']})"
+    return f"reasoning {reasoning}; tools {'yes' if caps['supports_tools'] else 'no'}"
+
+
+def _count(n: int) -> str:
+    for unit, scale in (("T", 1e12), ("B", 1e9), ("M", 1e6), ("K", 1e3)):
+        if n >= scale:
+            return f"{n / scale:.2f} {unit}"
+    return str(n)

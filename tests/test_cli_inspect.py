@@ -1,0 +1,50 @@
+"""`ggstudio inspect`: what a user sees about a model, as text and JSON."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+CLI = str(Path(sys.executable).parent / "ggstudio")
+
+
+def run(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([CLI, *args], capture_output=True, text=True, timeout=60)
+
+
+def test_inspect_gemma_text(gemma_model):
+    out = run("inspect", str(gemma_model))
+    assert out.returncode == 0, out.stderr
+    text = out.stdout
+    assert "gemma3" in text and "268.10 M" in text and "Q4_K_M" in text
+    assert "32,768 tokens" in text
+    assert "512 tokens on 15 of 18 layers" in text
+    assert "MTP               no" in text
+
+
+def test_inspect_gemma_json(gemma_model):
+    out = run("inspect", "--json", str(gemma_model))
+    info = json.loads(out.stdout)
+    assert info["architecture"] == "gemma3" and info["layers"] == 18
+    assert info["heads"] == 4 and info["kv_heads"] == 1 and info["head_dim_k"] == 256
+    # 18 layers x 1 KV head x (256 K + 256 V) x 2 bytes x 1024 tokens; 15 of them are SWA layers.
+    assert info["kv_f16_bytes_per_1k_tokens"] == {"full": 3 * 1024 * 1024, "swa": 15 * 1024 * 1024}
+    assert info["shards"] == [str(gemma_model)]
+
+
+def test_inspect_vocab_with_a_template(llama_src):
+    out = run("inspect", "--json", str(llama_src / "models" / "ggml-vocab-qwen2.gguf"))
+    info = json.loads(out.stdout)
+    assert info["vocab_size"] == 151936
+    assert info["chat_template"]["supports_tools"] is False
+
+
+def test_inspect_bad_file_is_one_line(tmp_path):
+    bad = tmp_path / "model.gguf"
+    bad.write_bytes(b"GGUF" + b"\x03\0\0\0" + b"\xff" * 16)
+    out = run("inspect", str(bad))
+    assert out.returncode == 1
+    assert out.stderr.startswith("error: ") and str(bad) in out.stderr
+    assert "Traceback" not in out.stderr and out.stderr.count("\n") == 1
