@@ -3,9 +3,10 @@
 
 Prints the median of N runs for each file ("cold": metadata cache cleared, file
 in the page cache; "cold(py)": the same without the C string skipper), next to a
-plain struct+seek reader measured in the same run, and PyPI ``gguf`` (GGUFReader) when a separate venv
-with it is given by ``--reference-python`` (never install it into .venv: our own
-package is also called ``gguf``).
+plain struct+seek reader measured in the same run, and PyPI ``gguf`` (GGUFReader)
+from a separate venv: ``--reference-python``, or ``.venv-ref/`` when present
+(``python3 -m venv .venv-ref && .venv-ref/bin/pip install gguf``). Never install
+it into .venv: our own package is also called ``gguf``.
 
     .venv/bin/python scripts/bench_gguf.py [--runs 15] [--reference-python PATH]
 """
@@ -105,7 +106,8 @@ print(statistics.median(ts) * 1000)
 
 
 def reference_ms(python: str, path: Path, runs: int) -> float | None:
-    out = subprocess.run([python, "-c", REFERENCE_SNIPPET, str(path), str(runs)], capture_output=True, text=True)
+    # cwd="/": run outside the checkout so its own `gguf` package cannot shadow PyPI's.
+    out = subprocess.run([python, "-c", REFERENCE_SNIPPET, str(path), str(runs)], capture_output=True, text=True, cwd="/")
     return float(out.stdout.strip()) if out.returncode == 0 else None
 
 
@@ -122,7 +124,8 @@ def main() -> int:
         src / "ggml-vocab-gemma-4.gguf",
         home / "models" / "gemma-3-270m-it-Q4_K_M.gguf",
     ]
-    ref = args.reference_python or (str(Path(".venv-ref/bin/python")) if Path(".venv-ref/bin/python").exists() else None)
+    default_ref = Path(__file__).resolve().parent.parent / ".venv-ref" / "bin" / "python"
+    ref = args.reference_python or (str(default_ref) if default_ref.exists() else None)
     print(f"C string skipper: {'built' if reader.c_skip_strings else 'NOT built (cold = pure Python)'}")
     print(f"{'file':32} {'baseline':>10} {'cold':>9} {'cold(py)':>9} {'cached':>9} {'base/cold':>10}"
           + (f" {'pypi gguf':>10}" if ref else ""))
