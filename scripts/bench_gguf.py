@@ -122,7 +122,7 @@ def main() -> int:
     files = args.files or [
         src / "ggml-vocab-qwen2.gguf",
         src / "ggml-vocab-gemma-4.gguf",
-        home / "models" / "gemma-3-270m-it-Q4_K_M.gguf",
+        home / "models" / "gemma-3-270m-Q4_K_M.gguf",
     ]
     default_ref = Path(__file__).resolve().parent.parent / ".venv-ref" / "bin" / "python"
     ref = args.reference_python or (str(default_ref) if default_ref.exists() else None)

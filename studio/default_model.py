@@ -11,7 +11,7 @@ import json
 import os
 from pathlib import Path
 
-FILENAME = "gemma-3-270m-it-Q4_K_M.gguf"
+FILENAME = "gemma-3-270m-Q4_K_M.gguf"
 
 
 class DefaultModelError(RuntimeError):

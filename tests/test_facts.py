@@ -35,10 +35,11 @@ from gguf.facts import KNOWN_ARCHITECTURES, ModelFacts, model_facts, swa_layers_
 from gguf.model import GGUFFile
 from gguf.reader import FIXED, STRING, Header, StatKey, read_header
 from tests.helpers import free_port
+from studio import default_model
 
 pytestmark = pytest.mark.slow
 
-GEMMA = "gemma-3-270m-it-Q4_K_M.gguf"
+GEMMA = default_model.FILENAME
 
 #: Every model the pinned test-llama-archs writes (checked against the real zoo below).
 ZOO_MODELS = tuple("""
