@@ -1,0 +1,103 @@
+"""Read what llama-server actually allocated from its ``-lv 4`` log.
+
+The result uses the estimator's own structures (``launcher.memory``), so a
+prediction and a measurement compare field by field. The log prints MiB with
+two decimals; the byte counts here are those MiB values times 2**20, so they are
+exact only to that 0.01 MiB precision.
+
+Buffer names map to devices the way the estimator names them: every host buffer
+(``CPU``, ``CPU_Mapped``, ``CPU_REPACK``, ``CUDA_Host``...) is ``"CPU"``; a
+device buffer ending in an index (``CUDA0``, ``ROCm1``, ``Vulkan0``, ``MTL0``) is
+``"GPU<index>"``.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from launcher.memory import MIB, CacheBill, DeviceBill, MemoryBill, RecurrentBill
+
+_NUM = r"([\d.]+)"
+_MODEL = re.compile(rf"load_tensors:\s+(\S+) model buffer size = +{_NUM} MiB")
+_KV_CREATING = re.compile(r"creating\s+(.+?)\s+KV cache")
+_KV_BUF = re.compile(rf"llama_kv_cache:\s+(\S+) KV buffer size = +{_NUM} MiB")
+_KV_SIZE = re.compile(
+    rf"llama_kv_cache: size = +{_NUM} MiB \( *(\d+) cells, +(\d+) layers, +(\d+)/(\d+) seqs\), "
+    rf"K \((\w+)\): +{_NUM} MiB, V \((\w+)\): +{_NUM} MiB")
+_RS_BUF = re.compile(rf"llama_memory_recurrent:\s+(\S+) RS buffer size = +{_NUM} MiB")
+_RS_SIZE = re.compile(
+    rf"llama_memory_recurrent: size = +{_NUM} MiB \( *(\d+) cells, +(\d+) layers, +(\d+) seqs +(\d+) rs_seq\), "
+    rf"R \((\w+)\): +{_NUM} MiB, S \((\w+)\): +{_NUM} MiB")
+_OUTPUT = re.compile(rf"llama_context:\s+(\S+) +output buffer size = +{_NUM} MiB")
+_COMPUTE = re.compile(rf"sched_reserve:\s+(\S+) compute buffer size = +{_NUM} MiB")
+_OTHER_STATE = re.compile(rf"(\S+) DSV4 .* state buffer size = +{_NUM} MiB")
+_DEVICE_INDEX = re.compile(r"^[A-Za-z]+(\d+)$")
+
+
+def device_of(buffer_name: str) -> str:
+    """The estimator's device name for a ggml buffer name."""
+    m = _DEVICE_INDEX.match(buffer_name)
+    return f"GPU{m.group(1)}" if m and not buffer_name.startswith("CPU") else "CPU"
+
+
+def _bytes(mib: str) -> int:
+    return round(float(mib) * MIB)
+
+
+@dataclass
+class _Device:
+    weights: int = 0
+    kv: int = 0
+    recurrent: int = 0
+    compute: int = 0
+    output: int = 0
+
+
+def parse_allocations(log: str) -> MemoryBill:
+    """Parse one llama-server load log into a bill; buffers never printed stay 0.
+
+    Raises ``ValueError`` when the log holds no allocation at all (the server
+    failed before loading the model, or ``-lv`` was below 4... nothing to compare).
+    """
+    devices: dict[str, _Device] = {}
+    caches: list[CacheBill] = []
+    recurrent: list[RecurrentBill] = []
+    label = "main"
+    seen = False
+
+    def dev(name: str) -> _Device:
+        return devices.setdefault(device_of(name), _Device())
+
+    for line in log.splitlines():
+        if m := _MODEL.search(line):
+            dev(m.group(1)).weights += _bytes(m.group(2))
+        elif m := _KV_CREATING.search(line):
+            label = m.group(1).strip()
+        elif m := _KV_BUF.search(line):
+            dev(m.group(1)).kv += _bytes(m.group(2))
+        elif m := _KV_SIZE.search(line):
+            _, cells, layers, _, streams, kt, km, vt, vm = m.groups()
+            caches.append(CacheBill(label=label, cells=int(cells), streams=int(streams), layers=int(layers),
+                                    k_type=kt, v_type=vt, k_bytes=_bytes(km), v_bytes=_bytes(vm)))
+            label = "main"
+        elif m := _RS_BUF.search(line):
+            dev(m.group(1)).recurrent += _bytes(m.group(2))
+        elif m := _RS_SIZE.search(line):
+            _, cells, layers, _, rs_seq, _, rm, _, sm = m.groups()
+            recurrent.append(RecurrentBill(cells=int(cells), rows=int(cells) * (1 + int(rs_seq)), layers=int(layers),
+                                           r_bytes=_bytes(rm), s_bytes=_bytes(sm)))
+        elif m := _OTHER_STATE.search(line):
+            dev(m.group(1)).kv += _bytes(m.group(2))
+        elif m := _OUTPUT.search(line):
+            dev(m.group(1)).output += _bytes(m.group(2))
+        elif m := _COMPUTE.search(line):
+            dev(m.group(1)).compute += _bytes(m.group(2))
+        else:
+            continue
+        seen = True
+    if not seen:
+        raise ValueError("the log holds no llama-server allocation lines (was it run with -lv 4?)")
+    bills = tuple(DeviceBill(device=name, weights=d.weights, kv=d.kv, recurrent=d.recurrent, compute=d.compute,
+                             output=d.output) for name, d in sorted(devices.items()))
+    return MemoryBill(devices=bills, caches=tuple(caches), recurrent=tuple(recurrent), approximate=False, reasons=())

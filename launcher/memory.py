@@ -1,0 +1,382 @@
+"""Predict what llama-server will allocate for a model and a set of server options.
+
+``estimate(facts, options)`` follows the pinned llama.cpp (b11434) step by step:
+the server's defaults (``-np`` auto = 4 slots on one unified cache), the context
+padding in ``llama_context`` (n_ctx padded to 256; per-sequence n_ctx_seq when
+the cache is split per slot), the cache layout ``llama_model::create_memory``
+picks (one cache, or a full plus a sliding-window cache; recurrent state for
+Mamba/RWKV and hybrid layers), the layer placement of ``-ngl N`` (the last N
+blocks, then the output layer, go to the GPUs), and the output buffer sized for
+one row of logits per slot. KV, recurrent state and output buffers are exact
+formulas; the compute buffer is a fitted estimate (see ``_compute_bytes``).
+
+Options llama-server refuses (a quantized V cache with flash attention off, a
+quantized K cache whose block size does not divide the head size) raise
+``MemoryPlanError`` with llama.cpp's reason. Anything the estimator does not model
+for an architecture (indexer caches, DeepSeek-V4 compressed caches, unknown
+architectures) makes the bill ``approximate`` with the reason, never a silent 0.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING, Literal
+
+from gguf.ggml_types import BY_NAME
+from launcher.errors import LauncherError
+
+if TYPE_CHECKING:
+    from gguf.facts import ModelFacts
+    from gguf.model import GGUFFile
+
+MIB = 1024 * 1024
+CacheType = Literal["f32", "f16", "bf16", "q8_0", "q5_1", "q5_0", "q4_1", "q4_0", "iq4_nl"]
+FlashAttn = Literal["auto", "on", "off"]
+SpecMode = Literal["none", "mtp"]
+
+CACHE_TYPES: tuple[CacheType, ...] = ("f32", "f16", "bf16", "q8_0", "q5_1", "q5_0", "q4_1", "q4_0", "iq4_nl")
+#: Architectures whose KV layout has caches this estimator does not model (indexer keys, compressed caches).
+_EXTRA_CACHES: dict[str, str] = {
+    "deepseek32": "the DSA indexer key cache", "glm-dsa": "the DSA indexer key cache",
+    "glm5-next": "the DSA indexer key cache", "minimax-m3": "the MSA indexer key cache",
+    "hy_v4": "the DSA indexer key cache", "qwen4exp": "the indexer key cache",
+    "dots3note": "the DSA indexer key cache", "deepseek4": "the DeepSeek-V4 compressed caches and their state",
+}
+#: Weight types the CPU backend repacks into interleaved rows (x86 with AVX2, the pinned build's common case).
+_REPACKED_TYPES = frozenset({"Q4_0", "Q4_K", "IQ4_NL"})
+
+
+class MemoryPlanError(LauncherError):
+    """The options are ones llama-server would refuse; the message gives llama.cpp's reason."""
+
+
+@dataclass(frozen=True)
+class MemoryOptions:
+    """The llama-server flags that change memory, with llama-server's defaults.
+
+    ``n_parallel=-1`` is the server's auto mode (4 slots, unified cache);
+    ``kv_unified=None`` means the server's choice (unified only in auto mode).
+    ``tensor_split`` gives each GPU's share of the offloaded layers (one GPU: ``(1.0,)``).
+    """
+
+    n_ctx: int = 0  # 0: the model's n_ctx_train
+    n_parallel: int = -1
+    kv_unified: bool | None = None
+    cache_type_k: CacheType = "f16"
+    cache_type_v: CacheType = "f16"
+    swa_full: bool = False
+    n_batch: int = 2048
+    n_ubatch: int = 512
+    flash_attn: FlashAttn = "auto"
+    n_gpu_layers: int = 0
+    tensor_split: tuple[float, ...] = (1.0,)
+    cpu_repack_bytes: int = 0  # weights the CPU backend copies into repacked buffers (see ``for_file``)
+    weight_padding_bytes: int = 0  # alignment gaps between tensors inside the mapped file (see ``for_file``)
+    mmproj_bytes: int = 0  # the multimodal projector's weights, loaded by the server on the first GPU or the CPU
+    spec: SpecMode = "none"
+
+
+@dataclass(frozen=True)
+class CacheBill:
+    """One attention cache as llama.cpp prints it: ``cells`` per stream, K and V bytes over all devices."""
+
+    label: str  # "main", "non-SWA" or "SWA"
+    cells: int
+    streams: int
+    layers: int
+    k_type: str
+    v_type: str
+    k_bytes: int
+    v_bytes: int
+
+    @property
+    def total(self) -> int:
+        return self.k_bytes + self.v_bytes
+
+
+@dataclass(frozen=True)
+class RecurrentBill:
+    """Recurrent state (conv / shift rows ``r`` and SSM / WKV state ``s``), f32, over all devices."""
+
+    cells: int
+    rows: int  # cells * (1 + rollback snapshots)
+    layers: int  # as llama.cpp prints it: the model's n_layer, whichever of them hold state
+    r_bytes: int
+    s_bytes: int
+
+    @property
+    def total(self) -> int:
+        return self.r_bytes + self.s_bytes
+
+
+@dataclass(frozen=True)
+class DeviceBill:
+    """Bytes one device holds: ``"CPU"`` (host memory) or ``"GPU<i>"``."""
+
+    device: str
+    weights: int = 0
+    kv: int = 0
+    recurrent: int = 0
+    compute: int = 0
+    output: int = 0
+
+    @property
+    def total(self) -> int:
+        return self.weights + self.kv + self.recurrent + self.compute + self.output
+
+
+@dataclass(frozen=True)
+class MemoryBill:
+    """Memory per device plus the caches behind the KV and recurrent lines."""
+
+    devices: tuple[DeviceBill, ...]
+    caches: tuple[CacheBill, ...]
+    recurrent: tuple[RecurrentBill, ...]
+    approximate: bool
+    reasons: tuple[str, ...] = field(default=())
+
+    @property
+    def total(self) -> int:
+        return sum(d.total for d in self.devices)
+
+    def device(self, name: str) -> DeviceBill:
+        """The bill of ``name``; an all-zero bill when nothing lives there."""
+        return next((d for d in self.devices if d.device == name), DeviceBill(name))
+
+    def sum_of(self, part: Literal["weights", "kv", "recurrent", "compute", "output"]) -> int:
+        return sum(getattr(d, part) for d in self.devices)
+
+
+@dataclass(frozen=True)
+class ContextShape:
+    """The context sizes llama.cpp derives from the options (``llama_context`` constructor)."""
+
+    n_seq: int
+    unified: bool
+    n_ctx: int
+    n_ctx_seq: int
+    n_batch: int
+    n_ubatch: int
+    flash_attn: bool
+
+    @property
+    def n_stream(self) -> int:
+        return 1 if self.unified else self.n_seq
+
+
+def pad(x: int, n: int = 256) -> int:
+    """llama.cpp's GGML_PAD: ``x`` rounded up to a multiple of ``n``."""
+    return (x + n - 1) // n * n
+
+
+def context_shape(facts: ModelFacts, options: MemoryOptions) -> ContextShape:
+    """n_seq, n_ctx and batch sizes as the server and ``llama_context`` settle them."""
+    auto = options.n_parallel < 0
+    n_seq = 4 if auto else max(1, options.n_parallel)
+    unified = True if auto else bool(options.kv_unified)
+    if options.n_ctx < 0 or options.n_batch < 1 or options.n_ubatch < 1:
+        raise MemoryPlanError("n_ctx must be >= 0 and n_batch / n_ubatch >= 1")
+    n_ctx = options.n_ctx or facts.context_length
+    if n_ctx == 0:
+        raise MemoryPlanError("n_ctx and the model's n_ctx_train cannot both be zero")
+    n_ctx = pad(n_ctx)
+    if unified:
+        n_ctx_seq = n_ctx
+    else:
+        n_ctx_seq = pad(n_ctx // n_seq)
+        n_ctx = n_ctx_seq * n_seq
+    n_batch = min(n_ctx, options.n_batch)
+    n_ubatch = min(n_batch, options.n_ubatch)
+    return ContextShape(n_seq=n_seq, unified=unified, n_ctx=n_ctx, n_ctx_seq=n_ctx_seq, n_batch=n_batch,
+                        n_ubatch=n_ubatch, flash_attn=_flash_attn(facts, options))
+
+
+def _flash_attn(facts: ModelFacts, options: MemoryOptions) -> bool:
+    """Whether flash attention ends up on; raises for the cache types llama.cpp refuses."""
+    k, v = BY_NAME[options.cache_type_k.upper()], BY_NAME[options.cache_type_v.upper()]
+    if facts.is_mla and options.cache_type_k != options.cache_type_v:
+        raise MemoryPlanError(f"model does not support different K ({options.cache_type_k}) and V "
+                              f"({options.cache_type_v}) cache types")
+    fa = options.flash_attn
+    if facts.architecture == "grok":
+        fa = "off"  # llama.cpp: flash_attn is not compatible with Grok - forcing off
+    if v.block_size > 1 and fa != "on":
+        if fa == "off":
+            raise MemoryPlanError("quantized V cache requires flash_attn to be enabled")
+        fa = "on"
+    if fa != "off":
+        layers = range(facts.layer_count)
+        for t, head, what in ((k, facts.key_length_of, "K"), (v, facts.value_length_of, "V")):
+            bad = next((head(il) for il in layers if t.block_size > 1 and head(il) % t.block_size), None)
+            if bad is not None:
+                raise MemoryPlanError(f"{what} cache type {t.name.lower()} with block size {t.block_size} does not "
+                                      f"divide n_embd_head_{what.lower()}={bad}")
+    return fa != "off"
+
+
+def layer_devices(facts: ModelFacts, options: MemoryOptions) -> tuple[tuple[str, ...], str]:
+    """(device of each block, device of the output layer) for ``-ngl N`` and ``--tensor-split``.
+
+    llama.cpp offloads the last N of the blocks-plus-output-layer, spreading them
+    over the GPUs by the cumulative split; the input embeddings stay on the CPU.
+    """
+    n = facts.block_count
+    ngl = options.n_gpu_layers if options.n_gpu_layers >= 0 else n + 1
+    start = max(n + 1 - ngl, 0)
+    active = min(ngl, n + 1)
+    total = sum(options.tensor_split) or 1.0
+    bounds, acc = [], 0.0
+    for share in options.tensor_split:
+        acc += share
+        bounds.append(acc / total)
+
+    def place(il: int) -> str:
+        if il < start or il - start >= active:
+            return "CPU"
+        x = (il - start) / active
+        return f"GPU{min(sum(1 for b in bounds if b <= x), len(bounds) - 1)}"
+
+    return tuple(place(il) for il in range(n)), place(n)
+
+
+def _cache_bytes(type_name: str, n_values: int) -> int:
+    t = BY_NAME[type_name.upper()]
+    return n_values // t.block_size * t.type_size
+
+
+def _kv_caches(facts: ModelFacts, shape: ContextShape, options: MemoryOptions,
+               devices: Sequence[str]) -> tuple[list[CacheBill], dict[str, int]]:
+    """The attention caches (``create_memory``'s choice) and their bytes per device."""
+    layers = facts.attention_cache_layers()
+    if not layers:
+        return [], {}
+    iswa = facts.swa_type != "none" and facts.is_swa_any
+    if iswa:
+        swa_cells = shape.n_ctx_seq if options.swa_full else pad(
+            min(shape.n_ctx_seq, facts.sliding_window * (shape.n_seq if shape.unified else 1) + shape.n_ubatch))
+        groups = [("non-SWA", shape.n_ctx_seq, [il for il in layers if not facts.swa_layers[il]]),
+                  ("SWA", swa_cells, [il for il in layers if facts.swa_layers[il]])]
+    else:
+        groups = [("main", shape.n_ctx_seq, list(layers))]
+    k_type, v_type = options.cache_type_k, options.cache_type_v
+    caches, per_device = [], {}
+    for label, cells, group in groups:
+        rows = cells * shape.n_stream
+        k_total = v_total = 0
+        for il in group:
+            k = _cache_bytes(k_type, facts.k_embd(il) * rows)
+            v = 0 if facts.kv_cache_k_only else _cache_bytes(v_type, facts.v_embd(il) * rows)
+            per_device[devices[il]] = per_device.get(devices[il], 0) + k + v
+            k_total, v_total = k_total + k, v_total + v
+        caches.append(CacheBill(label=label, cells=cells, streams=shape.n_stream, layers=len(group), k_type=k_type,
+                                v_type=v_type, k_bytes=k_total, v_bytes=v_total))
+    return caches, per_device
+
+
+def _recurrent(facts: ModelFacts, shape: ContextShape,
+               devices: Sequence[str]) -> tuple[list[RecurrentBill], dict[str, int]]:
+    """Recurrent state: one f32 row per slot and recurrent layer (no rollback snapshots without speculation)."""
+    layers = [il for il, has in enumerate(facts.recurrent_state_layers) if has]
+    if not layers:
+        return [], {}
+    rows = shape.n_seq
+    r_row, s_row = facts.recurrent_conv_state * 4 * rows, facts.recurrent_state * 4 * rows
+    per_device: dict[str, int] = {}
+    for il in layers:
+        per_device[devices[il]] = per_device.get(devices[il], 0) + r_row + s_row
+    return [RecurrentBill(cells=shape.n_seq, rows=rows, layers=facts.layer_count, r_bytes=r_row * len(layers),
+                          s_bytes=s_row * len(layers))], per_device
+
+
+def _output_bytes(facts: ModelFacts, shape: ContextShape) -> int:
+    """``output_reserve(n_seq_max)``: f32 logits for one output per slot."""
+    return facts.vocab_size * shape.n_seq * 4
+
+
+def _compute_bytes(facts: ModelFacts, shape: ContextShape, caches: Sequence[CacheBill]) -> int:
+    """The CPU compute buffer of ``sched_reserve``'s worst-case graph (a fitted estimate).
+
+    The graph is reserved for one ubatch of ``n_tokens = min(n_ctx, n_ubatch)``
+    tokens against a full cache. ggml's allocator reuses memory, so the buffer is
+    what is alive at the peak: the attention masks (``n_kv x n_tokens`` per
+    cache and stream, f16 with flash attention, f32 without) and a few copies of
+    the hidden state live through the whole graph, plus the largest transient:
+    the KQ scores without flash attention (``n_kv x n_tokens x n_head``), the
+    FFN activations, or the SSM scan; plus the logits of one output per slot.
+    The weights (``_FIT``) were fitted on the zoo and Gemma with
+    ``scripts/memory_accuracy.py``; MoE expert widths and the indexer scores of
+    DSA models are not in the facts, so those are the least accurate.
+    """
+    n_tokens = min(shape.n_ctx, shape.n_ubatch)
+    n_head = max(facts.head_count, default=0)
+    live = [c for c in caches if c.layers]
+    mask = sum(c.cells * c.streams for c in live) * n_tokens * (2 if shape.flash_attn else 4)
+    kq = 0 if shape.flash_attn else max((c.cells * c.streams for c in live), default=0) * n_tokens * n_head * 4
+    ffn = n_tokens * max(facts.feed_forward_length, default=0) * 4
+    recurrent = any(facts.recurrent_layers)
+    ssm = n_tokens * facts.ssm.inner_size * max(facts.ssm.state_size, 1) * 4 if recurrent else 0
+    conv = n_tokens * facts.recurrent_conv_state * 4 if recurrent else 0
+    hidden = n_tokens * facts.embedding_length * 4
+    logits = facts.vocab_size * min(n_tokens, shape.n_seq) * 4
+    f = _FIT
+    peak = max(f["kq"] * kq, f["ffn"] * ffn, f["ssm"] * ssm + f["conv"] * conv)
+    return int(f["mask"] * mask + f["hidden"] * hidden + peak + logits)
+
+
+#: Weights of the compute-buffer terms, fitted on the zoo and Gemma (most cases within 10 %).
+_FIT = {"mask": 0.75, "hidden": 5.0, "kq": 1.5, "ffn": 3.0, "ssm": 0.01, "conv": 1.0}
+
+
+def for_file(model: GGUFFile, options: MemoryOptions = MemoryOptions()) -> MemoryOptions:
+    """``options`` completed with what only the file's tensor list tells (facts keep sums only).
+
+    ``weight_padding_bytes``: the mapped model buffer spans the tensor data with
+    its alignment gaps. ``cpu_repack_bytes``: on x86 with AVX2 the pinned build
+    copies 2-D Q4_0, Q4_K and IQ4_NL matrices whose row count is a multiple of 8
+    (token embeddings excepted: they are only looked up) into a ``CPU_REPACK``
+    buffer; other CPUs repack other types or none, so treat it as an estimate.
+    """
+    repack = padding = 0
+    for shard in model.shards:
+        tensors = sorted(shard.tensors, key=lambda t: t.offset)
+        if tensors:
+            padding += tensors[-1].offset + tensors[-1].n_bytes - tensors[0].offset - sum(t.n_bytes for t in tensors)
+        repack += sum(t.n_bytes for t in tensors if t.ggml_type.name in _REPACKED_TYPES and len(t.shape) == 2
+                      and t.shape[1] % 8 == 0 and not t.name.startswith("token_embd"))
+    return replace(options, cpu_repack_bytes=repack, weight_padding_bytes=padding)
+
+
+def estimate(facts: ModelFacts, options: MemoryOptions = MemoryOptions()) -> MemoryBill:
+    """Predict llama-server's allocations per device for ``facts`` under ``options``."""
+    reasons: list[str] = []
+    if facts.approximate:
+        reasons += [f"model facts are approximate: {n}" for n in facts.notes] or ["model facts are approximate"]
+    if facts.architecture in _EXTRA_CACHES:
+        reasons.append(f"{facts.architecture}: {_EXTRA_CACHES[facts.architecture]} is not included")
+    if options.spec == "mtp":
+        reasons.append("the MTP draft context (its KV cache and compute buffer) is not included")
+    shape = context_shape(facts, options)
+    devices, output_device = layer_devices(facts, options)
+    caches, kv = _kv_caches(facts, shape, options, devices)
+    recurrent, rs = _recurrent(facts, shape, devices)
+
+    weights: dict[str, int] = {"CPU": facts.token_embedding_bytes + facts.other_weight_bytes}
+    for il, nbytes in enumerate(facts.layer_weight_bytes):
+        dev = devices[il] if il < len(devices) else "CPU"
+        weights[dev] = weights.get(dev, 0) + nbytes
+    weights[output_device] = weights.get(output_device, 0) + facts.output_weight_bytes
+    weights["CPU"] += options.cpu_repack_bytes + options.weight_padding_bytes
+    if options.mmproj_bytes:
+        mmproj_dev = "GPU0" if options.n_gpu_layers != 0 else "CPU"
+        weights[mmproj_dev] = weights.get(mmproj_dev, 0) + options.mmproj_bytes
+    compute: dict[str, int] = {"CPU": _compute_bytes(facts, shape, caches)}
+    if any(d != "CPU" for d in (*devices, output_device)):
+        reasons.append("GPU compute buffers are estimated with the CPU formula; only CPU runs were measured")
+        compute = {d: compute["CPU"] for d in {*devices, output_device}}
+    names = sorted({"CPU", *weights, *kv, *rs, *compute})
+    bills = tuple(DeviceBill(device=d, weights=weights.get(d, 0), kv=kv.get(d, 0), recurrent=rs.get(d, 0),
+                             compute=compute.get(d, 0), output=_output_bytes(facts, shape) if d == "CPU" else 0)
+                  for d in names)
+    return MemoryBill(devices=bills, caches=tuple(caches), recurrent=tuple(recurrent), approximate=bool(reasons),
+                      reasons=tuple(reasons))

@@ -1,0 +1,221 @@
+"""How close ``launcher.memory.estimate`` comes to what llama-server really allocates.
+
+For Gemma 3 270M and every zoo model, and a grid of server options, this starts
+the pinned llama-server on the CPU (``-lv 4 --no-warmup -fit off``), stops it
+once the compute buffer is reserved, parses the allocations
+(``launcher.allocations``) and compares them with the estimate.
+
+The grid (``CONFIGS``) runs in full for Gemma and for one model of each memory
+layout (``LAYOUT_MODELS``); every other zoo model runs the first two configs
+(default f16 cache, and q8_0 K+V with flash attention on), which keeps the whole
+run to a few minutes on 2 cores. The last line reads::
+
+    kv_exact=N/M kv_within_1pct=N/M compute_within_10pct=N/M total_within_2pct=N/M
+
+``kv`` covers the KV and recurrent-state buffers; exact means equal at the log's
+0.01 MiB precision; total is within 2 % or 32 MiB, whichever is larger.
+
+Usage: ``.venv/bin/python scripts/memory_accuracy.py [--quick] [--jobs 2]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import subprocess
+import sys
+import threading
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import gguf  # noqa: E402
+from launcher.allocations import parse_allocations  # noqa: E402
+from launcher.memory import MIB, MemoryBill, MemoryOptions, MemoryPlanError, estimate, for_file  # noqa: E402
+
+SERVER_TIMEOUT_S = 60
+#: The line after which every allocation has been printed.
+DONE_MARKERS = ("sched_reserve: reserve took", "listening on")
+
+
+@dataclass(frozen=True)
+class Config:
+    """One llama-server setting of the grid, and the flags that ask for it."""
+
+    name: str
+    options: MemoryOptions
+
+    def argv(self) -> list[str]:
+        o = self.options
+        out = ["-c", str(o.n_ctx), "-b", str(o.n_batch), "-ub", str(o.n_ubatch), "-fa", o.flash_attn,
+               "-ctk", o.cache_type_k, "-ctv", o.cache_type_v]
+        if o.n_parallel >= 0:
+            out += ["-np", str(o.n_parallel)]
+        if o.kv_unified:
+            out.append("--kv-unified")
+        if o.swa_full:
+            out.append("--swa-full")
+        return out
+
+
+CONFIGS: tuple[Config, ...] = (
+    Config("c1000-auto", MemoryOptions(n_ctx=1000)),
+    Config("c2048-q8-fa", MemoryOptions(n_ctx=2048, cache_type_k="q8_0", cache_type_v="q8_0", flash_attn="on")),
+    Config("c3000-np2-split", MemoryOptions(n_ctx=3000, n_parallel=2, kv_unified=False)),
+    Config("c4096-np3-unified-swafull", MemoryOptions(n_ctx=4096, n_parallel=3, kv_unified=True, swa_full=True)),
+    Config("c700-np1-nofa", MemoryOptions(n_ctx=700, n_parallel=1, flash_attn="off")),
+    Config("c5000-np4-split-ub256", MemoryOptions(n_ctx=5000, n_parallel=4, kv_unified=False, n_ubatch=256)),
+)
+QUICK_CONFIGS = 2
+#: One model per memory layout runs the whole grid (plain GQA, SWA, MLA, hybrid, recurrent, MoE).
+LAYOUT_MODELS = ("llama-dense", "gemma3-dense", "deepseek2-moe", "jamba-dense", "qwen35-dense",
+                 "granitehybrid-dense", "mamba-dense", "mamba2-dense", "qwen3moe-moe", "gpt-oss-moe")
+
+
+def run_server(binary: Path, model: Path, extra: Sequence[str], port: int) -> str:
+    """Start llama-server, read its log until the allocations are printed, stop it; return the log."""
+    argv = [str(binary), "-m", str(model), "--host", "127.0.0.1", "--port", str(port), "-fit", "off",
+            "--no-warmup", "-lv", "4", *extra]
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                            text=True, errors="replace")
+    timer = threading.Timer(SERVER_TIMEOUT_S, proc.kill)
+    timer.start()
+    lines: list[str] = []
+    try:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            lines.append(line)
+            if any(m in line for m in DONE_MARKERS):
+                break
+    finally:
+        timer.cancel()
+        proc.kill()
+        proc.communicate()
+    return "".join(lines)
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """One (model, config) comparison."""
+
+    model: str
+    config: str
+    predicted: MemoryBill | None
+    actual: MemoryBill | None
+    error: str = ""
+    rejected_alike: bool = False  # both the estimator and llama-server refused the options, for the same reason
+
+    def _kv(self, bill: MemoryBill) -> int:
+        return bill.sum_of("kv") + bill.sum_of("recurrent")
+
+    @property
+    def kv_exact(self) -> bool:
+        if not self.ok:
+            return False
+        p, a = self.predicted, self.actual
+        caches = [(c.label, c.cells, c.streams, c.layers, _mib(c.k_bytes), _mib(c.v_bytes)) for c in p.caches]
+        states = [(r.rows, r.layers, _mib(r.r_bytes), _mib(r.s_bytes)) for r in p.recurrent]
+        return caches == [(c.label, c.cells, c.streams, c.layers, _mib(c.k_bytes), _mib(c.v_bytes))
+                          for c in a.caches] and states == [(r.rows, r.layers, _mib(r.r_bytes), _mib(r.s_bytes))
+                                                            for r in a.recurrent]
+
+    @property
+    def kv_within_1pct(self) -> bool:
+        return self.ok and _close(self._kv(self.predicted), self._kv(self.actual), 0.01, 0.0051 * MIB)
+
+    @property
+    def compute_within_10pct(self) -> bool:
+        return self.ok and _close(self.predicted.sum_of("compute"), self.actual.sum_of("compute"), 0.10,
+                                  0.0051 * MIB)
+
+    @property
+    def total_within_2pct(self) -> bool:
+        return self.ok and _close(self.predicted.total, self.actual.total, 0.02, 32 * MIB)
+
+    @property
+    def ok(self) -> bool:
+        return self.predicted is not None and self.actual is not None
+
+
+def _mib(n: int) -> str:
+    return f"{n / MIB:.2f}"
+
+
+def _close(predicted: int, actual: int, rel: float, floor: float) -> bool:
+    return abs(predicted - actual) <= max(rel * abs(actual), floor)
+
+
+def compare(binary: Path, name: str, path: Path, config: Config, port: int) -> Outcome:
+    model = gguf.read(path)
+    log = run_server(binary, path, config.argv(), port)
+    refused = next((line.split(": ", 1)[-1] for line in log.splitlines() if " E llama_init_from_model:" in line), "")
+    try:
+        predicted = estimate(model.facts, for_file(model, config.options))
+    except MemoryPlanError as exc:
+        return Outcome(name, config.name, None, None, f"refused: {exc}", rejected_alike=str(exc) == refused)
+    if refused:
+        return Outcome(name, config.name, predicted, None, f"llama-server refused: {refused}")
+    try:
+        actual = parse_allocations(log)
+    except ValueError as exc:
+        return Outcome(name, config.name, predicted, None, f"server: {exc}: {log[-300:]!r}")
+    return Outcome(name, config.name, predicted, actual)
+
+
+def plan(zoo: Path, gemma: Path, quick: bool) -> list[tuple[str, Path, Config]]:
+    runs = [("gemma-3-270m", gemma, c) for c in CONFIGS]
+    for path in sorted(zoo.glob("*.gguf")):
+        full = path.stem in LAYOUT_MODELS and not quick
+        runs += [(path.stem, path, c) for c in (CONFIGS if full else CONFIGS[:QUICK_CONFIGS])]
+    return runs
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    from launcher.build import ensure_built
+    from launcher.zoo import ensure_zoo
+    from studio.default_model import ensure_default_model
+    from studio.settings import Settings
+    from tests.helpers import free_port
+
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="only the first two configs for every model")
+    parser.add_argument("--jobs", type=int, default=2)
+    args = parser.parse_args(argv)
+    settings = Settings.from_env()
+    build = ensure_built(settings.home)
+    zoo, gemma = ensure_zoo(build, settings.home), ensure_default_model(settings.models_dir)
+    runs = plan(zoo, gemma, args.quick)
+    with ThreadPoolExecutor(max_workers=args.jobs) as pool:
+        outcomes = list(pool.map(lambda r: compare(build.llama_server, *r, free_port()), runs))
+
+    print(f"{'model':28} {'config':26} {'kv MiB pred/act':>22} {'compute pred/act':>20} {'total pred/act':>20}  flags")
+    rejected = [o for o in outcomes if o.error.startswith("refused")]
+    outcomes = [o for o in outcomes if not o.error.startswith("refused")]
+    for o in rejected:
+        print(f"{o.model:28} {o.config:26} {'same refusal as llama-server' if o.rejected_alike else 'MISMATCH'}: "
+              f"{o.error}")
+    for o in outcomes:
+        if not o.ok:
+            print(f"{o.model:28} {o.config:26} ERROR {o.error}")
+            continue
+        p, a = o.predicted, o.actual
+        flags = "".join(("K" if o.kv_exact else ("k" if o.kv_within_1pct else "-"),
+                         "C" if o.compute_within_10pct else "-", "T" if o.total_within_2pct else "-"))
+        note = "; ".join(p.reasons) if p.approximate else ""
+        print(f"{o.model:28} {o.config:26} "
+              f"{_mib(o._kv(p)):>10}/{_mib(o._kv(a)):<10} "
+              f"{_mib(p.sum_of('compute')):>9}/{_mib(a.sum_of('compute')):<9} "
+              f"{_mib(p.total):>9}/{_mib(a.total):<9}  {flags} {note}")
+    print(f"refusals matching llama-server: {sum(o.rejected_alike for o in rejected)}/{len(rejected)} "
+          "(left out of the counts below)")
+    m = len(outcomes)
+    count = lambda attr: sum(getattr(o, attr) for o in outcomes)  # noqa: E731
+    print(f"kv_exact={count('kv_exact')}/{m} kv_within_1pct={count('kv_within_1pct')}/{m} "
+          f"compute_within_10pct={count('compute_within_10pct')}/{m} total_within_2pct={count('total_within_2pct')}/{m}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

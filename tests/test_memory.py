@@ -1,0 +1,173 @@
+"""The memory estimator against llama.cpp's rules and against the real llama-server.
+
+Unit tests pin the padding and cell rules and the option refusals; the slow
+tests start the pinned llama-server (CPU, ``-lv 4``) on one zoo model per
+memory layout plus Gemma, for a few configs, and compare its allocations
+(``launcher.allocations``) with ``launcher.memory.estimate``: KV caches,
+recurrent state and the output buffer must match to the log's 0.01 MiB.
+The compute buffer is a fitted estimate: it is held to 50 % here as a guard
+(``scripts/memory_accuracy.py`` reports how many cases are within 10 %).
+"""
+
+from __future__ import annotations
+
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+import gguf
+from launcher.allocations import device_of, parse_allocations
+from launcher.memory import (
+    MIB, MemoryOptions, MemoryPlanError, context_shape, estimate, for_file, layer_devices, pad,
+)
+from scripts.memory_accuracy import CONFIGS, run_server
+from tests.helpers import free_port
+
+GEMMA_LOG = """\
+0.00.738.635 I load_tensors:   CPU_Mapped model buffer size =   235.16 MiB
+0.00.738.643 I load_tensors:   CPU_REPACK model buffer size =    12.66 MiB
+0.00.761.050 I llama_context:        CPU  output buffer size =     4.00 MiB
+0.00.761.071 I llama_kv_cache_iswa: creating non-SWA KV cache, size = 3072 cells
+0.00.761.162 I llama_kv_cache:        CPU KV buffer size =     9.00 MiB
+0.00.766.581 I llama_kv_cache: size =    9.00 MiB (  3072 cells,   3 layers,  4/1 seqs), K (f16):    4.50 MiB, V (f16):    4.50 MiB
+0.00.766.596 I llama_kv_cache_iswa: creating     SWA KV cache, size = 2560 cells
+0.00.766.699 I llama_kv_cache:        CPU KV buffer size =    37.50 MiB
+0.00.788.315 I llama_kv_cache: size =   37.50 MiB (  2560 cells,  15 layers,  4/1 seqs), K (f16):   18.75 MiB, V (f16):   18.75 MiB
+0.00.793.080 I sched_reserve:        CPU compute buffer size =    23.78 MiB
+"""
+
+
+@pytest.fixture(scope="module")
+def gemma_facts(gemma_model: Path):
+    return gguf.read(gemma_model).facts
+
+
+# ---------------------------------------------------------------------------
+# rules
+# ---------------------------------------------------------------------------
+
+
+def test_pad_and_context_shape(gemma_facts):
+    assert (pad(1000), pad(1024), pad(1)) == (1024, 1024, 256)
+    auto = context_shape(gemma_facts, MemoryOptions(n_ctx=3000))
+    assert (auto.n_seq, auto.unified, auto.n_ctx, auto.n_ctx_seq, auto.n_stream) == (4, True, 3072, 3072, 1)
+    split = context_shape(gemma_facts, MemoryOptions(n_ctx=3000, n_parallel=3, kv_unified=False))
+    assert (split.n_ctx_seq, split.n_ctx, split.n_stream) == (1024, 3072, 3)  # 3072 // 3 padded to 256
+    odd = context_shape(gemma_facts, MemoryOptions(n_ctx=5000, n_parallel=3))
+    assert (odd.n_ctx_seq, odd.n_ctx) == (1792, 5376)  # 5120 // 3 = 1706 -> 1792; n_ctx rounded to match
+    native = context_shape(gemma_facts, MemoryOptions(n_ctx=0, n_parallel=1))
+    assert native.n_ctx == 32768 and native.n_ubatch == 512
+    tiny = context_shape(gemma_facts, MemoryOptions(n_ctx=100, n_parallel=1))
+    assert (tiny.n_ctx, tiny.n_batch, tiny.n_ubatch) == (256, 256, 256)
+
+
+def test_swa_cells_follow_the_window_and_swa_full(gemma_facts):
+    bill = estimate(gemma_facts, MemoryOptions(n_ctx=3000))
+    assert [(c.label, c.cells, c.layers) for c in bill.caches] == [("non-SWA", 3072, 3), ("SWA", 2560, 15)]
+    one = estimate(gemma_facts, MemoryOptions(n_ctx=8000, n_parallel=4, kv_unified=False))
+    assert one.caches[1].cells == pad(512 + 512) and one.caches[1].streams == 4  # per stream: window, not x n_seq
+    assert estimate(gemma_facts, MemoryOptions(n_ctx=3000, n_parallel=4, kv_unified=False)).caches[1].cells == 768
+    full = estimate(gemma_facts, MemoryOptions(n_ctx=3000, swa_full=True))
+    assert full.caches[1].cells == 3072
+    assert bill.caches[0].k_bytes == 3072 * 3 * 256 * 2  # one KV head of 256, f16
+
+
+def test_bill_matches_a_recorded_gemma_log(gemma_facts, gemma_model):
+    actual = parse_allocations(GEMMA_LOG)
+    predicted = estimate(gemma_facts, for_file(gguf.read(gemma_model), MemoryOptions(n_ctx=3000)))
+    assert [(c.label, c.cells, c.k_bytes, c.v_bytes) for c in actual.caches] == \
+        [(c.label, c.cells, c.k_bytes, c.v_bytes) for c in predicted.caches]
+    cpu_p, cpu_a = predicted.device("CPU"), actual.device("CPU")
+    assert (cpu_p.kv, cpu_p.output) == (cpu_a.kv, cpu_a.output)
+    assert f"{cpu_p.weights / MIB:.2f}" == f"{cpu_a.weights / MIB:.2f}" == "247.82"
+    assert not predicted.approximate
+
+
+def test_parser_names_devices_and_needs_allocations():
+    assert [device_of(n) for n in ("CPU", "CPU_Mapped", "CUDA_Host", "CUDA0", "ROCm1", "MTL0")] == \
+        ["CPU", "CPU", "CPU", "GPU0", "GPU1", "GPU0"]
+    with pytest.raises(ValueError, match="-lv 4"):
+        parse_allocations("llama_server: nothing here\n")
+
+
+def test_refusals_carry_llama_cpps_reason(gemma_facts, zoo_dir):
+    with pytest.raises(MemoryPlanError, match="quantized V cache requires flash_attn to be enabled"):
+        estimate(gemma_facts, MemoryOptions(cache_type_v="q8_0", flash_attn="off"))
+    laguna = gguf.read(zoo_dir / "laguna-moe.gguf").facts
+    with pytest.raises(MemoryPlanError, match="block size 32 does not divide n_embd_head_k=80"):
+        estimate(laguna, MemoryOptions(cache_type_k="q8_0", cache_type_v="q8_0"))
+    mla = gguf.read(zoo_dir / "deepseek2-moe.gguf").facts
+    with pytest.raises(MemoryPlanError, match="different K"):
+        estimate(mla, MemoryOptions(cache_type_k="q8_0", cache_type_v="f16", flash_attn="on"))
+    grok = gguf.read(zoo_dir / "grok-moe.gguf").facts  # flash attention is forced off for Grok
+    with pytest.raises(MemoryPlanError, match="requires flash_attn"):
+        estimate(grok, MemoryOptions(cache_type_k="q8_0", cache_type_v="q8_0", flash_attn="on"))
+    assert estimate(gemma_facts, MemoryOptions(cache_type_v="q8_0")).caches[0].v_type == "q8_0"  # auto turns FA on
+
+
+def test_approximate_facts_and_unmodelled_caches_say_why(gemma_facts, zoo_dir):
+    guessed = replace(gemma_facts, approximate=True, notes=("futurelm has no loader",))
+    bill = estimate(guessed)
+    assert bill.approximate and any("no loader" in r for r in bill.reasons)
+    dsa = estimate(gguf.read(zoo_dir / "deepseek32-moe.gguf").facts)
+    assert dsa.approximate and any("indexer" in r for r in dsa.reasons)
+    assert estimate(gemma_facts, MemoryOptions(spec="mtp")).approximate
+
+
+def test_gpu_layers_take_the_last_blocks_then_the_output(gemma_facts):
+    n = gemma_facts.block_count  # 18
+    layers, output = layer_devices(gemma_facts, MemoryOptions(n_gpu_layers=4))
+    assert layers == ("CPU",) * 15 + ("GPU0",) * 3 and output == "GPU0"
+    layers, output = layer_devices(gemma_facts, MemoryOptions(n_gpu_layers=-1, tensor_split=(1.0, 1.0)))
+    assert layers[:9] == ("GPU0",) * 9 and layers[10:] == ("GPU1",) * 8 and output == "GPU1"
+    bill = estimate(gemma_facts, MemoryOptions(n_ctx=2048, n_gpu_layers=n + 1))
+    assert bill.device("GPU0").kv == sum(c.total for c in bill.caches) and bill.device("CPU").kv == 0
+    assert bill.device("CPU").weights == gemma_facts.token_embedding_bytes + gemma_facts.other_weight_bytes
+
+
+# ---------------------------------------------------------------------------
+# against the real llama-server
+# ---------------------------------------------------------------------------
+
+#: One zoo model per memory layout, plus Gemma.
+LAYOUTS = {
+    "gqa": "llama-dense", "swa": "gemma3-dense", "mla": "deepseek2-moe", "hybrid-ssm": "jamba-dense",
+    "hybrid-linear": "qwen35-dense", "hybrid-granite": "granitehybrid-dense", "mamba": "mamba-dense",
+    "mamba2": "mamba2-dense", "moe": "qwen3moe-moe", "moe-swa": "gpt-oss-moe",
+}
+SERVER_CONFIGS = (CONFIGS[0], CONFIGS[1], CONFIGS[2], CONFIGS[3])
+CASES = [(m, c) for m in ("gemma", *LAYOUTS.values()) for c in SERVER_CONFIGS]
+
+
+@pytest.fixture(scope="module")
+def server_logs(llama_server_bin, zoo_dir, gemma_model) -> dict[tuple[str, str], tuple[Path, str]]:
+    def path(model: str) -> Path:
+        return gemma_model if model == "gemma" else zoo_dir / f"{model}.gguf"
+
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        futures = {(m, c.name): pool.submit(run_server, llama_server_bin, path(m), c.argv(), free_port())
+                   for m, c in CASES}
+        return {key: (path(key[0]), f.result()) for key, f in futures.items()}
+
+
+def _mib(n: int) -> str:
+    return f"{n / MIB:.2f}"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("model", "config"), CASES, ids=[f"{m}-{c.name}" for m, c in CASES])
+def test_estimate_matches_llama_server(model, config, server_logs):
+    path, log = server_logs[(model, config.name)]
+    actual = parse_allocations(log)
+    file = gguf.read(path)
+    predicted = estimate(file.facts, for_file(file, config.options))
+    assert not predicted.approximate, predicted.reasons
+    view = lambda b: ([(c.label, c.cells, c.streams, c.layers, _mib(c.k_bytes), _mib(c.v_bytes))  # noqa: E731
+                       for c in b.caches], [(r.rows, r.layers, _mib(r.r_bytes), _mib(r.s_bytes)) for r in b.recurrent])
+    assert view(predicted) == view(actual)
+    assert _mib(predicted.sum_of("output")) == _mib(actual.sum_of("output"))
+    assert _mib(predicted.sum_of("weights")) == _mib(actual.sum_of("weights"))
+    p, a = predicted.sum_of("compute"), actual.sum_of("compute")
+    assert abs(p - a) <= 0.5 * a, f"compute {_mib(p)} MiB predicted, {_mib(a)} MiB allocated"
