@@ -1,0 +1,241 @@
+"""Which devices a llama-server child could run on, and how much memory each has free.
+
+Sources, each optional and bounded by a timeout: ``nvidia-smi`` (NVIDIA),
+``rocm-smi`` (AMD), ``llama-server --list-devices`` (whatever backends the build
+has: Vulkan, Metal, SYCL...), and psutil for the CPU and system RAM. A source that
+is missing is silent; one that fails, hangs or prints something unreadable is
+skipped with a warning in the result, never an exception: the CPU entry is
+always there, so a broken driver tool cannot stop the studio from serving.
+
+GPU indices are physical (nvidia-smi's / rocm-smi's own numbering) after applying
+the visibility masks the child would inherit, since those are what the child must
+be pinned to. CUDA reads ``CUDA_VISIBLE_DEVICES`` left to right and stops at the
+first entry it cannot use; the same rule is applied to the ROCm masks.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+import psutil
+
+from launcher.capabilities import ProbeError, run_tool
+
+Source = Literal["nvidia-smi", "rocm-smi", "llama-server", "psutil"]
+
+TOOL_TIMEOUT_S = 5.0
+MIB = 1024 * 1024
+NVIDIA_QUERY = (
+    "--query-gpu=index,uuid,name,memory.total,memory.free", "--format=csv,noheader,nounits",
+)
+ROCM_QUERY = ("--showproductname", "--showmeminfo", "vram", "--showuniqueid", "--json")
+# "  CUDA0: NVIDIA H100 80GB HBM3 (81079 MiB, 80488 MiB free)" (common_print_available_devices)
+_LISTED_DEVICE = re.compile(r"^\s+(?P<name>\S+): (?P<desc>.*) \((?P<total>\d+) MiB, (?P<free>\d+) MiB free\)$")
+# Backends a vendor tool already reports, by the tool that reports them.
+_COVERED_BY: dict[str, Source] = {"CUDA": "nvidia-smi", "ROCm": "rocm-smi", "HIP": "rocm-smi"}
+
+
+@dataclass(frozen=True)
+class Device:
+    """One device and its memory in bytes."""
+
+    backend: str  # ggml's backend name: "CUDA", "ROCm", "Vulkan", "Metal", "CPU"...
+    index: int | None  # physical index to pin to; a llama-server-only device: its backend ordinal
+    name: str
+    total_bytes: int
+    free_bytes: int
+    source: Source
+    uuid: str | None = None
+
+
+@dataclass(frozen=True)
+class Inventory:
+    """Every device found, and why any source was skipped."""
+
+    devices: tuple[Device, ...]  # GPUs first, the CPU last
+    warnings: tuple[str, ...]
+
+    @property
+    def gpus(self) -> tuple[Device, ...]:
+        return tuple(d for d in self.devices if d.backend != "CPU")
+
+    @property
+    def cpu(self) -> Device:
+        return self.devices[-1]
+
+
+class _Unreadable(Exception):
+    """A tool's output did not have the expected shape."""
+
+
+def discover(
+    *, llama_server: Path | None = None, env: Mapping[str, str] | None = None, timeout: float = TOOL_TIMEOUT_S
+) -> Inventory:
+    """Return the devices visible under ``env`` (default: this process's environment)."""
+    env = dict(os.environ if env is None else env)
+    warnings: list[str] = []
+    found: list[Device] = []
+    worked: set[Source] = set()
+    tools: list[tuple[Source, Callable[[str], list[Device]], Sequence[str]]] = [
+        ("nvidia-smi", parse_nvidia_smi, NVIDIA_QUERY),
+        ("rocm-smi", parse_rocm_smi, ROCM_QUERY),
+    ]
+    for tool, parse, args in tools:
+        exe = shutil.which(tool, path=env.get("PATH", os.defpath))
+        if exe is None:
+            continue
+        devices = _read(tool, [exe, *args], parse, env, timeout, warnings)
+        if devices is not None:
+            worked.add(tool)
+            found += _visible_nvidia(devices, env, warnings) if tool == "nvidia-smi" else _visible_amd(devices, env)
+    if llama_server is not None:
+        listed = _read("llama-server", [str(llama_server), "--list-devices"], parse_list_devices, env, timeout,
+                       warnings)
+        found += [d for d in listed or () if _COVERED_BY.get(d.backend) not in worked]
+    return Inventory((*found, _cpu()), tuple(warnings))
+
+
+def _read(
+    source: Source, argv: list[str], parse: Callable[[str], list[Device]], env: dict[str, str], timeout: float,
+    warnings: list[str],
+) -> list[Device] | None:
+    """Run one source; return its devices, or None with a warning when it is broken."""
+    try:
+        result = run_tool(argv, timeout=timeout, env=env)
+        if result.exit_code != 0 and not _no_devices(source, result.stdout):
+            raise _Unreadable(f"exited with code {result.exit_code}: {_first_line(result.stdout + result.stderr)}")
+        return parse(result.stdout)
+    except (ProbeError, _Unreadable) as exc:
+        warnings.append(f"{source} skipped: {exc}")
+    return None
+
+
+def _no_devices(source: Source, stdout: str) -> bool:
+    """nvidia-smi exits 6 with this message when the driver works but sees no GPU."""
+    return source == "nvidia-smi" and "No devices were found" in stdout
+
+
+def _first_line(text: str) -> str:
+    return next((line.strip() for line in text.splitlines() if line.strip()), "(no output)")[:200]
+
+
+def parse_nvidia_smi(text: str) -> list[Device]:
+    """Read ``nvidia-smi --query-gpu=index,uuid,name,memory.total,memory.free`` CSV (MiB, no header)."""
+    if "No devices were found" in text:
+        return []
+    devices = []
+    for line in filter(str.strip, text.splitlines()):
+        fields = [f.strip() for f in line.split(",")]
+        if len(fields) != 5 or not all(f.isdigit() for f in (fields[0], fields[3], fields[4])):
+            raise _Unreadable(f"unexpected line {line[:120]!r}")
+        index, uuid, name, total, free = fields
+        devices.append(Device("CUDA", int(index), name, int(total) * MIB, int(free) * MIB, "nvidia-smi", uuid))
+    return devices
+
+
+def parse_rocm_smi(text: str) -> list[Device]:
+    """Read ``rocm-smi --showproductname --showmeminfo vram --showuniqueid --json``."""
+    try:
+        data = json.loads(text[text.index("{"):])  # some versions print warnings before the JSON
+    except ValueError as exc:
+        raise _Unreadable(f"not JSON: {_first_line(text)}") from exc
+    devices = []
+    for card, fields in sorted(data.items(), key=lambda kv: _card_number(kv[0])):
+        if not card.startswith("card"):
+            continue  # e.g. "system"
+        info = {str(k).lower(): str(v) for k, v in fields.items()}
+        try:
+            total = int(info["vram total memory (b)"])
+            used = int(info["vram total used memory (b)"])
+        except (KeyError, ValueError) as exc:
+            raise _Unreadable(f"{card} has no readable VRAM totals") from exc
+        name = info.get("card series") or info.get("card model") or card
+        uid = info.get("unique id")
+        uuid = f"GPU-{uid.removeprefix('0x')}" if uid and uid.startswith("0x") else None
+        devices.append(Device("ROCm", _card_number(card), name, total, total - used, "rocm-smi", uuid))
+    return devices
+
+
+def _card_number(card: str) -> int:
+    return int(card[4:]) if card[4:].isdigit() else -1
+
+
+def parse_list_devices(text: str) -> list[Device]:
+    """Read ``llama-server --list-devices`` (it leaves out CPU devices; "(none)" when no other)."""
+    lines = text.splitlines()
+    if "Available devices:" not in lines:
+        raise _Unreadable(f"no device list in its output: {_first_line(text)}")
+    devices = []
+    for line in lines[lines.index("Available devices:") + 1:]:
+        if match := _LISTED_DEVICE.match(line):
+            backend = re.sub(r"\d+$", "", match["name"])
+            ordinal = match["name"][len(backend):]
+            devices.append(Device(backend, int(ordinal) if ordinal else None, match["desc"],
+                                  int(match["total"]) * MIB, int(match["free"]) * MIB, "llama-server"))
+    return devices
+
+
+def visible(devices: Sequence[Device], mask: str | None) -> list[Device]:
+    """Apply a ``*_VISIBLE_DEVICES`` mask: positions or UUIDs, stopping at the first unusable entry.
+
+    Unusable: empty (so a trailing comma ends the list and "" hides every GPU), out of
+    range, negative ("-1" is the usual way to hide all), an unknown or ambiguous UUID,
+    or a device already listed.
+    """
+    if mask is None:
+        return list(devices)
+    chosen: list[Device] = []
+    for entry in mask.split(","):
+        device = _match(entry.strip(), devices)
+        if device is None or device in chosen:
+            break
+        chosen.append(device)
+    return chosen
+
+
+def _match(entry: str, devices: Sequence[Device]) -> Device | None:
+    if entry.isdigit():
+        return devices[int(entry)] if int(entry) < len(devices) else None
+    wanted = entry.lower().removeprefix("gpu-")
+    if not wanted:
+        return None
+    # CUDA also takes a unique UUID prefix.
+    hits = [d for d in devices if d.uuid and d.uuid.lower().removeprefix("gpu-").startswith(wanted)]
+    return hits[0] if len(hits) == 1 else None
+
+
+def _visible_nvidia(devices: list[Device], env: Mapping[str, str], warnings: list[str]) -> list[Device]:
+    mask = env.get("CUDA_VISIBLE_DEVICES")
+    if (mask and any(e.strip().isdigit() for e in mask.split(",")) and len({d.name for d in devices}) > 1
+            and env.get("CUDA_DEVICE_ORDER") != "PCI_BUS_ID"):
+        warnings.append("CUDA_VISIBLE_DEVICES uses indices but CUDA_DEVICE_ORDER is not PCI_BUS_ID: CUDA may "
+                        "number these mixed GPUs differently from nvidia-smi; pin by UUID to be sure")
+    return visible(devices, mask)
+
+
+def _visible_amd(devices: list[Device], env: Mapping[str, str]) -> list[Device]:
+    """ROCR_VISIBLE_DEVICES filters first; HIP_VISIBLE_DEVICES (else CUDA_VISIBLE_DEVICES) indexes what is left."""
+    devices = visible(devices, env.get("ROCR_VISIBLE_DEVICES"))
+    return visible(devices, env.get("HIP_VISIBLE_DEVICES", env.get("CUDA_VISIBLE_DEVICES")))
+
+
+def _cpu() -> Device:
+    memory = psutil.virtual_memory()
+    return Device("CPU", None, _cpu_name(), memory.total, memory.available, "psutil")
+
+
+def _cpu_name() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return os.uname().machine

@@ -1,0 +1,184 @@
+"""Speculative-decoding policy: every branch against the real and the legacy binary, then the real server."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import dataclasses
+import subprocess
+
+import httpx
+import pytest
+
+import gguf
+from launcher import capabilities
+from launcher.capabilities import Capabilities, capabilities_from_text, probe
+from launcher.command import server_argv
+from launcher.process import LlamaServer
+from launcher.speculative import MODES, SpecModel, SpeculativeConfigError, normalize_mode, plan
+from tests.helpers import free_port
+
+FIXTURES = Path(__file__).parent / "fixtures"
+
+BIG_MTP = SpecModel("Qwen3-Next-80B-A3B-Q4_K_M.gguf", 80_000_000_000, nextn_layers=1)
+SMALL_MTP = SpecModel("tiny-1B.gguf", 1_000_000_000, nextn_layers=1)
+PLAIN = SpecModel("gemma-3-270m-it-Q4_K_M.gguf", 270_000_000, nextn_layers=0)
+NAMED_MTP = SpecModel("GLM-4.5-Air-MTP-Q4_K_M.gguf", 100_000_000_000)  # no facts: the name decides
+
+NEW_NGRAM = ("--spec-ngram-mod-n-match", "24", "--spec-ngram-mod-n-min", "48", "--spec-ngram-mod-n-max", "64")
+
+
+@pytest.fixture(scope="module")
+def real(llama_server_bin, tmp_path_factory) -> Capabilities:
+    capabilities.clear_memory_cache()
+    return probe(llama_server_bin, cache_dir=tmp_path_factory.mktemp("cache"))
+
+
+@pytest.fixture(scope="module")
+def legacy() -> Capabilities:
+    return capabilities_from_text(
+        "old/llama-server", (FIXTURES / "legacy-version.txt").read_text(), (FIXTURES / "legacy-help.txt").read_text()
+    )
+
+
+@pytest.mark.parametrize(("text", "mode"), [
+    ("auto", "auto"), ("default", "auto"), ("DEFAULT", "auto"), ("mtp", "mtp"), ("draft-mtp", "mtp"),
+    ("ngram", "ngram"), ("ngram-mod", "ngram"), ("mtp+ngram", "mtp+ngram"), ("draft-mtp,ngram-mod", "mtp+ngram"),
+    ("ngram-mod,draft-mtp", "mtp+ngram"), ("mtp,ngram", "mtp+ngram"), ("off", "off"), ("none", "off"),
+    ("ngram-simple", "ngram-simple"), (" mtp ", "mtp"),
+])
+def test_normalize_accepts_canonical_and_llama_cpp_spellings(text, mode):
+    assert normalize_mode(text) == mode
+
+
+@pytest.mark.parametrize("text", ["turbo", "", "draft-eagle3", "mtp,turbo", "ngram-simple,draft-mtp"])
+def test_unknown_mode_lists_the_valid_ones(text):
+    with pytest.raises(SpeculativeConfigError, match=r"auto, mtp, ngram, mtp\+ngram, off, ngram-simple"):
+        normalize_mode(text)
+
+
+# (requested, model, on_gpu, n_max, resolved, argv on the real b11434 build)
+REAL_CASES = [
+    ("auto", BIG_MTP, True, None, "mtp", ("--spec-type", "draft-mtp", "--spec-draft-n-max", "2")),
+    ("auto", BIG_MTP, False, None, "mtp+ngram",
+     ("--spec-type", "draft-mtp,ngram-mod", "--spec-draft-n-max", "3", *NEW_NGRAM)),
+    ("auto", NAMED_MTP, True, None, "mtp", ("--spec-type", "draft-mtp", "--spec-draft-n-max", "2")),
+    ("auto", SMALL_MTP, True, None, "ngram", ("--spec-type", "ngram-mod", *NEW_NGRAM)),
+    ("auto", SMALL_MTP, False, None, "ngram", ("--spec-type", "ngram-mod", *NEW_NGRAM)),
+    ("auto", PLAIN, True, None, "ngram", ("--spec-default",)),
+    ("auto", PLAIN, False, None, "ngram", ("--spec-default",)),
+    ("auto", BIG_MTP, True, 5, "mtp", ("--spec-type", "draft-mtp", "--spec-draft-n-max", "5")),
+    ("mtp", BIG_MTP, False, None, "mtp", ("--spec-type", "draft-mtp", "--spec-draft-n-max", "3")),
+    ("mtp", SMALL_MTP, True, None, "mtp", ("--spec-type", "draft-mtp", "--spec-draft-n-max", "2")),
+    ("mtp", PLAIN, False, None, "off", ()),
+    ("mtp+ngram", PLAIN, False, None, "ngram", ("--spec-type", "ngram-mod", *NEW_NGRAM)),
+    ("mtp+ngram", BIG_MTP, True, 4, "mtp+ngram",
+     ("--spec-type", "draft-mtp,ngram-mod", "--spec-draft-n-max", "4", *NEW_NGRAM)),
+    ("ngram", PLAIN, False, None, "ngram", ("--spec-type", "ngram-mod", *NEW_NGRAM)),
+    ("ngram", PLAIN, False, 16, "ngram", ("--spec-type", "ngram-mod", "--spec-ngram-mod-n-match", "24",
+                                          "--spec-ngram-mod-n-min", "16", "--spec-ngram-mod-n-max", "16")),
+    ("ngram-simple", PLAIN, False, None, "ngram-simple", ("--spec-type", "ngram-simple")),
+    ("off", BIG_MTP, True, None, "off", ()),
+]
+
+
+@pytest.mark.parametrize(("requested", "model", "on_gpu", "n_max", "resolved", "argv"), REAL_CASES)
+def test_policy_on_the_real_build(real, requested, model, on_gpu, n_max, resolved, argv):
+    result = plan(requested, real, model, on_gpu=on_gpu, n_max=n_max)
+    assert (result.requested, result.resolved, result.argv) == (normalize_mode(requested), resolved, argv)
+    if requested == "auto":
+        assert any(r.startswith("auto:") for r in result.reasons)
+
+
+def test_every_argv_for_the_real_build_parses(real, llama_server_bin):
+    # llama-server parses flags in order and exits at --version, so a bad flag or value fails first.
+    emitted = {plan(r, real, m, on_gpu=g, n_max=n).argv for r, m, g, n, *_ in REAL_CASES}
+    for argv in emitted:
+        done = subprocess.run([str(llama_server_bin), *argv, "--version"], capture_output=True, text=True, timeout=10)
+        assert done.returncode == 0, (argv, done.stderr)
+    stub = subprocess.run([str(llama_server_bin), "--draft-max", "3", "--version"], capture_output=True, text=True,
+                          timeout=10)
+    assert stub.returncode != 0 and "has been removed" in stub.stderr
+
+
+LEGACY_CASES = [
+    ("auto", BIG_MTP, True, None, "mtp", ("--spec-type", "mtp", "--draft-max", "2")),
+    ("auto", BIG_MTP, False, None, "mtp+ngram",
+     ("--spec-type", "mtp,ngram-mod", "--draft-max", "3", "--spec-ngram-size-n", "24")),
+    ("auto", SMALL_MTP, False, None, "ngram",
+     ("--spec-type", "ngram-mod", "--spec-ngram-size-n", "24", "--draft-min", "48", "--draft-max", "64")),
+    ("auto", PLAIN, True, None, "off", ()),  # no --spec-default in older builds
+    ("mtp", BIG_MTP, True, 7, "mtp", ("--spec-type", "mtp", "--draft-max", "7")),
+    ("ngram", PLAIN, False, 8, "ngram",
+     ("--spec-type", "ngram-mod", "--spec-ngram-size-n", "24", "--draft-min", "8", "--draft-max", "8")),
+    ("ngram-simple", PLAIN, False, None, "ngram-simple", ("--spec-type", "ngram-simple")),
+]
+
+
+@pytest.mark.parametrize(("requested", "model", "on_gpu", "n_max", "resolved", "argv"), LEGACY_CASES)
+def test_policy_on_the_legacy_build(legacy, requested, model, on_gpu, n_max, resolved, argv):
+    result = plan(requested, legacy, model, on_gpu=on_gpu, n_max=n_max)
+    assert (result.resolved, result.argv) == (resolved, argv)
+
+
+def test_mtp_on_a_model_without_mtp_layers_is_dropped_with_a_reason(real):
+    result = plan("draft-mtp", real, PLAIN, on_gpu=True)
+    assert result.resolved == "off" and result.argv == ()
+    assert any("no MTP layers" in r for r in result.reasons)
+
+
+def test_the_name_fallback_is_not_used_when_facts_say_no_mtp(real):
+    liar = SpecModel("Something-MTP.gguf", 80_000_000_000, nextn_layers=0)
+    assert plan("mtp", real, liar, on_gpu=True).resolved == "off"
+
+
+@pytest.mark.parametrize("extra", [["--spec-type", "ngram-simple"], ["--spec-type=ngram-cache"], ["--spec-default"]])
+def test_a_spec_flag_in_the_extra_args_wins(real, extra):
+    result = plan("auto", real, BIG_MTP, on_gpu=True, extra_args=["-t", "2", *extra])
+    assert (result.resolved, result.argv) == ("user", ())
+    assert "extra arguments" in result.reasons[0]
+
+
+def _without(caps: Capabilities, *spec_types: str) -> Capabilities:
+    return dataclasses.replace(caps, spec_types=tuple(t for t in caps.spec_types if t not in spec_types))
+
+
+def test_modes_the_binary_cannot_do_are_dropped_with_a_reason(real):
+    no_mtp = _without(real, "draft-mtp")
+    result = plan("mtp+ngram", no_mtp, BIG_MTP, on_gpu=False)
+    assert (result.resolved, result.argv) == ("ngram", ("--spec-type", "ngram-mod", *NEW_NGRAM))
+    assert any("no MTP speculative type" in r for r in result.reasons)
+    # auto on a GPU wants MTP alone; without it, the non-MTP default applies
+    assert plan("auto", no_mtp, BIG_MTP, on_gpu=True).argv == ("--spec-default",)
+    bare = _without(real, "ngram-mod", "ngram-simple")
+    for mode in ("ngram", "ngram-simple"):
+        result = plan(mode, bare, PLAIN, on_gpu=False)
+        assert (result.resolved, result.argv) == ("off", ())
+        assert any(f"no {mode if mode != 'ngram' else 'ngram-mod'} speculative type" in r for r in result.reasons)
+
+
+def test_n_max_must_be_positive(real):
+    with pytest.raises(SpeculativeConfigError, match="at least 1"):
+        plan("mtp", real, BIG_MTP, on_gpu=True, n_max=0)
+
+
+def test_spec_model_from_facts(gemma_model):
+    facts = gguf.read(gemma_model).facts
+    model = SpecModel.from_facts(facts, gemma_model)
+    assert model.nextn_layers == 0 and not model.has_mtp and model.parameter_count < 1_000_000_000
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mode", MODES)
+def test_every_mode_starts_the_real_server_on_gemma(real, llama_server_bin, gemma_model, tmp_path, mode):
+    facts = gguf.read(gemma_model).facts
+    spec = plan(mode, real, SpecModel.from_facts(facts, gemma_model), on_gpu=False)
+    port = free_port()
+    argv = server_argv(llama_server_bin, gemma_model, host="127.0.0.1", port=port, n_ctx=2048, extra=spec.argv)
+    server = LlamaServer(argv, host="127.0.0.1", port=port, log_path=tmp_path / "llama-server.log")
+    server.start()
+    try:
+        server.wait_ready(timeout=120)
+        assert httpx.get(f"{server.url}/health").status_code == 200
+    finally:
+        server.stop()
