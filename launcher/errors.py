@@ -12,6 +12,7 @@
     └── ProcessError                    the llama-server child misbehaved
         ├── LoadError                   it exited while loading
         ├── StartTimeoutError (+TimeoutError)  it never became healthy in time
+        ├── StartAbortedError           a stop arrived while it was starting
         └── CrashedError                it died after becoming ready
 
 Each carries its context as attributes (``path``, ``pid``, ``exit_code``,
@@ -96,12 +97,21 @@ class ProcessError(LauncherError):
     """The llama-server child process failed."""
 
     def __init__(
-        self, message: str, *, pid: int | None = None, exit_code: int | None = None, log_tail: str = ""
+        self,
+        message: str,
+        *,
+        pid: int | None = None,
+        exit_code: int | None = None,
+        log_tail: str = "",
+        cause: str | None = None,
+        hint: str | None = None,
     ) -> None:
         super().__init__(message)
         self.pid = pid
         self.exit_code = exit_code
         self.log_tail = log_tail
+        self.cause = cause  # a recognised kind, e.g. "out_of_memory", or None
+        self.hint = hint  # one line telling the user what to do
 
 
 class LoadError(ProcessError):
@@ -110,6 +120,10 @@ class LoadError(ProcessError):
 
 class StartTimeoutError(ProcessError, TimeoutError):
     """llama-server did not report healthy before the deadline."""
+
+
+class StartAbortedError(ProcessError):
+    """A stop (or another start) cancelled a start before the server was ready."""
 
 
 class CrashedError(ProcessError):

@@ -2,8 +2,9 @@
 
 The child runs in its own process group and dies with its parent (see
 ``launcher.platform``). Its output goes to a log file and a ring buffer whose
-tail is attached to every error. ``stop`` is idempotent and bounded in time:
-SIGTERM to the group, wait, SIGKILL, reap.
+tail is attached to every error, and each line can be handed to a callback
+(the supervisor turns lines into load phases). ``stop`` is idempotent and
+bounded in time: SIGTERM to the group, wait, SIGKILL, reap.
 """
 
 from __future__ import annotations
@@ -13,13 +14,17 @@ import subprocess
 import threading
 import time
 from collections import deque
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 import httpx
 
 from launcher import platform
-from launcher.errors import LoadError, PortInUseError, StartTimeoutError
+from launcher.diagnosis import diagnose
+from launcher.errors import LoadError, PortInUseError, StartAbortedError, StartTimeoutError
+
+#: Lines of output kept in memory and attached to errors.
+TAIL_LINES = 300
 
 
 def ensure_port_free(host: str, port: int) -> None:
@@ -30,6 +35,13 @@ def ensure_port_free(host: str, port: int) -> None:
             sock.bind((host, port))
         except OSError as exc:
             raise PortInUseError(host, port) from exc
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """Return a port on ``host`` that the OS says is free right now."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((host, 0))
+        return sock.getsockname()[1]
 
 
 class LlamaServer:
@@ -43,14 +55,18 @@ class LlamaServer:
         port: int,
         log_path: Path,
         env: Mapping[str, str] | None = None,
+        api_key: str | None = None,
+        on_line: Callable[[str], None] | None = None,
     ) -> None:
         self.argv = list(argv)
         self.host = host
         self.port = port
         self.log_path = log_path
         self.env = dict(env) if env is not None else None
+        self.api_key = api_key
+        self.on_line = on_line
         self._proc: subprocess.Popen[bytes] | None = None
-        self._tail: deque[str] = deque(maxlen=200)
+        self._tail: deque[str] = deque(maxlen=TAIL_LINES)
         self._reader: threading.Thread | None = None
         #: Every /health answer seen while waiting: an HTTP status, or 0 for "no answer yet".
         self.health_history: list[int] = []
@@ -69,7 +85,7 @@ class LlamaServer:
         """Exit status once the child has exited, else None."""
         return self._proc.poll() if self._proc else None
 
-    def log_tail(self, lines: int = 30) -> str:
+    def log_tail(self, lines: int = 50) -> str:
         """Return the last ``lines`` lines the child printed."""
         return "\n".join(list(self._tail)[-lines:])
 
@@ -96,14 +112,33 @@ class LlamaServer:
             for raw in pipe:
                 log.write(raw)
                 log.flush()
-                self._tail.append(raw.decode("utf-8", "replace").rstrip("\n"))
+                line = raw.decode("utf-8", "replace").rstrip("\n")
+                self._tail.append(line)
+                if self.on_line is not None:
+                    self.on_line(line)
 
-    def wait_ready(self, timeout: float = 120.0, poll_interval: float = 0.02) -> None:
+    def health(self, client: httpx.Client) -> int:
+        """Return the HTTP status of ``/health``, or 0 when nothing answers."""
+        headers = {"Authorization": f"Bearer {self.api_key}"} if self.api_key else None
+        try:
+            return client.get(f"{self.url}/health", headers=headers).status_code
+        except httpx.TransportError:
+            return 0
+
+    def wait_ready(
+        self,
+        timeout: float = 120.0,
+        poll_interval: float = 0.02,
+        *,
+        abort: threading.Event | None = None,
+        on_tick: Callable[[], None] | None = None,
+    ) -> None:
         """Return once ``/health`` answers 200.
 
         Raises:
-            LoadError: the child exited first (its log tail says why).
+            LoadError: the child exited first (with llama-server's own reason).
             StartTimeoutError: no 200 before ``timeout`` seconds.
+            StartAbortedError: ``abort`` was set.
         """
         assert self._proc is not None, "start() first"
         deadline = time.monotonic() + timeout
@@ -112,25 +147,34 @@ class LlamaServer:
                 code = self._proc.poll()
                 if code is not None:
                     self._join_reader()
-                    raise LoadError(
-                        f"llama-server exited with code {code} while loading; last output:\n{self.log_tail()}",
-                        pid=self._proc.pid, exit_code=code, log_tail=self.log_tail(),
-                    )
-                try:
-                    status = client.get(f"{self.url}/health").status_code
-                except httpx.TransportError:
-                    status = 0
+                    raise self._load_error(code)
+                if abort is not None and abort.is_set():
+                    raise StartAbortedError("the start was cancelled by a stop", pid=self._proc.pid)
+                status = self.health(client)
                 self.health_history.append(status)
                 if status == 200:
                     return
+                if on_tick is not None:
+                    on_tick()
                 if time.monotonic() >= deadline:
                     raise StartTimeoutError(
                         f"llama-server did not become healthy within {timeout:.0f} s; last output:\n{self.log_tail()}",
                         pid=self._proc.pid, log_tail=self.log_tail(),
                     )
-                time.sleep(poll_interval)
+                if abort is not None:
+                    abort.wait(poll_interval)
+                else:
+                    time.sleep(poll_interval)
 
-    def stop(self, grace: float = 10.0) -> int | None:
+    def _load_error(self, code: int) -> LoadError:
+        found = diagnose(list(self._tail))
+        hint = f" ({found.hint})" if found.hint else ""
+        return LoadError(
+            f"llama-server exited with code {code} while loading: {found.reason}{hint}",
+            pid=self.pid, exit_code=code, log_tail=self.log_tail(), cause=found.cause, hint=found.hint,
+        )
+
+    def stop(self, grace: float = 5.0) -> int | None:
         """Stop the child and its group; return its exit status. Safe to call twice."""
         proc = self._proc
         if proc is None:
