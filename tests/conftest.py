@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import psutil
@@ -46,6 +47,24 @@ def zoo_dir(pinned_build: BuildResult, settings: Settings) -> Path:
 def llama_src(pinned_build: BuildResult) -> Path:
     """The pinned llama.cpp source tree (vocab GGUFs, templates, sources)."""
     return pinned_build.layout.source_dir
+
+
+@pytest.fixture(scope="session", autouse=True)
+def no_llama_server_outlives_the_run():
+    """No llama-server started during the run may survive it, ours or orphaned (re-parented)."""
+    started = time.time()
+    yield
+
+    def leftovers() -> list[str]:
+        out = []
+        for p in psutil.process_iter(["name", "create_time", "status"]):
+            info = p.info
+            if info["name"] == "llama-server" and info["create_time"] >= started - 1 \
+                    and info["status"] != psutil.STATUS_ZOMBIE:
+                out.append(f"{p.pid}")
+        return out
+
+    wait_for(lambda: not leftovers(), timeout=10, what="every llama-server of this run to exit")
 
 
 @pytest.fixture(autouse=True)
