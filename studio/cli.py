@@ -4,9 +4,7 @@ from __future__ import annotations
 
 import json
 import shlex
-import signal
 import sys
-import threading
 from pathlib import Path
 from typing import Annotated, Optional
 
@@ -15,14 +13,19 @@ import typer
 
 import gguf
 from launcher.build import ProgressFn, ensure_built, load_pin
-from launcher.command import server_argv
 from launcher.discovery import find_llama_server
 from launcher.errors import BuildError, LauncherError
-from launcher.process import LlamaServer
+from launcher.process import ensure_port_free
+from launcher.registry import ChildRegistry
+from launcher.supervisor import Supervisor, owner_token
 from studio import __version__
 from studio.default_model import DefaultModelError, ensure_default_model
+from studio.app import create_app
+from studio.catalog import Catalog
 from studio.logs import configure_logging
+from studio.manager import LoadRequest, ModelManager
 from studio.model_summary import render, summary
+from studio.service import run_service
 from studio.settings import Settings
 
 app = typer.Typer(
@@ -117,42 +120,85 @@ def inspect(
 
 @app.command()
 def serve(
-    model: Annotated[Optional[Path], typer.Option(help="GGUF file to serve (default: the embedded Gemma model).")] = None,
-    host: Annotated[Optional[str], typer.Option(help="Address to listen on.")] = None,
-    port: Annotated[Optional[int], typer.Option(help="Port to listen on.")] = None,
-    ctx: Annotated[Optional[int], typer.Option(help="Context size in tokens (default: llama-server's).")] = None,
+    model: Annotated[Optional[str], typer.Option(
+        help="Model to load at start: a name in the models dir or a .gguf path (default: the embedded Gemma).")] = None,
+    host: Annotated[Optional[str], typer.Option(help="Address to listen on (default 127.0.0.1).")] = None,
+    port: Annotated[Optional[int], typer.Option(help="Port to listen on (default 8080).")] = None,
+    ctx: Annotated[Optional[int], typer.Option(help="Context size for that model (default: llama-server's).")] = None,
 ) -> None:
-    """Serve a model with llama-server until Ctrl-C."""
+    """Run the studio service (GUI API, OpenAI-compatible API) with a model loaded, until Ctrl-C."""
     settings = Settings.from_env()
-    model_path = model or ensure_default_model(settings.models_dir)
-    if not model_path.is_file():
-        raise typer.BadParameter(f"{model_path} is not a file", param_hint="--model")
+    initial = model or str(ensure_default_model(settings.models_dir))
     found = find_llama_server(
         home=settings.home, explicit=settings.llama_server_path, llama_cpp_dir=settings.llama_cpp_dir
     )
     host = host or settings.host
     port = port or settings.port
-    server = LlamaServer(
-        server_argv(found.path, model_path, host=host, port=port, n_ctx=ctx),
-        host=host,
-        port=port,
-        log_path=settings.logs_dir / "llama-server.log",
-    )
-    stop_requested = threading.Event()
-    previous = {s: signal.signal(s, lambda *_: stop_requested.set()) for s in (signal.SIGINT, signal.SIGTERM)}
+    ensure_port_free(host, port)
+    registry = ChildRegistry(settings.home / "run", owner_token())
+    registry.reap_orphans()
+    supervisor = Supervisor(logs_dir=settings.logs_dir / "llama-server", registry=registry)
+    manager = ModelManager(catalog=Catalog([settings.models_dir]), binary=found.path, supervisor=supervisor)
+    url = f"http://{host}:{port}"
+    typer.echo(f"loading {initial} with llama-server ({found.source}: {found.path}) ...", err=True)
     try:
-        typer.echo(f"starting llama-server ({found.source}: {found.path}) on {model_path.name} ...", err=True)
-        server.start()
-        server.wait_ready()
-        typer.echo(f"serving {model_path.name} at {server.url}  (OpenAI API: {server.url}/v1; Ctrl-C stops)")
-        while not stop_requested.wait(0.5):
-            if server.returncode is not None:
-                raise LauncherError(f"llama-server exited with code {server.returncode}:\n{server.log_tail()}")
-    finally:
-        server.stop()
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
+        run_service(
+            create_app(manager, initial_load=LoadRequest(model=initial, n_ctx=ctx)), host=host, port=port,
+            announce=lambda: typer.echo(
+                f"GGUF Studio at {url}  (OpenAI API: {url}/v1, GUI API: {url}/api, docs: {url}/docs; Ctrl-C stops)"),
+        )
+    except KeyboardInterrupt:  # uvicorn re-raises Ctrl-C after a clean shutdown: that is a normal stop
+        pass
     typer.echo("stopped", err=True)
+
+
+@app.command("plan")
+def plan_command(
+    model: Annotated[Path, typer.Argument(help="A .gguf file (any shard of a split model).")],
+    ctx: Annotated[Optional[int], typer.Option(help="Context in tokens (default: automatic).")] = None,
+    parallel: Annotated[int, typer.Option(help="Parallel server slots; they share the context.")] = 1,
+    spec: Annotated[str, typer.Option(help="Speculative mode: auto, mtp, ngram, mtp+ngram, off, ngram-simple.")]
+    = "auto",
+    n_max: Annotated[Optional[int], typer.Option(help="Drafted tokens per step (default: the policy's).")] = None,
+    cache_type: Annotated[str, typer.Option(help="KV cache type for K and V (f16, q8_0, q4_0...).")] = "f16",
+    json_output: Annotated[bool, typer.Option("--json", help="Print JSON instead of text.")] = False,
+) -> None:
+    """Show how a model would be launched here: GPUs, layers, context, speculative flags, memory, and why."""
+    from launcher.capabilities import probe
+    from launcher.command import build_command
+    from launcher.devices import discover
+    from launcher.planner import PlanRequest, load_model, plan
+    from studio.plan_view import plan_json, render_plan
+
+    settings = Settings.from_env()
+    found = find_llama_server(
+        home=settings.home, explicit=settings.llama_server_path, llama_cpp_dir=settings.llama_cpp_dir
+    )
+    caps = probe(found.path, cache_dir=settings.home / "cache")
+    request = PlanRequest(n_ctx=ctx, n_parallel=parallel, cache_type_k=cache_type.lower(),  # type: ignore[arg-type]
+                          cache_type_v=cache_type.lower(), spec=spec, spec_n_max=n_max)  # type: ignore[arg-type]
+    launch = plan(load_model(model), discover(llama_server=found.path), caps, request)
+    with build_command(launch, caps, binary=found.path) as command:
+        argv = command.redacted_argv(settings.port)
+    info = plan_json(launch, argv, found)
+    typer.echo(json.dumps(info, indent=2) if json_output else render_plan(info))
+
+
+@app.command()
+def doctor(
+    json_output: Annotated[bool, typer.Option("--json", help="Print JSON instead of text.")] = False,
+) -> None:
+    """Show the llama-server in use (where it was found, version, capabilities) and the devices found."""
+    from launcher.capabilities import probe
+    from launcher.devices import discover
+    from studio.plan_view import doctor_json, render_doctor
+
+    settings = Settings.from_env()
+    found = find_llama_server(
+        home=settings.home, explicit=settings.llama_server_path, llama_cpp_dir=settings.llama_cpp_dir
+    )
+    info = doctor_json(found, probe(found.path, cache_dir=settings.home / "cache"), discover(llama_server=found.path))
+    typer.echo(json.dumps(info, indent=2) if json_output else render_doctor(info))
 
 
 def main() -> None:

@@ -12,7 +12,7 @@ from launcher.build import BuildResult, ensure_built
 from launcher.zoo import ensure_zoo
 from studio.default_model import ensure_default_model
 from studio.settings import Settings
-from tests.helpers import wait_for
+from tests.helpers import assert_no_children, wait_for
 
 
 @pytest.fixture(scope="session")
@@ -68,8 +68,12 @@ def no_llama_server_outlives_the_run():
 
 
 @pytest.fixture(autouse=True)
-def no_leftover_children():
-    """Every test must leave no child process of ours behind."""
+def no_leftover_children(request):
+    """Every test must leave no child process of ours behind.
+
+    Tests marked ``shared_processes`` use a module-scoped server; its fixture
+    runs the same check when the module is done.
+    """
     yield
-    me = psutil.Process()
-    wait_for(lambda: not me.children(recursive=True), timeout=10, what="child processes to exit")
+    if request.node.get_closest_marker("shared_processes") is None:
+        assert_no_children()

@@ -7,6 +7,8 @@ import time
 from collections.abc import Callable
 from typing import TypeVar
 
+import psutil
+
 T = TypeVar("T")
 
 
@@ -27,3 +29,9 @@ def wait_for(predicate: Callable[[], T], *, timeout: float, interval: float = 0.
         if time.monotonic() >= deadline:
             raise AssertionError(f"timed out after {timeout} s waiting for {what}")
         time.sleep(interval)
+
+
+def assert_no_children() -> None:
+    """Wait (bounded) until this process has no child processes left; fail otherwise."""
+    me = psutil.Process()
+    wait_for(lambda: not me.children(recursive=True), timeout=10, what="child processes to exit")

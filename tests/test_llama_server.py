@@ -95,7 +95,7 @@ def test_stop_is_idempotent(llama_server_bin, gemma_model, tmp_path):
 
 
 def test_ggstudio_serve_answers_chat_and_stops_on_ctrl_c(gemma_model, llama_server_bin, tmp_path, settings):
-    """What `make run` does: serve the default model until Ctrl-C."""
+    """What `make run` does: the studio service with the default model loaded, until Ctrl-C."""
     port = free_port()
     cli = Path(sys.executable).parent / "ggstudio"
     with subprocess.Popen(
@@ -105,14 +105,18 @@ def test_ggstudio_serve_answers_chat_and_stops_on_ctrl_c(gemma_model, llama_serv
         try:
             line = proc.stdout.readline()
             assert f"http://127.0.0.1:{port}" in line, line + (proc.stderr.read() if proc.poll() is not None else "")
-            children = psutil.Process(proc.pid).children(recursive=True)
-            assert any(c.name() == "llama-server" for c in children)
+            # A request without `model` waits for the start-up load instead of failing.
             reply = httpx.post(
                 f"http://127.0.0.1:{port}/v1/chat/completions",
                 json={"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 4},
-                timeout=60,
+                timeout=120,
             )
-            assert reply.status_code == 200 and reply.json()["choices"][0]["message"]["content"] is not None
+            assert reply.status_code == 200, reply.text
+            assert reply.json()["choices"][0]["message"]["content"] is not None
+            status = httpx.get(f"http://127.0.0.1:{port}/api/status").json()
+            assert status["state"] == "ready" and status["effective_context"] == 2048
+            children = [c for c in psutil.Process(proc.pid).children(recursive=True) if c.name() == "llama-server"]
+            assert len(children) == 1
             proc.send_signal(signal.SIGINT)
             assert proc.wait(timeout=30) == 0
         finally:

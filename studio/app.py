@@ -1,0 +1,86 @@
+"""The studio service: FastAPI app with the GUI API and the OpenAI-compatible proxy.
+
+Errors from every layer are translated here, at one boundary, into the one
+OpenAI error shape (``studio.errors.error_body``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+import httpx
+import structlog
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+
+import gguf
+from launcher.errors import LauncherError, LoadError, StartAbortedError
+from studio import __version__
+from studio.api import router as api_router
+from studio.errors import BusyError, StudioError, error_body
+from studio.manager import LoadRequest, ModelManager
+from studio.proxy import router as proxy_router
+
+log = structlog.get_logger(__name__)
+
+
+def create_app(
+    manager: ModelManager, *, initial_load: LoadRequest | None = None, max_connections: int = 64
+) -> FastAPI:
+    """Return the service app around ``manager``; ``initial_load`` starts loading at start-up."""
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        limits = httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_connections)
+        async with httpx.AsyncClient(timeout=httpx.Timeout(None, connect=10), limits=limits) as upstream:
+            app.state.upstream = upstream
+            app.state.manager = manager
+            if initial_load is not None:
+                app.state.initial_load = asyncio.create_task(_initial_load(manager, initial_load))
+            try:
+                yield
+            finally:
+                await manager.aclose()
+
+    app = FastAPI(title="GGUF Studio", version=__version__, lifespan=lifespan)
+    app.include_router(api_router)
+    app.include_router(proxy_router)
+
+    @app.exception_handler(StudioError)
+    async def studio_error(request: Request, exc: StudioError) -> JSONResponse:
+        headers = {"Retry-After": str(exc.retry_after)} if isinstance(exc, BusyError) else None
+        return JSONResponse(error_body(exc.message, exc.type, exc.param, exc.code), exc.status, headers=headers)
+
+    @app.exception_handler(gguf.GGUFError)
+    async def gguf_error(request: Request, exc: gguf.GGUFError) -> JSONResponse:
+        return JSONResponse(error_body(str(exc), "invalid_request_error", "model", "invalid_gguf"), 400)
+
+    @app.exception_handler(LauncherError)
+    async def launcher_error(request: Request, exc: LauncherError) -> JSONResponse:
+        if isinstance(exc, StartAbortedError):
+            return JSONResponse(error_body(str(exc), "load_cancelled", None, "load_cancelled"), 409)
+        code = getattr(exc, "cause", None) or "load_failed"
+        status = 500 if isinstance(exc, LoadError) else 502
+        return JSONResponse(error_body(str(exc), "server_error", None, code), status)
+
+    @app.exception_handler(RequestValidationError)
+    async def validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
+        first = exc.errors()[0] if exc.errors() else {}
+        param = ".".join(str(p) for p in first.get("loc", ())[1:]) or None
+        return JSONResponse(error_body(f"{param}: {first.get('msg', 'invalid')}", "invalid_request_error", param), 422)
+
+    @app.get("/health")
+    async def health() -> dict[str, str]:
+        return {"status": "ok"}
+
+    return app
+
+
+async def _initial_load(manager: ModelManager, request: LoadRequest) -> None:
+    try:
+        await manager.load(request)
+    except Exception as exc:  # shown in /api/status; the service keeps running
+        log.error("initial model load failed", model=request.model, error=str(exc))

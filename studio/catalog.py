@@ -1,0 +1,67 @@
+"""Which models the studio can serve, by name: GGUF files in the model folders.
+
+A model's name is its file name without ``.gguf`` (and without the
+``-00001-of-0000N`` suffix for split models). A request may also name a path
+to a ``.gguf`` file directly.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+from studio.errors import ModelNotFoundError
+
+_SHARD = re.compile(r"-(\d{5})-of-(\d{5})$")
+
+
+@dataclass(frozen=True)
+class CatalogEntry:
+    """A servable model: its name and the file to load (the first shard if split)."""
+
+    name: str
+    path: Path
+
+
+def model_name(path: Path) -> str:
+    """Return the name a model file is served under."""
+    return _SHARD.sub("", path.name.removesuffix(".gguf"))
+
+
+class Catalog:
+    """The GGUF files found in ``folders`` (scanned on every call: folders change)."""
+
+    def __init__(self, folders: list[Path]) -> None:
+        self.folders = folders
+
+    def entries(self) -> list[CatalogEntry]:
+        """Every servable model, sorted by name; shards other than the first are skipped."""
+        found: dict[str, CatalogEntry] = {}
+        for folder in self.folders:
+            if not folder.is_dir():
+                continue
+            for path in sorted(folder.rglob("*.gguf")):
+                shard = _SHARD.search(path.name.removesuffix(".gguf"))
+                if shard and shard.group(1) != "00001":
+                    continue
+                found.setdefault(model_name(path), CatalogEntry(model_name(path), path))
+        return sorted(found.values(), key=lambda e: e.name)
+
+    def resolve(self, name_or_path: str) -> CatalogEntry:
+        """Return the entry for a model name or a path to a .gguf file.
+
+        Raises:
+            ModelNotFoundError: neither a known name nor an existing file.
+        """
+        for entry in self.entries():
+            if entry.name == name_or_path:
+                return entry
+        path = Path(name_or_path).expanduser()
+        if path.is_file():
+            return CatalogEntry(model_name(path), path.resolve())
+        known = ", ".join(e.name for e in self.entries()) or "none"
+        raise ModelNotFoundError(
+            f"model {name_or_path!r} not found: not a file, and not one of the known models ({known})",
+            param="model", code="model_not_found",
+        )

@@ -1,0 +1,69 @@
+"""Errors of the studio service, and the one OpenAI-shaped body every HTTP error uses.
+
+::
+
+    StudioError
+    ├── ModelNotFoundError (+LookupError)   a model name or path the studio cannot find (404)
+    ├── BadRequestError (+ValueError)       a request the studio refuses as given (400)
+    ├── BusyError                           too many requests waiting for a load (503 + Retry-After)
+    └── UpstreamError                       llama-server failed or went away (502)
+
+Errors from the layers below (``gguf.GGUFError``, ``launcher.errors.*``) are
+translated in ``studio.app`` at one boundary; clients always receive
+``{"error": {"message", "type", "param", "code"}}``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+class StudioError(Exception):
+    """Base of the studio's own errors; carries the HTTP status it maps to."""
+
+    status = 500
+    type = "server_error"
+
+    def __init__(self, message: str, *, param: str | None = None, code: str | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.param = param
+        self.code = code
+
+
+class ModelNotFoundError(StudioError, LookupError):
+    """The named model is neither registered nor an existing file."""
+
+    status = 404
+    type = "not_found_error"
+
+
+class BadRequestError(StudioError, ValueError):
+    """The request is malformed or asks for something the studio refuses."""
+
+    status = 400
+    type = "invalid_request_error"
+
+
+class BusyError(StudioError):
+    """A load is in progress and the queue of waiting requests is full."""
+
+    status = 503
+    type = "server_busy"
+
+    def __init__(self, message: str, *, retry_after: int = 5) -> None:
+        super().__init__(message)
+        self.retry_after = retry_after
+
+
+class UpstreamError(StudioError):
+    """llama-server failed to answer or went away."""
+
+    status = 502
+    type = "upstream_error"
+
+
+def error_body(message: str, type: str, param: str | None = None, code: str | None = None,
+               **extra: Any) -> dict[str, Any]:
+    """Return OpenAI's error shape; ``extra`` adds fields such as ``n_ctx``."""
+    return {"error": {"message": message, "type": type, "param": param, "code": code, **extra}}

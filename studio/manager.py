@@ -1,0 +1,298 @@
+"""The model manager: the one process-wide owner of the llama-server supervisor.
+
+Loads are serialised by one lock. A request for the loaded model takes the
+fast path (no lock) and counts as in flight; a request for another model waits
+its turn in a bounded queue, and the swap itself waits until every in-flight
+request on the current model has finished: a model is never killed
+mid-request by a swap. An explicit unload is the user's decision and cancels a
+load in progress at once.
+
+Blocking supervisor calls run in worker threads; the supervisor's own owner
+thread is the only one that touches the process.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+import os
+import secrets
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+import structlog
+
+import gguf
+from gguf.facts import ModelFacts
+from gguf.templates import TemplateCapabilities, template_capabilities
+from launcher.command import server_argv
+from launcher.errors import StartAbortedError
+from launcher.supervisor import LaunchSpec, State, Status, Supervisor
+from studio.catalog import Catalog
+from studio.errors import BadRequestError, BusyError
+
+log = structlog.get_logger(__name__)
+
+
+class ModelState(enum.Enum):
+    """What the studio is doing with its model, as the GUI shows it."""
+
+    UNLOADED = "unloaded"  # nothing loaded
+    RESOLVING = "resolving"  # finding the file and reading its header
+    LOADING = "loading"  # llama-server is starting
+    READY = "ready"  # serving requests
+    UNLOADING = "unloading"  # stopping llama-server
+    FAILED = "failed"  # the last load failed; ``error`` says why
+    CRASHED = "crashed"  # llama-server died after it was ready
+
+
+@dataclass(frozen=True)
+class LoadRequest:
+    """What to load. ``extra_args=None`` reuses the last extra args given for this model."""
+
+    model: str
+    n_ctx: int | None = None
+    n_parallel: int | None = None
+    extra_args: tuple[str, ...] | None = None
+
+
+@dataclass(frozen=True)
+class LoadSettings:
+    """The settings a model runs with; equal settings mean no restart is needed."""
+
+    path: Path
+    n_ctx: int | None
+    n_parallel: int | None
+    extra_args: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class LoadedModel:
+    """The live model: where to reach it and what it can do."""
+
+    name: str
+    settings: LoadSettings
+    url: str
+    api_key: str = field(repr=False)
+    n_ctx: int  # the effective context per request (llama-server's slot size)
+    facts: ModelFacts
+    template: TemplateCapabilities | None
+
+    @property
+    def auth_headers(self) -> dict[str, str]:
+        return {"Authorization": f"Bearer {self.api_key}"}
+
+
+class ModelManager:
+    """Loads, swaps and unloads the studio's model; see the module docstring."""
+
+    def __init__(
+        self,
+        *,
+        catalog: Catalog,
+        binary: Path,
+        supervisor: Supervisor,
+        max_waiting: int = 64,
+        host: str = "127.0.0.1",
+    ) -> None:
+        self.catalog = catalog
+        self.binary = binary
+        self.supervisor = supervisor
+        self.max_waiting = max_waiting
+        self.host = host
+        self._lock = asyncio.Lock()
+        self._idle = asyncio.Condition()
+        self._in_flight = 0
+        self._waiting = 0
+        self._state = ModelState.UNLOADED
+        self._target: str | None = None  # the model being resolved or loaded
+        self._loaded: LoadedModel | None = None
+        self._error: str | None = None
+        self._last_extra_args: dict[Path, tuple[str, ...]] = {}
+
+    # -- state for the GUI ---------------------------------------------------
+    @property
+    def loaded(self) -> LoadedModel | None:
+        """The model serving requests right now, if any."""
+        return self._loaded if self.state == ModelState.READY else None
+
+    @property
+    def state(self) -> ModelState:
+        if self._state == ModelState.READY and self.supervisor.status().state == State.CRASHED:
+            return ModelState.CRASHED
+        return self._state
+
+    def status(self) -> dict[str, Any]:
+        """A JSON-able snapshot for ``/api/status``."""
+        sup = self.supervisor.status()
+        loaded = self._loaded
+        progress = sup.progress
+        state = self.state
+        return {
+            "state": state.value,
+            "model": loaded.name if loaded else self._target,
+            "path": str(loaded.settings.path) if loaded else None,
+            "native_context": loaded.facts.context_length if loaded else None,
+            "effective_context": loaded.n_ctx if loaded else None,
+            "capabilities": _capabilities(loaded) if loaded else None,
+            "progress": {
+                "phase": progress.phase, "bytes_loaded": progress.bytes_loaded, "bytes_total": progress.bytes_total,
+                "phases_seen": list(progress.phases_seen),
+            } if progress else None,
+            "error": self._error if state == ModelState.FAILED else (sup.cause if state == ModelState.CRASHED else None),
+            "pid": sup.pid,
+            "in_flight": self._in_flight,
+            "waiting": self._waiting,
+        }
+
+    # -- load / unload -------------------------------------------------------
+    async def load(self, request: LoadRequest) -> LoadedModel:
+        """Load ``request`` (or keep the live model when its settings are equal) and return it."""
+        self._check_queue()
+        self._waiting += 1
+        try:
+            async with self._lock:
+                return await self._load_locked(request)
+        finally:
+            self._waiting -= 1
+
+    async def _load_locked(self, request: LoadRequest) -> LoadedModel:
+        self._state, self._target = ModelState.RESOLVING, request.model
+        try:
+            entry = self.catalog.resolve(request.model)
+            model = await asyncio.to_thread(gguf.read, entry.path)  # a bad file fails here, before any process
+        except Exception:
+            # Nothing was stopped: the live model (if any) keeps serving.
+            self._state = ModelState.READY if self._loaded else ModelState.UNLOADED
+            self._target = self._loaded.name if self._loaded else None
+            raise
+        extra = request.extra_args
+        if extra is None:
+            extra = self._last_extra_args.get(entry.path, ())
+        settings = LoadSettings(entry.path, request.n_ctx, request.n_parallel, tuple(extra))
+        live = self._loaded
+        if live is not None and live.settings == settings and self.supervisor.status().state == State.READY:
+            self._state = ModelState.READY
+            return live
+        await self._drain()
+        self._loaded = None
+        self._state = ModelState.LOADING
+        api_key = secrets.token_urlsafe(24)
+        spec = LaunchSpec(
+            make_argv=lambda port: server_argv(
+                self.binary, entry.path, host=self.host, port=port, n_ctx=settings.n_ctx,
+                extra=[*(["--parallel", str(settings.n_parallel)] if settings.n_parallel else []),
+                       "--alias", entry.name, "--metrics", *settings.extra_args],
+            ),
+            binary=str(self.binary),
+            env={**_base_env(), "LLAMA_API_KEY": api_key},  # in the env, not the argv: `ps` shows argv
+            api_key=api_key,
+            model_bytes=model.file_size,
+        )
+        try:
+            status = await asyncio.to_thread(self.supervisor.start, spec)
+            n_ctx = await self._effective_context(status, api_key)
+        except StartAbortedError:
+            self._state = ModelState.UNLOADED
+            raise
+        except Exception as exc:
+            self._state, self._error = ModelState.FAILED, str(exc)
+            raise
+        self._last_extra_args[entry.path] = settings.extra_args
+        facts = model.facts
+        self._loaded = LoadedModel(
+            name=entry.name, settings=settings, url=status.url or "", api_key=api_key, n_ctx=n_ctx, facts=facts,
+            template=template_capabilities(facts.chat_template) if facts.chat_template else None,
+        )
+        self._state, self._error = ModelState.READY, None
+        log.info("model ready", model=entry.name, n_ctx=n_ctx)
+        return self._loaded
+
+    async def _effective_context(self, status: Status, api_key: str) -> int:
+        async with httpx.AsyncClient(timeout=10) as client:
+            props = (await client.get(f"{status.url}/props", headers={"Authorization": f"Bearer {api_key}"})).json()
+        return int(props["default_generation_settings"]["n_ctx"])
+
+    async def unload(self) -> None:
+        """Stop the model now, cancelling a load in progress."""
+        self._state = ModelState.UNLOADING
+        await asyncio.to_thread(self.supervisor.stop)  # aborts a start in progress at once
+        async with self._lock:
+            await asyncio.to_thread(self.supervisor.stop)
+            self._loaded, self._target, self._error = None, None, None
+            self._state = ModelState.UNLOADED
+
+    async def _drain(self) -> None:
+        async with self._idle:
+            await self._idle.wait_for(lambda: self._in_flight == 0)
+
+    # -- requests --------------------------------------------------------------
+    async def acquire(self, model: str | None) -> tuple[LoadedModel, Callable[[], Awaitable[None]]]:
+        """Return the model a request should use (loading it if needed) and its release function.
+
+        Raises:
+            BusyError: too many requests are already waiting for a load.
+            studio.errors.ModelNotFoundError: ``model`` is unknown.
+        """
+        live = self.loaded
+        if live is not None and not self._lock.locked() and (model is None or self._matches(live, model)):
+            return live, self._enter()
+        self._check_queue()
+        self._waiting += 1
+        try:
+            async with self._lock:
+                live = self.loaded
+                if live is None or (model is not None and not self._matches(live, model)):
+                    if model is None and live is None:
+                        raise _no_model_error()
+                    live = await self._load_locked(LoadRequest(model=model or live.name))
+                return live, self._enter()
+        finally:
+            self._waiting -= 1
+
+    def _matches(self, live: LoadedModel, model: str) -> bool:
+        return model in (live.name, str(live.settings.path))
+
+    def _enter(self) -> Callable[[], Awaitable[None]]:
+        self._in_flight += 1
+        released = False
+
+        async def release() -> None:
+            nonlocal released
+            if released:
+                return
+            released = True
+            async with self._idle:
+                self._in_flight -= 1
+                self._idle.notify_all()
+
+        return release
+
+    def _check_queue(self) -> None:
+        if self._waiting >= self.max_waiting:
+            raise BusyError(f"{self._waiting} requests are already waiting for a model load; retry shortly")
+
+    async def aclose(self) -> None:
+        """Stop llama-server and the supervisor."""
+        await asyncio.to_thread(self.supervisor.close)
+
+
+def _no_model_error() -> BadRequestError:
+    return BadRequestError("no model is loaded and the request names none; pass `model`", param="model")
+
+
+def _capabilities(loaded: LoadedModel) -> dict[str, Any]:
+    t = loaded.template
+    return {
+        "reasoning": bool(t and t.supports_reasoning),
+        "reasoning_style": t.reasoning_style if t else "none",
+        "tools": bool(t and t.supports_tools),
+        "has_mtp": loaded.facts.has_mtp,
+    }
+
+
+def _base_env() -> dict[str, str]:
+    return dict(os.environ)

@@ -1,0 +1,152 @@
+"""The OpenAI-compatible proxy: route by ``model``, pass bytes through as they come.
+
+Streams are relayed chunk by chunk from one pooled ``httpx.AsyncClient`` with
+no buffering and no re-serialisation per chunk. When the client goes away the
+relay is cancelled and the upstream response closed in ``finally``, which
+closes the connection; llama-server notices and frees the slot.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+import anyio
+import httpx
+from fastapi import APIRouter, Request
+from fastapi.responses import Response, StreamingResponse
+
+from studio.errors import BadRequestError, UpstreamError, error_body
+from studio.manager import LoadedModel, ModelManager
+from studio.reasoning import reasoning_template_kwargs
+
+router = APIRouter()
+
+#: Response headers worth passing on from llama-server.
+_PASS_HEADERS = ("content-type",)
+
+
+def _manager(request: Request) -> ModelManager:
+    return request.app.state.manager
+
+
+def _client(request: Request) -> httpx.AsyncClient:
+    return request.app.state.upstream
+
+
+@router.get("/v1/models")
+async def list_models(request: Request) -> dict[str, Any]:
+    """Every servable model; the loaded one carries its live context in ``meta``."""
+    manager = _manager(request)
+    loaded = manager.loaded
+    data = []
+    for entry in manager.catalog.entries():
+        item: dict[str, Any] = {"id": entry.name, "object": "model", "created": 0, "owned_by": "gguf-studio"}
+        if loaded is not None and loaded.settings.path == entry.path:
+            item["meta"] = {"n_ctx": loaded.n_ctx, "n_ctx_train": loaded.facts.context_length, "loaded": True}
+        data.append(item)
+    return {"object": "list", "data": data}
+
+
+@router.post("/v1/chat/completions")
+async def chat_completions(request: Request) -> Response:
+    return await _forward(request, "/v1/chat/completions", chat=True)
+
+
+@router.post("/v1/completions")
+async def completions(request: Request) -> Response:
+    return await _forward(request, "/v1/completions", chat=False)
+
+
+@router.post("/v1/embeddings")
+async def embeddings(request: Request) -> Response:
+    return await _forward(request, "/v1/embeddings", chat=False)
+
+
+async def _forward(request: Request, path: str, *, chat: bool) -> Response:
+    body = await _json_body(request)
+    model = body.get("model")
+    if model is not None and not isinstance(model, str):
+        raise BadRequestError("`model` must be a string", param="model")
+    loaded, release = await _manager(request).acquire(model)
+    try:
+        if chat:
+            _apply_reasoning(body, loaded)
+        if path != "/v1/embeddings" and body.get("max_tokens") is None and body.get("max_completion_tokens") is None:
+            body["max_tokens"] = loaded.n_ctx
+        body["model"] = loaded.name
+        client = _client(request)
+        upstream = client.build_request("POST", loaded.url + path, json=body, headers=loaded.auth_headers)
+        try:
+            resp = await client.send(upstream, stream=True)
+        except httpx.HTTPError as exc:
+            raise UpstreamError(f"llama-server did not answer: {exc}") from exc
+    except BaseException:
+        await release()
+        raise
+    headers = {k: v for k, v in resp.headers.items() if k.lower() in _PASS_HEADERS}
+    if body.get("stream") and resp.status_code == 200:
+        return StreamingResponse(_relay(resp, release), status_code=200, headers=headers)
+    try:
+        content = await resp.aread()
+    except httpx.HTTPError as exc:
+        raise UpstreamError(f"llama-server broke off its answer: {exc}") from exc
+    finally:
+        await resp.aclose()
+        await release()
+    if resp.status_code == 200 and not body.get("stream"):
+        content = _with_usage(content)
+    return Response(content, status_code=resp.status_code, headers=headers)
+
+
+async def _relay(resp: httpx.Response, release: Callable[[], Awaitable[None]]) -> AsyncIterator[bytes]:
+    """Yield upstream bytes as they arrive; end with an error event if upstream dies."""
+    try:
+        async for chunk in resp.aiter_raw():
+            yield chunk
+    except httpx.HTTPError as exc:
+        event = error_body(f"llama-server went away mid-stream: {exc}", "upstream_error")
+        yield f"data: {json.dumps(event)}\n\n".encode()
+    finally:
+        with anyio.CancelScope(shield=True):  # a client disconnect cancels us; close upstream anyway
+            await resp.aclose()
+            await release()
+
+
+async def _json_body(request: Request) -> dict[str, Any]:
+    try:
+        body = json.loads(await request.body())
+    except ValueError as exc:
+        raise BadRequestError(f"the request body is not valid JSON: {exc}") from None
+    if not isinstance(body, dict):
+        raise BadRequestError("the request body must be a JSON object")
+    return body
+
+
+def _apply_reasoning(body: dict[str, Any], loaded: LoadedModel) -> None:
+    """Turn per-request reasoning controls into the template's own kwargs."""
+    controls = {k: body.pop(k) for k in ("enable_thinking", "reasoning_effort", "preserve_thinking") if k in body}
+    if not controls:
+        return
+    style = loaded.template.reasoning_style if loaded.template else "none"
+    kwargs = reasoning_template_kwargs(style, controls)
+    if "reasoning_effort" in controls:
+        body["reasoning_effort"] = controls["reasoning_effort"]  # llama-server reads it too
+    if kwargs:
+        body["chat_template_kwargs"] = {**kwargs, **(body.get("chat_template_kwargs") or {})}
+
+
+def _with_usage(content: bytes) -> bytes:
+    """Fill ``usage`` from llama-server's ``timings`` when the answer lacks it."""
+    try:
+        data = json.loads(content)
+    except ValueError:
+        return content
+    if not isinstance(data, dict) or data.get("usage") or not isinstance(data.get("timings"), dict):
+        return content
+    t = data["timings"]
+    prompt, completion = int(t.get("prompt_n", 0)), int(t.get("predicted_n", 0))
+    data["usage"] = {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
+    return json.dumps(data).encode()
+

@@ -1,0 +1,197 @@
+"""The studio service end to end: real uvicorn, real llama-server, real `openai` client."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import httpx
+import openai
+import psutil
+import pytest
+import uvicorn
+
+from launcher.registry import ChildRegistry
+from launcher.supervisor import Supervisor, owner_token
+from studio.app import create_app
+from studio.catalog import Catalog
+from studio.manager import ModelManager
+from tests.helpers import assert_no_children, free_port, wait_for
+
+pytestmark = [pytest.mark.slow, pytest.mark.shared_processes]
+
+GEMMA = "gemma-3-270m-Q4_K_M"
+TINY = "llama-dense"
+
+
+@pytest.fixture(scope="module")
+def studio(llama_server_bin, gemma_model, zoo_dir, tmp_path_factory):
+    """A running studio service whose catalog holds Gemma and a tiny zoo model."""
+    root = tmp_path_factory.mktemp("studio")
+    models = root / "models"
+    models.mkdir()
+    (models / gemma_model.name).symlink_to(gemma_model)
+    (models / "llama-dense.gguf").symlink_to(zoo_dir / "llama-dense.gguf")
+    (models / "broken.gguf").write_text("not a model")
+    supervisor = Supervisor(logs_dir=root / "logs", registry=ChildRegistry(root / "run", owner_token()))
+    manager = ModelManager(catalog=Catalog([models]), binary=llama_server_bin, supervisor=supervisor)
+    port = free_port()
+    server = uvicorn.Server(uvicorn.Config(create_app(manager), host="127.0.0.1", port=port, log_level="warning"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    wait_for(lambda: server.started, timeout=30, what="uvicorn to start")
+    yield f"http://127.0.0.1:{port}", manager
+    server.should_exit = True
+    thread.join(30)
+    assert_no_children()
+
+
+@pytest.fixture
+def client(studio):
+    base, _ = studio
+    with openai.OpenAI(base_url=f"{base}/v1", api_key="unused", max_retries=0, timeout=120) as c:
+        yield c
+
+
+def upstream_slots(manager: ModelManager) -> list[dict]:
+    loaded = manager.loaded
+    return httpx.get(f"{loaded.url}/slots", headers=loaded.auth_headers, timeout=10).json()
+
+
+def test_models_list_names_every_model(client):
+    ids = {m.id for m in client.models.list().data}
+    assert {GEMMA, TINY, "broken"} <= ids
+
+
+def test_chat_non_stream_and_stream(client):
+    reply = client.chat.completions.create(
+        model=GEMMA, messages=[{"role": "user", "content": "Say hi."}], max_tokens=8, temperature=0)
+    assert reply.choices[0].message.content and reply.usage.completion_tokens >= 1
+    assert reply.model == GEMMA
+    chunks = list(client.chat.completions.create(
+        model=GEMMA, messages=[{"role": "user", "content": "Say hi."}], max_tokens=8, stream=True))
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text and chunks[-1].choices[0].finish_reason in ("length", "stop") or chunks[-1].choices == []
+
+
+def test_context_overflow_is_a_400_with_the_sizes(studio, client):
+    base, _ = studio
+    resp = httpx.post(f"{base}/api/load", json={"model": GEMMA, "n_ctx": 512, "n_parallel": 1}, timeout=120)
+    assert resp.status_code == 200 and resp.json()["effective_context"] == 512
+    with pytest.raises(openai.BadRequestError) as info:
+        client.chat.completions.create(
+            model=GEMMA, messages=[{"role": "user", "content": "word " * 3000}], max_tokens=4)
+    error = info.value.body
+    assert info.value.status_code == 400
+    assert error["type"] == "exceed_context_size_error" and error["n_ctx"] == 512 and error["n_prompt_tokens"] > 512
+
+
+def test_closing_a_stream_frees_the_slot(studio, client):
+    _, manager = studio
+    stream = client.chat.completions.create(
+        model=GEMMA, messages=[{"role": "user", "content": "Write a long story."}], max_tokens=2000, stream=True)
+    for i, _ in enumerate(stream):
+        if i == 5:
+            break
+    assert any(s["is_processing"] for s in upstream_slots(manager))
+    stream.close()
+    t0 = time.monotonic()
+    wait_for(lambda: not any(s["is_processing"] for s in upstream_slots(manager)), timeout=5,
+             what="llama-server to stop generating after the client left")
+    assert time.monotonic() - t0 < 1.5
+
+
+def test_eight_concurrent_streams_complete(client):
+    def one(i: int) -> str:
+        chunks = client.chat.completions.create(
+            model=GEMMA, messages=[{"role": "user", "content": f"Count to {i + 3}."}], max_tokens=16, stream=True)
+        return "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+
+    with ThreadPoolExecutor(8) as pool:
+        texts = list(pool.map(one, range(8)))
+    assert all(texts)
+
+
+def test_swap_between_models_cuts_no_request(studio, client):
+    _, manager = studio
+
+    def ask(model: str) -> str:
+        reply = client.chat.completions.create(
+            model=model, messages=[{"role": "user", "content": "Hello"}], max_tokens=12, temperature=0)
+        return reply.model
+
+    order = [GEMMA, TINY, GEMMA, TINY, GEMMA, GEMMA, TINY, TINY]
+    with ThreadPoolExecutor(4) as pool:
+        answered = list(pool.map(ask, order))
+    assert answered == order
+    assert manager.status()["in_flight"] == 0
+
+
+def test_unknown_model_is_404(client):
+    with pytest.raises(openai.NotFoundError) as info:
+        client.chat.completions.create(model="no-such-model", messages=[{"role": "user", "content": "x"}])
+    assert info.value.body["code"] == "model_not_found"
+
+
+def test_non_gguf_model_is_400_and_the_live_model_keeps_serving(studio, client):
+    base, manager = studio
+    client.chat.completions.create(model=TINY, messages=[{"role": "user", "content": "x"}], max_tokens=2)
+    resp = httpx.post(f"{base}/api/load", json={"model": "broken"}, timeout=60)
+    assert resp.status_code == 400
+    assert "not a GGUF file" in resp.json()["error"]["message"]
+    assert manager.status()["state"] == "ready" and manager.status()["model"] == TINY
+
+
+def test_bad_bodies_get_openai_shaped_errors(studio):
+    base, _ = studio
+    resp = httpx.post(f"{base}/v1/chat/completions", content=b"{not json", timeout=10)
+    assert resp.status_code == 400 and resp.json()["error"]["type"] == "invalid_request_error"
+    resp = httpx.post(f"{base}/api/load", json={"model": GEMMA, "n_ctx": -5}, timeout=10)
+    assert resp.status_code == 422 and resp.json()["error"]["param"] == "n_ctx"
+
+
+def test_gui_flow_load_progress_status_chat_unload(studio):
+    base, _ = studio
+    httpx.post(f"{base}/api/unload", timeout=60)
+    events: list[dict] = []
+
+    def follow_progress():
+        with httpx.stream("GET", f"{base}/api/progress", timeout=120) as resp:
+            for line in resp.iter_lines():
+                if line.startswith("data: "):
+                    events.append(json.loads(line[6:]))
+
+    loaded = threading.Thread(
+        target=lambda: events.append({"load": httpx.post(f"{base}/api/load", json={"model": GEMMA}, timeout=120)
+                                      .json()}))
+    loaded.start()
+    wait_for(lambda: httpx.get(f"{base}/api/status").json()["state"] in ("resolving", "loading", "ready"),
+             timeout=30)
+    watcher = threading.Thread(target=follow_progress)
+    watcher.start()
+    loaded.join(120)
+    watcher.join(120)
+    states = [e["state"] for e in events if "state" in e]
+    assert states[-1] == "ready", events
+    status = httpx.get(f"{base}/api/status").json()
+    assert status["model"] == GEMMA and status["native_context"] == 32768 and status["effective_context"] > 0
+    assert status["progress"]["phases_seen"][-1] == "ready"
+    reply = httpx.post(f"{base}/v1/chat/completions", timeout=60, json={
+        "model": GEMMA, "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 4})
+    assert reply.status_code == 200 and reply.json()["usage"]["completion_tokens"] >= 1
+    logs = []
+    with httpx.stream("GET", f"{base}/api/logs", params={"follow": "false"}, timeout=30) as resp:
+        logs = [json.loads(line[6:])["line"] for line in resp.iter_lines() if line.startswith("data: ")]
+    assert any("listening on" in line or "model loaded" in line for line in logs)
+    assert httpx.post(f"{base}/api/unload", timeout=60).json()["state"] == "unloaded"
+    assert httpx.get(f"{base}/api/models/{GEMMA}").json()["architecture"] == "gemma3"
+
+
+def test_api_key_never_reaches_the_argv(studio, client):
+    _, manager = studio
+    client.chat.completions.create(model=TINY, messages=[{"role": "user", "content": "x"}], max_tokens=2)
+    pid = manager.supervisor.status().pid
+    assert manager.loaded.api_key not in " ".join(psutil.Process(pid).cmdline())
+    assert httpx.get(f"{manager.loaded.url}/v1/models").status_code == 401  # unreachable without the key
