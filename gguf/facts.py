@@ -225,6 +225,18 @@ class ModelFacts:
     other_weight_bytes: int  # every other tensor outside blk.N
     approximate: bool
     notes: tuple[str, ...]
+    # expert FFN widths, as the graph multiplies by them (the ffn_*_exps / ffn_*_shexp tensors; 0: none)
+    expert_feed_forward_length: int = 0  # one routed expert (llama.cpp n_ff_exp)
+    expert_shared_feed_forward_length: int = 0  # the shared expert(s), all together (n_ff_shexp x count)
+    # sparse-attention indexer key cache (DSA / MSA / QSA; llama-kv-cache-dsa.cpp, -msa.cpp, memory-hybrid-idx.cpp)
+    indexer_head_count: int = 0
+    indexer_key_length: int = 0  # per indexer head (llama.cpp indexer_head_size)
+    indexer_layers: tuple[bool, ...] = ()  # layers with an indexer key cache in the main context
+    indexer_cache_k: int = 0  # K values cached per token and indexer layer (one head; k-pool rows side by side)
+    indexer_cache_v: int = 0  # V values per token and indexer layer (MSA keeps V too; DSA/QSA none)
+    # PLE n-gram conv history kept next to the recurrent state (qwen4exp; llama.cpp ple_conv_state)
+    ple_conv_state: int = 0  # floats per sequence
+    ple_layers: tuple[bool, ...] = ()
 
     # -- derived ------------------------------------------------------------
     @property
@@ -1046,6 +1058,8 @@ def _model_facts(model: GGUFFile, hf_config: Mapping[str, Any] | None) -> ModelF
     if guessed:
         described = "(guessed) " + described
     layer_bytes, embd_bytes, out_bytes, other_bytes = _weight_bytes(tensors, n)
+    idx_heads, idx_size, idx_layers, idx_k, idx_v = _indexer_cache(arch, meta, hp)
+    ple_state, ple_layers = _ple(arch, meta, hp)
 
     return ModelFacts(
         architecture=arch,
@@ -1107,7 +1121,93 @@ def _model_facts(model: GGUFFile, hf_config: Mapping[str, Any] | None) -> ModelF
         other_weight_bytes=other_bytes,
         approximate=approximate[0],
         notes=tuple(dict.fromkeys(notes)),
+        expert_feed_forward_length=_ffn_width(tensors, "ffn_down_exps"),
+        expert_shared_feed_forward_length=_ffn_width(tensors, "ffn_down_shexp"),
+        indexer_head_count=idx_heads,
+        indexer_key_length=idx_size,
+        indexer_layers=idx_layers,
+        indexer_cache_k=idx_k,
+        indexer_cache_v=idx_v,
+        ple_conv_state=ple_state,
+        ple_layers=ple_layers,
     )
+
+
+#: GLM-5.2's indexer layout when the GGUF has no indexer types (glm-dsa.cpp GLM_5_2_DEFAULT_INDEXER_TYPES).
+_GLM52_INDEXER_TYPES = tuple(il < 2 or (il - 2) % 4 == 0 for il in range(78))
+
+
+def _indexer_types(meta: _Meta, n_layer: int, default: Sequence[bool]) -> list[bool]:
+    """``is_indexer_full`` per trunk layer: the default, then the GGUF's scalar or per-layer array."""
+    full = [bool(default[il]) if il < len(default) else False for il in range(n_layer)]
+    values = meta.int_array("attention.indexer.types")
+    if values is not None:
+        return _array_into(full, values)
+    if meta.has("attention.indexer.types"):
+        return [meta.u32("attention.indexer.types") != 0] * n_layer
+    return full
+
+
+def _indexer_cache(arch: str, meta: _Meta, hp: _HParams) -> tuple[int, int, tuple[bool, ...], int, int]:
+    """(indexer heads, head size, layers with an indexer key cache, K and V values per token and layer).
+
+    llama.cpp caches the lightning indexer's keys as a second KV cache with one
+    KV head of ``indexer_head_size`` (``llama_kv_cache_dsa``); a k-pool indexer
+    stores ``indexer_kpool_row`` head-size slots per row (glm5-next: 3, qwen4exp:
+    2; ``llama_memory_hybrid_idx``); the MSA cache (minimax-m3) keeps a V head too.
+    """
+    n, n_layer = hp.n_layer_all, hp.n_layer
+    heads = meta.u32("attention.indexer.head_count", 0) if meta.has("attention.indexer.head_count") else 0
+    size = meta.u32("attention.indexer.key_length", 0) if meta.has("attention.indexer.key_length") else 0
+    top_k = meta.u32("attention.indexer.top_k", 0)
+    k, v = size, 0
+    trunk = [il < n_layer for il in range(n)]
+
+    def padded(flags: Sequence[bool]) -> list[bool]:
+        return list(flags) + [False] * (n - len(flags))
+
+    if arch == "deepseek32":
+        layers = trunk
+    elif arch == "glm-dsa":
+        layers = padded(_indexer_types(meta, n_layer, [True] * n_layer if hp.n_ctx_train < 1048576
+                                       else _GLM52_INDEXER_TYPES))
+    elif arch == "hy_v4":
+        layers = padded(_indexer_types(meta, n_layer, [False] * n_layer)) if top_k else [False] * n
+    elif arch == "dots3note":
+        layers = padded(_indexer_types(meta, n_layer, [False] * n_layer))
+    elif arch == "glm5-next":
+        full = padded(_indexer_types(meta, n_layer, [True] * n_layer))
+        layers = [full[il] and not hp.is_recr[il] for il in range(n)]
+        k = size * 3  # key | gate | pooled
+    elif arch == "qwen4exp" and size > 0:
+        layers = [il < n_layer and not hp.is_recr[il] for il in range(n)]
+        ratios = meta.int_array("attention.compress_ratios") or [meta.u32("attention.compress_ratios", 0)]
+        k = size * (2 if any(ratios) else 1)  # raw key | pooled key
+    elif arch == "minimax-m3":
+        lead = meta.u32("leading_dense_block_count", 0)
+        layers = [il >= lead for il in range(n)]
+        v = hp.n_embd_head_v
+    else:
+        return 0, 0, (False,) * n, 0, 0
+    return heads, size, tuple(layers), k, v
+
+
+def _ple(arch: str, meta: _Meta, hp: _HParams) -> tuple[int, tuple[bool, ...]]:
+    """qwen4exp's PLE conv history: ``(kernel - 1) * ngram * hyper_connection.count * n_embd`` floats per sequence."""
+    n = hp.n_layer_all
+    layers = meta.int_array("ple.layers") if arch == "qwen4exp" else None
+    if not layers:
+        return 0, (False,) * n
+    kernel, ngram = meta.u32("ple.conv_kernel", 0), meta.u32("ple.ngram_size", 0)
+    hc = meta.u32("hyper_connection.count", 0)
+    state = (kernel - 1) * ngram * hc * hp.n_embd if kernel and hp.n_embd else 0
+    return state, tuple(il in layers for il in range(n))
+
+
+def _ffn_width(tensors: Sequence[Any], kind: str) -> int:
+    """The widest ``blk.N.<kind>.weight`` input dimension: the FFN width the graph multiplies by."""
+    return max((t.shape[0] for t in tensors if t.name.startswith("blk.") and t.name.endswith(f".{kind}.weight")
+                and len(t.shape) >= 2), default=0)
 
 
 def _main_context_layers(arch: str, hp: _HParams, known: bool) -> tuple[tuple[bool, ...], tuple[bool, ...]]:

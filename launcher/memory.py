@@ -10,11 +10,16 @@ blocks, then the output layer, go to the GPUs), and the output buffer sized for
 one row of logits per slot. KV, recurrent state and output buffers are exact
 formulas; the compute buffer is a fitted estimate (see ``_compute_bytes``).
 
+Sparse-attention indexer key caches follow ``llama_kv_cache_dsa`` /
+``llama_kv_cache_dsa_iswa`` / ``llama_kv_cache_msa`` / ``llama_memory_hybrid_idx``
+(a second cache with one KV head of the indexer size, printed after the "main"
+cache); qwen4exp's PLE conv history is the recurrent state's "P" part.
+
 Options llama-server refuses (a quantized V cache with flash attention off, a
 quantized K cache whose block size does not divide the head size) raise
 ``MemoryPlanError`` with llama.cpp's reason. Anything the estimator does not model
-for an architecture (indexer caches, DeepSeek-V4 compressed caches, unknown
-architectures) makes the bill ``approximate`` with the reason, never a silent 0.
+for an architecture (DeepSeek-V4 compressed caches, unknown architectures) makes
+the bill ``approximate`` with the reason, never a silent 0.
 """
 
 from __future__ import annotations
@@ -36,12 +41,9 @@ FlashAttn = Literal["auto", "on", "off"]
 SpecMode = Literal["none", "mtp"]
 
 CACHE_TYPES: tuple[CacheType, ...] = ("f32", "f16", "bf16", "q8_0", "q5_1", "q5_0", "q4_1", "q4_0", "iq4_nl")
-#: Architectures whose KV layout has caches this estimator does not model (indexer keys, compressed caches).
+#: Architectures whose KV layout has caches this estimator does not model.
 _EXTRA_CACHES: dict[str, str] = {
-    "deepseek32": "the DSA indexer key cache", "glm-dsa": "the DSA indexer key cache",
-    "glm5-next": "the DSA indexer key cache", "minimax-m3": "the MSA indexer key cache",
-    "hy_v4": "the DSA indexer key cache", "qwen4exp": "the indexer key cache",
-    "dots3note": "the DSA indexer key cache", "deepseek4": "the DeepSeek-V4 compressed caches and their state",
+    "deepseek4": "the DeepSeek-V4 compressed caches and their state",
 }
 #: Weight types the CPU backend repacks into interleaved rows (x86 with AVX2, the pinned build's common case).
 _REPACKED_TYPES = frozenset({"Q4_0", "Q4_K", "IQ4_NL"})
@@ -104,10 +106,11 @@ class RecurrentBill:
     layers: int  # as llama.cpp prints it: the model's n_layer, whichever of them hold state
     r_bytes: int
     s_bytes: int
+    p_bytes: int = 0  # qwen4exp's PLE conv history ("P" in llama.cpp's line)
 
     @property
     def total(self) -> int:
-        return self.r_bytes + self.s_bytes
+        return self.r_bytes + self.s_bytes + self.p_bytes
 
 
 @dataclass(frozen=True)
@@ -259,14 +262,24 @@ def _kv_caches(facts: ModelFacts, shape: ContextShape, options: MemoryOptions,
                   ("SWA", swa_cells, [il for il in layers if facts.swa_layers[il]])]
     else:
         groups = [("main", shape.n_ctx_seq, list(layers))]
+    if any(facts.indexer_layers):
+        # llama_kv_cache_dsa / _msa / llama_memory_hybrid_idx: a "main" cache, then the indexer key cache
+        # (one KV head, same cells and streams); llama_kv_cache_dsa_iswa adds its SWA cache after both
+        groups[0] = ("main", *groups[0][1:])
+        idx = [il for il, has in enumerate(facts.indexer_layers) if has]
+        groups.insert(1, ("indexer", shape.n_ctx_seq, idx))
     k_type, v_type = options.cache_type_k, options.cache_type_v
     caches, per_device = [], {}
     for label, cells, group in groups:
         rows = cells * shape.n_stream
         k_total = v_total = 0
         for il in group:
-            k = _cache_bytes(k_type, facts.k_embd(il) * rows)
-            v = 0 if facts.kv_cache_k_only else _cache_bytes(v_type, facts.v_embd(il) * rows)
+            if label == "indexer":
+                k = _cache_bytes(k_type, facts.indexer_cache_k * rows)
+                v = _cache_bytes(v_type, facts.indexer_cache_v * rows) if facts.indexer_cache_v else 0
+            else:
+                k = _cache_bytes(k_type, facts.k_embd(il) * rows)
+                v = 0 if facts.kv_cache_k_only else _cache_bytes(v_type, facts.v_embd(il) * rows)
             per_device[devices[il]] = per_device.get(devices[il], 0) + k + v
             k_total, v_total = k_total + k, v_total + v
         caches.append(CacheBill(label=label, cells=cells, streams=shape.n_stream, layers=len(group), k_type=k_type,
@@ -282,11 +295,13 @@ def _recurrent(facts: ModelFacts, shape: ContextShape,
         return [], {}
     rows = shape.n_seq
     r_row, s_row = facts.recurrent_conv_state * 4 * rows, facts.recurrent_state * 4 * rows
+    p_row = facts.ple_conv_state * 4 * rows  # llama_memory_recurrent: cache_ple_r_l for PLE layers
+    ple = [il for il in layers if il < len(facts.ple_layers) and facts.ple_layers[il]]
     per_device: dict[str, int] = {}
     for il in layers:
-        per_device[devices[il]] = per_device.get(devices[il], 0) + r_row + s_row
+        per_device[devices[il]] = per_device.get(devices[il], 0) + r_row + s_row + (p_row if il in ple else 0)
     return [RecurrentBill(cells=shape.n_seq, rows=rows, layers=facts.layer_count, r_bytes=r_row * len(layers),
-                          s_bytes=s_row * len(layers))], per_device
+                          s_bytes=s_row * len(layers), p_bytes=p_row * len(ple))], per_device
 
 
 def _output_bytes(facts: ModelFacts, shape: ContextShape) -> int:
@@ -304,28 +319,42 @@ def _compute_bytes(facts: ModelFacts, shape: ContextShape, caches: Sequence[Cach
     the hidden state live through the whole graph, plus the largest transient:
     the KQ scores without flash attention (``n_kv x n_tokens x n_head``), the
     FFN activations, or the SSM scan; plus the logits of one output per slot.
-    The weights (``_FIT``) were fitted on the zoo and Gemma with
-    ``scripts/memory_accuracy.py``; MoE expert widths and the indexer scores of
-    DSA models are not in the facts, so those are the least accurate.
+    MoE layers use the expert FFN width times the experts used per token
+    (``build_moe_ffn``'s ``mul_mat_id`` outputs); sparse-attention indexers add
+    ``[n_kv, n_tokens]`` f32 score rows. The weights (``_FIT``) were fitted on the
+    zoo and Gemma with ``scripts/memory_accuracy.py``.
     """
+    f = _FIT
     n_tokens = min(shape.n_ctx, shape.n_ubatch)
     n_head = max(facts.head_count, default=0)
     live = [c for c in caches if c.layers]
     mask = sum(c.cells * c.streams for c in live) * n_tokens * (2 if shape.flash_attn else 4)
     kq = 0 if shape.flash_attn else max((c.cells * c.streams for c in live), default=0) * n_tokens * n_head * 4
-    ffn = n_tokens * max(facts.feed_forward_length, default=0) * 4
+    dense_ff = max(facts.feed_forward_length, default=0)
+    # MoE: build_moe_ffn's mul_mat_id makes [n_ff_exp, n_expert_used, n_tokens] up / gate / activation tensors
+    # (the shared expert runs after the routed ones, whose tensors are freed by then)
+    moe_ff = max(facts.expert_feed_forward_length * facts.expert_used_count, facts.expert_shared_feed_forward_length)
+    ffn = n_tokens * max(dense_ff, moe_ff if facts.expert_count else 0) * 4
+    # sparse-attention indexers: the per-head indexer queries ([indexer_head_size, n_indexer_head, n_tokens] f32,
+    # before and after the Hadamard rotation) and the [n_kv, n_tokens] f32 scores over every cached token.
+    # MiniMax-M3 runs dense attention instead when one unified cache serves several slots (models/minimax-m3.cpp).
+    idx_kv = sum(c.cells * c.streams for c in live if c.label == "indexer")
+    dense_fallback = facts.architecture == "minimax-m3" and shape.unified and shape.n_seq > 1
+    indexer = 0 if not idx_kv or dense_fallback else (
+        f["indexer_q"] * facts.indexer_head_count * facts.indexer_key_length * n_tokens * 4
+        + f["indexer"] * idx_kv * n_tokens * 4)
     recurrent = any(facts.recurrent_layers)
     ssm = n_tokens * facts.ssm.inner_size * max(facts.ssm.state_size, 1) * 4 if recurrent else 0
     conv = n_tokens * facts.recurrent_conv_state * 4 if recurrent else 0
     hidden = n_tokens * facts.embedding_length * 4
     logits = facts.vocab_size * min(n_tokens, shape.n_seq) * 4
-    f = _FIT
     peak = max(f["kq"] * kq, f["ffn"] * ffn, f["ssm"] * ssm + f["conv"] * conv)
-    return int(f["mask"] * mask + f["hidden"] * hidden + peak + logits)
+    return int(f["mask"] * mask + f["hidden"] * hidden + peak + indexer + logits)
 
 
 #: Weights of the compute-buffer terms, fitted on the zoo and Gemma (most cases within 10 %).
-_FIT = {"mask": 0.75, "hidden": 5.0, "kq": 1.5, "ffn": 3.0, "ssm": 0.01, "conv": 1.0}
+_FIT = {"mask": 0.75, "hidden": 5.0, "kq": 1.75, "ffn": 3.0, "ssm": 0.01, "conv": 1.0, "indexer_q": 2.0,
+        "indexer": 2.5}
 
 
 def for_file(model: GGUFFile, options: MemoryOptions = MemoryOptions()) -> MemoryOptions:

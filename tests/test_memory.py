@@ -111,9 +111,26 @@ def test_approximate_facts_and_unmodelled_caches_say_why(gemma_facts, zoo_dir):
     guessed = replace(gemma_facts, approximate=True, notes=("futurelm has no loader",))
     bill = estimate(guessed)
     assert bill.approximate and any("no loader" in r for r in bill.reasons)
-    dsa = estimate(gguf.read(zoo_dir / "deepseek32-moe.gguf").facts)
-    assert dsa.approximate and any("indexer" in r for r in dsa.reasons)
+    dsv4 = estimate(gguf.read(zoo_dir / "deepseek4-moe.gguf").facts)
+    assert dsv4.approximate and any("compressed caches" in r for r in dsv4.reasons)
     assert estimate(gemma_facts, MemoryOptions(spec="mtp")).approximate
+
+
+def test_indexer_key_caches_follow_the_dsa_msa_and_idx_rules(zoo_dir):
+    """One KV head of the indexer size after the main cache (K only for DSA/QSA, K+V for MSA)."""
+    opts = MemoryOptions(n_ctx=1000)  # 1024 cells, 4 slots on one stream, f16
+    dsa = estimate(gguf.read(zoo_dir / "deepseek32-moe.gguf").facts, opts)
+    assert [(c.label, c.cells, c.layers, c.k_bytes, c.v_bytes) for c in dsa.caches][1] == \
+        ("indexer", 1024, 2, 1024 * 2 * 128 * 2, 0)
+    assert not dsa.approximate
+    dots = estimate(gguf.read(zoo_dir / "dots3note-moe.gguf").facts, opts)
+    assert [c.label for c in dots.caches] == ["main", "indexer", "SWA"]
+    glm5 = estimate(gguf.read(zoo_dir / "glm5-next-moe.gguf").facts, opts).caches[1]
+    assert glm5.k_bytes == 1024 * 384 * 2  # k-pool rows: key | gate | pooled
+    msa = estimate(gguf.read(zoo_dir / "minimax-m3-moe.gguf").facts, opts).caches[1]
+    assert (msa.layers, msa.k_bytes, msa.v_bytes) == (1, 1024 * 128 * 2, 1024 * 128 * 2)
+    qsa = estimate(gguf.read(zoo_dir / "qwen4exp-moe.gguf").facts, opts)
+    assert qsa.caches[1].k_bytes == 1024 * 256 * 2 and qsa.recurrent[0].p_bytes == 4 * 9216 * 4
 
 
 def test_gpu_layers_take_the_last_blocks_then_the_output(gemma_facts):
