@@ -37,7 +37,9 @@ import httpx
 import psutil
 import structlog
 
+from launcher.allocations import parse_allocations
 from launcher.errors import LoadError, PortInUseError, ProcessError, StartAbortedError
+from launcher.memory import MemoryBill
 from launcher.process import LlamaServer, free_port
 from launcher.registry import ChildRegistry
 
@@ -112,6 +114,7 @@ class Status:
     exit_code: int | None
     log_path: Path | None
     restarts: int = 0
+    allocations: MemoryBill | None = None  # what llama-server reported allocating (needs ``-lv 4``)
 
 
 @dataclass
@@ -119,6 +122,7 @@ class _Child:
     server: LlamaServer
     spec: LaunchSpec
     phases: list[Phase] = field(default_factory=lambda: ["spawning"])
+    allocations: MemoryBill | None = None
 
 
 class Supervisor:
@@ -282,6 +286,7 @@ class Supervisor:
             exit_code=self._exit_code,
             log_path=server.log_path if server else None,
             restarts=self._restarts,
+            allocations=child.allocations if child else None,
         )
 
     def _progress(self, child: _Child) -> LoadProgress:
@@ -339,6 +344,7 @@ class Supervisor:
                 self._reap(child)
                 self._fail(exc)
                 raise
+            child.allocations = _read_allocations(child.server.log_path)
             self._set_state(State.READY)
             self._last_health = time.monotonic()
             self._health_failures = 0
@@ -431,6 +437,14 @@ class Supervisor:
                 self._do_start(child.spec, threading.Event())
             except ProcessError as exc:
                 log.error("automatic restart failed", error=str(exc))
+
+
+def _read_allocations(log_path: Path) -> MemoryBill | None:
+    """What the child logged allocating, or None when its log has no buffer lines (no ``-lv 4``)."""
+    try:
+        return parse_allocations(log_path.read_text(errors="replace"))
+    except (OSError, ValueError):
+        return None
 
 
 #: Supervisors still open; stopped at interpreter exit (the PDEATHSIG covers SIGKILL).

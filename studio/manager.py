@@ -30,6 +30,7 @@ from gguf.facts import ModelFacts
 from gguf.templates import TemplateCapabilities, template_capabilities
 from launcher.command import server_argv
 from launcher.errors import StartAbortedError
+from launcher.memory import MemoryBill, MemoryOptions, estimate, for_file
 from launcher.supervisor import LaunchSpec, State, Status, Supervisor
 from studio.catalog import Catalog
 from studio.errors import BadRequestError, BusyError
@@ -80,6 +81,7 @@ class LoadedModel:
     n_ctx: int  # the effective context per request (llama-server's slot size)
     facts: ModelFacts
     template: TemplateCapabilities | None
+    predicted: MemoryBill  # the estimator's bill for these settings, shown beside the actual one
 
     @property
     def auth_headers(self) -> dict[str, str]:
@@ -142,6 +144,10 @@ class ModelManager:
                 "phase": progress.phase, "bytes_loaded": progress.bytes_loaded, "bytes_total": progress.bytes_total,
                 "phases_seen": list(progress.phases_seen),
             } if progress else None,
+            "memory": {
+                "predicted": _bill(loaded.predicted),
+                "actual": _bill(sup.allocations) if sup.allocations else None,
+            } if loaded else None,
             "error": self._error if state == ModelState.FAILED else (sup.cause if state == ModelState.CRASHED else None),
             "pid": sup.pid,
             "in_flight": self._in_flight,
@@ -185,7 +191,7 @@ class ModelManager:
             make_argv=lambda port: server_argv(
                 self.binary, entry.path, host=self.host, port=port, n_ctx=settings.n_ctx,
                 extra=[*(["--parallel", str(settings.n_parallel)] if settings.n_parallel else []),
-                       "--alias", entry.name, "--metrics", *settings.extra_args],
+                       "--alias", entry.name, "--metrics", "-lv", "4", *settings.extra_args],
             ),
             binary=str(self.binary),
             env={**_base_env(), "LLAMA_API_KEY": api_key},  # in the env, not the argv: `ps` shows argv
@@ -203,9 +209,11 @@ class ModelManager:
             raise
         self._last_extra_args[entry.path] = settings.extra_args
         facts = model.facts
+        options = for_file(model, MemoryOptions(n_ctx=settings.n_ctx or 0, n_parallel=settings.n_parallel or -1))
         self._loaded = LoadedModel(
             name=entry.name, settings=settings, url=status.url or "", api_key=api_key, n_ctx=n_ctx, facts=facts,
             template=template_capabilities(facts.chat_template) if facts.chat_template else None,
+            predicted=estimate(facts, options),
         )
         self._state, self._error = ModelState.READY, None
         log.info("model ready", model=entry.name, n_ctx=n_ctx)
@@ -291,6 +299,17 @@ def _capabilities(loaded: LoadedModel) -> dict[str, Any]:
         "reasoning_style": t.reasoning_style if t else "none",
         "tools": bool(t and t.supports_tools),
         "has_mtp": loaded.facts.has_mtp,
+    }
+
+
+def _bill(bill: MemoryBill) -> dict[str, Any]:
+    """Bytes per device and part, for the GUI."""
+    return {
+        "devices": {d.device: {"weights": d.weights, "kv": d.kv, "recurrent": d.recurrent, "compute": d.compute,
+                               "output": d.output, "total": d.total} for d in bill.devices},
+        "total": bill.total,
+        "approximate": bill.approximate,
+        "reasons": list(bill.reasons),
     }
 
 

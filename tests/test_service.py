@@ -178,6 +178,9 @@ def test_gui_flow_load_progress_status_chat_unload(studio):
     status = httpx.get(f"{base}/api/status").json()
     assert status["model"] == GEMMA and status["native_context"] == 32768 and status["effective_context"] > 0
     assert status["progress"]["phases_seen"][-1] == "ready"
+    predicted, actual = status["memory"]["predicted"], status["memory"]["actual"]
+    assert actual["devices"]["CPU"]["kv"] == predicted["devices"]["CPU"]["kv"] > 0  # the KV estimate is exact
+    assert abs(actual["total"] - predicted["total"]) <= max(0.02 * actual["total"], 32 << 20)
     reply = httpx.post(f"{base}/v1/chat/completions", timeout=60, json={
         "model": GEMMA, "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 4})
     assert reply.status_code == 200 and reply.json()["usage"]["completion_tokens"] >= 1
