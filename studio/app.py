@@ -20,6 +20,8 @@ import gguf
 from launcher.errors import LauncherError, LoadError, StartAbortedError
 from studio import __version__
 from studio.api import router as api_router
+from studio.auth import BearerTokenMiddleware
+from studio.chat import router as chat_router
 from studio.errors import BusyError, StudioError, error_body
 from studio.manager import LoadRequest, ModelManager
 from studio.proxy import router as proxy_router
@@ -28,9 +30,16 @@ log = structlog.get_logger(__name__)
 
 
 def create_app(
-    manager: ModelManager, *, initial_load: LoadRequest | None = None, max_connections: int = 64
+    manager: ModelManager,
+    *,
+    initial_load: LoadRequest | None = None,
+    api_token: str | None = None,
+    max_connections: int = 64,
 ) -> FastAPI:
-    """Return the service app around ``manager``; ``initial_load`` starts loading at start-up."""
+    """Return the service app around ``manager``; ``initial_load`` starts loading at start-up.
+
+    With ``api_token`` every route but ``/health`` needs ``Authorization: Bearer <token>``.
+    """
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -47,7 +56,10 @@ def create_app(
 
     app = FastAPI(title="GGUF Studio", version=__version__, lifespan=lifespan)
     app.include_router(api_router)
+    app.include_router(chat_router)
     app.include_router(proxy_router)
+    if api_token:
+        app.add_middleware(BearerTokenMiddleware, token=api_token)
 
     @app.exception_handler(StudioError)
     async def studio_error(request: Request, exc: StudioError) -> JSONResponse:

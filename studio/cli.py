@@ -135,6 +135,9 @@ def serve(
     host = host or settings.host
     port = port or settings.port
     ensure_port_free(host, port)
+    if host not in ("127.0.0.1", "localhost", "::1") and not settings.api_token:
+        typer.echo(f"warning: listening on {host} without GGUF_STUDIO_API_TOKEN: anyone who can reach this "
+                   "machine can use the API", err=True)
     registry = ChildRegistry(settings.home / "run", owner_token())
     registry.reap_orphans()
     supervisor = Supervisor(logs_dir=settings.logs_dir / "llama-server", registry=registry)
@@ -143,7 +146,8 @@ def serve(
     typer.echo(f"loading {initial} with llama-server ({found.source}: {found.path}) ...", err=True)
     try:
         run_service(
-            create_app(manager, initial_load=LoadRequest(model=initial, n_ctx=ctx)), host=host, port=port,
+            create_app(manager, initial_load=LoadRequest(model=initial, n_ctx=ctx), api_token=settings.api_token),
+            host=host, port=port,
             announce=lambda: typer.echo(
                 f"GGUF Studio at {url}  (OpenAI API: {url}/v1, GUI API: {url}/api, docs: {url}/docs; Ctrl-C stops)"),
         )

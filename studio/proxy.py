@@ -72,9 +72,9 @@ async def _forward(request: Request, path: str, *, chat: bool) -> Response:
     loaded, release = await _manager(request).acquire(model)
     try:
         if chat:
-            _apply_reasoning(body, loaded)
-        if path != "/v1/embeddings" and body.get("max_tokens") is None and body.get("max_completion_tokens") is None:
-            body["max_tokens"] = loaded.n_ctx
+            prepare_chat_body(body, loaded)
+        elif path != "/v1/embeddings":
+            _default_max_tokens(body, loaded)
         body["model"] = loaded.name
         client = _client(request)
         upstream = client.build_request("POST", loaded.url + path, json=body, headers=loaded.auth_headers)
@@ -122,6 +122,17 @@ async def _json_body(request: Request) -> dict[str, Any]:
     if not isinstance(body, dict):
         raise BadRequestError("the request body must be a JSON object")
     return body
+
+
+def prepare_chat_body(body: dict[str, Any], loaded: LoadedModel) -> None:
+    """Fill what the studio adds to a chat request: reasoning kwargs, a default ``max_tokens``."""
+    _default_max_tokens(body, loaded)
+    _apply_reasoning(body, loaded)
+
+
+def _default_max_tokens(body: dict[str, Any], loaded: LoadedModel) -> None:
+    if body.get("max_tokens") is None and body.get("max_completion_tokens") is None:
+        body["max_tokens"] = loaded.n_ctx
 
 
 def _apply_reasoning(body: dict[str, Any], loaded: LoadedModel) -> None:

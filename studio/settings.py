@@ -9,6 +9,8 @@
 | ``GGUF_STUDIO_PORT``    | port the studio listens on (``8080``)                    |
 | ``GGUF_STUDIO_LOG_JSON``| ``1`` for JSON log lines instead of console ones         |
 | ``CMAKE_ARGS``          | extra CMake arguments for ``ggstudio build-llama``        |
+| ``GGUF_STUDIO_MODEL_DIRS`` | more folders of GGUF files for the library (``os.pathsep``-separated) |
+| ``GGUF_STUDIO_API_TOKEN`` | bearer token every API call must send (default: none)  |
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ class Settings:
     port: int = 8080
     log_json: bool = False
     cmake_args: str = ""
+    api_token: str | None = None
 
     @property
     def models_dir(self) -> Path:
@@ -59,6 +62,7 @@ class Settings:
             port=port,
             log_json=env.get("GGUF_STUDIO_LOG_JSON", "") in {"1", "true", "yes"},
             cmake_args=env.get("CMAKE_ARGS", ""),
+            api_token=env.get("GGUF_STUDIO_API_TOKEN") or None,
         )
 
 

@@ -12,6 +12,7 @@ import openai
 import psutil
 import pytest
 import uvicorn
+from fastapi.testclient import TestClient
 
 from launcher.registry import ChildRegistry
 from launcher.supervisor import Supervisor, owner_token
@@ -198,3 +199,40 @@ def test_api_key_never_reaches_the_argv(studio, client):
     pid = manager.supervisor.status().pid
     assert manager.loaded.api_key not in " ".join(psutil.Process(pid).cmdline())
     assert httpx.get(f"{manager.loaded.url}/v1/models").status_code == 401  # unreachable without the key
+
+
+def test_gui_chat_stream_has_typed_events_and_a_final_summary(studio):
+    base, _ = studio
+    events = []
+    with httpx.stream("POST", f"{base}/api/chat", timeout=120, json={
+            "model": GEMMA, "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 6, "temperature": 0}) as r:
+        assert r.status_code == 200 and r.headers["content-type"].startswith("text/event-stream")
+        events = [json.loads(line[6:]) for line in r.iter_lines() if line.startswith("data: ")]
+    assert {e["type"] for e in events[:-1]} <= {"content", "reasoning", "tool_call"}
+    assert any(e["type"] == "content" for e in events)
+    done = events[-1]
+    assert done["type"] == "done" and done["usage"]["completion_tokens"] == 6
+    assert done["tokens_per_second"] > 0 and done["finish_reason"] == "length"
+    assert done["draft_acceptance"] is None  # no speculative decoding configured
+
+
+def test_gui_chat_reports_overflow_as_an_error_event(studio):
+    base, _ = studio
+    httpx.post(f"{base}/api/load", json={"model": GEMMA, "n_ctx": 512, "n_parallel": 1}, timeout=120)
+    with httpx.stream("POST", f"{base}/api/chat", timeout=120, json={
+            "model": GEMMA, "messages": [{"role": "user", "content": "word " * 3000}], "max_tokens": 4}) as r:
+        events = [json.loads(line[6:]) for line in r.iter_lines() if line.startswith("data: ")]
+    assert events[-1]["type"] == "error" and events[-1]["status"] == 400
+    assert events[-1]["error"]["type"] == "exceed_context_size_error" and events[-1]["error"]["n_ctx"] == 512
+
+
+def test_api_token_guards_everything_but_health(llama_server_bin, tmp_path):
+    supervisor = Supervisor(logs_dir=tmp_path / "logs", registry=ChildRegistry(tmp_path / "run", owner_token()))
+    manager = ModelManager(catalog=Catalog([tmp_path]), binary=llama_server_bin, supervisor=supervisor)
+    app = create_app(manager, api_token="s3cret")
+    with TestClient(app) as client:
+        assert client.get("/health").status_code == 200
+        denied = client.get("/v1/models")
+        assert denied.status_code == 401 and denied.json()["error"]["code"] == "invalid_api_key"
+        assert client.get("/api/status", headers={"Authorization": "Bearer wrong"}).status_code == 401
+        assert client.get("/v1/models", headers={"Authorization": "Bearer s3cret"}).status_code == 200
