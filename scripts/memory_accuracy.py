@@ -21,9 +21,7 @@ Usage: ``.venv/bin/python scripts/memory_accuracy.py [--quick] [--jobs 2]``.
 from __future__ import annotations
 
 import argparse
-import subprocess
 import sys
-import threading
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -33,11 +31,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import gguf  # noqa: E402
 from launcher.allocations import parse_allocations  # noqa: E402
+from launcher.dry_run import LISTENING, load_report  # noqa: E402
 from launcher.memory import MIB, MemoryBill, MemoryOptions, MemoryPlanError, estimate, for_file  # noqa: E402
 
 SERVER_TIMEOUT_S = 60
 #: The line after which every allocation has been printed.
-DONE_MARKERS = ("sched_reserve: reserve took", "listening on")
+DONE_MARKERS = ("sched_reserve: reserve took", LISTENING)
 
 
 @dataclass(frozen=True)
@@ -72,28 +71,6 @@ QUICK_CONFIGS = 2
 #: One model per memory layout runs the whole grid (plain GQA, SWA, MLA, hybrid, recurrent, MoE).
 LAYOUT_MODELS = ("llama-dense", "gemma3-dense", "deepseek2-moe", "jamba-dense", "qwen35-dense",
                  "granitehybrid-dense", "mamba-dense", "mamba2-dense", "qwen3moe-moe", "gpt-oss-moe")
-
-
-def run_server(binary: Path, model: Path, extra: Sequence[str], port: int) -> str:
-    """Start llama-server, read its log until the allocations are printed, stop it; return the log."""
-    argv = [str(binary), "-m", str(model), "--host", "127.0.0.1", "--port", str(port), "-fit", "off",
-            "--no-warmup", "-lv", "4", *extra]
-    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                            text=True, errors="replace")
-    timer = threading.Timer(SERVER_TIMEOUT_S, proc.kill)
-    timer.start()
-    lines: list[str] = []
-    try:
-        assert proc.stdout is not None
-        for line in proc.stdout:
-            lines.append(line)
-            if any(m in line for m in DONE_MARKERS):
-                break
-    finally:
-        timer.cancel()
-        proc.kill()
-        proc.communicate()
-    return "".join(lines)
 
 
 @dataclass(frozen=True)
@@ -147,9 +124,9 @@ def _close(predicted: int, actual: int, rel: float, floor: float) -> bool:
     return abs(predicted - actual) <= max(rel * abs(actual), floor)
 
 
-def compare(binary: Path, name: str, path: Path, config: Config, port: int) -> Outcome:
+def compare(binary: Path, name: str, path: Path, config: Config) -> Outcome:
     model = gguf.read(path)
-    log = run_server(binary, path, config.argv(), port)
+    log, _ = load_report(binary, path, config.argv(), until=DONE_MARKERS, timeout=SERVER_TIMEOUT_S)
     refused = next((line.split(": ", 1)[-1] for line in log.splitlines() if " E llama_init_from_model:" in line), "")
     try:
         predicted = estimate(model.facts, for_file(model, config.options))
@@ -177,7 +154,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     from launcher.zoo import ensure_zoo
     from studio.default_model import ensure_default_model
     from studio.settings import Settings
-    from tests.helpers import free_port
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="only the first two configs for every model")
@@ -188,7 +164,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     zoo, gemma = ensure_zoo(build, settings.home), ensure_default_model(settings.models_dir)
     runs = plan(zoo, gemma, args.quick)
     with ThreadPoolExecutor(max_workers=args.jobs) as pool:
-        outcomes = list(pool.map(lambda r: compare(build.llama_server, *r, free_port()), runs))
+        outcomes = list(pool.map(lambda r: compare(build.llama_server, *r), runs))
 
     print(f"{'model':28} {'config':26} {'kv MiB pred/act':>22} {'compute pred/act':>20} {'total pred/act':>20}  flags")
     rejected = [o for o in outcomes if o.error.startswith("refused")]

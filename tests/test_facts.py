@@ -17,8 +17,6 @@ from __future__ import annotations
 import math
 import re
 import struct
-import subprocess
-import threading
 from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
@@ -33,8 +31,9 @@ from hypothesis import strategies as st
 import gguf
 from gguf.facts import KNOWN_ARCHITECTURES, ModelFacts, model_facts, swa_layers_from_hf_config
 from gguf.model import GGUFFile
-from gguf.reader import FIXED, STRING, Header, StatKey, read_header
-from tests.helpers import free_port
+from gguf.reader import Header, StatKey
+from gguf.writer import rewrite
+from launcher.dry_run import load_report
 from studio import default_model
 
 pytestmark = pytest.mark.slow
@@ -131,36 +130,8 @@ class ServerReport:
 
 
 def _run_server(binary: Path, model: Path) -> ServerReport:
-    """Start llama-server on ``model`` and stop it once it listens (or exits); return its log.
-
-    A port another process grabbed between ``free_port()`` and the bind is retried.
-    """
-    for _ in range(3):
-        report = _run_server_once(binary, model)
-        if "couldn't bind" not in report.log:
-            break
-    return report
-
-
-def _run_server_once(binary: Path, model: Path) -> ServerReport:
-    argv = [str(binary), "-m", str(model), "-c", "256", "--host", "127.0.0.1", "--port", str(free_port()),
-            "-fit", "off", "--no-warmup", "-lv", "4"]
-    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                            text=True, errors="replace")
-    timer = threading.Timer(SERVER_TIMEOUT_S, proc.kill)
-    timer.start()
-    lines: list[str] = []
-    try:
-        assert proc.stdout is not None
-        for line in proc.stdout:
-            lines.append(line)
-            if "listening on" in line:
-                break
-    finally:
-        timer.cancel()
-        proc.kill()
-        proc.communicate()
-    return parse_report("".join(lines), proc.returncode)
+    """llama-server's report on ``model``, read until it listens (or exits)."""
+    return parse_report(*load_report(binary, model, ["-c", "256"], timeout=SERVER_TIMEOUT_S))
 
 
 def parse_report(log: str, returncode: int | None = None) -> ServerReport:
@@ -180,44 +151,15 @@ def parse_report(log: str, returncode: int | None = None) -> ServerReport:
     return report
 
 
-def _rewrite_gguf(src: Path, dst: Path, drop: Iterable[str], add: dict[str, tuple[int, Any]]) -> None:
-    """Copy a GGUF file with some metadata keys dropped or added; tensors are copied byte for byte."""
-    header = read_header(src)
-    values = {k: v for k, v in header.metadata.items() if k not in set(drop)}
-    types = dict(header.value_types)
-    for key, (vtype, value) in add.items():
-        values[key], types[key] = value, (vtype,)
-
-    def text(x: str) -> bytes:
-        raw = x.encode()
-        return struct.pack("<Q", len(raw)) + raw
-
-    def encode(vtype: tuple[int, ...], value: Any) -> bytes:
-        if vtype[0] in FIXED:
-            return struct.pack("<" + FIXED[vtype[0]][0], value)
-        if vtype[0] == STRING:
-            return text(value)
-        items = list(value)
-        return struct.pack("<IQ", vtype[1], len(items)) + b"".join(encode(vtype[1:], x) for x in items)
-
-    out = bytearray(b"GGUF" + struct.pack("<IQQ", 3, len(header.tensors), len(values)))
-    for key, value in values.items():
-        out += text(key) + struct.pack("<I", types[key][0]) + encode(types[key], value)
-    for t in header.tensors:
-        out += text(t.name) + struct.pack(f"<I{len(t.shape)}QIQ", len(t.shape), *t.shape, t.ggml_type.id, t.offset)
-    out += bytes(-len(out) % header.alignment)
-    with src.open("rb") as fh:
-        fh.seek(header.data_offset)
-        dst.write_bytes(bytes(out) + fh.read())
-
-
 @pytest.fixture(scope="session")
 def model_paths(zoo_dir: Path, gemma_model: Path, tmp_path_factory) -> dict[str, Path]:
     paths = {f"{name}.gguf": zoo_dir / f"{name}.gguf" for name in ZOO_MODELS}
     paths[GEMMA] = gemma_model
     variants = tmp_path_factory.mktemp("builtin-rules")
     for name, (source, drop, add) in BUILTIN_RULE_VARIANTS.items():
-        _rewrite_gguf(zoo_dir / f"{source}.gguf", variants / name, drop, add)
+        rewrite(zoo_dir / f"{source}.gguf", variants / name, drop_keys=tuple(drop),
+                metadata_updates={k: v for k, (_, v) in add.items()},
+                value_types={k: (t,) for k, (t, _) in add.items()})
         paths[name] = variants / name
     return paths
 

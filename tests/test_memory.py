@@ -22,8 +22,8 @@ from launcher.allocations import device_of, parse_allocations
 from launcher.memory import (
     MIB, MemoryOptions, MemoryPlanError, context_shape, estimate, for_file, layer_devices, pad,
 )
-from scripts.memory_accuracy import CONFIGS, run_server
-from tests.helpers import free_port
+from launcher.dry_run import load_report
+from scripts.memory_accuracy import CONFIGS, DONE_MARKERS
 
 GEMMA_LOG = """\
 0.00.738.635 I load_tensors:   CPU_Mapped model buffer size =   235.16 MiB
@@ -164,7 +164,7 @@ def server_logs(llama_server_bin, zoo_dir, gemma_model) -> dict[tuple[str, str],
         return gemma_model if model == "gemma" else zoo_dir / f"{model}.gguf"
 
     with ThreadPoolExecutor(max_workers=2) as pool:
-        futures = {(m, c.name): pool.submit(run_server, llama_server_bin, path(m), c.argv(), free_port())
+        futures = {(m, c.name): pool.submit(lambda m=m, c=c: load_report(llama_server_bin, path(m), c.argv(), until=DONE_MARKERS)[0])
                    for m, c in CASES}
         return {key: (path(key[0]), f.result()) for key, f in futures.items()}
 
