@@ -1,13 +1,339 @@
-"""Build the llama-server argv for a model.
+"""Build the llama-server argv and environment for a launch plan.
 
-This is the minimal form the foundation needs; the planner adds context, GPU,
-cache and speculative flags on top of it.
+``build_command(plan, caps, binary=...)`` spells every decision of the plan as
+the probed binary wants it, and leaves out flags that binary does not have (an
+older build without ``--fit`` or ``--parallel`` simply runs with its defaults).
+The user's extra arguments go last, after ``validate_extra_args`` has refused
+the flags the studio manages (the port, the model, the API key, the context...)
+and flags the binary does not know.
+
+Secrets: each launch gets a random API key. It travels in a 0600 file
+(``--api-key-file``) where the binary has it, so it never shows in ``ps``
+output; every ``repr`` and the redacted argv print ``<redacted>`` instead. A
+chat-template override goes into a 0600 file as well; ``LaunchCommand.cleanup``
+removes those files (and a finalizer does, if nobody calls it).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import json
+import os
+import secrets
+import shutil
+import tempfile
+import weakref
+from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+import psutil
+
+from gguf.templates import template_capabilities
+from launcher.capabilities import Capabilities
+from launcher.errors import LauncherError
+from launcher.supervisor import LaunchSpec
+
+if TYPE_CHECKING:
+    from launcher.planner import LaunchPlan
+
+HOST = "127.0.0.1"
+REDACTED = "<redacted>"
+#: llama-server's log verbosity at which it prints every buffer it allocates (launcher.allocations).
+ALLOCATION_VERBOSITY = "4"
+
+#: Flags the studio sets itself, every spelling of the pinned build and of older ones, with what to use instead.
+MANAGED_FLAGS: dict[tuple[str, ...], str] = {
+    ("-m", "--model", "-mu", "--model-url", "-hf", "-hfr", "--hf-repo", "-hff", "--hf-file", "-dr",
+     "--docker-repo"): "the studio chooses the model",
+    ("--host", "--port", "--reuse-port", "--path", "--api-prefix", "--ssl-key-file", "--ssl-cert-file"):
+        "the studio chooses where llama-server listens and proxies to it",
+    ("--api-key", "--api-key-file"): "the studio sets a per-launch key",
+    ("-a", "--alias"): "use the alias option",
+    ("-c", "--ctx-size"): "use the context option",
+    ("-np", "--parallel"): "use the parallel option",
+    ("-ngl", "--gpu-layers", "--n-gpu-layers", "-ts", "--tensor-split", "-fit", "--fit", "-fitt", "--fit-target",
+     "-fitc", "--fit-ctx", "-dev", "--device"): "the planner places the layers and pins the GPUs",
+    ("-t", "--threads"): "use the threads option",
+    ("-ctk", "--cache-type-k", "-ctv", "--cache-type-v"): "use the cache type option",
+    ("-fa", "--flash-attn"): "the planner turns flash attention on when the cache type needs it",
+    ("--context-shift", "--no-context-shift"): "the studio turns context shift off (overflow is an error)",
+    ("--jinja", "--no-jinja", "--chat-template", "--chat-template-file", "--chat-template-kwargs"):
+        "use the chat template option",
+    ("-mm", "--mmproj", "-mmu", "--mmproj-url", "--no-mmproj", "--mmproj-auto", "--no-mmproj-auto"):
+        "the studio passes the model's projector",
+    ("-lv", "--verbosity", "--log-verbosity", "--log-disable", "--log-file", "--log-jsonl", "--no-log-jsonl"):
+        "the studio reads llama-server's log",
+    ("--metrics",): "the studio always enables metrics",
+    ("-h", "--help", "--usage", "--version", "--completion-bash", "-cl", "--cache-list", "--list-devices"):
+        "it makes llama-server exit instead of serving",
+    ("--models-dir", "--models-preset", "--models-max", "--models-autoload", "--no-models-autoload"):
+        "router mode is not supported for a single model",
+}
+_MANAGED: dict[str, str] = {flag: why for flags, why in MANAGED_FLAGS.items() for flag in flags}
+#: Environment variables that would override what the studio passes (llama.cpp reads LLAMA_ARG_*).
+_ENV_OVERRIDES = ("LLAMA_ARG_", "LLAMA_API_KEY", "LLAMA_CHAT_TEMPLATE_KWARGS", "LLAMA_LOG_")
+
+
+class ExtraArgsError(LauncherError, ValueError):
+    """Extra arguments for llama-server name flags the studio manages or the binary does not know."""
+
+    def __init__(self, message: str, *, flags: Sequence[str]) -> None:
+        super().__init__(message)
+        self.flags = tuple(flags)
+
+
+class Secret(str):
+    """A string whose ``repr`` never shows it (``str()`` and formatting still give the value)."""
+
+    def __repr__(self) -> str:
+        return repr(REDACTED)
+
+
+def _normalize(token: str) -> str:
+    """llama.cpp reads ``--a_b`` as ``--a-b``."""
+    return token.replace("_", "-") if token.startswith("--") else token
+
+
+def _is_flag(token: str) -> bool:
+    """A flag starts with "-" and is not a negative number (a value such as ``-1`` or ``-0.5``)."""
+    if not token.startswith("-") or token == "-":
+        return False
+    try:
+        float(token)
+    except ValueError:
+        return True
+    return False
+
+
+def validate_extra_args(args: Sequence[str], caps: Capabilities) -> tuple[str, ...]:
+    """Return ``args`` as a tuple when every flag in them may be passed through.
+
+    Raises:
+        ExtraArgsError: naming each managed, removed or unknown flag, and what to do instead.
+    """
+    problems: list[str] = []
+    offending: list[str] = []
+    for token in args:
+        if not _is_flag(token):
+            continue
+        flag = _normalize(token)
+        if flag in _MANAGED:
+            problems.append(f"{token} is managed by the studio ({_MANAGED[flag]})")
+        elif flag in caps.removed_flags:
+            problems.append(f"{token} was removed from this llama-server (its --help says so)")
+        elif not caps.supports(flag):
+            problems.append(f"{token} is not a flag of this llama-server ({caps.binary})")
+        else:
+            continue
+        offending.append(token)
+    if problems:
+        raise ExtraArgsError("extra llama-server arguments refused: " + "; ".join(problems), flags=offending)
+    return tuple(args)
+
+
+def default_threads() -> int:
+    """Physical cores this process may run on (llama.cpp's own default ignores CPU affinity and cgroups)."""
+    allowed = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    physical = psutil.cpu_count(logical=False) or allowed
+    return max(1, min(physical, allowed))
+
+
+def chat_template_kwargs(template: str | None) -> dict[str, object] | None:
+    """The kwargs that keep the template's own reasoning default (llama-server otherwise passes its own)."""
+    if not template:
+        return None
+    found = template_capabilities(template)
+    if found.reasoning_style == "enable_thinking" and found.reasoning_default is not None:
+        return {"enable_thinking": found.reasoning_default}
+    return None
+
+
+class LaunchCommand:
+    """The argv (for any port) and environment of one launch, and the private files it needs."""
+
+    def __init__(self, *, binary: Path, head: Sequence[str], tail: Sequence[str], env: Mapping[str, str],
+                 api_key: Secret, api_key_in_argv: bool, model_bytes: int, files_dir: Path | None,
+                 notes: Sequence[str]) -> None:
+        self.binary = binary
+        self._head = tuple(head)
+        self._tail = tuple(tail)
+        self.env = dict(env)
+        self.api_key = api_key
+        self.api_key_in_argv = api_key_in_argv  # an older binary without --api-key-file: redact argv in logs
+        self.model_bytes = model_bytes
+        self.files_dir = files_dir
+        self.notes = tuple(notes)  # flags left out because the binary lacks them
+        self._cleanup = weakref.finalize(self, shutil.rmtree, str(files_dir), True) if files_dir else None
+
+    def argv(self, port: int) -> list[str]:
+        """The full argv serving on ``port`` (it carries the API key when the binary has no key file flag)."""
+        return [*self._head, "--port", str(port), *self._tail]
+
+    def redacted_argv(self, port: int) -> list[str]:
+        """``argv(port)`` with the API key replaced: the form for logs and messages."""
+        argv = self.argv(port)
+        return [REDACTED if a == self.api_key and i and argv[i - 1] == "--api-key" else a
+                for i, a in enumerate(argv)]
+
+    def launch_spec(self, *, start_timeout: float = 600.0) -> LaunchSpec:
+        """The supervisor's LaunchSpec for this command."""
+        return LaunchSpec(make_argv=self.argv, binary=str(self.binary), env=self.env, api_key=self.api_key,
+                          model_bytes=self.model_bytes, host=HOST, start_timeout=start_timeout)
+
+    def cleanup(self) -> None:
+        """Remove the key and template files (idempotent); call once the server is stopped for good."""
+        if self._cleanup is not None:
+            self._cleanup()
+
+    def __enter__(self) -> LaunchCommand:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.cleanup()
+
+    def __repr__(self) -> str:
+        shown = " ".join(self.redacted_argv(0)).replace("--port 0", "--port <port>")
+        return f"LaunchCommand({shown!r})"
+
+
+def build_command(
+    plan: LaunchPlan,
+    caps: Capabilities,
+    *,
+    binary: Path,
+    api_key: str | None = None,
+    threads: int | None = None,
+    base_env: Mapping[str, str] | None = None,
+    files_root: Path | None = None,
+) -> LaunchCommand:
+    """Return the command that runs ``plan`` with ``binary`` (described by ``caps``).
+
+    ``api_key`` defaults to a fresh random key; ``threads`` to the request's, else
+    ``default_threads()``; ``base_env`` to this process's environment. Private files
+    go in a new 0700 folder under ``files_root`` (default: the system temp dir).
+    """
+    key = Secret(api_key or secrets.token_urlsafe(32))
+    out = _Argv(caps, files_root)
+    try:
+        _add_flags(out, plan, key, threads)
+    except BaseException:
+        out.discard_files()  # nothing will own the files written so far
+        raise
+    return LaunchCommand(binary=binary, head=[str(binary), "-m", str(plan.model.path), "--host", HOST],
+                         tail=out.argv, env=child_env(plan, binary, base_env), api_key=key,
+                         api_key_in_argv="--api-key" in out.argv, model_bytes=plan.model.file_bytes,
+                         files_dir=out.files_dir, notes=out.notes)
+
+
+class _Argv:
+    """Flags spelled as one binary wants them, notes on those it lacks, and the private files."""
+
+    def __init__(self, caps: Capabilities, files_root: Path | None) -> None:
+        self.caps = caps
+        self.files_root = files_root
+        self.files_dir: Path | None = None
+        self.argv: list[str] = []
+        self.notes: list[str] = []
+
+    def has(self, *spellings: str) -> str | None:
+        return next((s for s in spellings if self.caps.supports(s)), None)
+
+    def add(self, spellings: Sequence[str], *values: str, why: str = "") -> None:
+        """Append the first spelling the binary has; without one, note ``why`` it matters (if it does)."""
+        flag = self.has(*spellings)
+        if flag:
+            self.argv += [flag, *values]
+        elif why:
+            self.notes.append(f"{spellings[0]} left out: this llama-server lacks it ({why})")
+
+    def private_file(self, name: str, text: str) -> Path:
+        """Write ``text`` to a 0600 file in this launch's 0700 folder."""
+        if self.files_dir is None:
+            if self.files_root is not None:
+                self.files_root.mkdir(parents=True, exist_ok=True)
+            self.files_dir = Path(tempfile.mkdtemp(prefix="ggstudio-launch-", dir=self.files_root))
+        path = self.files_dir / name
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+        return path
+
+    def discard_files(self) -> None:
+        if self.files_dir is not None:
+            shutil.rmtree(self.files_dir, ignore_errors=True)
+
+
+def _add_flags(out: _Argv, plan: LaunchPlan, key: Secret, threads: int | None) -> None:
+    """Everything after ``--port``, in order; the user's extra arguments last."""
+    request = plan.request
+    out.add(("--ctx-size", "-c"), str(plan.n_ctx), why="the context is its default")
+    out.add(("--parallel", "-np"), str(plan.n_parallel), why="its default slot count is used")
+    if plan.offload == "fit":
+        out.add(("--fit", "-fit"), "on")
+        if plan.fit_target_mib:
+            out.add(("--fit-target", "-fitt"), ",".join(map(str, plan.fit_target_mib)))
+    else:
+        out.add(("--n-gpu-layers", "-ngl", "--gpu-layers"), str(plan.n_gpu_layers))
+        out.add(("--fit", "-fit"), "off")  # the plan placed the layers; --fit (on by default) must not redo it
+    if plan.tensor_split:
+        out.add(("--tensor-split", "-ts"), ",".join(map(str, plan.tensor_split)), why="llama.cpp splits by itself")
+    if plan.gpus and plan.gpu_backend not in ("CUDA", "ROCm", "HIP"):  # those are pinned through the env
+        out.add(("--device", "-dev"), ",".join(f"{d.backend}{d.index}" for d in plan.gpus),
+                why="GPUs cannot be pinned")
+    if plan.flash_attn == "on":
+        out.add(("--flash-attn", "-fa"), "on", why="a quantized V cache may be refused")
+    for flags, value in ((("--cache-type-k", "-ctk"), plan.cache_type_k), (("--cache-type-v", "-ctv"),
+                                                                          plan.cache_type_v)):
+        out.add(flags, value, why=f"its default f16 cache is used, not {value}" if value != "f16" else "")
+    out.add(("--threads", "-t"), str(threads or request.threads or default_threads()))
+    out.add(("--no-context-shift",), why="it may shift the context instead of reporting an overflow")
+    out.add(("--jinja",), why="chat templates are rendered the legacy way")
+    template = request.chat_template
+    if template is not None:
+        if out.has("--chat-template-file"):
+            out.argv += ["--chat-template-file", str(out.private_file("chat-template.jinja", template))]
+        else:
+            out.add(("--chat-template",), template, why="the model's own template is used")
+    kwargs = chat_template_kwargs(template if template is not None else plan.model.facts.chat_template)
+    if kwargs:
+        out.add(("--chat-template-kwargs",), json.dumps(kwargs), why="llama-server's reasoning default applies")
+    if plan.model.mmproj is not None:
+        out.add(("--mmproj", "-mm"), str(plan.model.mmproj), why="images cannot be used")
+    if out.has("--api-key-file"):
+        out.argv += ["--api-key-file", str(out.private_file("api-key", f"{key}\n"))]
+    else:
+        out.argv += ["--api-key", key]
+    out.add(("-lv", "--verbosity", "--log-verbosity"), ALLOCATION_VERBOSITY,
+            why="allocations cannot be read from its log")
+    out.add(("--metrics",), why="no /metrics")
+    out.add(("--alias", "-a"), request.alias or plan.model.path.name.removesuffix(".gguf"),
+            why="clients see the file path as the model name")
+    out.argv += [*plan.spec.argv, *plan.extra_args]
+
+
+def child_env(plan: LaunchPlan, binary: Path, base_env: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The child's environment: pinned GPUs, the binary's libraries, no LLAMA_ARG_* overrides."""
+    env = {k: v for k, v in (os.environ if base_env is None else base_env).items()
+           if not k.startswith(_ENV_OVERRIDES)}
+    lib = str(binary.resolve().parent)
+    env["LD_LIBRARY_PATH"] = os.pathsep.join([lib, *filter(None, [env.get("LD_LIBRARY_PATH")])])
+    gpus = plan.gpus
+    if not gpus:
+        # Nothing planned on a GPU: hide them, so a GPU build cannot put buffers the plan did not count.
+        env["CUDA_VISIBLE_DEVICES"] = env["HIP_VISIBLE_DEVICES"] = ""
+        return env
+    # UUIDs pin the same GPU whatever the enumeration order; indices are nvidia-smi's / rocm-smi's.
+    ids = ",".join(d.uuid for d in gpus if d.uuid) if all(d.uuid for d in gpus) else \
+        ",".join(str(d.index) for d in gpus)
+    if plan.gpu_backend == "CUDA":
+        env["CUDA_VISIBLE_DEVICES"] = ids
+        env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"  # index pins then mean what nvidia-smi numbered
+    elif plan.gpu_backend in ("ROCm", "HIP"):
+        # ROCR filters the physical devices; HIP then numbers what is left from 0.
+        env["ROCR_VISIBLE_DEVICES"] = ids
+        env["HIP_VISIBLE_DEVICES"] = ",".join(str(i) for i in range(len(gpus)))
+        env.pop("CUDA_VISIBLE_DEVICES", None)  # HIP reads it too; the parent's mask must not apply on top
+    return env
 
 
 def server_argv(
@@ -19,7 +345,7 @@ def server_argv(
     n_ctx: int | None = None,
     extra: Sequence[str] = (),
 ) -> list[str]:
-    """Return the argv that serves ``model`` on ``host:port`` with chat templates on."""
+    """Return a minimal argv that serves ``model`` on ``host:port`` with chat templates on (no plan)."""
     argv = [str(binary), "-m", str(model), "--host", host, "--port", str(port), "--jinja"]
     if n_ctx is not None:
         argv += ["-c", str(n_ctx)]

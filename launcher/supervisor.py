@@ -85,8 +85,8 @@ class LaunchSpec:
 
     make_argv: Callable[[int], Sequence[str]]
     binary: str
-    env: Mapping[str, str] | None = None
-    api_key: str | None = None
+    env: Mapping[str, str] | None = field(default=None, repr=False)  # may hold the API key
+    api_key: str | None = field(default=None, repr=False)
     model_bytes: int = 0  # total bytes of the model's shards, for load progress
     host: str = "127.0.0.1"
     start_timeout: float = 600.0

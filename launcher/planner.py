@@ -1,0 +1,466 @@
+"""Decide how to run a model on this machine: GPUs, layers, context, speculative mode.
+
+``plan(model, inventory, caps, request)`` is pure: it reads nothing from disk and
+runs nothing, so every policy branch is a row in a table-driven test. Every fit
+decision asks the memory estimator (``launcher.memory``) for the bill per
+device and compares it with a budget: 90 % of each device's free memory (85 %
+when an MTP draft is engaged, since the estimator leaves the draft context out).
+GPUs are budgeted against their free VRAM; the CPU against available RAM.
+
+Policy:
+
+- An explicit context is honoured. The fewest GPUs (largest free memory first)
+  that hold the whole model at that context are pinned; if none do, llama-server
+  places the layers itself (``--fit on``) when it can, else the largest ``-ngl``
+  that fits is used.
+- An automatic context aims at the model's native context (``n_ctx_train``) on
+  the fewest GPUs that hold it. If no set of GPUs does, the context shrinks
+  (rounded down to 256, never below 4096 unless the native context is smaller)
+  on the fewest GPUs that reach the largest context possible. If even the
+  smallest context does not fit, it falls back to that context and ``--fit on``
+  (or the largest ``-ngl``).
+- A machine without GPUs plans against available RAM with ``-ngl 0``.
+
+The plan keeps the reasons for each decision, in words a user can act on.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Literal
+
+import gguf
+from gguf.ggml_types import BY_NAME
+from launcher import speculative
+from launcher.capabilities import Capabilities
+from launcher.devices import Device, Inventory
+from launcher.errors import LauncherError
+from launcher.memory import (
+    CACHE_TYPES, MIB, CacheType, DeviceBill, FlashAttn, MemoryBill, MemoryOptions, estimate, for_file,
+)
+from launcher.speculative import SpecModel, SpecPlan
+
+if TYPE_CHECKING:
+    from gguf.facts import ModelFacts
+    from gguf.model import GGUFFile
+
+Offload = Literal["ngl", "fit"]
+
+#: Share of a device's free memory a plan may use; the rest absorbs estimator error and other programs.
+BUDGET_FRACTION = 0.90
+#: The same with an MTP draft engaged: its context is not in the estimate.
+MTP_BUDGET_FRACTION = 0.85
+#: An automatic context never shrinks below this (unless the model's own context is smaller).
+MIN_AUTO_CTX = 4096
+CTX_STEP = 256
+#: Backends whose GPUs a vendor tool reports; preferred over devices only llama-server lists.
+_VENDOR_BACKENDS = ("CUDA", "ROCm")
+
+
+class PlanError(LauncherError, ValueError):
+    """The request cannot be planned (a bad context, parallel count or cache type)."""
+
+
+@dataclass(frozen=True)
+class ModelInfo:
+    """The model as the planner sees it: facts, sizes, and an optional multimodal projector."""
+
+    path: Path
+    facts: ModelFacts
+    file_bytes: int  # every shard
+    cpu_repack_bytes: int = 0  # see ``launcher.memory.for_file``
+    weight_padding_bytes: int = 0
+    mmproj: Path | None = None
+    mmproj_bytes: int = 0
+
+    @classmethod
+    def from_gguf(cls, model: GGUFFile, *, mmproj: Path | None = None, mmproj_bytes: int = 0) -> ModelInfo:
+        """Return the planner's view of a parsed model file."""
+        options = for_file(model)
+        return cls(path=model.path, facts=model.facts, file_bytes=model.file_size,
+                   cpu_repack_bytes=options.cpu_repack_bytes, weight_padding_bytes=options.weight_padding_bytes,
+                   mmproj=mmproj, mmproj_bytes=mmproj_bytes)
+
+
+def load_model(path: Path, *, mmproj: Path | None = None) -> ModelInfo:
+    """Return the ModelInfo of the GGUF at ``path`` (reads its header, and the projector's size).
+
+    Raises:
+        GGUFError: the model is missing or malformed.
+        OSError: the projector file cannot be read.
+    """
+    return ModelInfo.from_gguf(gguf.read(path), mmproj=mmproj,
+                               mmproj_bytes=mmproj.stat().st_size if mmproj is not None else 0)
+
+
+@dataclass(frozen=True)
+class PlanRequest:
+    """What the user asked for; ``None`` fields are the planner's to choose."""
+
+    n_ctx: int | None = None  # None: automatic
+    n_parallel: int = 1  # server slots; each gets n_ctx / n_parallel tokens
+    cache_type_k: CacheType = "f16"
+    cache_type_v: CacheType = "f16"
+    spec: str = "auto"  # a speculative mode, llama.cpp spellings accepted
+    spec_n_max: int | None = None
+    extra_args: tuple[str, ...] = ()
+    threads: int | None = None  # None: the command builder picks the usable physical cores
+    alias: str | None = None  # the model name clients see; None: the file name without .gguf
+    chat_template: str | None = None  # a Jinja template overriding the model's own
+
+
+@dataclass(frozen=True)
+class DevicePlan:
+    """One device's predicted bill against its budget."""
+
+    name: str  # the bill's name: "CPU", or "GPU<i>" for the i-th pinned GPU
+    device: Device
+    bill: DeviceBill
+    budget_bytes: int
+
+    @property
+    def fits(self) -> bool:
+        return self.bill.total <= self.budget_bytes
+
+
+@dataclass(frozen=True)
+class LaunchPlan:
+    """How to run one model: the decisions, the predicted memory, and why."""
+
+    model: ModelInfo
+    request: PlanRequest
+    gpus: tuple[Device, ...]  # pinned GPUs in the child's order (GPU0 first); () = CPU only
+    offload: Offload  # "ngl": ``-ngl n_gpu_layers``; "fit": ``--fit on`` decides the layers
+    n_gpu_layers: int  # with "fit": the estimator's guess of what --fit will choose
+    tensor_split: tuple[int, ...]  # -ngl over several GPUs: free MiB per pinned GPU; else () (--fit splits itself)
+    n_ctx: int
+    n_ctx_auto: bool
+    max_safe_ctx: int  # the largest context that fits the budget (GUI slider); 0 if none does
+    native_ctx: int
+    n_parallel: int
+    cache_type_k: CacheType
+    cache_type_v: CacheType
+    flash_attn: FlashAttn
+    budget_fraction: float
+    fit_target_mib: tuple[int, ...]  # --fit-target margins per pinned GPU, with "fit"
+    bill: MemoryBill
+    devices: tuple[DevicePlan, ...]  # pinned GPUs, then the CPU
+    spec: SpecPlan
+    extra_args: tuple[str, ...]
+    reasons: tuple[str, ...]
+    warnings: tuple[str, ...]
+
+    @property
+    def fits(self) -> bool:
+        """The predicted bill is within budget on every device."""
+        return all(d.fits for d in self.devices)
+
+    @property
+    def gpu_backend(self) -> str | None:
+        return self.gpus[0].backend if self.gpus else None
+
+    @property
+    def mtp_engaged(self) -> bool:
+        return _mtp_engaged(self.spec, self.extra_args)
+
+
+def plan(
+    model: ModelInfo, inventory: Inventory, caps: Capabilities, request: PlanRequest = PlanRequest()
+) -> LaunchPlan:
+    """Return the launch plan for ``model`` on ``inventory``'s devices with ``caps``' binary.
+
+    Raises:
+        PlanError: an invalid context, parallel count or cache type.
+        ExtraArgsError: the extra arguments contain managed or unknown flags.
+        SpeculativeConfigError: an unknown speculative mode or draft length.
+        MemoryPlanError: cache types llama-server would refuse for this model.
+    """
+    from launcher.command import validate_extra_args  # command.py imports this module's types
+
+    _check(request)
+    extra = validate_extra_args(request.extra_args, caps)
+    return _Planner(model, inventory, caps, request, extra).run()
+
+
+def predict(model: ModelInfo, caps: Capabilities, request: PlanRequest, *, n_ctx: int,
+            gpus: tuple[Device, ...] = (), n_gpu_layers: int | None = None) -> MemoryBill:
+    """The bill ``plan`` would predict for ``n_ctx`` tokens on exactly ``gpus`` (all layers by default).
+
+    For what-if views (a context slider, a GPU picker) and for tests; no policy is applied.
+    """
+    _check(request)
+    inventory = Inventory((*gpus, Device("CPU", None, "CPU", 0, 0, "psutil")), ())
+    planner = _Planner(model, inventory, caps, request, tuple(request.extra_args))
+    ngl = planner.full if n_gpu_layers is None else n_gpu_layers
+    return planner.bill(n_ctx, ngl if gpus else 0, planner.gpus)
+
+
+def _check(request: PlanRequest) -> None:
+    if request.n_ctx is not None and request.n_ctx < 1:
+        raise PlanError(f"the context must be a positive number of tokens, not {request.n_ctx}")
+    if request.n_parallel < 1:
+        raise PlanError(f"the number of parallel slots must be at least 1, not {request.n_parallel}")
+    for what, value in (("K", request.cache_type_k), ("V", request.cache_type_v)):
+        if value not in CACHE_TYPES:
+            raise PlanError(f"unknown {what} cache type {value!r}; valid: {', '.join(CACHE_TYPES)}")
+    if request.threads is not None and request.threads < 1:
+        raise PlanError(f"threads must be at least 1, not {request.threads}")
+
+
+def _mtp_engaged(spec: SpecPlan, extra: tuple[str, ...]) -> bool:
+    if spec.resolved in ("mtp", "mtp+ngram"):
+        return True
+    if spec.resolved == "user":  # the user's own --spec-type: look at its value
+        for flag, value in zip(extra, extra[1:]):
+            if flag == "--spec-type" and any(t in ("mtp", "draft-mtp") for t in value.split(",")):
+                return True
+    return False
+
+
+def round_down(n: int, step: int = CTX_STEP) -> int:
+    """``n`` rounded down to a multiple of ``step``."""
+    return n // step * step
+
+
+def _mib(n: int) -> str:
+    return f"{n / MIB:,.0f} MiB" if n < 10 * 1024 * MIB else f"{n / (1024 * MIB):,.1f} GiB"
+
+
+class _Planner:
+    """One planning run; holds the inputs so the search helpers stay short."""
+
+    def __init__(self, model: ModelInfo, inventory: Inventory, caps: Capabilities, request: PlanRequest,
+                 extra: tuple[str, ...]) -> None:
+        self.model, self.facts, self.caps, self.request, self.extra = model, model.facts, caps, request, extra
+        self.cpu = inventory.cpu
+        self.reasons: list[str] = []
+        self.warnings: list[str] = list(inventory.warnings)
+        self.gpus = self._usable_gpus(inventory)
+        self.spec = speculative.plan(request.spec, caps, SpecModel.from_facts(model.facts, model.path),
+                                     on_gpu=bool(self.gpus), n_max=request.spec_n_max, extra_args=extra)
+        self.mtp = _mtp_engaged(self.spec, extra)
+        self.fraction = MTP_BUDGET_FRACTION if self.mtp else BUDGET_FRACTION
+        self.native = self.facts.context_length
+        # The slider and the automatic context stop at the native context, rounded down to 256.
+        self.cap = max(round_down(self.native), CTX_STEP) if self.native else MIN_AUTO_CTX
+        self.floor = min(MIN_AUTO_CTX, self.cap)
+        self.flash_attn = self._flash_attn()
+        self.full = self.facts.block_count + 1  # every block plus the output layer
+
+    # -- inputs ------------------------------------------------------------------------------
+    def _usable_gpus(self, inventory: Inventory) -> tuple[Device, ...]:
+        gpus = [d for d in inventory.gpus if d.index is not None and d.free_bytes > 0]
+        if not gpus:
+            return ()
+        # One backend per child: vendor-tool GPUs first, since their indices are what the env pins.
+        backends = sorted({d.backend for d in gpus}, key=lambda b: (b not in _VENDOR_BACKENDS, b))
+        chosen = [d for d in gpus if d.backend == backends[0]]
+        skipped = [d for d in gpus if d.backend != backends[0]]
+        if skipped:
+            self.reasons.append(f"planning on the {backends[0]} GPUs only; one llama-server uses one backend "
+                                f"(ignored: {', '.join(f'{d.backend}{d.index}' for d in skipped)})")
+        return tuple(chosen)
+
+    def _flash_attn(self) -> FlashAttn:
+        quantized = [t for t in (self.request.cache_type_k, self.request.cache_type_v)
+                     if BY_NAME[t.upper()].block_size > 1]
+        if not quantized:
+            return "auto"
+        if not (self.caps.supports("--flash-attn") or self.caps.supports("-fa")):
+            self.warnings.append("this llama-server has no --flash-attn flag; a quantized cache may be refused")
+            return "auto"
+        self.reasons.append(f"flash attention on: the {'/'.join(sorted(set(quantized)))} cache needs it")
+        return "on"
+
+    # -- the estimator ---------------------------------------------------------------------
+    def options(self, n_ctx: int, ngl: int, gpus: tuple[Device, ...]) -> MemoryOptions:
+        facts = self.facts
+        repack = self.model.cpu_repack_bytes
+        if ngl and repack:
+            # Only weights left on the CPU are repacked; scale by the layer bytes that stay there.
+            on_cpu = sum(facts.layer_weight_bytes[:max(facts.block_count + 1 - ngl, 0)])
+            repack = repack * on_cpu // max(sum(facts.layer_weight_bytes), 1)
+        return MemoryOptions(
+            n_ctx=n_ctx, n_parallel=self.request.n_parallel, cache_type_k=self.request.cache_type_k,
+            cache_type_v=self.request.cache_type_v, flash_attn=self.flash_attn,
+            n_gpu_layers=ngl if gpus else 0,
+            tensor_split=tuple(float(d.free_bytes) for d in gpus) if len(gpus) > 1 else (1.0,),
+            cpu_repack_bytes=repack, weight_padding_bytes=self.model.weight_padding_bytes,
+            mmproj_bytes=self.model.mmproj_bytes, spec="mtp" if self.mtp else "none",
+        )
+
+    def bill(self, n_ctx: int, ngl: int, gpus: tuple[Device, ...]) -> MemoryBill:
+        return estimate(self.facts, self.options(n_ctx, ngl, gpus))
+
+    def budget(self, device: Device) -> int:
+        return int(device.free_bytes * self.fraction)
+
+    def device_plans(self, bill: MemoryBill, gpus: tuple[Device, ...]) -> tuple[DevicePlan, ...]:
+        named = [*((f"GPU{i}", d) for i, d in enumerate(gpus)), ("CPU", self.cpu)]
+        return tuple(DevicePlan(name, d, bill.device(name), self.budget(d)) for name, d in named)
+
+    def fits(self, n_ctx: int, ngl: int, gpus: tuple[Device, ...], *, cpu: bool = True) -> bool:
+        plans = self.device_plans(self.bill(n_ctx, ngl, gpus), gpus)
+        return all(p.fits for p in plans if cpu or p.name != "CPU")
+
+    def largest_ctx(self, ngl: int, gpus: tuple[Device, ...], low: int = CTX_STEP) -> int:
+        """The largest multiple of 256 in [low, cap] that fits; 0 when not even ``low`` does."""
+        lo = max(low // CTX_STEP, 1)
+        found = _largest(lambda c: self.fits(c * CTX_STEP, ngl, gpus), lo, self.cap // CTX_STEP)
+        return found * CTX_STEP if found >= lo else 0
+
+    def largest_ngl(self, n_ctx: int, gpus: tuple[Device, ...]) -> int:
+        """The most layers whose GPU share fits (the CPU side is checked, and warned about, apart)."""
+        return max(_largest(lambda n: self.fits(n_ctx, n, gpus, cpu=False), 0, self.full), 0)
+
+    def gpu_prefixes(self) -> list[tuple[Device, ...]]:
+        """The 1, 2, ... GPUs with the most free memory, each set in index order."""
+        ranked = sorted(self.gpus, key=lambda d: (-d.free_bytes, d.index))
+        return [tuple(sorted(ranked[:k], key=lambda d: d.index or 0)) for k in range(1, len(ranked) + 1)]
+
+    def fewest_gpus(self, test: Callable[[tuple[Device, ...]], bool]) -> tuple[Device, ...] | None:
+        """The smallest of ``gpu_prefixes`` passing ``test``."""
+        return next((g for g in self.gpu_prefixes() if test(g)), None)
+
+    @property
+    def all_gpus(self) -> tuple[Device, ...]:
+        return tuple(sorted(self.gpus, key=lambda d: d.index or 0))
+
+    # -- the policy ------------------------------------------------------------------------
+    def run(self) -> LaunchPlan:
+        if self.native == 0:
+            self.warnings.append(f"the model does not say its native context; assuming {MIN_AUTO_CTX}")
+        if self.request.n_ctx is None:
+            gpus, offload, ngl, n_ctx = self.auto_ctx()
+        else:
+            gpus, offload, ngl, n_ctx = self.explicit_ctx(self.request.n_ctx)
+        return self.finish(gpus, offload, ngl, n_ctx)
+
+    def auto_ctx(self) -> tuple[tuple[Device, ...], Offload, int, int]:
+        where = "GPU memory" if self.gpus else "available RAM"
+        if not self.gpus:
+            n_ctx = self.largest_ctx(0, (), self.floor)
+            if n_ctx == self.cap:
+                self.reasons.append(f"automatic context: the native {self.native} tokens fit in {where}")
+            elif n_ctx:
+                self.reasons.append(f"automatic context: {n_ctx} tokens, the largest that fits in {where} "
+                                    f"(native {self.native}, rounded down to 256)")
+            else:
+                n_ctx = self.floor
+                self.warnings.append(f"even {n_ctx} tokens do not fit in {where}; the load may swap or fail")
+            self.reasons.append("no GPU found: everything runs on the CPU (-ngl 0)")
+            return (), "ngl", 0, n_ctx
+        native_fit = self.fewest_gpus(lambda g: self.fits(self.cap, self.full, g))
+        if native_fit is not None:
+            self.reasons.append(f"automatic context: the native {self.native} tokens fit fully offloaded on "
+                                f"{_count(native_fit)}, the fewest GPUs that hold it")
+            return native_fit, "ngl", self.full, self.cap
+        best: tuple[tuple[Device, ...], int] | None = None
+        for chosen in self.gpu_prefixes():
+            n_ctx = self.largest_ctx(self.full, chosen, self.floor)
+            if n_ctx and (best is None or n_ctx > best[1]):
+                best = (chosen, n_ctx)
+        if best is not None:
+            gpus, n_ctx = best
+            self.reasons.append(f"automatic context: {n_ctx} tokens, the largest that fits fully offloaded "
+                                f"(native {self.native} does not fit; rounded down to 256) on {_count(gpus)}, "
+                                "the fewest GPUs that reach it")
+            return gpus, "ngl", self.full, n_ctx
+        self.reasons.append(f"automatic context: even {self.floor} tokens do not fit fully offloaded on "
+                            f"{_count(self.gpus)}; using {self.floor} and splitting the layers with the CPU")
+        return self.partial(self.floor)
+
+    def explicit_ctx(self, n_ctx: int) -> tuple[tuple[Device, ...], Offload, int, int]:
+        if self.native and n_ctx > self.native:
+            self.warnings.append(f"the context {n_ctx} is beyond the model's native {self.native} tokens; "
+                                 "quality usually drops past it")
+        self.reasons.append(f"context {n_ctx} tokens, as requested")
+        if not self.gpus:
+            self.reasons.append("no GPU found: everything runs on the CPU (-ngl 0)")
+            return (), "ngl", 0, n_ctx
+        chosen = self.fewest_gpus(lambda g: self.fits(n_ctx, self.full, g))
+        if chosen is not None:
+            self.reasons.append(f"fully offloaded on {_count(chosen)}, the fewest GPUs that hold it")
+            return chosen, "ngl", self.full, n_ctx
+        self.reasons.append(f"the model at {n_ctx} tokens does not fit fully offloaded on {_count(self.gpus)}")
+        return self.partial(n_ctx)
+
+    def partial(self, n_ctx: int) -> tuple[tuple[Device, ...], Offload, int, int]:
+        """Split the layers between every GPU and the CPU: by ``--fit`` when the binary has it."""
+        gpus = self.all_gpus
+        ngl = self.largest_ngl(n_ctx, gpus)
+        if self.caps.supports("--fit"):
+            self.reasons.append(f"--fit on: llama-server places the layers itself (the estimate: about {ngl} "
+                                f"of {self.full} on the GPUs)")
+            return gpus, "fit", ngl, n_ctx
+        self.reasons.append(f"-ngl {ngl}: the most layers (of {self.full}) that fit the GPUs; this llama-server "
+                            "has no --fit")
+        return gpus, "ngl", ngl, n_ctx
+
+    def finish(self, gpus: tuple[Device, ...], offload: Offload, ngl: int, n_ctx: int) -> LaunchPlan:
+        bill = self.bill(n_ctx, ngl, gpus)
+        devices = self.device_plans(bill, gpus)
+        for d in devices:
+            if not d.fits:
+                self.warnings.append(f"{d.name} ({d.device.name}): predicted {_mib(d.bill.total)} is over the "
+                                     f"budget {_mib(d.budget_bytes)}")
+        pct = round(self.fraction * 100)
+        self.reasons.append(f"budget: {pct} % of free memory per device" +
+                            (" (85 %: the MTP draft's memory is not in the estimate)" if self.mtp else ""))
+        if self.request.n_parallel > 1:
+            per_slot = bill_ctx_per_slot(n_ctx, self.request.n_parallel)
+            self.reasons.append(f"{self.request.n_parallel} parallel slots share the context: {per_slot} tokens each")
+        # The slider's end: the largest context an explicit request would still place fully in budget (it
+        # may pin more GPUs than this plan does); failing that, the most this plan's layer split allows.
+        max_safe = max((self.largest_ctx(self.full, g) for g in self.gpu_prefixes()), default=0) \
+            or self.largest_ctx(ngl, self.all_gpus)
+        # With --fit, llama-server writes the split itself and gives up if one is passed.
+        split = tuple(d.free_bytes // MIB for d in gpus) if len(gpus) > 1 and offload == "ngl" else ()
+        if split:
+            self.reasons.append(f"layers split over the GPUs in proportion to free memory: "
+                                f"{','.join(map(str, split))} MiB")
+        margins = tuple(math.ceil(d.free_bytes * (1 - self.fraction) / MIB) for d in gpus) \
+            if offload == "fit" else ()
+        self.reasons += [f"speculative: {r}" for r in self.spec.reasons]
+        self.reasons += [f"estimate: {r}" for r in bill.reasons]
+        return LaunchPlan(
+            model=self.model, request=self.request, gpus=gpus, offload=offload, n_gpu_layers=ngl,
+            tensor_split=split, n_ctx=n_ctx, n_ctx_auto=self.request.n_ctx is None, max_safe_ctx=max_safe,
+            native_ctx=self.native, n_parallel=self.request.n_parallel, cache_type_k=self.request.cache_type_k,
+            cache_type_v=self.request.cache_type_v, flash_attn=self.flash_attn, budget_fraction=self.fraction,
+            fit_target_mib=margins, bill=bill, devices=devices, spec=self.spec, extra_args=self.extra,
+            reasons=tuple(self.reasons), warnings=tuple(dict.fromkeys(self.warnings)),
+        )
+
+
+def bill_ctx_per_slot(n_ctx: int, n_parallel: int) -> int:
+    """Tokens each slot gets with a split (non-unified) cache, as llama.cpp pads them."""
+    return -(-(n_ctx // n_parallel) // CTX_STEP) * CTX_STEP
+
+
+def _count(gpus: tuple[Device, ...]) -> str:
+    """"CUDA0" or "2 GPUs (CUDA0 + CUDA1)"."""
+    names = " + ".join(f"{d.backend}{d.index}" for d in gpus)
+    return names if len(gpus) == 1 else f"{len(gpus)} GPUs ({names})"
+
+
+def _largest(ok: Callable[[int], bool], low: int, high: int) -> int:
+    """The largest n in [low, high] with ``ok(n)`` (``ok`` monotone: true up to a point); low - 1 if none."""
+    if high < low or not ok(low):
+        return low - 1
+    while low < high:
+        mid = (low + high + 1) // 2
+        if ok(mid):
+            low = mid
+        else:
+            high = mid - 1
+    return low
+
+
+__all__ = [
+    "BUDGET_FRACTION", "MIN_AUTO_CTX", "MTP_BUDGET_FRACTION", "DevicePlan", "LaunchPlan", "ModelInfo", "PlanError",
+    "PlanRequest", "load_model", "plan", "predict", "round_down",
+]

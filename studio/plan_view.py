@@ -1,0 +1,159 @@
+"""Text and JSON views of a launch plan (``ggstudio plan``) and of the machine (``ggstudio doctor``)."""
+
+from __future__ import annotations
+
+import shlex
+from collections.abc import Sequence
+from typing import Any
+
+from launcher.capabilities import Capabilities
+from launcher.devices import Device, Inventory
+from launcher.discovery import Discovered
+from launcher.planner import LaunchPlan
+
+MIB = 1024 * 1024
+_PARTS = ("weights", "kv", "recurrent", "compute", "output")
+#: Capabilities doctor reports by name: what the launcher relies on.
+DOCTOR_FLAGS = (
+    "--fit", "--fit-target", "--fit-ctx", "--list-devices", "--no-context-shift", "--chat-template-kwargs",
+    "--chat-template-file", "--jinja", "--mmproj", "--api-key", "--api-key-file", "--spec-default", "-lv",
+    "--metrics", "--slots", "--kv-unified", "--swa-full", "--parallel", "--flash-attn", "--alias",
+)
+
+
+def _mib(n: int) -> str:
+    return f"{n / MIB:,.0f} MiB" if n < 10 * 1024 * MIB else f"{n / (1024 * MIB):,.1f} GiB"
+
+
+def device_json(d: Device) -> dict[str, Any]:
+    return {"backend": d.backend, "index": d.index, "name": d.name, "uuid": d.uuid, "source": d.source,
+            "total_bytes": d.total_bytes, "free_bytes": d.free_bytes}
+
+
+def plan_json(plan: LaunchPlan, argv: Sequence[str] = (), binary: Discovered | None = None) -> dict[str, Any]:
+    """The plan as plain JSON-able values; ``argv`` is the (redacted) command, if built."""
+    f = plan.model.facts
+    return {
+        "model": {"path": str(plan.model.path), "architecture": f.architecture, "parameters": f.parameter_count,
+                  "quant": f.quant_label, "file_bytes": plan.model.file_bytes, "native_context": plan.native_ctx,
+                  "mtp_layers": f.nextn_predict_layers,
+                  "mmproj": str(plan.model.mmproj) if plan.model.mmproj else None},
+        "binary": {"path": str(binary.path), "source": binary.source} if binary else None,
+        "context": {"n_ctx": plan.n_ctx, "automatic": plan.n_ctx_auto, "max_safe": plan.max_safe_ctx,
+                    "native": plan.native_ctx},
+        "n_parallel": plan.n_parallel,
+        "gpus": [device_json(d) for d in plan.gpus],
+        "offload": plan.offload,
+        "n_gpu_layers": plan.n_gpu_layers,
+        "tensor_split": list(plan.tensor_split),
+        "fit_target_mib": list(plan.fit_target_mib),
+        "cache_type_k": plan.cache_type_k,
+        "cache_type_v": plan.cache_type_v,
+        "flash_attn": plan.flash_attn,
+        "budget_fraction": plan.budget_fraction,
+        "speculative": {"requested": plan.spec.requested, "resolved": plan.spec.resolved,
+                        "argv": list(plan.spec.argv), "reasons": list(plan.spec.reasons)},
+        "bill": [
+            {"device": d.name, "physical": f"{d.device.backend}{'' if d.device.index is None else d.device.index}",
+             "name": d.device.name, "budget_bytes": d.budget_bytes,
+             "free_bytes": d.device.free_bytes, "total_bytes": d.bill.total, "fits": d.fits,
+             **{f"{p}_bytes": getattr(d.bill, p) for p in _PARTS}}
+            for d in plan.devices
+        ],
+        "bill_approximate": plan.bill.approximate,
+        "fits": plan.fits,
+        "extra_args": list(plan.extra_args),
+        "argv": list(argv),
+        "reasons": list(plan.reasons),
+        "warnings": list(plan.warnings),
+    }
+
+
+def render_plan(info: dict[str, Any]) -> str:
+    """``plan_json`` as aligned text."""
+    m, ctx, spec = info["model"], info["context"], info["speculative"]
+    gpus = info["gpus"]
+    if not gpus:
+        where = "CPU only (-ngl 0)"
+    else:
+        names = ", ".join(f"{g['backend']}{g['index']} {g['name']}" for g in gpus)
+        how = "--fit on" + (f" (about {info['n_gpu_layers']} layers on the GPUs)" if info["n_gpu_layers"] else "") \
+            if info["offload"] == "fit" else f"-ngl {info['n_gpu_layers']}"
+        where = f"{how} on {names}"
+    lines = [
+        f"model      {m['path']}",
+        f"           {m['architecture']}, {m['parameters'] / 1e6:,.0f}M parameters, {m['quant']}, "
+        f"{_mib(m['file_bytes'])}" + (f", {m['mtp_layers']} MTP layer(s)" if m["mtp_layers"] else ""),
+    ]
+    if info["binary"]:
+        lines.append(f"binary     {info['binary']['path']} ({info['binary']['source']})")
+    lines += [
+        f"context    {ctx['n_ctx']} tokens ({'automatic' if ctx['automatic'] else 'requested'}; native "
+        f"{ctx['native']}; largest safe {ctx['max_safe']})",
+        f"slots      {info['n_parallel']}",
+        f"offload    {where}",
+        f"cache      K {info['cache_type_k']}, V {info['cache_type_v']}; flash attention {info['flash_attn']}",
+        f"spec       {spec['requested']} -> {spec['resolved']}"
+        + (f" ({' '.join(spec['argv'])})" if spec["argv"] else ""),
+        f"budget     {round(info['budget_fraction'] * 100)} % of free memory per device",
+        "",
+        "predicted memory" + (" (approximate)" if info["bill_approximate"] else ""),
+    ]
+    header = ["device", "weights", "KV", "recurrent", "compute", "output", "total", "budget", ""]
+    rows = [[f"{b['physical']} {b['name']}"[:40], *(_mib(b[f"{p}_bytes"]) for p in _PARTS), _mib(b["total_bytes"]),
+             _mib(b["budget_bytes"]), "ok" if b["fits"] else "OVER"] for b in info["bill"]]
+    widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
+    for row in [header, *rows]:
+        cells = [row[0].ljust(widths[0]), *(c.rjust(w) for c, w in zip(row[1:-1], widths[1:-1])), row[-1]]
+        lines.append("  " + "  ".join(cells).rstrip())
+    lines += ["", "reasons", *(f"  - {r}" for r in info["reasons"])]
+    if info["warnings"]:
+        lines += ["", "warnings", *(f"  ! {w}" for w in info["warnings"])]
+    if info["argv"]:
+        lines += ["", "command", "  " + shlex.join(info["argv"])]
+    return "\n".join(lines)
+
+
+def doctor_json(binary: Discovered, caps: Capabilities, inventory: Inventory) -> dict[str, Any]:
+    """What ``ggstudio doctor`` reports, as JSON-able values."""
+    return {
+        "binary": {"path": str(binary.path), "source": binary.source},
+        "version": caps.version,
+        "build": caps.build,
+        "capabilities": {
+            "flags": {flag: caps.supports(flag) for flag in DOCTOR_FLAGS},
+            "spec_types": list(caps.spec_types),
+            "mtp_type": caps.mtp_type,
+            "ngram_style": caps.ngram_style,
+            "draft_n_max_flag": caps.draft_n_max_flag,
+            "flag_count": len(caps.flags),
+            "removed_flag_count": len(caps.removed_flags),
+        },
+        "devices": [device_json(d) for d in inventory.devices],
+        "warnings": list(inventory.warnings),
+    }
+
+
+def render_doctor(info: dict[str, Any]) -> str:
+    """``doctor_json`` as text."""
+    c = info["capabilities"]
+    build = f" (build {info['build']})" if info["build"] is not None else ""
+    have = [f for f, ok in c["flags"].items() if ok]
+    lack = [f for f, ok in c["flags"].items() if not ok]
+    lines = [
+        f"binary     {info['binary']['path']}",
+        f"found via  {info['binary']['source']}",
+        f"version    {info['version'] or 'unknown'}{build}",
+        f"flags      {c['flag_count']} ({c['removed_flag_count']} removed stubs)",
+        f"has        {' '.join(have) or '-'}",
+        f"lacks      {' '.join(lack) or '-'}",
+        f"spec types {', '.join(c['spec_types']) or 'none'} (MTP: {c['mtp_type'] or 'no'}; ngram-mod knobs: "
+        f"{c['ngram_style']}; draft n-max: {c['draft_n_max_flag'] or 'none'})",
+        "devices",
+    ]
+    for d in info["devices"]:
+        index = "" if d["index"] is None else str(d["index"])
+        lines.append(f"  {d['backend']}{index}  {d['name']}  {_mib(d['free_bytes'])} free of "
+                     f"{_mib(d['total_bytes'])}  ({d['source']})")
+    lines += [f"  ! {w}" for w in info["warnings"]]
+    return "\n".join(lines)

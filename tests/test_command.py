@@ -1,0 +1,341 @@
+"""The command builder: argv and env from a plan, extra-argument checks, secrets; then the real server."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import stat
+from pathlib import Path
+
+import httpx
+import pytest
+
+from launcher import capabilities
+from launcher.capabilities import Capabilities, capabilities_from_text, probe
+from launcher.command import (
+    MANAGED_FLAGS, REDACTED, ExtraArgsError, LaunchCommand, Secret, build_command, chat_template_kwargs,
+    child_env, validate_extra_args,
+)
+from launcher.devices import MIB, Device, Inventory
+from launcher.planner import ModelInfo, PlanRequest, load_model, plan
+from launcher.process import LlamaServer
+from launcher.registry import ChildRegistry
+from launcher.speculative import MODES
+from launcher.supervisor import State, Supervisor, owner_token
+from tests.helpers import free_port
+
+FIXTURES = Path(__file__).parent / "fixtures"
+GIB = 1024 * MIB
+BIN = Path("/opt/llama/bin/llama-server")
+THINK_OFF = "{% if enable_thinking is defined and enable_thinking %}<think>{% endif %}{{ messages[0].content }}"
+THINK_ON = "{% set t = enable_thinking | default(true) %}{% if t %}<think>{% endif %}{{ messages }}"
+
+
+@pytest.fixture(scope="module")
+def real(llama_server_bin, tmp_path_factory) -> Capabilities:
+    capabilities.clear_memory_cache()
+    return probe(llama_server_bin, cache_dir=tmp_path_factory.mktemp("cache"))
+
+
+@pytest.fixture(scope="module")
+def legacy() -> Capabilities:
+    return capabilities_from_text(
+        "old/llama-server", (FIXTURES / "legacy-version.txt").read_text(), (FIXTURES / "legacy-help.txt").read_text()
+    )
+
+
+@pytest.fixture(scope="module")
+def gemma(gemma_model) -> ModelInfo:
+    return load_model(gemma_model)
+
+
+@pytest.fixture(scope="module")
+def mtp_model(gemma) -> ModelInfo:
+    facts = dataclasses.replace(gemma.facts, nextn_predict_layers=1, parameter_count=8_000_000_000)
+    return dataclasses.replace(gemma, path=gemma.path.with_name("big-MTP.gguf"), facts=facts)
+
+
+def cpu_only() -> Inventory:
+    return Inventory((Device("CPU", None, "Test CPU", 64 * GIB, 60 * GIB, "psutil"),), ())
+
+
+def gpus(*free: int, backend: str = "CUDA", uuids: bool = True) -> Inventory:
+    devices = tuple(Device(backend, i, f"GPU {i}", 80 * GIB, f, "nvidia-smi", f"GPU-{i:04d}" if uuids else None)
+                    for i, f in enumerate(free))
+    return Inventory((*devices, Device("CPU", None, "Test CPU", 64 * GIB, 60 * GIB, "psutil")), ())
+
+
+def value(argv: list[str], flag: str) -> str:
+    return argv[argv.index(flag) + 1]
+
+
+@pytest.fixture
+def build(tmp_path):
+    """build_command with private files under tmp_path, cleaned up after the test."""
+    made: list[LaunchCommand] = []
+
+    def make(p, caps, **kwargs) -> LaunchCommand:
+        kwargs.setdefault("binary", BIN)
+        command = build_command(p, caps, files_root=tmp_path / "run", **kwargs)
+        made.append(command)
+        return command
+
+    yield make
+    for command in made:
+        command.cleanup()
+
+
+# --- argv ---------------------------------------------------------------------------------------
+
+
+def test_default_cpu_argv_on_the_real_build(gemma, real, build):
+    p = plan(gemma, cpu_only(), real, PlanRequest(extra_args=("--temp", "0.5", "--seed", "-1")))
+    argv = build(p, real, threads=3).argv(8123)
+    assert argv[:6] == [str(BIN), "-m", str(gemma.path), "--host", "127.0.0.1", "--port"]
+    assert value(argv, "--port") == "8123" and value(argv, "--ctx-size") == "32768"
+    assert value(argv, "--parallel") == "1" and value(argv, "--n-gpu-layers") == "0"
+    assert value(argv, "--fit") == "off" and value(argv, "--threads") == "3"
+    assert value(argv, "--cache-type-k") == "f16" and value(argv, "--cache-type-v") == "f16"
+    assert value(argv, "-lv") == "4" and value(argv, "--alias") == "gemma-3-270m-Q4_K_M"
+    assert {"--no-context-shift", "--jinja", "--metrics"} <= set(argv)
+    assert "--flash-attn" not in argv and "--api-key" not in argv and "--chat-template-kwargs" not in argv
+    assert argv[-5:] == ["--spec-default", "--temp", "0.5", "--seed", "-1"]  # spec flags, then the user's last
+
+
+def test_gpu_argv_fit_and_split(gemma, real, build):
+    full = plan(gemma, gpus(80 * GIB), real)
+    argv = build(full, real).argv(1)
+    assert value(argv, "--n-gpu-layers") == "19" and value(argv, "--fit") == "off" and "--tensor-split" not in argv
+    tiny = plan(gemma, gpus(60 * MIB, 40 * MIB), real, PlanRequest(n_ctx=8192))
+    assert tiny.offload == "fit"
+    argv = build(tiny, real).argv(1)
+    assert value(argv, "--fit") == "on" and "--n-gpu-layers" not in argv
+    assert value(argv, "--fit-target") == ",".join(str(m) for m in tiny.fit_target_mib)
+    assert "--tensor-split" not in argv and tiny.tensor_split == ()  # --fit gives up when a split is passed
+    split = plan(gemma, gpus(170 * MIB, 160 * MIB), real, PlanRequest(n_ctx=32768))
+    assert split.offload == "ngl" and len(split.gpus) == 2, split.reasons
+    assert value(build(split, real).argv(1), "--tensor-split") == "170,160"
+
+
+def test_quantized_cache_argv(gemma, real, build):
+    p = plan(gemma, cpu_only(), real, PlanRequest(n_ctx=4096, cache_type_k="q8_0", cache_type_v="q4_0"))
+    argv = build(p, real).argv(1)
+    assert value(argv, "--flash-attn") == "on"
+    assert (value(argv, "--cache-type-k"), value(argv, "--cache-type-v")) == ("q8_0", "q4_0")
+
+
+def test_legacy_help_yields_legacy_flags(mtp_model, legacy, build):
+    p = plan(mtp_model, cpu_only(), legacy, PlanRequest(n_ctx=4096, spec="mtp+ngram", spec_n_max=3))
+    command = build(p, legacy, threads=2)
+    argv = command.argv(9000)
+    i = argv.index("--spec-type")
+    assert argv[i:] == ["--spec-type", "mtp,ngram-mod", "--draft-max", "3", "--spec-ngram-size-n", "24"]
+    assert value(argv, "--ctx-size") == "4096" and value(argv, "--n-gpu-layers") == "0"
+    assert value(argv, "--threads") == "2"
+    # Flags the old build lacks are left out, and said so.
+    for missing in ("--fit", "--parallel", "-np", "--flash-attn", "--alias", "--api-key-file", "--cache-type-k"):
+        assert missing not in argv
+    assert any(n.startswith("--parallel left out") for n in command.notes)
+    assert any(n.startswith("--alias left out") for n in command.notes)
+    # Without --api-key-file the key is in the argv, and only there.
+    assert value(argv, "--api-key") == command.api_key
+    assert value(command.redacted_argv(9000), "--api-key") == REDACTED
+
+
+def test_legacy_gpu_plan_uses_the_largest_ngl(gemma, legacy, build):
+    p = plan(gemma, gpus(60 * MIB), legacy, PlanRequest(n_ctx=8192))
+    assert p.offload == "ngl" and 0 < p.n_gpu_layers < 19
+    argv = build(p, legacy).argv(1)
+    assert value(argv, "--n-gpu-layers") == str(p.n_gpu_layers) and "--fit" not in argv
+
+
+def test_mmproj_and_alias(gemma, real, build, tmp_path):
+    projector = tmp_path / "mmproj.gguf"
+    model = dataclasses.replace(gemma, mmproj=projector, mmproj_bytes=100 * MIB)
+    p = plan(model, cpu_only(), real, PlanRequest(alias="my-model"))
+    argv = build(p, real).argv(1)
+    assert value(argv, "--mmproj") == str(projector) and value(argv, "--alias") == "my-model"
+    assert p.bill.device("CPU").weights == plan(gemma, cpu_only(), real).bill.device("CPU").weights + 100 * MIB
+
+
+# --- chat templates -----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("template", "kwargs"), [
+    (None, None), ("", None), ("{{ messages }}", None), (THINK_OFF, {"enable_thinking": False}),
+    (THINK_ON, {"enable_thinking": True}),
+])
+def test_chat_template_kwargs_keep_the_templates_reasoning_default(template, kwargs):
+    assert chat_template_kwargs(template) == kwargs
+
+
+def test_a_template_override_goes_in_a_private_file(gemma, real, build):
+    p = plan(gemma, cpu_only(), real, PlanRequest(chat_template=THINK_OFF))
+    command = build(p, real)
+    argv = command.argv(1)
+    path = Path(value(argv, "--chat-template-file"))
+    assert path.read_text() == THINK_OFF and stat.S_IMODE(path.stat().st_mode) == 0o600
+    assert stat.S_IMODE(path.parent.stat().st_mode) == 0o700
+    assert json.loads(value(argv, "--chat-template-kwargs")) == {"enable_thinking": False}
+    command.cleanup()
+    assert not path.parent.exists()
+    command.cleanup()  # idempotent
+
+
+def test_the_models_own_template_sets_the_kwargs(gemma, real, build):
+    model = dataclasses.replace(gemma, facts=dataclasses.replace(gemma.facts, chat_template=THINK_ON))
+    argv = build(plan(model, cpu_only(), real), real).argv(1)
+    assert json.loads(value(argv, "--chat-template-kwargs")) == {"enable_thinking": True}
+    assert "--chat-template-file" not in argv
+
+
+# --- the API key --------------------------------------------------------------------------------------
+
+
+def test_the_api_key_is_random_private_and_redacted(gemma, real, build):
+    p = plan(gemma, cpu_only(), real)
+    one, two = build(p, real), build(p, real)
+    assert one.api_key != two.api_key and len(one.api_key) >= 32
+    key = str(one.api_key)
+    argv = one.argv(5555)
+    assert key not in " ".join(argv)  # never on the command line (ps shows it to every user)
+    key_file = Path(value(argv, "--api-key-file"))
+    assert key_file.read_text().strip() == key and stat.S_IMODE(key_file.stat().st_mode) == 0o600
+    spec = one.launch_spec()
+    for shown in (repr(one), str(one), repr(spec), str(spec), repr(one.api_key), f"{spec!r}", repr(one.env)):
+        assert key not in shown
+    assert REDACTED in repr(spec) and "--port <port>" in repr(one)
+    assert f"Bearer {spec.api_key}" == f"Bearer {key}"  # the value is still usable
+    assert spec.make_argv(5555) == argv and spec.model_bytes == gemma.file_bytes and spec.host == "127.0.0.1"
+
+
+def test_secret_behaves_as_its_value():
+    s = Secret("abc")
+    assert s == "abc" and str(s) == "abc" and f"{s}" == "abc" and repr(s) == repr(REDACTED)
+
+
+# --- environment ----------------------------------------------------------------------------------------
+
+
+def test_cuda_gpus_are_pinned_by_uuid(gemma, real):
+    p = plan(gemma, gpus(10 * GIB, 70 * GIB), real)
+    env = child_env(p, BIN, {"PATH": "/bin", "LD_LIBRARY_PATH": "/usr/lib/x", "CUDA_VISIBLE_DEVICES": "0",
+                             "LLAMA_ARG_N_GPU_LAYERS": "99", "LLAMA_API_KEY": "leak"})
+    assert env["CUDA_VISIBLE_DEVICES"] == "GPU-0001" and env["CUDA_DEVICE_ORDER"] == "PCI_BUS_ID"
+    assert env["LD_LIBRARY_PATH"] == f"{BIN.parent}:/usr/lib/x" and env["PATH"] == "/bin"
+    assert "LLAMA_ARG_N_GPU_LAYERS" not in env and "LLAMA_API_KEY" not in env
+
+
+def test_gpus_without_uuids_are_pinned_by_index(gemma, real):
+    free = 60 * MIB
+    p = plan(gemma, gpus(free, free, free, uuids=False), real, PlanRequest(n_ctx=8192))
+    assert len(p.gpus) == 3
+    assert child_env(p, BIN, {})["CUDA_VISIBLE_DEVICES"] == "0,1,2"
+
+
+def test_amd_gpus_are_pinned_through_rocr_and_hip(gemma, real):
+    p = plan(gemma, gpus(80 * GIB, backend="ROCm"), real)
+    env = child_env(p, BIN, {"CUDA_VISIBLE_DEVICES": "3", "HIP_VISIBLE_DEVICES": "2"})
+    assert (env["ROCR_VISIBLE_DEVICES"], env["HIP_VISIBLE_DEVICES"]) == ("GPU-0000", "0")
+    assert "CUDA_VISIBLE_DEVICES" not in env
+
+
+def test_a_cpu_plan_hides_every_gpu(gemma, real):
+    env = child_env(plan(gemma, cpu_only(), real), BIN, {"CUDA_VISIBLE_DEVICES": "0"})
+    assert env["CUDA_VISIBLE_DEVICES"] == "" and env["HIP_VISIBLE_DEVICES"] == ""
+
+
+def test_other_backends_are_pinned_with_device(gemma, real, build):
+    vk = Device("Vulkan", 1, "Radeon", 24 * GIB, 20 * GIB, "llama-server")
+    p = plan(gemma, Inventory((vk, Device("CPU", None, "c", 64 * GIB, 60 * GIB, "psutil")), ()), real)
+    argv = build(p, real).argv(1)
+    assert value(argv, "--device") == "Vulkan1"
+
+
+# --- extra arguments ---------------------------------------------------------------------------------------
+
+
+def test_every_managed_flag_is_refused(real):
+    for flags in MANAGED_FLAGS:
+        for flag in flags:
+            with pytest.raises(ExtraArgsError) as err:
+                validate_extra_args([flag, "1"], real)
+            assert err.value.flags == (flag,) and f"{flag} is managed by the studio" in str(err.value)
+
+
+def test_each_offending_flag_is_named(real):
+    args = ["--temp", "0.7", "--port", "1", "--api_key", "k", "-a", "x", "--frobnicate", "--draft-max", "3",
+            "--top-k", "5"]
+    with pytest.raises(ExtraArgsError) as err:
+        validate_extra_args(args, real)
+    assert err.value.flags == ("--port", "--api_key", "-a", "--frobnicate", "--draft-max")
+    message = str(err.value)
+    assert "--port is managed by the studio" in message and "--api_key is managed" in message
+    assert "--frobnicate is not a flag of this llama-server" in message
+    assert "--draft-max was removed from this llama-server" in message
+    assert "--temp" not in message and "--top-k" not in message
+
+
+@pytest.mark.parametrize("args", [
+    (), ("--temp", "0.7"), ("--seed", "-1"), ("--top-p", "-0.5"), ("--spec-type", "ngram-simple"),
+    ("-s", "42", "--repeat-penalty", "1.1"), ("--slot-save-path", "/tmp/slots"),
+])
+def test_allowed_extra_args_pass(real, args):
+    assert validate_extra_args(args, real) == args
+
+
+def test_flags_the_legacy_build_lacks_are_unknown_there(legacy, real):
+    assert validate_extra_args(["--top-k", "5"], real)
+    with pytest.raises(ExtraArgsError, match="--top-k is not a flag of this llama-server"):
+        validate_extra_args(["--top-k", "5"], legacy)
+
+
+# --- the real server --------------------------------------------------------------------------------------
+
+
+def _assert_serves(url: str, key: str) -> None:
+    assert httpx.get(f"{url}/health").status_code == 200
+    assert httpx.get(f"{url}/v1/models").status_code == 401
+    models = httpx.get(f"{url}/v1/models", headers={"Authorization": f"Bearer {key}"})
+    assert models.status_code == 200
+
+
+@pytest.mark.slow
+def test_default_plan_serves_gemma_under_the_supervisor(gemma_model, llama_server_bin, real, tmp_path):
+    from launcher.devices import discover
+
+    p = plan(load_model(gemma_model), discover(llama_server=llama_server_bin), real)
+    command = build_command(p, real, binary=llama_server_bin, files_root=tmp_path / "run")
+    supervisor = Supervisor(logs_dir=tmp_path / "logs", registry=ChildRegistry(tmp_path / "reg", owner_token()))
+    try:
+        status = supervisor.start(command.launch_spec(start_timeout=120))
+        assert status.state == State.READY and status.url
+        _assert_serves(status.url, str(command.api_key))
+        model = httpx.get(f"{status.url}/v1/models", headers={"Authorization": f"Bearer {command.api_key}"}).json()
+        assert model["data"][0]["id"] == "gemma-3-270m-Q4_K_M"
+        assert model["data"][0]["meta"]["n_ctx"] == p.n_ctx
+        log = status.log_path.read_text()
+        assert "CPU KV buffer size" in log  # -lv 4: the allocations are there to compare
+        assert str(command.api_key) not in log
+    finally:
+        supervisor.close()
+        command.cleanup()
+    assert not (tmp_path / "run").exists() or not any((tmp_path / "run").iterdir())
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mode", MODES)
+def test_every_speculative_mode_plans_builds_and_serves(gemma, llama_server_bin, real, tmp_path, mode):
+    p = plan(gemma, cpu_only(), real, PlanRequest(n_ctx=2048, spec=mode))
+    port = free_port()
+    with build_command(p, real, binary=llama_server_bin, files_root=tmp_path / "run", threads=2) as command:
+        server = LlamaServer(command.argv(port), host="127.0.0.1", port=port, env=command.env,
+                             api_key=command.api_key, log_path=tmp_path / "llama-server.log")
+        server.start()
+        try:
+            server.wait_ready(timeout=120)
+            _assert_serves(server.url, str(command.api_key))
+        finally:
+            server.stop()
+    if p.spec.argv:
+        assert "--spec" in " ".join(command.argv(port))

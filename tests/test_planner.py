@@ -1,0 +1,408 @@
+"""The launch planner: every policy branch over fake device sets and real model facts (Gemma, the zoo).
+
+Device sizes are derived from the estimator's own bill for the model (``need``), so each row
+lands in the branch it names whatever the estimator's exact numbers are.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from launcher import capabilities
+from launcher.capabilities import Capabilities, capabilities_from_text, probe
+from launcher.command import ExtraArgsError
+from launcher.devices import MIB, Device, Inventory, discover
+from launcher.memory import MemoryPlanError
+from launcher.planner import (
+    BUDGET_FRACTION, MTP_BUDGET_FRACTION, LaunchPlan, ModelInfo, PlanError, PlanRequest, load_model, plan, predict,
+)
+from launcher.speculative import SpeculativeConfigError
+
+FIXTURES = Path(__file__).parent / "fixtures"
+CLI = str(Path(sys.executable).parent / "ggstudio")
+GIB = 1024 * MIB
+GEMMA_FULL = 19  # 18 blocks + the output layer
+
+
+# --- inputs ------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def real(llama_server_bin, tmp_path_factory) -> Capabilities:
+    capabilities.clear_memory_cache()
+    return probe(llama_server_bin, cache_dir=tmp_path_factory.mktemp("cache"))
+
+
+@pytest.fixture(scope="module")
+def no_fit(real) -> Capabilities:
+    """The real build as if it predated --fit."""
+    return dataclasses.replace(real, flags=real.flags - {"--fit", "-fit"})
+
+
+@pytest.fixture(scope="module")
+def legacy() -> Capabilities:
+    return capabilities_from_text(
+        "old/llama-server", (FIXTURES / "legacy-version.txt").read_text(), (FIXTURES / "legacy-help.txt").read_text()
+    )
+
+
+@pytest.fixture(scope="module")
+def gemma(gemma_model) -> ModelInfo:
+    return load_model(gemma_model)
+
+
+@pytest.fixture(scope="module")
+def mtp_model(gemma) -> ModelInfo:
+    """Gemma's facts as an 8B model with one MTP block (only the speculative policy reads these two)."""
+    facts = dataclasses.replace(gemma.facts, nextn_predict_layers=1, parameter_count=8_000_000_000)
+    return dataclasses.replace(gemma, path=gemma.path.with_name("big-MTP.gguf"), facts=facts)
+
+
+def cpu(free: int, total: int | None = None) -> Device:
+    return Device("CPU", None, "Test CPU", total or max(free, 64 * GIB), free, "psutil")
+
+
+def gpu(index: int, free: int, name: str = "NVIDIA H100 80GB HBM3", backend: str = "CUDA") -> Device:
+    return Device(backend, index, name, max(free, 80 * GIB), free, "nvidia-smi", f"GPU-{index:08x}-0000")
+
+
+def machine(*gpus: Device, ram: int = 64 * GIB) -> Inventory:
+    return Inventory((*gpus, cpu(ram)), ())
+
+
+def need(model: ModelInfo, caps: Capabilities, n_ctx: int, *, device: str = "GPU0", gpus: int = 1,
+         request: PlanRequest = PlanRequest()) -> int:
+    """Bytes ``device`` holds at ``n_ctx`` fully offloaded on ``gpus`` equal GPUs (or on the CPU with gpus=0)."""
+    return predict(model, caps, request, n_ctx=n_ctx, gpus=tuple(gpu(i, GIB) for i in range(gpus))
+                   ).device(device).total
+
+
+def fitting(nbytes: int, fraction: float = BUDGET_FRACTION) -> int:
+    """Free memory whose budget just holds ``nbytes``."""
+    return int(nbytes / fraction) + 64 * 1024
+
+
+def reasons(p: LaunchPlan) -> str:
+    return "\n".join(p.reasons)
+
+
+# --- CPU-only machines ----------------------------------------------------------------------------
+
+
+def test_cpu_with_lots_of_ram_gets_the_native_context(gemma, real):
+    p = plan(gemma, machine(), real)
+    assert (p.gpus, p.offload, p.n_gpu_layers, p.n_ctx, p.n_ctx_auto) == ((), "ngl", 0, 32768, True)
+    assert p.max_safe_ctx == 32768 and p.fits and not p.warnings
+    assert "the native 32768 tokens fit in available RAM" in reasons(p)
+    assert "no GPU found" in reasons(p)
+    assert [d.name for d in p.devices] == ["CPU"] and p.budget_fraction == BUDGET_FRACTION
+
+
+def test_cpu_with_little_ram_shrinks_the_context_to_a_multiple_of_256(gemma, real):
+    ram = fitting(need(gemma, real, 8192, device="CPU", gpus=0))
+    p = plan(gemma, machine(ram=ram), real)
+    assert p.n_ctx == 8192 and p.max_safe_ctx == 8192 and p.fits
+    assert "8192 tokens, the largest that fits in available RAM (native 32768, rounded down to 256)" in reasons(p)
+    assert p.devices[-1].budget_bytes == int(ram * BUDGET_FRACTION)
+
+
+def test_cpu_without_room_for_4096_falls_back_to_4096_with_a_warning(gemma, real):
+    p = plan(gemma, machine(ram=100 * MIB), real)
+    assert (p.n_ctx, p.offload, p.n_gpu_layers) == (4096, "ngl", 0)
+    assert not p.fits and p.max_safe_ctx == 0
+    assert any("even 4096 tokens do not fit in available RAM" in w for w in p.warnings)
+    assert any(w.startswith("CPU (Test CPU): predicted") and "over the budget" in w for w in p.warnings)
+
+
+def test_a_model_with_a_small_native_context_is_not_raised_to_4096(gemma, real):
+    small = dataclasses.replace(gemma, facts=dataclasses.replace(gemma.facts, context_length=2048))
+    assert plan(small, machine(), real).n_ctx == 2048
+    assert plan(small, machine(ram=100 * MIB), real).n_ctx == 2048  # the floor is the native context
+
+
+@pytest.mark.parametrize("name", ["llama-dense", "qwen35-dense", "deepseek2-moe", "gemma3-dense"])
+def test_zoo_models_plan_their_native_context(zoo_dir, real, name):
+    model = load_model(zoo_dir / f"{name}.gguf")
+    assert model.facts.context_length == 256
+    for inv in (machine(), machine(gpu(0, 80 * GIB))):
+        p = plan(model, inv, real)
+        assert p.n_ctx == 256 and p.fits and p.max_safe_ctx == 256, (inv, p.reasons)
+
+
+# --- GPUs: automatic context ------------------------------------------------------------------------
+
+
+def test_one_big_gpu_holds_everything(gemma, real):
+    p = plan(gemma, machine(gpu(0, 80 * GIB)), real)
+    assert ([d.index for d in p.gpus], p.offload, p.n_gpu_layers, p.n_ctx) == ([0], "ngl", GEMMA_FULL, 32768)
+    assert p.tensor_split == () and p.fit_target_mib == () and p.fits
+    assert "the native 32768 tokens fit fully offloaded on CUDA0, the fewest GPUs that hold it" in reasons(p)
+    assert [d.name for d in p.devices] == ["GPU0", "CPU"]
+    assert p.devices[0].bill.weights > 0 and p.devices[0].budget_bytes == int(80 * GIB * BUDGET_FRACTION)
+
+
+def test_fewer_gpus_are_preferred_and_the_freest_is_chosen(gemma, real):
+    p = plan(gemma, machine(gpu(0, 20 * GIB), gpu(1, 70 * GIB), gpu(2, 40 * GIB)), real)
+    assert [d.index for d in p.gpus] == [1] and p.n_ctx == 32768
+
+
+def test_two_gpus_when_one_cannot_hold_the_native_context(gemma, real):
+    free = fitting(max(need(gemma, real, 32768, gpus=2, device=d) for d in ("GPU0", "GPU1")))
+    assert need(gemma, real, 32768) > free * BUDGET_FRACTION  # one alone is not enough
+    p = plan(gemma, machine(gpu(0, free), gpu(1, free), gpu(3, free)), real)
+    assert [d.index for d in p.gpus] == [0, 1] and p.n_ctx == 32768 and p.n_gpu_layers == GEMMA_FULL
+    assert p.tensor_split == (free // MIB, free // MIB)
+    assert "fit fully offloaded on 2 GPUs (CUDA0 + CUDA1)" in reasons(p)
+    assert "layers split over the GPUs in proportion to free memory" in reasons(p)
+    assert [d.name for d in p.devices] == ["GPU0", "GPU1", "CPU"] and p.fits
+
+
+def test_one_small_gpu_shrinks_the_context(gemma, real):
+    free = fitting(need(gemma, real, 8192))
+    p = plan(gemma, machine(gpu(0, free)), real)
+    assert (p.n_ctx, p.offload, p.n_gpu_layers, p.max_safe_ctx) == (8192, "ngl", GEMMA_FULL, 8192)
+    assert "8192 tokens, the largest that fits fully offloaded (native 32768 does not fit" in reasons(p)
+
+
+def test_the_gpu_set_reaching_the_largest_context_wins_when_none_holds_native(gemma, real):
+    small = fitting(need(gemma, real, 4096))
+    big = fitting(need(gemma, real, 8192))
+    p = plan(gemma, machine(gpu(0, small), gpu(1, big)), real)
+    assert [d.index for d in p.gpus] == [0, 1] and 8192 < p.n_ctx < 32768, p.reasons
+    assert "the fewest GPUs that reach it" in reasons(p) and p.fits
+    # A GPU too small to take even its compute buffer adds nothing: the big one alone.
+    p = plan(gemma, machine(gpu(0, 40 * MIB), gpu(1, big)), real)
+    assert [d.index for d in p.gpus] == [1] and p.n_ctx == 8192
+
+
+def test_auto_falls_back_to_4096_and_fit_when_nothing_fits(gemma, real):
+    free = need(gemma, real, 4096) // 3
+    p = plan(gemma, machine(gpu(0, free), gpu(1, free)), real)
+    assert ([d.index for d in p.gpus], p.offload, p.n_ctx) == ([0, 1], "fit", 4096)
+    assert 0 < p.n_gpu_layers < GEMMA_FULL
+    # --fit keeps the same 10 % margin the planner budgets with.
+    assert len(p.fit_target_mib) == 2 and all(abs(m - free * 0.1 / MIB) <= 1 for m in p.fit_target_mib)
+    assert "even 4096 tokens do not fit fully offloaded on 2 GPUs (CUDA0 + CUDA1)" in reasons(p)
+    assert "--fit on: llama-server places the layers itself" in reasons(p)
+
+
+def test_auto_falls_back_to_the_largest_ngl_without_fit(gemma, no_fit):
+    free = need(gemma, no_fit, 4096) // 3
+    p = plan(gemma, machine(gpu(0, free)), no_fit)
+    assert (p.offload, p.n_ctx) == ("ngl", 4096) and 0 < p.n_gpu_layers < GEMMA_FULL
+    assert f"-ngl {p.n_gpu_layers}: the most layers (of 19) that fit the GPUs; this llama-server has no --fit" \
+        in reasons(p)
+    assert p.devices[0].fits  # the GPU share is within budget
+    more = plan(gemma, machine(gpu(0, free)), no_fit, PlanRequest(n_ctx=4096))
+    assert more.n_gpu_layers == p.n_gpu_layers
+
+
+# --- GPUs: explicit context -------------------------------------------------------------------------
+
+
+def test_explicit_context_is_honoured_on_the_fewest_gpus(gemma, real):
+    inv = machine(gpu(0, 80 * GIB), gpu(1, 80 * GIB))
+    p = plan(gemma, inv, real, PlanRequest(n_ctx=12000))
+    assert p.n_ctx == 12000 and not p.n_ctx_auto and [d.index for d in p.gpus] == [0]
+    assert "context 12000 tokens, as requested" in reasons(p)
+    assert "fully offloaded on CUDA0, the fewest GPUs that hold it" in reasons(p)
+
+
+def test_explicit_context_pins_as_many_gpus_as_needed(gemma, real):
+    free = fitting(max(need(gemma, real, 32768, gpus=3, device=f"GPU{i}") for i in range(3)))
+    assert max(need(gemma, real, 32768, gpus=2, device=f"GPU{i}") for i in range(2)) > free * BUDGET_FRACTION
+    # Four GPUs, the freest first: two are not enough, three are.
+    inv = machine(gpu(0, free), gpu(1, free // 4), gpu(2, free), gpu(3, free))
+    p = plan(gemma, inv, real, PlanRequest(n_ctx=32768))
+    assert [d.index for d in p.gpus] == [0, 2, 3] and p.n_ctx == 32768 and p.fits
+    assert p.max_safe_ctx >= 32768
+
+
+def test_explicit_context_that_fits_nowhere_uses_fit(gemma, real):
+    free = need(gemma, real, 4096) // 3
+    p = plan(gemma, machine(gpu(0, free), gpu(1, free)), real, PlanRequest(n_ctx=32768))
+    assert (p.offload, p.n_ctx, [d.index for d in p.gpus]) == ("fit", 32768, [0, 1])
+    assert "does not fit fully offloaded on 2 GPUs" in reasons(p)
+
+
+def test_explicit_context_that_fits_nowhere_without_fit_uses_the_largest_ngl(gemma, no_fit, legacy):
+    free = need(gemma, no_fit, 4096) // 3
+    for caps in (no_fit, legacy):
+        p = plan(gemma, machine(gpu(0, free)), caps, PlanRequest(n_ctx=8192))
+        assert p.offload == "ngl" and 0 < p.n_gpu_layers < GEMMA_FULL and p.n_ctx == 8192
+        assert p.devices[0].fits
+
+
+def test_explicit_context_beyond_the_native_one_is_kept_with_a_warning(gemma, real):
+    p = plan(gemma, machine(), real, PlanRequest(n_ctx=65536))
+    assert p.n_ctx == 65536 and p.max_safe_ctx == 32768
+    assert any("beyond the model's native 32768 tokens" in w for w in p.warnings)
+
+
+def test_explicit_context_on_a_small_cpu_warns_but_is_kept(gemma, real):
+    p = plan(gemma, machine(ram=100 * MIB), real, PlanRequest(n_ctx=16384))
+    assert p.n_ctx == 16384 and not p.fits and any("over the budget" in w for w in p.warnings)
+
+
+# --- budgets, speculative decoding, parallel slots -------------------------------------------------
+
+
+def test_an_engaged_mtp_draft_lowers_the_budget_to_85_percent(mtp_model, real):
+    p = plan(mtp_model, machine(gpu(0, 80 * GIB)), real)
+    assert p.spec.resolved == "mtp" and p.mtp_engaged and p.budget_fraction == MTP_BUDGET_FRACTION
+    assert p.devices[0].budget_bytes == int(80 * GIB * MTP_BUDGET_FRACTION)
+    assert "budget: 85 % of free memory per device (85 %: the MTP draft's memory is not in the estimate)" \
+        in reasons(p)
+    assert "speculative: auto: MTP model on GPU; MTP alone, 2 drafted tokens" in reasons(p)
+    assert p.spec.argv == ("--spec-type", "draft-mtp", "--spec-draft-n-max", "2")
+
+
+def test_the_85_percent_budget_changes_the_fit(mtp_model, gemma, real):
+    # Memory that holds the native context at 90 % but not at 85 %.
+    nbytes = need(gemma, real, 32768)
+    free = int(nbytes / 0.875)
+    assert plan(gemma, machine(gpu(0, free)), real).n_ctx == 32768
+    assert plan(mtp_model, machine(gpu(0, free)), real).n_ctx < 32768
+    assert plan(mtp_model, machine(gpu(0, free)), real, PlanRequest(spec="off")).n_ctx == 32768
+
+
+def test_a_user_spec_type_with_mtp_also_counts_as_an_mtp_draft(mtp_model, real):
+    p = plan(mtp_model, machine(), real, PlanRequest(extra_args=("--spec-type", "draft-mtp")))
+    assert p.spec.resolved == "user" and p.spec.argv == () and p.mtp_engaged
+    assert p.budget_fraction == MTP_BUDGET_FRACTION
+
+
+def test_cpu_auto_spec_for_a_big_mtp_model_chains_ngram(mtp_model, real):
+    p = plan(mtp_model, machine(), real, PlanRequest(spec="auto", spec_n_max=4))
+    assert p.spec.resolved == "mtp+ngram" and p.spec.argv[:4] == ("--spec-type", "draft-mtp,ngram-mod",
+                                                                  "--spec-draft-n-max", "4")
+
+
+def test_parallel_slots_share_the_context(gemma, real):
+    p = plan(gemma, machine(), real, PlanRequest(n_ctx=32768, n_parallel=4))
+    assert p.n_parallel == 4 and "4 parallel slots share the context: 8192 tokens each" in reasons(p)
+    single = plan(gemma, machine(), real, PlanRequest(n_ctx=32768))
+    assert p.bill.sum_of("output") == 4 * single.bill.sum_of("output")
+
+
+def test_a_quantized_cache_turns_flash_attention_on_and_shrinks_the_kv(gemma, real):
+    p = plan(gemma, machine(), real, PlanRequest(n_ctx=32768, cache_type_k="q8_0", cache_type_v="q8_0"))
+    f16 = plan(gemma, machine(), real, PlanRequest(n_ctx=32768))
+    assert p.flash_attn == "on" and f16.flash_attn == "auto"
+    assert p.bill.sum_of("kv") < f16.bill.sum_of("kv")
+    assert "flash attention on: the q8_0 cache needs it" in reasons(p)
+
+
+@pytest.mark.parametrize(("request_", "error", "match"), [
+    (PlanRequest(n_ctx=0), PlanError, "positive number of tokens"),
+    (PlanRequest(n_parallel=0), PlanError, "at least 1"),
+    (PlanRequest(cache_type_k="q9_9"), PlanError, "unknown K cache type 'q9_9'"),  # type: ignore[arg-type]
+    (PlanRequest(threads=0), PlanError, "threads must be at least 1"),
+    (PlanRequest(spec="turbo"), SpeculativeConfigError, "unknown speculative mode"),
+    (PlanRequest(cache_type_k="f16", cache_type_v="q4_0", n_ctx=4096), None, None),
+    (PlanRequest(extra_args=("--port", "9", "-m", "x.gguf", "--api_key", "k", "-ngl", "3")), ExtraArgsError,
+     r"--port .*-m .*--api_key .*-ngl "),
+])
+def test_bad_requests_are_refused_with_a_clear_error(gemma, real, request_, error, match):
+    if error is None:
+        assert plan(gemma, machine(), real, request_).flash_attn == "on"
+        return
+    with pytest.raises(error, match=match):
+        plan(gemma, machine(), real, request_)
+
+
+def test_a_cache_type_llama_cpp_refuses_is_a_memory_plan_error(gemma, real):
+    facts = dataclasses.replace(gemma.facts, key_length=200, key_length_swa=200)  # q8_0 blocks of 32 do not divide
+    with pytest.raises(MemoryPlanError, match="does not divide"):
+        plan(dataclasses.replace(gemma, facts=facts), machine(), real, PlanRequest(cache_type_k="q8_0"))
+
+
+def test_plan_is_pure_and_deterministic(gemma, real):
+    inv = machine(gpu(0, 3 * GIB), gpu(1, 2 * GIB))
+    assert plan(gemma, inv, real) == plan(gemma, inv, real)
+
+
+def test_only_one_backend_is_planned(gemma, real):
+    vk = Device("Vulkan", 0, "AMD Radeon RX 7900 XTX", 24 * GIB, 23 * GIB, "llama-server")
+    p = plan(gemma, Inventory((gpu(0, 8 * GIB), vk, cpu(64 * GIB)), ()), real)
+    assert [d.backend for d in p.gpus] == ["CUDA"]
+    assert "planning on the CUDA GPUs only" in reasons(p) and "Vulkan0" in reasons(p)
+
+
+# --- the fake nvidia-smi machines, end to end -------------------------------------------------------
+
+
+@pytest.fixture
+def nvidia(tmp_path, monkeypatch):
+    bin_dir = tmp_path / "tools"
+    bin_dir.mkdir()
+    shutil.copy2(FIXTURES / "gpu-tools" / "nvidia-smi", bin_dir / "nvidia-smi")
+    monkeypatch.setenv("PATH", str(bin_dir))
+    for name in ("CUDA_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER"):
+        monkeypatch.delenv(name, raising=False)
+
+    def machine_named(mode: str) -> Inventory:
+        monkeypatch.setenv("FAKE_NVIDIA_SMI", mode)
+        return discover()
+
+    return machine_named
+
+
+@pytest.mark.parametrize(("mode", "pinned"), [("none", []), ("one", [0]), ("two", [0]), ("four", [0])])
+def test_fake_nvidia_machines(nvidia, gemma, real, mode, pinned):
+    p = plan(gemma, nvidia(mode), real)
+    assert [d.index for d in p.gpus] == pinned and p.n_ctx == 32768 and p.fits
+
+
+def test_fake_four_gpu_machine_with_the_big_one_hidden(nvidia, gemma, real, monkeypatch):
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "1,3")  # the two RTX 4090s: 23817 and 1024 MiB free
+    p = plan(gemma, nvidia("four"), real)
+    assert [(d.index, d.name) for d in p.gpus] == [(1, "NVIDIA GeForce RTX 4090")]
+
+
+# --- the CLI ---------------------------------------------------------------------------------------
+
+
+def run_cli(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([CLI, *args], capture_output=True, text=True, timeout=120)
+
+
+def test_ggstudio_plan_json(gemma_model, llama_server_bin):
+    out = run_cli("plan", str(gemma_model), "--json")
+    assert out.returncode == 0, out.stderr
+    info = json.loads(out.stdout)
+    assert info["model"]["architecture"] == "gemma3" and info["model"]["native_context"] == 32768
+    assert info["context"]["automatic"] is True and 4096 <= info["context"]["n_ctx"] <= 32768
+    assert info["context"]["max_safe"] >= info["context"]["n_ctx"]
+    assert info["speculative"]["requested"] == "auto" and info["speculative"]["argv"] == ["--spec-default"]
+    cpu_bill = next(b for b in info["bill"] if b["device"] == "CPU")
+    assert cpu_bill["weights_bytes"] > 200 * MIB and cpu_bill["kv_bytes"] > 0 and cpu_bill["fits"]
+    assert any("budget: 90 %" in r for r in info["reasons"])
+    argv = info["argv"]
+    assert argv[argv.index("-m") + 1] == str(gemma_model) and "--api-key-file" in argv
+
+
+def test_ggstudio_plan_options_and_text(gemma_model, llama_server_bin):
+    out = run_cli("plan", str(gemma_model), "--ctx", "8192", "--parallel", "2", "--spec", "ngram-mod")
+    assert out.returncode == 0, out.stderr
+    text = out.stdout
+    assert "context    8192 tokens (requested; native 32768" in text
+    assert "spec       ngram -> ngram (--spec-type ngram-mod" in text
+    assert "predicted memory" in text and "reasons" in text and "2 parallel slots share the context" in text
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (("--ctx", "-5"), "error: the context must be a positive number of tokens, not -5"),
+    (("--spec", "turbo"), "error: unknown speculative mode 'turbo'"),
+])
+def test_ggstudio_plan_errors_are_one_line(gemma_model, llama_server_bin, args, message):
+    out = run_cli("plan", str(gemma_model), *args)
+    assert out.returncode == 1 and out.stderr.startswith(message)
+    assert "Traceback" not in out.stderr and out.stderr.count("\n") == 1
