@@ -29,6 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from launcher.build import ensure_built  # noqa: E402
 from launcher.process import free_port  # noqa: E402
+from launcher.capabilities import probe
 from launcher.registry import ChildRegistry  # noqa: E402
 from launcher.supervisor import Supervisor, owner_token  # noqa: E402
 from studio.app import create_app  # noqa: E402
@@ -91,9 +92,10 @@ def main() -> int:
     model = ensure_default_model(settings.models_dir)
     with tempfile.TemporaryDirectory() as tmp:
         supervisor = Supervisor(logs_dir=Path(tmp) / "logs", registry=ChildRegistry(Path(tmp) / "run", owner_token()))
-        manager = ModelManager(catalog=Catalog([model.parent]), binary=binary, supervisor=supervisor)
+        manager = ModelManager(catalog=Catalog([model.parent]), binary=binary, supervisor=supervisor,
+                               caps=probe(binary), files_root=Path(tmp))
         port = free_port()
-        app = create_app(manager, initial_load=LoadRequest(model=str(model), n_ctx=16 * 512, n_parallel=16))
+        app = create_app(manager, initial_load=LoadRequest(model=str(model), n_ctx=16 * 512, n_parallel=16, spec="off"))
         server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
         thread = threading.Thread(target=server.run, daemon=True)
         thread.start()

@@ -66,6 +66,8 @@ CONFIGS: tuple[Config, ...] = (
     Config("c4096-np3-unified-swafull", MemoryOptions(n_ctx=4096, n_parallel=3, kv_unified=True, swa_full=True)),
     Config("c700-np1-nofa", MemoryOptions(n_ctx=700, n_parallel=1, flash_attn="off")),
     Config("c5000-np4-split-ub256", MemoryOptions(n_ctx=5000, n_parallel=4, kv_unified=False, n_ubatch=256)),
+    # What the studio runs by default: the native context in one slot (32k for Gemma).
+    Config("c32768-np1", MemoryOptions(n_ctx=32768, n_parallel=1)),
 )
 QUICK_CONFIGS = 2
 #: One model per memory layout runs the whole grid (plain GQA, SWA, MLA, hybrid, recurrent, MoE).

@@ -13,8 +13,10 @@ from fastapi import APIRouter, Request
 from fastapi.responses import StreamingResponse
 from pydantic import BaseModel, Field
 
+from launcher.memory import CacheType
 from studio.manager import LoadRequest, ModelManager, ModelState
 from studio.model_summary import summary
+from studio.plan_view import plan_json
 
 router = APIRouter(prefix="/api")
 
@@ -23,12 +25,22 @@ POLL = 0.2
 
 
 class LoadBody(BaseModel):
-    """A load request from the GUI."""
+    """A load (or plan preview) request from the GUI."""
 
     model: str = Field(description="A registered model name or a path to a .gguf file.")
-    n_ctx: int | None = Field(default=None, ge=256, description="Context size; default: llama-server's choice.")
+    n_ctx: int | None = Field(default=None, ge=256, description="Context size; default: the largest that fits.")
     n_parallel: int | None = Field(default=None, ge=1, le=64)
+    cache_type_kv: CacheType = Field(default="f16", description="KV cache type (quantized types need flash attention).")
+    spec: str = Field(default="auto", description="Speculative mode: auto, mtp, ngram, mtp+ngram, ngram-simple, off.")
+    spec_n_max: int | None = Field(default=None, ge=1, le=64)
     extra_args: list[str] | None = Field(default=None, description="Extra llama-server flags; default: the last ones.")
+
+    def request(self) -> LoadRequest:
+        return LoadRequest(
+            model=self.model, n_ctx=self.n_ctx, n_parallel=self.n_parallel, spec=self.spec,
+            spec_n_max=self.spec_n_max, cache_type=self.cache_type_kv,
+            extra_args=tuple(self.extra_args) if self.extra_args is not None else None,
+        )
 
 
 def _manager(request: Request) -> ModelManager:
@@ -59,11 +71,14 @@ async def inspect_model(request: Request, name: str) -> dict[str, Any]:
 async def load(request: Request, body: LoadBody) -> dict[str, Any]:
     """Load a model and return the status once it is ready."""
     manager = _manager(request)
-    await manager.load(LoadRequest(
-        model=body.model, n_ctx=body.n_ctx, n_parallel=body.n_parallel,
-        extra_args=tuple(body.extra_args) if body.extra_args is not None else None,
-    ))
+    await manager.load(body.request())
     return manager.status()
+
+
+@router.post("/plan")
+async def plan_preview(request: Request, body: LoadBody) -> dict[str, Any]:
+    """What a load would get (context, GPUs, speculative mode, memory per device, reasons), loading nothing."""
+    return plan_json(await _manager(request).preview(body.request()))
 
 
 @router.post("/unload")

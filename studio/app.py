@@ -72,6 +72,8 @@ def create_app(
 
     @app.exception_handler(LauncherError)
     async def launcher_error(request: Request, exc: LauncherError) -> JSONResponse:
+        if isinstance(exc, ValueError):  # a request the planner refuses: bad cache type, spec mode, extra args
+            return JSONResponse(error_body(str(exc), "invalid_request_error", None, type(exc).__name__), 400)
         if isinstance(exc, StartAbortedError):
             return JSONResponse(error_body(str(exc), "load_cancelled", None, "load_cancelled"), 409)
         code = getattr(exc, "cause", None) or "load_failed"

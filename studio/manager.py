@@ -15,8 +15,6 @@ from __future__ import annotations
 
 import asyncio
 import enum
-import os
-import secrets
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -28,10 +26,13 @@ import structlog
 import gguf
 from gguf.facts import ModelFacts
 from gguf.templates import TemplateCapabilities, template_capabilities
-from launcher.command import server_argv
+from launcher.capabilities import Capabilities
+from launcher.command import LaunchCommand, build_command
+from launcher.devices import Inventory, discover
 from launcher.errors import StartAbortedError
-from launcher.memory import MemoryBill, MemoryOptions, estimate, for_file
-from launcher.supervisor import LaunchSpec, State, Status, Supervisor
+from launcher.memory import MemoryBill
+from launcher.planner import LaunchPlan, ModelInfo, PlanRequest, plan
+from launcher.supervisor import State, Status, Supervisor
 from studio.catalog import Catalog
 from studio.errors import BadRequestError, BusyError
 
@@ -55,9 +56,12 @@ class LoadRequest:
     """What to load. ``extra_args=None`` reuses the last extra args given for this model."""
 
     model: str
-    n_ctx: int | None = None
-    n_parallel: int | None = None
+    n_ctx: int | None = None  # None: the planner's largest safe context (up to the native one)
+    n_parallel: int | None = None  # None: 1 slot
     extra_args: tuple[str, ...] | None = None
+    spec: str = "auto"
+    spec_n_max: int | None = None
+    cache_type: str = "f16"
 
 
 @dataclass(frozen=True)
@@ -68,6 +72,9 @@ class LoadSettings:
     n_ctx: int | None
     n_parallel: int | None
     extra_args: tuple[str, ...]
+    spec: str = "auto"
+    spec_n_max: int | None = None
+    cache_type: str = "f16"
 
 
 @dataclass(frozen=True)
@@ -81,7 +88,8 @@ class LoadedModel:
     n_ctx: int  # the effective context per request (llama-server's slot size)
     facts: ModelFacts
     template: TemplateCapabilities | None
-    predicted: MemoryBill  # the estimator's bill for these settings, shown beside the actual one
+    plan: LaunchPlan  # what was decided and why; its bill is shown beside the actual allocations
+    command: LaunchCommand = field(repr=False)
 
     @property
     def auth_headers(self) -> dict[str, str]:
@@ -96,15 +104,19 @@ class ModelManager:
         *,
         catalog: Catalog,
         binary: Path,
+        caps: Capabilities,
         supervisor: Supervisor,
+        discover_devices: Callable[[], Inventory] | None = None,
+        files_root: Path | None = None,
         max_waiting: int = 64,
-        host: str = "127.0.0.1",
     ) -> None:
         self.catalog = catalog
         self.binary = binary
+        self.caps = caps
         self.supervisor = supervisor
+        self.discover_devices = discover_devices or (lambda: discover(llama_server=binary))
+        self.files_root = files_root
         self.max_waiting = max_waiting
-        self.host = host
         self._lock = asyncio.Lock()
         self._idle = asyncio.Condition()
         self._in_flight = 0
@@ -139,13 +151,25 @@ class ModelManager:
             "path": str(loaded.settings.path) if loaded else None,
             "native_context": loaded.facts.context_length if loaded else None,
             "effective_context": loaded.n_ctx if loaded else None,
+            "largest_safe_context": loaded.plan.max_safe_ctx if loaded else None,
+            "speculative": {
+                "requested": loaded.plan.spec.requested, "resolved": loaded.plan.spec.resolved,
+                "flags": list(loaded.plan.spec.argv),
+            } if loaded else None,
+            "offload": {
+                "gpus": [d.name for d in loaded.plan.gpus], "n_gpu_layers": loaded.plan.n_gpu_layers,
+                "mode": loaded.plan.offload,
+                "active_on": sorted(d.device for d in sup.allocations.devices if d.weights) if sup.allocations
+                else None,
+            } if loaded else None,
+            "reasons": list(loaded.plan.reasons) if loaded else None,
             "capabilities": _capabilities(loaded) if loaded else None,
             "progress": {
                 "phase": progress.phase, "bytes_loaded": progress.bytes_loaded, "bytes_total": progress.bytes_total,
                 "phases_seen": list(progress.phases_seen),
             } if progress else None,
             "memory": {
-                "predicted": _bill(loaded.predicted),
+                "predicted": _bill(loaded.plan.bill),
                 "actual": _bill(sup.allocations) if sup.allocations else None,
             } if loaded else None,
             "error": self._error if state == ModelState.FAILED else (sup.cause if state == ModelState.CRASHED else None),
@@ -178,46 +202,66 @@ class ModelManager:
         extra = request.extra_args
         if extra is None:
             extra = self._last_extra_args.get(entry.path, ())
-        settings = LoadSettings(entry.path, request.n_ctx, request.n_parallel, tuple(extra))
+        settings = LoadSettings(entry.path, request.n_ctx, request.n_parallel, tuple(extra), request.spec,
+                                request.spec_n_max, request.cache_type)
         live = self._loaded
         if live is not None and live.settings == settings and self.supervisor.status().state == State.READY:
             self._state = ModelState.READY
             return live
-        await self._drain()
-        self._loaded = None
-        self._state = ModelState.LOADING
-        api_key = secrets.token_urlsafe(24)
-        spec = LaunchSpec(
-            make_argv=lambda port: server_argv(
-                self.binary, entry.path, host=self.host, port=port, n_ctx=settings.n_ctx,
-                extra=[*(["--parallel", str(settings.n_parallel)] if settings.n_parallel else []),
-                       "--alias", entry.name, "--metrics", "-lv", "4", *settings.extra_args],
-            ),
-            binary=str(self.binary),
-            env={**_base_env(), "LLAMA_API_KEY": api_key},  # in the env, not the argv: `ps` shows argv
-            api_key=api_key,
-            model_bytes=model.file_size,
-        )
         try:
-            status = await asyncio.to_thread(self.supervisor.start, spec)
-            n_ctx = await self._effective_context(status, api_key)
+            launch_plan = await self.plan(entry.name, model, settings)  # a request it refuses fails before any stop
+        except Exception:
+            self._state = ModelState.READY if self._loaded else ModelState.UNLOADED
+            raise
+        await self._drain()
+        self._drop_loaded()
+        self._state = ModelState.LOADING
+        command = build_command(launch_plan, self.caps, binary=self.binary, files_root=self.files_root)
+        try:
+            status = await asyncio.to_thread(self.supervisor.start, command.launch_spec())
+            n_ctx = await self._effective_context(status, command.api_key)
         except StartAbortedError:
+            command.cleanup()
             self._state = ModelState.UNLOADED
             raise
         except Exception as exc:
+            command.cleanup()
             self._state, self._error = ModelState.FAILED, str(exc)
             raise
         self._last_extra_args[entry.path] = settings.extra_args
         facts = model.facts
-        options = for_file(model, MemoryOptions(n_ctx=settings.n_ctx or 0, n_parallel=settings.n_parallel or -1))
         self._loaded = LoadedModel(
-            name=entry.name, settings=settings, url=status.url or "", api_key=api_key, n_ctx=n_ctx, facts=facts,
-            template=template_capabilities(facts.chat_template) if facts.chat_template else None,
-            predicted=estimate(facts, options),
+            name=entry.name, settings=settings, url=status.url or "", api_key=command.api_key, n_ctx=n_ctx,
+            facts=facts, template=template_capabilities(facts.chat_template) if facts.chat_template else None,
+            plan=launch_plan, command=command,
         )
         self._state, self._error = ModelState.READY, None
         log.info("model ready", model=entry.name, n_ctx=n_ctx)
         return self._loaded
+
+    async def plan(self, name: str, model: gguf.GGUFFile, settings: LoadSettings) -> LaunchPlan:
+        """The launch plan for ``model`` on this machine now (no process is started)."""
+        inventory = await asyncio.to_thread(self.discover_devices)
+        request = PlanRequest(
+            n_ctx=settings.n_ctx, n_parallel=settings.n_parallel or 1, cache_type_k=settings.cache_type,
+            cache_type_v=settings.cache_type, spec=settings.spec, spec_n_max=settings.spec_n_max,
+            extra_args=settings.extra_args, alias=name,
+        )
+        return plan(ModelInfo.from_gguf(model), inventory, self.caps, request)
+
+    async def preview(self, request: LoadRequest) -> LaunchPlan:
+        """What a load of ``request`` would get, without loading anything."""
+        entry = self.catalog.resolve(request.model)
+        model = await asyncio.to_thread(gguf.read, entry.path)
+        extra = request.extra_args if request.extra_args is not None else self._last_extra_args.get(entry.path, ())
+        return await self.plan(entry.name, model, LoadSettings(
+            entry.path, request.n_ctx, request.n_parallel, tuple(extra), request.spec, request.spec_n_max,
+            request.cache_type))
+
+    def _drop_loaded(self) -> None:
+        if self._loaded is not None:
+            self._loaded.command.cleanup()  # the key file: only once its server is stopped or replaced
+        self._loaded = None
 
     async def _effective_context(self, status: Status, api_key: str) -> int:
         async with httpx.AsyncClient(timeout=10) as client:
@@ -230,7 +274,8 @@ class ModelManager:
         await asyncio.to_thread(self.supervisor.stop)  # aborts a start in progress at once
         async with self._lock:
             await asyncio.to_thread(self.supervisor.stop)
-            self._loaded, self._target, self._error = None, None, None
+            self._drop_loaded()
+            self._target, self._error = None, None
             self._state = ModelState.UNLOADED
 
     async def _drain(self) -> None:
@@ -286,6 +331,7 @@ class ModelManager:
     async def aclose(self) -> None:
         """Stop llama-server and the supervisor."""
         await asyncio.to_thread(self.supervisor.close)
+        self._drop_loaded()
 
 
 def _no_model_error() -> BadRequestError:
@@ -313,5 +359,3 @@ def _bill(bill: MemoryBill) -> dict[str, Any]:
     }
 
 
-def _base_env() -> dict[str, str]:
-    return dict(os.environ)
