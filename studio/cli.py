@@ -6,13 +6,14 @@ import json
 import shlex
 import sys
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated, Any, Optional
 
 import click
 import typer
 
 import gguf
 from launcher.build import ProgressFn, ensure_built, load_pin
+from launcher.capabilities import probe
 from launcher.discovery import find_llama_server
 from launcher.errors import BuildError, LauncherError
 from launcher.process import ensure_port_free
@@ -141,7 +142,10 @@ def serve(
     registry = ChildRegistry(settings.home / "run", owner_token())
     registry.reap_orphans()
     supervisor = Supervisor(logs_dir=settings.logs_dir / "llama-server", registry=registry)
-    manager = ModelManager(catalog=Catalog([settings.models_dir]), binary=found.path, supervisor=supervisor)
+    manager = ModelManager(
+        catalog=Catalog([settings.models_dir]), binary=found.path, supervisor=supervisor,
+        caps=probe(found.path, cache_dir=settings.home / "cache"), files_root=settings.home / "run",
+    )
     url = f"http://{host}:{port}"
     typer.echo(f"loading {initial} with llama-server ({found.source}: {found.path}) ...", err=True)
     try:
@@ -203,6 +207,77 @@ def doctor(
     )
     info = doctor_json(found, probe(found.path, cache_dir=settings.home / "cache"), discover(llama_server=found.path))
     typer.echo(json.dumps(info, indent=2) if json_output else render_doctor(info))
+
+
+@app.command()
+def pull(
+    model: Annotated[str, typer.Argument(help="owner/repo[:VARIANT], e.g. unsloth/gemma-3-4b-it-GGUF:Q4_K_M.")],
+    revision: Annotated[str, typer.Option(help="Branch, tag or commit of the repo.")] = "main",
+    fallback: Annotated[bool, typer.Option(
+        "--fallback", help="If the variant does not fit on the disk, take the largest that does.")] = False,
+) -> None:
+    """Download a GGUF model from Hugging Face into the shared cache (nothing is fetched twice)."""
+    from rich.console import Console
+    from rich.progress import (BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn,
+                               TransferSpeedColumn)
+
+    from studio import hub
+    from studio.errors import StudioError
+
+    shown: dict[str, Any] = {}
+
+    def show(p: hub.DownloadProgress) -> None:
+        if "bar" not in shown:
+            shown["bar"] = Progress(TextColumn("{task.description}"), BarColumn(), DownloadColumn(),
+                                    TransferSpeedColumn(), TimeRemainingColumn(), console=Console(stderr=True))
+            shown["bar"].start()
+            shown["task"] = shown["bar"].add_task("", total=p.total)
+        shown["bar"].update(shown["task"], completed=p.done, total=p.total,
+                            description=f"[{p.file_index}/{p.file_count}] {p.file.rsplit('/', 1)[-1][:40]}")
+
+    try:
+        pulled = hub.pull(model, revision=revision, progress=show, fallback=fallback)
+    except StudioError as exc:
+        typer.echo(f"error: {exc.message}", err=True)
+        raise typer.Exit(1) from None
+    finally:
+        if "bar" in shown:
+            shown["bar"].stop()
+    resolved = pulled.resolved
+    typer.echo(f"{resolved.repo}:{resolved.model.label} ({resolved.reason})"
+               + (f"; offline: {resolved.offline_reason}" if resolved.offline_reason else ""), err=True)
+    typer.echo(f"downloaded {pulled.downloaded:,} bytes" if pulled.downloaded else "already in the cache", err=True)
+    for note in pulled.notes:
+        typer.echo(f"note: {note}", err=True)
+    typer.echo(pulled.path)
+    if pulled.mmproj is not None:
+        typer.echo(f"mmproj: {pulled.mmproj}")
+
+
+@app.command("ls")
+def ls_command(
+    json_output: Annotated[bool, typer.Option("--json", help="Print JSON instead of text.")] = False,
+) -> None:
+    """List the GGUF models here: the models folders (GGUF_STUDIO_MODEL_DIRS) and the Hugging Face cache."""
+    from studio.hub import HubConfig
+    from studio.library import scan
+
+    settings = Settings.from_env()
+    folders = [settings.models_dir, *settings.model_dirs]
+    entries = scan(folders, HubConfig.from_env().cache_dir, index_path=settings.home / "cache" / "library.json")
+    if json_output:
+        typer.echo(json.dumps([e.to_json() for e in entries], indent=2))
+        return
+    if not entries:
+        typer.echo("no GGUF models found in " + ", ".join(str(f) for f in folders) + " or the Hugging Face cache")
+        return
+    rows = [(e.name, e.variant or "?", f"{e.size / 2**20:,.1f} MiB", e.architecture or "?",
+             f"{e.context_length:,}" if e.context_length else "?",
+             "mmproj" if e.mmproj else "", e.error or str(e.path)) for e in entries]
+    header = ("NAME", "QUANT", "SIZE", "ARCH", "CONTEXT", "VISION", "PATH")
+    widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header) - 1)]
+    for row in [header, *rows]:
+        typer.echo("  ".join(c.ljust(w) for c, w in zip(row, widths)) + "  " + row[-1])
 
 
 def main() -> None:

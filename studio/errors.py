@@ -6,6 +6,10 @@
     ├── ModelNotFoundError (+LookupError)   a model name or path the studio cannot find (404)
     ├── BadRequestError (+ValueError)       a request the studio refuses as given (400)
     ├── BusyError                           too many requests waiting for a load (503 + Retry-After)
+    ├── HubError                            Hugging Face Hub access or a download failed (502)
+    │   ├── HubAuthError (+PermissionError) the repo needs a token with access: set HF_TOKEN (401)
+    │   ├── DiskSpaceError (+OSError)       the download does not fit on the disk (507)
+    │   └── DownloadCancelledError          the download was cancelled; the cache stays consistent (499)
     └── UpstreamError                       llama-server failed or went away (502)
 
 Errors from the layers below (``gguf.GGUFError``, ``launcher.errors.*``) are
@@ -54,6 +58,40 @@ class BusyError(StudioError):
     def __init__(self, message: str, *, retry_after: int = 5) -> None:
         super().__init__(message)
         self.retry_after = retry_after
+
+
+class HubError(StudioError):
+    """The Hugging Face Hub could not be reached or answered with an error."""
+
+    status = 502
+    type = "hub_error"
+
+
+class HubAuthError(HubError, PermissionError):
+    """The repo is gated or private and no token with access was given (set HF_TOKEN)."""
+
+    status = 401
+    type = "authentication_error"
+
+
+class DiskSpaceError(HubError, OSError):
+    """The files still to download need more space than the cache disk has free."""
+
+    status = 507
+    type = "insufficient_storage"
+
+    def __init__(self, message: str, *, needed: int = 0, free: int = 0, fallback: str | None = None) -> None:
+        super().__init__(message)
+        self.needed = needed
+        self.free = free
+        self.fallback = fallback
+
+
+class DownloadCancelledError(HubError):
+    """The download was cancelled; complete files stay in the cache, the partial one is gone."""
+
+    status = 499
+    type = "cancelled"
 
 
 class UpstreamError(StudioError):

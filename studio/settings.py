@@ -33,6 +33,7 @@ class Settings:
     log_json: bool = False
     cmake_args: str = ""
     api_token: str | None = None
+    model_dirs: tuple[Path, ...] = ()  # extra folders the local library scans, besides models_dir
 
     @property
     def models_dir(self) -> Path:
@@ -63,6 +64,7 @@ class Settings:
             log_json=env.get("GGUF_STUDIO_LOG_JSON", "") in {"1", "true", "yes"},
             cmake_args=env.get("CMAKE_ARGS", ""),
             api_token=env.get("GGUF_STUDIO_API_TOKEN") or None,
+            model_dirs=tuple(Path(p).expanduser() for p in env.get("GGUF_STUDIO_MODEL_DIRS", "").split(os.pathsep) if p),
         )
 
 
