@@ -184,6 +184,11 @@ class Supervisor:
         """Stop, then start ``spec`` (or the last one)."""
         return self._call("restart", spec)
 
+    @property
+    def state(self) -> State:
+        """The current state alone: cheap enough for every proxied request (``status`` reads /proc)."""
+        return self._state
+
     def status(self) -> Status:
         """A snapshot of the state, pid, URL, load progress and last cause."""
         with self._changed:

@@ -135,7 +135,7 @@ class ModelManager:
 
     @property
     def state(self) -> ModelState:
-        if self._state == ModelState.READY and self.supervisor.status().state == State.CRASHED:
+        if self._state == ModelState.READY and self.supervisor.state == State.CRASHED:
             return ModelState.CRASHED
         return self._state
 
@@ -205,7 +205,7 @@ class ModelManager:
         settings = LoadSettings(entry.path, request.n_ctx, request.n_parallel, tuple(extra), request.spec,
                                 request.spec_n_max, request.cache_type)
         live = self._loaded
-        if live is not None and live.settings == settings and self.supervisor.status().state == State.READY:
+        if live is not None and live.settings == settings and self.supervisor.state == State.READY:
             self._state = ModelState.READY
             return live
         try:
