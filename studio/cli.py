@@ -13,20 +13,11 @@ import typer
 
 import gguf
 from launcher.build import ProgressFn, ensure_built, load_pin
-from launcher.capabilities import probe
 from launcher.discovery import find_llama_server
 from launcher.errors import BuildError, LauncherError
-from launcher.process import ensure_port_free
-from launcher.registry import ChildRegistry
-from launcher.supervisor import Supervisor, owner_token
 from studio import __version__
 from studio.default_model import DefaultModelError, ensure_default_model
-from studio.app import create_app
-from studio.catalog import Catalog
-from studio.logs import configure_logging
-from studio.manager import LoadRequest, ModelManager
 from studio.model_summary import render, summary
-from studio.service import run_service
 from studio.settings import Settings
 
 app = typer.Typer(
@@ -59,6 +50,8 @@ def _root(
     ] = False,
 ) -> None:
     """GGUF Studio command line."""
+    from studio.logs import configure_logging  # structlog: only when a command runs, not for --help
+
     configure_logging(json_lines=Settings.from_env().log_json)
 
 
@@ -128,6 +121,16 @@ def serve(
     ctx: Annotated[Optional[int], typer.Option(help="Context size for that model (default: llama-server's).")] = None,
 ) -> None:
     """Run the studio service (GUI API, OpenAI-compatible API) with a model loaded, until Ctrl-C."""
+    # The service's imports (FastAPI, uvicorn, httpx) stay here: other commands start fast without them.
+    from launcher.capabilities import probe
+    from launcher.process import ensure_port_free
+    from launcher.registry import ChildRegistry
+    from launcher.supervisor import Supervisor, owner_token
+    from studio.app import create_app
+    from studio.catalog import Catalog
+    from studio.manager import LoadRequest, ModelManager
+    from studio.service import run_service
+
     settings = Settings.from_env()
     initial = model or str(ensure_default_model(settings.models_dir))
     found = find_llama_server(
