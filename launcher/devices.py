@@ -19,6 +19,7 @@ import json
 import os
 import re
 import shutil
+import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -239,3 +240,36 @@ def _cpu_name() -> str:
     except OSError:
         pass
     return os.uname().machine
+
+
+def wait_for_memory_release(
+    read_free: Callable[[], Mapping[str, int]],
+    *,
+    timeout: float = 3.0,
+    interval: float = 0.25,
+    clock: Callable[[], float] = time.monotonic,
+    sleep: Callable[[float], None] = time.sleep,
+) -> bool:
+    """Wait until the free memory ``read_free`` reports stops rising; return False on timeout.
+
+    A GPU driver frees a killed process's memory a little after the process is
+    reaped; a plan made in between would see too little free memory.
+    """
+    deadline = clock() + timeout
+    last = dict(read_free())
+    while clock() < deadline:
+        sleep(interval)
+        now = dict(read_free())
+        if now == last:
+            return True
+        last = now
+    return False
+
+
+def free_memory_of(uuids: Sequence[str], *, llama_server: Path | None = None) -> Callable[[], dict[str, int]]:
+    """Return a reader of the free bytes of the GPUs with ``uuids`` (for ``wait_for_memory_release``)."""
+
+    def read() -> dict[str, int]:
+        return {d.uuid: d.free_bytes for d in discover(llama_server=llama_server).gpus if d.uuid in uuids}
+
+    return read

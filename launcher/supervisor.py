@@ -90,6 +90,8 @@ class LaunchSpec:
     model_bytes: int = 0  # total bytes of the model's shards, for load progress
     host: str = "127.0.0.1"
     start_timeout: float = 600.0
+    #: Called once the child is reaped, e.g. to wait until the GPU driver has released its memory.
+    after_stop: Callable[[], object] | None = None
 
 
 @dataclass(frozen=True)
@@ -407,6 +409,8 @@ class Supervisor:
         child.server.stop(grace=self.stop_grace)
         if child.server.pid is not None:
             self.registry.remove(child.server.pid)
+            if child.spec.after_stop is not None:
+                child.spec.after_stop()
 
     # -- watchdog --------------------------------------------------------------
     def _watch(self) -> None:

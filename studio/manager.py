@@ -16,7 +16,7 @@ from __future__ import annotations
 import asyncio
 import enum
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -28,7 +28,7 @@ from gguf.facts import ModelFacts
 from gguf.templates import TemplateCapabilities, template_capabilities
 from launcher.capabilities import Capabilities
 from launcher.command import LaunchCommand, build_command
-from launcher.devices import Inventory, discover
+from launcher.devices import Inventory, discover, free_memory_of, wait_for_memory_release
 from launcher.errors import StartAbortedError
 from launcher.memory import MemoryBill
 from launcher.planner import LaunchPlan, ModelInfo, PlanRequest, plan
@@ -217,8 +217,13 @@ class ModelManager:
         self._drop_loaded()
         self._state = ModelState.LOADING
         command = build_command(launch_plan, self.caps, binary=self.binary, files_root=self.files_root)
+        spec = command.launch_spec()
+        uuids = [d.uuid for d in launch_plan.gpus if d.uuid]
+        if uuids:  # the next plan must not read VRAM the driver has not released yet
+            read = free_memory_of(uuids, llama_server=self.binary)
+            spec = replace(spec, after_stop=lambda: wait_for_memory_release(read))
         try:
-            status = await asyncio.to_thread(self.supervisor.start, command.launch_spec())
+            status = await asyncio.to_thread(self.supervisor.start, spec)
             n_ctx = await self._effective_context(status, command.api_key)
         except StartAbortedError:
             command.cleanup()

@@ -9,7 +9,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from launcher.devices import MIB, Device, discover, parse_list_devices, visible
+from launcher.devices import MIB, Device, discover, parse_list_devices, visible, wait_for_memory_release
 
 FIXTURES = Path(__file__).parent / "fixtures"
 H100_0 = "GPU-2f6b8c1e-7a53-4b9e-9d2c-1f0e3a4b5c6d"
@@ -197,3 +197,24 @@ def test_parse_list_devices_none():
 def test_visible_without_mask_keeps_everything():
     gpus = [Device("CUDA", i, "g", 1, 1, "nvidia-smi", f"GPU-{i}") for i in range(2)]
     assert visible(gpus, None) == gpus
+
+
+def test_memory_release_wait_returns_once_free_memory_stops_rising():
+    reads = iter([{"GPU-a": 10}, {"GPU-a": 50}, {"GPU-a": 80}, {"GPU-a": 80}])
+    clock = iter(range(100))
+    slept = []
+    assert wait_for_memory_release(lambda: next(reads), timeout=10, clock=lambda: next(clock),
+                                   sleep=slept.append) is True
+    assert len(slept) == 3
+
+
+def test_memory_release_wait_gives_up_at_the_deadline():
+    rising = iter(range(0, 10**6, 7))
+    now = [0.0]
+
+    def sleep(s: float) -> None:
+        now[0] += s
+
+    assert wait_for_memory_release(lambda: {"GPU-a": next(rising)}, timeout=1.0, interval=0.25,
+                                   clock=lambda: now[0], sleep=sleep) is False
+    assert now[0] == 1.0

@@ -283,3 +283,13 @@ def test_registry_reaps_only_our_orphans(tmp_path):
             for p in (orphan, foreign, other_studio):
                 if p.poll() is None:
                     p.kill()
+
+
+def test_after_stop_runs_once_the_child_is_reaped(supervisor, llama_server_bin, zoo_dir):
+    seen = []
+    spec = spec_for(llama_server_bin, zoo_dir / "llama-dense.gguf", n_ctx=256)
+    spec = LaunchSpec(make_argv=spec.make_argv, binary=spec.binary, model_bytes=spec.model_bytes,
+                      after_stop=lambda: seen.append(supervisor_pid[0] is not None and gone(supervisor_pid[0])))
+    supervisor_pid = [supervisor.start(spec).pid]
+    supervisor.stop()
+    assert seen == [True]  # called once, after the process was gone
