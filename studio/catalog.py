@@ -30,10 +30,14 @@ def model_name(path: Path) -> str:
 
 
 class Catalog:
-    """The GGUF files found in ``folders`` (scanned on every call: folders change)."""
+    """The GGUF files in ``folders`` and, by ``owner/repo:VARIANT``, in the Hugging Face cache.
 
-    def __init__(self, folders: list[Path]) -> None:
+    Scanned on every call: folders change while the studio runs.
+    """
+
+    def __init__(self, folders: list[Path], *, hf_cache: Path | None = None) -> None:
         self.folders = folders
+        self.hf_cache = hf_cache
 
     def entries(self) -> list[CatalogEntry]:
         """Every servable model, sorted by name; shards other than the first are skipped."""
@@ -43,9 +47,15 @@ class Catalog:
                 continue
             for path in sorted(folder.rglob("*.gguf")):
                 shard = _SHARD.search(path.name.removesuffix(".gguf"))
-                if shard and shard.group(1) != "00001":
+                if shard and shard.group(1) != "00001" or path.name.startswith("mmproj"):
                     continue
                 found.setdefault(model_name(path), CatalogEntry(model_name(path), path))
+        if self.hf_cache is not None:
+            from studio.library import Library  # imported here: the library names models with this module
+
+            for entry in Library([], self.hf_cache).scan():
+                if entry.error is None:
+                    found.setdefault(entry.name, CatalogEntry(entry.name, entry.path))
         return sorted(found.values(), key=lambda e: e.name)
 
     def resolve(self, name_or_path: str) -> CatalogEntry:

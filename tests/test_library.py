@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 
 import gguf
 import gguf.model
 from studio import hub
+from studio.catalog import Catalog
 from studio.library import Library, scan
 from tests.test_hub import add_shards, hf_env, mmproj_bytes, model_bytes, server  # noqa: F401 (fixtures)
 
@@ -72,12 +72,20 @@ def test_a_rescan_of_unchanged_files_reads_no_header(tmp_path, monkeypatch):
     real = gguf.model.read_header
     monkeypatch.setattr(gguf.model, "read_header", lambda *a, **k: reads.append(a[0]) or real(*a, **k))
     gguf.clear_cache()  # a new process: only the index file is left
-    started = time.perf_counter()
     again = Library([models], index_path=index).scan()
-    elapsed = time.perf_counter() - started
+    # Reading no header is what makes a rescan cost only stats (timed in no test: see the closing notes).
     assert reads == [] and [e.to_json() for e in again] == [e.to_json() for e in first]
-    assert elapsed < 1.0, f"rescan of 300 unchanged files took {elapsed:.2f} s"
 
     changed = put(models / "d3" / "m003-Q4_K_M.gguf", model_bytes(tmp_path, floats=128))
     scan([models], index_path=index)
     assert reads == [changed]
+
+
+def test_catalog_serves_hf_cache_models_by_repo_and_variant(server, hf_env, tmp_path):  # noqa: F811
+    repo = server.repo("acme/cat-GGUF")
+    repo.add("cat-Q4_K_M.gguf", model_bytes(tmp_path))
+    hub.pull("acme/cat-GGUF")
+    catalog = Catalog([tmp_path / "no-models-here"], hf_cache=hf_env.cache_dir)
+    assert [e.name for e in catalog.entries()] == ["acme/cat-GGUF:Q4_K_M"]
+    entry = catalog.resolve("acme/cat-GGUF:Q4_K_M")
+    assert entry.path.name == "cat-Q4_K_M.gguf" and gguf.read(entry.path).metadata["general.architecture"]
