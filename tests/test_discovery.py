@@ -164,6 +164,6 @@ def test_doctor_reports_an_explicit_legacy_binary_and_fake_gpus(tmp_path, settin
 def test_doctor_without_a_binary_is_a_clean_error(tmp_path):
     env = clean_env(GGUF_STUDIO_HOME=str(tmp_path / "home"), PATH=str(tmp_path / "empty"))
     out = doctor(env=env)
-    assert out.returncode == 1 and out.stderr.startswith("error: llama-server was not found. Searched:")
+    assert out.returncode == 3 and out.stderr.startswith("error: llama-server was not found. Searched:")
     assert "(pinned build)" in out.stderr and "ggstudio build-llama" in out.stderr
     assert "Traceback" not in out.stderr

@@ -361,5 +361,5 @@ def test_cli_pull_is_idempotent_and_ls_lists_it(server, hf_env, tmp_path):
     assert text.returncode == 0 and "acme/cli-GGUF" in text.stdout
 
     missing = _cli("pull", "acme/absent", env=env)
-    assert missing.returncode == 1 and "acme/absent not found" in missing.stderr
+    assert missing.returncode == 3 and "acme/absent not found" in missing.stderr
     assert "Traceback" not in missing.stderr

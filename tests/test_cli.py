@@ -1,0 +1,304 @@
+"""`ggstudio run`, `ps`, `load`, `unload` and the exit codes, driven as real processes.
+
+`run` is driven through a pseudo-terminal (stdlib ``pty``), as a person would:
+a prompt, the streamed answer, Ctrl-C mid-answer, ``/bye``. Every test checks
+that no llama-server it started outlives it (by an environment tag each
+launch inherits, so other test runs on the machine do not count).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pty
+import re
+import select
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import psutil
+import pytest
+
+from tests.helpers import free_port, wait_for
+
+CLI = str(Path(sys.executable).parent / "ggstudio")
+TAG = "GGSTUDIO_TEST_TAG"
+
+
+def tagged_env(**extra: str) -> dict[str, str]:
+    """The environment for one CLI launch, tagged so its llama-servers can be found even once orphaned."""
+    env = {k: v for k, v in os.environ.items() if k not in ("GGUF_STUDIO_API_TOKEN", "GGUF_STUDIO_LOG_JSON")}
+    return {**env, TAG: uuid.uuid4().hex, "NO_COLOR": "1", **extra}
+
+
+def llama_servers(env: dict[str, str]) -> list[psutil.Process]:
+    """Live llama-server processes started under ``env``'s tag."""
+    out = []
+    for p in psutil.process_iter(["name", "status"]):
+        if p.info["name"] != "llama-server" or p.info["status"] == psutil.STATUS_ZOMBIE:
+            continue
+        try:
+            if p.environ().get(TAG) == env[TAG]:
+                out.append(p)
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            continue
+    return out
+
+
+def assert_no_llama_server(env: dict[str, str]) -> None:
+    wait_for(lambda: not llama_servers(env), timeout=10, what="the run's llama-server to exit")
+
+
+def cli(*args: str, env: dict[str, str] | None = None, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([CLI, *args], capture_output=True, text=True, timeout=timeout,
+                          env=env if env is not None else tagged_env())
+
+
+def assert_one_error_line(out: subprocess.CompletedProcess[str], code: int, start: str) -> None:
+    assert out.returncode == code, (out.returncode, out.stderr)
+    assert out.stderr.startswith(start), out.stderr
+    assert "Traceback" not in out.stderr and out.stderr.count("\n") == 1, out.stderr
+
+
+# --- run --once ----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("by", ["name", "path"])
+def test_run_once_prints_an_answer_and_exits_0(gemma_model, llama_server_bin, by):
+    env = tagged_env()
+    model = gemma_model.name.removesuffix(".gguf") if by == "name" else str(gemma_model)
+    out = cli("run", model, "--ctx", "1024", "--max-tokens", "8", "--once", "The capital of France is", env=env)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip(), "no answer on stdout"
+    assert "Traceback" not in out.stderr
+    assert_no_llama_server(env)
+
+
+def test_run_missing_model_file_exits_3(tmp_path, llama_server_bin):
+    out = cli("run", str(tmp_path / "absent.gguf"), "--once", "hi")
+    assert_one_error_line(out, 3, "error: model ")
+    assert "absent.gguf" in out.stderr
+
+
+def test_run_non_gguf_model_exits_5(tmp_path, llama_server_bin):
+    bogus = tmp_path / "bogus.gguf"
+    bogus.write_text("not a model\n")
+    env = tagged_env()
+    out = cli("run", str(bogus), "--once", "hi", env=env)
+    assert_one_error_line(out, 5, f"error: cannot load {bogus}")
+    assert "not a GGUF file" in out.stderr
+    assert_no_llama_server(env)
+
+
+def test_run_a_plan_that_does_not_fit_exits_4_before_any_load(gemma_model, llama_server_bin):
+    env = tagged_env()
+    out = cli("run", str(gemma_model), "--ctx", "100000000", "--once", "hi", env=env)
+    assert out.returncode == 4, out.stderr
+    assert out.stderr.startswith("error: ") and "does not fit" in out.stderr and "hint: " in out.stderr
+    assert "Traceback" not in out.stderr
+    assert_no_llama_server(env)
+
+
+def test_debug_shows_the_traceback(tmp_path, llama_server_bin):
+    out = cli("--debug", "run", str(tmp_path / "absent.gguf"), "--once", "hi")
+    assert out.returncode == 3
+    assert "Traceback" in out.stderr and "ModelNotFoundError" in out.stderr
+
+
+def test_usage_errors_exit_2():
+    assert cli("run").returncode == 2
+    assert cli("run", "m", "--serve-only", "--once", "hi").returncode == 2
+
+
+# --- run, interactive, through a pseudo-terminal -----------------------------------------------
+
+
+class Terminal:
+    """A child process on a pseudo-terminal it has as its controlling terminal (so ^C is SIGINT)."""
+
+    def __init__(self, argv: list[str], env: dict[str, str]) -> None:
+        self.pid, self.fd = pty.fork()
+        if self.pid == 0:  # the child: nothing but exec
+            try:
+                os.execve(argv[0], argv, env)
+            finally:
+                os._exit(127)
+        self.output = b""
+        self.status: int | None = None
+
+    @property
+    def text(self) -> str:
+        return self.output.decode(errors="replace")
+
+    def _read(self, timeout: float) -> bool:
+        """Read what is there (waiting up to ``timeout``); False once the terminal is closed."""
+        ready, _, _ = select.select([self.fd], [], [], timeout)
+        if not ready:
+            return True
+        try:
+            chunk = os.read(self.fd, 4096)
+        except OSError:  # EIO: the child side is closed
+            return False
+        self.output += chunk
+        return bool(chunk)
+
+    def expect(self, pattern: str, *, since: int = 0, timeout: float) -> re.Match[str]:
+        """Wait until ``pattern`` appears in the output after offset ``since``; return the match."""
+        deadline = time.monotonic() + timeout
+        while True:
+            found = re.compile(pattern).search(self.text, since)
+            if found:
+                return found
+            left = deadline - time.monotonic()
+            if left <= 0 or not self._read(min(left, 0.2)):
+                if found := re.compile(pattern).search(self.text, since):
+                    return found
+                raise AssertionError(f"{pattern!r} not seen within {timeout} s; output:\n{self.text[-3000:]}")
+
+    def send(self, data: str) -> None:
+        os.write(self.fd, data.encode())
+
+    def wait(self, timeout: float) -> int:
+        """Drain the output until the child exits; return its exit code."""
+        deadline = time.monotonic() + timeout
+        while self.status is None:
+            pid, status = os.waitpid(self.pid, os.WNOHANG)
+            if pid:
+                self.status = os.waitstatus_to_exitcode(status)
+                break
+            if time.monotonic() > deadline:
+                raise AssertionError(f"the chat did not exit within {timeout} s; output:\n{self.text[-3000:]}")
+            self._read(0.1)
+        return self.status
+
+    def close(self) -> None:
+        if self.status is None:
+            try:
+                os.kill(self.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            self.wait(10)
+        os.close(self.fd)
+
+
+def test_run_interactive_chat_streams_stops_on_ctrl_c_and_ends_on_bye(gemma_model, llama_server_bin):
+    env = tagged_env(TERM="dumb")
+    term = Terminal([CLI, "run", str(gemma_model), "--ctx", "2048", "--max-tokens", "600"], env)
+    try:
+        term.expect(r">>> ", timeout=120)
+        [server] = wait_for(lambda: llama_servers(env), timeout=10, what="the run's llama-server")
+        start = len(term.output)
+        term.send("Count from 1 to 500, one number per line:\r")
+        echoed = term.expect(r"one number per line:\r?\n", since=start, timeout=10).end()
+        # Streamed text arrives bit by bit, long before the 600 tokens are done.
+        term.expect(r"\S[\s\S]{8,}", since=echoed, timeout=60)
+        assert ">>> " not in term.text[echoed:], "the answer ended before Ctrl-C could interrupt it"
+        term.send("\x03")
+        stopped = term.expect(r"\[stopped\]", since=echoed, timeout=15).end()
+        term.expect(r">>> ", since=stopped, timeout=15)
+        # The generation really stopped: llama-server goes idle instead of decoding the rest of 600 tokens.
+        server.cpu_percent()
+        time.sleep(0.5)
+        assert wait_for(lambda: server.cpu_percent(interval=1.0) < 30, timeout=10, what="llama-server to go idle")
+        # The chat goes on after an interrupted answer.
+        again = len(term.output)
+        term.send("/bye\r")
+        assert term.wait(timeout=60) == 0, term.text[again:]
+        assert "Traceback" not in term.text
+    finally:
+        term.close()
+    assert_no_llama_server(env)
+
+
+@pytest.mark.parametrize(("how", "code"), [("ctrl-c", 0), ("sigterm", 128 + 15), ("sigkill", -9)])
+def test_run_leaves_no_llama_server_however_it_ends(gemma_model, llama_server_bin, tmp_path, how, code):
+    # A home of its own: a SIGKILLed run leaves its child's record behind for the next studio to reap.
+    env = tagged_env(TERM="dumb", GGUF_STUDIO_HOME=str(tmp_path / "home"), LLAMA_SERVER_PATH=str(llama_server_bin))
+    term = Terminal([CLI, "run", str(gemma_model), "--ctx", "1024"], env)
+    try:
+        term.expect(r">>> ", timeout=120)
+        assert llama_servers(env)
+        if how == "ctrl-c":  # at the prompt: the chat ends
+            term.send("\x03")
+        else:
+            os.kill(term.pid, signal.SIGTERM if how == "sigterm" else signal.SIGKILL)
+        assert term.wait(timeout=60) == code, term.text
+        assert "Traceback" not in term.text
+    finally:
+        term.close()
+    assert_no_llama_server(env)  # after SIGKILL: the child's parent-death signal
+
+
+def test_run_llama_server_failure_exits_5_with_its_reason(gemma_model, llama_server_bin):
+    """A context whose KV cache cannot be allocated at all: llama-server itself fails the load."""
+    if Path("/proc/sys/vm/overcommit_memory").read_text().strip() == "1":
+        pytest.skip("with overcommit always on, the allocation would succeed and the OOM killer decide")
+    memory = psutil.virtual_memory().total + psutil.swap_memory().total
+    ctx = (2 * memory // 3072 // 256 + 1) * 256  # Gemma's full-attention KV: 3 KiB per token
+    env = tagged_env()
+    out = cli("run", str(gemma_model), "--ctx", str(ctx), "--force", "--once", "hi", env=env)
+    assert_one_error_line(out, 5, "error: llama-server exited with code")
+    assert "failed to allocate" in out.stderr and "lower the context" in out.stderr
+    assert_no_llama_server(env)
+
+
+# --- ps, load, unload against a running serve --------------------------------------------------
+
+
+def test_ps_load_unload_against_a_running_serve(gemma_model, llama_server_bin):
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    env = tagged_env()
+    with subprocess.Popen([CLI, "serve", "--port", str(port), "--ctx", "2048"], stdout=subprocess.PIPE,
+                          stderr=subprocess.PIPE, text=True, env=env) as serve:
+        try:
+            line = serve.stdout.readline()
+            assert url in line, line + (serve.stderr.read() if serve.poll() is not None else "")
+
+            def ps() -> dict:
+                out = cli("ps", "--url", url, "--json", env=env)
+                assert out.returncode == 0, out.stderr
+                return json.loads(out.stdout)
+
+            status = wait_for(lambda: (s := ps())["state"] == "ready" and s, timeout=120, what="the start-up load")
+            assert status["model"] == "gemma-3-270m-Q4_K_M" and status["effective_context"] == 2048
+            text = cli("ps", "--url", url, env=env)
+            assert text.returncode == 0 and "gemma-3-270m-Q4_K_M" in text.stdout and "2,048" in text.stdout
+
+            skip = cli("unload", "another-model", "--url", url, env=env)
+            assert skip.returncode == 0 and "not loaded" in skip.stderr
+            assert ps()["state"] == "ready"
+
+            out = cli("unload", "--url", url, env=env)
+            assert out.returncode == 0 and out.stdout.strip() == "unloaded", out.stderr
+            assert ps()["state"] == "unloaded"
+            assert cli("ps", "--url", url, env=env).stdout.strip() == "no model loaded"
+
+            out = cli("load", str(gemma_model), "--ctx", "1024", "--url", url, "--json", env=env)
+            assert out.returncode == 0, out.stderr
+            loaded = json.loads(out.stdout)
+            assert loaded["state"] == "ready" and loaded["effective_context"] == 1024
+            assert ps()["pid"] == loaded["pid"]
+
+            missing = cli("load", "no-such-model", "--url", url, env=env)
+            assert_one_error_line(missing, 3, "error: model 'no-such-model' not found")
+            assert ps()["state"] == "ready"  # a failed load keeps the live model
+
+            serve.send_signal(signal.SIGINT)
+            assert serve.wait(timeout=30) == 0
+        finally:
+            if serve.poll() is None:
+                serve.kill()
+    assert_no_llama_server(env)
+
+
+def test_ps_without_a_studio_is_one_line_and_exit_1():
+    port = free_port()
+    out = cli("ps", "--url", f"http://127.0.0.1:{port}")
+    assert_one_error_line(out, 1, f"error: no GGUF Studio is running at http://127.0.0.1:{port}")
+    out = cli("unload", env=tagged_env(GGUF_STUDIO_PORT=str(port)))
+    assert_one_error_line(out, 1, f"error: no GGUF Studio is running at http://127.0.0.1:{port}")
