@@ -2,17 +2,23 @@
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from pathlib import Path
 
 import psutil
 import pytest
 
+from launcher import capabilities
 from launcher.build import BuildResult, ensure_built
+from launcher.capabilities import Capabilities, capabilities_from_text, probe
+from launcher.planner import ModelInfo, load_model
 from launcher.zoo import ensure_zoo
 from studio.default_model import ensure_default_model
 from studio.settings import Settings
 from tests.helpers import assert_no_children, wait_for
+
+FIXTURES = Path(__file__).parent / "fixtures"
 
 
 @pytest.fixture(scope="session")
@@ -47,6 +53,34 @@ def zoo_dir(pinned_build: BuildResult, settings: Settings) -> Path:
 def llama_src(pinned_build: BuildResult) -> Path:
     """The pinned llama.cpp source tree (vocab GGUFs, templates, sources)."""
     return pinned_build.layout.source_dir
+
+
+@pytest.fixture(scope="session")
+def real(llama_server_bin, tmp_path_factory) -> Capabilities:
+    """What the pinned llama-server supports, probed once for the run."""
+    capabilities.clear_memory_cache()
+    return probe(llama_server_bin, cache_dir=tmp_path_factory.mktemp("cache"))
+
+
+@pytest.fixture(scope="session")
+def legacy() -> Capabilities:
+    """An older llama-server's flag set (saved help text in the legacy format)."""
+    return capabilities_from_text(
+        "old/llama-server", (FIXTURES / "legacy-version.txt").read_text(), (FIXTURES / "legacy-help.txt").read_text()
+    )
+
+
+@pytest.fixture(scope="session")
+def gemma(gemma_model) -> ModelInfo:
+    """The planner's view of the Gemma model."""
+    return load_model(gemma_model)
+
+
+@pytest.fixture(scope="session")
+def mtp_model(gemma) -> ModelInfo:
+    """Gemma's facts as an 8B model with one MTP block (only the speculative policy reads these two)."""
+    facts = dataclasses.replace(gemma.facts, nextn_predict_layers=1, parameter_count=8_000_000_000)
+    return dataclasses.replace(gemma, path=gemma.path.with_name("big-MTP.gguf"), facts=facts)
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -10,14 +10,12 @@ from pathlib import Path
 import httpx
 import pytest
 
-from launcher import capabilities
-from launcher.capabilities import Capabilities, capabilities_from_text, probe
 from launcher.command import (
     MANAGED_FLAGS, REDACTED, ExtraArgsError, LaunchCommand, Secret, build_command, chat_template_kwargs,
     child_env, validate_extra_args,
 )
 from launcher.devices import MIB, Device, Inventory
-from launcher.planner import ModelInfo, PlanRequest, load_model, plan
+from launcher.planner import PlanRequest, load_model, plan
 from launcher.process import LlamaServer
 from launcher.registry import ChildRegistry
 from launcher.speculative import MODES
@@ -31,28 +29,8 @@ THINK_OFF = "{% if enable_thinking is defined and enable_thinking %}<think>{% en
 THINK_ON = "{% set t = enable_thinking | default(true) %}{% if t %}<think>{% endif %}{{ messages }}"
 
 
-@pytest.fixture(scope="module")
-def real(llama_server_bin, tmp_path_factory) -> Capabilities:
-    capabilities.clear_memory_cache()
-    return probe(llama_server_bin, cache_dir=tmp_path_factory.mktemp("cache"))
 
 
-@pytest.fixture(scope="module")
-def legacy() -> Capabilities:
-    return capabilities_from_text(
-        "old/llama-server", (FIXTURES / "legacy-version.txt").read_text(), (FIXTURES / "legacy-help.txt").read_text()
-    )
-
-
-@pytest.fixture(scope="module")
-def gemma(gemma_model) -> ModelInfo:
-    return load_model(gemma_model)
-
-
-@pytest.fixture(scope="module")
-def mtp_model(gemma) -> ModelInfo:
-    facts = dataclasses.replace(gemma.facts, nextn_predict_layers=1, parameter_count=8_000_000_000)
-    return dataclasses.replace(gemma, path=gemma.path.with_name("big-MTP.gguf"), facts=facts)
 
 
 def cpu_only() -> Inventory:

@@ -15,8 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from launcher import capabilities
-from launcher.capabilities import Capabilities, capabilities_from_text, probe
+from launcher.capabilities import Capabilities
 from launcher.command import ExtraArgsError
 from launcher.devices import MIB, Device, Inventory, discover
 from launcher.memory import MemoryPlanError
@@ -34,11 +33,6 @@ GEMMA_FULL = 19  # 18 blocks + the output layer
 # --- inputs ------------------------------------------------------------------------------------
 
 
-@pytest.fixture(scope="module")
-def real(llama_server_bin, tmp_path_factory) -> Capabilities:
-    capabilities.clear_memory_cache()
-    return probe(llama_server_bin, cache_dir=tmp_path_factory.mktemp("cache"))
-
 
 @pytest.fixture(scope="module")
 def no_fit(real) -> Capabilities:
@@ -46,23 +40,7 @@ def no_fit(real) -> Capabilities:
     return dataclasses.replace(real, flags=real.flags - {"--fit", "-fit"})
 
 
-@pytest.fixture(scope="module")
-def legacy() -> Capabilities:
-    return capabilities_from_text(
-        "old/llama-server", (FIXTURES / "legacy-version.txt").read_text(), (FIXTURES / "legacy-help.txt").read_text()
-    )
 
-
-@pytest.fixture(scope="module")
-def gemma(gemma_model) -> ModelInfo:
-    return load_model(gemma_model)
-
-
-@pytest.fixture(scope="module")
-def mtp_model(gemma) -> ModelInfo:
-    """Gemma's facts as an 8B model with one MTP block (only the speculative policy reads these two)."""
-    facts = dataclasses.replace(gemma.facts, nextn_predict_layers=1, parameter_count=8_000_000_000)
-    return dataclasses.replace(gemma, path=gemma.path.with_name("big-MTP.gguf"), facts=facts)
 
 
 def cpu(free: int, total: int | None = None) -> Device:

@@ -11,8 +11,7 @@ import httpx
 import pytest
 
 import gguf
-from launcher import capabilities
-from launcher.capabilities import Capabilities, capabilities_from_text, probe
+from launcher.capabilities import Capabilities
 from launcher.command import server_argv
 from launcher.process import LlamaServer
 from launcher.speculative import MODES, SpecModel, SpeculativeConfigError, normalize_mode, plan
@@ -28,17 +27,6 @@ NAMED_MTP = SpecModel("GLM-4.5-Air-MTP-Q4_K_M.gguf", 100_000_000_000)  # no fact
 NEW_NGRAM = ("--spec-ngram-mod-n-match", "24", "--spec-ngram-mod-n-min", "48", "--spec-ngram-mod-n-max", "64")
 
 
-@pytest.fixture(scope="module")
-def real(llama_server_bin, tmp_path_factory) -> Capabilities:
-    capabilities.clear_memory_cache()
-    return probe(llama_server_bin, cache_dir=tmp_path_factory.mktemp("cache"))
-
-
-@pytest.fixture(scope="module")
-def legacy() -> Capabilities:
-    return capabilities_from_text(
-        "old/llama-server", (FIXTURES / "legacy-version.txt").read_text(), (FIXTURES / "legacy-help.txt").read_text()
-    )
 
 
 @pytest.mark.parametrize(("text", "mode"), [
