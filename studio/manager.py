@@ -33,7 +33,7 @@ from launcher.errors import StartAbortedError
 from launcher.memory import MemoryBill
 from launcher.planner import LaunchPlan, ModelInfo, PlanRequest, plan
 from launcher.supervisor import State, Status, Supervisor
-from studio.catalog import Catalog
+from studio.catalog import Catalog, CatalogEntry
 from studio.errors import BadRequestError, BusyError
 
 log = structlog.get_logger(__name__)
@@ -192,26 +192,16 @@ class ModelManager:
     async def _load_locked(self, request: LoadRequest) -> LoadedModel:
         self._state, self._target = ModelState.RESOLVING, request.model
         try:
-            entry = self.catalog.resolve(request.model)
-            model = await asyncio.to_thread(gguf.read, entry.path)  # a bad file fails here, before any process
+            # A bad file or a request the planner refuses fails here, before anything is stopped.
+            entry, model, settings = await self._resolve(request)
+            live = self._loaded
+            if live is not None and live.settings == settings and self.supervisor.state == State.READY:
+                self._state = ModelState.READY
+                return live
+            launch_plan = await self.plan(entry.name, model, settings)
         except Exception:
-            # Nothing was stopped: the live model (if any) keeps serving.
-            self._state = ModelState.READY if self._loaded else ModelState.UNLOADED
+            self._state = ModelState.READY if self._loaded else ModelState.UNLOADED  # the live model keeps serving
             self._target = self._loaded.name if self._loaded else None
-            raise
-        extra = request.extra_args
-        if extra is None:
-            extra = self._last_extra_args.get(entry.path, ())
-        settings = LoadSettings(entry.path, request.n_ctx, request.n_parallel, tuple(extra), request.spec,
-                                request.spec_n_max, request.cache_type)
-        live = self._loaded
-        if live is not None and live.settings == settings and self.supervisor.state == State.READY:
-            self._state = ModelState.READY
-            return live
-        try:
-            launch_plan = await self.plan(entry.name, model, settings)  # a request it refuses fails before any stop
-        except Exception:
-            self._state = ModelState.READY if self._loaded else ModelState.UNLOADED
             raise
         await self._drain()
         self._drop_loaded()
@@ -256,12 +246,16 @@ class ModelManager:
 
     async def preview(self, request: LoadRequest) -> LaunchPlan:
         """What a load of ``request`` would get, without loading anything."""
+        entry, model, settings = await self._resolve(request)
+        return await self.plan(entry.name, model, settings)
+
+    async def _resolve(self, request: LoadRequest) -> tuple[CatalogEntry, gguf.GGUFFile, LoadSettings]:
+        """The catalog entry, parsed header and full settings of ``request`` (extra args default to the last)."""
         entry = self.catalog.resolve(request.model)
         model = await asyncio.to_thread(gguf.read, entry.path)
         extra = request.extra_args if request.extra_args is not None else self._last_extra_args.get(entry.path, ())
-        return await self.plan(entry.name, model, LoadSettings(
-            entry.path, request.n_ctx, request.n_parallel, tuple(extra), request.spec, request.spec_n_max,
-            request.cache_type))
+        return entry, model, LoadSettings(entry.path, request.n_ctx, request.n_parallel, tuple(extra), request.spec,
+                                          request.spec_n_max, request.cache_type)
 
     def _drop_loaded(self) -> None:
         if self._loaded is not None:
