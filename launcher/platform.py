@@ -12,7 +12,7 @@ import ctypes
 import os
 import signal
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -35,9 +35,33 @@ def child_popen_kwargs() -> dict[str, Any]:
     return kwargs
 
 
+#: Signals that end a CLI session cleanly (see ``main_thread_receives``).
+TERMINATION_SIGNALS = frozenset({signal.SIGTERM, signal.SIGHUP})
+
+
+@contextlib.contextmanager
+def main_thread_receives(signals: frozenset[int]) -> Iterator[Callable[[], None]]:
+    """Make ``signals`` reach the main thread only; yields ``ready()`` to call once worker threads are started.
+
+    A signal sent to the process may be delivered to any thread that does not
+    block it. Python runs the handler in the main thread either way, but a main
+    thread blocked in ``input()`` only wakes up when *it* is interrupted: a
+    SIGTERM that lands on a worker thread leaves the prompt hanging. Threads
+    started inside this block inherit the blocked mask; ``ready()`` unblocks the
+    signals in the main thread alone.
+    """
+    previous = signal.pthread_sigmask(signal.SIG_BLOCK, signals)
+    try:
+        yield lambda: signal.pthread_sigmask(signal.SIG_UNBLOCK, signals)
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
+
+
 def _die_with_parent() -> None:
     libc = ctypes.CDLL(None, use_errno=True)
     libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    # The mask survives exec: a child spawned by a thread that blocks SIGTERM would ignore our stop.
+    signal.pthread_sigmask(signal.SIG_SETMASK, [])
 
 
 def signal_group(pid: int, sig: int) -> bool:

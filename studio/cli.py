@@ -25,6 +25,7 @@ if TYPE_CHECKING:  # the service's modules load only in the commands that need t
     from launcher.discovery import Discovered
     from studio.catalog import Catalog
     from studio.manager import ModelManager
+    from studio.terminal_chat import LocalStudio
 
 app = typer.Typer(
     name="ggstudio",
@@ -307,10 +308,8 @@ def run(
         return
     if host is not None or port is not None:
         raise typer.BadParameter("--host and --port go with --serve-only", param_hint="--host/--port")
-    from studio.manager import LoadRequest
-    from studio.terminal_chat import ChatError, LocalStudio, answer_once, chat_loop
+    from studio.terminal_chat import LocalStudio
 
-    gguf_error = _gguf_error_type()
     settings = Settings.from_env()
     if not _debug:  # the chat owns the terminal: only warnings and errors may interleave with it
         import logging
@@ -318,29 +317,41 @@ def run(
         from studio.logs import configure_logging
 
         configure_logging(json_lines=settings.log_json, level=logging.WARNING)
-    manager, _ = _model_manager(settings)
-    with _graceful_termination(), LocalStudio(manager) as studio:
-        request = LoadRequest(model=model, n_ctx=ctx)
-        try:
-            launch = studio.call(manager.preview(request))
-            if not launch.fits and not force:
-                over = "; ".join(w for w in launch.warnings if "over the budget" in w) or "over the memory budget"
-                raise CommandError(f"{model} does not fit here: {over}", code=EXIT_DOES_NOT_FIT,
-                                   hint="try a smaller --ctx (see `ggstudio plan`), or --force to load it anyway")
-            loaded = studio.load(request, progress=sys.stderr if sys.stderr.isatty() else None)
-        except gguf_error as exc:
-            if exit_code(exc) == EXIT_NOT_FOUND:
-                raise
-            raise CommandError(f"cannot load {model}: {exc}", code=EXIT_LLAMA_FAILED) from exc
-        try:
-            with studio.client() as client:
-                if once is not None:
-                    answer_once(client, once, max_tokens=max_tokens)
-                else:
-                    chat_loop(client, model=loaded.name, max_tokens=max_tokens)
-        except ChatError as exc:
-            raise CommandError(str(exc), code=EXIT_LLAMA_FAILED if exc.status in (500, 502) else EXIT_ERROR) \
-                from exc
+    with _graceful_termination() as threads_started:
+        manager, _ = _model_manager(settings)
+        with LocalStudio(manager) as studio:
+            threads_started()
+            _chat(studio, manager, model=model, ctx=ctx, once=once, max_tokens=max_tokens, force=force)
+
+
+def _chat(studio: LocalStudio, manager: ModelManager, *, model: str, ctx: int | None, once: str | None,
+          max_tokens: int | None, force: bool) -> None:
+    """Load ``model`` in the in-process studio, then answer ``once`` or chat until the user ends it."""
+    from studio.manager import LoadRequest
+    from studio.terminal_chat import ChatError, answer_once, chat_loop
+
+    gguf_error = _gguf_error_type()
+    request = LoadRequest(model=model, n_ctx=ctx)
+    try:
+        launch = studio.call(manager.preview(request))
+        if not launch.fits and not force:
+            over = "; ".join(w for w in launch.warnings if "over the budget" in w) or "over the memory budget"
+            raise CommandError(f"{model} does not fit here: {over}", code=EXIT_DOES_NOT_FIT,
+                               hint="try a smaller --ctx (see `ggstudio plan`), or --force to load it anyway")
+        loaded = studio.load(request, progress=sys.stderr if sys.stderr.isatty() else None)
+    except gguf_error as exc:
+        if exit_code(exc) == EXIT_NOT_FOUND:
+            raise
+        raise CommandError(f"cannot load {model}: {exc}", code=EXIT_LLAMA_FAILED) from exc
+    try:
+        with studio.client() as client:
+            if once is not None:
+                answer_once(client, once, max_tokens=max_tokens)
+            else:
+                chat_loop(client, model=loaded.name, max_tokens=max_tokens)
+    except ChatError as exc:
+        raise CommandError(str(exc), code=EXIT_LLAMA_FAILED if exc.status in (500, 502) else EXIT_ERROR) \
+            from exc
 
 
 def _gguf_error_type() -> type[Exception]:
@@ -350,14 +361,21 @@ def _gguf_error_type() -> type[Exception]:
 
 
 @contextmanager
-def _graceful_termination() -> Iterator[None]:
-    """Turn SIGTERM and SIGHUP into a clean exit (so llama-server is stopped); restore the handlers after."""
+def _graceful_termination() -> Iterator[Callable[[], None]]:
+    """Turn SIGTERM and SIGHUP into a clean exit (so llama-server is stopped); restore the handlers after.
+
+    Yields ``threads_started()``: call it once the studio's threads run, so the
+    signals reach the main thread even while it waits at the chat prompt.
+    """
+    from launcher.platform import TERMINATION_SIGNALS, main_thread_receives
+
     def handler(signum: int, frame: object) -> None:
         raise SystemExit(128 + signum)
 
-    previous = {sig: signal.signal(sig, handler) for sig in (signal.SIGTERM, signal.SIGHUP)}
+    previous = {sig: signal.signal(sig, handler) for sig in TERMINATION_SIGNALS}
     try:
-        yield
+        with main_thread_receives(TERMINATION_SIGNALS) as threads_started:
+            yield threads_started
     finally:
         for sig, old in previous.items():
             signal.signal(sig, old)

@@ -219,10 +219,9 @@ def answer_once(client: httpx.Client, prompt: str, *, max_tokens: int | None,
 def chat_loop(client: httpx.Client, *, model: str, max_tokens: int | None,
               read: Callable[[str], str] = input, out: TextIO = sys.stdout) -> None:
     """Chat until ``/bye``, end of input, or Ctrl-C at the prompt; Ctrl-C during a reply stops that reply."""
-    try:
-        import readline  # noqa: F401  # line editing and history for input(), where the platform has it
-    except ImportError:  # pragma: no cover
-        pass
+    # No `import readline` here: GNU readline installs its own SIGTERM handling while it
+    # waits for a line, and a SIGTERM at the prompt then left the chat hanging (seen under
+    # load in tests/test_cli.py). Plain input() wakes up and exits cleanly.
     tty = out.isatty()
     messages: list[dict[str, Any]] = []
     _write(out, f"chatting with {model}; {HELP}\n")
