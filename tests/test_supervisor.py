@@ -293,3 +293,19 @@ def test_after_stop_runs_once_the_child_is_reaped(supervisor, llama_server_bin, 
     supervisor_pid = [supervisor.start(spec).pid]
     supervisor.stop()
     assert seen == [True]  # called once, after the process was gone
+
+
+def test_crashed_child_is_restarted_when_allowed(llama_server_bin, zoo_dir, tmp_path):
+    sup = Supervisor(logs_dir=tmp_path / "logs", registry=ChildRegistry(tmp_path / "run", owner_token()),
+                     max_restarts=1)
+    try:
+        first = sup.start(spec_for(llama_server_bin, zoo_dir / "llama-dense.gguf", n_ctx=256)).pid
+        os.kill(first, signal.SIGKILL)
+        wait_for(lambda: sup.status().state == State.READY and sup.status().pid != first, timeout=30,
+                 what="the automatic restart")
+        status = sup.status()
+        assert status.restarts == 1 and status.pid != first and httpx.get(f"{status.url}/health").status_code == 200
+        os.kill(status.pid, signal.SIGKILL)  # the cap is reached: the second crash stays crashed
+        assert sup.wait_for({State.CRASHED}, timeout=5).restarts == 1
+    finally:
+        sup.close()
