@@ -8,6 +8,7 @@ to a ``.gguf`` file directly.
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -35,9 +36,11 @@ class Catalog:
     Scanned on every call: folders change while the studio runs.
     """
 
-    def __init__(self, folders: list[Path], *, hf_cache: Path | None = None) -> None:
+    def __init__(self, folders: list[Path], *, hf_cache: Path | None = None,
+                 aliases: Mapping[str, str] | None = None) -> None:
         self.folders = folders
         self.hf_cache = hf_cache
+        self.aliases = dict(aliases or {})  # extra name -> a model name, path or repo:VARIANT
 
     def entries(self) -> list[CatalogEntry]:
         """Every servable model, sorted by name; shards other than the first are skipped."""
@@ -56,6 +59,11 @@ class Catalog:
             for entry in Library([], self.hf_cache).scan():
                 if entry.error is None:
                     found.setdefault(entry.name, CatalogEntry(entry.name, entry.path))
+        for alias, target in self.aliases.items():
+            if target in found:
+                found.setdefault(alias, CatalogEntry(alias, found[target].path))
+            elif Path(target).expanduser().is_file():
+                found.setdefault(alias, CatalogEntry(alias, Path(target).expanduser().resolve()))
         return sorted(found.values(), key=lambda e: e.name)
 
     def resolve(self, name_or_path: str) -> CatalogEntry:
@@ -70,6 +78,11 @@ class Catalog:
         path = Path(name_or_path).expanduser()
         if path.is_file():
             return CatalogEntry(model_name(path), path.resolve())
+        if name_or_path in self.aliases:
+            raise ModelNotFoundError(
+                f"alias {name_or_path!r} points at {self.aliases[name_or_path]!r}, which is not a known model or file",
+                param="model", code="model_not_found",
+            )
         known = ", ".join(e.name for e in self.entries()) or "none"
         raise ModelNotFoundError(
             f"model {name_or_path!r} not found: not a file, and not one of the known models ({known})",

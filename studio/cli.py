@@ -139,7 +139,8 @@ def _catalog(settings: Settings) -> Catalog:
     from studio.catalog import Catalog
     from studio.hub import HubConfig
 
-    return Catalog([settings.models_dir, *settings.model_dirs], hf_cache=HubConfig.from_env().cache_dir)
+    return Catalog([settings.models_dir, *settings.model_dirs], hf_cache=HubConfig.from_env().cache_dir,
+                   aliases=settings.aliases)
 
 
 def _model_manager(settings: Settings) -> tuple[ModelManager, Discovered]:
@@ -154,7 +155,7 @@ def _model_manager(settings: Settings) -> tuple[ModelManager, Discovered]:
     registry.reap_orphans()
     supervisor = Supervisor(logs_dir=settings.logs_dir / "llama-server", registry=registry)
     manager = ModelManager(
-        catalog=_catalog(settings), binary=found.path, supervisor=supervisor,
+        catalog=_catalog(settings), binary=found.path, supervisor=supervisor, model_defaults=settings.model_defaults,
         caps=probe(found.path, cache_dir=settings.home / "cache"), files_root=settings.home / "run",
     )
     return manager, found

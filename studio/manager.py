@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import enum
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -33,8 +33,9 @@ from launcher.errors import StartAbortedError
 from launcher.memory import MemoryBill
 from launcher.planner import LaunchPlan, ModelInfo, PlanRequest, plan
 from launcher.supervisor import State, Status, Supervisor
-from studio.catalog import Catalog, CatalogEntry
+from studio.catalog import Catalog, CatalogEntry, model_name
 from studio.errors import BadRequestError, BusyError
+from studio.settings import ModelDefaults
 
 log = structlog.get_logger(__name__)
 
@@ -108,6 +109,7 @@ class ModelManager:
         supervisor: Supervisor,
         discover_devices: Callable[[], Inventory] | None = None,
         files_root: Path | None = None,
+        model_defaults: Mapping[str, ModelDefaults] | None = None,
         max_waiting: int = 64,
     ) -> None:
         self.catalog = catalog
@@ -116,6 +118,7 @@ class ModelManager:
         self.supervisor = supervisor
         self.discover_devices = discover_devices or (lambda: discover(llama_server=binary))
         self.files_root = files_root
+        self.model_defaults = dict(model_defaults or {})  # per model name, from the config file
         self.max_waiting = max_waiting
         self._lock = asyncio.Lock()
         self._idle = asyncio.Condition()
@@ -253,8 +256,13 @@ class ModelManager:
         """The catalog entry, parsed header and full settings of ``request`` (extra args default to the last)."""
         entry = self.catalog.resolve(request.model)
         model = await asyncio.to_thread(gguf.read, entry.path)
-        extra = request.extra_args if request.extra_args is not None else self._last_extra_args.get(entry.path, ())
-        return entry, model, LoadSettings(entry.path, request.n_ctx, request.n_parallel, tuple(extra), request.spec,
+        defaults = (self.model_defaults.get(entry.name) or self.model_defaults.get(model_name(entry.path))
+                    or ModelDefaults())
+        extra = next(e for e in (request.extra_args, self._last_extra_args.get(entry.path), defaults.extra_args, ())
+                     if e is not None)
+        n_ctx = request.n_ctx if request.n_ctx is not None else defaults.n_ctx
+        n_parallel = request.n_parallel if request.n_parallel is not None else defaults.n_parallel
+        return entry, model, LoadSettings(entry.path, n_ctx, n_parallel, tuple(extra), request.spec,
                                           request.spec_n_max, request.cache_type)
 
     def _drop_loaded(self) -> None:

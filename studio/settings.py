@@ -1,4 +1,20 @@
-"""Typed settings; the one place that reads GGUF Studio's environment variables.
+"""Typed settings; the one place that reads GGUF Studio's environment variables and config file.
+
+Precedence: environment variables, then the optional TOML file
+(``$GGUF_STUDIO_CONFIG``, default ``<home>/config.toml``), then the defaults::
+
+    host = "127.0.0.1"
+    port = 8080
+    api_token = "..."
+    model_dirs = ["~/models"]
+
+    [aliases]                       # extra names a client may send as `model`
+    chat = "gemma-3-270m-Q4_K_M"    # a model name, a .gguf path, or owner/repo:VARIANT in the HF cache
+
+    [models."gemma-3-270m-Q4_K_M"]  # load defaults for one model (a request's own values win)
+    n_ctx = 8192
+    n_parallel = 2
+    extra_args = ["--temp", "0.7"]
 
 | variable                | meaning                                                  |
 |-------------------------|----------------------------------------------------------|
@@ -11,14 +27,30 @@
 | ``CMAKE_ARGS``          | extra CMake arguments for ``ggstudio build-llama``        |
 | ``GGUF_STUDIO_MODEL_DIRS`` | more folders of GGUF files for the library (``os.pathsep``-separated) |
 | ``GGUF_STUDIO_API_TOKEN`` | bearer token every API call must send (default: none)  |
+| ``GGUF_STUDIO_CONFIG``  | the TOML config file (default ``<home>/config.toml``)    |
 """
 
 from __future__ import annotations
 
 import os
+import tomllib
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
+from types import MappingProxyType
+from typing import Any
+
+_TOP_KEYS = {"host", "port", "api_token", "model_dirs", "aliases", "models"}
+_MODEL_KEYS = {"n_ctx", "n_parallel", "extra_args"}
+
+
+@dataclass(frozen=True)
+class ModelDefaults:
+    """Load settings one model gets when a request leaves them out."""
+
+    n_ctx: int | None = None
+    n_parallel: int | None = None
+    extra_args: tuple[str, ...] | None = None
 
 
 @dataclass(frozen=True)
@@ -34,6 +66,8 @@ class Settings:
     cmake_args: str = ""
     api_token: str | None = None
     model_dirs: tuple[Path, ...] = ()  # extra folders the local library scans, besides models_dir
+    aliases: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
+    model_defaults: Mapping[str, ModelDefaults] = field(default_factory=lambda: MappingProxyType({}))
 
     @property
     def models_dir(self) -> Path:
@@ -50,22 +84,67 @@ class Settings:
         """Return settings read from ``env`` (default: the process environment)."""
         env = os.environ if env is None else env
         home = Path(env.get("GGUF_STUDIO_HOME") or Path.home() / ".gguf-studio").expanduser()
-        port_text = env.get("GGUF_STUDIO_PORT", "8080")
+        config_path = Path(env.get("GGUF_STUDIO_CONFIG") or home / "config.toml").expanduser()
+        config = _read_config(config_path, explicit="GGUF_STUDIO_CONFIG" in env)
+        port_text = env.get("GGUF_STUDIO_PORT") or str(config.get("port", 8080))
         try:
             port = int(port_text)
         except ValueError:
             raise ValueError(f"GGUF_STUDIO_PORT must be a port number, not {port_text!r}") from None
+        dirs = [p for p in env.get("GGUF_STUDIO_MODEL_DIRS", "").split(os.pathsep) if p] or config.get("model_dirs", [])
         return cls(
             home=home,
             llama_server_path=_optional_path(env.get("LLAMA_SERVER_PATH")),
             llama_cpp_dir=_optional_path(env.get("GGUF_STUDIO_LLAMA_CPP")),
-            host=env.get("GGUF_STUDIO_HOST", "127.0.0.1"),
+            host=env.get("GGUF_STUDIO_HOST") or config.get("host", "127.0.0.1"),
             port=port,
             log_json=env.get("GGUF_STUDIO_LOG_JSON", "") in {"1", "true", "yes"},
             cmake_args=env.get("CMAKE_ARGS", ""),
-            api_token=env.get("GGUF_STUDIO_API_TOKEN") or None,
-            model_dirs=tuple(Path(p).expanduser() for p in env.get("GGUF_STUDIO_MODEL_DIRS", "").split(os.pathsep) if p),
+            api_token=env.get("GGUF_STUDIO_API_TOKEN") or config.get("api_token") or None,
+            model_dirs=tuple(Path(p).expanduser() for p in dirs),
+            aliases=MappingProxyType(dict(config.get("aliases", {}))),
+            model_defaults=MappingProxyType({
+                name: ModelDefaults(
+                    n_ctx=d.get("n_ctx"), n_parallel=d.get("n_parallel"),
+                    extra_args=tuple(d["extra_args"]) if "extra_args" in d else None,
+                ) for name, d in config.get("models", {}).items()
+            }),
         )
+
+
+def _read_config(path: Path, *, explicit: bool) -> dict[str, Any]:
+    """The TOML config at ``path`` checked for shape, or {} when there is none (and none was asked for)."""
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        if explicit:
+            raise ValueError(f"GGUF_STUDIO_CONFIG names {path}, which does not exist") from None
+        return {}
+    try:
+        config = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise ValueError(f"{path}: not valid TOML: {exc}") from None
+    problems = [f"unknown key {k!r}" for k in config if k not in _TOP_KEYS]
+    if not isinstance(config.get("aliases", {}), dict) or not all(
+            isinstance(v, str) for v in config.get("aliases", {}).values()):
+        problems.append("[aliases] must map names to model names or paths (strings)")
+    for name, d in (config.get("models", {}) or {}).items():
+        if not isinstance(d, dict):
+            problems.append(f"[models.{name!r}] must be a table")
+            continue
+        problems += [f"[models.{name!r}]: unknown key {k!r} (known: {', '.join(sorted(_MODEL_KEYS))})"
+                     for k in d if k not in _MODEL_KEYS]
+        for k in ("n_ctx", "n_parallel"):
+            if k in d and (not isinstance(d[k], int) or isinstance(d[k], bool) or d[k] < 1):
+                problems.append(f"[models.{name!r}]: {k} must be a positive integer")
+        if "extra_args" in d and not (isinstance(d["extra_args"], list)
+                                      and all(isinstance(a, str) for a in d["extra_args"])):
+            problems.append(f"[models.{name!r}]: extra_args must be a list of strings")
+    if not isinstance(config.get("model_dirs", []), list):
+        problems.append("model_dirs must be a list of folders")
+    if problems:
+        raise ValueError(f"{path}: " + "; ".join(problems))
+    return config
 
 
 def _optional_path(value: str | None) -> Path | None:

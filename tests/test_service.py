@@ -20,6 +20,7 @@ from launcher.supervisor import Supervisor, owner_token
 from studio.app import create_app
 from studio.catalog import Catalog
 from studio.manager import ModelManager
+from studio.settings import ModelDefaults
 from tests.helpers import assert_no_children, free_port, wait_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.shared_processes]
@@ -38,8 +39,9 @@ def studio(llama_server_bin, gemma_model, zoo_dir, tmp_path_factory):
     (models / "llama-dense.gguf").symlink_to(zoo_dir / "llama-dense.gguf")
     (models / "broken.gguf").write_text("not a model")
     supervisor = Supervisor(logs_dir=root / "logs", registry=ChildRegistry(root / "run", owner_token()))
-    manager = ModelManager(catalog=Catalog([models]), binary=llama_server_bin, supervisor=supervisor,
-                           caps=probe(llama_server_bin, cache_dir=root / "cache"))
+    manager = ModelManager(catalog=Catalog([models], aliases={"tiny-alias": TINY}), binary=llama_server_bin,
+                           supervisor=supervisor, caps=probe(llama_server_bin, cache_dir=root / "cache"),
+                           model_defaults={TINY: ModelDefaults(n_ctx=512)})
     port = free_port()
     server = uvicorn.Server(uvicorn.Config(create_app(manager), host="127.0.0.1", port=port, log_level="warning"))
     thread = threading.Thread(target=server.run, daemon=True)
@@ -263,3 +265,16 @@ def test_bad_load_options_are_400s_naming_the_problem(studio):
     assert resp.status_code == 400 and "--port" in resp.json()["error"]["message"]
     resp = httpx.post(f"{base}/api/load", json={"model": GEMMA, "cache_type_kv": "q3_z"}, timeout=60)
     assert resp.status_code == 422 and resp.json()["error"]["param"] == "cache_type_kv"
+
+
+def test_an_alias_serves_its_model_with_the_configured_defaults(studio, client):
+    base, _ = studio
+    assert "tiny-alias" in {m.id for m in client.models.list().data}
+    reply = client.chat.completions.create(
+        model="tiny-alias", messages=[{"role": "user", "content": "x"}], max_tokens=2)
+    assert reply.choices[0].message.content is not None
+    status = httpx.get(f"{base}/api/status").json()
+    assert status["path"].endswith("llama-dense.gguf")
+    assert studio[1].loaded.settings.n_ctx == 512  # the configured default reached the launch
+    # llama-server caps a slot at the model's training context (256 for the zoo models): it says so itself.
+    assert status["effective_context"] == 256

@@ -1,0 +1,61 @@
+"""Settings: environment variables over the TOML config file over the defaults."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from studio.settings import ModelDefaults, Settings
+
+CONFIG = """
+host = "0.0.0.0"
+port = 9000
+api_token = "from-file"
+model_dirs = ["~/more-models"]
+
+[aliases]
+chat = "gemma-3-270m-Q4_K_M"
+
+[models."gemma-3-270m-Q4_K_M"]
+n_ctx = 8192
+extra_args = ["--temp", "0.7"]
+"""
+
+
+def test_defaults_without_a_config_file(tmp_path):
+    s = Settings.from_env({"GGUF_STUDIO_HOME": str(tmp_path)})
+    assert (s.host, s.port, s.api_token, s.model_dirs, dict(s.aliases)) == ("127.0.0.1", 8080, None, (), {})
+
+
+def test_config_file_values_and_env_overrides(tmp_path):
+    (tmp_path / "config.toml").write_text(CONFIG)
+    s = Settings.from_env({"GGUF_STUDIO_HOME": str(tmp_path)})
+    assert (s.host, s.port, s.api_token) == ("0.0.0.0", 9000, "from-file")
+    assert s.model_dirs == (Path("~/more-models").expanduser(),)
+    assert s.aliases == {"chat": "gemma-3-270m-Q4_K_M"}
+    assert s.model_defaults["gemma-3-270m-Q4_K_M"] == ModelDefaults(n_ctx=8192, extra_args=("--temp", "0.7"))
+    env = {"GGUF_STUDIO_HOME": str(tmp_path), "GGUF_STUDIO_PORT": "9100", "GGUF_STUDIO_HOST": "127.0.0.1",
+           "GGUF_STUDIO_API_TOKEN": "from-env"}
+    s = Settings.from_env(env)
+    assert (s.host, s.port, s.api_token) == ("127.0.0.1", 9100, "from-env")
+
+
+@pytest.mark.parametrize("text, words", [
+    ("port = ", "not valid TOML"),
+    ("colour = 'blue'", "unknown key 'colour'"),
+    ("[aliases]\nchat = 3", "[aliases] must map"),
+    ("[models.m]\nn_ctx = -1", "n_ctx must be a positive integer"),
+    ("[models.m]\nctx = 1", "unknown key 'ctx'"),
+    ("[models.m]\nextra_args = '--temp 0.7'", "extra_args must be a list of strings"),
+])
+def test_a_bad_config_file_is_one_clear_error(tmp_path, text, words):
+    (tmp_path / "config.toml").write_text(text)
+    with pytest.raises(ValueError) as info:
+        Settings.from_env({"GGUF_STUDIO_HOME": str(tmp_path)})
+    assert words in str(info.value) and "config.toml" in str(info.value)
+
+
+def test_a_named_config_file_must_exist(tmp_path):
+    with pytest.raises(ValueError, match="does not exist"):
+        Settings.from_env({"GGUF_STUDIO_HOME": str(tmp_path), "GGUF_STUDIO_CONFIG": str(tmp_path / "nope.toml")})
