@@ -10,10 +10,9 @@ acceptance rate (``draft_n_accepted / draft_n``); or an ``error`` event whose
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
-import anyio
 import httpx
 from fastapi import APIRouter, Request
 from fastapi.responses import StreamingResponse
@@ -21,7 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from studio.errors import error_body
 from studio.manager import ModelManager
-from studio.proxy import prepare_chat_body
+from studio.proxy import close_upstream, prepare_chat_body, send_upstream
 
 router = APIRouter(prefix="/api")
 
@@ -38,22 +37,19 @@ class ChatBody(BaseModel):
 @router.post("/chat")
 async def chat(request: Request, body: ChatBody) -> StreamingResponse:
     manager: ModelManager = request.app.state.manager
-    client: httpx.AsyncClient = request.app.state.upstream
     payload = body.model_dump(exclude_none=True)
     loaded, release = await manager.acquire(body.model)
     try:
         prepare_chat_body(payload, loaded)
         payload.update(stream=True, stream_options={"include_usage": True})
-        upstream = client.build_request(
-            "POST", f"{loaded.url}/v1/chat/completions", json=payload, headers=loaded.auth_headers)
-        resp = await client.send(upstream, stream=True)
+        resp = await send_upstream(request, loaded, "/v1/chat/completions", payload)
     except BaseException:
         await release()
         raise
     return StreamingResponse(_events(resp, release), media_type="text/event-stream")
 
 
-async def _events(resp: httpx.Response, release) -> AsyncIterator[bytes]:
+async def _events(resp: httpx.Response, release: Callable[[], Awaitable[None]]) -> AsyncIterator[bytes]:
     usage: dict[str, Any] | None = None
     timings: dict[str, Any] | None = None
     finish: str | None = None
@@ -86,9 +82,7 @@ async def _events(resp: httpx.Response, release) -> AsyncIterator[bytes]:
         yield _sse({"type": "error", "status": 502,
                     **error_body(f"llama-server went away mid-stream: {exc}", "upstream_error")})
     finally:
-        with anyio.CancelScope(shield=True):
-            await resp.aclose()
-            await release()
+        await close_upstream(resp, release)
 
 
 def _done(usage: dict[str, Any] | None, timings: dict[str, Any] | None, finish: str | None) -> dict[str, Any]:

@@ -76,12 +76,7 @@ async def _forward(request: Request, path: str, *, chat: bool) -> Response:
         elif path != "/v1/embeddings":
             _default_max_tokens(body, loaded)
         body["model"] = loaded.name
-        client = _client(request)
-        upstream = client.build_request("POST", loaded.url + path, json=body, headers=loaded.auth_headers)
-        try:
-            resp = await client.send(upstream, stream=True)
-        except httpx.HTTPError as exc:
-            raise UpstreamError(f"llama-server did not answer: {exc}") from exc
+        resp = await send_upstream(request, loaded, path, body)
     except BaseException:
         await release()
         raise
@@ -109,9 +104,28 @@ async def _relay(resp: httpx.Response, release: Callable[[], Awaitable[None]]) -
         event = error_body(f"llama-server went away mid-stream: {exc}", "upstream_error")
         yield f"data: {json.dumps(event)}\n\n".encode()
     finally:
-        with anyio.CancelScope(shield=True):  # a client disconnect cancels us; close upstream anyway
-            await resp.aclose()
-            await release()
+        await close_upstream(resp, release)
+
+
+async def send_upstream(request: Request, loaded: LoadedModel, path: str, body: dict[str, Any]) -> httpx.Response:
+    """POST ``body`` to llama-server's ``path`` on the pooled client; the response streams.
+
+    Raises:
+        UpstreamError: llama-server did not answer.
+    """
+    client = _client(request)
+    upstream = client.build_request("POST", loaded.url + path, json=body, headers=loaded.auth_headers)
+    try:
+        return await client.send(upstream, stream=True)
+    except httpx.HTTPError as exc:
+        raise UpstreamError(f"llama-server did not answer: {exc}") from exc
+
+
+async def close_upstream(resp: httpx.Response, release: Callable[[], Awaitable[None]]) -> None:
+    """Close the upstream response and end the request, even while a client disconnect cancels us."""
+    with anyio.CancelScope(shield=True):
+        await resp.aclose()
+        await release()
 
 
 async def _json_body(request: Request) -> dict[str, Any]:
