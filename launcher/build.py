@@ -26,12 +26,9 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
 
 from launcher.errors import BuildError, ChecksumError, DownloadError, ToolMissingError
 from launcher.platform import child_popen_kwargs, exclusive_lock, kill_group
-
-Backend = Literal["cpu", "cuda", "rocm", "vulkan", "metal"]
 
 PIN_PATH = Path(__file__).resolve().parent.parent / "vendor" / "llama.cpp" / "pin.toml"
 MARKER_NAME = "build-complete.json"

@@ -12,8 +12,7 @@
     └── ProcessError                    the llama-server child misbehaved
         ├── LoadError                   it exited while loading
         ├── StartTimeoutError (+TimeoutError)  it never became healthy in time
-        ├── StartAbortedError           a stop arrived while it was starting
-        └── CrashedError                it died after becoming ready
+        └── StartAbortedError           a stop arrived while it was starting
 
 Each carries its context as attributes (``path``, ``pid``, ``exit_code``,
 ``log_tail``...) so callers can show more than the message.
@@ -125,6 +124,3 @@ class StartTimeoutError(ProcessError, TimeoutError):
 class StartAbortedError(ProcessError):
     """A stop (or another start) cancelled a start before the server was ready."""
 
-
-class CrashedError(ProcessError):
-    """llama-server died after it had become ready."""

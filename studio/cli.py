@@ -68,7 +68,7 @@ def exit_code(exc: BaseException) -> int:
         return EXIT_NOT_FOUND
     if isinstance(exc, DiskSpaceError):
         return EXIT_DOES_NOT_FIT
-    if isinstance(exc, ProcessError):  # LoadError, StartTimeoutError, CrashedError...
+    if isinstance(exc, ProcessError):  # LoadError, StartTimeoutError, StartAbortedError...
         return EXIT_LLAMA_FAILED
     return EXIT_ERROR
 
