@@ -151,6 +151,8 @@ def _default_max_tokens(body: dict[str, Any], loaded: LoadedModel) -> None:
 
 def _apply_reasoning(body: dict[str, Any], loaded: LoadedModel) -> None:
     """Turn per-request reasoning controls into the template's own kwargs."""
+    if not isinstance(body.get("chat_template_kwargs") or {}, dict):
+        raise BadRequestError("`chat_template_kwargs` must be a JSON object", param="chat_template_kwargs")
     controls = {k: body.pop(k) for k in ("enable_thinking", "reasoning_effort", "preserve_thinking") if k in body}
     if not controls:
         return

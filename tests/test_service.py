@@ -150,7 +150,12 @@ def test_non_gguf_model_is_400_and_the_live_model_keeps_serving(studio, client):
 
 
 def test_bad_bodies_get_openai_shaped_errors(studio):
-    base, _ = studio
+    base, manager = studio
+    resp = httpx.post(f"{base}/v1/chat/completions", timeout=30, json={
+        "model": TINY, "messages": [{"role": "user", "content": "x"}], "enable_thinking": True,
+        "chat_template_kwargs": "not an object"})
+    assert resp.status_code == 400 and resp.json()["error"]["param"] == "chat_template_kwargs"
+    assert manager.status()["in_flight"] == 0  # the refused request released its place (a swap would wait)
     resp = httpx.post(f"{base}/v1/chat/completions", content=b"{not json", timeout=10)
     assert resp.status_code == 400 and resp.json()["error"]["type"] == "invalid_request_error"
     resp = httpx.post(f"{base}/api/load", json={"model": GEMMA, "n_ctx": -5}, timeout=10)
