@@ -16,7 +16,6 @@ from typing import TYPE_CHECKING, Annotated, Any, Optional
 import typer
 
 from launcher.errors import BinaryNotFoundError, BuildError, LauncherError, ProcessError
-from studio import __version__
 from studio.errors import DiskSpaceError, ModelNotFoundError, StudioError
 from studio.settings import Settings
 
@@ -99,6 +98,8 @@ def _version_text() -> str:
     from launcher.build import load_pin
 
     pin = load_pin()
+    from studio import __version__
+
     return f"ggstudio {__version__} (llama.cpp {pin.tag}, pinned as {pin.requirement})"
 
 
