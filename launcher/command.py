@@ -335,18 +335,3 @@ def child_env(plan: LaunchPlan, binary: Path, base_env: Mapping[str, str] | None
         env.pop("CUDA_VISIBLE_DEVICES", None)  # HIP reads it too; the parent's mask must not apply on top
     return env
 
-
-def server_argv(
-    binary: Path,
-    model: Path,
-    *,
-    host: str,
-    port: int,
-    n_ctx: int | None = None,
-    extra: Sequence[str] = (),
-) -> list[str]:
-    """Return a minimal argv that serves ``model`` on ``host:port`` with chat templates on (no plan)."""
-    argv = [str(binary), "-m", str(model), "--host", host, "--port", str(port), "--jinja"]
-    if n_ctx is not None:
-        argv += ["-c", str(n_ctx)]
-    return argv + list(extra)

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import socket
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import TypeVar
 
 import psutil
@@ -35,3 +36,12 @@ def assert_no_children() -> None:
     """Wait (bounded) until this process has no child processes left; fail otherwise."""
     me = psutil.Process()
     wait_for(lambda: not me.children(recursive=True), timeout=10, what="child processes to exit")
+
+
+def server_argv(binary: Path, model: Path, *, host: str, port: int, n_ctx: int | None = None,
+                extra: Sequence[str] = ()) -> list[str]:
+    """A minimal llama-server argv without a plan: for tests of the process layers under the planner."""
+    argv = [str(binary), "-m", str(model), "--host", host, "--port", str(port), "--jinja"]
+    if n_ctx is not None:
+        argv += ["-c", str(n_ctx)]
+    return argv + list(extra)

@@ -13,10 +13,9 @@ import openai
 import psutil
 import pytest
 
-from launcher.command import server_argv
 from launcher.errors import LoadError, PortInUseError
 from launcher.process import LlamaServer
-from tests.helpers import free_port, wait_for
+from tests.helpers import free_port, server_argv, wait_for
 
 pytestmark = pytest.mark.slow
 

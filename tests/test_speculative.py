@@ -12,10 +12,9 @@ import pytest
 
 import gguf
 from launcher.capabilities import Capabilities
-from launcher.command import server_argv
 from launcher.process import LlamaServer
 from launcher.speculative import MODES, SpecModel, SpeculativeConfigError, normalize_mode, plan
-from tests.helpers import free_port
+from tests.helpers import free_port, server_argv
 
 FIXTURES = Path(__file__).parent / "fixtures"
 

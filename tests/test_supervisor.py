@@ -15,11 +15,10 @@ import httpx
 import psutil
 import pytest
 
-from launcher.command import server_argv
 from launcher.errors import LoadError, StartAbortedError
 from launcher.registry import ChildRegistry
 from launcher.supervisor import TRANSITIONS, LaunchSpec, State, Supervisor, owner_token
-from tests.helpers import wait_for
+from tests.helpers import server_argv, wait_for
 
 pytestmark = pytest.mark.slow
 REPO = Path(__file__).resolve().parent.parent
@@ -222,8 +221,8 @@ def test_start_stop_storm_never_runs_two_children(supervisor, llama_server_bin, 
 OWNER = """
 import sys, time
 from pathlib import Path
-from launcher.command import server_argv
 from launcher.registry import ChildRegistry
+from tests.helpers import server_argv
 from launcher.supervisor import LaunchSpec, Supervisor, owner_token
 from studio.logs import configure_logging
 configure_logging()  # logs to stderr; stdout carries only the pid

@@ -19,9 +19,8 @@ from gguf.reader import (
     VALUE_TYPE_NAMES, LazyArray,
 )
 from gguf.writer import FileRegion, TensorToWrite, infer_type, rewrite, write_gguf
-from launcher.command import server_argv
 from launcher.process import LlamaServer
-from tests.helpers import free_port
+from tests.helpers import free_port, server_argv
 
 EXTREMES: dict[int, tuple[Any, Any]] = {
     UINT8: (0, 255), INT8: (-128, 127), UINT16: (0, 65535), INT16: (-32768, 32767),
