@@ -237,6 +237,9 @@ class ModelFacts:
     # PLE n-gram conv history kept next to the recurrent state (qwen4exp; llama.cpp ple_conv_state)
     ple_conv_state: int = 0  # floats per sequence
     ple_layers: tuple[bool, ...] = ()
+    # DeepSeek-V4's compressed caches (llama-kv-cache-dsv4.cpp): each layer's compression ratio (llama.cpp
+    # dsv4_compress_ratios; 0: the raw window cache only, 4: CSA and lightning-indexer caches, 128: HCA cache)
+    compress_ratios: tuple[int, ...] = ()
 
     # -- derived ------------------------------------------------------------
     @property
@@ -473,6 +476,7 @@ class _HParams:
         self.shortconv_l_cache = 0
         self.n_embd_head_kda = 0
         self.n_embd_head_la = 0
+        self.compress_ratios: list[int] = []
 
     @property
     def n_layer(self) -> int:
@@ -698,6 +702,14 @@ def _deepseek4(meta: _Meta, hp: _HParams, ctx: _Context) -> None:
     hp.set_swa_pattern(0)
     for il in range(hp.n_layer, hp.n_layer_all):
         hp.is_swa[il] = True
+    ratios = meta.int_array("attention.compress_ratios")
+    if ratios is None:
+        meta.missing_required.append(meta.key("attention.compress_ratios"))
+    elif len(ratios) < hp.n_layer_all:
+        ctx.guess(f"{meta.key('attention.compress_ratios')} has {len(ratios)} values for {hp.n_layer_all} layers; "
+                  "llama.cpp refuses the file")
+    hp.compress_ratios = (list(ratios or ()) + [0] * hp.n_layer_all)[: hp.n_layer_all]
+    meta.u32("attention.indexer.key_length", 0, required=True)  # the lightning-indexer cache's head size
     ctx.notes.append("deepseek4 also keeps compressed and indexer KV caches that kv_bytes_per_token() does not count")
 
 
@@ -1130,6 +1142,7 @@ def _model_facts(model: GGUFFile, hf_config: Mapping[str, Any] | None) -> ModelF
         indexer_cache_v=idx_v,
         ple_conv_state=ple_state,
         ple_layers=ple_layers,
+        compress_ratios=tuple(hp.compress_ratios),
     )
 
 
@@ -1187,6 +1200,8 @@ def _indexer_cache(arch: str, meta: _Meta, hp: _HParams) -> tuple[int, int, tupl
         lead = meta.u32("leading_dense_block_count", 0)
         layers = [il >= lead for il in range(n)]
         v = hp.n_embd_head_v
+    elif arch == "deepseek4":  # its indexer keys live in the compressed caches (see compress_ratios)
+        return heads, size, (False,) * n, 0, 0
     else:
         return 0, 0, (False,) * n, 0, 0
     return heads, size, tuple(layers), k, v

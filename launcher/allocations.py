@@ -16,7 +16,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from launcher.memory import MIB, CacheBill, DeviceBill, MemoryBill, RecurrentBill
+from launcher.memory import MIB, CacheBill, DeviceBill, MemoryBill, RecurrentBill, StateBill
 
 _NUM = r"([\d.]+)"
 _MODEL = re.compile(rf"load_tensors:\s+(\S+) model buffer size = +{_NUM} MiB")
@@ -31,7 +31,10 @@ _RS_SIZE = re.compile(
     rf"R \((\w+)\): +{_NUM} MiB, S \((\w+)\): +{_NUM} MiB")
 _OUTPUT = re.compile(rf"llama_context:\s+(\S+) +output buffer size = +{_NUM} MiB")
 _COMPUTE = re.compile(rf"sched_reserve:\s+(\S+) compute buffer size = +{_NUM} MiB")
-_OTHER_STATE = re.compile(rf"(\S+) DSV4 .* state buffer size = +{_NUM} MiB")
+_DSV4_STATE_BUF = re.compile(rf"llama_dsv4_comp_state:\s+(\S+) DSV4 \w+ state buffer size = +{_NUM} MiB")
+_DSV4_STATE_SIZE = re.compile(
+    rf"llama_dsv4_comp_state: (\w+) ratio = (\d+), state = (\d+) x (\d+), streams = (\d+), rs_seq = (\d+), "
+    rf"layers = (\d+), size = +{_NUM} MiB")
 _DEVICE_INDEX = re.compile(r"^[A-Za-z]+(\d+)$")
 
 
@@ -63,6 +66,7 @@ def parse_allocations(log: str) -> MemoryBill:
     devices: dict[str, _Device] = {}
     caches: list[CacheBill] = []
     recurrent: list[RecurrentBill] = []
+    states: list[StateBill] = []
     label = "main"
     seen = False
 
@@ -87,8 +91,12 @@ def parse_allocations(log: str) -> MemoryBill:
             _, cells, layers, _, rs_seq, _, rm, _, sm = m.groups()
             recurrent.append(RecurrentBill(cells=int(cells), rows=int(cells) * (1 + int(rs_seq)), layers=int(layers),
                                            r_bytes=_bytes(rm), s_bytes=_bytes(sm)))
-        elif m := _OTHER_STATE.search(line):
+        elif m := _DSV4_STATE_BUF.search(line):
             dev(m.group(1)).kv += _bytes(m.group(2))
+        elif m := _DSV4_STATE_SIZE.search(line):
+            name, ratio, rows, width, streams, rs_seq, layers, mib = m.groups()
+            states.append(StateBill(name=name, ratio=int(ratio), rows=int(rows), width=int(width),
+                                    streams=int(streams), rs_seq=int(rs_seq), layers=int(layers), nbytes=_bytes(mib)))
         elif m := _OUTPUT.search(line):
             dev(m.group(1)).output += _bytes(m.group(2))
         elif m := _COMPUTE.search(line):
@@ -100,4 +108,5 @@ def parse_allocations(log: str) -> MemoryBill:
         raise ValueError("the log holds no llama-server allocation lines (was it run with -lv 4?)")
     bills = tuple(DeviceBill(device=name, weights=d.weights, kv=d.kv, recurrent=d.recurrent, compute=d.compute,
                              output=d.output) for name, d in sorted(devices.items()))
-    return MemoryBill(devices=bills, caches=tuple(caches), recurrent=tuple(recurrent), approximate=False, reasons=())
+    return MemoryBill(devices=bills, caches=tuple(caches), recurrent=tuple(recurrent), approximate=False, reasons=(),
+                      states=tuple(states))

@@ -14,12 +14,14 @@ Sparse-attention indexer key caches follow ``llama_kv_cache_dsa`` /
 ``llama_kv_cache_dsa_iswa`` / ``llama_kv_cache_msa`` / ``llama_memory_hybrid_idx``
 (a second cache with one KV head of the indexer size, printed after the "main"
 cache); qwen4exp's PLE conv history is the recurrent state's "P" part.
+DeepSeek-V4 follows ``llama_kv_cache_dsv4``: a raw sliding-window cache, three
+compressed K caches and three f32 compressor states (``_dsv4_memory``).
 
 Options llama-server refuses (a quantized V cache with flash attention off, a
 quantized K cache whose block size does not divide the head size) raise
 ``MemoryPlanError`` with llama.cpp's reason. Anything the estimator does not model
-for an architecture (DeepSeek-V4 compressed caches, unknown architectures) makes
-the bill ``approximate`` with the reason, never a silent 0.
+(facts guessed for an unknown architecture, an MTP draft context) makes the bill
+``approximate`` with the reason, never a silent 0.
 """
 
 from __future__ import annotations
@@ -41,10 +43,8 @@ FlashAttn = Literal["auto", "on", "off"]
 SpecMode = Literal["none", "mtp"]
 
 CACHE_TYPES: tuple[CacheType, ...] = ("f32", "f16", "bf16", "q8_0", "q5_1", "q5_0", "q4_1", "q4_0", "iq4_nl")
-#: Architectures whose KV layout has caches this estimator does not model.
-_EXTRA_CACHES: dict[str, str] = {
-    "deepseek4": "the DeepSeek-V4 compressed caches and their state",
-}
+#: DeepSeek-V4's compression ratios (llama-kv-cache-dsv4.cpp DSV4_CSA_RATIO, DSV4_HCA_RATIO).
+_DSV4_CSA, _DSV4_HCA = 4, 128
 #: Weight types the CPU backend repacks into interleaved rows (x86 with AVX2, the pinned build's common case).
 _REPACKED_TYPES = frozenset({"Q4_0", "Q4_K", "IQ4_NL"})
 
@@ -83,7 +83,7 @@ class MemoryOptions:
 class CacheBill:
     """One attention cache as llama.cpp prints it: ``cells`` per stream, K and V bytes over all devices."""
 
-    label: str  # "main", "non-SWA" or "SWA"
+    label: str  # "main", "non-SWA", "SWA", "indexer", or DeepSeek-V4's "DSV4 CSA compressed"...
     cells: int
     streams: int
     layers: int
@@ -114,6 +114,20 @@ class RecurrentBill:
 
 
 @dataclass(frozen=True)
+class StateBill:
+    """One DeepSeek-V4 compressor state (``llama_dsv4_comp_state``): f32 ``kv`` and ``score`` tensors per layer."""
+
+    name: str  # "csa", "hca" or "lid" (lightning indexer)
+    ratio: int
+    rows: int  # state_size: rows per stream
+    width: int  # n_embd_state: floats per row
+    streams: int
+    rs_seq: int  # rollback snapshot planes per stream (0 without speculative decoding)
+    layers: int
+    nbytes: int  # kv + score, all layers and devices
+
+
+@dataclass(frozen=True)
 class DeviceBill:
     """Bytes one device holds: ``"CPU"`` (host memory) or ``"GPU<i>"``."""
 
@@ -138,6 +152,7 @@ class MemoryBill:
     recurrent: tuple[RecurrentBill, ...]
     approximate: bool
     reasons: tuple[str, ...] = field(default=())
+    states: tuple[StateBill, ...] = field(default=())  # DeepSeek-V4 compressor states (counted in ``kv``)
 
     @property
     def total(self) -> int:
@@ -198,7 +213,7 @@ def context_shape(facts: ModelFacts, options: MemoryOptions) -> ContextShape:
 def _flash_attn(facts: ModelFacts, options: MemoryOptions) -> bool:
     """Whether flash attention ends up on; raises for the cache types llama.cpp refuses."""
     k, v = BY_NAME[options.cache_type_k.upper()], BY_NAME[options.cache_type_v.upper()]
-    if facts.is_mla and options.cache_type_k != options.cache_type_v:
+    if (facts.is_mla or facts.architecture == "deepseek4") and options.cache_type_k != options.cache_type_v:
         raise MemoryPlanError(f"model does not support different K ({options.cache_type_k}) and V "
                               f"({options.cache_type_v}) cache types")
     fa = options.flash_attn
@@ -285,6 +300,59 @@ def _kv_caches(facts: ModelFacts, shape: ContextShape, options: MemoryOptions,
         caches.append(CacheBill(label=label, cells=cells, streams=shape.n_stream, layers=len(group), k_type=k_type,
                                 v_type=v_type, k_bytes=k_total, v_bytes=v_total))
     return caches, per_device
+
+
+def _dsv4_memory(facts: ModelFacts, shape: ContextShape, options: MemoryOptions, devices: Sequence[str]
+                 ) -> tuple[list[CacheBill], list[StateBill], dict[str, int]]:
+    """``llama_kv_cache_dsv4``: its caches, its compressor states and their bytes per device.
+
+    Every part keeps one stream per slot even when the server asks for a unified
+    cache. The raw cache is an ISWA pair over every layer (MTP blocks included)
+    whose non-SWA half is empty, its SWA half holding ``n_swa + n_ubatch`` cells
+    (not times the slots) or ``n_ctx_seq`` with ``--swa-full``. The CSA (ratio 4),
+    HCA (ratio 128) and lightning-indexer (ratio 4, one head of the indexer size)
+    caches hold ``ceil(n_ctx_seq / ratio)`` rows padded to 256, K only, in the K
+    cache type, for the layers of that ratio. The compressor states are f32 whatever
+    the cache type: per trunk layer of the ratio a ``kv`` and a ``score`` tensor of
+    ``state_size x n_embd_state`` per stream (CSA and indexer: 8 rows of twice the
+    head size; HCA: 128 rows of the head size), with no rollback planes (``n_rs_seq``
+    is 0 without speculative decoding).
+    """
+    n_seq, kv_size = shape.n_seq, shape.n_ctx_seq
+    layers = facts.attention_cache_layers()
+    ratios = facts.compress_ratios
+    ratio = lambda il: ratios[il] if il < len(ratios) else 0  # noqa: E731
+    swa_cells = kv_size if options.swa_full else pad(min(kv_size, facts.sliding_window + shape.n_ubatch))
+    comp_cells = lambda r: pad(max(1, -(-kv_size // r)))  # noqa: E731
+    groups = [("non-SWA", kv_size, [il for il in layers if not facts.swa_layers[il]], facts.k_embd),
+              ("SWA", swa_cells, [il for il in layers if facts.swa_layers[il]], facts.k_embd),
+              ("DSV4 CSA compressed", comp_cells(_DSV4_CSA), [il for il in layers if ratio(il) == _DSV4_CSA],
+               facts.k_embd),
+              ("DSV4 HCA compressed", comp_cells(_DSV4_HCA), [il for il in layers if ratio(il) == _DSV4_HCA],
+               facts.k_embd),
+              ("DSV4 lightning-indexer", comp_cells(_DSV4_CSA), [il for il in layers if ratio(il) == _DSV4_CSA],
+               lambda il: facts.indexer_key_length)]
+    per_device: dict[str, int] = {}
+    caches = []
+    for label, cells, group, k_embd in groups:
+        k_total = 0
+        for il in group:
+            k = _cache_bytes(options.cache_type_k, k_embd(il) * cells * n_seq)
+            per_device[devices[il]] = per_device.get(devices[il], 0) + k
+            k_total += k
+        caches.append(CacheBill(label=label, cells=cells, streams=n_seq, layers=len(group),
+                                k_type=options.cache_type_k, v_type=options.cache_type_v, k_bytes=k_total, v_bytes=0))
+    head = facts.key_length_of(0)  # llama.cpp's n_embd_head_k(): layer 0's
+    states = []
+    for name, r, rows, width in (("csa", _DSV4_CSA, 2 * _DSV4_CSA, 2 * head), ("hca", _DSV4_HCA, _DSV4_HCA, head),
+                                 ("lid", _DSV4_CSA, 2 * _DSV4_CSA, 2 * facts.indexer_key_length)):
+        group = [il for il in range(facts.layer_count) if ratio(il) == r]
+        per_layer = 2 * width * rows * n_seq * 4  # kv + score, f32
+        for il in group:
+            per_device[devices[il]] = per_device.get(devices[il], 0) + per_layer
+        states.append(StateBill(name=name, ratio=r, rows=rows, width=width, streams=n_seq, rs_seq=0,
+                                layers=len(group), nbytes=per_layer * len(group)))
+    return caches, states, per_device
 
 
 def _recurrent(facts: ModelFacts, shape: ContextShape,
@@ -381,13 +449,15 @@ def estimate(facts: ModelFacts, options: MemoryOptions = MemoryOptions()) -> Mem
     reasons: list[str] = []
     if facts.approximate:
         reasons += [f"model facts are approximate: {n}" for n in facts.notes] or ["model facts are approximate"]
-    if facts.architecture in _EXTRA_CACHES:
-        reasons.append(f"{facts.architecture}: {_EXTRA_CACHES[facts.architecture]} is not included")
     if options.spec == "mtp":
         reasons.append("the MTP draft context (its KV cache and compute buffer) is not included")
     shape = context_shape(facts, options)
     devices, output_device = layer_devices(facts, options)
-    caches, kv = _kv_caches(facts, shape, options, devices)
+    states: list[StateBill] = []
+    if facts.architecture == "deepseek4":
+        caches, states, kv = _dsv4_memory(facts, shape, options, devices)
+    else:
+        caches, kv = _kv_caches(facts, shape, options, devices)
     recurrent, rs = _recurrent(facts, shape, devices)
 
     weights: dict[str, int] = {"CPU": facts.token_embedding_bytes + facts.other_weight_bytes}
@@ -408,4 +478,4 @@ def estimate(facts: ModelFacts, options: MemoryOptions = MemoryOptions()) -> Mem
                              compute=compute.get(d, 0), output=_output_bytes(facts, shape) if d == "CPU" else 0)
                   for d in names)
     return MemoryBill(devices=bills, caches=tuple(caches), recurrent=tuple(recurrent), approximate=bool(reasons),
-                      reasons=tuple(reasons))
+                      reasons=tuple(reasons), states=tuple(states))

@@ -12,10 +12,11 @@ run to a few minutes on 2 cores. The last line reads::
 
     kv_exact=N/M kv_within_1pct=N/M compute_within_10pct=N/M total_within_2pct=N/M
 
-``kv`` covers the KV and recurrent-state buffers; exact means equal at the log's
-0.01 MiB precision; total is within 2 % or 32 MiB, whichever is larger.
+``kv`` covers the KV, recurrent-state and DeepSeek-V4 compressor-state buffers;
+exact means every cache and state equal at the log's 0.01 MiB precision; total
+is within 2 % or 32 MiB, whichever is larger.
 
-Usage: ``.venv/bin/python scripts/memory_accuracy.py [--quick] [--jobs 2]``.
+Usage: ``.venv/bin/python scripts/memory_accuracy.py [--quick] [--jobs 2] [--models deepseek4-moe,...]``.
 """
 
 from __future__ import annotations
@@ -96,9 +97,11 @@ class Outcome:
         p, a = self.predicted, self.actual
         caches = [(c.label, c.cells, c.streams, c.layers, _mib(c.k_bytes), _mib(c.v_bytes)) for c in p.caches]
         states = [(r.rows, r.layers, _mib(r.r_bytes), _mib(r.s_bytes)) for r in p.recurrent]
+        comp = [(s.name, s.rows, s.width, s.streams, s.rs_seq, s.layers, _mib(s.nbytes)) for s in p.states]
         return caches == [(c.label, c.cells, c.streams, c.layers, _mib(c.k_bytes), _mib(c.v_bytes))
                           for c in a.caches] and states == [(r.rows, r.layers, _mib(r.r_bytes), _mib(r.s_bytes))
-                                                            for r in a.recurrent]
+                                                            for r in a.recurrent] \
+            and comp == [(s.name, s.rows, s.width, s.streams, s.rs_seq, s.layers, _mib(s.nbytes)) for s in a.states]
 
     @property
     def kv_within_1pct(self) -> bool:
@@ -143,7 +146,14 @@ def compare(binary: Path, name: str, path: Path, config: Config) -> Outcome:
     return Outcome(name, config.name, predicted, actual)
 
 
-def plan(zoo: Path, gemma: Path, quick: bool) -> list[tuple[str, Path, Config]]:
+def plan(zoo: Path, gemma: Path, quick: bool, models: Sequence[str] = ()) -> list[tuple[str, Path, Config]]:
+    """The (model, file, config) runs; ``models`` names the only ones to run, each over the whole grid."""
+    if models:
+        paths = {"gemma-3-270m": gemma, **{p.stem: p for p in zoo.glob("*.gguf")}}
+        unknown = [m for m in models if m not in paths]
+        if unknown:
+            raise SystemExit(f"unknown model(s): {', '.join(unknown)}")
+        return [(m, paths[m], c) for m in models for c in (CONFIGS[:QUICK_CONFIGS] if quick else CONFIGS)]
     runs = [("gemma-3-270m", gemma, c) for c in CONFIGS]
     for path in sorted(zoo.glob("*.gguf")):
         full = path.stem in LAYOUT_MODELS and not quick
@@ -160,11 +170,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="only the first two configs for every model")
     parser.add_argument("--jobs", type=int, default=2)
+    parser.add_argument("--models", default="", help="comma-separated zoo names (or gemma-3-270m) to run over the "
+                        "whole grid, e.g. deepseek4-moe")
     args = parser.parse_args(argv)
     settings = Settings.from_env()
     build = ensure_built(settings.home)
     zoo, gemma = ensure_zoo(build, settings.home), ensure_default_model(settings.models_dir)
-    runs = plan(zoo, gemma, args.quick)
+    runs = plan(zoo, gemma, args.quick, [m for m in args.models.split(",") if m])
     with ThreadPoolExecutor(max_workers=args.jobs) as pool:
         outcomes = list(pool.map(lambda r: compare(build.llama_server, *r), runs))
 

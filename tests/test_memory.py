@@ -20,7 +20,7 @@ import pytest
 import gguf
 from launcher.allocations import device_of, parse_allocations
 from launcher.memory import (
-    MIB, MemoryOptions, MemoryPlanError, context_shape, estimate, for_file, layer_devices, pad,
+    MIB, MemoryBill, MemoryOptions, MemoryPlanError, context_shape, estimate, for_file, layer_devices, pad,
 )
 from launcher.dry_run import load_report
 from scripts.memory_accuracy import CONFIGS, DONE_MARKERS
@@ -107,13 +107,61 @@ def test_refusals_carry_llama_cpps_reason(gemma_facts, zoo_dir):
     assert estimate(gemma_facts, MemoryOptions(cache_type_v="q8_0")).caches[0].v_type == "q8_0"  # auto turns FA on
 
 
-def test_approximate_facts_and_unmodelled_caches_say_why(gemma_facts, zoo_dir):
+def test_approximate_facts_and_the_mtp_draft_say_why(gemma_facts):
     guessed = replace(gemma_facts, approximate=True, notes=("futurelm has no loader",))
     bill = estimate(guessed)
     assert bill.approximate and any("no loader" in r for r in bill.reasons)
-    dsv4 = estimate(gguf.read(zoo_dir / "deepseek4-moe.gguf").facts)
-    assert dsv4.approximate and any("compressed caches" in r for r in dsv4.reasons)
     assert estimate(gemma_facts, MemoryOptions(spec="mtp")).approximate
+
+
+def test_deepseek4_caches_follow_the_dsv4_rules(zoo_dir):
+    """llama_kv_cache_dsv4: a stream per slot even when unified, compressed K caches, f32 compressor states."""
+    facts = gguf.read(zoo_dir / "deepseek4-moe.gguf").facts
+    assert facts.compress_ratios == (0, 0, 4, 128) and facts.indexer_key_length == 128
+    bill = estimate(facts, MemoryOptions(n_ctx=1000))  # auto: 4 slots, "unified", 1024 cells, f16
+    assert not bill.approximate, bill.reasons
+    assert [(c.label, c.cells, c.streams, c.layers, c.k_bytes, c.v_bytes) for c in bill.caches] == [
+        ("non-SWA", 1024, 4, 0, 0, 0),
+        ("SWA", 768, 4, 4, 768 * 4 * 4 * 64 * 2, 0),  # pad(n_swa 32 + n_ubatch 512), not times the slots
+        ("DSV4 CSA compressed", 256, 4, 1, 256 * 4 * 64 * 2, 0),  # ceil(1024 / 4) padded to 256
+        ("DSV4 HCA compressed", 256, 4, 1, 256 * 4 * 64 * 2, 0),  # ceil(1024 / 128) = 8 padded to 256
+        ("DSV4 lightning-indexer", 256, 4, 1, 256 * 4 * 128 * 2, 0),  # one head of the indexer size
+    ]
+    assert [(s.name, s.rows, s.width, s.streams, s.layers, s.nbytes) for s in bill.states] == [
+        ("csa", 8, 128, 4, 1, 2 * 8 * 128 * 4 * 4), ("hca", 128, 64, 4, 1, 2 * 128 * 64 * 4 * 4),
+        ("lid", 8, 256, 4, 1, 2 * 8 * 256 * 4 * 4)]
+    assert bill.sum_of("kv") == sum(c.total for c in bill.caches) + sum(s.nbytes for s in bill.states)
+    q8 = estimate(facts, MemoryOptions(n_ctx=1000, cache_type_k="q8_0", cache_type_v="q8_0"))
+    assert [s.nbytes for s in q8.states] == [s.nbytes for s in bill.states]  # f32 whatever the cache type
+    full = estimate(facts, MemoryOptions(n_ctx=4096, n_parallel=3, kv_unified=True, swa_full=True))
+    assert full.caches[1].cells == 4096 and full.caches[1].streams == 3
+    with pytest.raises(MemoryPlanError, match="different K"):
+        estimate(facts, MemoryOptions(cache_type_k="q8_0", cache_type_v="f16", flash_attn="on"))
+
+
+DSV4_LOG = """\
+0.00.020.229 I llama_kv_cache_dsv4: creating DSV4 raw KV cache
+0.00.020.236 I llama_kv_cache_iswa: creating non-SWA KV cache, size = 1024 cells
+0.00.020.449 I llama_kv_cache: size =    0.00 MiB (  1024 cells,   0 layers,  4/4 seqs), K (f16):    0.00 MiB, V (f16):    0.00 MiB
+0.00.020.453 I llama_kv_cache_iswa: creating     SWA KV cache, size = 768 cells
+0.00.020.716 I llama_kv_cache:        CPU KV buffer size =     1.50 MiB
+0.00.022.212 I llama_kv_cache: size =    1.50 MiB (   768 cells,   4 layers,  4/4 seqs), K (f16):    1.50 MiB, V (f16):    0.00 MiB
+0.00.022.231 I llama_kv_cache_dsv4: creating DSV4 CSA compressed KV cache, size = 256 cells
+0.00.022.359 I llama_kv_cache:        CPU KV buffer size =     0.12 MiB
+0.00.022.486 I llama_kv_cache: size =    0.12 MiB (   256 cells,   1 layers,  4/4 seqs), K (f16):    0.12 MiB, V (f16):    0.00 MiB
+0.00.023.378 I llama_kv_cache_dsv4: creating DSV4 CSA compressor state
+0.00.023.459 I llama_dsv4_comp_state:        CPU DSV4 csa state buffer size =     0.03 MiB
+0.00.023.462 I llama_dsv4_comp_state: csa ratio = 4, state = 8 x 128, streams = 4, rs_seq = 0, layers = 1, size =    0.03 MiB
+"""
+
+
+def test_parser_reads_the_dsv4_caches_and_counts_their_states_as_kv():
+    bill = parse_allocations(DSV4_LOG)
+    assert [(c.label, c.cells, c.streams, c.layers) for c in bill.caches] == \
+        [("non-SWA", 1024, 4, 0), ("SWA", 768, 4, 4), ("DSV4 CSA compressed", 256, 4, 1)]
+    assert [(s.name, s.ratio, s.rows, s.width, s.streams, s.rs_seq, s.layers) for s in bill.states] == \
+        [("csa", 4, 8, 128, 4, 0, 1)]
+    assert _mib(bill.device("CPU").kv) == "1.65"  # 1.50 + 0.12 KV + 0.03 state
 
 
 def test_indexer_key_caches_follow_the_dsa_msa_and_idx_rules(zoo_dir):
@@ -156,6 +204,8 @@ LAYOUTS = {
 }
 SERVER_CONFIGS = (CONFIGS[0], CONFIGS[1], CONFIGS[2], CONFIGS[3])
 CASES = [(m, c) for m in ("gemma", *LAYOUTS.values()) for c in SERVER_CONFIGS]
+#: DeepSeek-V4's caches over the whole grid (slots, split/unified, window, ubatch and cache-type rules).
+DSV4_CASES = [("deepseek4-moe", c) for c in CONFIGS]
 
 
 @pytest.fixture(scope="module")
@@ -165,7 +215,7 @@ def server_logs(llama_server_bin, zoo_dir, gemma_model) -> dict[tuple[str, str],
 
     with ThreadPoolExecutor(max_workers=2) as pool:
         futures = {(m, c.name): pool.submit(lambda m=m, c=c: load_report(llama_server_bin, path(m), c.argv(), until=DONE_MARKERS)[0])
-                   for m, c in CASES}
+                   for m, c in (*CASES, *DSV4_CASES)}
         return {key: (path(key[0]), f.result()) for key, f in futures.items()}
 
 
@@ -188,3 +238,25 @@ def test_estimate_matches_llama_server(model, config, server_logs):
     assert _mib(predicted.sum_of("weights")) == _mib(actual.sum_of("weights"))
     p, a = predicted.sum_of("compute"), actual.sum_of("compute")
     assert abs(p - a) <= 0.5 * a, f"compute {_mib(p)} MiB predicted, {_mib(a)} MiB allocated"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("model", "config"), DSV4_CASES, ids=[f"{m}-{c.name}" for m, c in DSV4_CASES])
+def test_deepseek4_caches_match_llama_server(model, config, server_logs):
+    """Every DSV4 cache and compressor state to the log's 0.01 MiB; the bill is not marked approximate."""
+    path, log = server_logs[(model, config.name)]
+    actual = parse_allocations(log)
+    file = gguf.read(path)
+    predicted = estimate(file.facts, for_file(file, config.options))
+    assert not predicted.approximate, predicted.reasons
+    def caches(b: MemoryBill) -> list[tuple]:
+        return [(c.label, c.cells, c.streams, c.layers, c.k_type, _mib(c.k_bytes), _mib(c.v_bytes)) for c in b.caches]
+
+    def states(b: MemoryBill) -> list[tuple]:
+        return [(s.name, s.ratio, s.rows, s.width, s.streams, s.rs_seq, s.layers, _mib(s.nbytes)) for s in b.states]
+
+    assert caches(predicted) == caches(actual) and len(actual.caches) == 5
+    assert states(predicted) == states(actual) and len(actual.states) == 3
+    # the device's KV sums the buffer lines, each rounded to 0.01 MiB by the log
+    buffers = sum(1 for c in actual.caches if c.layers) + sum(1 for s in actual.states if s.layers)
+    assert abs(predicted.device("CPU").kv - actual.device("CPU").kv) <= buffers * 0.005 * MIB
