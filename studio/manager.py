@@ -54,15 +54,15 @@ class ModelState(enum.Enum):
 
 @dataclass(frozen=True)
 class LoadRequest:
-    """What to load. ``extra_args=None`` reuses the last extra args given for this model."""
+    """What to load. ``None`` takes the model's config default; ``extra_args=None`` first reuses the last ones."""
 
     model: str
-    n_ctx: int | None = None  # None: the planner's largest safe context (up to the native one)
-    n_parallel: int | None = None  # None: 1 slot
+    n_ctx: int | None = None  # None, and none configured: the planner's largest safe context (up to the native one)
+    n_parallel: int | None = None  # None, and none configured: 1 slot
     extra_args: tuple[str, ...] | None = None
-    spec: str = "auto"
-    spec_n_max: int | None = None
-    cache_type: str = "f16"
+    spec: str | None = None  # None, and none configured: "auto"
+    spec_n_max: int | None = None  # None, and none configured: the speculative policy's
+    cache_type: str | None = None  # None, and none configured: "f16"
 
 
 @dataclass(frozen=True)
@@ -159,6 +159,7 @@ class ModelManager:
                 "requested": loaded.plan.spec.requested, "resolved": loaded.plan.spec.resolved,
                 "flags": list(loaded.plan.spec.argv),
             } if loaded else None,
+            "cache_type_kv": loaded.settings.cache_type if loaded else None,
             "offload": {
                 "gpus": [d.name for d in loaded.plan.gpus], "n_gpu_layers": loaded.plan.n_gpu_layers,
                 "mode": loaded.plan.offload,
@@ -253,7 +254,7 @@ class ModelManager:
         return await self.plan(entry.name, model, settings)
 
     async def _resolve(self, request: LoadRequest) -> tuple[CatalogEntry, gguf.GGUFFile, LoadSettings]:
-        """The catalog entry, parsed header and full settings of ``request`` (extra args default to the last)."""
+        """The catalog entry, parsed header and full settings of ``request``, gaps filled from the config."""
         entry = self.catalog.resolve(request.model)
         model = await asyncio.to_thread(gguf.read, entry.path)
         defaults = (self.model_defaults.get(entry.name) or self.model_defaults.get(model_name(entry.path))
@@ -262,8 +263,10 @@ class ModelManager:
                      if e is not None)
         n_ctx = request.n_ctx if request.n_ctx is not None else defaults.n_ctx
         n_parallel = request.n_parallel if request.n_parallel is not None else defaults.n_parallel
-        return entry, model, LoadSettings(entry.path, n_ctx, n_parallel, tuple(extra), request.spec,
-                                          request.spec_n_max, request.cache_type)
+        spec = request.spec if request.spec is not None else defaults.spec or "auto"
+        n_max = request.spec_n_max if request.spec_n_max is not None else defaults.spec_n_max
+        cache_type = request.cache_type if request.cache_type is not None else defaults.cache_type_kv or "f16"
+        return entry, model, LoadSettings(entry.path, n_ctx, n_parallel, tuple(extra), spec, n_max, cache_type)
 
     def _drop_loaded(self) -> None:
         if self._loaded is not None:

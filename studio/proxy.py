@@ -4,6 +4,14 @@ Streams are relayed chunk by chunk from one pooled ``httpx.AsyncClient`` with
 no buffering and no re-serialisation per chunk. When the client goes away the
 relay is cancelled and the upstream response closed in ``finally``, which
 closes the connection; llama-server notices and frees the slot.
+
+A streamed ``usage`` is llama-server's own and no chunk is parsed for it: a
+chat stream ends with OpenAI's usage chunk (empty ``choices``) exactly when the
+request asks ``stream_options.include_usage``, as OpenAI specifies, and
+``timings`` ride on the last chunk either way; a ``/v1/completions`` stream's
+last chunk always has both (b11434 ``tools/server/server-task.cpp``:
+``to_json_oaicompat_chat_stream`` and ``to_json_oaicompat``). A stream with
+``timings`` but no ``usage`` is one whose client did not ask for usage.
 """
 
 from __future__ import annotations

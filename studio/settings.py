@@ -15,6 +15,9 @@ Precedence: environment variables, then the optional TOML file
     n_ctx = 8192
     n_parallel = 2
     extra_args = ["--temp", "0.7"]
+    spec = "ngram"                  # a speculative mode, as the load API takes it
+    spec_n_max = 4                  # drafted tokens per step
+    cache_type_kv = "q8_0"          # KV cache type for K and V
 
 | variable                | meaning                                                  |
 |-------------------------|----------------------------------------------------------|
@@ -40,8 +43,11 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
+from launcher.memory import CACHE_TYPES, CacheType
+from launcher.speculative import MODES, SpecMode, SpeculativeConfigError, normalize_mode
+
 _TOP_KEYS = {"host", "port", "api_token", "model_dirs", "aliases", "models"}
-_MODEL_KEYS = {"n_ctx", "n_parallel", "extra_args"}
+_MODEL_KEYS = {"n_ctx", "n_parallel", "extra_args", "spec", "spec_n_max", "cache_type_kv"}
 
 
 @dataclass(frozen=True)
@@ -51,6 +57,9 @@ class ModelDefaults:
     n_ctx: int | None = None
     n_parallel: int | None = None
     extra_args: tuple[str, ...] | None = None
+    spec: SpecMode | None = None
+    spec_n_max: int | None = None
+    cache_type_kv: CacheType | None = None
 
 
 @dataclass(frozen=True)
@@ -107,6 +116,8 @@ class Settings:
                 name: ModelDefaults(
                     n_ctx=d.get("n_ctx"), n_parallel=d.get("n_parallel"),
                     extra_args=tuple(d["extra_args"]) if "extra_args" in d else None,
+                    spec=normalize_mode(d["spec"]) if "spec" in d else None,
+                    spec_n_max=d.get("spec_n_max"), cache_type_kv=d.get("cache_type_kv"),
                 ) for name, d in config.get("models", {}).items()
             }),
         )
@@ -132,19 +143,33 @@ def _read_config(path: Path, *, explicit: bool) -> dict[str, Any]:
         if not isinstance(d, dict):
             problems.append(f"[models.{name!r}] must be a table")
             continue
-        problems += [f"[models.{name!r}]: unknown key {k!r} (known: {', '.join(sorted(_MODEL_KEYS))})"
-                     for k in d if k not in _MODEL_KEYS]
-        for k in ("n_ctx", "n_parallel"):
-            if k in d and (not isinstance(d[k], int) or isinstance(d[k], bool) or d[k] < 1):
-                problems.append(f"[models.{name!r}]: {k} must be a positive integer")
-        if "extra_args" in d and not (isinstance(d["extra_args"], list)
-                                      and all(isinstance(a, str) for a in d["extra_args"])):
-            problems.append(f"[models.{name!r}]: extra_args must be a list of strings")
+        problems += [f"[models.{name!r}]: {problem}" for problem in _model_problems(d)]
     if not isinstance(config.get("model_dirs", []), list):
         problems.append("model_dirs must be a list of folders")
     if problems:
         raise ValueError(f"{path}: " + "; ".join(problems))
     return config
+
+
+def _model_problems(d: dict[str, Any]) -> list[str]:
+    """What is wrong with one ``[models.NAME]`` table, checked as the load API checks a request."""
+    problems = [f"unknown key {k!r} (known: {', '.join(sorted(_MODEL_KEYS))})" for k in d if k not in _MODEL_KEYS]
+    for k in ("n_ctx", "n_parallel", "spec_n_max"):
+        if k in d and (not isinstance(d[k], int) or isinstance(d[k], bool) or d[k] < 1):
+            problems.append(f"{k} must be a positive integer")
+    if "extra_args" in d and not (isinstance(d["extra_args"], list)
+                                  and all(isinstance(a, str) for a in d["extra_args"])):
+        problems.append("extra_args must be a list of strings")
+    if "spec" in d and not isinstance(d["spec"], str):
+        problems.append(f"spec must be a string, one of: {', '.join(MODES)}")
+    elif "spec" in d:
+        try:
+            normalize_mode(d["spec"])
+        except SpeculativeConfigError as exc:
+            problems.append(f"spec: {exc}")
+    if "cache_type_kv" in d and d["cache_type_kv"] not in CACHE_TYPES:
+        problems.append(f"cache_type_kv: unknown cache type {d['cache_type_kv']!r}; valid: {', '.join(CACHE_TYPES)}")
+    return problems
 
 
 def _optional_path(value: str | None) -> Path | None:

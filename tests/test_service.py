@@ -41,7 +41,7 @@ def studio(llama_server_bin, gemma_model, zoo_dir, tmp_path_factory):
     supervisor = Supervisor(logs_dir=root / "logs", registry=ChildRegistry(root / "run", owner_token()))
     manager = ModelManager(catalog=Catalog([models], aliases={"tiny-alias": TINY}), binary=llama_server_bin,
                            supervisor=supervisor, caps=probe(llama_server_bin, cache_dir=root / "cache"),
-                           model_defaults={TINY: ModelDefaults(n_ctx=512)})
+                           model_defaults={TINY: ModelDefaults(n_ctx=512, spec="off")})
     port = free_port()
     server = uvicorn.Server(uvicorn.Config(create_app(manager), host="127.0.0.1", port=port, log_level="warning"))
     thread = threading.Thread(target=server.run, daemon=True)
@@ -79,6 +79,21 @@ def test_chat_non_stream_and_stream(client):
         model=GEMMA, messages=[{"role": "user", "content": "Say hi."}], max_tokens=8, stream=True))
     text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
     assert text and chunks[-1].choices[0].finish_reason in ("length", "stop") or chunks[-1].choices == []
+
+
+def test_a_stream_asking_for_usage_ends_with_it(client):
+    """llama-server itself ends the stream with usage when asked (server-task.cpp); the relay adds nothing."""
+    chunks = list(client.chat.completions.create(
+        model=GEMMA, messages=[{"role": "user", "content": "Say hi."}], max_tokens=6, stream=True,
+        stream_options={"include_usage": True}))
+    last = chunks[-1]
+    assert last.choices == [] and last.usage is not None and last.usage.completion_tokens > 0
+    assert last.usage.completion_tokens == last.model_extra["timings"]["predicted_n"]
+    assert all(c.usage is None for c in chunks[:-1])
+    unasked = list(client.chat.completions.create(
+        model=GEMMA, messages=[{"role": "user", "content": "Say hi."}], max_tokens=6, stream=True))
+    assert all(c.usage is None for c in unasked)  # OpenAI's contract: usage only for include_usage
+    assert unasked[-1].model_extra["timings"]["predicted_n"] > 0
 
 
 def test_context_overflow_is_a_400_with_the_sizes(studio, client):
@@ -262,6 +277,22 @@ def test_plan_preview_loads_nothing(studio):
     assert manager.status()["pid"] == before["pid"]
 
 
+def test_config_defaults_reach_the_plan_and_a_request_wins(llama_server_bin, gemma_model, tmp_path):
+    defaults = ModelDefaults(spec="ngram", spec_n_max=5, cache_type_kv="q8_0")
+    manager = ModelManager(catalog=Catalog([gemma_model.parent]), binary=llama_server_bin, caps=probe(llama_server_bin),
+                           supervisor=Supervisor(logs_dir=tmp_path / "logs",
+                                                 registry=ChildRegistry(tmp_path / "run", owner_token())),
+                           model_defaults={GEMMA: defaults})
+    with TestClient(create_app(manager)) as client:
+        plan = client.post("/api/plan", json={"model": GEMMA, "n_ctx": 4096}).json()
+        assert (plan["cache_type_k"], plan["cache_type_v"]) == ("q8_0", "q8_0")
+        assert plan["speculative"]["requested"] == "ngram" and "5" in plan["speculative"]["argv"]
+        plan = client.post("/api/plan", json={"model": GEMMA, "n_ctx": 4096, "cache_type_kv": "f16", "spec": "off",
+                                              "spec_n_max": 2}).json()
+        assert (plan["cache_type_k"], plan["speculative"]["requested"], plan["speculative"]["argv"]) == (
+            "f16", "off", [])
+
+
 def test_bad_load_options_are_400s_naming_the_problem(studio):
     base, _ = studio
     resp = httpx.post(f"{base}/api/load", json={"model": GEMMA, "spec": "warp-drive"}, timeout=60)
@@ -280,6 +311,7 @@ def test_an_alias_serves_its_model_with_the_configured_defaults(studio, client):
     assert reply.choices[0].message.content is not None
     status = httpx.get(f"{base}/api/status").json()
     assert status["path"].endswith("llama-dense.gguf")
-    assert studio[1].loaded.settings.n_ctx == 512  # the configured default reached the launch
+    assert studio[1].loaded.settings.n_ctx == 512  # the configured defaults reached the launch
+    assert status["speculative"]["requested"] == "off" and status["cache_type_kv"] == "f16"
     # llama-server caps a slot at the model's training context (256 for the zoo models): it says so itself.
     assert status["effective_context"] == 256

@@ -20,6 +20,11 @@ chat = "gemma-3-270m-Q4_K_M"
 [models."gemma-3-270m-Q4_K_M"]
 n_ctx = 8192
 extra_args = ["--temp", "0.7"]
+spec_n_max = 4
+cache_type_kv = "q8_0"
+
+[models.mtp-model]
+spec = "draft-mtp,ngram-mod"
 """
 
 
@@ -34,7 +39,9 @@ def test_config_file_values_and_env_overrides(tmp_path):
     assert (s.host, s.port, s.api_token) == ("0.0.0.0", 9000, "from-file")
     assert s.model_dirs == (Path("~/more-models").expanduser(),)
     assert s.aliases == {"chat": "gemma-3-270m-Q4_K_M"}
-    assert s.model_defaults["gemma-3-270m-Q4_K_M"] == ModelDefaults(n_ctx=8192, extra_args=("--temp", "0.7"))
+    assert s.model_defaults["gemma-3-270m-Q4_K_M"] == ModelDefaults(
+        n_ctx=8192, extra_args=("--temp", "0.7"), spec_n_max=4, cache_type_kv="q8_0")
+    assert s.model_defaults["mtp-model"] == ModelDefaults(spec="mtp+ngram")  # llama.cpp's spelling, read as the API does
     env = {"GGUF_STUDIO_HOME": str(tmp_path), "GGUF_STUDIO_PORT": "9100", "GGUF_STUDIO_HOST": "127.0.0.1",
            "GGUF_STUDIO_API_TOKEN": "from-env"}
     s = Settings.from_env(env)
@@ -54,6 +61,21 @@ def test_a_bad_config_file_is_one_clear_error(tmp_path, text, words):
     with pytest.raises(ValueError) as info:
         Settings.from_env({"GGUF_STUDIO_HOME": str(tmp_path)})
     assert words in str(info.value) and "config.toml" in str(info.value)
+
+
+@pytest.mark.parametrize("line, words", [
+    ("spec = 'warp-drive'", "spec: unknown speculative mode 'warp-drive'; valid modes: auto, mtp"),
+    ("spec = 3", "spec must be a string, one of: auto, mtp"),
+    ("spec_n_max = 0", "spec_n_max must be a positive integer"),
+    ("spec_n_max = true", "spec_n_max must be a positive integer"),
+    ("cache_type_kv = 'q3_z'", "cache_type_kv: unknown cache type 'q3_z'; valid: f32, f16, bf16, q8_0"),
+    ("cache_type_kv = 8", "cache_type_kv: unknown cache type 8"),
+])
+def test_a_bad_model_default_names_its_section_and_key(tmp_path, line, words):
+    (tmp_path / "config.toml").write_text(f'[models."gemma-3-270m-Q4_K_M"]\n{line}\n')
+    with pytest.raises(ValueError) as info:
+        Settings.from_env({"GGUF_STUDIO_HOME": str(tmp_path)})
+    assert f"config.toml: [models.'gemma-3-270m-Q4_K_M']: {words}" in str(info.value)
 
 
 def test_a_named_config_file_must_exist(tmp_path):
