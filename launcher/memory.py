@@ -7,8 +7,10 @@ the cache is split per slot), the cache layout ``llama_model::create_memory``
 picks (one cache, or a full plus a sliding-window cache; recurrent state for
 Mamba/RWKV and hybrid layers), the layer placement of ``-ngl N`` (the last N
 blocks, then the output layer, go to the GPUs), and the output buffer sized for
-one row of logits per slot. KV, recurrent state and output buffers are exact
-formulas; the compute buffer is a fitted estimate (see ``_compute_bytes``).
+one row of logits per slot, growing to one per drafted token too once
+speculative decoding verifies a draft (``server_output_limits``). KV, recurrent
+state and output buffers are exact formulas; the compute buffer weighs the
+tensor sizes that drive it with fitted factors (``compute_terms``).
 
 Sparse-attention indexer key caches follow ``llama_kv_cache_dsa`` /
 ``llama_kv_cache_dsa_iswa`` / ``llama_kv_cache_msa`` / ``llama_memory_hybrid_idx``
@@ -77,6 +79,7 @@ class MemoryOptions:
     weight_padding_bytes: int = 0  # alignment gaps between tensors inside the mapped file (see ``for_file``)
     mmproj_bytes: int = 0  # the multimodal projector's weights, loaded by the server on the first GPU or the CPU
     spec: SpecMode = "none"
+    spec_n_max: int = 0  # tokens drafted per slot and step; each needs its own logits row when verified
 
 
 @dataclass(frozen=True)
@@ -137,10 +140,11 @@ class DeviceBill:
     recurrent: int = 0
     compute: int = 0
     output: int = 0
+    output_growth: int = 0  # logits rows for drafted tokens: allocated on the first speculative batch, not at start
 
     @property
     def total(self) -> int:
-        return self.weights + self.kv + self.recurrent + self.compute + self.output
+        return self.weights + self.kv + self.recurrent + self.compute + self.output + self.output_growth
 
 
 @dataclass(frozen=True)
@@ -158,11 +162,16 @@ class MemoryBill:
     def total(self) -> int:
         return sum(d.total for d in self.devices)
 
+    @property
+    def startup_total(self) -> int:
+        """What llama-server has allocated once it listens (before a speculative batch grows the outputs)."""
+        return self.total - self.sum_of("output_growth")
+
     def device(self, name: str) -> DeviceBill:
         """The bill of ``name``; an all-zero bill when nothing lives there."""
         return next((d for d in self.devices if d.device == name), DeviceBill(name))
 
-    def sum_of(self, part: Literal["weights", "kv", "recurrent", "compute", "output"]) -> int:
+    def sum_of(self, part: Literal["weights", "kv", "recurrent", "compute", "output", "output_growth"]) -> int:
         return sum(getattr(d, part) for d in self.devices)
 
 
@@ -177,6 +186,7 @@ class ContextShape:
     n_batch: int
     n_ubatch: int
     flash_attn: bool
+    n_outputs_max: int  # logits rows one batch may ask for: n_seq x (1 + drafted tokens), at most n_batch
 
     @property
     def n_stream(self) -> int:
@@ -206,8 +216,10 @@ def context_shape(facts: ModelFacts, options: MemoryOptions) -> ContextShape:
         n_ctx = n_ctx_seq * n_seq
     n_batch = min(n_ctx, options.n_batch)
     n_ubatch = min(n_batch, options.n_ubatch)
+    # server_output_limits: one output per slot, plus one per drafted token when speculating
+    n_outputs_max = min(n_batch, n_seq * (1 + max(options.spec_n_max, 0)))
     return ContextShape(n_seq=n_seq, unified=unified, n_ctx=n_ctx, n_ctx_seq=n_ctx_seq, n_batch=n_batch,
-                        n_ubatch=n_ubatch, flash_attn=_flash_attn(facts, options))
+                        n_ubatch=n_ubatch, flash_attn=_flash_attn(facts, options), n_outputs_max=n_outputs_max)
 
 
 def _flash_attn(facts: ModelFacts, options: MemoryOptions) -> bool:
@@ -372,57 +384,95 @@ def _recurrent(facts: ModelFacts, shape: ContextShape,
                           s_bytes=s_row * len(layers), p_bytes=p_row * len(ple))], per_device
 
 
-def _output_bytes(facts: ModelFacts, shape: ContextShape) -> int:
-    """``output_reserve(n_seq_max)``: f32 logits for one output per slot."""
-    return facts.vocab_size * shape.n_seq * 4
+def _output_bytes(facts: ModelFacts, shape: ContextShape) -> tuple[int, int]:
+    """``output_reserve``: (f32 logits for one output per slot at start-up, the growth speculation adds).
+
+    A speculative batch asks for a row per drafted token too, and llama.cpp
+    reallocates the output buffer for it on the first such batch.
+    """
+    start = facts.vocab_size * shape.n_seq * 4
+    return start, facts.vocab_size * max(shape.n_seq, shape.n_outputs_max) * 4 - start
 
 
-def _compute_bytes(facts: ModelFacts, shape: ContextShape, caches: Sequence[CacheBill]) -> int:
-    """The CPU compute buffer of ``sched_reserve``'s worst-case graph (a fitted estimate).
+def compute_terms(facts: ModelFacts, shape: ContextShape, caches: Sequence[CacheBill]) -> dict[str, int]:
+    """The tensor sizes (bytes) that drive the compute buffer of ``sched_reserve``'s prompt graph.
 
     The graph is reserved for one ubatch of ``n_tokens = min(n_ctx, n_ubatch)``
-    tokens against a full cache. ggml's allocator reuses memory, so the buffer is
-    what is alive at the peak: the attention masks (``n_kv x n_tokens`` per
-    cache and stream, f16 with flash attention, f32 without) and a few copies of
-    the hidden state live through the whole graph, plus the largest transient:
-    the KQ scores without flash attention (``n_kv x n_tokens x n_head``), the
-    FFN activations, or the SSM scan; plus the logits of one output per slot.
-    MoE layers use the expert FFN width times the experts used per token
-    (``build_moe_ffn``'s ``mul_mat_id`` outputs); sparse-attention indexers add
-    ``[n_kv, n_tokens]`` f32 score rows. The weights (``_FIT``) were fitted on the
-    zoo and Gemma with ``scripts/memory_accuracy.py``.
+    tokens against a full cache, with ``min(n_tokens, n_outputs_max)`` outputs.
+    Sizes follow ``llama-graph.cpp``: one attention mask per cache of
+    ``[n_kv, n_tokens / n_stream, 1, n_stream]`` (f16 with flash attention, f32
+    without), so ``n_kv x n_tokens`` whatever the streams; the KQ scores
+    ``[n_kv, n_tokens, n_head]`` f32 without flash attention, when V is stored
+    transposed and its ``set_rows`` index is one i64 per value; the hidden state
+    ``[n_embd, n_tokens]``; the FFN activations (MoE: ``mul_mat_id``'s
+    ``[n_ff_exp, n_expert_used, n_tokens]``); the SSM scan; the sparse-attention
+    indexer's queries and ``[n_kv, n_tokens]`` scores; the logits.
     """
-    f = _FIT
     n_tokens = min(shape.n_ctx, shape.n_ubatch)
-    n_head = max(facts.head_count, default=0)
     live = [c for c in caches if c.layers]
-    mask = sum(c.cells * c.streams for c in live) * n_tokens * (2 if shape.flash_attn else 4)
-    kq = 0 if shape.flash_attn else max((c.cells * c.streams for c in live), default=0) * n_tokens * n_head * 4
-    dense_ff = max(facts.feed_forward_length, default=0)
-    # MoE: build_moe_ffn's mul_mat_id makes [n_ff_exp, n_expert_used, n_tokens] up / gate / activation tensors
-    # (the shared expert runs after the routed ones, whose tensors are freed by then)
-    moe_ff = max(facts.expert_feed_forward_length * facts.expert_used_count, facts.expert_shared_feed_forward_length)
-    ffn = n_tokens * max(dense_ff, moe_ff if facts.expert_count else 0) * 4
-    # sparse-attention indexers: the per-head indexer queries ([indexer_head_size, n_indexer_head, n_tokens] f32,
-    # before and after the Hadamard rotation) and the [n_kv, n_tokens] f32 scores over every cached token.
-    # MiniMax-M3 runs dense attention instead when one unified cache serves several slots (models/minimax-m3.cpp).
-    idx_kv = sum(c.cells * c.streams for c in live if c.label == "indexer")
-    dense_fallback = facts.architecture == "minimax-m3" and shape.unified and shape.n_seq > 1
-    indexer = 0 if not idx_kv or dense_fallback else (
-        f["indexer_q"] * facts.indexer_head_count * facts.indexer_key_length * n_tokens * 4
-        + f["indexer"] * idx_kv * n_tokens * 4)
+    layers = range(facts.layer_count)
     recurrent = any(facts.recurrent_layers)
-    ssm = n_tokens * facts.ssm.inner_size * max(facts.ssm.state_size, 1) * 4 if recurrent else 0
-    conv = n_tokens * facts.recurrent_conv_state * 4 if recurrent else 0
-    hidden = n_tokens * facts.embedding_length * 4
-    logits = facts.vocab_size * min(n_tokens, shape.n_seq) * 4
-    peak = max(f["kq"] * kq, f["ffn"] * ffn, f["ssm"] * ssm + f["conv"] * conv)
-    return int(f["mask"] * mask + f["hidden"] * hidden + peak + indexer + logits)
+    dense_ff = max(facts.feed_forward_length, default=0)
+    moe_ff = max(facts.expert_feed_forward_length * facts.expert_used_count, facts.expert_shared_feed_forward_length)
+    idx_kv = sum(c.cells for c in live if c.label == "indexer")
+    # MiniMax-M3 runs dense attention instead when one unified cache serves several slots (models/minimax-m3.cpp)
+    indexer = bool(idx_kv) and not (facts.architecture == "minimax-m3" and shape.unified and shape.n_seq > 1)
+    return {
+        "mask": sum(c.cells for c in live) * n_tokens * (2 if shape.flash_attn else 4),
+        "kq": 0 if shape.flash_attn else max((c.cells for c in live), default=0) * n_tokens
+        * max(facts.head_count, default=0) * 4,
+        "v_index": 0 if shape.flash_attn or not live else n_tokens * max((facts.v_embd(il) for il in layers),
+                                                                           default=0) * 8,
+        "query": n_tokens * max((h * facts.key_length_of(il) for il, h in enumerate(facts.head_count)), default=0) * 4,
+        "hidden": n_tokens * facts.embedding_length * 4,
+        "ffn": n_tokens * max(dense_ff, moe_ff if facts.expert_count else 0) * 4,
+        "ssm": n_tokens * facts.ssm.inner_size * max(facts.ssm.state_size, 1) * 4 if recurrent else 0,
+        "conv": n_tokens * facts.recurrent_conv_state * 4 if recurrent else 0,
+        "indexer_q": facts.indexer_head_count * facts.indexer_key_length * n_tokens * 4 if indexer else 0,
+        "indexer": idx_kv * n_tokens * 4 if indexer else 0,
+        "logits": facts.vocab_size * min(n_tokens, shape.n_outputs_max) * 4,
+    }
 
 
-#: Weights of the compute-buffer terms, fitted on the zoo and Gemma (most cases within 10 %).
-_FIT = {"mask": 0.75, "hidden": 5.0, "kq": 1.75, "ffn": 3.0, "ssm": 0.01, "conv": 1.0, "indexer_q": 2.0,
-        "indexer": 2.5}
+def combine_terms(t: dict[str, int], fit: dict[str, float]) -> tuple[int, int]:
+    """(inside a layer, at the logits): the two moments when ggml's allocator peaks.
+
+    Inside a layer: the masks and a few hidden-state copies stay alive while the
+    largest transient (KQ scores, FFN activations or the SSM scan) is computed.
+    At the end: the logits are placed above what the masks and the last
+    layer's tensors left behind (measured: logits + masks + ~6 hidden states,
+    which is what makes ``--spec-default`` cost Gemma 3 270M 260 MiB with 4 slots).
+    """
+    transient = max(fit["kq"] * t["kq"], fit["ffn"] * t["ffn"], fit["ssm"] * t["ssm"] + fit["conv"] * t["conv"])
+    layer = (fit["mask"] * t["mask"] + fit["hidden"] * t["hidden"] + fit["query"] * t["query"]
+             + fit["v_index"] * t["v_index"] + fit["indexer_q"] * t["indexer_q"] + fit["indexer"] * t["indexer"]
+             + transient)
+    final = t["logits"] + t["mask"] + fit["final_hidden"] * t["hidden"]
+    return int(layer), int(final)
+
+
+def _compute_bytes(facts: ModelFacts, shape: ContextShape, caches: Sequence[CacheBill],
+                   devices: Sequence[str], output_device: str) -> dict[str, int]:
+    """Each device's compute buffer from the measured tensor sizes weighted by ``COMPUTE_FIT``.
+
+    A device running blocks needs the layer moment; the output layer's device
+    also the logits moment. The CPU always keeps a buffer for the input
+    embeddings even when every block is offloaded.
+    """
+    terms = compute_terms(facts, shape, caches)
+    layer, final = combine_terms(terms, COMPUTE_FIT)
+    out = {d: layer for d in devices}
+    out[output_device] = max(out.get(output_device, 0), final)
+    out.setdefault("CPU", 2 * terms["hidden"])
+    return out
+
+
+#: Weights of the compute terms. ggml's allocator reuses freed blocks, so how many copies of each
+#: tensor coexist at the peak depends on each architecture's graph; these are fitted on the zoo and
+#: Gemma with ``scripts/memory_accuracy.py`` (``final_hidden`` measured on Gemma with speculation).
+COMPUTE_FIT: dict[str, float] = {"mask": 0.875, "hidden": 4.125, "query": 0.5, "v_index": 0.5, "kq": 1.5,
+                                 "ffn": 3.0, "ssm": 0.01, "conv": 1.125, "indexer_q": 2.375, "indexer": 0.25,
+                                 "final_hidden": 5.75}
 
 
 def for_file(model: GGUFFile, options: MemoryOptions = MemoryOptions()) -> MemoryOptions:
@@ -469,13 +519,14 @@ def estimate(facts: ModelFacts, options: MemoryOptions = MemoryOptions()) -> Mem
     if options.mmproj_bytes:
         mmproj_dev = "GPU0" if options.n_gpu_layers != 0 else "CPU"
         weights[mmproj_dev] = weights.get(mmproj_dev, 0) + options.mmproj_bytes
-    compute: dict[str, int] = {"CPU": _compute_bytes(facts, shape, caches)}
+    compute = _compute_bytes(facts, shape, caches, devices, output_device)
     if any(d != "CPU" for d in (*devices, output_device)):
         reasons.append("GPU compute buffers are estimated with the CPU formula; only CPU runs were measured")
-        compute = {d: compute["CPU"] for d in {*devices, output_device}}
     names = sorted({"CPU", *weights, *kv, *rs, *compute})
+    output, growth = _output_bytes(facts, shape)
     bills = tuple(DeviceBill(device=d, weights=weights.get(d, 0), kv=kv.get(d, 0), recurrent=rs.get(d, 0),
-                             compute=compute.get(d, 0), output=_output_bytes(facts, shape) if d == "CPU" else 0)
+                             compute=compute.get(d, 0), output=output if d == "CPU" else 0,
+                             output_growth=growth if d == "CPU" else 0)
                   for d in names)
     return MemoryBill(devices=bills, caches=tuple(caches), recurrent=tuple(recurrent), approximate=bool(reasons),
                       reasons=tuple(reasons), states=tuple(states))

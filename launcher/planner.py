@@ -289,7 +289,7 @@ class _Planner:
             n_gpu_layers=ngl if gpus else 0,
             tensor_split=tuple(float(d.free_bytes) for d in gpus) if len(gpus) > 1 else (1.0,),
             cpu_repack_bytes=repack, weight_padding_bytes=self.model.weight_padding_bytes,
-            mmproj_bytes=self.model.mmproj_bytes, spec="mtp" if self.mtp else "none",
+            mmproj_bytes=self.model.mmproj_bytes, spec="mtp" if self.mtp else "none", spec_n_max=self.spec.n_draft,
         )
 
     def bill(self, n_ctx: int, ngl: int, gpus: tuple[Device, ...]) -> MemoryBill:

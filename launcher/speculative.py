@@ -35,6 +35,8 @@ GPU_MTP_N_MAX = 2
 CPU_MTP_N_MAX = 3
 # ngram-mod tuning: llama-server's own --spec-default values (lookup length, draft min/max).
 NGRAM_N_MATCH, NGRAM_N_MIN, NGRAM_N_MAX = 24, 48, 64
+#: llama.cpp's ngram-simple drafts up to its m-gram size (``ngram_simple.size_m``).
+NGRAM_SIMPLE_N_MAX = 48
 
 
 class SpeculativeConfigError(LauncherError, ValueError):
@@ -68,6 +70,9 @@ class SpecPlan:
     resolved: ResolvedMode  # "user": the user's own --spec-type is in charge
     argv: tuple[str, ...]
     reasons: tuple[str, ...]
+    #: The most tokens drafted per slot and step. llama-server sizes its logits for
+    #: n_parallel x (1 + n_draft) outputs, which can dwarf the rest of the compute buffer.
+    n_draft: int = 0
 
 
 def normalize_mode(text: str) -> SpecMode:
@@ -116,7 +121,8 @@ def plan(
         raise SpeculativeConfigError(f"the draft length n_max must be at least 1, not {n_max}")
     user_flag = next((a.split("=")[0] for a in extra_args if a.split("=")[0] in ("--spec-type", "--spec-default")), None)
     if user_flag:
-        return SpecPlan(mode, "user", (), (f"{user_flag} in the extra arguments wins; no speculative flags added",))
+        return SpecPlan(mode, "user", (), (f"{user_flag} in the extra arguments wins; no speculative flags added",),
+                        n_draft=NGRAM_N_MAX)  # unknown: memory is planned for --spec-default's draft length
     reasons: list[str] = []
     mtp, ngram, simple = _wanted(mode, model, on_gpu, reasons)
     if mode == "auto" and not (mtp or ngram):
@@ -140,7 +146,9 @@ def plan(
     resolved: ResolvedMode = (
         "mtp+ngram" if mtp and ngram else "mtp" if mtp else "ngram" if ngram else "ngram-simple" if simple else "off"
     )
-    return SpecPlan(mode, resolved, argv, tuple(reasons))
+    drafts = (n_max or default_n if mtp else 0, (n_max if n_max and not mtp else NGRAM_N_MAX) if ngram else 0,
+              NGRAM_SIMPLE_N_MAX if simple else 0)
+    return SpecPlan(mode, resolved, argv, tuple(reasons), n_draft=max(drafts) if argv else 0)
 
 
 def _wanted(mode: SpecMode, model: SpecModel, on_gpu: bool, reasons: list[str]) -> tuple[bool, bool, bool]:
@@ -163,7 +171,7 @@ def _wanted(mode: SpecMode, model: SpecModel, on_gpu: bool, reasons: list[str]) 
 def _spec_default(caps: Capabilities, reasons: list[str], mode: SpecMode) -> SpecPlan:
     if caps.supports("--spec-default"):
         reasons.append("auto: llama-server's --spec-default (ngram-mod)")
-        return SpecPlan(mode, "ngram", ("--spec-default",), tuple(reasons))
+        return SpecPlan(mode, "ngram", ("--spec-default",), tuple(reasons), n_draft=NGRAM_N_MAX)
     reasons.append("auto: this llama-server has no --spec-default; speculative decoding off")
     return SpecPlan(mode, "off", (), tuple(reasons))
 

@@ -362,7 +362,8 @@ def _bill(bill: MemoryBill) -> dict[str, Any]:
     """Bytes per device and part, for the GUI."""
     return {
         "devices": {d.device: {"weights": d.weights, "kv": d.kv, "recurrent": d.recurrent, "compute": d.compute,
-                               "output": d.output, "total": d.total} for d in bill.devices},
+                               "output": d.output, "output_growth": d.output_growth, "total": d.total}
+                    for d in bill.devices},
         "total": bill.total,
         "approximate": bill.approximate,
         "reasons": list(bill.reasons),

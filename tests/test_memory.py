@@ -11,6 +11,7 @@ The compute buffer is a fitted estimate: it is held to 50 % here as a guard
 
 from __future__ import annotations
 
+
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from pathlib import Path
@@ -206,6 +207,8 @@ SERVER_CONFIGS = (CONFIGS[0], CONFIGS[1], CONFIGS[2], CONFIGS[3])
 CASES = [(m, c) for m in ("gemma", *LAYOUTS.values()) for c in SERVER_CONFIGS]
 #: DeepSeek-V4's caches over the whole grid (slots, split/unified, window, ubatch and cache-type rules).
 DSV4_CASES = [("deepseek4-moe", c) for c in CONFIGS]
+#: Speculative decoding on a real vocabulary (262k): the logits rows for drafted tokens dominate.
+SPEC_CASES = [("gemma", c) for c in CONFIGS if c.options.spec_n_max]
 
 
 @pytest.fixture(scope="module")
@@ -215,7 +218,7 @@ def server_logs(llama_server_bin, zoo_dir, gemma_model) -> dict[tuple[str, str],
 
     with ThreadPoolExecutor(max_workers=2) as pool:
         futures = {(m, c.name): pool.submit(lambda m=m, c=c: load_report(llama_server_bin, path(m), c.argv(), until=DONE_MARKERS)[0])
-                   for m, c in (*CASES, *DSV4_CASES)}
+                   for m, c in (*CASES, *DSV4_CASES, *SPEC_CASES)}
         return {key: (path(key[0]), f.result()) for key, f in futures.items()}
 
 
@@ -260,3 +263,22 @@ def test_deepseek4_caches_match_llama_server(model, config, server_logs):
     # the device's KV sums the buffer lines, each rounded to 0.01 MiB by the log
     buffers = sum(1 for c in actual.caches if c.layers) + sum(1 for s in actual.states if s.layers)
     assert abs(predicted.device("CPU").kv - actual.device("CPU").kv) <= buffers * 0.005 * MIB
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("model", "config"), SPEC_CASES, ids=[f"{m}-{c.name}" for m, c in SPEC_CASES])
+def test_drafted_tokens_grow_the_logits_as_predicted(model, config, server_logs):
+    """n_parallel x (1 + n_max) logits rows: in the compute buffer now, in the output buffer on the first draft."""
+    path, log = server_logs[(model, config.name)]
+    actual = parse_allocations(log)
+    file = gguf.read(path)
+    predicted = estimate(file.facts, for_file(file, config.options))
+    plain = estimate(file.facts, for_file(file, replace(config.options, spec="none", spec_n_max=0)))
+    p, a = predicted.sum_of("compute"), actual.sum_of("compute")
+    assert abs(p - a) <= 0.1 * a, f"compute {_mib(p)} MiB predicted, {_mib(a)} MiB allocated"
+    assert p > 2 * plain.sum_of("compute")  # the drafted rows, not the attention, set the size
+    assert _mib(predicted.sum_of("output")) == _mib(actual.sum_of("output"))  # start-up: one row per slot
+    slots = 4 if config.options.n_parallel < 0 else config.options.n_parallel
+    rows = slots * (1 + config.options.spec_n_max)
+    assert predicted.sum_of("output_growth") == file.facts.vocab_size * 4 * (rows - slots)
+    assert abs(predicted.startup_total - actual.total) <= 0.02 * actual.total

@@ -161,8 +161,10 @@ def test_the_gpu_set_reaching_the_largest_context_wins_when_none_holds_native(ge
 
 
 def test_auto_falls_back_to_4096_and_fit_when_nothing_fits(gemma, real):
-    free = need(gemma, real, 4096) // 3
-    p = plan(gemma, machine(gpu(0, free), gpu(1, free)), real)
+    # Without speculation: --spec-default's logits (4 slots x 65 rows) alone outgrow these GPUs.
+    off = PlanRequest(spec="off")
+    free = need(gemma, real, 4096, request=off) // 3
+    p = plan(gemma, machine(gpu(0, free), gpu(1, free)), real, off)
     assert ([d.index for d in p.gpus], p.offload, p.n_ctx) == ([0, 1], "fit", 4096)
     assert 0 < p.n_gpu_layers < GEMMA_FULL
     # --fit keeps the same 10 % margin the planner budgets with.
@@ -172,13 +174,14 @@ def test_auto_falls_back_to_4096_and_fit_when_nothing_fits(gemma, real):
 
 
 def test_auto_falls_back_to_the_largest_ngl_without_fit(gemma, no_fit):
-    free = need(gemma, no_fit, 4096) // 3
-    p = plan(gemma, machine(gpu(0, free)), no_fit)
+    off = PlanRequest(spec="off")
+    free = need(gemma, no_fit, 4096, request=off) // 3
+    p = plan(gemma, machine(gpu(0, free)), no_fit, off)
     assert (p.offload, p.n_ctx) == ("ngl", 4096) and 0 < p.n_gpu_layers < GEMMA_FULL
     assert f"-ngl {p.n_gpu_layers}: the most layers (of 19) that fit the GPUs; this llama-server has no --fit" \
         in reasons(p)
     assert p.devices[0].fits  # the GPU share is within budget
-    more = plan(gemma, machine(gpu(0, free)), no_fit, PlanRequest(n_ctx=4096))
+    more = plan(gemma, machine(gpu(0, free)), no_fit, PlanRequest(n_ctx=4096, spec="off"))
     assert more.n_gpu_layers == p.n_gpu_layers
 
 
@@ -211,9 +214,9 @@ def test_explicit_context_that_fits_nowhere_uses_fit(gemma, real):
 
 
 def test_explicit_context_that_fits_nowhere_without_fit_uses_the_largest_ngl(gemma, no_fit, legacy):
-    free = need(gemma, no_fit, 4096) // 3
+    free = need(gemma, no_fit, 4096, request=PlanRequest(spec="off")) // 3
     for caps in (no_fit, legacy):
-        p = plan(gemma, machine(gpu(0, free)), caps, PlanRequest(n_ctx=8192))
+        p = plan(gemma, machine(gpu(0, free)), caps, PlanRequest(n_ctx=8192, spec="off"))
         assert p.offload == "ngl" and 0 < p.n_gpu_layers < GEMMA_FULL and p.n_ctx == 8192
         assert p.devices[0].fits
 
@@ -244,9 +247,10 @@ def test_an_engaged_mtp_draft_lowers_the_budget_to_85_percent(mtp_model, real):
 
 def test_the_85_percent_budget_changes_the_fit(mtp_model, gemma, real):
     # Memory that holds the native context at 90 % but not at 85 %.
-    nbytes = need(gemma, real, 32768)
+    off = PlanRequest(spec="off")  # --spec-default's 64 drafted rows of logits would dwarf MTP's 2
+    nbytes = need(gemma, real, 32768, request=off)
     free = int(nbytes / 0.875)
-    assert plan(gemma, machine(gpu(0, free)), real).n_ctx == 32768
+    assert plan(gemma, machine(gpu(0, free)), real, off).n_ctx == 32768
     assert plan(mtp_model, machine(gpu(0, free)), real).n_ctx < 32768
     assert plan(mtp_model, machine(gpu(0, free)), real, PlanRequest(spec="off")).n_ctx == 32768
 
