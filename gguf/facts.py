@@ -228,6 +228,7 @@ class ModelFacts:
     # expert FFN widths, as the graph multiplies by them (the ffn_*_exps / ffn_*_shexp tensors; 0: none)
     expert_feed_forward_length: int = 0  # one routed expert (llama.cpp n_ff_exp)
     expert_shared_feed_forward_length: int = 0  # the shared expert(s), all together (n_ff_shexp x count)
+    moe_layers: tuple[bool, ...] = ()  # blocks with routed experts (leading dense blocks and interleaving leave gaps)
     # sparse-attention indexer key cache (DSA / MSA / QSA; llama-kv-cache-dsa.cpp, -msa.cpp, memory-hybrid-idx.cpp)
     indexer_head_count: int = 0
     indexer_key_length: int = 0  # per indexer head (llama.cpp indexer_head_size)
@@ -1135,6 +1136,7 @@ def _model_facts(model: GGUFFile, hf_config: Mapping[str, Any] | None) -> ModelF
         notes=tuple(dict.fromkeys(notes)),
         expert_feed_forward_length=_ffn_width(tensors, "ffn_down_exps"),
         expert_shared_feed_forward_length=_ffn_width(tensors, "ffn_down_shexp"),
+        moe_layers=_moe_layers(tensors, hp.n_layer_all),
         indexer_head_count=idx_heads,
         indexer_key_length=idx_size,
         indexer_layers=idx_layers,
@@ -1223,6 +1225,12 @@ def _ffn_width(tensors: Sequence[Any], kind: str) -> int:
     """The widest ``blk.N.<kind>.weight`` input dimension: the FFN width the graph multiplies by."""
     return max((t.shape[0] for t in tensors if t.name.startswith("blk.") and t.name.endswith(f".{kind}.weight")
                 and len(t.shape) >= 2), default=0)
+
+
+def _moe_layers(tensors: Sequence[Any], n_layer: int) -> tuple[bool, ...]:
+    """Which blocks hold routed-expert weights (``blk.N.ffn_down_exps``)."""
+    routed = {_layer_of(t.name) for t in tensors if ".ffn_down_exps." in t.name}
+    return tuple(il in routed for il in range(n_layer))
 
 
 def _main_context_layers(arch: str, hp: _HParams, known: bool) -> tuple[tuple[bool, ...], tuple[bool, ...]]:

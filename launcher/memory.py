@@ -404,7 +404,7 @@ def compute_terms(facts: ModelFacts, shape: ContextShape, caches: Sequence[Cache
     without), so ``n_kv x n_tokens`` whatever the streams; the KQ scores
     ``[n_kv, n_tokens, n_head]`` f32 without flash attention, when V is stored
     transposed and its ``set_rows`` index is one i64 per value; the hidden state
-    ``[n_embd, n_tokens]``; the FFN activations (MoE: ``mul_mat_id``'s
+    ``[n_embd, n_tokens]``; the FFN activations of the widest block but the last (MoE: ``mul_mat_id``'s
     ``[n_ff_exp, n_expert_used, n_tokens]``); the SSM scan; the sparse-attention
     indexer's queries and ``[n_kv, n_tokens]`` scores; the logits.
     """
@@ -412,8 +412,13 @@ def compute_terms(facts: ModelFacts, shape: ContextShape, caches: Sequence[Cache
     live = [c for c in caches if c.layers]
     layers = range(facts.layer_count)
     recurrent = any(facts.recurrent_layers)
-    dense_ff = max(facts.feed_forward_length, default=0)
+    conv_k = facts.ssm.conv_kernel
     moe_ff = max(facts.expert_feed_forward_length * facts.expert_used_count, facts.expert_shared_feed_forward_length)
+    # The last block keeps only the output rows (``ggml_get_rows(cur, inp_out_ids)``) before its FFN.
+    ffn_layers = range(max(facts.layer_count - 1, 1))
+    ffn_width = max((moe_ff if il < len(facts.moe_layers) and facts.moe_layers[il]
+                     else facts.feed_forward_length[il] if il < len(facts.feed_forward_length) else 0
+                     for il in ffn_layers), default=0)
     idx_kv = sum(c.cells for c in live if c.label == "indexer")
     # MiniMax-M3 runs dense attention instead when one unified cache serves several slots (models/minimax-m3.cpp)
     indexer = bool(idx_kv) and not (facts.architecture == "minimax-m3" and shape.unified and shape.n_seq > 1)
@@ -425,9 +430,11 @@ def compute_terms(facts: ModelFacts, shape: ContextShape, caches: Sequence[Cache
                                                                            default=0) * 8,
         "query": n_tokens * max((h * facts.key_length_of(il) for il, h in enumerate(facts.head_count)), default=0) * 4,
         "hidden": n_tokens * facts.embedding_length * 4,
-        "ffn": n_tokens * max(dense_ff, moe_ff if facts.expert_count else 0) * 4,
-        "ssm": n_tokens * facts.ssm.inner_size * max(facts.ssm.state_size, 1) * 4 if recurrent else 0,
-        "conv": n_tokens * facts.recurrent_conv_state * 4 if recurrent else 0,
+        "ffn": n_tokens * ffn_width * 4,
+        # ggml_ssm_scan's result: y [d_inner, n_tokens] followed by the final states of every sequence
+        "ssm": (n_tokens * facts.ssm.inner_size + facts.recurrent_state * shape.n_seq) * 4 if recurrent else 0,
+        # ggml_ssm_conv's input: the cached (d_conv - 1) columns concatenated with the ubatch, per channel
+        "conv": (n_tokens + conv_k) * facts.recurrent_conv_state // max(conv_k - 1, 1) * 4 if recurrent else 0,
         "indexer_q": facts.indexer_head_count * facts.indexer_key_length * n_tokens * 4 if indexer else 0,
         "indexer": idx_kv * n_tokens * 4 if indexer else 0,
         "logits": facts.vocab_size * min(n_tokens, shape.n_outputs_max) * 4,
@@ -471,7 +478,7 @@ def _compute_bytes(facts: ModelFacts, shape: ContextShape, caches: Sequence[Cach
 #: tensor coexist at the peak depends on each architecture's graph; these are fitted on the zoo and
 #: Gemma with ``scripts/memory_accuracy.py`` (``final_hidden`` measured on Gemma with speculation).
 COMPUTE_FIT: dict[str, float] = {"mask": 0.875, "hidden": 4.125, "query": 0.5, "v_index": 0.5, "kq": 1.5,
-                                 "ffn": 3.0, "ssm": 0.01, "conv": 1.125, "indexer_q": 2.375, "indexer": 0.25,
+                                 "ffn": 3.0, "ssm": 3.0, "conv": 1.0, "indexer_q": 2.25, "indexer": 1.75,
                                  "final_hidden": 5.75}
 
 
