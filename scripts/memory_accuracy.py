@@ -77,9 +77,11 @@ CONFIGS: tuple[Config, ...] = (
                                                    spec_n_max=16)),
 )
 QUICK_CONFIGS = 2
-#: One model per memory layout runs the whole grid (plain GQA, SWA, MLA, hybrid, recurrent, MoE).
+#: One model per memory layout runs the whole grid (plain GQA, MQA, per-layer heads, SWA, MLA, sparse
+#: indexers, DeepSeek-V4, hybrid, recurrent, MoE).
 LAYOUT_MODELS = ("llama-dense", "gemma3-dense", "deepseek2-moe", "jamba-dense", "qwen35-dense",
-                 "granitehybrid-dense", "mamba-dense", "mamba2-dense", "qwen3moe-moe", "gpt-oss-moe")
+                 "granitehybrid-dense", "mamba-dense", "mamba2-dense", "qwen3moe-moe", "gpt-oss-moe", "qwen3-dense",
+                 "lfm2-dense", "deepseek32-moe", "deepseek4-moe")
 
 
 @dataclass(frozen=True)

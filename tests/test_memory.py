@@ -201,7 +201,8 @@ def test_gpu_layers_take_the_last_blocks_then_the_output(gemma_facts):
 LAYOUTS = {
     "gqa": "llama-dense", "swa": "gemma3-dense", "mla": "deepseek2-moe", "hybrid-ssm": "jamba-dense",
     "hybrid-linear": "qwen35-dense", "hybrid-granite": "granitehybrid-dense", "mamba": "mamba-dense",
-    "mamba2": "mamba2-dense", "moe": "qwen3moe-moe", "moe-swa": "gpt-oss-moe",
+    "mamba2": "mamba2-dense", "moe": "qwen3moe-moe", "moe-swa": "gpt-oss-moe", "mqa": "qwen3-dense",
+    "per-layer-heads": "lfm2-dense", "sparse-indexer": "deepseek32-moe",
 }
 SERVER_CONFIGS = (CONFIGS[0], CONFIGS[1], CONFIGS[2], CONFIGS[3])
 CASES = [(m, c) for m in ("gemma", *LAYOUTS.values()) for c in SERVER_CONFIGS]
