@@ -275,21 +275,26 @@ def _cache_bytes(type_name: str, n_values: int) -> int:
     return n_values // t.block_size * t.type_size
 
 
-def _kv_caches(facts: ModelFacts, shape: ContextShape, options: MemoryOptions,
-               devices: Sequence[str]) -> tuple[list[CacheBill], dict[str, int]]:
-    """The attention caches (``create_memory``'s choice) and their bytes per device."""
-    layers = facts.attention_cache_layers()
+def _kv_caches(facts: ModelFacts, shape: ContextShape, options: MemoryOptions, devices: Sequence[str],
+               draft: bool = False) -> tuple[list[CacheBill], dict[str, int]]:
+    """The attention caches (``create_memory``'s choice) and their bytes per device.
+
+    ``draft``: the MTP draft context's cache instead, which holds only the NextN
+    blocks the main context leaves out (``layer_filter_cb: il >= n_layer``).
+    """
+    layers = _draft_layers(facts) if draft else facts.attention_cache_layers()
     if not layers:
         return [], {}
+    prefix = "MTP draft " if draft else ""
     iswa = facts.swa_type != "none" and facts.is_swa_any
     if iswa:
         swa_cells = shape.n_ctx_seq if options.swa_full else pad(
             min(shape.n_ctx_seq, facts.sliding_window * (shape.n_seq if shape.unified else 1) + shape.n_ubatch))
-        groups = [("non-SWA", shape.n_ctx_seq, [il for il in layers if not facts.swa_layers[il]]),
-                  ("SWA", swa_cells, [il for il in layers if facts.swa_layers[il]])]
+        groups = [(prefix + "non-SWA", shape.n_ctx_seq, [il for il in layers if not facts.swa_layers[il]]),
+                  (prefix + "SWA", swa_cells, [il for il in layers if facts.swa_layers[il]])]
     else:
-        groups = [("main", shape.n_ctx_seq, list(layers))]
-    if any(facts.indexer_layers):
+        groups = [(prefix + "main", shape.n_ctx_seq, list(layers))]
+    if any(facts.indexer_layers) and not draft:
         # llama_kv_cache_dsa / _msa / llama_memory_hybrid_idx: a "main" cache, then the indexer key cache
         # (one KV head, same cells and streams); llama_kv_cache_dsa_iswa adds its SWA cache after both
         groups[0] = ("main", *groups[0][1:])
@@ -312,6 +317,25 @@ def _kv_caches(facts: ModelFacts, shape: ContextShape, options: MemoryOptions,
         caches.append(CacheBill(label=label, cells=cells, streams=shape.n_stream, layers=len(group), k_type=k_type,
                                 v_type=v_type, k_bytes=k_total, v_bytes=v_total))
     return caches, per_device
+
+
+def _draft_layers(facts: ModelFacts) -> tuple[int, ...]:
+    """The NextN (MTP) blocks whose cache lives in the draft context, not in the main one."""
+    return tuple(il for il in range(facts.layer_count, facts.block_count)
+                 if il >= len(facts.kv_layers) or not facts.kv_layers[il])
+
+
+def _mtp_draft(facts: ModelFacts, shape: ContextShape, options: MemoryOptions, devices: Sequence[str],
+               output_device: str) -> tuple[list[CacheBill], dict[str, int], dict[str, int], int]:
+    """The MTP draft context ``common_speculative_init_result`` creates next to the main one.
+
+    Same n_ctx and slots as the target; its own KV cache for the NextN blocks;
+    its own compute buffer for one block plus the logits; its own output buffer
+    (returned last, host memory).
+    """
+    caches, kv = _kv_caches(facts, shape, options, devices, draft=True)
+    layer, final = combine_terms(compute_terms(facts, shape, caches), COMPUTE_FIT)
+    return caches, kv, {output_device: max(layer, final)}, _output_bytes(facts, shape)[0]
 
 
 def _dsv4_memory(facts: ModelFacts, shape: ContextShape, options: MemoryOptions, devices: Sequence[str]
@@ -506,8 +530,10 @@ def estimate(facts: ModelFacts, options: MemoryOptions = MemoryOptions()) -> Mem
     reasons: list[str] = []
     if facts.approximate:
         reasons += [f"model facts are approximate: {n}" for n in facts.notes] or ["model facts are approximate"]
-    if options.spec == "mtp":
-        reasons.append("the MTP draft context (its KV cache and compute buffer) is not included")
+    mtp = options.spec in ("mtp", "mtp+ngram") and facts.nextn_predict_layers > 0
+    if mtp:
+        reasons.append("the MTP draft context (KV for the NextN blocks, one block's compute, its logits) follows "
+                       "llama.cpp's sources but was not measured: the zoo has no model with MTP blocks")
     shape = context_shape(facts, options)
     devices, output_device = layer_devices(facts, options)
     states: list[StateBill] = []
@@ -527,10 +553,20 @@ def estimate(facts: ModelFacts, options: MemoryOptions = MemoryOptions()) -> Mem
         mmproj_dev = "GPU0" if options.n_gpu_layers != 0 else "CPU"
         weights[mmproj_dev] = weights.get(mmproj_dev, 0) + options.mmproj_bytes
     compute = _compute_bytes(facts, shape, caches, devices, output_device)
+    draft_output = 0
+    if mtp:
+        draft_caches, draft_kv, draft_compute, draft_output = _mtp_draft(facts, shape, options, devices,
+                                                                          output_device)
+        caches = [*caches, *draft_caches]
+        for d, n in draft_kv.items():
+            kv[d] = kv.get(d, 0) + n
+        for d, n in draft_compute.items():
+            compute[d] = compute.get(d, 0) + n
     if any(d != "CPU" for d in (*devices, output_device)):
         reasons.append("GPU compute buffers are estimated with the CPU formula; only CPU runs were measured")
     names = sorted({"CPU", *weights, *kv, *rs, *compute})
     output, growth = _output_bytes(facts, shape)
+    output += draft_output
     bills = tuple(DeviceBill(device=d, weights=weights.get(d, 0), kv=kv.get(d, 0), recurrent=rs.get(d, 0),
                              compute=compute.get(d, 0), output=output if d == "CPU" else 0,
                              output_growth=growth if d == "CPU" else 0)

@@ -112,7 +112,26 @@ def test_approximate_facts_and_the_mtp_draft_say_why(gemma_facts):
     guessed = replace(gemma_facts, approximate=True, notes=("futurelm has no loader",))
     bill = estimate(guessed)
     assert bill.approximate and any("no loader" in r for r in bill.reasons)
-    assert estimate(gemma_facts, MemoryOptions(spec="mtp")).approximate
+    assert not estimate(gemma_facts, MemoryOptions(spec="mtp")).approximate  # no MTP blocks: no draft context
+
+
+def test_the_mtp_draft_context_caches_its_nextn_blocks(gemma_facts):
+    # Gemma's last block as if it were a NextN head: the trunk's cache drops it, the draft context holds it.
+    n = gemma_facts.layer_count
+    mtp = replace(gemma_facts, layer_count=n - 1, nextn_predict_layers=1,
+                  kv_layers=(*gemma_facts.kv_layers[:-1], False))
+    options = MemoryOptions(n_ctx=4096, n_parallel=1)
+    plain = estimate(mtp, options)
+    drafted = estimate(mtp, replace(options, spec="mtp"))
+    assert drafted.approximate and any("MTP draft context" in r and "not measured" in r for r in drafted.reasons)
+    extra = [c for c in drafted.caches if c.label.startswith("MTP draft")]
+    assert [c.layers for c in extra if c.layers] == [1] and [c.label for c in drafted.caches[:2]] == \
+        [c.label for c in plain.caches]
+    layer = mtp.k_embd(n - 1) + mtp.v_embd(n - 1)
+    cells = next(c.cells for c in extra if c.layers)
+    assert drafted.sum_of("kv") - plain.sum_of("kv") == layer * cells * 2  # f16
+    assert drafted.sum_of("compute") > plain.sum_of("compute")
+    assert drafted.sum_of("output") == 2 * plain.sum_of("output")  # a second logits row per slot
 
 
 def test_deepseek4_caches_follow_the_dsv4_rules(zoo_dir):
