@@ -231,6 +231,18 @@ def _marker_content(pin: Pin, backend: str, args: tuple[str, ...]) -> dict:
     }
 
 
+def built_backend(llama_server: Path) -> str | None:
+    """Return the backend (``cpu``, ``cuda``...) the studio built ``llama_server`` for; None if it did not build it.
+
+    Read from the marker beside its ``bin/`` folder, so a binary's build is known without running it.
+    """
+    try:
+        backend = json.loads((llama_server.parent.parent / MARKER_NAME).read_text()).get("backend")
+    except (OSError, ValueError, AttributeError):  # no marker, not JSON, not an object
+        return None
+    return backend if isinstance(backend, str) else None
+
+
 def _marker_matches(layout: BuildLayout, expected: dict) -> bool:
     try:
         found = json.loads(layout.marker.read_text())

@@ -7,6 +7,13 @@ is missing is silent; one that fails, hangs or prints something unreadable is
 skipped with a warning in the result, never an exception: the CPU entry is
 always there, so a broken driver tool cannot stop the studio from serving.
 
+When the binary is given and its listing reads, that listing decides which
+vendor-tool GPUs are kept: it reflects both the build and the driver, for any
+binary, studio-built or not. A GPU whose backend it does not list could take no
+layers, so it is left out with one warning per backend (the studio's build
+marker, when there is one, says which build it is). An unknown binary filters
+nothing.
+
 GPU indices are physical (nvidia-smi's / rocm-smi's own numbering) after applying
 the visibility masks the child would inherit, since those are what the child must
 be pinned to. CUDA reads ``CUDA_VISIBLE_DEVICES`` left to right and stops at the
@@ -27,6 +34,7 @@ from typing import Literal
 
 import psutil
 
+from launcher.build import built_backend
 from launcher.capabilities import ProbeError, run_tool
 
 Source = Literal["nvidia-smi", "rocm-smi", "llama-server", "psutil"]
@@ -99,8 +107,40 @@ def discover(
     if llama_server is not None:
         listed = _read("llama-server", [str(llama_server), "--list-devices"], parse_list_devices, env, timeout,
                        warnings)
-        found += [d for d in listed or () if _COVERED_BY.get(d.backend) not in worked]
+        if listed is not None:
+            found = _reachable(found, listed, built_backend(llama_server), warnings)
+            found += [d for d in listed if _COVERED_BY.get(d.backend) not in worked]
     return Inventory((*found, _cpu()), tuple(warnings))
+
+
+def _reachable(vendor: list[Device], listed: list[Device], built: str | None, warnings: list[str]) -> list[Device]:
+    """Return the vendor-tool GPUs whose backend the binary lists; warn once per backend it lacks.
+
+    Planning on a GPU the binary cannot use would pin it, count layers on it that
+    stay on the CPU, and size the context for memory the child never gets.
+    """
+    listed_by = {_COVERED_BY.get(d.backend) for d in listed}
+    missing = [d for d in vendor if d.source not in listed_by]
+    for source in dict.fromkeys(d.source for d in missing):
+        gpus = [d for d in missing if d.source == source]
+        warnings.append(_unreachable_warning(source, gpus[0].backend, len(gpus), built))
+    return [d for d in vendor if d.source in listed_by]
+
+
+def _unreachable_warning(source: Source, backend: str, count: int, built: str | None) -> str:
+    """Say which GPUs are left out and the fix: another build, or the driver when the build is right."""
+    wanted = backend.lower()  # ggml's "CUDA" / "ROCm" are the pin's "cuda" / "rocm" backends
+    rebuild = (f"to use them, run `ggstudio build-llama --backend {wanted}` and set LLAMA_SERVER_PATH to the "
+               "llama-server it prints")
+    if built == wanted:
+        has, fix = (f"(a {built} build) lists no {backend} device (its {backend} runtime cannot reach the GPUs)",
+                    "check the driver; `llama-server --list-devices` shows what it sees")
+    elif built is not None:
+        has, fix = f"has no {backend} backend (a {built} build)", rebuild
+    else:
+        has, fix = f"lists no {backend} device (built without {backend}, or its runtime cannot reach the GPUs)", rebuild
+    gpus = f"{count} GPU{'s' if count > 1 else ''}"
+    return f"{source} sees {gpus}, but this llama-server {has}: the plan leaves the {backend} GPUs out; {fix}"
 
 
 def _read(

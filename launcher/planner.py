@@ -19,7 +19,8 @@ Policy:
   on the fewest GPUs that reach the largest context possible. If even the
   smallest context does not fit, it falls back to that context and ``--fit on``
   (or the largest ``-ngl``).
-- A machine without GPUs plans against available RAM with ``-ngl 0``.
+- A machine without usable GPUs (none found, or none the binary has a backend
+  for: see ``launcher.devices``) plans against available RAM with ``-ngl 0``.
 
 The plan keeps the reasons for each decision, in words a user can act on.
 """
@@ -351,7 +352,7 @@ class _Planner:
             else:
                 n_ctx = self.floor
                 self.warnings.append(f"even {n_ctx} tokens do not fit in {where}; the load may swap or fail")
-            self.reasons.append("no GPU found: everything runs on the CPU (-ngl 0)")
+            self.reasons.append("no usable GPU: everything runs on the CPU (-ngl 0)")
             return (), "ngl", 0, n_ctx
         native_fit = self.fewest_gpus(lambda g: self.fits(self.cap, self.full, g))
         if native_fit is not None:
@@ -379,7 +380,7 @@ class _Planner:
                                  "quality usually drops past it")
         self.reasons.append(f"context {n_ctx} tokens, as requested")
         if not self.gpus:
-            self.reasons.append("no GPU found: everything runs on the CPU (-ngl 0)")
+            self.reasons.append("no usable GPU: everything runs on the CPU (-ngl 0)")
             return (), "ngl", 0, n_ctx
         chosen = self.fewest_gpus(lambda g: self.fits(n_ctx, self.full, g))
         if chosen is not None:

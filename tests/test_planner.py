@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -79,7 +80,7 @@ def test_cpu_with_lots_of_ram_gets_the_native_context(gemma, real):
     assert (p.gpus, p.offload, p.n_gpu_layers, p.n_ctx, p.n_ctx_auto) == ((), "ngl", 0, 32768, True)
     assert p.max_safe_ctx == 32768 and p.fits and not p.warnings
     assert "the native 32768 tokens fit in available RAM" in reasons(p)
-    assert "no GPU found" in reasons(p)
+    assert "no usable GPU" in reasons(p)
     assert [d.name for d in p.devices] == ["CPU"] and p.budget_fraction == BUDGET_FRACTION
 
 
@@ -330,9 +331,9 @@ def nvidia(tmp_path, monkeypatch):
     for name in ("CUDA_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER"):
         monkeypatch.delenv(name, raising=False)
 
-    def machine_named(mode: str) -> Inventory:
+    def machine_named(mode: str, llama_server: Path | None = None) -> Inventory:
         monkeypatch.setenv("FAKE_NVIDIA_SMI", mode)
-        return discover()
+        return discover(llama_server=llama_server)
 
     return machine_named
 
@@ -349,11 +350,27 @@ def test_fake_four_gpu_machine_with_the_big_one_hidden(nvidia, gemma, real, monk
     assert [(d.index, d.name) for d in p.gpus] == [(1, "NVIDIA GeForce RTX 4090")]
 
 
+def test_a_cpu_build_on_a_gpu_machine_plans_cpu_only(nvidia, gemma, real, llama_server_bin):
+    # Regression: nvidia-smi's GPUs were pinned and given layers a CPU-only llama-server cannot offload.
+    p = plan(gemma, nvidia("two", llama_server_bin), real)
+    assert (p.gpus, p.n_gpu_layers, [d.name for d in p.devices]) == ((), 0, ["CPU"])
+    assert "no usable GPU: everything runs on the CPU (-ngl 0)" in reasons(p)
+    assert any(w.startswith("nvidia-smi sees 2 GPUs, but this llama-server has no CUDA backend (a cpu build)")
+               for w in p.warnings)
+
+
+def test_a_cuda_build_on_a_gpu_machine_pins_as_before(nvidia, gemma, real, monkeypatch):
+    monkeypatch.setenv("FAKE_LLAMA_DEVICES", "cuda")
+    p = plan(gemma, nvidia("two", FIXTURES / "bin" / "llama-server"), real)
+    assert [(d.index, d.source) for d in p.gpus] == [(0, "nvidia-smi")] and p.n_gpu_layers == GEMMA_FULL
+    assert not p.warnings
+
+
 # --- the CLI ---------------------------------------------------------------------------------------
 
 
-def run_cli(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([CLI, *args], capture_output=True, text=True, timeout=120)
+def run_cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([CLI, *args], capture_output=True, text=True, timeout=120, env=env)
 
 
 def test_ggstudio_plan_json(gemma_model, llama_server_bin):
@@ -378,6 +395,18 @@ def test_ggstudio_plan_options_and_text(gemma_model, llama_server_bin):
     assert "context    8192 tokens (requested; native 32768" in text
     assert "spec       ngram -> ngram (--spec-type ngram-mod" in text
     assert "predicted memory" in text and "reasons" in text and "2 parallel slots share the context" in text
+
+
+def test_ggstudio_plan_shows_why_the_gpus_are_unused(gemma_model, llama_server_bin, tmp_path):
+    tools = tmp_path / "tools"
+    tools.mkdir()
+    shutil.copy2(FIXTURES / "gpu-tools" / "nvidia-smi", tools / "nvidia-smi")
+    env = {k: v for k, v in os.environ.items() if k not in ("CUDA_VISIBLE_DEVICES", "GGUF_STUDIO_LLAMA_CPP")}
+    env.update(LLAMA_SERVER_PATH=str(llama_server_bin), FAKE_NVIDIA_SMI="one",
+               PATH=f"{tools}{os.pathsep}/usr/bin{os.pathsep}/bin")
+    text = run_cli("plan", str(gemma_model), env=env).stdout
+    assert "offload    CPU only (-ngl 0)" in text
+    assert "\nwarnings\n  ! nvidia-smi sees 1 GPU, but this llama-server has no CUDA backend (a cpu build)" in text
 
 
 @pytest.mark.parametrize(("args", "message"), [
