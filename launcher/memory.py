@@ -461,6 +461,10 @@ def compute_terms(facts: ModelFacts, shape: ContextShape, caches: Sequence[Cache
         "conv": (n_tokens + conv_k) * facts.recurrent_conv_state // max(conv_k - 1, 1) * 4 if recurrent else 0,
         "indexer_q": facts.indexer_head_count * facts.indexer_key_length * n_tokens * 4 if indexer else 0,
         "indexer": idx_kv * n_tokens * 4 if indexer else 0,
+        # MiniMax-01's lightning attention: the [n_tokens, n_tokens, n_head] f32 decay input every layer reads
+        # (``sched_reserve`` reserves it with one sequence, its worst case)
+        "decay": n_tokens * n_tokens * max(facts.head_count, default=0) * 4
+        if facts.architecture == "minimax-01" else 0,
         "logits": facts.vocab_size * min(n_tokens, shape.n_outputs_max) * 4,
     }
 
@@ -477,7 +481,7 @@ def combine_terms(t: dict[str, int], fit: dict[str, float]) -> tuple[int, int]:
     transient = max(fit["kq"] * t["kq"], fit["ffn"] * t["ffn"], fit["ssm"] * t["ssm"] + fit["conv"] * t["conv"])
     layer = (fit["mask"] * t["mask"] + fit["hidden"] * t["hidden"] + fit["query"] * t["query"]
              + fit["v_index"] * t["v_index"] + fit["indexer_q"] * t["indexer_q"] + fit["indexer"] * t["indexer"]
-             + transient)
+             + fit["decay"] * t["decay"] + transient)
     final = t["logits"] + t["mask"] + fit["final_hidden"] * t["hidden"]
     return int(layer), int(final)
 
@@ -502,7 +506,7 @@ def _compute_bytes(facts: ModelFacts, shape: ContextShape, caches: Sequence[Cach
 #: tensor coexist at the peak depends on each architecture's graph; these are fitted on the zoo and
 #: Gemma with ``scripts/memory_accuracy.py`` (``final_hidden`` measured on Gemma with speculation).
 COMPUTE_FIT: dict[str, float] = {"mask": 0.875, "hidden": 4.125, "query": 0.5, "v_index": 0.5, "kq": 1.5,
-                                 "ffn": 3.0, "ssm": 3.0, "conv": 1.0, "indexer_q": 2.25, "indexer": 1.75,
+                                 "ffn": 3.0, "ssm": 3.0, "conv": 1.0, "indexer_q": 2.25, "indexer": 1.75, "decay": 1.0,
                                  "final_hidden": 5.75}
 
 
