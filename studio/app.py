@@ -10,7 +10,6 @@ import asyncio
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
-import httpx
 import structlog
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -24,7 +23,9 @@ from studio.auth import BearerTokenMiddleware
 from studio.chat import router as chat_router
 from studio.errors import BusyError, StudioError, error_body
 from studio.manager import LoadRequest, ModelManager
+from studio.proxy import OpenAIRoutes
 from studio.proxy import router as proxy_router
+from studio.upstream import Upstream
 
 log = structlog.get_logger(__name__)
 
@@ -43,42 +44,34 @@ def create_app(
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        limits = httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_connections)
-        async with httpx.AsyncClient(timeout=httpx.Timeout(None, connect=10), limits=limits) as upstream:
-            app.state.upstream = upstream
-            app.state.manager = manager
-            if initial_load is not None:
-                app.state.initial_load = asyncio.create_task(_initial_load(manager, initial_load))
+        app.state.upstream = upstream = Upstream(max_connections=max_connections)
+        app.state.manager = manager
+        if initial_load is not None:
+            app.state.initial_load = asyncio.create_task(_initial_load(manager, initial_load))
+        try:
+            yield
+        finally:
             try:
-                yield
-            finally:
                 await manager.aclose()
+            finally:
+                await upstream.aclose()
 
     app = FastAPI(title="GGUF Studio", version=__version__, lifespan=lifespan)
     app.include_router(api_router)
     app.include_router(chat_router)
     app.include_router(proxy_router)
-    if api_token:
+    app.add_middleware(OpenAIRoutes, on_error=error_response)
+    if api_token:  # added last, so it runs first
         app.add_middleware(BearerTokenMiddleware, token=api_token)
 
-    @app.exception_handler(StudioError)
-    async def studio_error(request: Request, exc: StudioError) -> JSONResponse:
-        headers = {"Retry-After": str(exc.retry_after)} if isinstance(exc, BusyError) else None
-        return JSONResponse(error_body(exc.message, exc.type, exc.param, exc.code), exc.status, headers=headers)
+    async def translate(request: Request, exc: Exception) -> JSONResponse:
+        response = error_response(exc)
+        if response is None:  # not registered for such errors
+            raise exc
+        return response
 
-    @app.exception_handler(gguf.GGUFError)
-    async def gguf_error(request: Request, exc: gguf.GGUFError) -> JSONResponse:
-        return JSONResponse(error_body(str(exc), "invalid_request_error", "model", "invalid_gguf"), 400)
-
-    @app.exception_handler(LauncherError)
-    async def launcher_error(request: Request, exc: LauncherError) -> JSONResponse:
-        if isinstance(exc, ValueError):  # a request the planner refuses: bad cache type, spec mode, extra args
-            return JSONResponse(error_body(str(exc), "invalid_request_error", None, type(exc).__name__), 400)
-        if isinstance(exc, StartAbortedError):
-            return JSONResponse(error_body(str(exc), "load_cancelled", None, "load_cancelled"), 409)
-        code = getattr(exc, "cause", None) or "load_failed"
-        status = 500 if isinstance(exc, LoadError) else 502
-        return JSONResponse(error_body(str(exc), "server_error", None, code), status)
+    for error_type in (StudioError, gguf.GGUFError, LauncherError):
+        app.add_exception_handler(error_type, translate)
 
     @app.exception_handler(RequestValidationError)
     async def validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
@@ -91,6 +84,24 @@ def create_app(
         return {"status": "ok"}
 
     return app
+
+
+def error_response(exc: Exception) -> JSONResponse | None:
+    """Return the OpenAI-shaped answer to an error from the layers below; ``None`` for any other error (a bug)."""
+    if isinstance(exc, StudioError):
+        headers = {"Retry-After": str(exc.retry_after)} if isinstance(exc, BusyError) else None
+        return JSONResponse(error_body(exc.message, exc.type, exc.param, exc.code), exc.status, headers=headers)
+    if isinstance(exc, gguf.GGUFError):
+        return JSONResponse(error_body(str(exc), "invalid_request_error", "model", "invalid_gguf"), 400)
+    if isinstance(exc, LauncherError):
+        if isinstance(exc, ValueError):  # a request the planner refuses: bad cache type, spec mode, extra args
+            return JSONResponse(error_body(str(exc), "invalid_request_error", None, type(exc).__name__), 400)
+        if isinstance(exc, StartAbortedError):
+            return JSONResponse(error_body(str(exc), "load_cancelled", None, "load_cancelled"), 409)
+        code = getattr(exc, "cause", None) or "load_failed"
+        status = 500 if isinstance(exc, LoadError) else 502
+        return JSONResponse(error_body(str(exc), "server_error", None, code), status)
+    return None
 
 
 async def _initial_load(manager: ModelManager, request: LoadRequest) -> None:

@@ -123,6 +123,19 @@ def test_closing_a_stream_frees_the_slot(studio, client):
     assert time.monotonic() - t0 < 1.5
 
 
+def test_back_to_back_streams_do_not_reuse_the_connection_llama_server_closed(studio):
+    """llama-server closes the connection after every stream; the next request reusing it was a 502."""
+    base, _ = studio
+    body = {"model": GEMMA, "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 1, "stream": True}
+    with httpx.Client(base_url=base, timeout=60) as http:
+        statuses = []
+        for _ in range(20):
+            with http.stream("POST", "/v1/chat/completions", json=body) as resp:
+                resp.read()
+                statuses.append(resp.status_code)
+    assert statuses == [200] * 20
+
+
 def test_eight_concurrent_streams_complete(client):
     def one(i: int) -> str:
         chunks = client.chat.completions.create(
@@ -265,6 +278,11 @@ def test_api_token_guards_everything_but_health(llama_server_bin, tmp_path):
         assert denied.status_code == 401 and denied.json()["error"]["code"] == "invalid_api_key"
         assert client.get("/api/status", headers={"Authorization": "Bearer wrong"}).status_code == 401
         assert client.get("/v1/models", headers={"Authorization": "Bearer s3cret"}).status_code == 200
+        chat = {"messages": [{"role": "user", "content": "x"}]}
+        assert client.post("/v1/chat/completions", json=chat).status_code == 401  # the fast path is guarded too
+        refused = client.post("/v1/chat/completions", json=chat, headers={"Authorization": "Bearer s3cret"})
+        assert refused.status_code == 400 and refused.json()["error"]["param"] == "model"  # no model loaded
+        assert client.get("/v1/chat/completions", headers={"Authorization": "Bearer s3cret"}).status_code == 405
 
 
 def test_plan_preview_loads_nothing(studio):

@@ -1,0 +1,358 @@
+"""A lean HTTP/1.1 transport for ``httpx`` to the studio's own llama-server on loopback.
+
+The proxy's added latency is its CPU time per request: on a small machine
+llama-server's threads hold every core, so each millisecond the service spends
+is a millisecond a token waits. httpx's default transport (httpcore on anyio,
+h11 in pure Python) cost about as much per request as the rest of the service
+together, and writes each request in two pieces (head, then body), so
+llama-server wakes twice. This transport speaks just the HTTP/1.1 that
+llama-server speaks, on plain asyncio streams, and writes a request in one
+piece. Requests, responses and errors stay ``httpx``'s (``httpx.HTTPError``),
+so the code that reads the answers does not change.
+
+What it does not do, because llama-server on loopback does not need it: TLS,
+proxies, HTTP/2, ``Expect: 100-continue``, request bodies that stream.
+
+Connection reuse follows what llama-server b11434 really does, not what it
+announces: its cpp-httplib returns failure from a finished chunked (streamed)
+response and so closes the connection, though the headers say ``Keep-Alive``
+(``tools/server/server-http.cpp`` ``process_handler_response``, whose provider
+returns ``has_next`` after ``sink.done()``). A chunked response therefore never
+goes back to the pool; reusing it would race the server's close and fail the
+next request. Idle connections are also dropped before the server's announced
+``Keep-Alive: timeout`` runs out, and a reused connection that closes before
+any byte of the answer is retried once on a new one (as curl does).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable
+from dataclasses import dataclass, field
+from typing import TypeVar
+
+import httpx
+
+#: Bytes a single read of a body asks for.
+READ_SIZE = 64 * 1024
+#: Seconds an idle connection is kept when the server announces no keep-alive timeout.
+DEFAULT_IDLE = 4.0
+#: Seconds of margin below the server's announced keep-alive timeout.
+IDLE_MARGIN = 1.0
+
+_NO_BODY_STATUS = frozenset({204, 304})
+
+T = TypeVar("T")
+
+
+@dataclass(eq=False)
+class _Connection:
+    """One TCP connection to ``origin``; reusable while ``reusable_until`` lies ahead."""
+
+    origin: tuple[str, int]
+    reader: asyncio.StreamReader
+    writer: asyncio.StreamWriter
+    reused: bool = False
+    reusable_until: float = field(default=0.0)
+
+    def alive(self) -> bool:
+        return (not self.writer.is_closing() and not self.reader.at_eof()
+                and time.monotonic() < self.reusable_until)
+
+    def close(self) -> None:
+        self.writer.close()
+
+
+class LoopbackTransport(httpx.AsyncBaseTransport):
+    """An ``httpx`` transport for plain-HTTP/1.1 servers on this machine; see the module docstring.
+
+    Args:
+        max_connections: requests in flight at once; more wait for a free one.
+    """
+
+    def __init__(self, *, max_connections: int = 64) -> None:
+        self._slots = asyncio.Semaphore(max_connections)
+        self._idle: list[_Connection] = []
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        """Return the response with its head read and its body still on the wire.
+
+        Raises:
+            httpx.UnsupportedProtocol: not ``http://``.
+            httpx.ConnectError, httpx.ConnectTimeout: the server cannot be reached.
+            httpx.RemoteProtocolError: the server closed or sent something that is not HTTP/1.1.
+            httpx.ReadTimeout: no answer within the read timeout.
+        """
+        if request.url.scheme != "http":
+            raise httpx.UnsupportedProtocol(f"LoopbackTransport speaks plain http, not {request.url.scheme!r}",
+                                            request=request)
+        timeouts = request.extensions.get("timeout", {})
+        read_timeout = timeouts.get("read")
+        head = _request_head(request, await request.aread())
+        origin = (request.url.host, request.url.port or 80)
+        await self._slots.acquire()
+        conn = self._take_idle(origin)
+        try:
+            while True:
+                if conn is None:
+                    conn = await _connect(request, origin, timeouts.get("connect"))
+                try:
+                    conn.writer.write(head)
+                    await conn.writer.drain()
+                    status, headers, reason = await _timed(_read_head(conn.reader), read_timeout)
+                    stream = _Body(self, conn, request, status, headers, read_timeout)
+                    break
+                except TimeoutError:  # an OSError too, but no sign of a dropped connection
+                    raise
+                except (OSError, _ClosedBeforeAnswer) as exc:
+                    conn.close()
+                    if not conn.reused:
+                        raise httpx.RemoteProtocolError(f"llama-server did not answer: {exc!r}",
+                                                        request=request) from exc
+                    conn = None  # the server dropped an idle connection just now: once more, on a new one
+        except BaseException as exc:
+            if conn is not None:
+                conn.close()  # mid-request: closing it is what tells llama-server to stop
+            self._slots.release()
+            if isinstance(exc, (asyncio.IncompleteReadError, asyncio.LimitOverrunError, ValueError)):
+                raise httpx.RemoteProtocolError(f"llama-server sent a broken answer: {exc!r}",
+                                                request=request) from exc
+            if isinstance(exc, TimeoutError):
+                raise httpx.ReadTimeout(f"no answer from llama-server within {read_timeout} s",
+                                        request=request) from exc
+            raise
+        return httpx.Response(status, headers=headers, stream=stream, request=request,
+                              extensions={"http_version": b"HTTP/1.1", "reason_phrase": reason})
+
+    def _take_idle(self, origin: tuple[str, int]) -> _Connection | None:
+        while self._idle:
+            conn = self._idle.pop()
+            if conn.origin == origin and conn.alive():
+                conn.reused = True
+                return conn
+            conn.close()
+        return None
+
+    def _finish(self, conn: _Connection, reusable_for: float | None) -> None:
+        """Give ``conn`` back to the pool (``reusable_for`` seconds) or close it; free its slot."""
+        if reusable_for is not None and reusable_for > 0:
+            conn.reusable_until = time.monotonic() + reusable_for
+            self._idle.append(conn)
+        else:
+            conn.close()
+        self._slots.release()
+
+    async def aclose(self) -> None:
+        idle, self._idle = self._idle, []
+        for conn in idle:
+            conn.close()
+
+
+class _ClosedBeforeAnswer(Exception):
+    """The server closed the connection before sending a byte of its answer."""
+
+
+def _request_head(request: httpx.Request, body: bytes) -> bytes:
+    """The request line, headers and body, as one write."""
+    target = request.url.raw_path
+    lines = [request.method.encode() + b" " + target + b" HTTP/1.1"]
+    lines += [name + b": " + value for name, value in request.headers.raw]
+    return b"\r\n".join(lines) + b"\r\n\r\n" + body
+
+
+async def _connect(request: httpx.Request, origin: tuple[str, int], timeout: float | None) -> _Connection:
+    try:
+        async with asyncio.timeout(timeout):
+            reader, writer = await asyncio.open_connection(*origin, limit=READ_SIZE)
+    except TimeoutError as exc:
+        raise httpx.ConnectTimeout(f"no connection to {origin[0]}:{origin[1]} within {timeout} s",
+                                   request=request) from exc
+    except OSError as exc:
+        raise httpx.ConnectError(f"cannot connect to {origin[0]}:{origin[1]}: {exc}", request=request) from exc
+    return _Connection(origin, reader, writer)
+
+
+async def _timed(awaitable: Awaitable[T], timeout: float | None) -> T:
+    """``await awaitable``, within ``timeout`` seconds unless that is ``None``."""
+    if timeout is None:
+        return await awaitable
+    async with asyncio.timeout(timeout):
+        return await awaitable
+
+
+async def _read_head(reader: asyncio.StreamReader) -> tuple[int, list[tuple[bytes, bytes]], bytes]:
+    """Status, raw headers and reason phrase of the next response (1xx answers skipped)."""
+    while True:
+        try:
+            raw = await reader.readuntil(b"\r\n\r\n")
+        except asyncio.IncompleteReadError as exc:
+            if not exc.partial:
+                raise _ClosedBeforeAnswer("llama-server closed the connection without an answer") from None
+            raise
+        lines = raw[:-4].split(b"\r\n")
+        version, _, rest = lines[0].partition(b" ")
+        code, _, reason = rest.partition(b" ")
+        if not version.startswith(b"HTTP/1.") or not code.isdigit():
+            raise ValueError(f"not an HTTP/1.x status line: {lines[0][:80]!r}")
+        status = int(code)
+        if 100 <= status < 200:
+            continue
+        headers = []
+        for line in lines[1:]:
+            name, sep, value = line.partition(b":")
+            if not sep:
+                raise ValueError(f"not a header line: {line[:80]!r}")
+            headers.append((name.strip(), value.strip()))
+        return status, headers, reason
+
+
+class _Body(httpx.AsyncByteStream):
+    """The body of one response, read off its connection as the caller iterates."""
+
+    def __init__(self, transport: LoopbackTransport, conn: _Connection, request: httpx.Request, status: int,
+                 headers: list[tuple[bytes, bytes]], timeout: float | None) -> None:
+        self._transport = transport
+        self._conn: _Connection | None = conn
+        self._request = request
+        self._timeout = timeout
+        self._complete = False
+        lowered = {name.lower(): value.lower() for name, value in headers}
+        self._chunked = b"chunked" in lowered.get(b"transfer-encoding", b"")
+        length = lowered.get(b"content-length")
+        if request.method == "HEAD" or status in _NO_BODY_STATUS:
+            self._length: int | None = 0
+        else:
+            self._length = int(length) if length is not None and not self._chunked else None
+        self._reuse_for = _reuse_for(lowered) if (self._length is not None or self._chunked) else None
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        conn = self._conn
+        if conn is None:
+            raise httpx.StreamClosed()
+        reader = _Reader(conn.reader, self._timeout)
+        if self._chunked:
+            chunks = _chunked(reader)
+        elif self._length is not None:
+            chunks = _sized(reader, self._length)
+        else:
+            chunks = _until_close(reader)
+        try:
+            async for chunk in chunks:
+                yield chunk
+            self._complete = True
+        except TimeoutError as exc:  # before OSError, its base
+            raise httpx.ReadTimeout(f"no data from llama-server for {self._timeout} s", request=self._request) from exc
+        except (OSError, asyncio.IncompleteReadError, asyncio.LimitOverrunError, ValueError) as exc:
+            raise httpx.RemoteProtocolError(f"llama-server broke off its answer: {exc!r}",
+                                            request=self._request) from exc
+        finally:
+            await chunks.aclose()
+
+    async def aclose(self) -> None:
+        """Free the connection: back to the pool after a complete body, else closed (which cancels the work)."""
+        conn, self._conn = self._conn, None
+        if conn is not None:
+            # A chunked answer is never reused: llama-server closes the connection after it (module docstring).
+            reuse = self._reuse_for if self._complete and not self._chunked else None
+            self._transport._finish(conn, reuse)
+
+
+def _reuse_for(headers: dict[bytes, bytes]) -> float | None:
+    """Seconds a connection may idle after this response, from ``Connection`` and ``Keep-Alive``."""
+    if b"close" in headers.get(b"connection", b""):
+        return None
+    idle = DEFAULT_IDLE
+    for param in headers.get(b"keep-alive", b"").split(b","):
+        name, _, value = param.strip().partition(b"=")
+        if name == b"timeout" and value.isdigit():
+            idle = float(value) - IDLE_MARGIN
+        elif name == b"max" and value.isdigit() and int(value) <= 1:
+            return None
+    return idle
+
+
+class _Reader:
+    """The reads a body needs, each within the read timeout (none across a ``yield``)."""
+
+    def __init__(self, reader: asyncio.StreamReader, timeout: float | None) -> None:
+        self._reader = reader
+        self._timeout = timeout
+
+    async def readuntil(self, separator: bytes) -> bytes:
+        return await _timed(self._reader.readuntil(separator), self._timeout)
+
+    async def readexactly(self, n: int) -> bytes:
+        return await _timed(self._reader.readexactly(n), self._timeout)
+
+    async def read(self, n: int) -> bytes:
+        return await _timed(self._reader.read(n), self._timeout)
+
+
+async def _chunked(reader: _Reader) -> AsyncGenerator[bytes, None]:
+    while True:
+        size_line = await reader.readuntil(b"\r\n")
+        size = int(size_line.split(b";", 1)[0], 16)
+        if size == 0:
+            while await reader.readuntil(b"\r\n") != b"\r\n":  # trailer fields, then the empty line
+                pass
+            return
+        data = await reader.readexactly(size + 2)
+        if data[-2:] != b"\r\n":
+            raise ValueError("a chunk does not end with CRLF")
+        yield data[:-2]
+
+
+async def _sized(reader: _Reader, length: int) -> AsyncGenerator[bytes, None]:
+    while length > 0:
+        data = await reader.read(min(length, READ_SIZE))
+        if not data:
+            raise asyncio.IncompleteReadError(b"", length)
+        length -= len(data)
+        yield data
+
+
+async def _until_close(reader: _Reader) -> AsyncGenerator[bytes, None]:
+    while data := await reader.read(READ_SIZE):
+        yield data
+
+
+class Upstream:
+    """POSTs to llama-server over one pooled transport: how the proxy and /api/chat reach the model.
+
+    It calls the transport itself rather than going through ``httpx.AsyncClient``,
+    whose per-request work (URL merging, cookie extraction, auth and redirect
+    handling) costs about 0.2 ms of CPU here and buys nothing against our own
+    child. The requests and responses are still ``httpx`` objects, and so are
+    the errors.
+
+    Args:
+        transport: what carries the requests; default a ``LoopbackTransport``.
+            Tests may pass ``httpx.MockTransport`` or ``httpx.ASGITransport``.
+        max_connections: requests in flight at once, for the default transport.
+        connect_timeout: seconds to reach llama-server; an answer may take as long as it takes.
+    """
+
+    def __init__(self, transport: httpx.AsyncBaseTransport | None = None, *, max_connections: int = 64,
+                 connect_timeout: float = 10.0) -> None:
+        self.transport = transport or LoopbackTransport(max_connections=max_connections)
+        self._timeout = {"connect": connect_timeout, "read": None, "write": None, "pool": None}
+        self._urls: dict[str, httpx.URL] = {}
+
+    async def post(self, url: str, body: object, headers: dict[str, str]) -> httpx.Response:
+        """Send ``body`` as JSON and return the response once its head is in; the caller closes it.
+
+        Raises:
+            httpx.HTTPError: llama-server could not be reached or broke off.
+        """
+        parsed = self._urls.get(url)
+        if parsed is None:  # a handful of URLs per model: parse each once
+            if len(self._urls) >= 64:  # old models' URLs
+                self._urls.clear()
+            parsed = self._urls[url] = httpx.URL(url)
+        request = httpx.Request("POST", parsed, json=body, headers=headers, extensions={"timeout": self._timeout})
+        return await self.transport.handle_async_request(request)
+
+    async def aclose(self) -> None:
+        """Close idle connections; responses still open keep theirs until they are closed."""
+        await self.transport.aclose()

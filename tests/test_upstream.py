@@ -1,0 +1,256 @@
+"""The loopback transport against a stand-in HTTP server on a real socket.
+
+The stand-in imitates what llama-server's cpp-httplib does on the wire and
+cannot be made to do on demand: close a connection right after a chunked
+(streamed) answer though its headers say ``Keep-Alive``, drop an idle
+connection just as the next request arrives, hang, or answer garbage.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+
+import httpx
+import pytest
+
+from studio.upstream import LoopbackTransport, Upstream
+from tests.helpers import free_port
+
+Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter, int], Awaitable[bool]]
+
+SIZED = (b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 11\r\n"
+         b"Keep-Alive: timeout=5, max=100\r\n\r\n{\"ok\":true}")
+CHUNKED_HEAD = (b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n"
+                b"Keep-Alive: timeout=5, max=100\r\n\r\n")
+
+
+class StandIn:
+    """A one-port HTTP/1.1 server whose ``handler`` answers each request.
+
+    ``connections`` counts the connections made; ``served`` holds, per request,
+    the number of the connection it came on.
+    """
+
+    def __init__(self, handler: Handler) -> None:
+        self.handler = handler
+        self.connections = 0
+        self.served: list[int] = []
+        self.port = free_port()
+
+    async def __aenter__(self) -> StandIn:
+        self._server = await asyncio.start_server(self._serve, "127.0.0.1", self.port)
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        self._server.close()
+        await self._server.wait_closed()
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}/v1/chat/completions"
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.connections += 1
+        connection = self.connections
+        n = 0
+        try:
+            while True:
+                try:
+                    head = await reader.readuntil(b"\r\n\r\n")
+                except asyncio.IncompleteReadError:
+                    return
+                length = next((int(line.split(b":")[1]) for line in head.split(b"\r\n")
+                               if line.lower().startswith(b"content-length:")), 0)
+                await reader.readexactly(length)
+                self.served.append(connection)
+                n += 1
+                if not await self.handler(reader, writer, n):
+                    return
+        except asyncio.CancelledError:  # the test is over
+            pass
+        finally:
+            writer.close()
+
+
+async def _sized(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, n: int) -> bool:
+    writer.write(SIZED)
+    await writer.drain()
+    return True
+
+
+def run(coro: Awaitable[None]) -> None:
+    asyncio.run(asyncio.wait_for(coro, 10))
+
+
+async def _post(upstream: Upstream, url: str) -> tuple[int, bytes]:
+    resp = await upstream.post(url, {"messages": []}, {"Authorization": "Bearer k"})
+    try:
+        return resp.status_code, await resp.aread()
+    finally:
+        await resp.aclose()
+
+
+def test_a_sized_answer_leaves_its_connection_for_the_next_request():
+    async def main() -> None:
+        async with StandIn(_sized) as server:
+            upstream = Upstream()
+            assert await _post(upstream, server.url) == (200, b'{"ok":true}')
+            assert await _post(upstream, server.url) == (200, b'{"ok":true}')
+            assert server.connections == 1
+            await upstream.aclose()
+
+    run(main())
+
+
+def test_a_request_right_after_a_stream_does_not_reuse_the_connection_llama_server_closes():
+    """b11434 closes after every chunked answer despite ``Keep-Alive``; reusing it failed the next request (502)."""
+    async def streamed_then_closed(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, n: int) -> bool:
+        writer.write(CHUNKED_HEAD + b"6\r\ndata: \r\n2\r\n\n\n\r\n0\r\n\r\n")
+        await writer.drain()
+        await asyncio.sleep(0.05)  # the server's close lands a moment later: the race window
+        return False
+
+    async def main() -> None:
+        async with StandIn(streamed_then_closed) as server:
+            upstream = Upstream()
+            for _ in range(3):
+                assert await _post(upstream, server.url) == (200, b"data: \n\n")
+            assert server.served == [1, 2, 3]
+            await upstream.aclose()
+
+    run(main())
+
+
+def test_an_idle_connection_the_server_drops_is_retried_once_on_a_new_one():
+    async def once_per_connection(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, n: int) -> bool:
+        if n > 1:
+            return False  # dropped without an answer, as on a keep-alive timeout
+        return await _sized(reader, writer, n)
+
+    async def main() -> None:
+        async with StandIn(once_per_connection) as server:
+            upstream = Upstream()
+            assert await _post(upstream, server.url) == (200, b'{"ok":true}')
+            assert await _post(upstream, server.url) == (200, b'{"ok":true}')
+            assert server.connections == 2
+            await upstream.aclose()
+
+    run(main())
+
+
+def test_a_new_connection_closed_without_an_answer_is_an_error_not_a_retry():
+    async def never_answers(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, n: int) -> bool:
+        return False
+
+    async def main() -> None:
+        async with StandIn(never_answers) as server:
+            upstream = Upstream()
+            with pytest.raises(httpx.RemoteProtocolError):
+                await _post(upstream, server.url)
+            assert server.connections == 1
+            await upstream.aclose()
+
+    run(main())
+
+
+def test_chunk_extensions_and_trailers_are_read_past():
+    async def with_trailer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, n: int) -> bool:
+        writer.write(CHUNKED_HEAD + b"5;name=value\r\nhello\r\n0\r\nX-Checksum: 1\r\n\r\n")
+        await writer.drain()
+        return True
+
+    async def main() -> None:
+        async with StandIn(with_trailer) as server:
+            upstream = Upstream()
+            assert await _post(upstream, server.url) == (200, b"hello")
+            await upstream.aclose()
+
+    run(main())
+
+
+def test_closing_a_response_mid_stream_closes_the_connection():
+    """This is how a client that goes away stops llama-server's generation."""
+    client_left = asyncio.Event()
+
+    async def endless(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, n: int) -> bool:
+        writer.write(CHUNKED_HEAD)
+        try:
+            while not reader.at_eof():
+                writer.write(b"6\r\ndata: \r\n")
+                await writer.drain()
+                await asyncio.sleep(0.01)
+        except ConnectionError:
+            pass
+        client_left.set()
+        return False
+
+    async def main() -> None:
+        async with StandIn(endless) as server:
+            upstream = Upstream()
+            resp = await upstream.post(server.url, {}, {})
+            async for chunk in resp.aiter_raw():
+                assert chunk == b"data: "
+                break
+            await resp.aclose()
+            await asyncio.wait_for(client_left.wait(), 2)
+            await upstream.aclose()
+
+    run(main())
+
+
+def test_an_unreachable_server_is_a_connect_error():
+    async def main() -> None:
+        upstream = Upstream()
+        with pytest.raises(httpx.ConnectError):
+            await _post(upstream, f"http://127.0.0.1:{free_port()}/v1/chat/completions")
+
+    run(main())
+
+
+def test_an_answer_that_is_not_http_is_a_protocol_error():
+    async def garbage(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, n: int) -> bool:
+        writer.write(b"HELLO THERE\r\n\r\n")
+        await writer.drain()
+        return True
+
+    async def main() -> None:
+        async with StandIn(garbage) as server:
+            upstream = Upstream()
+            with pytest.raises(httpx.RemoteProtocolError):
+                await _post(upstream, server.url)
+            await upstream.aclose()
+
+    run(main())
+
+
+def test_a_read_timeout_is_httpx_read_timeout():
+    async def hangs(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, n: int) -> bool:
+        await reader.read()  # until the client gives up
+        return False
+
+    async def main() -> None:
+        async with StandIn(hangs) as server:
+            transport = LoopbackTransport()
+            request = httpx.Request("POST", server.url, json={}, extensions={"timeout": {"read": 0.1}})
+            with pytest.raises(httpx.ReadTimeout):
+                await transport.handle_async_request(request)
+            await transport.aclose()
+
+    run(main())
+
+
+def test_requests_beyond_max_connections_wait_for_a_free_one():
+    async def main() -> None:
+        async with StandIn(_sized) as server:
+            upstream = Upstream(max_connections=1)
+            first = await upstream.post(server.url, {}, {})
+            second = asyncio.create_task(_post(upstream, server.url))
+            await asyncio.sleep(0.1)
+            assert not second.done()
+            await first.aread()
+            await first.aclose()
+            assert await second == (200, b'{"ok":true}')
+            await upstream.aclose()
+
+    run(main())
