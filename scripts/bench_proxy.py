@@ -121,7 +121,7 @@ async def bench(direct: str, direct_headers: dict, proxy: str, rounds: int, toke
                    for k, v in results.items()}
             for path in ("direct", "proxy"):
                 print(f"{concurrency:>7} {path:>7} {med[path][0]:9.2f} {med[path][1]:8.2f}")
-            print(f"{concurrency:>7} {'ratio':>7} {'+%.2f ms' % (med['proxy'][0] - med['direct'][0]):>9} "
+            print(f"{concurrency:>7} {'ratio':>7} {'%+.2f ms' % (med['proxy'][0] - med['direct'][0]):>9} "
                   f"{med['proxy'][1] / med['direct'][1]:7.3f}x")
 
 
