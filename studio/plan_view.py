@@ -12,6 +12,7 @@ from launcher.discovery import Discovered
 from launcher.planner import LaunchPlan
 
 MIB = 1024 * 1024
+#: Parts shown per device; "output" is the grown size (logits rows for drafted tokens included), so rows sum.
 _PARTS = ("weights", "kv", "recurrent", "compute", "output")
 #: Capabilities doctor reports by name: what the launcher relies on.
 DOCTOR_FLAGS = (
@@ -57,7 +58,8 @@ def plan_json(plan: LaunchPlan, argv: Sequence[str] = (), binary: Discovered | N
             {"device": d.name, "physical": f"{d.device.backend}{'' if d.device.index is None else d.device.index}",
              "name": d.device.name, "budget_bytes": d.budget_bytes,
              "free_bytes": d.device.free_bytes, "total_bytes": d.bill.total, "fits": d.fits,
-             **{f"{p}_bytes": getattr(d.bill, p) for p in _PARTS}}
+             **{f"{p}_bytes": getattr(d.bill, p) for p in _PARTS},
+             "output_bytes": d.bill.output + d.bill.output_growth}
             for d in plan.devices
         ],
         "bill_approximate": plan.bill.approximate,
