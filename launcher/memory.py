@@ -461,6 +461,10 @@ def compute_terms(facts: ModelFacts, shape: ContextShape, caches: Sequence[Cache
         "conv": (n_tokens + conv_k) * facts.recurrent_conv_state // max(conv_k - 1, 1) * 4 if recurrent else 0,
         "indexer_q": facts.indexer_head_count * facts.indexer_key_length * n_tokens * 4 if indexer else 0,
         "indexer": idx_kv * n_tokens * 4 if indexer else 0,
+        # MLA with absorbed weights: q_nope x wk_b [kv_lora_rank, n_head, n_tokens], concatenated with the rope
+        # part into Qcur [kv_lora_rank + n_rot, n_head, n_tokens] (models/deepseek2.cpp)
+        "mla": n_tokens * max(facts.head_count, default=0) * (facts.kv_lora_rank + facts.key_length) * 4
+        if facts.is_mla else 0,
         # MiniMax-01's lightning attention: the [n_tokens, n_tokens, n_head] f32 decay input every layer reads
         # (``sched_reserve`` reserves it with one sequence, its worst case)
         "decay": n_tokens * n_tokens * max(facts.head_count, default=0) * 4
@@ -481,7 +485,7 @@ def combine_terms(t: dict[str, int], fit: dict[str, float]) -> tuple[int, int]:
     transient = max(fit["kq"] * t["kq"], fit["ffn"] * t["ffn"], fit["ssm"] * t["ssm"] + fit["conv"] * t["conv"])
     layer = (fit["mask"] * t["mask"] + fit["hidden"] * t["hidden"] + fit["query"] * t["query"]
              + fit["v_index"] * t["v_index"] + fit["indexer_q"] * t["indexer_q"] + fit["indexer"] * t["indexer"]
-             + fit["decay"] * t["decay"] + transient)
+             + fit["decay"] * t["decay"] + fit["mla"] * t["mla"] + transient)
     final = t["logits"] + t["mask"] + fit["final_hidden"] * t["hidden"]
     return int(layer), int(final)
 
@@ -506,7 +510,7 @@ def _compute_bytes(facts: ModelFacts, shape: ContextShape, caches: Sequence[Cach
 #: tensor coexist at the peak depends on each architecture's graph; these are fitted on the zoo and
 #: Gemma with ``scripts/memory_accuracy.py`` (``final_hidden`` measured on Gemma with speculation).
 COMPUTE_FIT: dict[str, float] = {"mask": 0.875, "hidden": 4.125, "query": 0.5, "v_index": 0.5, "kq": 1.5,
-                                 "ffn": 3.0, "ssm": 3.0, "conv": 1.0, "indexer_q": 2.25, "indexer": 1.75, "decay": 1.0,
+                                 "ffn": 3.0, "ssm": 3.0, "conv": 1.0, "indexer_q": 2.25, "indexer": 1.75, "decay": 1.0, "mla": 0.75,
                                  "final_hidden": 5.75}
 
 
