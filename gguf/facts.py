@@ -241,6 +241,8 @@ class ModelFacts:
     # DeepSeek-V4's compressed caches (llama-kv-cache-dsv4.cpp): each layer's compression ratio (llama.cpp
     # dsv4_compress_ratios; 0: the raw window cache only, 4: CSA and lightning-indexer caches, 128: HCA cache)
     compress_ratios: tuple[int, ...] = ()
+    # DeepSeek-V4's hyper-connections: the residual stream is this many n_embd-wide copies (dsv4_hc_mult)
+    hyper_connections: int = 1
 
     # -- derived ------------------------------------------------------------
     @property
@@ -1145,6 +1147,7 @@ def _model_facts(model: GGUFFile, hf_config: Mapping[str, Any] | None) -> ModelF
         ple_conv_state=ple_state,
         ple_layers=ple_layers,
         compress_ratios=tuple(hp.compress_ratios),
+        hyper_connections=max(meta.u32("hyper_connection.count", 1), 1),
     )
 
 

@@ -453,7 +453,7 @@ def compute_terms(facts: ModelFacts, shape: ContextShape, caches: Sequence[Cache
         "v_index": 0 if shape.flash_attn or not live else n_tokens * max((facts.v_embd(il) for il in layers),
                                                                            default=0) * 8,
         "query": n_tokens * max((h * facts.key_length_of(il) for il, h in enumerate(facts.head_count)), default=0) * 4,
-        "hidden": n_tokens * facts.embedding_length * 4,
+        "hidden": n_tokens * facts.embedding_length * facts.hyper_connections * 4,
         "ffn": n_tokens * ffn_width * 4,
         # ggml_ssm_scan's result: y [d_inner, n_tokens] followed by the final states of every sequence
         "ssm": (n_tokens * facts.ssm.inner_size + facts.recurrent_state * shape.n_seq) * 4 if recurrent else 0,
