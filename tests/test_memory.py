@@ -246,13 +246,17 @@ def _mib(n: int) -> str:
     return f"{n / MIB:.2f}"
 
 
+def _predicted_and_actual(server_logs, model: str, config) -> tuple[gguf.GGUFFile, MemoryBill, MemoryBill]:
+    """(the model file, the estimate for ``config``, what llama-server printed it allocated)."""
+    path, log = server_logs[(model, config.name)]
+    file = gguf.read(path)
+    return file, estimate(file.facts, for_file(file, config.options)), parse_allocations(log)
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize(("model", "config"), CASES, ids=[f"{m}-{c.name}" for m, c in CASES])
 def test_estimate_matches_llama_server(model, config, server_logs):
-    path, log = server_logs[(model, config.name)]
-    actual = parse_allocations(log)
-    file = gguf.read(path)
-    predicted = estimate(file.facts, for_file(file, config.options))
+    file, predicted, actual = _predicted_and_actual(server_logs, model, config)
     assert not predicted.approximate, predicted.reasons
     view = lambda b: ([(c.label, c.cells, c.streams, c.layers, _mib(c.k_bytes), _mib(c.v_bytes))  # noqa: E731
                        for c in b.caches], [(r.rows, r.layers, _mib(r.r_bytes), _mib(r.s_bytes)) for r in b.recurrent])
@@ -267,10 +271,7 @@ def test_estimate_matches_llama_server(model, config, server_logs):
 @pytest.mark.parametrize(("model", "config"), DSV4_CASES, ids=[f"{m}-{c.name}" for m, c in DSV4_CASES])
 def test_deepseek4_caches_match_llama_server(model, config, server_logs):
     """Every DSV4 cache and compressor state to the log's 0.01 MiB; the bill is not marked approximate."""
-    path, log = server_logs[(model, config.name)]
-    actual = parse_allocations(log)
-    file = gguf.read(path)
-    predicted = estimate(file.facts, for_file(file, config.options))
+    file, predicted, actual = _predicted_and_actual(server_logs, model, config)
     assert not predicted.approximate, predicted.reasons
     def caches(b: MemoryBill) -> list[tuple]:
         return [(c.label, c.cells, c.streams, c.layers, c.k_type, _mib(c.k_bytes), _mib(c.v_bytes)) for c in b.caches]
@@ -289,10 +290,7 @@ def test_deepseek4_caches_match_llama_server(model, config, server_logs):
 @pytest.mark.parametrize(("model", "config"), SPEC_CASES, ids=[f"{m}-{c.name}" for m, c in SPEC_CASES])
 def test_drafted_tokens_grow_the_logits_as_predicted(model, config, server_logs):
     """n_parallel x (1 + n_max) logits rows: in the compute buffer now, in the output buffer on the first draft."""
-    path, log = server_logs[(model, config.name)]
-    actual = parse_allocations(log)
-    file = gguf.read(path)
-    predicted = estimate(file.facts, for_file(file, config.options))
+    file, predicted, actual = _predicted_and_actual(server_logs, model, config)
     plain = estimate(file.facts, for_file(file, replace(config.options, spec="none", spec_n_max=0)))
     p, a = predicted.sum_of("compute"), actual.sum_of("compute")
     assert abs(p - a) <= 0.1 * a, f"compute {_mib(p)} MiB predicted, {_mib(a)} MiB allocated"
