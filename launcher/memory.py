@@ -10,7 +10,7 @@ blocks, then the output layer, go to the GPUs), and the output buffer sized for
 one row of logits per slot, growing to one per drafted token too once
 speculative decoding verifies a draft (``server_output_limits``). KV, recurrent
 state and output buffers are exact formulas; the compute buffer weighs the
-tensor sizes that drive it with fitted factors (``compute_terms``).
+tensor sizes that drive it with fitted factors (``_compute_terms``).
 
 Sparse-attention indexer key caches follow ``llama_kv_cache_dsa`` /
 ``llama_kv_cache_dsa_iswa`` / ``llama_kv_cache_msa`` / ``llama_memory_hybrid_idx``
@@ -334,7 +334,7 @@ def _mtp_draft(facts: ModelFacts, shape: ContextShape, options: MemoryOptions, d
     (returned last, host memory).
     """
     caches, kv = _kv_caches(facts, shape, options, devices, draft=True)
-    layer, final = combine_terms(compute_terms(facts, shape, caches), COMPUTE_FIT)
+    layer, final = _combine_terms(_compute_terms(facts, shape, caches), COMPUTE_FIT)
     return caches, kv, {output_device: max(layer, final)}, _output_bytes(facts, shape)[0]
 
 
@@ -418,7 +418,7 @@ def _output_bytes(facts: ModelFacts, shape: ContextShape) -> tuple[int, int]:
     return start, facts.vocab_size * max(shape.n_seq, shape.n_outputs_max) * 4 - start
 
 
-def compute_terms(facts: ModelFacts, shape: ContextShape, caches: Sequence[CacheBill]) -> dict[str, int]:
+def _compute_terms(facts: ModelFacts, shape: ContextShape, caches: Sequence[CacheBill]) -> dict[str, int]:
     """The tensor sizes (bytes) that drive the compute buffer of ``sched_reserve``'s prompt graph.
 
     The graph is reserved for one ubatch of ``n_tokens = min(n_ctx, n_ubatch)``
@@ -428,9 +428,10 @@ def compute_terms(facts: ModelFacts, shape: ContextShape, caches: Sequence[Cache
     without), so ``n_kv x n_tokens`` whatever the streams; the KQ scores
     ``[n_kv, n_tokens, n_head]`` f32 without flash attention, when V is stored
     transposed and its ``set_rows`` index is one i64 per value; the hidden state
-    ``[n_embd, n_tokens]``; the FFN activations of the widest block but the last (MoE: ``mul_mat_id``'s
-    ``[n_ff_exp, n_expert_used, n_tokens]``); the SSM scan; the sparse-attention
-    indexer's queries and ``[n_kv, n_tokens]`` scores; the logits.
+    ``[n_embd, n_tokens]`` (times the hyper-connections); the FFN activations of
+    the widest block but the last (MoE: ``mul_mat_id``'s ``[n_ff_exp,
+    n_expert_used, n_tokens]``); the SSM scan; the sparse-attention indexer's
+    queries and ``[n_kv, n_tokens]`` scores; MLA's absorbed query; the logits.
     """
     n_tokens = min(shape.n_ctx, shape.n_ubatch)
     live = [c for c in caches if c.layers]
@@ -473,7 +474,7 @@ def compute_terms(facts: ModelFacts, shape: ContextShape, caches: Sequence[Cache
     }
 
 
-def combine_terms(t: dict[str, int], fit: dict[str, float]) -> tuple[int, int]:
+def _combine_terms(t: dict[str, int], fit: dict[str, float]) -> tuple[int, int]:
     """(inside a layer, at the logits): the two moments when ggml's allocator peaks.
 
     Inside a layer: the masks and a few hidden-state copies stay alive while the
@@ -498,8 +499,8 @@ def _compute_bytes(facts: ModelFacts, shape: ContextShape, caches: Sequence[Cach
     also the logits moment. The CPU always keeps a buffer for the input
     embeddings even when every block is offloaded.
     """
-    terms = compute_terms(facts, shape, caches)
-    layer, final = combine_terms(terms, COMPUTE_FIT)
+    terms = _compute_terms(facts, shape, caches)
+    layer, final = _combine_terms(terms, COMPUTE_FIT)
     out = {d: layer for d in devices}
     out[output_device] = max(out.get(output_device, 0), final)
     out.setdefault("CPU", 2 * terms["hidden"])
@@ -509,9 +510,10 @@ def _compute_bytes(facts: ModelFacts, shape: ContextShape, caches: Sequence[Cach
 #: Weights of the compute terms. ggml's allocator reuses freed blocks, so how many copies of each
 #: tensor coexist at the peak depends on each architecture's graph; these are fitted on the zoo and
 #: Gemma with ``scripts/memory_accuracy.py`` (``final_hidden`` measured on Gemma with speculation).
-COMPUTE_FIT: dict[str, float] = {"mask": 0.875, "hidden": 4.125, "query": 0.5, "v_index": 0.5, "kq": 1.5,
-                                 "ffn": 3.0, "ssm": 3.0, "conv": 1.0, "indexer_q": 2.25, "indexer": 1.75, "decay": 1.0, "mla": 0.75,
-                                 "final_hidden": 5.75}
+COMPUTE_FIT: dict[str, float] = {
+    "mask": 0.875, "hidden": 4.125, "query": 0.5, "v_index": 0.5, "kq": 1.5, "ffn": 3.0, "ssm": 3.0, "conv": 1.0,
+    "indexer_q": 2.25, "indexer": 1.75, "decay": 1.0, "mla": 0.75, "final_hidden": 5.75,
+}
 
 
 def for_file(model: GGUFFile, options: MemoryOptions = MemoryOptions()) -> MemoryOptions:
