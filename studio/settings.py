@@ -41,10 +41,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from launcher.memory import CACHE_TYPES, CacheType
-from launcher.speculative import MODES, SpecMode, SpeculativeConfigError, normalize_mode
+if TYPE_CHECKING:
+    from launcher.memory import CacheType
+    from launcher.speculative import SpecMode
 
 _TOP_KEYS = {"host", "port", "api_token", "model_dirs", "aliases", "models"}
 _MODEL_KEYS = {"n_ctx", "n_parallel", "extra_args", "spec", "spec_n_max", "cache_type_kv"}
@@ -116,7 +117,7 @@ class Settings:
                 name: ModelDefaults(
                     n_ctx=d.get("n_ctx"), n_parallel=d.get("n_parallel"),
                     extra_args=tuple(d["extra_args"]) if "extra_args" in d else None,
-                    spec=normalize_mode(d["spec"]) if "spec" in d else None,
+                    spec=_spec_mode(d["spec"]) if "spec" in d else None,
                     spec_n_max=d.get("spec_n_max"), cache_type_kv=d.get("cache_type_kv"),
                 ) for name, d in config.get("models", {}).items()
             }),
@@ -151,8 +152,18 @@ def _read_config(path: Path, *, explicit: bool) -> dict[str, Any]:
     return config
 
 
+def _spec_mode(text: str) -> SpecMode:
+    from launcher.speculative import normalize_mode  # not at import: ``ggstudio --help`` never needs it
+
+    return normalize_mode(text)
+
+
 def _model_problems(d: dict[str, Any]) -> list[str]:
     """What is wrong with one ``[models.NAME]`` table, checked as the load API checks a request."""
+    # imported here, not at the top: the launcher's planning modules cost ~80 ms of every command's start-up
+    from launcher.memory import CACHE_TYPES
+    from launcher.speculative import MODES, SpeculativeConfigError, normalize_mode
+
     problems = [f"unknown key {k!r} (known: {', '.join(sorted(_MODEL_KEYS))})" for k in d if k not in _MODEL_KEYS]
     for k in ("n_ctx", "n_parallel", "spec_n_max"):
         if k in d and (not isinstance(d[k], int) or isinstance(d[k], bool) or d[k] < 1):
