@@ -142,13 +142,12 @@ def plan(
     if mode == "auto" and not (mtp or ngram):
         return _spec_default(caps, reasons, mode)
     default_n = GPU_MTP_N_MAX if on_gpu else CPU_MTP_N_MAX
-    argv = _flags(caps, mtp=mtp, ngram=ngram, simple=simple, n_max=n_max, default_n=default_n, reasons=reasons)
+    argv, n_draft = _flags(caps, mtp=mtp, ngram=ngram, simple=simple, n_max=n_max, default_n=default_n,
+                           reasons=reasons)
     resolved: ResolvedMode = (
         "mtp+ngram" if mtp and ngram else "mtp" if mtp else "ngram" if ngram else "ngram-simple" if simple else "off"
     )
-    drafts = (n_max or default_n if mtp else 0, (n_max if n_max and not mtp else NGRAM_N_MAX) if ngram else 0,
-              NGRAM_SIMPLE_N_MAX if simple else 0)
-    return SpecPlan(mode, resolved, argv, tuple(reasons), n_draft=max(drafts) if argv else 0)
+    return SpecPlan(mode, resolved, argv, tuple(reasons), n_draft=n_draft)
 
 
 def _wanted(mode: SpecMode, model: SpecModel, on_gpu: bool, reasons: list[str]) -> tuple[bool, bool, bool]:
@@ -179,14 +178,16 @@ def _spec_default(caps: Capabilities, reasons: list[str], mode: SpecMode) -> Spe
 def _flags(
     caps: Capabilities, *, mtp: bool, ngram: bool, simple: bool, n_max: int | None, default_n: int,
     reasons: list[str],
-) -> tuple[str, ...]:
-    """Spell the chosen types and their knobs the way this build wants them."""
+) -> tuple[tuple[str, ...], int]:
+    """Spell the chosen types and their knobs the way this build wants them; also the longest draft they allow."""
     types = [t for t, on in ((caps.mtp_type, mtp), ("ngram-mod", ngram), ("ngram-simple", simple)) if on and t]
     if not types:
-        return ()
+        return (), 0
     argv = ["--spec-type", ",".join(types)]
+    drafts = [NGRAM_SIMPLE_N_MAX if simple else 0]
     draft_flag = caps.draft_n_max_flag
     if mtp:
+        drafts.append(n_max or default_n)
         if draft_flag:
             argv += [draft_flag, str(n_max or default_n)]
         else:
@@ -194,6 +195,7 @@ def _flags(
     if ngram:
         # The user's n_max is MTP's draft length when MTP runs; alone, ngram-mod's.
         ngram_max = n_max if n_max and not mtp else NGRAM_N_MAX
+        drafts.append(ngram_max)
         ngram_min = min(NGRAM_N_MIN, ngram_max)
         if caps.ngram_style == "new":
             argv += ["--spec-ngram-mod-n-match", str(NGRAM_N_MATCH), "--spec-ngram-mod-n-min", str(ngram_min),
@@ -208,4 +210,4 @@ def _flags(
             reasons.append("this llama-server has no ngram-mod knobs; its defaults are used")
     if simple and n_max:
         reasons.append("n_max does not apply to ngram-simple; ignored")
-    return tuple(argv)
+    return tuple(argv), max(drafts)

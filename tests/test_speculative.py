@@ -13,7 +13,9 @@ import pytest
 import gguf
 from launcher.capabilities import Capabilities
 from launcher.process import LlamaServer
-from launcher.speculative import MODES, SpecModel, SpeculativeConfigError, normalize_mode, plan
+from launcher.speculative import (
+    GPU_MTP_N_MAX, MODES, NGRAM_N_MAX, NGRAM_SIMPLE_N_MAX, SpecModel, SpeculativeConfigError, normalize_mode, plan,
+)
 from tests.helpers import free_port, server_argv
 
 FIXTURES = Path(__file__).parent / "fixtures"
@@ -169,3 +171,16 @@ def test_every_mode_starts_the_real_server_on_gemma(real, llama_server_bin, gemm
         assert httpx.get(f"{server.url}/health").status_code == 200
     finally:
         server.stop()
+
+
+@pytest.mark.parametrize(("requested", "model", "on_gpu", "n_max", "n_draft"), [
+    ("auto", PLAIN, False, None, NGRAM_N_MAX),  # --spec-default drafts up to 64
+    ("ngram", PLAIN, False, 16, 16),
+    ("mtp", BIG_MTP, True, None, GPU_MTP_N_MAX),
+    ("auto", BIG_MTP, False, None, NGRAM_N_MAX),  # MTP (3) chained with ngram-mod (64)
+    ("ngram-simple", PLAIN, False, None, NGRAM_SIMPLE_N_MAX),
+    ("off", PLAIN, False, None, 0),
+])
+def test_the_plan_says_how_many_tokens_a_step_may_draft(real, requested, model, on_gpu, n_max, n_draft):
+    """The memory estimate sizes the logits for n_parallel x (1 + n_draft) rows."""
+    assert plan(requested, real, model, on_gpu=on_gpu, n_max=n_max).n_draft == n_draft
