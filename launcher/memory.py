@@ -78,7 +78,7 @@ class MemoryOptions:
     cpu_repack_bytes: int = 0  # weights the CPU backend copies into repacked buffers (see ``for_file``)
     weight_padding_bytes: int = 0  # alignment gaps between tensors inside the mapped file (see ``for_file``)
     mmproj_bytes: int = 0  # the multimodal projector's weights, loaded by the server on the first GPU or the CPU
-    spec: SpecMode = "none"
+    spec: SpecMode = "none"  # "mtp": an MTP draft context runs beside the main one (drafts are ``spec_n_max``)
     spec_n_max: int = 0  # tokens drafted per slot and step; each needs its own logits row when verified
 
 
@@ -540,7 +540,7 @@ def estimate(facts: ModelFacts, options: MemoryOptions = MemoryOptions()) -> Mem
     reasons: list[str] = []
     if facts.approximate:
         reasons += [f"model facts are approximate: {n}" for n in facts.notes] or ["model facts are approximate"]
-    mtp = options.spec in ("mtp", "mtp+ngram") and facts.nextn_predict_layers > 0
+    mtp = options.spec == "mtp" and facts.nextn_predict_layers > 0
     if mtp:
         reasons.append("the MTP draft context (KV for the NextN blocks, one block's compute, its logits) follows "
                        "llama.cpp's sources but was not measured: the zoo has no model with MTP blocks")

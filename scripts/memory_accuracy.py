@@ -72,9 +72,8 @@ CONFIGS: tuple[Config, ...] = (
     # What the studio runs by default: the native context in one slot (32k for Gemma).
     Config("c32768-np1", MemoryOptions(n_ctx=32768, n_parallel=1)),
     # Speculative decoding: verifying a draft needs a logits row per drafted token (64 is --spec-default's).
-    Config("c1000-auto-spec64", MemoryOptions(n_ctx=1000, spec="ngram", spec_n_max=64)),
-    Config("c4096-np2-split-spec16", MemoryOptions(n_ctx=4096, n_parallel=2, kv_unified=False, spec="ngram",
-                                                   spec_n_max=16)),
+    Config("c1000-auto-spec64", MemoryOptions(n_ctx=1000, spec_n_max=64)),
+    Config("c4096-np2-split-spec16", MemoryOptions(n_ctx=4096, n_parallel=2, kv_unified=False, spec_n_max=16)),
 )
 QUICK_CONFIGS = 2
 #: One model per memory layout runs the whole grid (plain GQA, MQA, per-layer heads, SWA, MLA, sparse

@@ -291,7 +291,7 @@ def test_deepseek4_caches_match_llama_server(model, config, server_logs):
 def test_drafted_tokens_grow_the_logits_as_predicted(model, config, server_logs):
     """n_parallel x (1 + n_max) logits rows: in the compute buffer now, in the output buffer on the first draft."""
     file, predicted, actual = _predicted_and_actual(server_logs, model, config)
-    plain = estimate(file.facts, for_file(file, replace(config.options, spec="none", spec_n_max=0)))
+    plain = estimate(file.facts, for_file(file, replace(config.options, spec_n_max=0)))
     p, a = predicted.sum_of("compute"), actual.sum_of("compute")
     assert abs(p - a) <= 0.1 * a, f"compute {_mib(p)} MiB predicted, {_mib(a)} MiB allocated"
     assert p > 2 * plain.sum_of("compute")  # the drafted rows, not the attention, set the size
