@@ -129,8 +129,7 @@ async def _forward(request: Request, path: str) -> Response:
     except httpx.HTTPError as exc:
         raise UpstreamError(f"llama-server broke off its answer: {exc}") from exc
     finally:
-        await resp.aclose()
-        await release()
+        await close_upstream(resp, release)
     if resp.status_code == 200 and not body.get("stream"):
         content = _with_usage(content)
     return Response(content, status_code=resp.status_code, headers=headers)
