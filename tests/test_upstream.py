@@ -9,7 +9,9 @@ connection just as the next request arrives, hang, or answer garbage.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+from typing import Any
 
 import httpx
 import pytest
@@ -79,6 +81,17 @@ async def _sized(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, n: 
     return True
 
 
+@asynccontextmanager
+async def serving(handler: Handler, **upstream_options: Any) -> AsyncIterator[tuple[StandIn, Upstream]]:
+    """A stand-in answering with ``handler`` and an ``Upstream`` to reach it, closed afterwards."""
+    async with StandIn(handler) as server:
+        upstream = Upstream(**upstream_options)
+        try:
+            yield server, upstream
+        finally:
+            await upstream.aclose()
+
+
 def run(coro: Awaitable[None]) -> None:
     asyncio.run(asyncio.wait_for(coro, 10))
 
@@ -93,12 +106,10 @@ async def _post(upstream: Upstream, url: str) -> tuple[int, bytes]:
 
 def test_a_sized_answer_leaves_its_connection_for_the_next_request():
     async def main() -> None:
-        async with StandIn(_sized) as server:
-            upstream = Upstream()
+        async with serving(_sized) as (server, upstream):
             assert await _post(upstream, server.url) == (200, b'{"ok":true}')
             assert await _post(upstream, server.url) == (200, b'{"ok":true}')
             assert server.connections == 1
-            await upstream.aclose()
 
     run(main())
 
@@ -112,12 +123,10 @@ def test_a_request_right_after_a_stream_does_not_reuse_the_connection_llama_serv
         return False
 
     async def main() -> None:
-        async with StandIn(streamed_then_closed) as server:
-            upstream = Upstream()
+        async with serving(streamed_then_closed) as (server, upstream):
             for _ in range(3):
                 assert await _post(upstream, server.url) == (200, b"data: \n\n")
             assert server.served == [1, 2, 3]
-            await upstream.aclose()
 
     run(main())
 
@@ -129,12 +138,10 @@ def test_an_idle_connection_the_server_drops_is_retried_once_on_a_new_one():
         return await _sized(reader, writer, n)
 
     async def main() -> None:
-        async with StandIn(once_per_connection) as server:
-            upstream = Upstream()
+        async with serving(once_per_connection) as (server, upstream):
             assert await _post(upstream, server.url) == (200, b'{"ok":true}')
             assert await _post(upstream, server.url) == (200, b'{"ok":true}')
             assert server.connections == 2
-            await upstream.aclose()
 
     run(main())
 
@@ -144,12 +151,10 @@ def test_a_new_connection_closed_without_an_answer_is_an_error_not_a_retry():
         return False
 
     async def main() -> None:
-        async with StandIn(never_answers) as server:
-            upstream = Upstream()
+        async with serving(never_answers) as (server, upstream):
             with pytest.raises(httpx.RemoteProtocolError):
                 await _post(upstream, server.url)
             assert server.connections == 1
-            await upstream.aclose()
 
     run(main())
 
@@ -161,10 +166,8 @@ def test_chunk_extensions_and_trailers_are_read_past():
         return True
 
     async def main() -> None:
-        async with StandIn(with_trailer) as server:
-            upstream = Upstream()
+        async with serving(with_trailer) as (server, upstream):
             assert await _post(upstream, server.url) == (200, b"hello")
-            await upstream.aclose()
 
     run(main())
 
@@ -186,15 +189,13 @@ def test_closing_a_response_mid_stream_closes_the_connection():
         return False
 
     async def main() -> None:
-        async with StandIn(endless) as server:
-            upstream = Upstream()
+        async with serving(endless) as (server, upstream):
             resp = await upstream.post(server.url, {}, {})
             async for chunk in resp.aiter_raw():
                 assert chunk == b"data: "
                 break
             await resp.aclose()
             await asyncio.wait_for(client_left.wait(), 2)
-            await upstream.aclose()
 
     run(main())
 
@@ -215,11 +216,9 @@ def test_an_answer_that_is_not_http_is_a_protocol_error():
         return True
 
     async def main() -> None:
-        async with StandIn(garbage) as server:
-            upstream = Upstream()
+        async with serving(garbage) as (server, upstream):
             with pytest.raises(httpx.RemoteProtocolError):
                 await _post(upstream, server.url)
-            await upstream.aclose()
 
     run(main())
 
@@ -242,8 +241,7 @@ def test_a_read_timeout_is_httpx_read_timeout():
 
 def test_requests_beyond_max_connections_wait_for_a_free_one():
     async def main() -> None:
-        async with StandIn(_sized) as server:
-            upstream = Upstream(max_connections=1)
+        async with serving(_sized, max_connections=1) as (server, upstream):
             first = await upstream.post(server.url, {}, {})
             second = asyncio.create_task(_post(upstream, server.url))
             await asyncio.sleep(0.1)
@@ -251,6 +249,5 @@ def test_requests_beyond_max_connections_wait_for_a_free_one():
             await first.aread()
             await first.aclose()
             assert await second == (200, b'{"ok":true}')
-            await upstream.aclose()
 
     run(main())
