@@ -18,6 +18,7 @@ from launcher.speculative import MODES
 from studio.manager import LoadRequest, ModelManager, ModelState
 from studio.model_summary import summary
 from studio.plan_view import plan_json
+from studio.settings import LOAD_LIMITS
 
 router = APIRouter(prefix="/api")
 
@@ -29,15 +30,17 @@ class LoadBody(BaseModel):
     """A load (or plan preview) request from the GUI."""
 
     model: str = Field(description="A registered model name or a path to a .gguf file.")
-    n_ctx: int | None = Field(default=None, ge=256,
+    n_ctx: int | None = Field(default=None, ge=LOAD_LIMITS["n_ctx"][0],
                               description="Context size; default: the config's, or the largest that fits.")
-    n_parallel: int | None = Field(default=None, ge=1, le=64, description="Server slots; default: the config's, or 1.")
+    n_parallel: int | None = Field(default=None, ge=LOAD_LIMITS["n_parallel"][0], le=LOAD_LIMITS["n_parallel"][1],
+                                   description="Server slots; default: the config's, or 1.")
     cache_type_kv: CacheType | None = Field(
         default=None, description="KV cache type (quantized types need flash attention); default: the config's, or f16.")
     spec: str | None = Field(
         default=None, description=f"Speculative mode: {', '.join(MODES)}; default: the config's, or auto.")
     spec_n_max: int | None = Field(
-        default=None, ge=1, le=64, description="Drafted tokens per step; default: the config's, or the policy's.")
+        default=None, ge=LOAD_LIMITS["spec_n_max"][0], le=LOAD_LIMITS["spec_n_max"][1],
+        description="Drafted tokens per step; default: the config's, or the policy's.")
     extra_args: list[str] | None = Field(default=None, description="Extra llama-server flags; default: the last ones, or the config's.")
 
     def request(self) -> LoadRequest:

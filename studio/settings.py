@@ -49,6 +49,10 @@ if TYPE_CHECKING:
 
 _TOP_KEYS = {"host", "port", "api_token", "model_dirs", "aliases", "models"}
 _MODEL_KEYS = {"n_ctx", "n_parallel", "extra_args", "spec", "spec_n_max", "cache_type_kv"}
+#: (least, most) a load may ask for; the load API and the config file check the same bounds.
+LOAD_LIMITS: Mapping[str, tuple[int, int | None]] = MappingProxyType({
+    "n_ctx": (256, None), "n_parallel": (1, 64), "spec_n_max": (1, 64),
+})
 
 
 @dataclass(frozen=True)
@@ -165,9 +169,10 @@ def _model_problems(d: dict[str, Any]) -> list[str]:
     from launcher.speculative import MODES, SpeculativeConfigError, normalize_mode
 
     problems = [f"unknown key {k!r} (known: {', '.join(sorted(_MODEL_KEYS))})" for k in d if k not in _MODEL_KEYS]
-    for k in ("n_ctx", "n_parallel", "spec_n_max"):
-        if k in d and (not isinstance(d[k], int) or isinstance(d[k], bool) or d[k] < 1):
-            problems.append(f"{k} must be a positive integer")
+    for k, (least, most) in LOAD_LIMITS.items():
+        if k in d and (not isinstance(d[k], int) or isinstance(d[k], bool) or d[k] < least
+                       or (most is not None and d[k] > most)):
+            problems.append(f"{k} must be an integer from {least}" + (f" to {most}" if most else " up"))
     if "extra_args" in d and not (isinstance(d["extra_args"], list)
                                   and all(isinstance(a, str) for a in d["extra_args"])):
         problems.append("extra_args must be a list of strings")

@@ -52,7 +52,8 @@ def test_config_file_values_and_env_overrides(tmp_path):
     ("port = ", "not valid TOML"),
     ("colour = 'blue'", "unknown key 'colour'"),
     ("[aliases]\nchat = 3", "[aliases] must map"),
-    ("[models.m]\nn_ctx = -1", "n_ctx must be a positive integer"),
+    ("[models.m]\nn_ctx = -1", "n_ctx must be an integer from 256 up"),
+    ("[models.m]\nn_ctx = 100", "n_ctx must be an integer from 256 up"),
     ("[models.m]\nctx = 1", "unknown key 'ctx'"),
     ("[models.m]\nextra_args = '--temp 0.7'", "extra_args must be a list of strings"),
 ])
@@ -66,8 +67,10 @@ def test_a_bad_config_file_is_one_clear_error(tmp_path, text, words):
 @pytest.mark.parametrize("line, words", [
     ("spec = 'warp-drive'", "spec: unknown speculative mode 'warp-drive'; valid modes: auto, mtp"),
     ("spec = 3", "spec must be a string, one of: auto, mtp"),
-    ("spec_n_max = 0", "spec_n_max must be a positive integer"),
-    ("spec_n_max = true", "spec_n_max must be a positive integer"),
+    ("spec_n_max = 0", "spec_n_max must be an integer from 1 to 64"),
+    ("spec_n_max = 65", "spec_n_max must be an integer from 1 to 64"),  # the load API's own cap
+    ("spec_n_max = true", "spec_n_max must be an integer from 1 to 64"),
+    ("n_parallel = 100", "n_parallel must be an integer from 1 to 64"),
     ("cache_type_kv = 'q3_z'", "cache_type_kv: unknown cache type 'q3_z'; valid: f32, f16, bf16, q8_0"),
     ("cache_type_kv = 8", "cache_type_kv: unknown cache type 8"),
 ])
