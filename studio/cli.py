@@ -561,28 +561,39 @@ def unload(
 
 @app.command("plan")
 def plan_command(
-    model: Annotated[Path, typer.Argument(help="A .gguf file (any shard of a split model).")],
-    ctx: Annotated[Optional[int], typer.Option(help="Context in tokens (default: automatic).")] = None,
-    parallel: Annotated[int, typer.Option(help="Parallel server slots; they share the context.")] = 1,
-    spec: Annotated[str, typer.Option(help="Speculative mode: auto, mtp, ngram, mtp+ngram, off, ngram-simple.")]
-    = "auto",
-    n_max: Annotated[Optional[int], typer.Option(help="Drafted tokens per step (default: the policy's).")] = None,
-    cache_type: Annotated[str, typer.Option(help="KV cache type for K and V (f16, q8_0, q4_0...).")] = "f16",
+    model: Annotated[str, typer.Argument(help="A model name, or a .gguf file (any shard of a split model).")],
+    ctx: Annotated[Optional[int], typer.Option(help="Context in tokens (default: the config's, or automatic).")]
+    = None,
+    parallel: Annotated[Optional[int], typer.Option(
+        help="Parallel server slots; they share the context (default: the config's, or 1).")] = None,
+    spec: Annotated[Optional[str], typer.Option(
+        help="Speculative mode: auto, mtp, ngram, mtp+ngram, off, ngram-simple (default: the config's, or auto).")]
+    = None,
+    n_max: Annotated[Optional[int], typer.Option(
+        help="Drafted tokens per step (default: the config's, or the policy's).")] = None,
+    cache_type: Annotated[Optional[str], typer.Option(
+        help="KV cache type for K and V: f16, q8_0, q4_0... (default: the config's, or f16).")] = None,
     json_output: Annotated[bool, typer.Option("--json", help="Print JSON instead of text.")] = False,
 ) -> None:
-    """Show how a model would be launched here: GPUs, layers, context, speculative flags, memory, and why."""
+    """Show how a model would be launched here: GPUs, layers, context, speculative flags, memory, and why.
+
+    Settings left out come from the model's ``[models.NAME]`` table in the config file, as for a load.
+    """
     from launcher.capabilities import probe
     from launcher.command import build_command
     from launcher.devices import discover
-    from launcher.planner import PlanRequest, load_model, plan
+    from launcher.planner import load_model, plan
+    from studio.manager import LoadRequest, load_settings
     from studio.plan_view import plan_json, render_plan
 
     settings = Settings.from_env()
     found = _find_binary(settings)
     caps = probe(found.path, cache_dir=settings.home / "cache")
-    request = PlanRequest(n_ctx=ctx, n_parallel=parallel, cache_type_k=cache_type.lower(),  # type: ignore[arg-type]
-                          cache_type_v=cache_type.lower(), spec=spec, spec_n_max=n_max)  # type: ignore[arg-type]
-    launch = plan(load_model(model), discover(llama_server=found.path), caps, request)
+    entry = _catalog(settings).resolve(model)
+    asked = LoadRequest(model, n_ctx=ctx, n_parallel=parallel, spec=spec, spec_n_max=n_max,
+                        cache_type=cache_type.lower() if cache_type else None)
+    request = load_settings(asked, entry, settings.model_defaults).plan_request(entry.name)
+    launch = plan(load_model(entry.path), discover(llama_server=found.path), caps, request)
     with build_command(launch, caps, binary=found.path) as command:
         argv = command.redacted_argv(settings.port)
     info = plan_json(launch, argv, found)

@@ -77,6 +77,31 @@ class LoadSettings:
     spec_n_max: int | None = None
     cache_type: str = "f16"
 
+    def plan_request(self, alias: str) -> PlanRequest:
+        """What the planner is asked for these settings, serving the model as ``alias``."""
+        return PlanRequest(
+            n_ctx=self.n_ctx, n_parallel=self.n_parallel or 1, cache_type_k=self.cache_type,
+            cache_type_v=self.cache_type, spec=self.spec, spec_n_max=self.spec_n_max,
+            extra_args=self.extra_args, alias=alias,
+        )
+
+
+def load_settings(request: LoadRequest, entry: CatalogEntry, defaults: Mapping[str, ModelDefaults], *,
+                  last_extra_args: tuple[str, ...] | None = None) -> LoadSettings:
+    """``request``'s settings for ``entry``: what it leaves out comes from the model's config table
+    (by name, then by file name), extra flags first from the last load, then the built-in defaults."""
+    own = defaults.get(entry.name) or defaults.get(model_name(entry.path)) or ModelDefaults()
+    extra = next(e for e in (request.extra_args, last_extra_args, own.extra_args, ()) if e is not None)
+    return LoadSettings(
+        entry.path,
+        n_ctx=request.n_ctx if request.n_ctx is not None else own.n_ctx,
+        n_parallel=request.n_parallel if request.n_parallel is not None else own.n_parallel,
+        extra_args=tuple(extra),
+        spec=request.spec if request.spec is not None else own.spec or "auto",
+        spec_n_max=request.spec_n_max if request.spec_n_max is not None else own.spec_n_max,
+        cache_type=request.cache_type if request.cache_type is not None else own.cache_type_kv or "f16",
+    )
+
 
 @dataclass(frozen=True)
 class LoadedModel:
@@ -241,12 +266,7 @@ class ModelManager:
     async def plan(self, name: str, model: gguf.GGUFFile, settings: LoadSettings) -> LaunchPlan:
         """The launch plan for ``model`` on this machine now (no process is started)."""
         inventory = await asyncio.to_thread(self.discover_devices)
-        request = PlanRequest(
-            n_ctx=settings.n_ctx, n_parallel=settings.n_parallel or 1, cache_type_k=settings.cache_type,
-            cache_type_v=settings.cache_type, spec=settings.spec, spec_n_max=settings.spec_n_max,
-            extra_args=settings.extra_args, alias=name,
-        )
-        return plan(ModelInfo.from_gguf(model), inventory, self.caps, request)
+        return plan(ModelInfo.from_gguf(model), inventory, self.caps, settings.plan_request(name))
 
     async def preview(self, request: LoadRequest) -> LaunchPlan:
         """What a load of ``request`` would get, without loading anything."""
@@ -257,16 +277,8 @@ class ModelManager:
         """The catalog entry, parsed header and full settings of ``request``, gaps filled from the config."""
         entry = self.catalog.resolve(request.model)
         model = await asyncio.to_thread(gguf.read, entry.path)
-        defaults = (self.model_defaults.get(entry.name) or self.model_defaults.get(model_name(entry.path))
-                    or ModelDefaults())
-        extra = next(e for e in (request.extra_args, self._last_extra_args.get(entry.path), defaults.extra_args, ())
-                     if e is not None)
-        n_ctx = request.n_ctx if request.n_ctx is not None else defaults.n_ctx
-        n_parallel = request.n_parallel if request.n_parallel is not None else defaults.n_parallel
-        spec = request.spec if request.spec is not None else defaults.spec or "auto"
-        n_max = request.spec_n_max if request.spec_n_max is not None else defaults.spec_n_max
-        cache_type = request.cache_type if request.cache_type is not None else defaults.cache_type_kv or "f16"
-        return entry, model, LoadSettings(entry.path, n_ctx, n_parallel, tuple(extra), spec, n_max, cache_type)
+        return entry, model, load_settings(request, entry, self.model_defaults,
+                                           last_extra_args=self._last_extra_args.get(entry.path))
 
     def _drop_loaded(self) -> None:
         if self._loaded is not None:

@@ -240,7 +240,7 @@ def test_an_engaged_mtp_draft_lowers_the_budget_to_85_percent(mtp_model, real):
     p = plan(mtp_model, machine(gpu(0, 80 * GIB)), real)
     assert p.spec.resolved == "mtp" and p.mtp_engaged and p.budget_fraction == MTP_BUDGET_FRACTION
     assert p.devices[0].budget_bytes == int(80 * GIB * MTP_BUDGET_FRACTION)
-    assert "budget: 85 % of free memory per device (85 %: the MTP draft's memory is not in the estimate)" \
+    assert "budget: 85 % of free memory per device (85 %: the MTP draft context's memory is estimated, not measured)" \
         in reasons(p)
     assert "speculative: auto: MTP model on GPU; MTP alone, 2 drafted tokens" in reasons(p)
     assert p.spec.argv == ("--spec-type", "draft-mtp", "--spec-draft-n-max", "2")
@@ -407,6 +407,25 @@ def test_ggstudio_plan_shows_why_the_gpus_are_unused(gemma_model, llama_server_b
     text = run_cli("plan", str(gemma_model), env=env).stdout
     assert "offload    CPU only (-ngl 0)" in text
     assert "\nwarnings\n  ! nvidia-smi sees 1 GPU, but this llama-server has no CUDA backend (a cpu build)" in text
+
+
+def test_ggstudio_plan_takes_a_model_name_and_its_config_defaults(gemma_model, llama_server_bin, tmp_path):
+    (tmp_path / "config.toml").write_text(
+        f"model_dirs = [{str(gemma_model.parent)!r}]\n"
+        f'[models."{gemma_model.stem}"]\nn_ctx = 8192\nn_parallel = 2\nspec = "ngram"\ncache_type_kv = "q8_0"\n')
+    env = {k: v for k, v in os.environ.items() if k not in ("GGUF_STUDIO_LLAMA_CPP", "GGUF_STUDIO_CONFIG")}
+    env.update(GGUF_STUDIO_HOME=str(tmp_path), LLAMA_SERVER_PATH=str(llama_server_bin))
+    info = json.loads(run_cli("plan", gemma_model.stem, "--json", env=env).stdout)
+    assert (info["context"]["n_ctx"], info["context"]["automatic"]) == (8192, False)
+    assert info["speculative"]["requested"] == "ngram" and "2 parallel slots share the context" in str(info["reasons"])
+    argv = info["argv"]
+    assert argv[argv.index("--cache-type-k") + 1] == argv[argv.index("--cache-type-v") + 1] == "q8_0"
+    # what the command line gives wins over the config
+    info = json.loads(run_cli("plan", str(gemma_model), "--ctx", "4096", "--cache-type", "f16", "--json",
+                              env=env).stdout)
+    argv = info["argv"]
+    assert info["context"]["n_ctx"] == 4096 and argv[argv.index("--cache-type-k") + 1] == "f16"
+    assert info["speculative"]["requested"] == "ngram"
 
 
 @pytest.mark.parametrize(("args", "message"), [
