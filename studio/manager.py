@@ -377,6 +377,8 @@ def _bill(bill: MemoryBill) -> dict[str, Any]:
                                "output": d.output, "output_growth": d.output_growth, "total": d.total}
                     for d in bill.devices},
         "total": bill.total,
+        # what llama-server holds once it listens: the figure to set beside the actual total
+        "startup_total": bill.startup_total,
         "approximate": bill.approximate,
         "reasons": list(bill.reasons),
     }
