@@ -30,7 +30,7 @@ from launcher.errors import LauncherError
 NgramStyle = Literal["new", "legacy", "none"]
 
 PROBE_TIMEOUT_S = 10.0
-_CACHE_SCHEMA = 1
+_CACHE_SCHEMA = 2
 _REMOVED_PREFIX = "the argument has been removed"
 _NEW_NGRAM_KNOBS = ("--spec-ngram-mod-n-match", "--spec-ngram-mod-n-min", "--spec-ngram-mod-n-max")
 _LEGACY_NGRAM_KNOBS = ("--spec-ngram-size-n", "--draft-min", "--draft-max")
@@ -162,10 +162,15 @@ class Capabilities:
     spec_types: tuple[str, ...]  # the --spec-type choices, in the order the help lists them
     ngram_style: NgramStyle  # how ngram-mod is tuned: --spec-ngram-mod-n-* (new) or older knobs
     draft_n_max_flag: str | None  # --spec-draft-n-max, the older --draft-max, or None
+    spellings: tuple[tuple[str, ...], ...] = ()  # each working flag's spellings, as one help declaration lists them
 
     def supports(self, flag: str) -> bool:
         """True if ``flag`` is a working flag of this build (a removed stub is not)."""
         return flag in self.flags
+
+    def aliases_of(self, flag: str) -> tuple[str, ...]:
+        """Every spelling this build's help declares together with ``flag`` (``flag`` alone if none)."""
+        return next((group for group in self.spellings if flag in group), (flag,))
 
     @property
     def mtp_type(self) -> str | None:
@@ -178,7 +183,7 @@ class Capabilities:
             "binary": self.binary, "version": self.version, "build": self.build,
             "flags": sorted(self.flags), "removed_flags": sorted(self.removed_flags),
             "spec_types": list(self.spec_types), "ngram_style": self.ngram_style,
-            "draft_n_max_flag": self.draft_n_max_flag,
+            "draft_n_max_flag": self.draft_n_max_flag, "spellings": [list(g) for g in self.spellings],
         }
 
     @classmethod
@@ -192,6 +197,7 @@ class Capabilities:
             flags=frozenset(map(str, data["flags"])), removed_flags=frozenset(map(str, data["removed_flags"])),
             spec_types=tuple(map(str, data["spec_types"])), ngram_style=style,
             draft_n_max_flag=None if data["draft_n_max_flag"] is None else str(data["draft_n_max_flag"]),
+            spellings=tuple(tuple(map(str, g)) for g in data["spellings"]),
         )
 
 
@@ -216,6 +222,7 @@ def capabilities_from_text(binary: str, version_text: str, help_text: str) -> Ca
         spec_types=_choices(spec_type.value_hint) if spec_type else (),
         ngram_style=_ngram_style(flags),
         draft_n_max_flag=next((f for f in ("--spec-draft-n-max", "--draft-max") if f in flags), None),
+        spellings=tuple(b.flags for b in blocks if not b.removed and len(b.flags) > 1),
     )
 
 

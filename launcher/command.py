@@ -41,7 +41,8 @@ REDACTED = "<redacted>"
 #: llama-server's log verbosity at which it prints every buffer it allocates (launcher.allocations).
 ALLOCATION_VERBOSITY = "4"
 
-#: Flags the studio sets itself, every spelling of the pinned build and of older ones, with what to use instead.
+#: Flags the studio sets itself, every spelling of the pinned build and of older ones, with what to use instead
+#: (another build's alias of one of these is caught through its probed help: ``Capabilities.aliases_of``).
 MANAGED_FLAGS: dict[tuple[str, ...], str] = {
     ("-m", "--model", "-mu", "--model-url", "-hf", "-hfr", "--hf-repo", "-hff", "--hf-file", "-dr",
      "--docker-repo"): "the studio chooses the model",
@@ -117,8 +118,10 @@ def validate_extra_args(args: Sequence[str], caps: Capabilities) -> tuple[str, .
         if not _is_flag(token):
             continue
         flag = _normalize(token)
-        if flag in _MANAGED:
-            problems.append(f"{token} is managed by the studio ({_MANAGED[flag]})")
+        # a spelling this list lacks (a newer or older build's alias) is managed when one of its aliases is
+        managed = next((_MANAGED[f] for f in caps.aliases_of(flag) if f in _MANAGED), None)
+        if managed:
+            problems.append(f"{token} is managed by the studio ({managed})")
         elif flag in caps.removed_flags:
             problems.append(f"{token} was removed from this llama-server (its --help says so)")
         elif not caps.supports(flag):

@@ -14,6 +14,7 @@ from launcher.command import (
     MANAGED_FLAGS, REDACTED, ExtraArgsError, LaunchCommand, Secret, build_command, chat_template_kwargs,
     child_env, validate_extra_args,
 )
+from launcher.capabilities import capabilities_from_text, run_tool
 from launcher.devices import MIB, Device, Inventory
 from launcher.planner import PlanRequest, load_model, plan
 from launcher.process import LlamaServer
@@ -240,6 +241,20 @@ def test_every_managed_flag_is_refused(real):
             with pytest.raises(ExtraArgsError) as err:
                 validate_extra_args([flag, "1"], real)
             assert err.value.flags == (flag,) and f"{flag} is managed by the studio" in str(err.value)
+
+
+def test_a_managed_flags_alias_this_list_lacks_is_refused_through_the_probed_help(llama_server_bin):
+    help_text = run_tool([str(llama_server_bin), "--help"], timeout=30).stdout
+    # a build that spells the context flag a third way, and the threads flag a new way
+    help_text = help_text.replace("-c,    --ctx-size N", "-c, --ctx-size, --context-length N", 1)
+    help_text = help_text.replace("-t,    --threads N", "-t, --threads, --n-threads N", 1)
+    assert "--context-length" in help_text and "--n-threads" in help_text
+    caps = capabilities_from_text(str(llama_server_bin), "version: 9999 (x)", help_text)
+    with pytest.raises(ExtraArgsError) as err:
+        validate_extra_args(["--context-length", "4096", "--n-threads", "2", "--temp", "0.7"], caps)
+    assert err.value.flags == ("--context-length", "--n-threads")
+    assert "--context-length is managed by the studio (use the context option)" in str(err.value)
+    assert "--n-threads is managed by the studio (use the threads option)" in str(err.value)
 
 
 def test_each_offending_flag_is_named(real):
