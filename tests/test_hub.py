@@ -215,6 +215,35 @@ def test_unknown_revision_and_foreign_errors_are_translated(server, hf_env, tmp_
             raise LocalEntryNotFoundError("offline")
 
 
+@pytest.fixture
+def tiny_disk(tmp_path):
+    """A real 1 MiB file system (tmpfs) to fill up; skipped where this user may not mount one."""
+    mount_point = tmp_path / "tiny-disk"
+    mount_point.mkdir()
+    made = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(mount_point)],
+                          capture_output=True, text=True)
+    if made.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {made.stderr.strip()}")
+    yield mount_point
+    subprocess.run(["umount", "-l", str(mount_point)], check=True)
+
+
+@pytest.mark.filterwarnings("ignore:Not enough free disk space")  # huggingface_hub's own check only warns
+def test_a_disk_that_fills_up_mid_download_is_one_clear_error_and_leaves_no_partial_file(
+        server, hf_env, tmp_path, tiny_disk, monkeypatch):
+    server.repo("acme/big").add("big-Q4_K_M.gguf", model_bytes(tmp_path, floats=600_000))  # ~2.3 MB > the disk
+    monkeypatch.setenv("HF_HUB_CACHE", str(tiny_disk / "hub"))
+    cfg = hub.HubConfig.from_env()
+    # the preflight is told there is room, as when something else fills the disk during the download
+    with pytest.raises(DiskSpaceError) as info:
+        hub.pull("acme/big", disk_free=lambda _: 2**40)
+    assert f"the disk holding {cfg.cache_dir} is full while downloading big-Q4_K_M.gguf" in str(info.value)
+    assert "free some space and pull again" in str(info.value)
+    left = [p for p in tiny_disk.rglob("*") if p.is_file()]
+    assert not [p for p in left if p.stat().st_size > 64 * 1024], left  # no half-written model kept
+    assert os.statvfs(tiny_disk).f_bfree * os.statvfs(tiny_disk).f_frsize > 900 * 1024  # the space is back
+
+
 # ---------------------------------------------------------------- preflight
 
 def test_preflight_offers_the_largest_variant_that_fits(server, hf_env, tmp_path):
