@@ -229,12 +229,18 @@ class ModelFacts:
     expert_feed_forward_length: int = 0  # one routed expert (llama.cpp n_ff_exp)
     expert_shared_feed_forward_length: int = 0  # the shared expert(s), all together (n_ff_shexp x count)
     moe_layers: tuple[bool, ...] = ()  # blocks with routed experts (leading dense blocks and interleaving leave gaps)
+    # the FFN is up -> activation -> down, with no gate (GELU MLPs: StarCoder2, Phi-2, Nemotron...)
+    ffn_ungated: bool = False
     # sparse-attention indexer key cache (DSA / MSA / QSA; llama-kv-cache-dsa.cpp, -msa.cpp, memory-hybrid-idx.cpp)
     indexer_head_count: int = 0
     indexer_key_length: int = 0  # per indexer head (llama.cpp indexer_head_size)
     indexer_layers: tuple[bool, ...] = ()  # layers with an indexer key cache in the main context
     indexer_cache_k: int = 0  # K values cached per token and indexer layer (one head; k-pool rows side by side)
     indexer_cache_v: int = 0  # V values per token and indexer layer (MSA keeps V too; DSA/QSA none)
+    indexer_top_k: int = 0  # keys the indexer keeps per query (llama.cpp indexer_top_k; 0: none)
+    indexer_kpool: int = 0  # cells per pool of a k-pool indexer, which selects whole pools (glm5-next, qwen4exp)
+    # layers whose attention scatters the indexer's top-k into its mask (DSA: build_attn with top_k, llama-graph.cpp)
+    topk_mask_layers: tuple[bool, ...] = ()
     # PLE n-gram conv history kept next to the recurrent state (qwen4exp; llama.cpp ple_conv_state)
     ple_conv_state: int = 0  # floats per sequence
     ple_layers: tuple[bool, ...] = ()
@@ -1074,6 +1080,7 @@ def _model_facts(model: GGUFFile, hf_config: Mapping[str, Any] | None) -> ModelF
         described = "(guessed) " + described
     layer_bytes, embd_bytes, out_bytes, other_bytes = _weight_bytes(tensors, n)
     idx_heads, idx_size, idx_layers, idx_k, idx_v = _indexer_cache(arch, meta, hp)
+    kpool, topk_layers = _indexer_selection(arch, meta, hp)
     ple_state, ple_layers = _ple(arch, meta, hp)
 
     return ModelFacts(
@@ -1139,11 +1146,15 @@ def _model_facts(model: GGUFFile, hf_config: Mapping[str, Any] | None) -> ModelF
         expert_feed_forward_length=_ffn_width(tensors, "ffn_down_exps"),
         expert_shared_feed_forward_length=_ffn_width(tensors, "ffn_down_shexp"),
         moe_layers=_moe_layers(tensors, hp.n_layer_all),
+        ffn_ungated=_ffn_ungated(tensors),
         indexer_head_count=idx_heads,
         indexer_key_length=idx_size,
         indexer_layers=idx_layers,
         indexer_cache_k=idx_k,
         indexer_cache_v=idx_v,
+        indexer_top_k=meta.u32("attention.indexer.top_k", 0),
+        indexer_kpool=kpool,
+        topk_mask_layers=topk_layers,
         ple_conv_state=ple_state,
         ple_layers=ple_layers,
         compress_ratios=tuple(hp.compress_ratios),
@@ -1212,6 +1223,28 @@ def _indexer_cache(arch: str, meta: _Meta, hp: _HParams) -> tuple[int, int, tupl
     return heads, size, tuple(layers), k, v
 
 
+def _indexer_selection(arch: str, meta: _Meta, hp: _HParams) -> tuple[int, tuple[bool, ...]]:
+    """(k-pool size, layers attending through a top-k mask) of a sparse-attention indexer.
+
+    The DSA graphs call ``build_attn`` with the indexer's top-k in every trunk layer
+    (deepseek32; glm-dsa and hy_v4, whose shared-indexer layers reuse the last top-k)
+    or in the non-SWA ones (dots3note); the k-pool graphs (glm5-next, qwen4exp) build
+    their selection mask from whole pools of ``kpool`` cells instead.
+    """
+    n, n_layer = hp.n_layer_all, hp.n_layer
+    none = (False,) * n
+    if not meta.u32("attention.indexer.top_k", 0):
+        return 0, none
+    if arch in ("deepseek32", "glm-dsa", "hy_v4"):
+        return 0, tuple(il < n_layer for il in range(n))
+    if arch == "dots3note":
+        return 0, tuple(il < n_layer and not hp.is_swa[il] for il in range(n))
+    if arch in ("glm5-next", "qwen4exp"):
+        kpool = meta.u32("attention.indexer.kpool", 0)
+        return (kpool if kpool > 1 else 0), none
+    return 0, none
+
+
 def _ple(arch: str, meta: _Meta, hp: _HParams) -> tuple[int, tuple[bool, ...]]:
     """qwen4exp's PLE conv history: ``(kernel - 1) * ngram * hyper_connection.count * n_embd`` floats per sequence."""
     n = hp.n_layer_all
@@ -1228,6 +1261,21 @@ def _ffn_width(tensors: Sequence[Any], kind: str) -> int:
     """The widest ``blk.N.<kind>.weight`` input dimension: the FFN width the graph multiplies by."""
     return max((t.shape[0] for t in tensors if t.name.startswith("blk.") and t.name.endswith(f".{kind}.weight")
                 and len(t.shape) >= 2), default=0)
+
+
+def _ffn_ungated(tensors: Sequence[Any]) -> bool:
+    """True when the blocks' FFN has up and down projections but no gate, separate or fused into ``ffn_up``.
+
+    A gated FFN keeps the gate's and the up projection's activations (and their
+    product) alive at once; an ungated one only the up projection's.
+    """
+    kinds = {t.name.split(".")[2]: t for t in tensors if t.name.startswith("blk.") and t.name.count(".") >= 3
+             and t.name.endswith(".weight")}
+    if any(k.startswith("ffn_gate") and not k.startswith("ffn_gate_inp") for k in kinds):
+        return False
+    up, down = kinds.get("ffn_up") or kinds.get("ffn_up_exps"), kinds.get("ffn_down") or kinds.get("ffn_down_exps")
+    # Phi-3 and ChatGLM store gate and up side by side in ffn_up: twice the width ffn_down takes
+    return up is not None and down is not None and len(up.shape) >= 2 and up.shape[1] == down.shape[0]
 
 
 def _moe_layers(tensors: Sequence[Any], n_layer: int) -> tuple[bool, ...]:

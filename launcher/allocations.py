@@ -9,6 +9,13 @@ Buffer names map to devices the way the estimator names them: every host buffer
 (``CPU``, ``CPU_Mapped``, ``CPU_REPACK``, ``CUDA_Host``...) is ``"CPU"``; a
 device buffer ending in an index (``CUDA0``, ``ROCm1``, ``Vulkan0``, ``MTL0``) is
 ``"GPU<index>"``.
+
+Each ``llama_context`` prints its own buffers after "constructing llama_context".
+The MTP draft context (``--spec-type draft-mtp``) follows the target's after
+"creating MTP draft context": its caches are labelled ``"MTP draft <label>"`` as
+the estimator names them, its KV, compute and output buffers add to the
+devices' totals. A context reserving its graph again (the draft does once its
+backend samplers are set) resizes its one compute buffer: the last size counts.
 """
 
 from __future__ import annotations
@@ -36,6 +43,8 @@ _DSV4_STATE_SIZE = re.compile(
     rf"llama_dsv4_comp_state: (\w+) ratio = (\d+), state = (\d+) x (\d+), streams = (\d+), rs_seq = (\d+), "
     rf"layers = (\d+), size = +{_NUM} MiB")
 _DEVICE_INDEX = re.compile(r"^[A-Za-z]+(\d+)$")
+_NEW_CONTEXT = "llama_context: constructing llama_context"
+_MTP_DRAFT = "creating MTP draft context"
 
 
 def device_of(buffer_name: str) -> str:
@@ -68,12 +77,21 @@ def parse_allocations(log: str) -> MemoryBill:
     recurrent: list[RecurrentBill] = []
     states: list[StateBill] = []
     label = "main"
+    prefix = ""  # "MTP draft " once the draft context is being built
+    context = 0
+    compute: dict[tuple[int, str], int] = {}  # (context, buffer name): that compute buffer's latest size
     seen = False
 
     def dev(name: str) -> _Device:
         return devices.setdefault(device_of(name), _Device())
 
     for line in log.splitlines():
+        if _MTP_DRAFT in line:
+            prefix = "MTP draft "
+            continue
+        if _NEW_CONTEXT in line:
+            context += 1
+            continue
         if m := _MODEL.search(line):
             dev(m.group(1)).weights += _bytes(m.group(2))
         elif m := _KV_CREATING.search(line):
@@ -82,7 +100,7 @@ def parse_allocations(log: str) -> MemoryBill:
             dev(m.group(1)).kv += _bytes(m.group(2))
         elif m := _KV_SIZE.search(line):
             _, cells, layers, _, streams, kt, km, vt, vm = m.groups()
-            caches.append(CacheBill(label=label, cells=int(cells), streams=int(streams), layers=int(layers),
+            caches.append(CacheBill(label=prefix + label, cells=int(cells), streams=int(streams), layers=int(layers),
                                     k_type=kt, v_type=vt, k_bytes=_bytes(km), v_bytes=_bytes(vm)))
             label = "main"
         elif m := _RS_BUF.search(line):
@@ -100,12 +118,14 @@ def parse_allocations(log: str) -> MemoryBill:
         elif m := _OUTPUT.search(line):
             dev(m.group(1)).output += _bytes(m.group(2))
         elif m := _COMPUTE.search(line):
-            dev(m.group(1)).compute += _bytes(m.group(2))
+            compute[(context, m.group(1))] = _bytes(m.group(2))
         else:
             continue
         seen = True
     if not seen:
         raise ValueError("the log holds no llama-server allocation lines (was it run with -lv 4?)")
+    for (_, name), nbytes in compute.items():
+        dev(name).compute += nbytes
     bills = tuple(DeviceBill(device=name, weights=d.weights, kv=d.kv, recurrent=d.recurrent, compute=d.compute,
                              output=d.output) for name, d in sorted(devices.items()))
     return MemoryBill(devices=bills, caches=tuple(caches), recurrent=tuple(recurrent), approximate=False, reasons=(),

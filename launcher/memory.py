@@ -22,8 +22,13 @@ compressed K caches and three f32 compressor states (``_dsv4_memory``).
 Options llama-server refuses (a quantized V cache with flash attention off, a
 quantized K cache whose block size does not divide the head size) raise
 ``MemoryPlanError`` with llama.cpp's reason. Anything the estimator does not model
-(facts guessed for an unknown architecture, an MTP draft context) makes the bill
-``approximate`` with the reason, never a silent 0.
+(facts guessed for an unknown architecture, the MTP draft context of an
+architecture other than Qwen3.5) makes the bill ``approximate`` with the
+reason, never a silent 0.
+
+With ``--spec-type draft-mtp`` the target keeps ``n_max`` rollback snapshots of
+its recurrent state, and a second context (``_mtp_draft``) holds the NextN
+blocks' f16 KV cache, a compute buffer for the NextN graph and its own outputs.
 """
 
 from __future__ import annotations
@@ -49,6 +54,18 @@ CACHE_TYPES: tuple[CacheType, ...] = ("f32", "f16", "bf16", "q8_0", "q5_1", "q5_
 _DSV4_CSA, _DSV4_HCA = 4, 128
 #: Weight types the CPU backend repacks into interleaved rows (x86 with AVX2, the pinned build's common case).
 _REPACKED_TYPES = frozenset({"Q4_0", "Q4_K", "IQ4_NL"})
+#: Architectures whose recurrent state keeps rollback snapshots (llama-arch.cpp llm_arch_supports_rs_rollback);
+#: elsewhere llama_context clamps n_rs_seq to 0.
+_RS_ROLLBACK_ARCHS = frozenset({"kimi-k3", "qwen35", "qwen35moe", "qwen4exp", "deepseek4", "glm5-next", "nemotron_h",
+                                "nemotron_h_moe", "lfm2", "lfm2moe", "bailingmoe3"})
+#: Architectures whose MTP draft context was measured (``launcher.zoo.derive_mtp_model``).
+_MTP_MEASURED_ARCHS = ("qwen35",)
+#: The MTP draft context's cache types: ``--spec-draft-type-k/-v``, f16 whatever ``-ctk``/``-ctv`` say
+#: (common.h ``common_params_speculative_draft::cache_type_k``; speculative.cpp common_base_params_to_speculative).
+_DRAFT_CACHE_TYPE: CacheType = "f16"
+#: Architectures whose recurrent layers run ``build_mamba2_layer`` (models/mamba-base.cpp): per-head scalar decay,
+#: B and C in ``n_group`` groups, one fused input projection.
+_MAMBA2_ARCHS = frozenset({"mamba2", "falcon-h1", "granitehybrid", "nemotron_h", "nemotron_h_moe"})
 
 
 class MemoryPlanError(LauncherError):
@@ -187,6 +204,7 @@ class ContextShape:
     n_ubatch: int
     flash_attn: bool
     n_outputs_max: int  # logits rows one batch may ask for: n_seq x (1 + drafted tokens), at most n_batch
+    n_rs_seq: int = 0  # recurrent-state rollback snapshots per slot (``_rs_seq``)
 
     @property
     def n_stream(self) -> int:
@@ -219,7 +237,8 @@ def context_shape(facts: ModelFacts, options: MemoryOptions) -> ContextShape:
     # server_output_limits: one output per slot, plus one per drafted token when speculating
     n_outputs_max = min(n_batch, n_seq * (1 + max(options.spec_n_max, 0)))
     return ContextShape(n_seq=n_seq, unified=unified, n_ctx=n_ctx, n_ctx_seq=n_ctx_seq, n_batch=n_batch,
-                        n_ubatch=n_ubatch, flash_attn=_flash_attn(facts, options), n_outputs_max=n_outputs_max)
+                        n_ubatch=n_ubatch, flash_attn=_flash_attn(facts, options), n_outputs_max=n_outputs_max,
+                        n_rs_seq=_rs_seq(facts, options))
 
 
 def _flash_attn(facts: ModelFacts, options: MemoryOptions) -> bool:
@@ -300,7 +319,7 @@ def _kv_caches(facts: ModelFacts, shape: ContextShape, options: MemoryOptions, d
         groups[0] = ("main", *groups[0][1:])
         idx = [il for il, has in enumerate(facts.indexer_layers) if has]
         groups.insert(1, ("indexer", shape.n_ctx_seq, idx))
-    k_type, v_type = options.cache_type_k, options.cache_type_v
+    k_type, v_type = (_DRAFT_CACHE_TYPE, _DRAFT_CACHE_TYPE) if draft else (options.cache_type_k, options.cache_type_v)
     caches, per_device = [], {}
     for label, cells, group in groups:
         rows = cells * shape.n_stream
@@ -326,16 +345,53 @@ def _draft_layers(facts: ModelFacts) -> tuple[int, ...]:
 
 
 def _mtp_draft(facts: ModelFacts, shape: ContextShape, options: MemoryOptions, devices: Sequence[str],
-               output_device: str) -> tuple[list[CacheBill], dict[str, int], dict[str, int], int]:
+               output_device: str) -> tuple[list[CacheBill], dict[str, int], dict[str, int], int, int]:
     """The MTP draft context ``common_speculative_init_result`` creates next to the main one.
 
-    Same n_ctx and slots as the target; its own KV cache for the NextN blocks;
-    its own compute buffer for one block plus the logits; its own output buffer
-    (returned last, host memory).
+    Same n_ctx, slots and ubatch as the target, but one output per slot
+    (``common_base_params_to_speculative``: ``n_outputs_max = n_parallel``); its
+    own f16 KV cache for the NextN blocks; its own compute buffer for the NextN
+    graph (``graph_mtp``: one dense block, then the logits); its own output
+    buffer. Returns (caches, KV per device, compute per device, output at start,
+    output growth), the output in host memory.
     """
+    shape = replace(shape, n_outputs_max=min(shape.n_batch, shape.n_seq), n_rs_seq=0)
     caches, kv = _kv_caches(facts, shape, options, devices, draft=True)
-    layer, final = _combine_terms(_compute_terms(facts, shape, caches), COMPUTE_FIT)
-    return caches, kv, {output_device: max(layer, final)}, _output_bytes(facts, shape)[0]
+    return caches, kv, {output_device: _draft_compute_bytes(facts, shape, caches)}, *_draft_outputs(facts, shape)
+
+
+def _draft_compute_bytes(facts: ModelFacts, shape: ContextShape, caches: Sequence[CacheBill]) -> int:
+    """The draft context's compute buffer: the largest of its three moments.
+
+    The NextN graph has one block, so the attention mask dies with its attention
+    and no recurrent state or trunk-wide FFN is involved. Measured on the zoo's
+    Qwen3.5 with an MTP block appended (``launcher.zoo.derive_mtp_model``): the
+    attention moment is the mask and the KQ scores exactly plus ~7 rows of
+    ``n_embd`` per token (residual, Q and gate, K, V, the attention output);
+    the FFN and logits moments follow the trunk's rules and were not the peak there.
+    """
+    t = _compute_terms(facts, shape, caches)
+    attention = t["mask"] + t["kq"] + DRAFT_COMPUTE_FIT["attention_hidden"] * t["hidden"]
+    ffn = 2 * t["hidden"] + COMPUTE_FIT["ffn"] * t["ffn"]
+    final = t["logits"] + 2 * t["hidden"]
+    return int(max(attention, ffn, final))
+
+
+def _draft_outputs(facts: ModelFacts, shape: ContextShape) -> tuple[int, int]:
+    """(the draft context's output buffer at start-up, what its first draft adds), f32 rows of one output per slot.
+
+    At start-up ``output_reserve(n_seq_max)`` holds the logits. The draft-mtp
+    speculator then asks for the NextN hidden state of each output
+    (``llama_set_embeddings_nextn(ctx_dft, true, masked)``) and samples on the
+    backend (``--spec-draft-backend-sampling``, on by default: logits + probs,
+    and sampled + candidate token ids), which the first decode's
+    ``output_reserve`` adds (llama-context.cpp ``output_reserve``).
+    """
+    rows = shape.n_seq
+    start = facts.vocab_size * rows * 4
+    grown = (facts.vocab_size + facts.embedding_length + 2 * facts.vocab_size) * rows * 4 \
+        + (1 + facts.vocab_size) * rows * 4
+    return start, grown - start
 
 
 def _dsv4_memory(facts: ModelFacts, shape: ContextShape, options: MemoryOptions, devices: Sequence[str]
@@ -391,13 +447,23 @@ def _dsv4_memory(facts: ModelFacts, shape: ContextShape, options: MemoryOptions,
     return caches, states, per_device
 
 
+def _rs_seq(facts: ModelFacts, options: MemoryOptions) -> int:
+    """Rollback snapshots per slot: ``--spec-draft-n-max`` with an MTP draft, where the architecture keeps them.
+
+    common.h ``need_n_rs_seq`` (draft-mtp asks for ``n_max``), clamped to 0 by
+    ``llama_context`` unless ``llm_arch_supports_rs_rollback``; the draft context itself asks for none.
+    """
+    mtp = options.spec == "mtp" and facts.nextn_predict_layers > 0
+    return max(options.spec_n_max, 0) if mtp and facts.architecture in _RS_ROLLBACK_ARCHS else 0
+
+
 def _recurrent(facts: ModelFacts, shape: ContextShape,
                devices: Sequence[str]) -> tuple[list[RecurrentBill], dict[str, int]]:
-    """Recurrent state: one f32 row per slot and recurrent layer (no rollback snapshots without speculation)."""
+    """Recurrent state: f32 rows per slot and recurrent layer, one plus ``n_rs_seq`` rollback snapshots."""
     layers = [il for il, has in enumerate(facts.recurrent_state_layers) if has]
     if not layers:
         return [], {}
-    rows = shape.n_seq
+    rows = shape.n_seq * (1 + shape.n_rs_seq)
     r_row, s_row = facts.recurrent_conv_state * 4 * rows, facts.recurrent_state * 4 * rows
     p_row = facts.ple_conv_state * 4 * rows  # llama_memory_recurrent: cache_ple_r_l for PLE layers
     ple = [il for il in layers if il < len(facts.ple_layers) and facts.ple_layers[il]]
@@ -431,7 +497,9 @@ def _compute_terms(facts: ModelFacts, shape: ContextShape, caches: Sequence[Cach
     ``[n_embd, n_tokens]`` (times the hyper-connections); the FFN activations of
     the widest block but the last (MoE: ``mul_mat_id``'s ``[n_ff_exp,
     n_expert_used, n_tokens]``); the SSM scan; the sparse-attention indexer's
-    queries and ``[n_kv, n_tokens]`` scores; MLA's absorbed query; the logits.
+    queries and ``[n_kv, n_tokens]`` scores, or with a top-k selection (DSA,
+    k-pool) the tensors of ``selection`` in ``_combine_terms``; MLA's absorbed query; DeepSeek-V4's
+    lightning-indexer query and top-k mask inputs (``lid_*``, ``topk_zeros``); the logits.
     """
     n_tokens = min(shape.n_ctx, shape.n_ubatch)
     live = [c for c in caches if c.layers]
@@ -447,21 +515,76 @@ def _compute_terms(facts: ModelFacts, shape: ContextShape, caches: Sequence[Cach
     idx_kv = sum(c.cells for c in live if c.label == "indexer")
     # MiniMax-M3 runs dense attention instead when one unified cache serves several slots (models/minimax-m3.cpp)
     indexer = bool(idx_kv) and not (facts.architecture == "minimax-m3" and shape.unified and shape.n_seq > 1)
+    # DeepSeek-V4's trunk CSA layers run the lightning indexer (models/deepseek4.cpp build_csa_lid_attention);
+    # its MTP blocks and the draft context's caches do not
+    cells = {c.label: c.cells for c in live}
+    raw_kv, csa_kv, lid_kv = (cells.get(k, 0) for k in ("SWA", "DSV4 CSA compressed", "DSV4 lightning-indexer"))
+    csa = facts.architecture == "deepseek4" and bool(csa_kv and lid_kv) \
+        and _DSV4_CSA in facts.compress_ratios[:facts.layer_count]
+    idx_q = facts.indexer_head_count * facts.indexer_key_length * n_tokens * 4 if indexer else 0
+    # DSA: the [n_kv, n_tokens] f32 scores and their top_k [n_top_k, n_tokens] i32; build_attn (llama-graph.cpp)
+    # scatters the top-k into the mask from a [1, n_top_k, n_tokens] f32 zeros leaf per layer, and ggml-alloc
+    # places every leaf before the first node
+    dsa = indexer and any(facts.topk_mask_layers)
+    n_top_k = min(facts.indexer_top_k, idx_kv)
+    # k-pool: the selection rows [n_sel, n_tokens], n_sel = kpool * min(n_pool, top_k / kpool) cells plus the
+    # kpool - 1 tail, n_pool the reserve's (cells / kpool) * n_seq pools padded by kpool_pad
+    # (llama-memory-hybrid-idx.cpp; build_kpool_select in models/glm5-next.cpp and qwen4exp.cpp)
+    kpool = facts.indexer_kpool if indexer else 0
+    n_pool = max(64, -(-(idx_kv // kpool * shape.n_seq + 1) // 64) * 64) if kpool else 0
+    n_sel = kpool * min(n_pool, facts.indexer_top_k // kpool) + kpool - 1 if kpool else 0
+    selection = dsa or bool(kpool)
+    mamba2 = recurrent and facts.architecture in _MAMBA2_ARCHS
+    conv_ch = facts.recurrent_conv_state // max(conv_k - 1, 1)  # channels ggml_ssm_conv filters
+    first_recurrent = facts.recurrent_layers.index(True) if recurrent else 0
+    conv_x = (n_tokens + conv_k) * conv_ch * 4
+    # ggml_ssm_scan's result (y, then each sequence's final state) reuses ssm_conv's freed input when it fits
+    scan_y, scan_states = n_tokens * facts.ssm.inner_size * 4, facts.recurrent_state * shape.n_seq * 4
+    scan_y = 0 if scan_y + scan_states <= conv_x else scan_y
+    mask = sum(c.cells for c in live) * n_tokens * (2 if shape.flash_attn else 4)
     return {
-        "mask": sum(c.cells for c in live) * n_tokens * (2 if shape.flash_attn else 4),
+        "mask": mask,
         "kq": 0 if shape.flash_attn else max((c.cells for c in live), default=0) * n_tokens
         * max(facts.head_count, default=0) * 4,
         "v_index": 0 if shape.flash_attn or not live else n_tokens * max((facts.v_embd(il) for il in layers),
                                                                            default=0) * 8,
         "query": n_tokens * max((h * facts.key_length_of(il) for il, h in enumerate(facts.head_count)), default=0) * 4,
         "hidden": n_tokens * facts.embedding_length * facts.hyper_connections * 4,
-        "ffn": n_tokens * ffn_width * 4,
+        "ffn": 0 if facts.ffn_ungated else n_tokens * ffn_width * 4,
+        "ffn_ungated": n_tokens * ffn_width * 4 if facts.ffn_ungated else 0,
         # ggml_ssm_scan's result: y [d_inner, n_tokens] followed by the final states of every sequence
-        "ssm": (n_tokens * facts.ssm.inner_size + facts.recurrent_state * shape.n_seq) * 4 if recurrent else 0,
+        "ssm": (n_tokens * facts.ssm.inner_size + facts.recurrent_state * shape.n_seq) * 4
+        if recurrent and not mamba2 else 0,
+        # build_mamba2_layer, when z is made contiguous (models/mamba-base.cpp:192-288): the fused projection zxBCdt
+        # [2 d_inner + 2 n_group d_state + n_head, n_tokens], the convolved xBC [d_inner + 2 n_group d_state,
+        # n_tokens], z [d_inner, n_tokens] and the scan's result
+        "mamba2": (facts.ssm.inner_size + conv_ch + facts.ssm.time_step_rank + conv_ch + facts.ssm.inner_size)
+        * n_tokens * 4 + scan_y + scan_states if mamba2 else 0,
+        # the masks still alive then: an input is freed after its last reader, so only when attention follows
+        "mamba2_mask": mask if mamba2 and any(facts.kv_layers[first_recurrent:]) else 0,
+        # the rollback snapshots' states, written by the same scan (measured: once, beside the layer's peak)
+        "rs_snapshots": facts.recurrent_state * shape.n_seq * shape.n_rs_seq * 4 if recurrent else 0,
         # ggml_ssm_conv's input: the cached (d_conv - 1) columns concatenated with the ubatch, per channel
-        "conv": (n_tokens + conv_k) * facts.recurrent_conv_state // max(conv_k - 1, 1) * 4 if recurrent else 0,
-        "indexer_q": facts.indexer_head_count * facts.indexer_key_length * n_tokens * 4 if indexer else 0,
-        "indexer": idx_kv * n_tokens * 4 if indexer else 0,
+        "conv": conv_x if recurrent else 0,
+        "indexer_q": 0 if selection else idx_q,
+        "indexer": idx_kv * n_tokens * 4 if indexer and not selection else 0,
+        "topk_q": idx_q if selection else 0,
+        "topk_score": idx_kv * n_tokens * 4 if dsa else 0,
+        "topk_index": n_top_k * n_tokens * 4 if dsa else 0,
+        "kpool_sel": n_sel * n_tokens * 4 if kpool and facts.architecture == "glm5-next" else 0,
+        "qsa_sel": n_sel * n_tokens * 4 if kpool and facts.architecture == "qwen4exp" else 0,
+        # build_lid_top_k: the indexer query [indexer_head_size, indexer_n_head, n_tokens] f32 from
+        # indexer_attn_q_b, and its RoPE'd copy next to it
+        "lid_q": facts.indexer_head_count * facts.indexer_key_length * n_tokens * 4 if csa else 0,
+        # without flash attention, the CSA layer's KQ scores over the raw window and the compressed keys: ggml
+        # computes them (soft_max's first source) before the top-k mask the indexer's scores lead to
+        "lid_kq": (raw_kv + csa_kv) * n_tokens * max(facts.head_count, default=0) * 4
+        if csa and not shape.flash_attn else 0,
+        # build_top_k_mask's zeros [1, n_top_k, n_tokens] (f16 with flash attention, f32 without), a leaf that,
+        # like the masks, stays allocated all graph long; n_top_k = min(lightning-indexer cells, indexer_top_k);
+        # DSA: the f32 zeros leaf of every top-k layer
+        "topk_zeros": min(lid_kv, facts.indexer_top_k) * n_tokens * (2 if shape.flash_attn else 4) if csa
+        else sum(facts.topk_mask_layers) * n_top_k * n_tokens * 4 if dsa else 0,
         # MLA with absorbed weights: q_nope x wk_b [kv_lora_rank, n_head, n_tokens], concatenated with the rope
         # part into Qcur [kv_lora_rank + n_rot, n_head, n_tokens] (models/deepseek2.cpp)
         "mla": n_tokens * max(facts.head_count, default=0) * (facts.kv_lora_rank + facts.key_length) * 4
@@ -478,17 +601,29 @@ def _combine_terms(t: dict[str, int], fit: dict[str, float]) -> tuple[int, int]:
     """(inside a layer, at the logits): the two moments when ggml's allocator peaks.
 
     Inside a layer: the masks and a few hidden-state copies stay alive while the
-    largest transient (KQ scores, FFN activations or the SSM scan) is computed.
+    largest transient (KQ scores, FFN activations, the SSM scan, or DeepSeek-V4's
+    lightning-indexer query: two copies, plus the CSA KQ scores without flash
+    attention) is computed.
     At the end: the logits are placed above what the masks and the last
     layer's tensors left behind (measured: logits + masks + ~6 hidden states,
     which is what makes ``--spec-default`` cost Gemma 3 270M 260 MiB with 4 slots).
     """
-    transient = max(fit["kq"] * t["kq"], fit["ffn"] * t["ffn"], fit["ssm"] * t["ssm"] + fit["conv"] * t["conv"])
+    transient = max(fit["kq"] * t["kq"], fit["ffn"] * t["ffn"], fit["ffn_ungated"] * t["ffn_ungated"],
+                    fit["ssm"] * t["ssm"] + fit["conv"] * t["conv"],
+                    fit["lid_q"] * t["lid_q"] + fit["lid_kq"] * t["lid_kq"])
+    # A top-k indexer peaks at its queries, at the DSA scores with their top-k (the queries' block still
+    # below them) or at the k-pool selection rows
+    selection = max(fit["topk_q"] * t["topk_q"], t["topk_q"] + t["topk_score"] + t["topk_index"],
+                    fit["kpool_sel"] * t["kpool_sel"], fit["qsa_sel"] * t["qsa_sel"])
     layer = (fit["mask"] * t["mask"] + fit["hidden"] * t["hidden"] + fit["query"] * t["query"]
              + fit["v_index"] * t["v_index"] + fit["indexer_q"] * t["indexer_q"] + fit["indexer"] * t["indexer"]
-             + fit["decay"] * t["decay"] + fit["mla"] * t["mla"] + transient)
+             + fit["decay"] * t["decay"] + fit["mla"] * t["mla"] + fit["topk_zeros"] * t["topk_zeros"]
+             + t["rs_snapshots"] + transient + selection)
+    # A Mamba-2 layer peaks on its own: the attention tensors are gone, masks only while attention follows.
+    scan = (fit["mask"] * t["mamba2_mask"] + fit["hidden"] * t["hidden"] + fit["mamba2"] * t["mamba2"]
+            + fit["conv"] * t["conv"]) if t["mamba2"] else 0
     final = t["logits"] + t["mask"] + fit["final_hidden"] * t["hidden"]
-    return int(layer), int(final)
+    return int(max(layer, scan)), int(final)
 
 
 def _compute_bytes(facts: ModelFacts, shape: ContextShape, caches: Sequence[CacheBill],
@@ -509,11 +644,20 @@ def _compute_bytes(facts: ModelFacts, shape: ContextShape, caches: Sequence[Cach
 
 #: Weights of the compute terms. ggml's allocator reuses freed blocks, so how many copies of each
 #: tensor coexist at the peak depends on each architecture's graph; these are fitted on the zoo and
-#: Gemma with ``scripts/memory_accuracy.py`` (``final_hidden`` measured on Gemma with speculation).
+#: Gemma with ``scripts/memory_accuracy.py`` (``final_hidden`` measured on Gemma with speculation). The
+#: DeepSeek-V4 ones are counted, not fitted: ggml-alloc's peak holds two lightning-indexer queries (the
+#: projection and its RoPE'd copy), one CSA KQ and one top-k zeros leaf.
 COMPUTE_FIT: dict[str, float] = {
     "mask": 0.875, "hidden": 4.125, "query": 0.5, "v_index": 0.5, "kq": 1.5, "ffn": 3.0, "ssm": 3.0, "conv": 1.0,
     "indexer_q": 2.25, "indexer": 1.75, "decay": 1.0, "mla": 0.75, "final_hidden": 5.75,
+    "lid_q": 2.0, "lid_kq": 1.0, "topk_zeros": 1.0, "ffn_ungated": 1.25, "mamba2": 1.0,
+    # top-k indexers: the queries twice (DSA: projected and Hadamard-rotated; measured on the k-pool graphs too);
+    # glm5-next's selection holds its f32 gather mask, two index copies and the repeated f16 zeros (3.5 rows);
+    # qwen4exp's is measured
+    "topk_q": 2.0, "kpool_sel": 3.5, "qsa_sel": 5.25,
 }
+#: The MTP draft graph's attention moment beyond the mask and KQ scores, in ``n_embd`` rows per token (measured).
+DRAFT_COMPUTE_FIT: dict[str, float] = {"attention_hidden": 7.0}
 
 
 def for_file(model: GGUFFile, options: MemoryOptions = MemoryOptions()) -> MemoryOptions:
@@ -541,9 +685,9 @@ def estimate(facts: ModelFacts, options: MemoryOptions = MemoryOptions()) -> Mem
     if facts.approximate:
         reasons += [f"model facts are approximate: {n}" for n in facts.notes] or ["model facts are approximate"]
     mtp = options.spec == "mtp" and facts.nextn_predict_layers > 0
-    if mtp:
-        reasons.append("the MTP draft context (KV for the NextN blocks, one block's compute, its logits) follows "
-                       "llama.cpp's sources but was not measured: the zoo has no model with MTP blocks")
+    if mtp and facts.architecture not in _MTP_MEASURED_ARCHS:
+        reasons.append(f"the MTP draft context's compute buffer was measured only on {', '.join(_MTP_MEASURED_ARCHS)} "
+                       f"(a zoo model with an appended NextN block), not on {facts.architecture}'s NextN graph")
     shape = context_shape(facts, options)
     devices, output_device = layer_devices(facts, options)
     states: list[StateBill] = []
@@ -563,10 +707,10 @@ def estimate(facts: ModelFacts, options: MemoryOptions = MemoryOptions()) -> Mem
         mmproj_dev = "GPU0" if options.n_gpu_layers != 0 else "CPU"
         weights[mmproj_dev] = weights.get(mmproj_dev, 0) + options.mmproj_bytes
     compute = _compute_bytes(facts, shape, caches, devices, output_device)
-    draft_output = 0
+    draft_output = draft_growth = 0
     if mtp:
-        draft_caches, draft_kv, draft_compute, draft_output = _mtp_draft(facts, shape, options, devices,
-                                                                          output_device)
+        draft_caches, draft_kv, draft_compute, draft_output, draft_growth = _mtp_draft(facts, shape, options,
+                                                                                        devices, output_device)
         caches = [*caches, *draft_caches]
         for d, n in draft_kv.items():
             kv[d] = kv.get(d, 0) + n
@@ -577,6 +721,9 @@ def estimate(facts: ModelFacts, options: MemoryOptions = MemoryOptions()) -> Mem
     names = sorted({"CPU", *weights, *kv, *rs, *compute})
     output, growth = _output_bytes(facts, shape)
     output += draft_output
+    if mtp:
+        # the target hands its NextN hidden state to the draft for every batch token (unmasked embd_nextn)
+        growth += draft_growth + facts.embedding_length * shape.n_batch * 4
     bills = tuple(DeviceBill(device=d, weights=weights.get(d, 0), kv=kv.get(d, 0), recurrent=rs.get(d, 0),
                              compute=compute.get(d, 0), output=output if d == "CPU" else 0,
                              output_growth=growth if d == "CPU" else 0)

@@ -57,7 +57,9 @@ class Config:
             out.append("--kv-unified")
         if o.swa_full:
             out.append("--swa-full")
-        if o.spec_n_max:
+        if o.spec == "mtp":
+            out += ["--spec-type", "draft-mtp", "--spec-draft-n-max", str(o.spec_n_max)]
+        elif o.spec_n_max:
             out += ["--spec-type", "ngram-mod", "--spec-ngram-mod-n-max", str(o.spec_n_max)]
         return out
 

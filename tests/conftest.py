@@ -13,7 +13,7 @@ from launcher import capabilities
 from launcher.build import BuildResult, ensure_built
 from launcher.capabilities import Capabilities, capabilities_from_text, probe
 from launcher.planner import ModelInfo, load_model
-from launcher.zoo import ensure_zoo
+from launcher.zoo import derive_mtp_model, ensure_zoo
 from studio.default_model import ensure_default_model
 from studio.settings import Settings
 from tests.helpers import assert_no_children, wait_for
@@ -47,6 +47,12 @@ def gemma_model(settings: Settings) -> Path:
 def zoo_dir(pinned_build: BuildResult, settings: Settings) -> Path:
     """The tiny-architecture zoo written by the pinned test-llama-archs."""
     return ensure_zoo(pinned_build, settings.home)
+
+
+@pytest.fixture(scope="session")
+def qwen35_mtp_model(zoo_dir, tmp_path_factory) -> Path:
+    """The zoo's Qwen3.5 with one NextN (MTP) block appended: the only model here llama-server drafts MTP with."""
+    return derive_mtp_model(zoo_dir / "qwen35-dense.gguf", tmp_path_factory.mktemp("mtp") / "qwen35-mtp.gguf")
 
 
 @pytest.fixture(scope="session")
