@@ -12,11 +12,17 @@ run to a few minutes on 2 cores. The last line reads::
 
     kv_exact=N/M kv_within_1pct=N/M compute_within_10pct=N/M total_within_2pct=N/M
 
+Before that table, the same comparison runs on the zoo widened 8x
+(``launcher.wide_zoo``: n_embd 2048, weights as holes), where compute buffers
+are tens of MiB and set by tensor sizes as in real models, not by where ggml's
+allocator happens to place a tiny model's tensors; it ends with a ``wide:`` line
+of the same counts (``--no-wide`` skips it).
+
 ``kv`` covers the KV, recurrent-state and DeepSeek-V4 compressor-state buffers;
 exact means every cache and state equal at the log's 0.01 MiB precision; total
 is within 2 % or 32 MiB, whichever is larger.
 
-Usage: ``.venv/bin/python scripts/memory_accuracy.py [--quick] [--jobs 2] [--models deepseek4-moe,...]``.
+Usage: ``.venv/bin/python scripts/memory_accuracy.py [--quick] [--no-wide] [--jobs 2] [--models deepseek4-moe,...]``.
 """
 
 from __future__ import annotations
@@ -34,8 +40,11 @@ import gguf  # noqa: E402
 from launcher.allocations import parse_allocations  # noqa: E402
 from launcher.dry_run import LISTENING, load_report  # noqa: E402
 from launcher.memory import MIB, MemoryBill, MemoryOptions, MemoryPlanError, estimate, for_file  # noqa: E402
+from launcher.wide_zoo import ensure_wide_zoo  # noqa: E402
 
 SERVER_TIMEOUT_S = 60
+#: How much wider than the zoo the realistic-width section's models are.
+WIDE = 8
 #: The line after which every allocation has been printed.
 DONE_MARKERS = ("sched_reserve: reserve took", LISTENING)
 
@@ -181,14 +190,36 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--jobs", type=int, default=2)
     parser.add_argument("--models", default="", help="comma-separated zoo names (or gemma-3-270m) to run over the "
                         "whole grid, e.g. deepseek4-moe")
+    parser.add_argument("--no-wide", action="store_true", help="skip the zoo widened 8x (launcher.wide_zoo)")
     args = parser.parse_args(argv)
     settings = Settings.from_env()
     build = ensure_built(settings.home)
     zoo, gemma = ensure_zoo(build, settings.home), ensure_default_model(settings.models_dir)
-    runs = plan(zoo, gemma, args.quick, [m for m in args.models.split(",") if m])
+    models = [m for m in args.models.split(",") if m]
+    runs = plan(zoo, gemma, args.quick, models)
+    wide_runs = [] if args.no_wide or models else [
+        (p.stem, p, c) for p in ensure_wide_zoo(zoo, build.llama_server, zoo.with_name(f"{zoo.name}-wide{WIDE}"),
+                                                factor=WIDE)
+        for c in (CONFIGS if p.stem.removesuffix("-wide") in LAYOUT_MODELS and not args.quick
+                  else CONFIGS[:QUICK_CONFIGS])]
     with ThreadPoolExecutor(max_workers=args.jobs) as pool:
         outcomes = list(pool.map(lambda r: compare(build.llama_server, *r), runs))
+        wide = list(pool.map(lambda r: compare(build.llama_server, *r), wide_runs))
 
+    if wide:
+        print(f"zoo widened {WIDE}x (n_embd 2048; compute buffers of realistic size), {len(wide)} runs:")
+        _table(wide)
+        print(f"wide: {_summary(wide)}")
+        print()
+    _table(outcomes)
+    m = len([o for o in outcomes if not o.error.startswith("refused")])
+    print(f"refusals matching llama-server: {sum(o.rejected_alike for o in outcomes)}/{len(outcomes) - m} "
+          "(left out of the counts below)")
+    print(_summary(outcomes))
+    return 0
+
+
+def _table(outcomes: Sequence[Outcome]) -> None:
     print(f"{'model':28} {'config':26} {'kv MiB pred/act':>22} {'compute pred/act':>20} {'total pred/act':>20}  flags")
     rejected = [o for o in outcomes if o.error.startswith("refused")]
     outcomes = [o for o in outcomes if not o.error.startswith("refused")]
@@ -207,13 +238,15 @@ def main(argv: Sequence[str] | None = None) -> int:
               f"{_mib(o._kv(p)):>10}/{_mib(o._kv(a)):<10} "
               f"{_mib(p.sum_of('compute')):>9}/{_mib(a.sum_of('compute')):<9} "
               f"{_mib(p.startup_total):>9}/{_mib(a.total):<9}  {flags} {note}")
-    print(f"refusals matching llama-server: {sum(o.rejected_alike for o in rejected)}/{len(rejected)} "
-          "(left out of the counts below)")
-    m = len(outcomes)
-    count = lambda attr: sum(getattr(o, attr) for o in outcomes)  # noqa: E731
-    print(f"kv_exact={count('kv_exact')}/{m} kv_within_1pct={count('kv_within_1pct')}/{m} "
-          f"compute_within_10pct={count('compute_within_10pct')}/{m} total_within_2pct={count('total_within_2pct')}/{m}")
-    return 0
+
+
+def _summary(outcomes: Sequence[Outcome]) -> str:
+    """The counts line over every run but the refusals both sides agree on."""
+    counted = [o for o in outcomes if not o.error.startswith("refused")]
+    m = len(counted)
+    count = lambda attr: sum(getattr(o, attr) for o in counted)  # noqa: E731
+    return (f"kv_exact={count('kv_exact')}/{m} kv_within_1pct={count('kv_within_1pct')}/{m} "
+            f"compute_within_10pct={count('compute_within_10pct')}/{m} total_within_2pct={count('total_within_2pct')}/{m}")
 
 
 if __name__ == "__main__":

@@ -25,6 +25,7 @@ from launcher.memory import (
     pad,
 )
 from launcher.dry_run import LISTENING, load_report
+from launcher.wide_zoo import widen_model
 from scripts.memory_accuracy import CONFIGS, DONE_MARKERS, Config
 
 GEMMA_LOG = """\
@@ -262,6 +263,10 @@ DSV4_CASES = [("deepseek4-moe", c) for c in CONFIGS]
 #: Speculative decoding on a real vocabulary (262k): the logits rows for drafted tokens dominate.
 SPEC_CASES = [("gemma", c) for c in CONFIGS if c.options.spec_n_max]
 
+#: The zoo widened 8x (launcher.wide_zoo): compute buffers of tens of MiB, set by tensor sizes as in real models.
+WIDE_CASES = [(m, c) for m in ("llama-dense", "starcoder2-dense", "qwen3moe-moe", "mamba2-dense")
+              for c in (CONFIGS[0], CONFIGS[1], CONFIGS[6])]
+
 
 @pytest.fixture(scope="module")
 def server_logs(llama_server_bin, zoo_dir, gemma_model) -> dict[tuple[str, str], tuple[Path, str]]:
@@ -370,3 +375,39 @@ def test_the_mtp_draft_context_matches_llama_server(config, llama_server_bin, qw
     p, a = predicted.sum_of("compute"), actual.sum_of("compute")
     assert abs(p - a) <= 0.1 * a, f"compute {_mib(p)} MiB predicted, {_mib(a)} MiB allocated"
     assert abs(predicted.startup_total - actual.total) <= 0.05 * actual.total
+
+
+@pytest.fixture(scope="module")
+def wide_models(zoo_dir, llama_server_bin, tmp_path_factory) -> dict[str, Path]:
+    out = tmp_path_factory.mktemp("wide")
+    made = {m: widen_model(zoo_dir / f"{m}.gguf", out / f"{m}-wide.gguf", llama_server_bin)
+            for m in dict.fromkeys(m for m, _ in WIDE_CASES)}
+    assert all(made.values()), made  # llama-server accepted every widened file
+    return made  # type: ignore[return-value]
+
+
+def test_widening_multiplies_the_widths_and_keeps_heads_and_vocabulary(wide_models, zoo_dir):
+    small, wide = gguf.read(zoo_dir / "llama-dense.gguf").facts, gguf.read(wide_models["llama-dense"]).facts
+    assert (wide.embedding_length, wide.feed_forward_length[0]) == (2048, 3072)
+    assert wide.head_count[0] == 8 * small.head_count[0] and wide.key_length == small.key_length
+    assert (wide.layer_count, wide.vocab_size) == (small.layer_count, small.vocab_size)
+    assert wide_models["llama-dense"].stat().st_blocks * 512 < 0.01 * wide_models["llama-dense"].stat().st_size
+
+
+def test_a_model_of_another_width_is_not_widened(zoo_dir, llama_server_bin, tmp_path):
+    assert gguf.read(zoo_dir / "deepseek2-moe.gguf").facts.embedding_length != 256
+    assert widen_model(zoo_dir / "deepseek2-moe.gguf", tmp_path / "w.gguf", llama_server_bin) is None
+    assert not (tmp_path / "w.gguf").exists()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("model", "config"), WIDE_CASES, ids=[f"{m}-wide-{c.name}" for m, c in WIDE_CASES])
+def test_compute_at_realistic_widths_within_10_percent(model, config, wide_models, llama_server_bin):
+    """Gated and ungated FFNs, MoE and Mamba-2 at n_embd 2048, where compute buffers are 30-90 MiB."""
+    file = gguf.read(wide_models[model])
+    predicted = estimate(file.facts, for_file(file, config.options))
+    actual = parse_allocations(load_report(llama_server_bin, wide_models[model], config.argv(),
+                                           until=DONE_MARKERS)[0])
+    assert [c.k_bytes for c in predicted.caches] == [c.k_bytes for c in actual.caches]
+    p, a = predicted.sum_of("compute"), actual.sum_of("compute")
+    assert a > 25 * MIB and abs(p - a) <= 0.1 * a, f"compute {_mib(p)} MiB predicted, {_mib(a)} MiB allocated"

@@ -1,0 +1,109 @@
+"""Zoo models re-written at realistic widths, to measure compute buffers where they matter.
+
+The zoo's models are 256 wide with a 128-token vocabulary, so their compute
+buffers are a few MiB: there, where ggml-alloc happens to place many small
+tensors decides the peak, not the tensor sizes an estimate is built from. Real
+models are 2-16k wide. ``widen_model`` multiplies a zoo model's widths (the
+embedding, the FFN, the head counts) by ``factor`` and leaves head sizes, layer
+counts and the vocabulary alone; the weights are holes, so a 400 MB model is
+written sparse in milliseconds and llama-server maps it without reading.
+
+Which dimensions of a tensor are widths is not in the file, so the guess (every
+dimension of 256 or more that is a multiple of 128, in the first two axes) is
+checked by the pinned llama-server itself: when it refuses a tensor with
+``check_tensor_dims: tensor 'X' has wrong shape; expected A, B``, that tensor
+(in every block) takes the expected shape and the load is tried again.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+import structlog
+
+import gguf
+from gguf.writer import TensorToWrite, write_gguf
+from launcher.dry_run import load_report
+
+log = structlog.get_logger(__name__)
+
+MARKER = ".wide-zoo-complete"
+#: Only models of the zoo's usual width are widened (a few architectures use other widths).
+ZOO_WIDTH = 256
+_WRONG_SHAPE = re.compile(r"check_tensor_dims: tensor '([^']+)' has wrong shape; expected\s+([\d,\s]+?),\s+got")
+#: The model's tensors are all created (and their shapes checked) once a buffer for them is sized.
+_SHAPES_ACCEPTED = "model buffer size"
+_BLOCK = re.compile(r"^blk\.\d+\.")
+
+
+def _wide(dim: int, factor: int) -> int:
+    return dim * factor if dim >= ZOO_WIDTH and dim % 128 == 0 else dim
+
+
+def _widen_metadata(metadata: dict[str, Any], arch: str, factor: int) -> dict[str, Any]:
+    """Embedding, FFN and SSM widths and the query head count times ``factor``; KV heads when they fill a width."""
+    out = dict(metadata)
+    key_length = int(metadata.get(f"{arch}.attention.key_length", 0) or 0)
+
+    def each(value: Any, f: Any) -> Any:
+        return [f(v) for v in value] if isinstance(value, (list, tuple)) else f(value)
+
+    for key, value in metadata.items():
+        if not key.startswith(f"{arch}."):
+            continue
+        if key.endswith(("embedding_length", "feed_forward_length", "ssm.inner_size")):
+            out[key] = each(value, lambda v: _wide(int(v), factor))
+        elif key.endswith("attention.head_count"):
+            out[key] = each(value, lambda v: int(v) * factor)
+        elif key.endswith("attention.head_count_kv"):
+            out[key] = each(value, lambda v: int(v) * factor if int(v) * key_length >= ZOO_WIDTH else int(v))
+    return out
+
+
+def widen_model(src: Path, dst: Path, binary: Path, *, factor: int = 8, attempts: int = 40) -> Path | None:
+    """Write ``src`` ``factor`` times wider to ``dst``; None when it is not 256 wide or llama-server refuses it.
+
+    Each shape llama-server corrects costs one more start (tens of milliseconds:
+    it stops at the first wrong tensor, before reading any weight).
+    """
+    model = gguf.read(src)
+    head = model.shards[0]
+    arch = str(head.metadata["general.architecture"])
+    if len(model.shards) > 1 or head.metadata.get(f"{arch}.embedding_length") != ZOO_WIDTH:
+        return None
+    metadata = _widen_metadata(dict(head.metadata), arch, factor)
+    shapes = {t.name: tuple(_wide(d, factor) if axis < 2 and not (t.name == "token_embd.weight" and axis == 1)
+                            else d for axis, d in enumerate(t.shape)) for t in head.tensors}
+    for _ in range(attempts):
+        write_gguf(dst, metadata, [TensorToWrite(t.name, shapes[t.name], t.ggml_type) for t in head.tensors],
+                   value_types=head.value_types, version=head.version)
+        report, _ = load_report(binary, dst, ("-c", "256"), until=(_SHAPES_ACCEPTED,), timeout=30, attempts=1)
+        if _SHAPES_ACCEPTED in report:
+            return dst
+        wrong = _WRONG_SHAPE.search(report)
+        if wrong is None:
+            refused = next((line for line in report.splitlines() if " E " in line), report[-200:])
+            log.info("wide zoo: llama-server refuses the widened model", model=src.stem, reason=refused.strip())
+            break
+        name, expected = wrong.group(1), tuple(int(d) for d in wrong.group(2).replace(" ", "").split(","))
+        suffix = _BLOCK.sub("", name)
+        for t in head.tensors:  # the same tensor of every block
+            if t.name == name or (_BLOCK.match(name) and _BLOCK.sub("", t.name) == suffix
+                                  and shapes[t.name] == shapes[name]):
+                shapes[t.name] = expected + shapes[t.name][len(expected):]
+    dst.unlink(missing_ok=True)
+    return None
+
+
+def ensure_wide_zoo(zoo: Path, binary: Path, out: Path, *, factor: int = 8) -> list[Path]:
+    """Every zoo model llama-server accepts widened, generated into ``out`` once (a marker lists them)."""
+    marker = out / MARKER
+    if marker.is_file():
+        return [out / name for name in marker.read_text().split()]
+    out.mkdir(parents=True, exist_ok=True)
+    made = [p for src in sorted(zoo.glob("*.gguf"))
+            if (p := widen_model(src, out / f"{src.stem}-wide.gguf", binary, factor=factor)) is not None]
+    marker.write_text("\n".join(p.name for p in made) + "\n")
+    return made
