@@ -12,7 +12,9 @@ Which dimensions of a tensor are widths is not in the file, so the guess (every
 dimension of 256 or more that is a multiple of 128, in the first two axes) is
 checked by the pinned llama-server itself: when it refuses a tensor with
 ``check_tensor_dims: tensor 'X' has wrong shape; expected A, B``, that tensor
-(in every block) takes the expected shape and the load is tried again.
+(in every block) takes the expected shape and the load is tried again. A model
+is kept only once llama-server reserves its compute buffer (some widened graphs
+break an assert of their own, e.g. Qwen3.5's delta-net: those are left out).
 """
 
 from __future__ import annotations
@@ -33,8 +35,8 @@ MARKER = ".wide-zoo-complete"
 #: Only models of the zoo's usual width are widened (a few architectures use other widths).
 ZOO_WIDTH = 256
 _WRONG_SHAPE = re.compile(r"check_tensor_dims: tensor '([^']+)' has wrong shape; expected\s+([\d,\s]+?),\s+got")
-#: The model's tensors are all created (and their shapes checked) once a buffer for them is sized.
-_SHAPES_ACCEPTED = "model buffer size"
+#: The shapes passed the loader's checks and the graph its own asserts once its compute buffer is reserved.
+_ACCEPTED = "compute buffer size"
 _BLOCK = re.compile(r"^blk\.\d+\.")
 
 
@@ -79,8 +81,8 @@ def widen_model(src: Path, dst: Path, binary: Path, *, factor: int = 8, attempts
     for _ in range(attempts):
         write_gguf(dst, metadata, [TensorToWrite(t.name, shapes[t.name], t.ggml_type) for t in head.tensors],
                    value_types=head.value_types, version=head.version)
-        report, _ = load_report(binary, dst, ("-c", "256"), until=(_SHAPES_ACCEPTED,), timeout=30, attempts=1)
-        if _SHAPES_ACCEPTED in report:
+        report, _ = load_report(binary, dst, ("-c", "256"), until=(_ACCEPTED,), timeout=30, attempts=1)
+        if _ACCEPTED in report:
             return dst
         wrong = _WRONG_SHAPE.search(report)
         if wrong is None:

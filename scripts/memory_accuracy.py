@@ -161,6 +161,9 @@ def compare(binary: Path, name: str, path: Path, config: Config) -> Outcome:
         actual = parse_allocations(log)
     except ValueError as exc:
         return Outcome(name, config.name, predicted, None, f"server: {exc}: {log[-300:]!r}")
+    if not actual.sum_of("compute"):
+        return Outcome(name, config.name, predicted, None, f"llama-server stopped before reserving its compute "
+                                                            f"buffer: {log.strip().splitlines()[-1][:200]!r}")
     return Outcome(name, config.name, predicted, actual)
 
 
