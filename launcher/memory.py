@@ -52,6 +52,10 @@ SpecMode = Literal["none", "mtp"]
 CACHE_TYPES: tuple[CacheType, ...] = ("f32", "f16", "bf16", "q8_0", "q5_1", "q5_0", "q4_1", "q4_0", "iq4_nl")
 #: DeepSeek-V4's compression ratios (llama-kv-cache-dsv4.cpp DSV4_CSA_RATIO, DSV4_HCA_RATIO).
 _DSV4_CSA, _DSV4_HCA = 4, 128
+#: Graphs whose last block runs its FFN on every token of the ubatch: they gather the output rows before it only
+#: for an MTP draft context (``il == n_layer - 1 && inp_out_ids && cparams.embeddings_nextn_masked``, models/*.cpp).
+_LAST_FFN_ON_ALL_TOKENS = frozenset({"bailingmoe3", "cohere2moe", "gemma4", "hy_v3", "nemotron_h", "gpt-oss",
+                                     "qwen35", "qwen35moe", "qwen3next", "step35"})
 #: Weight types the CPU backend repacks into interleaved rows (x86 with AVX2, the pinned build's common case).
 _REPACKED_TYPES = frozenset({"Q4_0", "Q4_K", "IQ4_NL"})
 #: Architectures whose recurrent state keeps rollback snapshots (llama-arch.cpp llm_arch_supports_rs_rollback);
@@ -507,8 +511,10 @@ def _compute_terms(facts: ModelFacts, shape: ContextShape, caches: Sequence[Cach
     recurrent = any(facts.recurrent_layers)
     conv_k = facts.ssm.conv_kernel
     moe_ff = max(facts.expert_feed_forward_length * facts.expert_used_count, facts.expert_shared_feed_forward_length)
-    # The last block keeps only the output rows (``ggml_get_rows(cur, inp_out_ids)``) before its FFN.
-    ffn_layers = range(max(facts.layer_count - 1, 1))
+    # The last block keeps only the output rows (``ggml_get_rows(cur, inp_out_ids)``) before its FFN, except in
+    # graphs that gather them there only for an MTP draft
+    ffn_layers = range(facts.layer_count if facts.architecture in _LAST_FFN_ON_ALL_TOKENS
+                       else max(facts.layer_count - 1, 1))
     ffn_width = max((moe_ff if il < len(facts.moe_layers) and facts.moe_layers[il]
                      else facts.feed_forward_length[il] if il < len(facts.feed_forward_length) else 0
                      for il in ffn_layers), default=0)
@@ -643,19 +649,19 @@ def _compute_bytes(facts: ModelFacts, shape: ContextShape, caches: Sequence[Cach
 
 
 #: Weights of the compute terms. ggml's allocator reuses freed blocks, so how many copies of each
-#: tensor coexist at the peak depends on each architecture's graph. The shared weights (first two
-#: lines) are fitted by coordinate descent on the zoo plus Gemma (``scripts/memory_accuracy.py``) and
-#: on the zoo widened 8x (``launcher.wide_zoo``: n_embd 2048, where tensor sizes rather than the
-#: placement of small tensors set the peak), and checked on the zoo widened 16x (n_embd 4096), which
-#: the fit never saw: 701 of its 780 cases within 10 %, against 480 with the weights fitted on the
-#: small zoo alone. ``final_hidden`` also carries Gemma's speculative configs. The DeepSeek-V4 and
-#: Mamba-2 ones are counted from the graphs, not fitted: ggml-alloc's peak holds two lightning-indexer
-#: queries (the projection and its RoPE'd copy), one CSA KQ and one top-k zeros leaf; one of each
-#: Mamba-2 tensor.
+#: tensor coexist at the peak depends on each architecture's graph. The shared weights (first lines)
+#: are fitted by coordinate descent on the zoo plus Gemma (``scripts/memory_accuracy.py``) and on the
+#: zoo widened 8x (``launcher.wide_zoo``: n_embd 2048, where tensor sizes rather than the placement of
+#: small tensors set the peak) with FFN-to-embedding ratios of 1.5 and 4.5, then checked on a ratio
+#: the fit never saw (3.0, n_ff 6144): 721 of its 780 cases within 10 %, against 638 with the weights
+#: fitted on the small zoo alone. ``final_hidden`` also carries Gemma's speculative configs. The
+#: DeepSeek-V4 and Mamba-2 ones are counted from the graphs, not fitted: ggml-alloc's peak holds two
+#: lightning-indexer queries (the projection and its RoPE'd copy), one CSA KQ and one top-k zeros
+#: leaf; one of each Mamba-2 tensor.
 COMPUTE_FIT: dict[str, float] = {
-    "mask": 1.0, "hidden": 3.625, "query": 0.625, "v_index": 1.625, "kq": 1.125, "ffn": 3.0, "ssm": 2.5,
+    "mask": 1.0, "hidden": 3.625, "query": 0.625, "v_index": 2.125, "kq": 1.0, "ffn": 3.0, "ssm": 2.5,
     "conv": 1.125, "indexer_q": 2.25, "indexer": 1.75, "decay": 0.75, "mla": 1.0, "final_hidden": 7.25,
-    "ffn_ungated": 1.875,
+    "ffn_ungated": 1.375,
     "lid_q": 2.0, "lid_kq": 1.0, "topk_zeros": 1.0, "mamba2": 1.0,
     # top-k indexers: the queries twice (DSA: projected and Hadamard-rotated; measured on the k-pool graphs too);
     # glm5-next's selection holds its f32 gather mask, two index copies and the repeated f16 zeros (3.5 rows);

@@ -40,12 +40,19 @@ _ACCEPTED = "compute buffer size"
 _BLOCK = re.compile(r"^blk\.\d+\.")
 
 
-def _wide(dim: int, factor: int) -> int:
+#: The zoo's FFN width; a dimension that is a multiple of it but not of ZOO_WIDTH is taken for an FFN width.
+ZOO_FFN = 384
+
+
+def _wide(dim: int, factor: int, ffn_factor: int) -> int:
+    if dim % ZOO_FFN == 0 and dim % ZOO_WIDTH:
+        return dim * ffn_factor
     return dim * factor if dim >= ZOO_WIDTH and dim % 128 == 0 else dim
 
 
-def _widen_metadata(metadata: dict[str, Any], arch: str, factor: int) -> dict[str, Any]:
-    """Embedding, FFN and SSM widths and the query head count times ``factor``; KV heads when they fill a width."""
+def _widen_metadata(metadata: dict[str, Any], arch: str, factor: int, ffn_factor: int) -> dict[str, Any]:
+    """Embedding and SSM widths and the query head count times ``factor``, FFN widths times ``ffn_factor``;
+    KV heads when they fill a width."""
     out = dict(metadata)
     key_length = int(metadata.get(f"{arch}.attention.key_length", 0) or 0)
 
@@ -56,7 +63,7 @@ def _widen_metadata(metadata: dict[str, Any], arch: str, factor: int) -> dict[st
         if not key.startswith(f"{arch}."):
             continue
         if key.endswith(("embedding_length", "feed_forward_length", "ssm.inner_size")):
-            out[key] = each(value, lambda v: _wide(int(v), factor))
+            out[key] = each(value, lambda v: _wide(int(v), factor, ffn_factor))
         elif key.endswith("attention.head_count"):
             out[key] = each(value, lambda v: int(v) * factor)
         elif key.endswith("attention.head_count_kv"):
@@ -64,8 +71,12 @@ def _widen_metadata(metadata: dict[str, Any], arch: str, factor: int) -> dict[st
     return out
 
 
-def widen_model(src: Path, dst: Path, binary: Path, *, factor: int = 8, attempts: int = 40) -> Path | None:
+def widen_model(src: Path, dst: Path, binary: Path, *, factor: int = 8, ffn_factor: int | None = None,
+                attempts: int = 40) -> Path | None:
     """Write ``src`` ``factor`` times wider to ``dst``; None when it is not 256 wide or llama-server refuses it.
+
+    ``ffn_factor`` (default ``factor``) widens the FFN on its own, to vary the
+    FFN-to-embedding ratio (the zoo's is 1.5; real models' 2.5-4).
 
     Each shape llama-server corrects costs one more start (tens of milliseconds:
     it stops at the first wrong tensor, before reading any weight).
@@ -75,8 +86,9 @@ def widen_model(src: Path, dst: Path, binary: Path, *, factor: int = 8, attempts
     arch = str(head.metadata["general.architecture"])
     if len(model.shards) > 1 or head.metadata.get(f"{arch}.embedding_length") != ZOO_WIDTH:
         return None
-    metadata = _widen_metadata(dict(head.metadata), arch, factor)
-    shapes = {t.name: tuple(_wide(d, factor) if axis < 2 and not (t.name == "token_embd.weight" and axis == 1)
+    ffn_factor = ffn_factor or factor
+    metadata = _widen_metadata(dict(head.metadata), arch, factor, ffn_factor)
+    shapes = {t.name: tuple(_wide(d, factor, ffn_factor) if axis < 2 and not (t.name == "token_embd.weight" and axis == 1)
                             else d for axis, d in enumerate(t.shape)) for t in head.tensors}
     for _ in range(attempts):
         write_gguf(dst, metadata, [TensorToWrite(t.name, shapes[t.name], t.ggml_type) for t in head.tensors],
@@ -99,13 +111,15 @@ def widen_model(src: Path, dst: Path, binary: Path, *, factor: int = 8, attempts
     return None
 
 
-def ensure_wide_zoo(zoo: Path, binary: Path, out: Path, *, factor: int = 8) -> list[Path]:
+def ensure_wide_zoo(zoo: Path, binary: Path, out: Path, *, factor: int = 8, ffn_factor: int | None = None
+                    ) -> list[Path]:
     """Every zoo model llama-server accepts widened, generated into ``out`` once (a marker lists them)."""
     marker = out / MARKER
     if marker.is_file():
         return [out / name for name in marker.read_text().split()]
     out.mkdir(parents=True, exist_ok=True)
     made = [p for src in sorted(zoo.glob("*.gguf"))
-            if (p := widen_model(src, out / f"{src.stem}-wide.gguf", binary, factor=factor)) is not None]
+            if (p := widen_model(src, out / f"{src.stem}-wide.gguf", binary, factor=factor,
+                                 ffn_factor=ffn_factor)) is not None]
     marker.write_text("\n".join(p.name for p in made) + "\n")
     return made

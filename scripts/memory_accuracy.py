@@ -13,7 +13,7 @@ run to a few minutes on 2 cores. The last line reads::
     kv_exact=N/M kv_within_1pct=N/M compute_within_10pct=N/M total_within_2pct=N/M
 
 Before that table, the same comparison runs on the zoo widened 8x
-(``launcher.wide_zoo``: n_embd 2048, weights as holes), where compute buffers
+(``launcher.wide_zoo``: n_embd 2048, n_ff 6144, weights as holes), where compute buffers
 are tens of MiB and set by tensor sizes as in real models, not by where ggml's
 allocator happens to place a tiny model's tensors; it ends with a ``wide:`` line
 of the same counts (``--no-wide`` skips it).
@@ -43,8 +43,9 @@ from launcher.memory import MIB, MemoryBill, MemoryOptions, MemoryPlanError, est
 from launcher.wide_zoo import ensure_wide_zoo  # noqa: E402
 
 SERVER_TIMEOUT_S = 60
-#: How much wider than the zoo the realistic-width section's models are.
-WIDE = 8
+#: How much wider than the zoo the realistic-width section's models are: n_embd 2048 and, to give the
+#: FFN-to-embedding ratio of Llama-like models (3.0; the zoo's is 1.5), n_ff 6144.
+WIDE, WIDE_FFN = 8, 16
 #: The line after which every allocation has been printed.
 DONE_MARKERS = ("sched_reserve: reserve took", LISTENING)
 
@@ -201,8 +202,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     models = [m for m in args.models.split(",") if m]
     runs = plan(zoo, gemma, args.quick, models)
     wide_runs = [] if args.no_wide or models else [
-        (p.stem, p, c) for p in ensure_wide_zoo(zoo, build.llama_server, zoo.with_name(f"{zoo.name}-wide{WIDE}"),
-                                                factor=WIDE)
+        (p.stem, p, c) for p in ensure_wide_zoo(zoo, build.llama_server,
+                                                zoo.with_name(f"{zoo.name}-wide{WIDE}x{WIDE_FFN}"),
+                                                factor=WIDE, ffn_factor=WIDE_FFN)
         for c in (CONFIGS if p.stem.removesuffix("-wide") in LAYOUT_MODELS and not args.quick
                   else CONFIGS[:QUICK_CONFIGS])]
     with ThreadPoolExecutor(max_workers=args.jobs) as pool:
@@ -210,7 +212,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         wide = list(pool.map(lambda r: compare(build.llama_server, *r), wide_runs))
 
     if wide:
-        print(f"zoo widened {WIDE}x (n_embd 2048; compute buffers of realistic size), {len(wide)} runs:")
+        print(f"zoo widened (n_embd {256 * WIDE}, n_ff {384 * WIDE_FFN}: compute buffers of realistic size), "
+              f"{len(wide)} runs:")
         _table(wide)
         print(f"wide: {_summary(wide)}")
         print()

@@ -263,7 +263,8 @@ DSV4_CASES = [("deepseek4-moe", c) for c in CONFIGS]
 #: Speculative decoding on a real vocabulary (262k): the logits rows for drafted tokens dominate.
 SPEC_CASES = [("gemma", c) for c in CONFIGS if c.options.spec_n_max]
 
-#: The zoo widened 8x (launcher.wide_zoo): compute buffers of tens of MiB, set by tensor sizes as in real models.
+#: The zoo widened (launcher.wide_zoo: n_embd 2048, n_ff 6144): compute buffers of tens of MiB, set by tensor sizes
+#: as in real models.
 WIDE_CASES = [(m, c) for m in ("llama-dense", "starcoder2-dense", "qwen3moe-moe", "mamba2-dense")
               for c in (CONFIGS[0], CONFIGS[1], CONFIGS[6])]
 
@@ -380,7 +381,7 @@ def test_the_mtp_draft_context_matches_llama_server(config, llama_server_bin, qw
 @pytest.fixture(scope="module")
 def wide_models(zoo_dir, llama_server_bin, tmp_path_factory) -> dict[str, Path]:
     out = tmp_path_factory.mktemp("wide")
-    made = {m: widen_model(zoo_dir / f"{m}.gguf", out / f"{m}-wide.gguf", llama_server_bin)
+    made = {m: widen_model(zoo_dir / f"{m}.gguf", out / f"{m}-wide.gguf", llama_server_bin, ffn_factor=16)
             for m in dict.fromkeys(m for m, _ in WIDE_CASES)}
     assert all(made.values()), made  # llama-server accepted every widened file
     return made  # type: ignore[return-value]
@@ -388,7 +389,7 @@ def wide_models(zoo_dir, llama_server_bin, tmp_path_factory) -> dict[str, Path]:
 
 def test_widening_multiplies_the_widths_and_keeps_heads_and_vocabulary(wide_models, zoo_dir):
     small, wide = gguf.read(zoo_dir / "llama-dense.gguf").facts, gguf.read(wide_models["llama-dense"]).facts
-    assert (wide.embedding_length, wide.feed_forward_length[0]) == (2048, 3072)
+    assert (wide.embedding_length, wide.feed_forward_length[0]) == (2048, 6144)
     assert wide.head_count[0] == 8 * small.head_count[0] and wide.key_length == small.key_length
     assert (wide.layer_count, wide.vocab_size) == (small.layer_count, small.vocab_size)
     assert wide_models["llama-dense"].stat().st_blocks * 512 < 0.01 * wide_models["llama-dense"].stat().st_size
