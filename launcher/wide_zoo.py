@@ -8,9 +8,10 @@ embedding, the FFN, the head counts) by ``factor`` and leaves head sizes, layer
 counts and the vocabulary alone; the weights are holes, so a 400 MB model is
 written sparse in milliseconds and llama-server maps it without reading.
 
-Which dimensions of a tensor are widths is not in the file, so the guess (every
-dimension of 256 or more that is a multiple of 128, in the first two axes) is
-checked by the pinned llama-server itself: when it refuses a tensor with
+Which dimensions of a tensor are widths is not in the file, so the guess (in the
+first two axes, a multiple of the zoo's FFN width 384 that is not one of 256 is
+an FFN width; any other dimension of 256 or more that is a multiple of 128 is an
+embedding-like width) is checked by the pinned llama-server itself: when it refuses a tensor with
 ``check_tensor_dims: tensor 'X' has wrong shape; expected A, B``, that tensor
 (in every block) takes the expected shape and the load is tried again. A model
 is kept only once llama-server reserves its compute buffer (some widened graphs
@@ -88,7 +89,8 @@ def widen_model(src: Path, dst: Path, binary: Path, *, factor: int = 8, ffn_fact
         return None
     ffn_factor = ffn_factor or factor
     metadata = _widen_metadata(dict(head.metadata), arch, factor, ffn_factor)
-    shapes = {t.name: tuple(_wide(d, factor, ffn_factor) if axis < 2 and not (t.name == "token_embd.weight" and axis == 1)
+    # the first two axes hold the widths; token_embd's second is the vocabulary
+    shapes = {t.name: tuple(_wide(d, factor, ffn_factor) if axis < 2 and (t.name, axis) != ("token_embd.weight", 1)
                             else d for axis, d in enumerate(t.shape)) for t in head.tensors}
     for _ in range(attempts):
         write_gguf(dst, metadata, [TensorToWrite(t.name, shapes[t.name], t.ggml_type) for t in head.tensors],
@@ -99,13 +101,14 @@ def widen_model(src: Path, dst: Path, binary: Path, *, factor: int = 8, ffn_fact
         wrong = _WRONG_SHAPE.search(report)
         if wrong is None:
             refused = next((line for line in report.splitlines() if " E " in line), report[-200:])
-            log.info("wide zoo: llama-server refuses the widened model", model=src.stem, reason=refused.strip())
+            log.info("wide zoo: llama-server refuses the widened model", model=src.stem,
+                     reason=refused.strip())
             break
         name, expected = wrong.group(1), tuple(int(d) for d in wrong.group(2).replace(" ", "").split(","))
-        suffix = _BLOCK.sub("", name)
+        suffix, guessed = _BLOCK.sub("", name), shapes[name]
         for t in head.tensors:  # the same tensor of every block
             if t.name == name or (_BLOCK.match(name) and _BLOCK.sub("", t.name) == suffix
-                                  and shapes[t.name] == shapes[name]):
+                                  and shapes[t.name] == guessed):
                 shapes[t.name] = expected + shapes[t.name][len(expected):]
     dst.unlink(missing_ok=True)
     return None
