@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import stat
+from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
@@ -16,7 +18,8 @@ from launcher.command import (
 )
 from launcher.capabilities import capabilities_from_text, run_tool
 from launcher.devices import MIB, Device, Inventory
-from launcher.planner import PlanRequest, load_model, plan
+from launcher.allocations import parse_allocations
+from launcher.planner import LaunchPlan, PlanRequest, load_model, plan
 from launcher.process import LlamaServer
 from launcher.registry import ChildRegistry
 from launcher.speculative import MODES
@@ -317,45 +320,41 @@ def test_default_plan_serves_gemma_under_the_supervisor(gemma_model, llama_serve
     assert not (tmp_path / "run").exists() or not any((tmp_path / "run").iterdir())
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("mode", MODES)
-def test_every_speculative_mode_plans_builds_and_serves(gemma, llama_server_bin, real, tmp_path, mode):
-    p = plan(gemma, cpu_only(), real, PlanRequest(n_ctx=2048, spec=mode))
+@contextlib.contextmanager
+def _serving(p: LaunchPlan, caps, binary: Path, tmp_path: Path) -> Iterator[tuple[LlamaServer, LaunchCommand]]:
+    """llama-server started from ``p``'s argv (2 threads, log in tmp_path), ready and answering, stopped after."""
     port = free_port()
-    with build_command(p, real, binary=llama_server_bin, files_root=tmp_path / "run", threads=2) as command:
+    with build_command(p, caps, binary=binary, files_root=tmp_path / "run", threads=2) as command:
         server = LlamaServer(command.argv(port), host="127.0.0.1", port=port, env=command.env,
                              api_key=command.api_key, log_path=tmp_path / "llama-server.log")
         server.start()
         try:
             server.wait_ready(timeout=120)
             _assert_serves(server.url, str(command.api_key))
+            yield server, command
         finally:
             server.stop()
-    if p.spec.argv:
-        assert "--spec" in " ".join(command.argv(port))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mode", MODES)
+def test_every_speculative_mode_plans_builds_and_serves(gemma, llama_server_bin, real, tmp_path, mode):
+    p = plan(gemma, cpu_only(), real, PlanRequest(n_ctx=2048, spec=mode))
+    with _serving(p, real, llama_server_bin, tmp_path) as (server, command):
+        if p.spec.argv:
+            assert "--spec" in " ".join(command.argv(server.port))
 
 
 @pytest.mark.slow
 def test_the_planner_engages_mtp_on_a_model_with_a_nextn_block(qwen35_mtp_model, llama_server_bin, real, tmp_path):
     """Policy, bill and argv for ``--spec mtp`` on a real MTP model; the server drafts with it and the bill holds."""
-    from launcher.allocations import parse_allocations
-
     p = plan(load_model(qwen35_mtp_model), cpu_only(), real, PlanRequest(n_ctx=2048, spec="mtp"))
     assert p.mtp_engaged and p.spec.argv[:2] == ("--spec-type", "draft-mtp")
     assert any(c.label == "MTP draft main" for c in p.bill.caches)
-    port = free_port()
-    with build_command(p, real, binary=llama_server_bin, files_root=tmp_path / "run", threads=2) as command:
-        server = LlamaServer(command.argv(port), host="127.0.0.1", port=port, env=command.env,
-                             api_key=command.api_key, log_path=tmp_path / "llama-server.log")
-        server.start()
-        try:
-            server.wait_ready(timeout=120)
-            _assert_serves(server.url, str(command.api_key))
-            done = httpx.post(f"{server.url}/completion", json={"prompt": "hello world", "n_predict": 8},
-                              headers={"Authorization": f"Bearer {command.api_key}"}, timeout=60).json()
-            assert done["tokens_predicted"] == 8 and done["timings"]["draft_n"] > 0
-        finally:
-            server.stop()
+    with _serving(p, real, llama_server_bin, tmp_path) as (server, command):
+        done = httpx.post(f"{server.url}/completion", json={"prompt": "hello world", "n_predict": 8},
+                          headers={"Authorization": f"Bearer {command.api_key}"}, timeout=60).json()
+        assert done["tokens_predicted"] == 8 and done["timings"]["draft_n"] > 0
     actual = parse_allocations((tmp_path / "llama-server.log").read_text())
     assert [(c.label, c.cells, c.k_bytes) for c in actual.caches] == [(c.label, c.cells, c.k_bytes)
                                                                        for c in p.bill.caches]
