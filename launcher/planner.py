@@ -4,8 +4,8 @@
 runs nothing, so every policy branch is a row in a table-driven test. Every fit
 decision asks the memory estimator (``launcher.memory``) for the bill per
 device and compares it with a budget: 90 % of each device's free memory (85 %
-when an MTP draft is engaged: the estimator bills the draft context, but no
-model at hand has MTP heads to measure it against).
+when an MTP draft is engaged: the draft context's start-up bill is measured on
+Qwen3.5 only, and what it allocates after its first batch only read from the sources).
 GPUs are budgeted against their free VRAM; the CPU against available RAM.
 
 Policy:
@@ -53,7 +53,7 @@ Offload = Literal["ngl", "fit"]
 
 #: Share of a device's free memory a plan may use; the rest absorbs estimator error and other programs.
 BUDGET_FRACTION = 0.90
-#: The same with an MTP draft engaged: the draft context's bill is estimated but has never been measured.
+#: The same with an MTP draft engaged: the draft's growth after its first batch is from the sources, unmeasured.
 MTP_BUDGET_FRACTION = 0.85
 #: An automatic context never shrinks below this (unless the model's own context is smaller).
 MIN_AUTO_CTX = 4096
@@ -411,7 +411,7 @@ class _Planner:
                                      f"budget {_mib(d.budget_bytes)}")
         pct = round(self.fraction * 100)
         self.reasons.append(f"budget: {pct} % of free memory per device" +
-                            (" (85 %: the MTP draft context's memory is estimated, not measured)" if self.mtp else ""))
+                            (" (85 %: what an MTP draft allocates after its first batch is not measured)" if self.mtp else ""))
         if self.request.n_parallel > 1:
             per_slot = bill_ctx_per_slot(n_ctx, self.request.n_parallel)
             self.reasons.append(f"{self.request.n_parallel} parallel slots share the context: {per_slot} tokens each")

@@ -240,7 +240,7 @@ def test_an_engaged_mtp_draft_lowers_the_budget_to_85_percent(mtp_model, real):
     p = plan(mtp_model, machine(gpu(0, 80 * GIB)), real)
     assert p.spec.resolved == "mtp" and p.mtp_engaged and p.budget_fraction == MTP_BUDGET_FRACTION
     assert p.devices[0].budget_bytes == int(80 * GIB * MTP_BUDGET_FRACTION)
-    assert "budget: 85 % of free memory per device (85 %: the MTP draft context's memory is estimated, not measured)" \
+    assert "budget: 85 % of free memory per device (85 %: what an MTP draft allocates after its first batch is not measured)" \
         in reasons(p)
     assert "speculative: auto: MTP model on GPU; MTP alone, 2 drafted tokens" in reasons(p)
     assert p.spec.argv == ("--spec-type", "draft-mtp", "--spec-draft-n-max", "2")
