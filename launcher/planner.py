@@ -410,8 +410,8 @@ class _Planner:
                 self.warnings.append(f"{d.name} ({d.device.name}): predicted {_mib(d.bill.total)} is over the "
                                      f"budget {_mib(d.budget_bytes)}")
         pct = round(self.fraction * 100)
-        self.reasons.append(f"budget: {pct} % of free memory per device" +
-                            (" (85 %: what an MTP draft allocates after its first batch is not measured)" if self.mtp else ""))
+        why = " (85 %: what an MTP draft allocates after its first batch is not measured)" if self.mtp else ""
+        self.reasons.append(f"budget: {pct} % of free memory per device{why}")
         if self.request.n_parallel > 1:
             per_slot = bill_ctx_per_slot(n_ctx, self.request.n_parallel)
             self.reasons.append(f"{self.request.n_parallel} parallel slots share the context: {per_slot} tokens each")
