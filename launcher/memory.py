@@ -70,6 +70,9 @@ _DRAFT_CACHE_TYPE: CacheType = "f16"
 #: Architectures whose recurrent layers run ``build_mamba2_layer`` (models/mamba-base.cpp): per-head scalar decay,
 #: B and C in ``n_group`` groups, one fused input projection.
 _MAMBA2_ARCHS = frozenset({"mamba2", "falcon-h1", "granitehybrid", "nemotron_h", "nemotron_h_moe"})
+#: Architectures whose recurrent layers run ``build_mamba_layer`` (models/mamba.cpp, jamba.cpp): Mamba-1's
+#: per-channel decay, B and C from ``x_proj``.
+_MAMBA1_ARCHS = frozenset({"mamba", "jamba"})
 
 
 class MemoryPlanError(LauncherError):
@@ -515,9 +518,15 @@ def _compute_terms(facts: ModelFacts, shape: ContextShape, caches: Sequence[Cach
     # graphs that gather them there only for an MTP draft
     ffn_layers = range(facts.layer_count if facts.architecture in _LAST_FFN_ON_ALL_TOKENS
                        else max(facts.layer_count - 1, 1))
-    ffn_width = max((moe_ff if il < len(facts.moe_layers) and facts.moe_layers[il]
-                     else facts.feed_forward_length[il] if il < len(facts.feed_forward_length) else 0
-                     for il in ffn_layers), default=0)
+    widths = {il: moe_ff if il < len(facts.moe_layers) and facts.moe_layers[il]
+              else facts.feed_forward_length[il] if il < len(facts.feed_forward_length) else 0 for il in ffn_layers}
+    mamba1 = recurrent and facts.architecture in _MAMBA1_ARCHS
+    # Mamba-1 hybrids (Jamba): an FFN after the last attention layer runs once the masks and V indices are freed
+    # (an input lives until its last reader)
+    last_attn = max((il for il, kv in enumerate(facts.kv_layers[:facts.layer_count]) if kv), default=-1) \
+        if mamba1 else facts.layer_count
+    ffn_width = max((w for il, w in widths.items() if il < last_attn), default=0)
+    late_width = max((w for il, w in widths.items() if il >= last_attn), default=0)
     idx_kv = sum(c.cells for c in live if c.label == "indexer")
     # MiniMax-M3 runs dense attention instead when one unified cache serves several slots (models/minimax-m3.cpp)
     indexer = bool(idx_kv) and not (facts.architecture == "minimax-m3" and shape.unified and shape.n_seq > 1)
@@ -547,6 +556,13 @@ def _compute_terms(facts: ModelFacts, shape: ContextShape, caches: Sequence[Cach
     # ggml_ssm_scan's result (y, then each sequence's final state) reuses ssm_conv's freed input when it fits
     scan_y, scan_states = n_tokens * facts.ssm.inner_size * 4, facts.recurrent_state * shape.n_seq * 4
     scan_y = 0 if scan_y + scan_states <= conv_x else scan_y
+    # build_mamba_layer: the reserve's ubatch splits n_tokens over n_seqs sequences, each with its d_conv - 1
+    # cached columns in ggml_ssm_conv's input
+    n_seqs = min(shape.n_seq, n_tokens)
+    conv_x1 = (n_tokens + (conv_k - 1) * n_seqs) * facts.ssm.inner_size * 4
+    # build_rs gathers the n_rs - 1 other sequences' states right after the scan; they take new memory on top
+    # of it unless they fit where ssm_conv's input was (freed by then)
+    rs_extra = (shape.n_seq - 1) * facts.recurrent_state * 4
     mask = sum(c.cells for c in live) * n_tokens * (2 if shape.flash_attn else 4)
     return {
         "mask": mask,
@@ -558,20 +574,31 @@ def _compute_terms(facts: ModelFacts, shape: ContextShape, caches: Sequence[Cach
         "hidden": n_tokens * facts.embedding_length * facts.hyper_connections * 4,
         "ffn": 0 if facts.ffn_ungated else n_tokens * ffn_width * 4,
         "ffn_ungated": n_tokens * ffn_width * 4 if facts.ffn_ungated else 0,
+        # the (SwiGLU) FFN activations after the last attention layer
+        "ffn_late": n_tokens * late_width * 4,
         # ggml_ssm_scan's result: y [d_inner, n_tokens] followed by the final states of every sequence
         "ssm": (n_tokens * facts.ssm.inner_size + facts.recurrent_state * shape.n_seq) * 4
-        if recurrent and not mamba2 else 0,
+        if recurrent and not (mamba1 or mamba2) else 0,
+        # build_mamba_layer's peak (models/mamba-base.cpp:44-150), at ggml_ssm_scan: xz [2 d_inner, n_tokens]
+        # (its ssm_in scale multiplied in place), ssm_conv's input (where dt [d_inner, n_tokens] goes once it is
+        # freed), the convolved x [d_inner, n_tokens] (bias and SiLU in place; read again by y + x * D), x_proj's
+        # dt/B/C [dt_rank + 2 d_state, n_tokens] (or, with B/C/dt norms, the normalised B and C), and the scan's
+        # result: y [d_inner, n_tokens] and every sequence's final state
+        "mamba1": (4 * facts.ssm.inner_size + facts.ssm.time_step_rank + 2 * facts.ssm.state_size) * n_tokens * 4
+        + conv_x1 + scan_states
+        + (rs_extra if rs_extra > conv_x1 else 0) if mamba1 else 0,
         # build_mamba2_layer, when z is made contiguous (models/mamba-base.cpp:192-288): the fused projection zxBCdt
         # [2 d_inner + 2 n_group d_state + n_head, n_tokens], the convolved xBC [d_inner + 2 n_group d_state,
         # n_tokens], z [d_inner, n_tokens] and the scan's result
         "mamba2": (facts.ssm.inner_size + conv_ch + facts.ssm.time_step_rank + conv_ch + facts.ssm.inner_size)
         * n_tokens * 4 + scan_y + scan_states if mamba2 else 0,
-        # the masks still alive then: an input is freed after its last reader, so only when attention follows
-        "mamba2_mask": mask if mamba2 and any(facts.kv_layers[first_recurrent:]) else 0,
+        # the masks still alive during a Mamba layer: an input is freed after its last reader, so only when
+        # attention follows
+        "scan_mask": mask if (mamba1 or mamba2) and any(facts.kv_layers[first_recurrent:]) else 0,
         # the rollback snapshots' states, written by the same scan (measured: once, beside the layer's peak)
         "rs_snapshots": facts.recurrent_state * shape.n_seq * shape.n_rs_seq * 4 if recurrent else 0,
         # ggml_ssm_conv's input: the cached (d_conv - 1) columns concatenated with the ubatch, per channel
-        "conv": conv_x if recurrent else 0,
+        "conv": conv_x if recurrent and not mamba1 else 0,
         "indexer_q": 0 if selection else idx_q,
         "indexer": idx_kv * n_tokens * 4 if indexer and not selection else 0,
         "topk_q": idx_q if selection else 0,
@@ -610,6 +637,8 @@ def _combine_terms(t: dict[str, int], fit: dict[str, float]) -> tuple[int, int]:
     largest transient (KQ scores, FFN activations, the SSM scan, or DeepSeek-V4's
     lightning-indexer query: two copies, plus the CSA KQ scores without flash
     attention) is computed.
+    A Mamba layer peaks on its own at its scan; in a Mamba-1 hybrid an FFN
+    after the last attention layer peaks without the masks and V indices.
     At the end: the logits are placed above what the masks and the last
     layer's tensors left behind (measured: logits + masks + ~6 hidden states,
     which is what makes ``--spec-default`` cost Gemma 3 270M 260 MiB with 4 slots).
@@ -625,11 +654,13 @@ def _combine_terms(t: dict[str, int], fit: dict[str, float]) -> tuple[int, int]:
              + fit["v_index"] * t["v_index"] + fit["indexer_q"] * t["indexer_q"] + fit["indexer"] * t["indexer"]
              + fit["decay"] * t["decay"] + fit["mla"] * t["mla"] + fit["topk_zeros"] * t["topk_zeros"]
              + t["rs_snapshots"] + transient + selection)
-    # A Mamba-2 layer peaks on its own: the attention tensors are gone, masks only while attention follows.
-    scan = (fit["mask"] * t["mamba2_mask"] + fit["hidden"] * t["hidden"] + fit["mamba2"] * t["mamba2"]
-            + fit["conv"] * t["conv"]) if t["mamba2"] else 0
+    # A Mamba layer peaks on its own: the attention tensors are gone, masks only while attention follows.
+    scan = fit["mask"] * t["scan_mask"] + (
+        fit["hidden"] * t["hidden"] + fit["mamba2"] * t["mamba2"] + fit["conv"] * t["conv"] if t["mamba2"]
+        else fit["mamba1_hidden"] * t["hidden"] + t["mamba1"] if t["mamba1"] else 0)
+    late_ffn = fit["hidden"] * t["hidden"] + fit["query"] * t["query"] + fit["ffn"] * t["ffn_late"]
     final = t["logits"] + t["mask"] + fit["final_hidden"] * t["hidden"]
-    return int(max(layer, scan)), int(final)
+    return int(max(layer, scan, late_ffn)), int(final)
 
 
 def _compute_bytes(facts: ModelFacts, shape: ContextShape, caches: Sequence[CacheBill],
@@ -657,12 +688,15 @@ def _compute_bytes(facts: ModelFacts, shape: ContextShape, caches: Sequence[Cach
 #: fitted on the small zoo alone. ``final_hidden`` also carries Gemma's speculative configs. The
 #: DeepSeek-V4 and Mamba-2 ones are counted from the graphs, not fitted: ggml-alloc's peak holds two
 #: lightning-indexer queries (the projection and its RoPE'd copy), one CSA KQ and one top-k zeros
-#: leaf; one of each Mamba-2 tensor.
+#: leaf; one of each Mamba-2 and Mamba-1 tensor.
 COMPUTE_FIT: dict[str, float] = {
     "mask": 1.0, "hidden": 3.625, "query": 0.625, "v_index": 2.125, "kq": 1.0, "ffn": 3.0, "ssm": 2.5,
     "conv": 1.125, "indexer_q": 2.25, "indexer": 1.75, "decay": 0.75, "mla": 1.0, "final_hidden": 7.25,
     "ffn_ungated": 1.375,
     "lid_q": 2.0, "lid_kq": 1.0, "topk_zeros": 1.0, "mamba2": 1.0,
+    # below a Mamba-1 layer's tensors (counted): the input embeddings, the residual, the mixed-input copy and
+    # the two hidden-sized blocks the layer's norm and the mixed-input rows freed
+    "mamba1_hidden": 5.0,
     # top-k indexers: the queries twice (DSA: projected and Hadamard-rotated; measured on the k-pool graphs too);
     # glm5-next's selection holds its f32 gather mask, two index copies and the repeated f16 zeros (3.5 rows);
     # qwen4exp's is measured
