@@ -56,6 +56,9 @@ _DSV4_CSA, _DSV4_HCA = 4, 128
 #: for an MTP draft context (``il == n_layer - 1 && inp_out_ids && cparams.embeddings_nextn_masked``, models/*.cpp).
 _LAST_FFN_ON_ALL_TOKENS = frozenset({"bailingmoe3", "cohere2moe", "gemma4", "hy_v3", "nemotron_h", "gpt-oss",
                                      "qwen35", "qwen35moe", "qwen3next", "step35"})
+#: Graphs whose blocks run attention and FFN side by side from the same norm, adding both to the residual
+#: (models/command-r.cpp:106-119, cohere2.cpp, cohere2moe.cpp, plamo.cpp, phi2.cpp, falcon.cpp).
+_PARALLEL_BLOCK_ARCHS = frozenset({"command-r", "cohere2", "cohere2moe", "plamo", "phi2", "falcon"})
 #: Weight types the CPU backend repacks into interleaved rows (x86 with AVX2, the pinned build's common case).
 _REPACKED_TYPES = frozenset({"Q4_0", "Q4_K", "IQ4_NL"})
 #: Architectures whose recurrent state keeps rollback snapshots (llama-arch.cpp llm_arch_supports_rs_rollback);
@@ -563,17 +566,41 @@ def _compute_terms(facts: ModelFacts, shape: ContextShape, caches: Sequence[Cach
     # build_rs gathers the n_rs - 1 other sequences' states right after the scan; they take new memory on top
     # of it unless they fit where ssm_conv's input was (freed by then)
     rs_extra = (shape.n_seq - 1) * facts.recurrent_state * 4
-    mask = sum(c.cells for c in live) * n_tokens * (2 if shape.flash_attn else 4)
+    # Without any cache (diffusion and embedding models) attention runs over the ubatch itself:
+    # build_attn_inp_no_cache makes an [n_tokens, n_tokens] mask (and one more for SWA), so n_kv = n_tokens
+    no_cache = not any(facts.kv_layers) and not recurrent and max(facts.head_count, default=0) > 0
+    # llama_kv_cache: a quantized K cache is stored Hadamard-rotated when the head size is a multiple of 64
+    k_rotated = any(BY_NAME[c.k_type.upper()].block_size > 1 for c in live) and facts.key_length_of(0) % 64 == 0
+    n_kv = n_tokens if no_cache else max((c.cells for c in live), default=0)
+    mask_rows = n_tokens * (2 if facts.swa_type != "none" else 1) if no_cache else sum(c.cells for c in live)
+    mask = mask_rows * n_tokens * (2 if shape.flash_attn else 4)
     return {
         "mask": mask,
-        "kq": 0 if shape.flash_attn else max((c.cells for c in live), default=0) * n_tokens
-        * max(facts.head_count, default=0) * 4,
+        "kq": 0 if shape.flash_attn else n_kv * n_tokens * max(facts.head_count, default=0) * 4,
+        # no cache, no flash attention: the ubatch's K [n_embd_k_gqa, n_tokens] and build_attn_mha's v_cont
+        # [n_tokens, n_embd_v_gqa] (f32) are still alive when kq is allocated (llama-graph.cpp:2763, 2802)
+        "ubatch_kv": n_tokens * max((facts.k_embd(il) + facts.v_embd(il) for il in layers), default=0) * 4
+        if no_cache and not shape.flash_attn else 0,
         "v_index": 0 if shape.flash_attn or not live else n_tokens * max((facts.v_embd(il) for il in layers),
                                                                            default=0) * 8,
         "query": n_tokens * max((h * facts.key_length_of(il) for il, h in enumerate(facts.head_count)), default=0) * 4,
         "hidden": n_tokens * facts.embedding_length * facts.hyper_connections * 4,
         "ffn": 0 if facts.ffn_ungated else n_tokens * ffn_width * 4,
         "ffn_ungated": n_tokens * ffn_width * 4 if facts.ffn_ungated else 0,
+        # Llama 4 weighs the experts' input before their FFN (build_moe_ffn, weight_before_ffn): the repeated
+        # input [n_embd, n_expert_used, n_tokens] f32 is freed under the gate/up activations, too small a hole
+        # for the SwiGLU output, so it adds to the MoE FFN's peak (llama-graph.cpp:2210-2214)
+        "moe_weighted": n_tokens * facts.embedding_length * facts.expert_used_count * 4
+        if facts.architecture == "llama4" and any(facts.moe_layers) else 0,
+        # Parallel blocks with a Hadamard-rotated (quantized) K cache: the rotated Q copy holds the hole the
+        # attention output [n_head * n_embd_head_v, n_tokens] would reuse, and that output stays alive through
+        # the FFN computed beside it (its V un-rotation and wo come after the FFN in graph order)
+        "parallel_attn_out": n_tokens * max((h * facts.value_length_of(il) for il, h in enumerate(facts.head_count)),
+                                            default=0) * 4
+        if facts.architecture in _PARALLEL_BLOCK_ARCHS and k_rotated else 0,
+        # HRM's high-level state zH (the input embedding) stays alive through the low-level cycles that read
+        # it, one hidden state more than a plain trunk holds (models/hrm-text.cpp:174-195)
+        "hrm_zh": n_tokens * facts.embedding_length * 4 if facts.architecture == "hrm_text" else 0,
         # the (SwiGLU) FFN activations after the last attention layer
         "ffn_late": n_tokens * late_width * 4,
         # ggml_ssm_scan's result: y [d_inner, n_tokens] followed by the final states of every sequence
@@ -643,7 +670,8 @@ def _combine_terms(t: dict[str, int], fit: dict[str, float]) -> tuple[int, int]:
     layer's tensors left behind (measured: logits + masks + ~6 hidden states,
     which is what makes ``--spec-default`` cost Gemma 3 270M 260 MiB with 4 slots).
     """
-    transient = max(fit["kq"] * t["kq"], fit["ffn"] * t["ffn"], fit["ffn_ungated"] * t["ffn_ungated"],
+    transient = max(fit["kq"] * t["kq"] + t["ubatch_kv"], fit["ffn"] * t["ffn"] + t["moe_weighted"],
+                    fit["ffn_ungated"] * t["ffn_ungated"],
                     fit["ssm"] * t["ssm"] + fit["conv"] * t["conv"],
                     fit["lid_q"] * t["lid_q"] + fit["lid_kq"] * t["lid_kq"])
     # A top-k indexer peaks at its queries, at the DSA scores with their top-k (the queries' block still
@@ -653,7 +681,7 @@ def _combine_terms(t: dict[str, int], fit: dict[str, float]) -> tuple[int, int]:
     layer = (fit["mask"] * t["mask"] + fit["hidden"] * t["hidden"] + fit["query"] * t["query"]
              + fit["v_index"] * t["v_index"] + fit["indexer_q"] * t["indexer_q"] + fit["indexer"] * t["indexer"]
              + fit["decay"] * t["decay"] + fit["mla"] * t["mla"] + fit["topk_zeros"] * t["topk_zeros"]
-             + t["rs_snapshots"] + transient + selection)
+             + t["rs_snapshots"] + t["hrm_zh"] + t["parallel_attn_out"] + transient + selection)
     # A Mamba layer peaks on its own: the attention tensors are gone, masks only while attention follows.
     scan = fit["mask"] * t["scan_mask"] + (
         fit["hidden"] * t["hidden"] + fit["mamba2"] * t["mamba2"] + fit["conv"] * t["conv"] if t["mamba2"]
