@@ -151,6 +151,11 @@ class KVBytesPerToken:
         return self.full + self.swa
 
 
+#: DeepSeek-V4's compression ratios (llama-kv-cache-dsv4.cpp DSV4_CSA_RATIO, DSV4_HCA_RATIO): a layer with ratio 4
+#: keeps the CSA and lightning-indexer caches, one with 128 the HCA cache.
+DSV4_CSA_RATIO, DSV4_HCA_RATIO = 4, 128
+
+
 @dataclass(frozen=True)
 class ModelFacts:
     """What llama.cpp will make of a GGUF model, per layer where it matters.

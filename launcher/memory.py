@@ -10,7 +10,7 @@ blocks, then the output layer, go to the GPUs), and the output buffer sized for
 one row of logits per slot, growing to one per drafted token too once
 speculative decoding verifies a draft (``server_output_limits``). KV, recurrent
 state and output buffers are exact formulas; the compute buffer weighs the
-tensor sizes that drive it with fitted factors (``_compute_terms``).
+tensor sizes that drive it (``launcher.compute_buffer``).
 
 Sparse-attention indexer key caches follow ``llama_kv_cache_dsa`` /
 ``llama_kv_cache_dsa_iswa`` / ``llama_kv_cache_msa`` / ``llama_memory_hybrid_idx``
@@ -37,7 +37,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Literal
 
+from gguf.facts import DSV4_CSA_RATIO as _DSV4_CSA
+from gguf.facts import DSV4_HCA_RATIO as _DSV4_HCA
 from gguf.ggml_types import BY_NAME
+from launcher import compute_buffer
 from launcher.errors import LauncherError
 
 if TYPE_CHECKING:
@@ -50,15 +53,6 @@ FlashAttn = Literal["auto", "on", "off"]
 SpecMode = Literal["none", "mtp"]
 
 CACHE_TYPES: tuple[CacheType, ...] = ("f32", "f16", "bf16", "q8_0", "q5_1", "q5_0", "q4_1", "q4_0", "iq4_nl")
-#: DeepSeek-V4's compression ratios (llama-kv-cache-dsv4.cpp DSV4_CSA_RATIO, DSV4_HCA_RATIO).
-_DSV4_CSA, _DSV4_HCA = 4, 128
-#: Graphs whose last block runs its FFN on every token of the ubatch: they gather the output rows before it only
-#: for an MTP draft context (``il == n_layer - 1 && inp_out_ids && cparams.embeddings_nextn_masked``, models/*.cpp).
-_LAST_FFN_ON_ALL_TOKENS = frozenset({"bailingmoe3", "cohere2moe", "gemma4", "hy_v3", "nemotron_h", "gpt-oss",
-                                     "qwen35", "qwen35moe", "qwen3next", "step35"})
-#: Graphs whose blocks run attention and FFN side by side from the same norm, adding both to the residual
-#: (models/command-r.cpp:106-119, cohere2.cpp, cohere2moe.cpp, plamo.cpp, phi2.cpp, falcon.cpp).
-_PARALLEL_BLOCK_ARCHS = frozenset({"command-r", "cohere2", "cohere2moe", "plamo", "phi2", "falcon"})
 #: Weight types the CPU backend repacks into interleaved rows (x86 with AVX2, the pinned build's common case).
 _REPACKED_TYPES = frozenset({"Q4_0", "Q4_K", "IQ4_NL"})
 #: Architectures whose recurrent state keeps rollback snapshots (llama-arch.cpp llm_arch_supports_rs_rollback);
@@ -70,12 +64,6 @@ _MTP_MEASURED_ARCHS = ("qwen35",)
 #: The MTP draft context's cache types: ``--spec-draft-type-k/-v``, f16 whatever ``-ctk``/``-ctv`` say
 #: (common.h ``common_params_speculative_draft::cache_type_k``; speculative.cpp common_base_params_to_speculative).
 _DRAFT_CACHE_TYPE: CacheType = "f16"
-#: Architectures whose recurrent layers run ``build_mamba2_layer`` (models/mamba-base.cpp): per-head scalar decay,
-#: B and C in ``n_group`` groups, one fused input projection.
-_MAMBA2_ARCHS = frozenset({"mamba2", "falcon-h1", "granitehybrid", "nemotron_h", "nemotron_h_moe"})
-#: Architectures whose recurrent layers run ``build_mamba_layer`` (models/mamba.cpp, jamba.cpp): Mamba-1's
-#: per-channel decay, B and C from ``x_proj``.
-_MAMBA1_ARCHS = frozenset({"mamba", "jamba"})
 
 
 class MemoryPlanError(LauncherError):
@@ -367,24 +355,7 @@ def _mtp_draft(facts: ModelFacts, shape: ContextShape, options: MemoryOptions, d
     """
     shape = replace(shape, n_outputs_max=min(shape.n_batch, shape.n_seq), n_rs_seq=0)
     caches, kv = _kv_caches(facts, shape, options, devices, draft=True)
-    return caches, kv, {output_device: _draft_compute_bytes(facts, shape, caches)}, *_draft_outputs(facts, shape)
-
-
-def _draft_compute_bytes(facts: ModelFacts, shape: ContextShape, caches: Sequence[CacheBill]) -> int:
-    """The draft context's compute buffer: the largest of its three moments.
-
-    The NextN graph has one block, so the attention mask dies with its attention
-    and no recurrent state or trunk-wide FFN is involved. Measured on the zoo's
-    Qwen3.5 with an MTP block appended (``launcher.zoo.derive_mtp_model``): the
-    attention moment is the mask and the KQ scores exactly plus ~7 rows of
-    ``n_embd`` per token (residual, Q and gate, K, V, the attention output);
-    the FFN and logits moments follow the trunk's rules and were not the peak there.
-    """
-    t = _compute_terms(facts, shape, caches)
-    attention = t["mask"] + t["kq"] + DRAFT_COMPUTE_FIT["attention_hidden"] * t["hidden"]
-    ffn = 2 * t["hidden"] + COMPUTE_FIT["ffn"] * t["ffn"]
-    final = t["logits"] + 2 * t["hidden"]
-    return int(max(attention, ffn, final))
+    return caches, kv, {output_device: compute_buffer.draft_bytes(facts, shape, caches)}, *_draft_outputs(facts, shape)
 
 
 def _draft_outputs(facts: ModelFacts, shape: ContextShape) -> tuple[int, int]:
@@ -494,246 +465,6 @@ def _output_bytes(facts: ModelFacts, shape: ContextShape) -> tuple[int, int]:
     return start, facts.vocab_size * max(shape.n_seq, shape.n_outputs_max) * 4 - start
 
 
-def _compute_terms(facts: ModelFacts, shape: ContextShape, caches: Sequence[CacheBill]) -> dict[str, int]:
-    """The tensor sizes (bytes) that drive the compute buffer of ``sched_reserve``'s prompt graph.
-
-    The graph is reserved for one ubatch of ``n_tokens = min(n_ctx, n_ubatch)``
-    tokens against a full cache, with ``min(n_tokens, n_outputs_max)`` outputs.
-    Sizes follow ``llama-graph.cpp``: one attention mask per cache of
-    ``[n_kv, n_tokens / n_stream, 1, n_stream]`` (f16 with flash attention, f32
-    without), so ``n_kv x n_tokens`` whatever the streams; the KQ scores
-    ``[n_kv, n_tokens, n_head]`` f32 without flash attention, when V is stored
-    transposed and its ``set_rows`` index is one i64 per value; the hidden state
-    ``[n_embd, n_tokens]`` (times the hyper-connections); the FFN activations of
-    the widest block but the last (MoE: ``mul_mat_id``'s ``[n_ff_exp,
-    n_expert_used, n_tokens]``); the SSM scan; the sparse-attention indexer's
-    queries and ``[n_kv, n_tokens]`` scores, or with a top-k selection (DSA,
-    k-pool) the tensors of ``selection`` in ``_combine_terms``; MLA's absorbed query; DeepSeek-V4's
-    lightning-indexer query and top-k mask inputs (``lid_*``, ``topk_zeros``); the logits.
-    """
-    n_tokens = min(shape.n_ctx, shape.n_ubatch)
-    live = [c for c in caches if c.layers]
-    layers = range(facts.layer_count)
-    recurrent = any(facts.recurrent_layers)
-    conv_k = facts.ssm.conv_kernel
-    moe_ff = max(facts.expert_feed_forward_length * facts.expert_used_count, facts.expert_shared_feed_forward_length)
-    # The last block keeps only the output rows (``ggml_get_rows(cur, inp_out_ids)``) before its FFN, except in
-    # graphs that gather them there only for an MTP draft
-    ffn_layers = range(facts.layer_count if facts.architecture in _LAST_FFN_ON_ALL_TOKENS
-                       else max(facts.layer_count - 1, 1))
-    widths = {il: moe_ff if il < len(facts.moe_layers) and facts.moe_layers[il]
-              else facts.feed_forward_length[il] if il < len(facts.feed_forward_length) else 0 for il in ffn_layers}
-    mamba1 = recurrent and facts.architecture in _MAMBA1_ARCHS
-    # Mamba-1 hybrids (Jamba): an FFN after the last attention layer runs once the masks and V indices are freed
-    # (an input lives until its last reader)
-    last_attn = max((il for il, kv in enumerate(facts.kv_layers[:facts.layer_count]) if kv), default=-1) \
-        if mamba1 else facts.layer_count
-    ffn_width = max((w for il, w in widths.items() if il < last_attn), default=0)
-    late_width = max((w for il, w in widths.items() if il >= last_attn), default=0)
-    idx_kv = sum(c.cells for c in live if c.label == "indexer")
-    # MiniMax-M3 runs dense attention instead when one unified cache serves several slots (models/minimax-m3.cpp)
-    indexer = bool(idx_kv) and not (facts.architecture == "minimax-m3" and shape.unified and shape.n_seq > 1)
-    # DeepSeek-V4's trunk CSA layers run the lightning indexer (models/deepseek4.cpp build_csa_lid_attention);
-    # its MTP blocks and the draft context's caches do not
-    cells = {c.label: c.cells for c in live}
-    raw_kv, csa_kv, lid_kv = (cells.get(k, 0) for k in ("SWA", "DSV4 CSA compressed", "DSV4 lightning-indexer"))
-    csa = facts.architecture == "deepseek4" and bool(csa_kv and lid_kv) \
-        and _DSV4_CSA in facts.compress_ratios[:facts.layer_count]
-    idx_q = facts.indexer_head_count * facts.indexer_key_length * n_tokens * 4 if indexer else 0
-    # DSA: the [n_kv, n_tokens] f32 scores and their top_k [n_top_k, n_tokens] i32; build_attn (llama-graph.cpp)
-    # scatters the top-k into the mask from a [1, n_top_k, n_tokens] f32 zeros leaf per layer, and ggml-alloc
-    # places every leaf before the first node
-    dsa = indexer and any(facts.topk_mask_layers)
-    n_top_k = min(facts.indexer_top_k, idx_kv)
-    # k-pool: the selection rows [n_sel, n_tokens], n_sel = kpool * min(n_pool, top_k / kpool) cells plus the
-    # kpool - 1 tail, n_pool the reserve's (cells / kpool) * n_seq pools padded by kpool_pad
-    # (llama-memory-hybrid-idx.cpp; build_kpool_select in models/glm5-next.cpp and qwen4exp.cpp)
-    kpool = facts.indexer_kpool if indexer else 0
-    n_pool = max(64, -(-(idx_kv // kpool * shape.n_seq + 1) // 64) * 64) if kpool else 0
-    n_sel = kpool * min(n_pool, facts.indexer_top_k // kpool) + kpool - 1 if kpool else 0
-    selection = dsa or bool(kpool)
-    mamba2 = recurrent and facts.architecture in _MAMBA2_ARCHS
-    conv_ch = facts.recurrent_conv_state // max(conv_k - 1, 1)  # channels ggml_ssm_conv filters
-    first_recurrent = facts.recurrent_layers.index(True) if recurrent else 0
-    conv_x = (n_tokens + conv_k) * conv_ch * 4
-    # ggml_ssm_scan's result (y, then each sequence's final state) reuses ssm_conv's freed input when it fits
-    scan_y, scan_states = n_tokens * facts.ssm.inner_size * 4, facts.recurrent_state * shape.n_seq * 4
-    scan_y = 0 if scan_y + scan_states <= conv_x else scan_y
-    # build_mamba_layer: the reserve's ubatch splits n_tokens over n_seqs sequences, each with its d_conv - 1
-    # cached columns in ggml_ssm_conv's input
-    n_seqs = min(shape.n_seq, n_tokens)
-    conv_x1 = (n_tokens + (conv_k - 1) * n_seqs) * facts.ssm.inner_size * 4
-    # build_rs gathers the n_rs - 1 other sequences' states right after the scan; they take new memory on top
-    # of it unless they fit where ssm_conv's input was (freed by then)
-    rs_extra = (shape.n_seq - 1) * facts.recurrent_state * 4
-    # Without any cache (diffusion and embedding models) attention runs over the ubatch itself:
-    # build_attn_inp_no_cache makes an [n_tokens, n_tokens] mask (and one more for SWA), so n_kv = n_tokens
-    no_cache = not any(facts.kv_layers) and not recurrent and max(facts.head_count, default=0) > 0
-    # llama_kv_cache: a quantized K cache is stored Hadamard-rotated when the head size is a multiple of 64
-    k_rotated = any(BY_NAME[c.k_type.upper()].block_size > 1 for c in live) and facts.key_length_of(0) % 64 == 0
-    n_kv = n_tokens if no_cache else max((c.cells for c in live), default=0)
-    mask_rows = n_tokens * (2 if facts.swa_type != "none" else 1) if no_cache else sum(c.cells for c in live)
-    mask = mask_rows * n_tokens * (2 if shape.flash_attn else 4)
-    return {
-        "mask": mask,
-        "kq": 0 if shape.flash_attn else n_kv * n_tokens * max(facts.head_count, default=0) * 4,
-        # no cache, no flash attention: the ubatch's K [n_embd_k_gqa, n_tokens] and build_attn_mha's v_cont
-        # [n_tokens, n_embd_v_gqa] (f32) are still alive when kq is allocated (llama-graph.cpp:2763, 2802)
-        "ubatch_kv": n_tokens * max((facts.k_embd(il) + facts.v_embd(il) for il in layers), default=0) * 4
-        if no_cache and not shape.flash_attn else 0,
-        "v_index": 0 if shape.flash_attn or not live else n_tokens * max((facts.v_embd(il) for il in layers),
-                                                                           default=0) * 8,
-        "query": n_tokens * max((h * facts.key_length_of(il) for il, h in enumerate(facts.head_count)), default=0) * 4,
-        "hidden": n_tokens * facts.embedding_length * facts.hyper_connections * 4,
-        "ffn": 0 if facts.ffn_ungated else n_tokens * ffn_width * 4,
-        "ffn_ungated": n_tokens * ffn_width * 4 if facts.ffn_ungated else 0,
-        # Llama 4 weighs the experts' input before their FFN (build_moe_ffn, weight_before_ffn): the repeated
-        # input [n_embd, n_expert_used, n_tokens] f32 is freed under the gate/up activations, too small a hole
-        # for the SwiGLU output, so it adds to the MoE FFN's peak (llama-graph.cpp:2210-2214)
-        "moe_weighted": n_tokens * facts.embedding_length * facts.expert_used_count * 4
-        if facts.architecture == "llama4" and any(facts.moe_layers) else 0,
-        # Parallel blocks with a Hadamard-rotated (quantized) K cache: the rotated Q copy holds the hole the
-        # attention output [n_head * n_embd_head_v, n_tokens] would reuse, and that output stays alive through
-        # the FFN computed beside it (its V un-rotation and wo come after the FFN in graph order)
-        "parallel_attn_out": n_tokens * max((h * facts.value_length_of(il) for il, h in enumerate(facts.head_count)),
-                                            default=0) * 4
-        if facts.architecture in _PARALLEL_BLOCK_ARCHS and k_rotated else 0,
-        # HRM's high-level state zH (the input embedding) stays alive through the low-level cycles that read
-        # it, one hidden state more than a plain trunk holds (models/hrm-text.cpp:174-195)
-        "hrm_zh": n_tokens * facts.embedding_length * 4 if facts.architecture == "hrm_text" else 0,
-        # the (SwiGLU) FFN activations after the last attention layer
-        "ffn_late": n_tokens * late_width * 4,
-        # ggml_ssm_scan's result: y [d_inner, n_tokens] followed by the final states of every sequence
-        "ssm": (n_tokens * facts.ssm.inner_size + facts.recurrent_state * shape.n_seq) * 4
-        if recurrent and not (mamba1 or mamba2) else 0,
-        # build_mamba_layer's peak (models/mamba-base.cpp:44-150), at ggml_ssm_scan: xz [2 d_inner, n_tokens]
-        # (its ssm_in scale multiplied in place), ssm_conv's input (where dt [d_inner, n_tokens] goes once it is
-        # freed), the convolved x [d_inner, n_tokens] (bias and SiLU in place; read again by y + x * D), x_proj's
-        # dt/B/C [dt_rank + 2 d_state, n_tokens] (or, with B/C/dt norms, the normalised B and C), and the scan's
-        # result: y [d_inner, n_tokens] and every sequence's final state
-        "mamba1": (4 * facts.ssm.inner_size + facts.ssm.time_step_rank + 2 * facts.ssm.state_size) * n_tokens * 4
-        + conv_x1 + scan_states
-        + (rs_extra if rs_extra > conv_x1 else 0) if mamba1 else 0,
-        # build_mamba2_layer, when z is made contiguous (models/mamba-base.cpp:192-288): the fused projection zxBCdt
-        # [2 d_inner + 2 n_group d_state + n_head, n_tokens], the convolved xBC [d_inner + 2 n_group d_state,
-        # n_tokens], z [d_inner, n_tokens] and the scan's result
-        "mamba2": (facts.ssm.inner_size + conv_ch + facts.ssm.time_step_rank + conv_ch + facts.ssm.inner_size)
-        * n_tokens * 4 + scan_y + scan_states if mamba2 else 0,
-        # the masks still alive during a Mamba layer: an input is freed after its last reader, so only when
-        # attention follows
-        "scan_mask": mask if (mamba1 or mamba2) and any(facts.kv_layers[first_recurrent:]) else 0,
-        # the rollback snapshots' states, written by the same scan (measured: once, beside the layer's peak)
-        "rs_snapshots": facts.recurrent_state * shape.n_seq * shape.n_rs_seq * 4 if recurrent else 0,
-        # ggml_ssm_conv's input: the cached (d_conv - 1) columns concatenated with the ubatch, per channel
-        "conv": conv_x if recurrent and not mamba1 else 0,
-        "indexer_q": 0 if selection else idx_q,
-        "indexer": idx_kv * n_tokens * 4 if indexer and not selection else 0,
-        "topk_q": idx_q if selection else 0,
-        "topk_score": idx_kv * n_tokens * 4 if dsa else 0,
-        "topk_index": n_top_k * n_tokens * 4 if dsa else 0,
-        "kpool_sel": n_sel * n_tokens * 4 if kpool and facts.architecture == "glm5-next" else 0,
-        "qsa_sel": n_sel * n_tokens * 4 if kpool and facts.architecture == "qwen4exp" else 0,
-        # build_lid_top_k: the indexer query [indexer_head_size, indexer_n_head, n_tokens] f32 from
-        # indexer_attn_q_b, and its RoPE'd copy next to it
-        "lid_q": facts.indexer_head_count * facts.indexer_key_length * n_tokens * 4 if csa else 0,
-        # without flash attention, the CSA layer's KQ scores over the raw window and the compressed keys: ggml
-        # computes them (soft_max's first source) before the top-k mask the indexer's scores lead to
-        "lid_kq": (raw_kv + csa_kv) * n_tokens * max(facts.head_count, default=0) * 4
-        if csa and not shape.flash_attn else 0,
-        # build_top_k_mask's zeros [1, n_top_k, n_tokens] (f16 with flash attention, f32 without), a leaf that,
-        # like the masks, stays allocated all graph long; n_top_k = min(lightning-indexer cells, indexer_top_k);
-        # DSA: the f32 zeros leaf of every top-k layer
-        "topk_zeros": min(lid_kv, facts.indexer_top_k) * n_tokens * (2 if shape.flash_attn else 4) if csa
-        else sum(facts.topk_mask_layers) * n_top_k * n_tokens * 4 if dsa else 0,
-        # MLA with absorbed weights: q_nope x wk_b [kv_lora_rank, n_head, n_tokens], concatenated with the rope
-        # part into Qcur [kv_lora_rank + n_rot, n_head, n_tokens] (models/deepseek2.cpp)
-        "mla": n_tokens * max(facts.head_count, default=0) * (facts.kv_lora_rank + facts.key_length) * 4
-        if facts.is_mla else 0,
-        # MiniMax-01's lightning attention: the [n_tokens, n_tokens, n_head] f32 decay input every layer reads
-        # (``sched_reserve`` reserves it with one sequence, its worst case)
-        "decay": n_tokens * n_tokens * max(facts.head_count, default=0) * 4
-        if facts.architecture == "minimax-01" else 0,
-        "logits": facts.vocab_size * min(n_tokens, shape.n_outputs_max) * 4,
-    }
-
-
-def _combine_terms(t: dict[str, int], fit: dict[str, float]) -> tuple[int, int]:
-    """(inside a layer, at the logits): the two moments when ggml's allocator peaks.
-
-    Inside a layer: the masks and a few hidden-state copies stay alive while the
-    largest transient (KQ scores, FFN activations, the SSM scan, or DeepSeek-V4's
-    lightning-indexer query: two copies, plus the CSA KQ scores without flash
-    attention) is computed.
-    A Mamba layer peaks on its own at its scan; in a Mamba-1 hybrid an FFN
-    after the last attention layer peaks without the masks and V indices.
-    At the end: the logits are placed above what the masks and the last
-    layer's tensors left behind (measured: logits + masks + ~6 hidden states,
-    which is what makes ``--spec-default`` cost Gemma 3 270M 260 MiB with 4 slots).
-    """
-    transient = max(fit["kq"] * t["kq"] + t["ubatch_kv"], fit["ffn"] * t["ffn"] + t["moe_weighted"],
-                    fit["ffn_ungated"] * t["ffn_ungated"],
-                    fit["ssm"] * t["ssm"] + fit["conv"] * t["conv"],
-                    fit["lid_q"] * t["lid_q"] + fit["lid_kq"] * t["lid_kq"])
-    # A top-k indexer peaks at its queries, at the DSA scores with their top-k (the queries' block still
-    # below them) or at the k-pool selection rows
-    selection = max(fit["topk_q"] * t["topk_q"], t["topk_q"] + t["topk_score"] + t["topk_index"],
-                    fit["kpool_sel"] * t["kpool_sel"], fit["qsa_sel"] * t["qsa_sel"])
-    layer = (fit["mask"] * t["mask"] + fit["hidden"] * t["hidden"] + fit["query"] * t["query"]
-             + fit["v_index"] * t["v_index"] + fit["indexer_q"] * t["indexer_q"] + fit["indexer"] * t["indexer"]
-             + fit["decay"] * t["decay"] + fit["mla"] * t["mla"] + fit["topk_zeros"] * t["topk_zeros"]
-             + t["rs_snapshots"] + t["hrm_zh"] + t["parallel_attn_out"] + transient + selection)
-    # A Mamba layer peaks on its own: the attention tensors are gone, masks only while attention follows.
-    scan = fit["mask"] * t["scan_mask"] + (
-        fit["hidden"] * t["hidden"] + fit["mamba2"] * t["mamba2"] + fit["conv"] * t["conv"] if t["mamba2"]
-        else fit["mamba1_hidden"] * t["hidden"] + t["mamba1"] if t["mamba1"] else 0)
-    late_ffn = fit["hidden"] * t["hidden"] + fit["query"] * t["query"] + fit["ffn"] * t["ffn_late"]
-    final = t["logits"] + t["mask"] + fit["final_hidden"] * t["hidden"]
-    return int(max(layer, scan, late_ffn)), int(final)
-
-
-def _compute_bytes(facts: ModelFacts, shape: ContextShape, caches: Sequence[CacheBill],
-                   devices: Sequence[str], output_device: str) -> dict[str, int]:
-    """Each device's compute buffer from the measured tensor sizes weighted by ``COMPUTE_FIT``.
-
-    A device running blocks needs the layer moment; the output layer's device
-    also the logits moment. The CPU always keeps a buffer for the input
-    embeddings even when every block is offloaded.
-    """
-    terms = _compute_terms(facts, shape, caches)
-    layer, final = _combine_terms(terms, COMPUTE_FIT)
-    out = {d: layer for d in devices}
-    out[output_device] = max(out.get(output_device, 0), final)
-    out.setdefault("CPU", 2 * terms["hidden"])
-    return out
-
-
-#: Weights of the compute terms. ggml's allocator reuses freed blocks, so how many copies of each
-#: tensor coexist at the peak depends on each architecture's graph. The shared weights (first lines)
-#: are fitted by coordinate descent on the zoo plus Gemma (``scripts/memory_accuracy.py``) and on the
-#: zoo widened 8x (``launcher.wide_zoo``: n_embd 2048, where tensor sizes rather than the placement of
-#: small tensors set the peak) with FFN-to-embedding ratios of 1.5 and 4.5, then checked on a ratio
-#: the fit never saw (3.0, n_ff 6144): 721 of its 780 cases within 10 %, against 638 with the weights
-#: fitted on the small zoo alone. ``final_hidden`` also carries Gemma's speculative configs. The
-#: DeepSeek-V4 and Mamba-2 ones are counted from the graphs, not fitted: ggml-alloc's peak holds two
-#: lightning-indexer queries (the projection and its RoPE'd copy), one CSA KQ and one top-k zeros
-#: leaf; one of each Mamba-2 and Mamba-1 tensor.
-COMPUTE_FIT: dict[str, float] = {
-    "mask": 1.0, "hidden": 3.625, "query": 0.625, "v_index": 2.125, "kq": 1.0, "ffn": 3.0, "ssm": 2.5,
-    "conv": 1.125, "indexer_q": 2.25, "indexer": 1.75, "decay": 0.75, "mla": 1.0, "final_hidden": 7.25,
-    "ffn_ungated": 1.375,
-    "lid_q": 2.0, "lid_kq": 1.0, "topk_zeros": 1.0, "mamba2": 1.0,
-    # below a Mamba-1 layer's tensors (counted): the input embeddings, the residual, the mixed-input copy and
-    # the two hidden-sized blocks the layer's norm and the mixed-input rows freed
-    "mamba1_hidden": 5.0,
-    # top-k indexers: the queries twice (DSA: projected and Hadamard-rotated; measured on the k-pool graphs too);
-    # glm5-next's selection holds its f32 gather mask, two index copies and the repeated f16 zeros (3.5 rows);
-    # qwen4exp's is measured
-    "topk_q": 2.0, "kpool_sel": 3.5, "qsa_sel": 5.25,
-}
-#: The MTP draft graph's attention moment beyond the mask and KQ scores, in ``n_embd`` rows per token (measured).
-DRAFT_COMPUTE_FIT: dict[str, float] = {"attention_hidden": 7.0}
-
-
 def for_file(model: GGUFFile, options: MemoryOptions = MemoryOptions()) -> MemoryOptions:
     """``options`` completed with what only the file's tensor list tells (facts keep sums only).
 
@@ -780,7 +511,7 @@ def estimate(facts: ModelFacts, options: MemoryOptions = MemoryOptions()) -> Mem
     if options.mmproj_bytes:
         mmproj_dev = "GPU0" if options.n_gpu_layers != 0 else "CPU"
         weights[mmproj_dev] = weights.get(mmproj_dev, 0) + options.mmproj_bytes
-    compute = _compute_bytes(facts, shape, caches, devices, output_device)
+    compute = compute_buffer.per_device(facts, shape, caches, devices, output_device)
     draft_output = draft_growth = 0
     if mtp:
         draft_caches, draft_kv, draft_compute, draft_output, draft_growth = _mtp_draft(facts, shape, options,
