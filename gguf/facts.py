@@ -236,6 +236,8 @@ class ModelFacts:
     moe_layers: tuple[bool, ...] = ()  # blocks with routed experts (leading dense blocks and interleaving leave gaps)
     # the FFN is up -> activation -> down, with no gate (GELU MLPs: StarCoder2, Phi-2, Nemotron...)
     ffn_ungated: bool = False
+    # an attention-cache layer projects Q, K and V with one fused ``attn_qkv`` (build_qkv's views into its output)
+    fused_qkv: bool = False
     # sparse-attention indexer key cache (DSA / MSA / QSA; llama-kv-cache-dsa.cpp, -msa.cpp, memory-hybrid-idx.cpp)
     indexer_head_count: int = 0
     indexer_key_length: int = 0  # per indexer head (llama.cpp indexer_head_size)
@@ -1152,6 +1154,8 @@ def _model_facts(model: GGUFFile, hf_config: Mapping[str, Any] | None) -> ModelF
         expert_shared_feed_forward_length=_ffn_width(tensors, "ffn_down_shexp"),
         moe_layers=_moe_layers(tensors, hp.n_layer_all),
         ffn_ungated=_ffn_ungated(tensors),
+        fused_qkv=any(".attn_qkv." in t.name and 0 <= (il := _layer_of(t.name)) < len(kv_layers) and kv_layers[il]
+                      for t in tensors),
         indexer_head_count=idx_heads,
         indexer_key_length=idx_size,
         indexer_layers=idx_layers,

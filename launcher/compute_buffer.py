@@ -64,6 +64,8 @@ COMPUTE_FIT: dict[str, float] = {
     # glm5-next's selection holds its f32 gather mask, two index copies and the repeated f16 zeros (3.5 rows);
     # qwen4exp's is measured
     "topk_q": 2.0, "kpool_sel": 3.5, "qsa_sel": 5.25,
+    # counted: the hidden-sized tensors below a fused-QKV attention's rotations (see combine_terms)
+    "qkv_rot_hidden": 3.0,
 }
 #: The MTP draft graph's attention moment beyond the mask and KQ scores, in ``n_embd`` rows per token (measured).
 DRAFT_COMPUTE_FIT: dict[str, float] = {"attention_hidden": 7.0}
@@ -100,10 +102,18 @@ def _attention_terms(facts: ModelFacts, shape: ContextShape, live: Sequence[Cach
     no_cache = not any(facts.kv_layers) and not any(facts.recurrent_layers) and n_head > 0
     # llama_kv_cache: a quantized K cache is stored Hadamard-rotated when the head size is a multiple of 64
     k_rotated = any(BY_NAME[c.k_type.upper()].block_size > 1 for c in live) and facts.key_length_of(0) % 64 == 0
+    v_rotated = any(BY_NAME[c.v_type.upper()].block_size > 1 for c in live) and facts.value_length_of(0) % 64 == 0
     n_kv = n_tokens if no_cache else max((c.cells for c in live), default=0)
     mask_rows = n_tokens * (2 if facts.swa_type != "none" else 1) if no_cache else sum(c.cells for c in live)
+    mask_bytes = 2 if shape.flash_attn else 4
+    if facts.architecture == "minimax-m3":
+        # build_attn_inp_kv_msa: one mask, the main cache's; the indexer cache has none. With MSA on (flash
+        # attention, one sequence or split streams) its sparse layers read an f32 copy of it (msa_mf), which is
+        # what is alive at their peak (measured); without, the dense fallback reads the mask itself
+        mask_rows = sum(c.cells for c in live if c.label != "indexer")
+        mask_bytes = 4 if shape.flash_attn and (shape.n_seq == 1 or not shape.unified) else mask_bytes
     return {
-        "mask": mask_rows * n_tokens * (2 if shape.flash_attn else 4),
+        "mask": mask_rows * n_tokens * mask_bytes,
         "kq": 0 if shape.flash_attn else n_kv * n_tokens * n_head * 4,
         # no cache, no flash attention: the ubatch's K [n_embd_k_gqa, n_tokens] and build_attn_mha's v_cont
         # [n_tokens, n_embd_v_gqa] (f32) are still alive when kq is allocated (llama-graph.cpp:2763, 2802)
@@ -118,6 +128,19 @@ def _attention_terms(facts: ModelFacts, shape: ContextShape, live: Sequence[Cach
         "parallel_attn_out": n_tokens * max((h * facts.value_length_of(il) for il, h in enumerate(facts.head_count)),
                                             default=0) * 4
         if facts.architecture in PARALLEL_BLOCK_ARCHS and k_rotated else 0,
+        # A fused attn_qkv with a rotated cache: build_attn rotates Q, then V, then K (llama_mul_mat_hadamard, in
+        # that expand order), each a new [n_embd_head, n_head, n_tokens] f32 product, the views into the fused
+        # output first made contiguous. The fused output [n_embd_q + n_embd_k + n_embd_v, n_tokens] stays alive
+        # until K's copy, so the attention peaks at V's rotation with it, rotated Q, V's contiguous copy and
+        # rotated V (at Q's: Q's copy and rotated Q) -- measured with the allocator-debug build on gpt2, bloom
+        # and falcon. An attention moment of its own: none of these is alive at the FFN
+        "qkv_rot": n_tokens * 4 * max(
+            (h * facts.key_length_of(il) + facts.k_embd(il) + facts.v_embd(il)
+             + max(2 * h * facts.key_length_of(il) if k_rotated else 0,
+                   h * facts.key_length_of(il) * k_rotated + 2 * facts.v_embd(il) if v_rotated else 0,
+                   h * facts.key_length_of(il) + 2 * facts.k_embd(il) if k_rotated else 0)
+             for il, h in enumerate(facts.head_count) if il < len(facts.kv_layers) and facts.kv_layers[il]),
+            default=0) if facts.fused_qkv and (k_rotated or v_rotated) and live else 0,
         # MLA with absorbed weights: q_nope x wk_b [kv_lora_rank, n_head, n_tokens], concatenated with the rope
         # part into Qcur [kv_lora_rank + n_rot, n_head, n_tokens] (models/deepseek2.cpp)
         "mla": n_tokens * n_head * (facts.kv_lora_rank + facts.key_length) * 4 if facts.is_mla else 0,
@@ -284,9 +307,12 @@ def combine_terms(t: dict[str, int], fit: dict[str, float] = COMPUTE_FIT) -> tup
     scan = fit["mask"] * t["scan_mask"] + (
         fit["hidden"] * t["hidden"] + fit["mamba2"] * t["mamba2"] + fit["conv"] * t["conv"] if t["mamba2"]
         else fit["mamba1_hidden"] * t["hidden"] + t["mamba1"] if t["mamba1"] else 0)
+    # The fused-QKV rotation moment: the masks, the input-embeddings leaf, the embeddings and the residual (or,
+    # in a parallel block, the norm the FFN reads later) below the attention's fused output and rotated copies
+    qkv_rot = fit["mask"] * t["mask"] + fit["qkv_rot_hidden"] * t["hidden"] + t["qkv_rot"] if t["qkv_rot"] else 0
     late_ffn = fit["hidden"] * t["hidden"] + fit["query"] * t["query"] + fit["ffn"] * t["ffn_late"]
     final = t["logits"] + t["mask"] + fit["final_hidden"] * t["hidden"]
-    return int(max(layer, scan, late_ffn)), int(final)
+    return int(max(layer, scan, late_ffn, qkv_rot)), int(final)
 
 
 def per_device(facts: ModelFacts, shape: ContextShape, caches: Sequence[CacheBill],
