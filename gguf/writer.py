@@ -27,7 +27,7 @@ from gguf.ggml_types import BY_NAME, GGMLType
 from gguf.model import read
 from gguf.reader import (
     ARRAY, BOOL, DEFAULT_ALIGNMENT, FIXED, FLOAT32, INT32, INT64, MAGIC, MAX_DIMS, STRING, SUPPORTED_VERSIONS,
-    UINT32, UINT64, VALUE_TYPE_NAMES, LazyArray, StatKey,
+    UINT32, UINT64, VALUE_TYPE_NAMES, Header, LazyArray, StatKey, TensorInfo,
 )
 
 ALIGNMENT_KEY = "general.alignment"
@@ -106,6 +106,13 @@ def infer_type(value: Any) -> tuple[int, ...]:
     if isinstance(value, (bool, int, float, str)):
         return (_element_type([value]),)
     raise TypeError(f"a {type(value).__name__} has no GGUF type")
+
+
+def copy_of(header: Header, tensor: TensorInfo, name: str | None = None) -> TensorToWrite:
+    """``tensor`` of ``header``'s file to write again (renamed ``name``): its data is copied, never loaded,
+    and refused if the file changed since ``header`` was read."""
+    return TensorToWrite(name or tensor.name, tensor.shape, tensor.ggml_type,
+                         FileRegion(header.path, header.data_offset + tensor.offset, tensor.n_bytes, header.stat_key))
 
 
 def _element_type(values: Sequence[Any]) -> int:
@@ -319,9 +326,5 @@ def rewrite(
     metadata = {k: v for k, v in head.metadata.items() if k not in dropped}
     metadata.update(metadata_updates or {})
     types = {**head.value_types, **(value_types or {})}
-    tensors = [
-        TensorToWrite(t.name, t.shape, t.ggml_type,
-                      FileRegion(head.path, head.data_offset + t.offset, t.n_bytes, head.stat_key))
-        for t in head.tensors
-    ]
-    return write_gguf(dst, metadata, tensors, value_types=types, version=head.version)
+    return write_gguf(dst, metadata, [copy_of(head, t) for t in head.tensors], value_types=types,
+                      version=head.version)

@@ -20,7 +20,7 @@ from pathlib import Path
 import structlog
 
 import gguf
-from gguf.writer import FileRegion, TensorToWrite, write_gguf
+from gguf.writer import TensorToWrite, copy_of, write_gguf
 from launcher.build import BuildResult
 from launcher.errors import BuildError
 
@@ -84,11 +84,8 @@ def derive_mtp_model(src: Path, dst: Path, *, seed: int = 0) -> Path:
             metadata[key] = [*value, value[template]]
 
     prefix = f"blk.{template}."
-    tensors = [TensorToWrite(t.name, t.shape, t.ggml_type,
-                             FileRegion(head.path, head.data_offset + t.offset, t.n_bytes, head.stat_key))
-               for t in head.tensors]
-    tensors += [TensorToWrite(f"blk.{n_layer}.{t.name[len(prefix):]}", t.shape, t.ggml_type,
-                              FileRegion(head.path, head.data_offset + t.offset, t.n_bytes, head.stat_key))
+    tensors = [copy_of(head, t) for t in head.tensors]
+    tensors += [copy_of(head, t, f"blk.{n_layer}.{t.name[len(prefix):]}")
                 for t in head.tensors if t.name.startswith(prefix) and not t.name.endswith(_SCALE_SUFFIXES)]
     rng = random.Random(seed)
     bound = 1.0 / (2 * n_embd) ** 0.5  # keeps the projected hidden state near unit scale: no NaN logits

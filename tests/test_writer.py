@@ -18,7 +18,7 @@ from gguf.reader import (
     ARRAY, BOOL, FLOAT32, FLOAT64, INT8, INT16, INT32, INT64, STRING, UINT8, UINT16, UINT32, UINT64,
     VALUE_TYPE_NAMES, LazyArray,
 )
-from gguf.writer import FileRegion, TensorToWrite, infer_type, rewrite, write_gguf
+from gguf.writer import FileRegion, TensorToWrite, copy_of, infer_type, rewrite, write_gguf
 from launcher.process import LlamaServer
 from tests.helpers import free_port, server_argv
 
@@ -219,9 +219,7 @@ def test_a_changed_source_is_refused(tmp_path):
     os.utime(src, ns=(0, 0))
     with pytest.raises(gguf.GGUFError, match="changed"):
         write_gguf(tmp_path / "b.gguf", header.metadata, value_types=header.value_types)
-    copies = [TensorToWrite(t.name, t.shape, t.ggml_type,
-                            FileRegion(src, header.data_offset + t.offset, t.n_bytes, header.stat_key))
-              for t in header.tensors]
+    copies = [copy_of(header, t) for t in header.tensors]
     with pytest.raises(gguf.GGUFError, match="changed"):
         write_gguf(tmp_path / "b.gguf", {}, copies)
     assert not (tmp_path / "b.gguf").exists()
