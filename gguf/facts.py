@@ -1154,8 +1154,7 @@ def _model_facts(model: GGUFFile, hf_config: Mapping[str, Any] | None) -> ModelF
         expert_shared_feed_forward_length=_ffn_width(tensors, "ffn_down_shexp"),
         moe_layers=_moe_layers(tensors, hp.n_layer_all),
         ffn_ungated=_ffn_ungated(tensors),
-        fused_qkv=any(".attn_qkv." in t.name and 0 <= (il := _layer_of(t.name)) < len(kv_layers) and kv_layers[il]
-                      for t in tensors),
+        fused_qkv=_fused_qkv(tensors, kv_layers),
         indexer_head_count=idx_heads,
         indexer_key_length=idx_size,
         indexer_layers=idx_layers,
@@ -1285,6 +1284,12 @@ def _ffn_ungated(tensors: Sequence[Any]) -> bool:
     up, down = kinds.get("ffn_up") or kinds.get("ffn_up_exps"), kinds.get("ffn_down") or kinds.get("ffn_down_exps")
     # Phi-3 and ChatGLM store gate and up side by side in ffn_up: twice the width ffn_down takes
     return up is not None and down is not None and len(up.shape) >= 2 and up.shape[1] == down.shape[0]
+
+
+def _fused_qkv(tensors: Sequence[Any], kv_layers: Sequence[bool]) -> bool:
+    """An attention-cache layer projects Q, K and V with one ``attn_qkv`` (Qwen3.5's linear layers do not count)."""
+    return any(".attn_qkv." in t.name and 0 <= (il := _layer_of(t.name)) < len(kv_layers) and kv_layers[il]
+               for t in tensors)
 
 
 def _moe_layers(tensors: Sequence[Any], n_layer: int) -> tuple[bool, ...]:

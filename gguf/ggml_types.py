@@ -21,6 +21,11 @@ class GGMLType:
     block_size: int
     type_size: int
 
+    @property
+    def quantized(self) -> bool:
+        """Stored in blocks of several values (llama.cpp's ``ggml_is_quantized``)."""
+        return self.block_size > 1
+
     def nbytes(self, n_elements: int) -> int:
         """Return the bytes ``n_elements`` of this type occupy."""
         return n_elements // self.block_size * self.type_size

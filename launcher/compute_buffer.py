@@ -101,8 +101,8 @@ def _attention_terms(facts: ModelFacts, shape: ContextShape, live: Sequence[Cach
     # build_attn_inp_no_cache makes an [n_tokens, n_tokens] mask (and one more for SWA), so n_kv = n_tokens
     no_cache = not any(facts.kv_layers) and not any(facts.recurrent_layers) and n_head > 0
     # llama_kv_cache: a quantized K cache is stored Hadamard-rotated when the head size is a multiple of 64
-    k_rotated = any(BY_NAME[c.k_type.upper()].block_size > 1 for c in live) and facts.key_length_of(0) % 64 == 0
-    v_rotated = any(BY_NAME[c.v_type.upper()].block_size > 1 for c in live) and facts.value_length_of(0) % 64 == 0
+    k_rotated = any(BY_NAME[c.k_type.upper()].quantized for c in live) and facts.key_length_of(0) % 64 == 0
+    v_rotated = any(BY_NAME[c.v_type.upper()].quantized for c in live) and facts.value_length_of(0) % 64 == 0
     n_kv = n_tokens if no_cache else max((c.cells for c in live), default=0)
     mask_rows = n_tokens * (2 if facts.swa_type != "none" else 1) if no_cache else sum(c.cells for c in live)
     mask_bytes = 2 if shape.flash_attn else 4
@@ -135,10 +135,7 @@ def _attention_terms(facts: ModelFacts, shape: ContextShape, live: Sequence[Cach
         # rotated V (at Q's: Q's copy and rotated Q) -- measured with the allocator-debug build on gpt2, bloom
         # and falcon. An attention moment of its own: none of these is alive at the FFN
         "qkv_rot": n_tokens * 4 * max(
-            (h * facts.key_length_of(il) + facts.k_embd(il) + facts.v_embd(il)
-             + max(2 * h * facts.key_length_of(il) if k_rotated else 0,
-                   h * facts.key_length_of(il) * k_rotated + 2 * facts.v_embd(il) if v_rotated else 0,
-                   h * facts.key_length_of(il) + 2 * facts.k_embd(il) if k_rotated else 0)
+            (_fused_qkv_rotation(h * facts.key_length_of(il), facts.k_embd(il), facts.v_embd(il), k_rotated, v_rotated)
              for il, h in enumerate(facts.head_count) if il < len(facts.kv_layers) and facts.kv_layers[il]),
             default=0) if facts.fused_qkv and (k_rotated or v_rotated) and live else 0,
         # MLA with absorbed weights: q_nope x wk_b [kv_lora_rank, n_head, n_tokens], concatenated with the rope
@@ -151,6 +148,14 @@ def _attention_terms(facts: ModelFacts, shape: ContextShape, live: Sequence[Cach
         # it, one hidden state more than a plain trunk holds (models/hrm-text.cpp:174-195)
         "hrm_zh": n_tokens * facts.embedding_length * 4 if facts.architecture == "hrm_text" else 0,
     }
+
+
+def _fused_qkv_rotation(q: int, k: int, v: int, k_rotated: bool, v_rotated: bool) -> int:
+    """Values per token alive at a fused QKV's worst rotation step: the fused output, plus Q's contiguous copy and
+    rotated Q (Q is rotated with K), or rotated Q with V's copy and rotated V, or rotated Q with K's."""
+    rotated_q = q if k_rotated else 0
+    steps = (2 * q if k_rotated else 0, rotated_q + 2 * v if v_rotated else 0, q + 2 * k if k_rotated else 0)
+    return q + k + v + max(steps)
 
 
 def _ffn_terms(facts: ModelFacts, n_tokens: int) -> dict[str, int]:

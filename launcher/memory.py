@@ -248,14 +248,14 @@ def _flash_attn(facts: ModelFacts, options: MemoryOptions) -> bool:
     fa = options.flash_attn
     if facts.architecture == "grok":
         fa = "off"  # llama.cpp: flash_attn is not compatible with Grok - forcing off
-    if v.block_size > 1 and fa != "on":
+    if v.quantized and fa != "on":
         if fa == "off":
             raise MemoryPlanError("quantized V cache requires flash_attn to be enabled")
         fa = "on"
     if fa != "off":
         layers = range(facts.layer_count)
         for t, head, what in ((k, facts.key_length_of, "K"), (v, facts.value_length_of, "V")):
-            bad = next((head(il) for il in layers if t.block_size > 1 and head(il) % t.block_size), None)
+            bad = next((head(il) for il in layers if t.quantized and head(il) % t.block_size), None)
             if bad is not None:
                 raise MemoryPlanError(f"{what} cache type {t.name.lower()} with block size {t.block_size} does not "
                                       f"divide n_embd_head_{what.lower()}={bad}")

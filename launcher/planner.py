@@ -268,7 +268,7 @@ class _Planner:
 
     def _flash_attn(self) -> FlashAttn:
         quantized = [t for t in (self.request.cache_type_k, self.request.cache_type_v)
-                     if BY_NAME[t.upper()].block_size > 1]
+                     if BY_NAME[t.upper()].quantized]
         if not quantized:
             return "auto"
         if not (self.caps.supports("--flash-attn") or self.caps.supports("-fa")):
