@@ -104,12 +104,21 @@ async def _post(upstream: Upstream, url: str) -> tuple[int, bytes]:
         await resp.aclose()
 
 
-def test_a_sized_answer_leaves_its_connection_for_the_next_request():
+async def _once_per_connection(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, n: int) -> bool:
+    if n > 1:
+        return False  # dropped without an answer, as on a keep-alive timeout
+    return await _sized(reader, writer, n)
+
+
+@pytest.mark.parametrize(("handler", "connections"), [(_sized, 1), (_once_per_connection, 2)],
+                         ids=["a sized answer leaves its connection for the next request",
+                              "an idle connection the server drops is retried once on a new one"])
+def test_two_requests_both_answered(handler, connections):
     async def main() -> None:
-        async with serving(_sized) as (server, upstream):
+        async with serving(handler) as (server, upstream):
             assert await _post(upstream, server.url) == (200, b'{"ok":true}')
             assert await _post(upstream, server.url) == (200, b'{"ok":true}')
-            assert server.connections == 1
+            assert server.connections == connections
 
     run(main())
 
@@ -127,21 +136,6 @@ def test_a_request_right_after_a_stream_does_not_reuse_the_connection_llama_serv
             for _ in range(3):
                 assert await _post(upstream, server.url) == (200, b"data: \n\n")
             assert server.served == [1, 2, 3]
-
-    run(main())
-
-
-def test_an_idle_connection_the_server_drops_is_retried_once_on_a_new_one():
-    async def once_per_connection(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, n: int) -> bool:
-        if n > 1:
-            return False  # dropped without an answer, as on a keep-alive timeout
-        return await _sized(reader, writer, n)
-
-    async def main() -> None:
-        async with serving(once_per_connection) as (server, upstream):
-            assert await _post(upstream, server.url) == (200, b'{"ok":true}')
-            assert await _post(upstream, server.url) == (200, b'{"ok":true}')
-            assert server.connections == 2
 
     run(main())
 
