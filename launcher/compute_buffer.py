@@ -18,7 +18,7 @@ a Mamba layer's scan, a late FFN, and the logits.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
 from gguf.facts import DSV4_CSA_RATIO
@@ -35,6 +35,9 @@ LAST_FFN_ON_ALL_TOKENS = frozenset({"bailingmoe3", "cohere2moe", "gemma4", "hy_v
 #: Graphs whose blocks run attention and FFN side by side from the same norm, adding both to the residual
 #: (models/command-r.cpp:106-119, cohere2.cpp, cohere2moe.cpp, plamo.cpp, phi2.cpp, falcon.cpp).
 PARALLEL_BLOCK_ARCHS = frozenset({"command-r", "cohere2", "cohere2moe", "plamo", "phi2", "falcon"})
+#: Graphs that run only the dense FFN (``build_ffn`` with ``ffn_up``/``ffn_gate``/``ffn_down``): the loader accepts
+#: expert tensors, but a MoE file's experts are never run and its FFN is skipped (models/refact.cpp).
+DENSE_FFN_GRAPH_ARCHS = frozenset({"refact"})
 #: Architectures whose recurrent layers run ``build_mamba2_layer`` (models/mamba-base.cpp): per-head scalar decay,
 #: B and C in ``n_group`` groups, one fused input projection.
 MAMBA2_ARCHS = frozenset({"mamba2", "falcon-h1", "granitehybrid", "nemotron_h", "nemotron_h_moe"})
@@ -76,10 +79,23 @@ def terms(facts: ModelFacts, shape: ContextShape, caches: Sequence[CacheBill]) -
     n_tokens = min(shape.n_ctx, shape.n_ubatch)
     live = [c for c in caches if c.layers]
     attention = _attention_terms(facts, shape, live, n_tokens)
+    cells = sum(c.cells for c in live)
+    no_cache = not any(facts.kv_layers) or facts.architecture == "minimax-m3"
+
+    def masks_after(il: int, tensor: int) -> int:
+        """The mask bytes in the way of ``tensor``-sized FFN activations after ``il``'s attention: every mask, less
+        the activations (up to gate, up and their product) that fit in the hole of the masks no later layer reads
+        (with the K/V index inputs freed beside them)."""
+        mask = attention["mask"]
+        if no_cache or not cells:
+            return mask
+        freed = mask - mask * sum(c.cells for c in live if _attends_after(facts, c.label, il)) // cells
+        return mask - tensor * min(3, (freed + 16 * n_tokens) // max(tensor, 1))
+
     return {
         **attention,
         "hidden": n_tokens * facts.embedding_length * facts.hyper_connections * 4,
-        **_ffn_terms(facts, n_tokens),
+        **_ffn_terms(facts, n_tokens, masks_after),
         **_recurrent_terms(facts, shape, n_tokens, attention["mask"]),
         **_indexer_terms(facts, shape, live, n_tokens),
         "logits": facts.vocab_size * min(n_tokens, shape.n_outputs_max) * 4,
@@ -150,6 +166,20 @@ def _attention_terms(facts: ModelFacts, shape: ContextShape, live: Sequence[Cach
     }
 
 
+def _attends_after(facts: ModelFacts, label: str, il: int) -> bool:
+    """Whether a layer after ``il`` still reads ``label``'s mask. ggml-alloc frees an input after its last reader,
+    so the SWA (or non-SWA) mask goes with the last layer of its kind: near the end of a real model, but after the
+    first block in a two-layer one whose blocks differ."""
+    n = facts.layer_count
+    later = [j for j in range(il + 1, n)
+             if (j < len(facts.kv_layers) and facts.kv_layers[j]) or j >= n - facts.shared_kv_layers]
+    if label == "SWA":
+        return any(facts.swa_layers[j] for j in later)
+    if label == "non-SWA":
+        return any(not facts.swa_layers[j] for j in later)
+    return bool(later) if label == "main" else True
+
+
 def _fused_qkv_rotation(q: int, k: int, v: int, k_rotated: bool, v_rotated: bool) -> int:
     """Values per token alive at a fused QKV's worst rotation step: the fused output, plus Q's contiguous copy and
     rotated Q (Q is rotated with K), or rotated Q with V's copy and rotated V, or rotated Q with K's."""
@@ -158,15 +188,17 @@ def _fused_qkv_rotation(q: int, k: int, v: int, k_rotated: bool, v_rotated: bool
     return q + k + v + max(steps)
 
 
-def _ffn_terms(facts: ModelFacts, n_tokens: int) -> dict[str, int]:
+def _ffn_terms(facts: ModelFacts, n_tokens: int, masks_after: Callable[[int, int], int]) -> dict[str, int]:
     """The FFN activations of the widest block but the last (MoE: ``mul_mat_id``'s ``[n_ff_exp, n_expert_used,
-    n_tokens]``): a gated FFN holds gate, up and their product, an ungated one only the up projection's."""
+    n_tokens]``): a gated FFN holds gate, up and their product, an ungated one only the up projection's; and the
+    masks still allocated beside them (``masks_after``: those a later layer reads)."""
     moe_ff = max(facts.expert_feed_forward_length * facts.expert_used_count, facts.expert_shared_feed_forward_length)
     # The last block keeps only the output rows (``ggml_get_rows(cur, inp_out_ids)``) before its FFN, except in
     # graphs that gather them there only for an MTP draft
     ffn_layers = range(facts.layer_count if facts.architecture in LAST_FFN_ON_ALL_TOKENS
                        else max(facts.layer_count - 1, 1))
-    widths = {il: moe_ff if il < len(facts.moe_layers) and facts.moe_layers[il]
+    experts_run = facts.architecture not in DENSE_FFN_GRAPH_ARCHS
+    widths = {il: (moe_ff if experts_run else 0) if il < len(facts.moe_layers) and facts.moe_layers[il]
               else facts.feed_forward_length[il] if il < len(facts.feed_forward_length) else 0 for il in ffn_layers}
     # Mamba-1 hybrids (Jamba): an FFN after the last attention layer runs once the masks and V indices are freed
     # (an input lives until its last reader)
@@ -174,6 +206,8 @@ def _ffn_terms(facts: ModelFacts, n_tokens: int) -> dict[str, int]:
         if _mamba1(facts) else facts.layer_count
     width = max((w for il, w in widths.items() if il < last_attn), default=0)
     return {
+        "ffn_mask": max((masks_after(il, n_tokens * width * 4) for il, w in widths.items()
+                         if il < last_attn and w == width), default=0),
         "ffn": 0 if facts.ffn_ungated else n_tokens * width * 4,
         "ffn_ungated": n_tokens * width * 4 if facts.ffn_ungated else 0,
         # the (SwiGLU) FFN activations after the last attention layer
@@ -296,15 +330,17 @@ def combine_terms(t: dict[str, int], fit: dict[str, float] = COMPUTE_FIT) -> tup
     layer's tensors left behind (measured: logits + masks + ~6 hidden states,
     which is what makes ``--spec-default`` cost Gemma 3 270M 260 MiB with 4 slots).
     """
-    transient = max(fit["kq"] * t["kq"] + t["ubatch_kv"], fit["ffn"] * t["ffn"] + t["moe_weighted"],
-                    fit["ffn_ungated"] * t["ffn_ungated"],
-                    fit["ssm"] * t["ssm"] + fit["conv"] * t["conv"],
-                    fit["lid_q"] * t["lid_q"] + fit["lid_kq"] * t["lid_kq"])
+    # the attention's and a scan's transients beside every mask; the FFN's beside the masks later layers read
+    transient = max(fit["mask"] * t["mask"] + max(
+        fit["kq"] * t["kq"] + t["ubatch_kv"], fit["ssm"] * t["ssm"] + fit["conv"] * t["conv"],
+        fit["lid_q"] * t["lid_q"] + fit["lid_kq"] * t["lid_kq"]),
+        fit["mask"] * t["ffn_mask"] + max(fit["ffn"] * t["ffn"] + t["moe_weighted"],
+                                          fit["ffn_ungated"] * t["ffn_ungated"]))
     # A top-k indexer peaks at its queries, at the DSA scores with their top-k (the queries' block still
     # below them) or at the k-pool selection rows
     selection = max(fit["topk_q"] * t["topk_q"], t["topk_q"] + t["topk_score"] + t["topk_index"],
                     fit["kpool_sel"] * t["kpool_sel"], fit["qsa_sel"] * t["qsa_sel"])
-    layer = (fit["mask"] * t["mask"] + fit["hidden"] * t["hidden"] + fit["query"] * t["query"]
+    layer = (fit["hidden"] * t["hidden"] + fit["query"] * t["query"]
              + fit["v_index"] * t["v_index"] + fit["indexer_q"] * t["indexer_q"] + fit["indexer"] * t["indexer"]
              + fit["decay"] * t["decay"] + fit["mla"] * t["mla"] + fit["topk_zeros"] * t["topk_zeros"]
              + t["rs_snapshots"] + t["hrm_zh"] + t["parallel_attn_out"] + transient + selection)
