@@ -234,6 +234,9 @@ class ModelFacts:
     expert_feed_forward_length: int = 0  # one routed expert (llama.cpp n_ff_exp)
     expert_shared_feed_forward_length: int = 0  # the shared expert(s), all together (n_ff_shexp x count)
     moe_layers: tuple[bool, ...] = ()  # blocks with routed experts (leading dense blocks and interleaving leave gaps)
+    # each block's dense FFN width as the graph multiplies by it (blk.N.ffn_down's input; 0: none), which can differ
+    # from feed_forward_length: Qwen's blocks are n_ff / 2 wide, Arctic's residual FFN n_embd
+    dense_ffn_widths: tuple[int, ...] = ()
     # the FFN is up -> activation -> down, with no gate (GELU MLPs: StarCoder2, Phi-2, Nemotron...)
     ffn_ungated: bool = False
     # an attention-cache layer projects Q, K and V with one fused ``attn_qkv`` (build_qkv's views into its output)
@@ -1153,6 +1156,7 @@ def _model_facts(model: GGUFFile, hf_config: Mapping[str, Any] | None) -> ModelF
         expert_feed_forward_length=_ffn_width(tensors, "ffn_down_exps"),
         expert_shared_feed_forward_length=_ffn_width(tensors, "ffn_down_shexp"),
         moe_layers=_moe_layers(tensors, hp.n_layer_all),
+        dense_ffn_widths=_dense_ffn_widths(tensors, n),
         ffn_ungated=_ffn_ungated(tensors),
         fused_qkv=_fused_qkv(tensors, kv_layers),
         indexer_head_count=idx_heads,
@@ -1269,6 +1273,17 @@ def _ffn_width(tensors: Sequence[Any], kind: str) -> int:
     """The widest ``blk.N.<kind>.weight`` input dimension: the FFN width the graph multiplies by."""
     return max((t.shape[0] for t in tensors if t.name.startswith("blk.") and t.name.endswith(f".{kind}.weight")
                 and len(t.shape) >= 2), default=0)
+
+
+def _dense_ffn_widths(tensors: Sequence[Any], n_layer: int) -> tuple[int, ...]:
+    """Per block, the input width of ``blk.N.ffn_down.weight`` (0 where a block has none)."""
+    widths = [0] * n_layer
+    for t in tensors:
+        if t.name.startswith("blk.") and t.name.endswith(".ffn_down.weight") and len(t.shape) >= 2:
+            il = _layer_of(t.name)
+            if 0 <= il < n_layer:
+                widths[il] = t.shape[0]
+    return tuple(widths)
 
 
 def _ffn_ungated(tensors: Sequence[Any]) -> bool:

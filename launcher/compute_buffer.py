@@ -35,6 +35,9 @@ LAST_FFN_ON_ALL_TOKENS = frozenset({"bailingmoe3", "cohere2moe", "gemma4", "hy_v
 #: Graphs whose blocks run attention and FFN side by side from the same norm, adding both to the residual
 #: (models/command-r.cpp:106-119, cohere2.cpp, cohere2moe.cpp, plamo.cpp, phi2.cpp, falcon.cpp).
 PARALLEL_BLOCK_ARCHS = frozenset({"command-r", "cohere2", "cohere2moe", "plamo", "phi2", "falcon"})
+#: Architectures without the mixed token/embedding input path (``llm_arch_supports_mixed_batch``, llama-arch.cpp):
+#: every other graph allocates an ``inp_mixed_embd`` [n_embd, n_tokens] f32 input beside the token embeddings.
+NO_MIXED_BATCH_ARCHS = frozenset({"cogvlm", "deepseek4", "graniteswitch", "eagle3", "dflash", "gemma4-assistant"})
 #: Graphs that run only the dense FFN (``build_ffn`` with ``ffn_up``/``ffn_gate``/``ffn_down``): the loader accepts
 #: expert tensors, but a MoE file's experts are never run and its FFN is skipped (models/refact.cpp).
 DENSE_FFN_GRAPH_ARCHS = frozenset({"refact"})
@@ -56,7 +59,8 @@ MAMBA1_ARCHS = frozenset({"mamba", "jamba"})
 #: lightning-indexer queries (the projection and its RoPE'd copy), one CSA KQ and one top-k zeros
 #: leaf; one of each Mamba-2 and Mamba-1 tensor.
 COMPUTE_FIT: dict[str, float] = {
-    "mask": 1.0, "hidden": 3.625, "query": 0.625, "v_index": 2.125, "kq": 1.0, "ffn": 3.0, "ssm": 2.5,
+    # "hidden" leaves out the mixed-input copy of the embeddings, counted apart (``mixed_embd``): cogvlm has none
+    "mask": 1.0, "hidden": 2.625, "query": 0.625, "v_index": 2.125, "kq": 1.0, "ffn": 3.0, "ssm": 2.5,
     "conv": 1.125, "indexer_q": 2.25, "indexer": 1.75, "decay": 0.75, "mla": 1.0, "final_hidden": 7.25,
     "ffn_ungated": 1.375,
     "lid_q": 2.0, "lid_kq": 1.0, "topk_zeros": 1.0, "mamba2": 1.0,
@@ -95,6 +99,7 @@ def terms(facts: ModelFacts, shape: ContextShape, caches: Sequence[CacheBill]) -
     return {
         **attention,
         "hidden": n_tokens * facts.embedding_length * facts.hyper_connections * 4,
+        "mixed_embd": 0 if facts.architecture in NO_MIXED_BATCH_ARCHS else n_tokens * facts.embedding_length * 4,
         **_ffn_terms(facts, n_tokens, masks_after),
         **_recurrent_terms(facts, shape, n_tokens, attention["mask"]),
         **_indexer_terms(facts, shape, live, n_tokens),
@@ -199,7 +204,7 @@ def _ffn_terms(facts: ModelFacts, n_tokens: int, masks_after: Callable[[int, int
                        else max(facts.layer_count - 1, 1))
     experts_run = facts.architecture not in DENSE_FFN_GRAPH_ARCHS
     widths = {il: (moe_ff if experts_run else 0) if il < len(facts.moe_layers) and facts.moe_layers[il]
-              else facts.feed_forward_length[il] if il < len(facts.feed_forward_length) else 0 for il in ffn_layers}
+              else _dense_ffn_width(facts, il) for il in ffn_layers}
     # Mamba-1 hybrids (Jamba): an FFN after the last attention layer runs once the masks and V indices are freed
     # (an input lives until its last reader)
     last_attn = max((il for il, kv in enumerate(facts.kv_layers[:facts.layer_count]) if kv), default=-1) \
@@ -218,6 +223,13 @@ def _ffn_terms(facts: ModelFacts, n_tokens: int, masks_after: Callable[[int, int
         "moe_weighted": n_tokens * facts.embedding_length * facts.expert_used_count * 4
         if facts.architecture == "llama4" and any(facts.moe_layers) else 0,
     }
+
+
+def _dense_ffn_width(facts: ModelFacts, il: int) -> int:
+    """The block's FFN width from its ``ffn_down`` weight, else from the metadata's ``feed_forward_length``."""
+    if il < len(facts.dense_ffn_widths) and facts.dense_ffn_widths[il]:
+        return facts.dense_ffn_widths[il]
+    return facts.feed_forward_length[il] if il < len(facts.feed_forward_length) else 0
 
 
 def _mamba1(facts: ModelFacts) -> bool:
@@ -340,18 +352,18 @@ def combine_terms(t: dict[str, int], fit: dict[str, float] = COMPUTE_FIT) -> tup
     # below them) or at the k-pool selection rows
     selection = max(fit["topk_q"] * t["topk_q"], t["topk_q"] + t["topk_score"] + t["topk_index"],
                     fit["kpool_sel"] * t["kpool_sel"], fit["qsa_sel"] * t["qsa_sel"])
-    layer = (fit["hidden"] * t["hidden"] + fit["query"] * t["query"]
+    layer = (fit["hidden"] * t["hidden"] + t["mixed_embd"] + fit["query"] * t["query"]
              + fit["v_index"] * t["v_index"] + fit["indexer_q"] * t["indexer_q"] + fit["indexer"] * t["indexer"]
              + fit["decay"] * t["decay"] + fit["mla"] * t["mla"] + fit["topk_zeros"] * t["topk_zeros"]
              + t["rs_snapshots"] + t["hrm_zh"] + t["parallel_attn_out"] + transient + selection)
     # A Mamba layer peaks on its own: the attention tensors are gone, masks only while attention follows.
     scan = fit["mask"] * t["scan_mask"] + (
-        fit["hidden"] * t["hidden"] + fit["mamba2"] * t["mamba2"] + fit["conv"] * t["conv"] if t["mamba2"]
+        fit["hidden"] * t["hidden"] + t["mixed_embd"] + fit["mamba2"] * t["mamba2"] + fit["conv"] * t["conv"] if t["mamba2"]
         else fit["mamba1_hidden"] * t["hidden"] + t["mamba1"] if t["mamba1"] else 0)
     # The fused-QKV rotation moment: the masks, the input-embeddings leaf, the embeddings and the residual (or,
     # in a parallel block, the norm the FFN reads later) below the attention's fused output and rotated copies
     qkv_rot = fit["mask"] * t["mask"] + fit["qkv_rot_hidden"] * t["hidden"] + t["qkv_rot"] if t["qkv_rot"] else 0
-    late_ffn = fit["hidden"] * t["hidden"] + fit["query"] * t["query"] + fit["ffn"] * t["ffn_late"]
+    late_ffn = fit["hidden"] * t["hidden"] + t["mixed_embd"] + fit["query"] * t["query"] + fit["ffn"] * t["ffn_late"]
     final = t["logits"] + t["mask"] + fit["final_hidden"] * t["hidden"]
     return int(max(layer, scan, late_ffn, qkv_rot)), int(final)
 

@@ -369,6 +369,14 @@ def test_kv_cache_and_recurrent_state_match_llama_server(name, server_reports, m
     assert kv_mismatches(facts, report) + recurrent_mismatches(facts, report) == []
 
 
+def test_dense_ffn_widths_are_what_the_graph_multiplies_by(zoo_dir):
+    """From each block's ffn_down weight: Qwen's blocks are n_ff / 2 wide, Arctic's residual FFN n_embd."""
+    qwen, arctic, llama = (gguf.read(zoo_dir / f"{m}.gguf").facts for m in ("qwen-dense", "arctic-moe", "llama-dense"))
+    assert qwen.dense_ffn_widths == (192, 192) and qwen.feed_forward_length == (384, 384)
+    assert arctic.dense_ffn_widths == (arctic.embedding_length,) * 2
+    assert llama.dense_ffn_widths == llama.feed_forward_length
+
+
 def test_gemma_facts(gemma_model):
     f = gguf.read(gemma_model).facts
     assert (f.architecture, f.name, f.basename, f.size_label) == ("gemma3", "Gemma 3 270m", "gemma-3", "270M")

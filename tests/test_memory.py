@@ -272,7 +272,9 @@ FREED_MASK_CASES = [("gemma2-dense", CONFIGS[0]), ("spark2_5-dense", CONFIGS[0])
 #: The zoo widened (launcher.wide_zoo: n_embd 2048, n_ff 6144): compute buffers of tens of MiB, set by tensor sizes
 #: as in real models.
 WIDE_CASES = [(m, c) for m in ("llama-dense", "starcoder2-dense", "qwen3moe-moe", "mamba2-dense")
-              for c in (CONFIGS[0], CONFIGS[1], CONFIGS[6])]
+              for c in (CONFIGS[0], CONFIGS[1], CONFIGS[6])] + [
+    # Qwen's FFN is n_ff / 2 wide (its ffn_down's width, not the metadata's); CogVLM has no mixed-batch input
+    ("qwen-dense", CONFIGS[0]), ("cogvlm-dense", CONFIGS[0])]
 
 
 @pytest.fixture(scope="module")
