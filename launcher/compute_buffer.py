@@ -41,6 +41,9 @@ NO_MIXED_BATCH_ARCHS = frozenset({"cogvlm", "deepseek4", "graniteswitch", "eagle
 #: Graphs that run only the dense FFN (``build_ffn`` with ``ffn_up``/``ffn_gate``/``ffn_down``): the loader accepts
 #: expert tensors, but a MoE file's experts are never run and its FFN is skipped (models/refact.cpp).
 DENSE_FFN_GRAPH_ARCHS = frozenset({"refact"})
+#: MLA graphs that use k_pe, a view of the compressed KV projection, without RoPE (models/kimi-linear.cpp:405,
+#: kimi-k3.cpp:510): the projection stays alive until K is concatenated from it.
+MLA_UNROPED_K_ARCHS = frozenset({"kimi-linear", "kimi-k3"})
 #: Architectures whose recurrent layers run ``build_mamba2_layer`` (models/mamba-base.cpp): per-head scalar decay,
 #: B and C in ``n_group`` groups, one fused input projection.
 MAMBA2_ARCHS = frozenset({"mamba2", "falcon-h1", "granitehybrid", "nemotron_h", "nemotron_h_moe"})
@@ -162,6 +165,14 @@ def _attention_terms(facts: ModelFacts, shape: ContextShape, live: Sequence[Cach
         # MLA with absorbed weights: q_nope x wk_b [kv_lora_rank, n_head, n_tokens], concatenated with the rope
         # part into Qcur [kv_lora_rank + n_rot, n_head, n_tokens] (models/deepseek2.cpp)
         "mla": n_tokens * n_head * (facts.kv_lora_rank + facts.key_length) * 4 if facts.is_mla else 0,
+        # Its K path after Qcur: the KV projection [kv_lora_rank + n_rot, n_tokens], the normed latent
+        # [kv_lora_rank, n_tokens] and K, their concatenation (in the projection's place once RoPE has copied k_pe
+        # out of it, beside it where k_pe is used as is). The hole of the freed q_nope x wk_b holds it from 3-4
+        # heads on; with fewer (the zoo's one) the rest adds to the attention's peak (measured: deepseek2,
+        # bailingmoe3 5.5 MiB, kimi-linear 6.9 MiB)
+        "mla_k": n_tokens * 4 * max(0, facts.key_length + facts.kv_lora_rank
+                                    + (facts.key_length if facts.architecture in MLA_UNROPED_K_ARCHS else 0)
+                                    - n_head * facts.kv_lora_rank) if facts.is_mla else 0,
         # MiniMax-01's lightning attention: the [n_tokens, n_tokens, n_head] f32 decay input every layer reads
         # (``sched_reserve`` reserves it with one sequence, its worst case)
         "decay": n_tokens * n_tokens * n_head * 4 if facts.architecture == "minimax-01" else 0,
@@ -205,18 +216,22 @@ def _ffn_terms(facts: ModelFacts, n_tokens: int, masks_after: Callable[[int, int
     experts_run = facts.architecture not in DENSE_FFN_GRAPH_ARCHS
     widths = {il: (moe_ff if experts_run else 0) if il < len(facts.moe_layers) and facts.moe_layers[il]
               else _dense_ffn_width(facts, il) for il in ffn_layers}
-    # Mamba-1 hybrids (Jamba): an FFN after the last attention layer runs once the masks and V indices are freed
-    # (an input lives until its last reader)
+    # Hybrids: the FFN of the last attention layer and of the recurrent layers after it run once the V indices
+    # are freed and with the masks only as holes (an input lives until its last reader), none of the attention's
+    # tensors alive (measured: the widened lfm2 without flash attention peaks at 57.5 MiB at its KQ, 53.5 at its FFN)
     last_attn = max((il for il, kv in enumerate(facts.kv_layers[:facts.layer_count]) if kv), default=-1) \
-        if _mamba1(facts) else facts.layer_count
+        if any(facts.recurrent_layers) else facts.layer_count
     width = max((w for il, w in widths.items() if il < last_attn), default=0)
+    late = max((w for il, w in widths.items() if il >= last_attn), default=0)
     return {
         "ffn_mask": max((masks_after(il, n_tokens * width * 4) for il, w in widths.items()
                          if il < last_attn and w == width), default=0),
         "ffn": 0 if facts.ffn_ungated else n_tokens * width * 4,
         "ffn_ungated": n_tokens * width * 4 if facts.ffn_ungated else 0,
-        # the (SwiGLU) FFN activations after the last attention layer
-        "ffn_late": n_tokens * max((w for il, w in widths.items() if il >= last_attn), default=0) * 4,
+        # the (SwiGLU) FFN activations after the last attention layer, and what of the masks they do not fill
+        "ffn_late": n_tokens * late * 4,
+        "ffn_late_mask": max((masks_after(il, n_tokens * late * 4) for il, w in widths.items()
+                              if il >= last_attn and w == late), default=0) if late else 0,
         # Llama 4 weighs the experts' input before their FFN (build_moe_ffn, weight_before_ffn): the repeated
         # input [n_embd, n_expert_used, n_tokens] f32 is freed under the gate/up activations, too small a hole
         # for the SwiGLU output, so it adds to the MoE FFN's peak (llama-graph.cpp:2210-2214)
@@ -247,12 +262,18 @@ def _recurrent_terms(facts: ModelFacts, shape: ContextShape, n_tokens: int, mask
     # ggml_ssm_scan's result (y, then each sequence's final state) reuses ssm_conv's freed input when it fits
     scan_y, scan_states = n_tokens * facts.ssm.inner_size * 4, facts.recurrent_state * shape.n_seq * 4
     scan_y = 0 if scan_y + scan_states <= conv_x else scan_y
-    # build_mamba_layer: the reserve's ubatch splits n_tokens over n_seqs sequences, each with its d_conv - 1
-    # cached columns in ggml_ssm_conv's input
-    conv_x1 = (n_tokens + (conv_k - 1) * min(shape.n_seq, n_tokens)) * facts.ssm.inner_size * 4
-    # build_rs gathers the n_rs - 1 other sequences' states right after the scan; they take new memory on top
-    # of it unless they fit where ssm_conv's input was (freed by then)
+    # build_mamba_layer, build_mamba2_layer: the reserve's ubatch splits n_tokens over n_seqs sequences, each with
+    # its d_conv - 1 cached columns in ggml_ssm_conv's input (Mamba-1: d_inner channels; Mamba-2: x, B and C)
+    conv_cols = (n_tokens + (conv_k - 1) * min(shape.n_seq, n_tokens)) * 4
+    conv_x1, conv_x2 = conv_cols * facts.ssm.inner_size, conv_cols * conv_ch
+    # the masks stay allocated through a recurrent layer only while attention follows (an input is freed after
+    # its last reader); freed, their hole takes the layer's first tensors (ssm_conv's input among them)
+    masks_alive = any(facts.kv_layers[first_recurrent:])
+    # build_rs gathers the n_rs - 1 other sequences' states right after the scan (llama-graph.cpp:3613); they
+    # take new memory on top of it unless they fit where ssm_conv's input was, with the rest of the masks' hole
+    # (measured: Jamba, 4 split slots, ubatch 256)
     rs_extra = (shape.n_seq - 1) * facts.recurrent_state * 4
+    rs_room = 0 if masks_alive else mask
     return {
         # ggml_ssm_scan's result: y [d_inner, n_tokens] followed by the final states of every sequence
         "ssm": (n_tokens * facts.ssm.inner_size + facts.recurrent_state * shape.n_seq) * 4
@@ -264,15 +285,14 @@ def _recurrent_terms(facts: ModelFacts, shape: ContextShape, n_tokens: int, mask
         # result: y [d_inner, n_tokens] and every sequence's final state
         "mamba1": (4 * facts.ssm.inner_size + facts.ssm.time_step_rank + 2 * facts.ssm.state_size) * n_tokens * 4
         + conv_x1 + scan_states
-        + (rs_extra if rs_extra > conv_x1 else 0) if mamba1 else 0,
+        + (rs_extra if rs_extra > conv_x1 + rs_room else 0) if mamba1 else 0,
         # build_mamba2_layer, when z is made contiguous (models/mamba-base.cpp:192-288): the fused projection zxBCdt
         # [2 d_inner + 2 n_group d_state + n_head, n_tokens], the convolved xBC [d_inner + 2 n_group d_state,
-        # n_tokens], z [d_inner, n_tokens] and the scan's result
+        # n_tokens], z [d_inner, n_tokens], the scan's result and, as in Mamba-1, the other sequences' states
         "mamba2": (facts.ssm.inner_size + conv_ch + facts.ssm.time_step_rank + conv_ch + facts.ssm.inner_size)
-        * n_tokens * 4 + scan_y + scan_states if mamba2 else 0,
-        # the masks still alive during a Mamba layer: an input is freed after its last reader, so only when
-        # attention follows
-        "scan_mask": mask if (mamba1 or mamba2) and any(facts.kv_layers[first_recurrent:]) else 0,
+        * n_tokens * 4 + scan_y + scan_states + (rs_extra if rs_extra > conv_x2 + rs_room else 0) if mamba2 else 0,
+        # the masks still alive during a recurrent layer
+        "scan_mask": mask if masks_alive else 0,
         # the rollback snapshots' states, written by the same scan (measured: once, beside the layer's peak)
         "rs_snapshots": facts.recurrent_state * shape.n_seq * shape.n_rs_seq * 4 if recurrent else 0,
         # ggml_ssm_conv's input: the cached (d_conv - 1) columns concatenated with the ubatch, per channel
@@ -336,16 +356,17 @@ def combine_terms(t: dict[str, int], fit: dict[str, float] = COMPUTE_FIT) -> tup
     largest transient (KQ scores, FFN activations, the SSM scan, or DeepSeek-V4's
     lightning-indexer query: two copies, plus the CSA KQ scores without flash
     attention) is computed.
-    A Mamba layer peaks on its own at its scan; in a Mamba-1 hybrid an FFN
-    after the last attention layer peaks without the masks and V indices.
+    A Mamba layer peaks on its own at its scan; in a hybrid an FFN after the
+    last attention layer peaks without the attention's tensors and the V indices.
     At the end: the logits are placed above what the masks and the last
     layer's tensors left behind (measured: logits + masks + ~6 hidden states,
     which is what makes ``--spec-default`` cost Gemma 3 270M 260 MiB with 4 slots).
     """
-    # the attention's and a scan's transients beside every mask; the FFN's beside the masks later layers read
+    # the attention's transients beside every mask, a scan's beside the masks while attention follows, the FFN's
+    # beside the masks later layers read
     transient = max(fit["mask"] * t["mask"] + max(
-        fit["kq"] * t["kq"] + t["ubatch_kv"], fit["ssm"] * t["ssm"] + fit["conv"] * t["conv"],
-        fit["lid_q"] * t["lid_q"] + fit["lid_kq"] * t["lid_kq"]),
+        fit["kq"] * t["kq"] + t["ubatch_kv"], t["mla_k"], fit["lid_q"] * t["lid_q"] + fit["lid_kq"] * t["lid_kq"]),
+        fit["mask"] * t["scan_mask"] + fit["ssm"] * t["ssm"] + fit["conv"] * t["conv"],
         fit["mask"] * t["ffn_mask"] + max(fit["ffn"] * t["ffn"] + t["moe_weighted"],
                                           fit["ffn_ungated"] * t["ffn_ungated"]))
     # A top-k indexer peaks at its queries, at the DSA scores with their top-k (the queries' block still
@@ -358,12 +379,13 @@ def combine_terms(t: dict[str, int], fit: dict[str, float] = COMPUTE_FIT) -> tup
              + t["rs_snapshots"] + t["hrm_zh"] + t["parallel_attn_out"] + transient + selection)
     # A Mamba layer peaks on its own: the attention tensors are gone, masks only while attention follows.
     scan = fit["mask"] * t["scan_mask"] + (
-        fit["hidden"] * t["hidden"] + t["mixed_embd"] + fit["mamba2"] * t["mamba2"] + fit["conv"] * t["conv"] if t["mamba2"]
-        else fit["mamba1_hidden"] * t["hidden"] + t["mamba1"] if t["mamba1"] else 0)
+        fit["hidden"] * t["hidden"] + t["mixed_embd"] + fit["mamba2"] * t["mamba2"] + fit["conv"] * t["conv"]
+        if t["mamba2"] else fit["mamba1_hidden"] * t["hidden"] + t["mamba1"]) if t["mamba1"] or t["mamba2"] else 0
     # The fused-QKV rotation moment: the masks, the input-embeddings leaf, the embeddings and the residual (or,
     # in a parallel block, the norm the FFN reads later) below the attention's fused output and rotated copies
     qkv_rot = fit["mask"] * t["mask"] + fit["qkv_rot_hidden"] * t["hidden"] + t["qkv_rot"] if t["qkv_rot"] else 0
-    late_ffn = fit["hidden"] * t["hidden"] + t["mixed_embd"] + fit["query"] * t["query"] + fit["ffn"] * t["ffn_late"]
+    late_ffn = (fit["hidden"] * t["hidden"] + t["mixed_embd"] + fit["query"] * t["query"]
+                + fit["ffn"] * t["ffn_late"] + fit["mask"] * t["ffn_late_mask"])
     final = t["logits"] + t["mask"] + fit["final_hidden"] * t["hidden"]
     return int(max(layer, scan, late_ffn, qkv_rot)), int(final)
 
