@@ -259,6 +259,8 @@ class ModelFacts:
     compress_ratios: tuple[int, ...] = ()
     # DeepSeek-V4's hyper-connections: the residual stream is this many n_embd-wide copies (dsv4_hc_mult)
     hyper_connections: int = 1
+    # rotary dims per head of full-attention layers (llama.cpp n_rot: rope.dimension_count, else the K head size)
+    rope_dimension_count: int = 0
 
     # -- derived ------------------------------------------------------------
     @property
@@ -1171,6 +1173,7 @@ def _model_facts(model: GGUFFile, hf_config: Mapping[str, Any] | None) -> ModelF
         ple_layers=ple_layers,
         compress_ratios=tuple(hp.compress_ratios),
         hyper_connections=max(meta.u32("hyper_connection.count", 1), 1),
+        rope_dimension_count=meta.u32("rope.dimension_count", hp.n_embd_head_k) if any(hp.n_head) else 0,
     )
 
 

@@ -143,8 +143,9 @@ def _attention_terms(facts: ModelFacts, shape: ContextShape, live: Sequence[Cach
         # [n_tokens, n_embd_v_gqa] (f32) are still alive when kq is allocated (llama-graph.cpp:2763, 2802)
         "ubatch_kv": n_tokens * max((facts.k_embd(il) + facts.v_embd(il) for il in layers), default=0) * 4
         if no_cache and not shape.flash_attn else 0,
-        "v_index": 0 if shape.flash_attn or not live else n_tokens * max((facts.v_embd(il) for il in layers),
-                                                                           default=0) * 8,
+        # a K-only cache (MLA latent, build_attn_inp_k: llama-graph.cpp:3027) stores no V, so it has no V index
+        "v_index": 0 if shape.flash_attn or not live or facts.kv_cache_k_only
+        else n_tokens * max((facts.v_embd(il) for il in layers), default=0) * 8,
         "query": n_tokens * max((h * facts.key_length_of(il) for il, h in enumerate(facts.head_count)), default=0) * 4,
         # Parallel blocks with a Hadamard-rotated (quantized) K cache: the rotated Q copy holds the hole the
         # attention output [n_head * n_embd_head_v, n_tokens] would reuse, and that output stays alive through
@@ -173,6 +174,14 @@ def _attention_terms(facts: ModelFacts, shape: ContextShape, live: Sequence[Cach
         "mla_k": n_tokens * 4 * max(0, facts.key_length + facts.kv_lora_rank
                                     + (facts.key_length if facts.architecture in MLA_UNROPED_K_ARCHS else 0)
                                     - n_head * facts.kv_lora_rank) if facts.is_mla else 0,
+        # MLA without absorbed weights (minicpm3.cpp:145, plm.cpp:111; deepseek2.cpp:595 without key_length_mla):
+        # wkv_b decompresses the RMS-normed latent into kv [n_head * (n_embd_head_k - n_rot + n_embd_head_v),
+        # n_tokens] while wkv_a_mqa's output [kv_lora_rank + n_rot, n_tokens] and the normed latent [kv_lora_rank,
+        # n_tokens] (a new block: the norm reads a view of it) are still alive; all are freed before KQ. The
+        # absorbed path's latent is smaller than its Q copies ("mla")
+        "mla_latent": n_tokens * 4 * (2 * facts.kv_lora_rank + facts.rope_dimension_count + n_head * (
+            facts.key_length - facts.rope_dimension_count + facts.value_length))
+        if facts.kv_lora_rank and not facts.is_mla else 0,
         # MiniMax-01's lightning attention: the [n_tokens, n_tokens, n_head] f32 decay input every layer reads
         # (``sched_reserve`` reserves it with one sequence, its worst case)
         "decay": n_tokens * n_tokens * n_head * 4 if facts.architecture == "minimax-01" else 0,
@@ -365,7 +374,8 @@ def combine_terms(t: dict[str, int], fit: dict[str, float] = COMPUTE_FIT) -> tup
     # the attention's transients beside every mask, a scan's beside the masks while attention follows, the FFN's
     # beside the masks later layers read
     transient = max(fit["mask"] * t["mask"] + max(
-        fit["kq"] * t["kq"] + t["ubatch_kv"], t["mla_k"], fit["lid_q"] * t["lid_q"] + fit["lid_kq"] * t["lid_kq"]),
+        fit["kq"] * t["kq"] + t["ubatch_kv"], t["mla_k"], t["mla_latent"],
+        fit["lid_q"] * t["lid_q"] + fit["lid_kq"] * t["lid_kq"]),
         fit["mask"] * t["scan_mask"] + fit["ssm"] * t["ssm"] + fit["conv"] * t["conv"],
         fit["mask"] * t["ffn_mask"] + max(fit["ffn"] * t["ffn"] + t["moe_weighted"],
                                           fit["ffn_ungated"] * t["ffn_ungated"]))

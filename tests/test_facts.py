@@ -254,6 +254,7 @@ def expected_print_info(f: ModelFacts, info: dict[str, str]) -> dict[str, Any]:
         "ssm_dt_rank": str(f.ssm.time_step_rank),
         "ssm_n_group": str(f.ssm.group_count),
         "n_lora_kv": str(f.kv_lora_rank),
+        "n_rot": str(f.rope_dimension_count),
         "n_embd_head_k_mla": str(f.key_length_mla if f.is_mla else f.key_length_of(0)),
         "n_embd_head_v_mla": str(f.value_length_mla if f.is_mla else f.value_length_of(0)),
         "n_expert_shared": str(f.expert_shared_count),
