@@ -420,6 +420,20 @@ def wide_models(zoo_dir, llama_server_bin, tmp_path_factory) -> dict[str, Path]:
     return made  # type: ignore[return-value]
 
 
+@pytest.mark.slow
+def test_a_hybrids_last_ffn_lands_above_the_freed_v_indices_it_does_not_fit_in(zoo_dir, llama_server_bin, tmp_path):
+    """lfm2 at n_embd 4096 without flash attention: after the last attention layer the 16 MiB of V indices and the
+    mask are freed, but the 30 MiB FFN activations do not fit in their hole, which stays below them."""
+    wide = widen_model(zoo_dir / "lfm2-dense.gguf", tmp_path / "lfm2-wide.gguf", llama_server_bin, factor=16,
+                       ffn_factor=40)
+    assert wide
+    config = CONFIGS[4]  # c700-np1-nofa
+    file = gguf.read(wide)
+    predicted = estimate(file.facts, for_file(file, config.options))
+    actual = parse_allocations(load_report(llama_server_bin, wide, config.argv(), until=DONE_MARKERS)[0])
+    assert _compute_within(predicted, actual, 0.1)[1] > 100 * MIB
+
+
 def test_widening_multiplies_the_widths_and_keeps_heads_and_vocabulary(wide_models, zoo_dir):
     small, wide = gguf.read(zoo_dir / "llama-dense.gguf").facts, gguf.read(wide_models["llama-dense"]).facts
     assert (wide.embedding_length, wide.feed_forward_length[0]) == (2048, 6144)
