@@ -395,8 +395,9 @@ def combine_terms(t: dict[str, int], fit: dict[str, float] = COMPUTE_FIT) -> tup
              + fit["v_index"] * t["v_index"] + fit["indexer_q"] * t["indexer_q"] + fit["indexer"] * t["indexer"]
              + fit["decay"] * t["decay"] + fit["mla"] * t["mla"] + fit["topk_zeros"] * t["topk_zeros"]
              + t["rs_snapshots"] + t["hrm_zh"] + t["parallel_attn_out"] + transient + selection)
-    # A Mamba layer peaks on its own: the attention tensors are gone, masks only while attention follows.
-    scan = fit["mask"] * t["scan_mask"] + (
+    # A Mamba layer peaks on its own: the attention tensors are gone, masks and V indices only while attention
+    # follows (falcon-h1 without flash attention: its V indices sit below the scan)
+    scan = fit["mask"] * t["scan_mask"] + (t["v_index"] if t["scan_mask"] else 0) + (
         fit["hidden"] * t["hidden"] + t["mixed_embd"] + fit["mamba2"] * t["mamba2"] + fit["conv"] * t["conv"]
         if t["mamba2"] else fit["mamba1_hidden"] * t["hidden"] + t["mamba1"]) if t["mamba1"] or t["mamba2"] else 0
     # The fused-QKV rotation moment: the masks, the input-embeddings leaf, the embeddings and the residual (or,
