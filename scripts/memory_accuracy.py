@@ -22,7 +22,10 @@ of the same counts (``--no-wide`` skips it).
 exact means every cache and state equal at the log's 0.01 MiB precision; total
 is within 2 % or 32 MiB, whichever is larger.
 
-Usage: ``.venv/bin/python scripts/memory_accuracy.py [--quick] [--no-wide] [--jobs 2] [--models deepseek4-moe,...]``.
+``--every`` runs every zoo model over the whole grid instead (the issue's acceptance line is the default run's).
+
+Usage: ``.venv/bin/python scripts/memory_accuracy.py [--quick] [--every] [--no-wide] [--jobs 2]
+[--models deepseek4-moe,...]``.
 """
 
 from __future__ import annotations
@@ -174,8 +177,10 @@ def compare(binary: Path, name: str, path: Path, config: Config) -> Outcome:
     return Outcome(name, config.name, predicted, actual)
 
 
-def plan(zoo: Path, gemma: Path, quick: bool, models: Sequence[str] = ()) -> list[tuple[str, Path, Config]]:
-    """The (model, file, config) runs; ``models`` names the only ones to run, each over the whole grid."""
+def plan(zoo: Path, gemma: Path, quick: bool, models: Sequence[str] = (), every: bool = False
+         ) -> list[tuple[str, Path, Config]]:
+    """The (model, file, config) runs; ``models`` names the only ones to run, each over the whole grid; ``every``
+    runs every zoo model over the whole grid."""
     if models:
         paths = {"gemma-3-270m": gemma, **{p.stem: p for p in zoo.glob("*.gguf")}}
         unknown = [m for m in models if m not in paths]
@@ -184,7 +189,7 @@ def plan(zoo: Path, gemma: Path, quick: bool, models: Sequence[str] = ()) -> lis
         return [(m, paths[m], c) for m in models for c in (CONFIGS[:QUICK_CONFIGS] if quick else CONFIGS)]
     runs = [("gemma-3-270m", gemma, c) for c in CONFIGS]
     for path in sorted(zoo.glob("*.gguf")):
-        full = path.stem in LAYOUT_MODELS and not quick
+        full = (every or path.stem in LAYOUT_MODELS) and not quick
         runs += [(path.stem, path, c) for c in (CONFIGS if full else CONFIGS[:QUICK_CONFIGS])]
     return runs
 
@@ -201,12 +206,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--models", default="", help="comma-separated zoo names (or gemma-3-270m) to run over the "
                         "whole grid, e.g. deepseek4-moe")
     parser.add_argument("--no-wide", action="store_true", help="skip the zoo widened 8x (launcher.wide_zoo)")
+    parser.add_argument("--every", action="store_true", help="every zoo model over the whole grid (about 1150 "
+                        "runs, a minute more), not only one model per memory layout")
     args = parser.parse_args(argv)
     settings = Settings.from_env()
     build = ensure_built(settings.home)
     zoo, gemma = ensure_zoo(build, settings.home), ensure_default_model(settings.models_dir)
     models = [m for m in args.models.split(",") if m]
-    runs = plan(zoo, gemma, args.quick, models)
+    runs = plan(zoo, gemma, args.quick, models, args.every)
     wide_runs = [] if args.no_wide or models else [
         (p.stem, p, c) for p in ensure_wide_zoo(zoo, build.llama_server,
                                                 zoo.with_name(f"{zoo.name}-wide{WIDE}x{WIDE_FFN}"),
