@@ -51,6 +51,9 @@ MAMBA2_ARCHS = frozenset({"mamba2", "falcon-h1", "granitehybrid", "nemotron_h", 
 #: per-channel decay, B and C from ``x_proj``.
 MAMBA1_ARCHS = frozenset({"mamba", "jamba"})
 
+#: MSA's position axis at the reserve: the cache's positions padded to 256 (llama-kv-cache-msa.cpp:262-273), with none.
+MSA_RESERVE_POSITIONS = 256
+
 #: Weights of the compute terms. ggml's allocator reuses freed blocks, so how many copies of each
 #: tensor coexist at the peak depends on each architecture's graph. The shared weights (first lines)
 #: are fitted by coordinate descent on the zoo plus Gemma (``scripts/memory_accuracy.py``) and on the
@@ -80,6 +83,9 @@ COMPUTE_FIT: dict[str, float] = {
     "topk_q": 2.0, "kpool_sel": 3.5, "qsa_sel": 5.25,
     # counted: the hidden-sized tensors below a fused-QKV attention's rotations (see combine_terms)
     "qkv_rot_hidden": 3.0,
+    # counted (see combine_terms): MSA's block mask expanded to cells and its transposed copy, and the hidden
+    # states and Q copies below them
+    "msa_block": 2.0, "msa_hidden": 3.0, "msa_query": 2.0,
 }
 #: The MTP draft graph's attention moment beyond the mask and KQ scores, in ``n_embd`` rows per token (measured).
 DRAFT_COMPUTE_FIT: dict[str, float] = {"attention_hidden": 7.0}
@@ -92,6 +98,11 @@ def terms(facts: ModelFacts, shape: ContextShape, caches: Sequence[CacheBill]) -
     attention = _attention_terms(facts, shape, live, n_tokens)
     cells = sum(c.cells for c in live)
     no_cache = not any(facts.kv_layers) or facts.architecture == "minimax-m3"
+    indexer = _indexer_terms(facts, shape, live, n_tokens)
+    # MSA's f32 copy of the (f16) mask is alive from the first sparse layer's attention to the last's, through
+    # the FFNs between them (measured: a 4-layer zoo variant, 4 split slots at ubatch 256, peaks in an MoE FFN)
+    sparse = [il for il, s in enumerate(facts.indexer_layers[:facts.layer_count]) if s]
+    msa_copy = 2 * attention["mask"] if indexer["msa_block"] else 0
 
     def masks_after(il: int, tensor: int, last: bool = False) -> int:
         """The mask bytes in the way of ``tensor``-sized FFN activations after ``il``'s attention: every mask, less
@@ -101,7 +112,7 @@ def terms(facts: ModelFacts, shape: ContextShape, caches: Sequence[CacheBill]) -
         v_index = attention["v_index"] if last else 0
         mask = attention["mask"] + v_index
         if no_cache or not cells:
-            return mask
+            return mask + (msa_copy if msa_copy and sparse[0] <= il < sparse[-1] else 0)
         freed = mask - attention["mask"] * sum(c.cells for c in live if _attends_after(facts, c.label, il)) // cells
         return mask - tensor * min(3, (freed + 16 * n_tokens) // max(tensor, 1))
 
@@ -111,7 +122,7 @@ def terms(facts: ModelFacts, shape: ContextShape, caches: Sequence[CacheBill]) -
         "mixed_embd": 0 if facts.architecture in NO_MIXED_BATCH_ARCHS else n_tokens * facts.embedding_length * 4,
         **_ffn_terms(facts, n_tokens, masks_after),
         **_recurrent_terms(facts, shape, n_tokens, attention["mask"]),
-        **_indexer_terms(facts, shape, live, n_tokens),
+        **indexer,
         "logits": facts.vocab_size * min(n_tokens, shape.n_outputs_max) * 4,
     }
 
@@ -137,11 +148,9 @@ def _attention_terms(facts: ModelFacts, shape: ContextShape, live: Sequence[Cach
     mask_rows = n_tokens * (2 if facts.swa_type != "none" else 1) if no_cache else sum(c.cells for c in live)
     mask_bytes = 2 if shape.flash_attn else 4
     if facts.architecture == "minimax-m3":
-        # build_attn_inp_kv_msa: one mask, the main cache's; the indexer cache has none. With MSA on (flash
-        # attention, one sequence or split streams) its sparse layers read an f32 copy of it (msa_mf), which is
-        # what is alive at their peak (measured); without, the dense fallback reads the mask itself
+        # build_attn_inp_kv_msa: one mask, the main cache's; the indexer cache has none. MSA's f32 copy of it
+        # (msa_mf) is counted with the sparse layers (_indexer_terms)
         mask_rows = sum(c.cells for c in live if c.label != "indexer")
-        mask_bytes = 4 if shape.flash_attn and (shape.n_seq == 1 or not shape.unified) else mask_bytes
     return {
         "mask": mask_rows * n_tokens * mask_bytes,
         "kq": 0 if shape.flash_attn else n_kv * n_tokens * n_head * 4,
@@ -322,8 +331,11 @@ def _indexer_terms(facts: ModelFacts, shape: ContextShape, live: Sequence[CacheB
     """Sparse-attention indexers: queries and ``[n_kv, n_tokens]`` scores, a top-k selection (DSA, k-pool), or
     DeepSeek-V4's lightning indexer and top-k mask inputs."""
     idx_kv = sum(c.cells for c in live if c.label == "indexer")
-    # MiniMax-M3 runs dense attention instead when one unified cache serves several slots (models/minimax-m3.cpp)
-    indexer = bool(idx_kv) and not (facts.architecture == "minimax-m3" and shape.unified and shape.n_seq > 1)
+    # MiniMax-M3 runs MSA only with flash attention and one sequence or split streams, else dense attention in
+    # every layer, its indexer unused (models/minimax-m3.cpp:233-235); MSA's tensors are its own (msa_*)
+    msa = facts.architecture == "minimax-m3" and bool(idx_kv) and shape.flash_attn \
+        and (shape.n_seq == 1 or not shape.unified)
+    indexer = bool(idx_kv) and facts.architecture != "minimax-m3"
     # DeepSeek-V4's trunk CSA layers run the lightning indexer (models/deepseek4.cpp build_csa_lid_attention);
     # its MTP blocks and the draft context's caches do not
     cells = {c.label: c.cells for c in live}
@@ -343,7 +355,24 @@ def _indexer_terms(facts: ModelFacts, shape: ContextShape, live: Sequence[CacheB
     n_pool = max(64, -(-(idx_kv // kpool * shape.n_seq + 1) // 64) * 64) if kpool else 0
     n_sel = kpool * min(n_pool, facts.indexer_top_k // kpool) + kpool - 1 if kpool else 0
     selection = dsa or bool(kpool)
+    # MSA's batch path, per stream of the ubatch (models/minimax-m3.cpp:449-524): the block mask expanded to cells,
+    # bmc [n_tps * Hd, n_kv] f32, is alive with its transposed copy bmx [n_kv, n_tps, Hd] (:510-511); then bmx is
+    # added to the f32 copy of the mask (msa_mf, :295), cast when the first stream's add needs it (it is the add's
+    # second source) and alive until the last stream's of the last sparse layer: at every later peak of the block
+    # masks, none with one sparse layer and one stream (measured: 291.8 MiB at -c 32768 with the zoo's one sparse
+    # layer, 355.8 MiB with three: the f16 mask, or its hole, + the copy + 2 x bmc)
+    streams = shape.n_seq if msa and not shape.unified else 1
+    main_kv = sum(c.cells for c in live if c.label != "indexer")
+    mask_f32 = main_kv * n_tokens * 4 if msa else 0
     return {
+        "msa_mask": mask_f32 if sum(facts.indexer_layers[:facts.layer_count]) > 1 or streams > 1 else 0,
+        "msa_block": facts.indexer_head_count * mask_f32 // streams,
+        # the indexer query [n_idx_dim, Hd, n_tokens], read by every stream's scores: alive at all streams' but the
+        # last's block masks
+        "msa_q": facts.indexer_head_count * facts.indexer_key_length * n_tokens * 4 if streams > 1 else 0,
+        # the position mask input [n_ps, n_tokens] f32, a leaf; n_ps is the positions in the cache padded to 256,
+        # 256 at the reserve (llama-kv-cache-msa.cpp:262-273: its empty cache)
+        "msa_pos": MSA_RESERVE_POSITIONS * n_tokens * 4 if msa else 0,
         "indexer_q": 0 if selection else idx_q,
         "indexer": idx_kv * n_tokens * 4 if indexer and not selection else 0,
         "topk_q": idx_q if selection else 0,
@@ -375,6 +404,7 @@ def combine_terms(t: dict[str, int], fit: dict[str, float] = COMPUTE_FIT) -> tup
     attention) is computed.
     A Mamba layer peaks on its own at its scan; in a hybrid an FFN after the
     last attention layer peaks without the attention's tensors and the V indices.
+    MiniMax-M3's sparse (MSA) layers peak at their block masks, expanded to cells.
     At the end: the logits are placed above what the masks and the last
     layer's tensors left behind (measured: logits + masks + ~6 hidden states,
     which is what makes ``--spec-default`` cost Gemma 3 270M 260 MiB with 4 slots).
@@ -403,10 +433,17 @@ def combine_terms(t: dict[str, int], fit: dict[str, float] = COMPUTE_FIT) -> tup
     # The fused-QKV rotation moment: the masks, the input-embeddings leaf, the embeddings and the residual (or,
     # in a parallel block, the norm the FFN reads later) below the attention's fused output and rotated copies
     qkv_rot = fit["mask"] * t["mask"] + fit["qkv_rot_hidden"] * t["hidden"] + t["qkv_rot"] if t["qkv_rot"] else 0
+    # MSA's block-mask moment: the mask (or its hole) and MSA's inputs and tensors, placed above the high-water mark
+    # of the layer's Q/K projections, too small a hole for them: the embeddings, the residual, the attention norm's
+    # output, the mixed-input copy and Q, raw and RMS-normed (the norm of a reshaped view gets a block of its own:
+    # models/minimax-m3.cpp:315)
+    msa = (fit["mask"] * t["mask"] + t["msa_pos"] + fit["msa_hidden"] * t["hidden"] + t["mixed_embd"]
+           + fit["msa_query"] * t["query"] + t["msa_mask"] + fit["msa_block"] * t["msa_block"] + t["msa_q"]
+           if t["msa_block"] else 0)
     late_ffn = (fit["hidden"] * t["hidden"] + t["mixed_embd"] + fit["query"] * t["query"]
                 + fit["ffn"] * t["ffn_late"] + fit["mask"] * t["ffn_late_mask"])
     final = t["logits"] + t["mask"] + fit["final_hidden"] * t["hidden"]
-    return int(max(layer, scan, late_ffn, qkv_rot)), int(final)
+    return int(max(layer, scan, late_ffn, qkv_rot, msa)), int(final)
 
 
 def per_device(facts: ModelFacts, shape: ContextShape, caches: Sequence[CacheBill],
