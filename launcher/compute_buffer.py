@@ -77,10 +77,9 @@ COMPUTE_FIT: dict[str, float] = {
     # below a Mamba-1 layer's tensors (counted): the input embeddings, the residual, the mixed-input copy and
     # the two hidden-sized blocks the layer's norm and the mixed-input rows freed
     "mamba1_hidden": 5.0,
-    # top-k indexers: the queries twice (DSA: projected and Hadamard-rotated; measured on the k-pool graphs too);
-    # glm5-next's selection holds its f32 gather mask, two index copies and the repeated f16 zeros (3.5 rows);
-    # qwen4exp's is measured
-    "topk_q": 2.0, "kpool_sel": 3.5, "qsa_sel": 5.25,
+    # DSA indexers: the queries twice (projected and Hadamard-rotated). qwen4exp's k-pool selection rows
+    # [n_sel, n_tokens] (index, slot-liveness and dump rows) above its inputs and the layer's queries are measured
+    "topk_q": 2.0, "qsa_sel": 5.5,
     # counted: the hidden-sized tensors below a fused-QKV attention's rotations (see combine_terms)
     "qkv_rot_hidden": 3.0,
     # counted (see combine_terms): MSA's block mask expanded to cells and its transposed copy, and the hidden
@@ -132,7 +131,9 @@ def _attention_terms(facts: ModelFacts, shape: ContextShape, live: Sequence[Cach
     """Masks, scores and the attention's own copies (``llama-graph.cpp`` ``build_attn``).
 
     One mask per cache of ``[n_kv, n_tokens / n_stream, 1, n_stream]`` (f16 with
-    flash attention, f32 without), so ``n_kv x n_tokens`` whatever the streams; the
+    flash attention, f32 without), so ``n_kv x n_tokens`` whatever the streams (a
+    k-pool indexer's cache has none, its row is the selection mask the attention
+    reads instead, ``indexer_sel``); the
     KQ scores ``[n_kv, n_tokens, n_head]`` f32 without flash attention, when V is
     stored transposed and its ``set_rows`` index is one i64 per value.
     """
@@ -179,8 +180,10 @@ def _attention_terms(facts: ModelFacts, shape: ContextShape, live: Sequence[Cach
              for il, h in enumerate(facts.head_count) if il < len(facts.kv_layers) and facts.kv_layers[il]),
             default=0) if facts.fused_qkv and (k_rotated or v_rotated) and live else 0,
         # MLA with absorbed weights: q_nope x wk_b [kv_lora_rank, n_head, n_tokens], concatenated with the rope
-        # part into Qcur [kv_lora_rank + n_rot, n_head, n_tokens] (models/deepseek2.cpp)
-        "mla": n_tokens * n_head * (facts.kv_lora_rank + facts.key_length) * 4 if facts.is_mla else 0,
+        # part into Qcur [kv_lora_rank + n_rot, n_head, n_tokens] (models/deepseek2.cpp); a nope-only MLA attends
+        # with the product itself (glm5-next.cpp:939-943, 956)
+        "mla": n_tokens * n_head * (facts.kv_lora_rank + (facts.key_length if facts.rope_dimension_count else 0)) * 4
+        if facts.is_mla else 0,
         # Its K path after Qcur: the KV projection [kv_lora_rank + n_rot, n_tokens], the normed latent
         # [kv_lora_rank, n_tokens] and K, their concatenation (in the projection's place once RoPE has copied k_pe
         # out of it, beside it where k_pe is used as is). The hole of the freed q_nope x wk_b holds it from 3-4
@@ -329,7 +332,10 @@ def _recurrent_terms(facts: ModelFacts, shape: ContextShape, n_tokens: int, mask
 def _indexer_terms(facts: ModelFacts, shape: ContextShape, live: Sequence[CacheBill], n_tokens: int
                    ) -> dict[str, int]:
     """Sparse-attention indexers: queries and ``[n_kv, n_tokens]`` scores, a top-k selection (DSA, k-pool), or
-    DeepSeek-V4's lightning indexer and top-k mask inputs."""
+    DeepSeek-V4's lightning indexer and top-k mask inputs.
+
+    A k-pool indexer (glm5-next, qwen4exp) peaks before its layer's attention at its queries, at the pooling of
+    every pool or at its selection rows, and inside the attention where its selection mask is scattered."""
     idx_kv = sum(c.cells for c in live if c.label == "indexer")
     # MiniMax-M3 runs MSA only with flash attention and one sequence or split streams, else dense attention in
     # every layer, its indexer unused (models/minimax-m3.cpp:233-235); MSA's tensors are its own (msa_*)
@@ -353,7 +359,8 @@ def _indexer_terms(facts: ModelFacts, shape: ContextShape, live: Sequence[CacheB
     # (llama-memory-hybrid-idx.cpp; build_kpool_select in models/glm5-next.cpp and qwen4exp.cpp)
     kpool = facts.indexer_kpool if indexer else 0
     n_pool = max(64, -(-(idx_kv // kpool * shape.n_seq + 1) // 64) * 64) if kpool else 0
-    n_sel = kpool * min(n_pool, facts.indexer_top_k // kpool) + kpool - 1 if kpool else 0
+    n_top_pool = min(n_pool, facts.indexer_top_k // kpool) if kpool else 0
+    n_sel = kpool * n_top_pool + kpool - 1 if kpool else 0
     selection = dsa or bool(kpool)
     # MSA's batch path, per stream of the ubatch (models/minimax-m3.cpp:449-524): the block mask expanded to cells,
     # bmc [n_tps * Hd, n_kv] f32, is alive with its transposed copy bmx [n_kv, n_tps, Hd] (:510-511); then bmx is
@@ -364,6 +371,23 @@ def _indexer_terms(facts: ModelFacts, shape: ContextShape, live: Sequence[CacheB
     streams = shape.n_seq if msa and not shape.unified else 1
     main_kv = sum(c.cells for c in live if c.label != "indexer")
     mask_f32 = main_kv * n_tokens * 4 if msa else 0
+    glm5 = facts.architecture == "glm5-next"
+    mask_bytes = 2 if shape.flash_attn else 4
+    # inputs every full k-pool layer reads: the lightning indexer's f16 pool mask [n_pool, n_tokens] and glm5-next's
+    # f32 slot mask [n_sel, n_tokens] (glm5-next.cpp:307, 334; qwen4exp.cpp:709)
+    kpool_reads = (n_pool * 2 + (n_sel * 4 if glm5 else 0)) * n_tokens if kpool else 0
+    # the reserve pools every pool the cache can hold (n_new = n_pool_max, llama-memory-hybrid-idx.cpp:532): their
+    # member rows, whatever n_tokens
+    pool_cells = idx_kv // kpool * shape.n_seq * kpool if kpool else 0
+    # glm5-next attends small ubatches over the gathered latents of its selection instead of a mask
+    # (glm5-next.cpp:331): K [kv_lora_rank, n_sel, 1, n_tokens] f32, its KQ [n_sel, 1, n_head, n_tokens] and
+    # the transposed copy of K it reads as V (glm5-next.cpp:969-980)
+    gather = glm5 and shape.n_ubatch <= 16 and shape.n_ctx > facts.indexer_top_k + kpool - 1
+    # where glm5-next's f32 copy of its selection indices goes (see "kpool_sel")
+    holes = (0 if facts.architecture in NO_MIXED_BATCH_ARCHS else facts.embedding_length) * n_tokens * 4 \
+        + (n_pool * n_tokens * 2 if sum(facts.indexer_layers) == 1 else 0)
+    q_side = max(facts.head_count, default=0) * (facts.key_length_mla + facts.kv_lora_rank) * n_tokens * 4
+    sel_copy_above = not gather and (not shape.flash_attn or q_side > holes)
     return {
         "msa_mask": mask_f32 if sum(facts.indexer_layers[:facts.layer_count]) > 1 or streams > 1 else 0,
         "msa_block": facts.indexer_head_count * mask_f32 // streams,
@@ -375,10 +399,38 @@ def _indexer_terms(facts: ModelFacts, shape: ContextShape, live: Sequence[CacheB
         "msa_pos": MSA_RESERVE_POSITIONS * n_tokens * 4 if msa else 0,
         "indexer_q": 0 if selection else idx_q,
         "indexer": idx_kv * n_tokens * 4 if indexer and not selection else 0,
-        "topk_q": idx_q if selection else 0,
+        "topk_q": idx_q if dsa else 0,
         "topk_score": idx_kv * n_tokens * 4 if dsa else 0,
         "topk_index": n_top_k * n_tokens * 4 if dsa else 0,
-        "kpool_sel": n_sel * n_tokens * 4 if kpool and facts.architecture == "glm5-next" else 0,
+        # k-pool, before its layer's attention: the queries. glm5-next's fused lightning indexer reads the projected
+        # query (glm5-next.cpp:777, 832), qwen4exp's RMS-normed copy of it (qwen4exp.cpp:798-809); the scores
+        # [n_pool, n_tokens] f32 and the gathered pooled keys [head_size, n_pool] f32 beside the one the indexer reads
+        "kpool_q": max(idx_q * (1 if glm5 else 2),
+                       idx_q + (n_tokens + facts.indexer_key_length) * n_pool * 4) if kpool else 0,
+        # the pooling of every pool: glm5-next gathers key | gate [2 head_size, kpool, n_new] f32 and adds the pool
+        # position bias into a new block that is then made contiguous (glm5-next.cpp:799-806), qwen4exp gathers the
+        # keys [head_size, kpool, n_new] and sums their slices into a contiguous one (qwen4exp.cpp:771-778)
+        "kpool_pool": facts.indexer_key_length * 4 * (4 * pool_cells if glm5 else pool_cells + pool_cells // kpool)
+        if kpool else 0,
+        # the inputs below them: the main cache's mask (the indexer cache has none) and the pool and slot masks
+        "kpool_inputs": cells.get("main", 0) * mask_bytes * n_tokens + kpool_reads,
+        # the attention's selection mask: scattered into -inf rows [n_kv + n_sel, n_tokens] of the kq mask's type,
+        # which are alive when it is added to the causal mask into a new [n_kv, n_tokens] block ("mask" counts it as
+        # the indexer cache's row) read by the attention (glm5-next.cpp:881-905, qwen4exp.cpp:833-867); without
+        # flash attention after KQ, which soft_max_ext reads with it (llama-graph.cpp:2763, 2797). The pool and slot
+        # masks are still alive while a later layer reads them
+        "kpool_scatter": (n_sel * n_tokens * 4 * (2 * facts.kv_lora_rank + max(facts.head_count, default=0))
+                          if gather else (idx_kv + n_sel) * n_tokens * mask_bytes)
+        + (kpool_reads if sum(facts.indexer_layers) > 1 else 0) if kpool else 0,
+        # glm5-next's selection rows (i32, f32 per value): the pools' member indices [kpool * n_top_pool, n_tokens]
+        # above the two top-k blocks [n_top_pool, n_tokens], then the tail appended in a new block [n_sel, n_tokens]
+        # (glm5-next.cpp:849-867). The block of the first is freed, but the scatter's repeated zeros and f32 copy
+        # of the indices (glm5-next.cpp:888, 896) need its kpool - 1 tail columns more, so the copy goes above
+        # unless the block below stays free: it does when the layer's query and its absorbed product
+        # [n_head * (n_embd_head_k_mla + kv_lora_rank), n_tokens] fit in the holes the mixed-input embeddings and
+        # the last full layer's pool mask left (measured: c1000 3.5 rows, c2048 2.5 rows)
+        "kpool_sel": n_tokens * 4 * (kpool * n_top_pool + n_sel + 2 * n_top_pool + (n_sel if sel_copy_above else 0))
+        if kpool and glm5 else 0,
         "qsa_sel": n_sel * n_tokens * 4 if kpool and facts.architecture == "qwen4exp" else 0,
         # build_lid_top_k: the indexer query [indexer_head_size, indexer_n_head, n_tokens] f32 from
         # indexer_attn_q_b, and its RoPE'd copy next to it
@@ -402,29 +454,37 @@ def combine_terms(t: dict[str, int], fit: dict[str, float] = COMPUTE_FIT) -> tup
     largest transient (KQ scores, FFN activations, the SSM scan, or DeepSeek-V4's
     lightning-indexer query: two copies, plus the CSA KQ scores without flash
     attention) is computed.
-    A Mamba layer peaks on its own at its scan; in a hybrid an FFN after the
-    last attention layer peaks without the attention's tensors and the V indices.
-    MiniMax-M3's sparse (MSA) layers peak at their block masks, expanded to cells.
+    A k-pool indexer peaks on its own inputs before the attention, which holds
+    its selection mask's scatter. A Mamba layer peaks on its own at its scan;
+    in a hybrid an FFN after the last attention layer peaks without the
+    attention's tensors and the V indices. MiniMax-M3's sparse (MSA) layers
+    peak at their block masks, expanded to cells.
     At the end: the logits are placed above what the masks and the last
     layer's tensors left behind (measured: logits + masks + ~6 hidden states,
     which is what makes ``--spec-default`` cost Gemma 3 270M 260 MiB with 4 slots).
     """
     # the attention's transients beside every mask, a scan's beside the masks while attention follows, the FFN's
     # beside the masks later layers read
-    transient = max(fit["mask"] * t["mask"] + max(
+    transient = max(fit["mask"] * t["mask"] + t["kpool_scatter"] + max(
         fit["kq"] * t["kq"] + t["ubatch_kv"], t["mla_k"], t["mla_latent"],
         fit["lid_q"] * t["lid_q"] + fit["lid_kq"] * t["lid_kq"]),
         fit["mask"] * t["scan_mask"] + fit["ssm"] * t["ssm"] + fit["conv"] * t["conv"],
         fit["mask"] * t["ffn_mask"] + max(fit["ffn"] * t["ffn"] + t["moe_weighted"],
                                           fit["ffn_ungated"] * t["ffn_ungated"]))
-    # A top-k indexer peaks at its queries, at the DSA scores with their top-k (the queries' block still
-    # below them) or at the k-pool selection rows
-    selection = max(fit["topk_q"] * t["topk_q"], t["topk_q"] + t["topk_score"] + t["topk_index"],
-                    fit["kpool_sel"] * t["kpool_sel"], fit["qsa_sel"] * t["qsa_sel"])
-    layer = (fit["hidden"] * t["hidden"] + t["mixed_embd"] + fit["query"] * t["query"]
+    # A DSA indexer peaks at its queries or at its scores with their top-k (the queries' block still below them)
+    selection = max(fit["topk_q"] * t["topk_q"], t["topk_q"] + t["topk_score"] + t["topk_index"])
+    below = (fit["hidden"] * t["hidden"] + t["mixed_embd"] + fit["query"] * t["query"]
              + fit["v_index"] * t["v_index"] + fit["indexer_q"] * t["indexer_q"] + fit["indexer"] * t["indexer"]
              + fit["decay"] * t["decay"] + fit["mla"] * t["mla"] + fit["topk_zeros"] * t["topk_zeros"]
-             + t["rs_snapshots"] + t["hrm_zh"] + t["parallel_attn_out"] + transient + selection)
+             + t["rs_snapshots"] + t["hrm_zh"] + t["parallel_attn_out"])
+    layer = below + transient + selection
+    # A k-pool indexer peaks before its layer's attention, on its inputs: first at its queries or at the pooling,
+    # with only the hidden states and inputs below (no projection of the layer has been made), then at the
+    # selection's index rows, beside the layer's queries
+    kpool = max(fit["hidden"] * t["hidden"] + t["mixed_embd"] + fit["v_index"] * t["v_index"]
+                + max(t["kpool_q"], t["kpool_pool"]),
+                below + t["kpool_sel"] + fit["qsa_sel"] * t["qsa_sel"]) + t["kpool_inputs"] \
+        if t["kpool_inputs"] else 0
     # A Mamba layer peaks on its own: the attention tensors are gone, masks and V indices only while attention
     # follows (falcon-h1 without flash attention: its V indices sit below the scan)
     scan = fit["mask"] * t["scan_mask"] + (t["v_index"] if t["scan_mask"] else 0) + (
@@ -443,7 +503,7 @@ def combine_terms(t: dict[str, int], fit: dict[str, float] = COMPUTE_FIT) -> tup
     late_ffn = (fit["hidden"] * t["hidden"] + t["mixed_embd"] + fit["query"] * t["query"]
                 + fit["ffn"] * t["ffn_late"] + fit["mask"] * t["ffn_late_mask"])
     final = t["logits"] + t["mask"] + fit["final_hidden"] * t["hidden"]
-    return int(max(layer, scan, late_ffn, qkv_rot, msa)), int(final)
+    return int(max(layer, kpool, scan, late_ffn, qkv_rot, msa)), int(final)
 
 
 def per_device(facts: ModelFacts, shape: ContextShape, caches: Sequence[CacheBill],

@@ -273,10 +273,12 @@ FREED_MASK_CASES = [("gemma2-dense", CONFIGS[0]), ("spark2_5-dense", CONFIGS[0])
 #: the q_nope hole (bailingmoe3); a scan sits beside the masks only while attention follows (plamo2); the other
 #: slots' states gathered after a Mamba scan fit where the freed masks were (jamba, 4 split slots, ubatch 256);
 #: the V indices stay beside a Mamba-2 scan while attention follows (falcon-h1 without flash attention);
-#: MiniMax-M3's sparse layers expand their block mask to every cell, twice (at 32k once 0.62x).
+#: MiniMax-M3's sparse layers expand their block mask to every cell, twice (at 32k once 0.62x); a k-pool indexer
+#: peaks on its own inputs before its layer's attention (glm5-next without flash attention, once 1.76x).
 GRAPH_CASES = [("deepseek2-moe", CONFIGS[4]), ("minicpm3-dense", CONFIGS[0]), ("bailingmoe3-moe", CONFIGS[0]),
                ("plamo2-dense", CONFIGS[1]), ("jamba-dense", CONFIGS[5]), ("falcon-h1-dense", CONFIGS[4]),
-               ("minimax-m3-moe", CONFIGS[6]), ("minimax-m3-moe", CONFIGS[4])]
+               ("minimax-m3-moe", CONFIGS[6]), ("minimax-m3-moe", CONFIGS[4]), ("glm5-next-moe", CONFIGS[4]),
+               ("glm5-next-moe", CONFIGS[2]), ("qwen4exp-moe", CONFIGS[4])]
 
 #: The zoo widened (launcher.wide_zoo: n_embd 2048, n_ff 6144): compute buffers of tens of MiB, set by tensor sizes
 #: as in real models.
