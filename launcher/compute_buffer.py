@@ -266,6 +266,11 @@ def _ffn_terms(facts: ModelFacts, n_tokens: int, masks_after: Callable[..., int]
         # for the SwiGLU output, so it adds to the MoE FFN's peak (llama-graph.cpp:2210-2214)
         "moe_weighted": n_tokens * facts.embedding_length * facts.expert_used_count * 4
         if facts.architecture == "llama4" and any(facts.moe_layers) else 0,
+        # the experts' down projections [n_embd, n_expert_used, n_tokens] f32 (build_moe_ffn's mul_mat_id), beside
+        # their SwiGLU input: bigger than the activations when the experts are narrower than n_embd / n_expert_used
+        # x 2 (fine-grained MoE: Qwen3-30B-A3B's 768-wide experts at n_embd 2048, DeepSeek's 2048 at 7168)
+        "moe_down": n_tokens * facts.embedding_length * facts.expert_used_count * 4
+        if experts_run and width == moe_ff and any(facts.moe_layers) else 0,
     }
 
 
@@ -413,7 +418,7 @@ def _indexer_terms(facts: ModelFacts, shape: ContextShape, live: Sequence[CacheB
         "kpool_pool": facts.indexer_key_length * 4 * (4 * pool_cells if glm5 else pool_cells + pool_cells // kpool)
         if kpool else 0,
         # the inputs below them: the main cache's mask (the indexer cache has none) and the pool and slot masks
-        "kpool_inputs": cells.get("main", 0) * mask_bytes * n_tokens + kpool_reads,
+        "kpool_inputs": cells.get("main", 0) * mask_bytes * n_tokens + kpool_reads if kpool else 0,
         # the attention's selection mask: scattered into -inf rows [n_kv + n_sel, n_tokens] of the kq mask's type,
         # which are alive when it is added to the causal mask into a new [n_kv, n_tokens] block ("mask" counts it as
         # the indexer cache's row) read by the attention (glm5-next.cpp:881-905, qwen4exp.cpp:833-867); without
@@ -469,7 +474,7 @@ def combine_terms(t: dict[str, int], fit: dict[str, float] = COMPUTE_FIT) -> tup
         fit["kq"] * t["kq"] + t["ubatch_kv"], t["mla_k"], t["mla_latent"],
         fit["lid_q"] * t["lid_q"] + fit["lid_kq"] * t["lid_kq"]),
         fit["mask"] * t["scan_mask"] + fit["ssm"] * t["ssm"] + fit["conv"] * t["conv"],
-        fit["mask"] * t["ffn_mask"] + max(fit["ffn"] * t["ffn"] + t["moe_weighted"],
+        fit["mask"] * t["ffn_mask"] + max(fit["ffn"] * t["ffn"] + t["moe_weighted"], t["ffn"] + t["moe_down"],
                                           fit["ffn_ungated"] * t["ffn_ungated"]))
     # A DSA indexer peaks at its queries or at its scores with their top-k (the queries' block still below them)
     selection = max(fit["topk_q"] * t["topk_q"], t["topk_q"] + t["topk_score"] + t["topk_index"])
