@@ -98,7 +98,8 @@ def terms(facts: ModelFacts, shape: ContextShape, caches: Sequence[CacheBill]) -
     live = [c for c in caches if c.layers]
     attention = _attention_terms(facts, shape, live, n_tokens)
     cells = sum(c.cells for c in live)
-    no_cache = not any(facts.kv_layers) or facts.architecture == "minimax-m3"
+    # masks counted whole: a cache-less graph's ubatch masks, and MiniMax-M3's one mask every layer reads
+    whole_mask = not any(facts.kv_layers) or facts.architecture == "minimax-m3"
     indexer = _indexer_terms(facts, shape, live, n_tokens)
     # MSA's f32 copy of the (f16) mask is alive from the first sparse layer's attention to the last's, through
     # the FFNs between them (measured: a 4-layer zoo variant, 4 split slots at ubatch 256, peaks in an MoE FFN)
@@ -112,7 +113,7 @@ def terms(facts: ModelFacts, shape: ContextShape, caches: Sequence[CacheBill]) -
         per value without flash attention) are freed too, next to the masks."""
         v_index = attention["v_index"] if last else 0
         mask = attention["mask"] + v_index
-        if no_cache or not cells:
+        if whole_mask or not cells:
             return mask + (msa_copy if msa_copy and sparse[0] <= il < sparse[-1] else 0)
         freed = mask - attention["mask"] * sum(c.cells for c in live if _attends_after(facts, c.label, il)) // cells
         return mask - tensor * min(3, (freed + 16 * n_tokens) // max(tensor, 1))
