@@ -22,9 +22,11 @@ of the same counts (``--no-wide`` skips it).
 exact means every cache and state equal at the log's 0.01 MiB precision; total
 is within 2 % or 32 MiB, whichever is larger.
 
-``--every`` runs every zoo model over the whole grid instead (the issue's acceptance line is the default run's).
+``--every`` runs every zoo model over the whole grid instead (the issue's acceptance line is the default run's);
+``--widen FxG`` widens the zoo to other proportions (4x9: n_embd 1024, n_ff 3456; 8x2: FFNs narrower than
+n_embd, like fine-grained MoE experts) to check the estimate on shapes its weights were not fitted on.
 
-Usage: ``.venv/bin/python scripts/memory_accuracy.py [--quick] [--every] [--no-wide] [--jobs 2]
+Usage: ``.venv/bin/python scripts/memory_accuracy.py [--quick] [--every] [--no-wide | --widen 8x16] [--jobs 2]
 [--models deepseek4-moe,...]``.
 """
 
@@ -206,9 +208,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--models", default="", help="comma-separated zoo names (or gemma-3-270m) to run over the "
                         "whole grid, e.g. deepseek4-moe")
     parser.add_argument("--no-wide", action="store_true", help="skip the zoo widened 8x (launcher.wide_zoo)")
+    parser.add_argument("--widen", default=f"{WIDE}x{WIDE_FFN}", metavar="FxG",
+                        help="widen the zoo F times (n_embd) and its FFNs G times, e.g. 4x9 or 8x2 to check "
+                        "proportions the weights were not fitted on (default %(default)s)")
     parser.add_argument("--every", action="store_true", help="every zoo model over the whole grid (about 1150 "
                         "runs, a minute more), not only one model per memory layout")
     args = parser.parse_args(argv)
+    try:
+        factor, ffn_factor = (int(x) for x in args.widen.split("x"))
+    except ValueError:
+        parser.error(f"--widen takes two factors like 8x16, not {args.widen!r}")
     settings = Settings.from_env()
     build = ensure_built(settings.home)
     zoo, gemma = ensure_zoo(build, settings.home), ensure_default_model(settings.models_dir)
@@ -216,8 +225,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     runs = plan(zoo, gemma, args.quick, models, args.every)
     wide_runs = [] if args.no_wide or models else [
         (p.stem, p, c) for p in ensure_wide_zoo(zoo, build.llama_server,
-                                                zoo.with_name(f"{zoo.name}-wide{WIDE}x{WIDE_FFN}"),
-                                                factor=WIDE, ffn_factor=WIDE_FFN)
+                                                zoo.with_name(f"{zoo.name}-wide{factor}x{ffn_factor}"),
+                                                factor=factor, ffn_factor=ffn_factor)
         for c in (CONFIGS if p.stem.removesuffix("-wide") in LAYOUT_MODELS and not args.quick
                   else CONFIGS[:QUICK_CONFIGS])]
     with ThreadPoolExecutor(max_workers=args.jobs) as pool:
@@ -225,7 +234,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         wide = list(pool.map(lambda r: compare(build.llama_server, *r), wide_runs))
 
     if wide:
-        print(f"zoo widened (n_embd {256 * WIDE}, n_ff {384 * WIDE_FFN}: compute buffers of realistic size), "
+        print(f"zoo widened (n_embd {256 * factor}, n_ff {384 * ffn_factor}: compute buffers of realistic size), "
               f"{len(wide)} runs:")
         _table(wide)
         print(f"wide: {_summary(wide)}")
