@@ -122,7 +122,7 @@ def terms(facts: ModelFacts, shape: ContextShape, caches: Sequence[CacheBill]) -
         **attention,
         "hidden": n_tokens * facts.embedding_length * facts.hyper_connections * 4,
         "mixed_embd": 0 if facts.architecture in NO_MIXED_BATCH_ARCHS else n_tokens * facts.embedding_length * 4,
-        **_ffn_terms(facts, n_tokens, masks_after),
+        **_ffn_terms(facts, n_tokens, shape.n_outputs_max, masks_after),
         **_recurrent_terms(facts, shape, n_tokens, attention["mask"]),
         **indexer,
         "logits": facts.vocab_size * min(n_tokens, shape.n_outputs_max) * 4,
@@ -234,46 +234,57 @@ def _fused_qkv_rotation(q: int, k: int, v: int, k_rotated: bool, v_rotated: bool
     return q + k + v + max(steps)
 
 
-def _ffn_terms(facts: ModelFacts, n_tokens: int, masks_after: Callable[..., int]) -> dict[str, int]:
-    """The FFN activations of the widest block but the last (MoE: ``mul_mat_id``'s ``[n_ff_exp, n_expert_used,
+def _ffn_terms(facts: ModelFacts, n_tokens: int, n_outputs: int, masks_after: Callable[..., int]) -> dict[str, int]:
+    """The FFN activations of the block with the most (MoE: ``mul_mat_id``'s ``[n_ff_exp, n_expert_used,
     n_tokens]``): a gated FFN holds gate, up and their product, an ungated one only the up projection's; and the
     masks still allocated beside them (``masks_after``: those a later layer reads)."""
     moe_ff = max(facts.expert_feed_forward_length * facts.expert_used_count, facts.expert_shared_feed_forward_length)
-    # The last block keeps only the output rows (``ggml_get_rows(cur, inp_out_ids)``) before its FFN, except in
-    # graphs that gather them there only for an MTP draft
-    ffn_layers = range(facts.layer_count if facts.architecture in LAST_FFN_ON_ALL_TOKENS
-                       else max(facts.layer_count - 1, 1))
     experts_run = facts.architecture not in DENSE_FFN_GRAPH_ARCHS
-    widths = {il: (moe_ff if experts_run else 0) if il < len(facts.moe_layers) and facts.moe_layers[il]
-              else _dense_ffn_width(facts, il) for il in ffn_layers}
+    n_layer = facts.layer_count
+
+    def moe(il: int) -> bool:
+        return experts_run and il < len(facts.moe_layers) and facts.moe_layers[il]
+
+    widths = {il: moe_ff if moe(il) else 0 if il < len(facts.moe_layers) and facts.moe_layers[il]
+              else _dense_ffn_width(facts, il) for il in range(n_layer)}
+    # The last block keeps only the output rows (``ggml_get_rows(cur, inp_out_ids)``) before its FFN, except in
+    # graphs that gather them there only for an MTP draft: one per slot, or per drafted token when speculating
+    rows = {il: n_tokens if il < n_layer - 1 or n_layer == 1 or facts.architecture in LAST_FFN_ON_ALL_TOKENS
+            else min(n_tokens, n_outputs) for il in widths}
+    acts = {il: rows[il] * w * 4 for il, w in widths.items()}
     # Hybrids: the FFN of the last attention layer and of the recurrent layers after it run once the V indices
     # are freed and with the masks only as holes (an input lives until its last reader), none of the attention's
     # tensors alive (measured: the widened lfm2 without flash attention peaks at 57.5 MiB at its KQ, 53.5 at its FFN)
-    last_attn = max((il for il, kv in enumerate(facts.kv_layers[:facts.layer_count]) if kv), default=-1) \
-        if any(facts.recurrent_layers) else facts.layer_count
-    width = max((w for il, w in widths.items() if il < last_attn), default=0)
-    late = max((w for il, w in widths.items() if il >= last_attn), default=0)
+    last_attn = max((il for il, kv in enumerate(facts.kv_layers[:n_layer]) if kv), default=-1) \
+        if any(facts.recurrent_layers) else n_layer
+    act = max((a for il, a in acts.items() if il < last_attn), default=0)
+    widest = next((il for il, a in acts.items() if il < last_attn and a == act), None)
+    late = max((a for il, a in acts.items() if il >= last_attn), default=0)
     return {
-        "ffn_mask": max((masks_after(il, n_tokens * width * 4) for il, w in widths.items()
-                         if il < last_attn and w == width), default=0),
-        "ffn": 0 if facts.ffn_ungated else n_tokens * width * 4,
-        "ffn_ungated": n_tokens * width * 4 if facts.ffn_ungated else 0,
+        # (the output-rows block: every mask, measured on bailingmoe2 and laguna drafting 64 tokens)
+        "ffn_mask": max((masks_after(il, act) if rows[il] == n_tokens else masks_after(0, 0)
+                         for il, a in acts.items() if il < last_attn and a == act), default=0),
+        "ffn": 0 if facts.ffn_ungated else act,
+        "ffn_ungated": act if facts.ffn_ungated else 0,
         # the (SwiGLU) FFN activations after the last attention layer, and what of the masks and V indices they
         # do not fill (measured: granitehybrid at n_embd 1024 without flash attention, 6.75 MiB activations over a
         # 5.5 MiB hole)
-        "ffn_late": n_tokens * late * 4,
-        "ffn_late_mask": max((masks_after(il, n_tokens * late * 4, last=True) for il, w in widths.items()
-                              if il >= last_attn and w == late), default=0) if late else 0,
+        "ffn_late": late,
+        "ffn_late_mask": max((masks_after(il, late, last=True) for il, a in acts.items()
+                              if il >= last_attn and a == late), default=0) if late else 0,
         # Llama 4 weighs the experts' input before their FFN (build_moe_ffn, weight_before_ffn): the repeated
         # input [n_embd, n_expert_used, n_tokens] f32 is freed under the gate/up activations, too small a hole
         # for the SwiGLU output, so it adds to the MoE FFN's peak (llama-graph.cpp:2210-2214)
         "moe_weighted": n_tokens * facts.embedding_length * facts.expert_used_count * 4
         if facts.architecture == "llama4" and any(facts.moe_layers) else 0,
         # the experts' down projections [n_embd, n_expert_used, n_tokens] f32 (build_moe_ffn's mul_mat_id), beside
-        # their SwiGLU input: bigger than the activations when the experts are narrower than n_embd / n_expert_used
-        # x 2 (fine-grained MoE: Qwen3-30B-A3B's 768-wide experts at n_embd 2048, DeepSeek's 2048 at 7168)
-        "moe_down": n_tokens * facts.embedding_length * facts.expert_used_count * 4
-        if experts_run and width == moe_ff and any(facts.moe_layers) else 0,
+        # their SwiGLU input: when the freed gate and up activations are too small a hole for them they go on top
+        # (fine-grained MoE: Qwen3-30B-A3B's 8 x 768-wide experts at n_embd 2048, traced: 24 MiB of hidden states
+        # and inputs, gate, up and SwiGLU 12 MiB each, then 32 MiB of down projections; DeepSeek's are 8 x 2048
+        # at 7168)
+        "moe_down": rows[widest] * facts.embedding_length * facts.expert_used_count * 4
+        if widest is not None and moe(widest) and widths[widest] == moe_ff else 0,
+        "moe_shared_input": n_tokens * facts.embedding_length * 4 if facts.expert_shared_feed_forward_length else 0,
     }
 
 
@@ -477,7 +488,7 @@ def combine_terms(t: dict[str, int], fit: dict[str, float] = COMPUTE_FIT) -> tup
         fit["kq"] * t["kq"] + t["ubatch_kv"], t["mla_k"], t["mla_latent"],
         fit["lid_q"] * t["lid_q"] + fit["lid_kq"] * t["lid_kq"]),
         fit["mask"] * t["scan_mask"] + fit["ssm"] * t["ssm"] + fit["conv"] * t["conv"],
-        fit["mask"] * t["ffn_mask"] + max(fit["ffn"] * t["ffn"] + t["moe_weighted"], t["ffn"] + t["moe_down"],
+        fit["mask"] * t["ffn_mask"] + max(fit["ffn"] * t["ffn"] + t["moe_weighted"], _moe_down_moment(t, fit),
                                           fit["ffn_ungated"] * t["ffn_ungated"]))
     # A DSA indexer peaks at its queries or at its scores with their top-k (the queries' block still below them)
     selection = max(fit["topk_q"] * t["topk_q"], t["topk_q"] + t["topk_score"] + t["topk_index"])
@@ -512,6 +523,18 @@ def combine_terms(t: dict[str, int], fit: dict[str, float] = COMPUTE_FIT) -> tup
                 + fit["ffn"] * t["ffn_late"] + fit["mask"] * t["ffn_late_mask"])
     final = t["logits"] + t["mask"] + fit["final_hidden"] * t["hidden"]
     return int(max(layer, kpool, scan, late_ffn, qkv_rot, msa)), int(final)
+
+
+def _moe_down_moment(t: dict[str, int], fit: dict[str, float]) -> float:
+    """The experts' FFN when their down projections [n_embd, n_expert_used, n_tokens] outgrow the hole the freed
+    gate and up activations leave: they go on top of the SwiGLU output, and of gate and up too unless those fit
+    in the hidden-sized holes below (activations narrower than n_embd); a shared expert keeps the FFN's input
+    alive for after the routed ones (traced: a Qwen3-30B-A3B-shaped model, 8 x 768-wide experts at n_embd 2048:
+    gate, up and SwiGLU 12 MiB each, then 32 MiB; qwen2moe with its shared expert at 2 x 768)."""
+    if not t["moe_down"] or t["moe_down"] <= 2 * t["ffn"]:
+        return 0
+    activations = fit["ffn"] * t["ffn"] if t["ffn"] >= t["hidden"] else t["ffn"]
+    return activations + t["moe_down"] + t["moe_shared_input"]
 
 
 def per_device(facts: ModelFacts, shape: ContextShape, caches: Sequence[CacheBill],

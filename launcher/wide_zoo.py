@@ -114,6 +114,34 @@ def widen_model(src: Path, dst: Path, binary: Path, *, factor: int = 8, ffn_fact
     return None
 
 
+def with_experts(src: Path, dst: Path, n_expert: int, n_used: int) -> Path:
+    """``src`` with ``n_expert`` routed experts, ``n_used`` of them per token, written to ``dst`` (weights as holes).
+
+    The zoo's MoE models route 2 tokens over 2 experts; real fine-grained MoE
+    models route 8 of 128 (Qwen3-30B-A3B), where the experts' down projections,
+    ``[n_embd, n_expert_used, n_tokens]``, outgrow their activations. The expert
+    axis is the third of the ``*_exps`` weights, the first of their per-expert
+    scales, and the second of the router ``ffn_gate_inp``.
+    """
+    head = gguf.read(src).shards[0]
+    arch = str(head.metadata["general.architecture"])
+    old = int(head.metadata[f"{arch}.expert_count"])
+    metadata = {**head.metadata, f"{arch}.expert_count": n_expert, f"{arch}.expert_used_count": n_used}
+
+    def axis_of_experts(name: str) -> int | None:
+        if "_exps." in name:
+            return 2 if name.endswith("_exps.weight") else 0
+        return 1 if ".ffn_gate_inp." in name else 0 if ".exp_probs_b." in name else None
+
+    tensors = []
+    for t in head.tensors:
+        axis = axis_of_experts(t.name)
+        shape = tuple(n_expert if i == axis and d == old else d for i, d in enumerate(t.shape))
+        tensors.append(TensorToWrite(t.name, shape, t.ggml_type))
+    write_gguf(dst, metadata, tensors, value_types=head.value_types, version=head.version)
+    return dst
+
+
 def ensure_wide_zoo(zoo: Path, binary: Path, out: Path, *, factor: int = 8, ffn_factor: int | None = None
                     ) -> list[Path]:
     """Every zoo model llama-server accepts widened, generated into ``out`` once (a marker lists them)."""

@@ -25,7 +25,7 @@ from launcher.memory import (
     pad,
 )
 from launcher.dry_run import LISTENING, load_report
-from launcher.wide_zoo import widen_model
+from launcher.wide_zoo import widen_model, with_experts
 from scripts.memory_accuracy import CONFIGS, DONE_MARKERS, Config
 
 GEMMA_LOG = """\
@@ -437,6 +437,46 @@ def test_a_hybrids_last_ffn_lands_above_the_freed_v_indices_it_does_not_fit_in(z
     predicted = estimate(file.facts, for_file(file, config.options))
     actual = parse_allocations(load_report(llama_server_bin, wide, config.argv(), until=DONE_MARKERS)[0])
     assert _compute_within(predicted, actual, 0.1)[1] > 100 * MIB
+
+
+@pytest.fixture(scope="module")
+def fine_grained_moe(zoo_dir, llama_server_bin, tmp_path_factory) -> Path:
+    """Qwen3-30B-A3B's proportions: n_embd 2048, 128 experts 768 wide, 8 routed per token."""
+    out = tmp_path_factory.mktemp("moe")
+    wide = widen_model(zoo_dir / "qwen3moe-moe.gguf", out / "narrow-experts.gguf", llama_server_bin, factor=8,
+                       ffn_factor=2)
+    assert wide
+    return with_experts(wide, out / "a3b.gguf", 128, 8)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("config", (CONFIGS[0], CONFIGS[4], CONFIGS[6]), ids=lambda c: c.name)
+def test_fine_grained_experts_down_projections_go_on_top_of_their_activations(config, fine_grained_moe,
+                                                                              llama_server_bin):
+    """8 x 768-wide experts at n_embd 2048: gate, up and SwiGLU 12 MiB each per 512 tokens, then 32 MiB of down
+    projections that the 24 MiB the first two free cannot hold (once predicted 0.71x of what was allocated)."""
+    file = gguf.read(fine_grained_moe)
+    assert (file.facts.expert_count, file.facts.expert_used_count) == (128, 8)
+    predicted = estimate(file.facts, for_file(file, config.options))
+    actual = parse_allocations(load_report(llama_server_bin, fine_grained_moe, config.argv(),
+                                           until=DONE_MARKERS)[0])
+    assert _compute_within(predicted, actual, 0.1)[1] > 80 * MIB
+
+
+@pytest.mark.slow
+def test_a_last_moe_block_runs_its_experts_on_every_drafted_row(zoo_dir, llama_server_bin, tmp_path):
+    """DeepSeek-MoE's layout in two blocks (a dense first block, then 64 experts, 6 routed): drafting 64 tokens
+    on 4 slots gives the last block 260 output rows, and its experts' activations set the peak (once 0.71x; now
+    1.13x, where the tiny model's holes take part of them: hence 15 %)."""
+    wide = widen_model(zoo_dir / "deepseek-moe.gguf", tmp_path / "narrow.gguf", llama_server_bin, factor=8,
+                       ffn_factor=2)
+    assert wide
+    model = with_experts(wide, tmp_path / "dsmoe.gguf", 64, 6)
+    config = CONFIGS[7]  # c1000-auto-spec64
+    file = gguf.read(model)
+    predicted = estimate(file.facts, for_file(file, config.options))
+    actual = parse_allocations(load_report(llama_server_bin, model, config.argv(), until=DONE_MARKERS)[0])
+    assert _compute_within(predicted, actual, 0.15)[1] > 40 * MIB
 
 
 def test_widening_multiplies_the_widths_and_keeps_heads_and_vocabulary(wide_models, zoo_dir):
