@@ -120,22 +120,18 @@ def with_experts(src: Path, dst: Path, n_expert: int, n_used: int) -> Path:
     The zoo's MoE models route 2 tokens over 2 experts; real fine-grained MoE
     models route 8 of 128 (Qwen3-30B-A3B), where the experts' down projections,
     ``[n_embd, n_expert_used, n_tokens]``, outgrow their activations. The expert
-    axis is the third of the ``*_exps`` weights, the first of their per-expert
-    scales, and the second of the router ``ffn_gate_inp``.
+    axis is the last of the experts' and the router's tensors.
     """
     head = gguf.read(src).shards[0]
     arch = str(head.metadata["general.architecture"])
     old = int(head.metadata[f"{arch}.expert_count"])
     metadata = {**head.metadata, f"{arch}.expert_count": n_expert, f"{arch}.expert_used_count": n_used}
 
-    def axis_of_experts(name: str) -> int | None:
-        if "_exps." in name:
-            return 2 if name.endswith("_exps.weight") else 0
-        return 1 if ".ffn_gate_inp." in name else 0 if ".exp_probs_b." in name else None
-
     tensors = []
     for t in head.tensors:
-        axis = axis_of_experts(t.name)
+        # experts' weights [n_embd, n_ff, n_expert], their biases and scales, the router [n_embd, n_expert] and
+        # its biases all end with the expert axis
+        axis = len(t.shape) - 1 if any(k in t.name for k in ("_exps.", ".ffn_gate_inp.", ".exp_probs_b.")) else None
         shape = tuple(n_expert if i == axis and d == old else d for i, d in enumerate(t.shape))
         tensors.append(TensorToWrite(t.name, shape, t.ggml_type))
     write_gguf(dst, metadata, tensors, value_types=head.value_types, version=head.version)

@@ -464,6 +464,19 @@ def test_fine_grained_experts_down_projections_go_on_top_of_their_activations(co
 
 
 @pytest.mark.slow
+def test_gpt_oss_proportions_with_biased_experts(zoo_dir, llama_server_bin, tmp_path):
+    """GPT-OSS-20B's shape (32 experts, 4 routed, about as wide as n_embd, with per-expert biases and a router
+    bias that with_experts resizes too): llama-server loads it, and the estimate holds."""
+    wide = widen_model(zoo_dir / "gpt-oss-moe.gguf", tmp_path / "wide.gguf", llama_server_bin, factor=8)
+    assert wide
+    model = with_experts(wide, tmp_path / "gpt-oss.gguf", 32, 4)
+    file = gguf.read(model)
+    predicted = estimate(file.facts, for_file(file, CONFIGS[0].options))
+    actual = parse_allocations(load_report(llama_server_bin, model, CONFIGS[0].argv(), until=DONE_MARKERS)[0])
+    assert _compute_within(predicted, actual, 0.1)[1] > 80 * MIB
+
+
+@pytest.mark.slow
 def test_a_last_moe_block_runs_its_experts_on_every_drafted_row(zoo_dir, llama_server_bin, tmp_path):
     """DeepSeek-MoE's layout in two blocks (a dense first block, then 64 experts, 6 routed): drafting 64 tokens
     on 4 slots gives the last block 260 output rows, and its experts' activations set the peak (once 0.71x; now
