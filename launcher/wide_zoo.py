@@ -150,3 +150,28 @@ def ensure_wide_zoo(zoo: Path, binary: Path, out: Path, *, factor: int = 8, ffn_
                                  ffn_factor=ffn_factor)) is not None]
     marker.write_text("\n".join(p.name for p in made) + "\n")
     return made
+
+
+#: Zoo MoE models rewritten at real MoE proportions: (zoo model, factor, FFN factor, experts, routed per token).
+REAL_MOE_SHAPES = (
+    ("qwen3moe-moe", 8, 2, 128, 8),  # Qwen3-30B-A3B: n_embd 2048, 128 experts 768 wide, 8 routed
+    ("olmoe-moe", 8, 2, 64, 8),  # OLMoE-1B-7B: 64 experts, 8 routed
+    ("gpt-oss-moe", 8, 8, 32, 4),  # GPT-OSS-20B: 32 experts about n_embd wide, 4 routed, biased
+)
+
+
+def ensure_moe_zoo(zoo: Path, binary: Path, out: Path) -> list[Path]:
+    """``REAL_MOE_SHAPES``' models, generated into ``out`` once (a marker lists them)."""
+    marker = out / MARKER
+    if marker.is_file():
+        return [out / name for name in marker.read_text().split()]
+    out.mkdir(parents=True, exist_ok=True)
+    made = []
+    for name, factor, ffn_factor, n_expert, n_used in REAL_MOE_SHAPES:
+        wide = widen_model(zoo / f"{name}.gguf", out / f"{name}-narrow.gguf", binary, factor=factor,
+                           ffn_factor=ffn_factor)
+        if wide is not None:
+            made.append(with_experts(wide, out / f"{name}-{n_expert}x{n_used}.gguf", n_expert, n_used))
+            wide.unlink()
+    marker.write_text("\n".join(p.name for p in made) + "\n")
+    return made

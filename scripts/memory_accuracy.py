@@ -22,6 +22,11 @@ of the same counts (``--no-wide`` skips it).
 exact means every cache and state equal at the log's 0.01 MiB precision; total
 is within 2 % or 32 MiB, whichever is larger.
 
+Before both, three zoo MoE models rewritten at real MoE proportions (``REAL_MOE_SHAPES``: Qwen3-30B-A3B's
+128 experts with 8 routed, OLMoE's 64 with 8, GPT-OSS-20B's 32 with 4) run the whole grid, ending with a
+``moe:`` line: fine-grained experts set the peak with their down projections, which the widened zoo (2 experts)
+never shows.
+
 ``--every`` runs every zoo model over the whole grid instead (the issue's acceptance line is the default run's);
 ``--widen FxG`` widens the zoo to other proportions (4x9: n_embd 1024, n_ff 3456; 8x2: FFNs narrower than
 n_embd, like fine-grained MoE experts) to check the estimate on shapes its weights were not fitted on.
@@ -45,7 +50,7 @@ import gguf  # noqa: E402
 from launcher.allocations import parse_allocations  # noqa: E402
 from launcher.dry_run import LISTENING, load_report  # noqa: E402
 from launcher.memory import MIB, MemoryBill, MemoryOptions, MemoryPlanError, estimate, for_file  # noqa: E402
-from launcher.wide_zoo import ensure_wide_zoo  # noqa: E402
+from launcher.wide_zoo import ensure_moe_zoo, ensure_wide_zoo  # noqa: E402
 
 SERVER_TIMEOUT_S = 60
 #: How much wider than the zoo the realistic-width section's models are: n_embd 2048 and, to give the
@@ -207,7 +212,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--jobs", type=int, default=2)
     parser.add_argument("--models", default="", help="comma-separated zoo names (or gemma-3-270m) to run over the "
                         "whole grid, e.g. deepseek4-moe")
-    parser.add_argument("--no-wide", action="store_true", help="skip the zoo widened 8x (launcher.wide_zoo)")
+    parser.add_argument("--no-wide", action="store_true", help="skip the widened zoo and the real-proportion MoE "
+                        "models (launcher.wide_zoo)")
     parser.add_argument("--widen", default=f"{WIDE}x{WIDE_FFN}", metavar="FxG",
                         help="widen the zoo F times (n_embd) and its FFNs G times, e.g. 4x9 or 8x2 to check "
                         "proportions the weights were not fitted on (default %(default)s)")
@@ -229,10 +235,19 @@ def main(argv: Sequence[str] | None = None) -> int:
                                                 factor=factor, ffn_factor=ffn_factor)
         for c in (CONFIGS if p.stem.removesuffix("-wide") in LAYOUT_MODELS and not args.quick
                   else CONFIGS[:QUICK_CONFIGS])]
+    moe_runs = [] if args.no_wide or models else [
+        (p.stem, p, c) for p in ensure_moe_zoo(zoo, build.llama_server, zoo.with_name(f"{zoo.name}-moe"))
+        for c in (CONFIGS[:QUICK_CONFIGS] if args.quick else CONFIGS)]
     with ThreadPoolExecutor(max_workers=args.jobs) as pool:
         outcomes = list(pool.map(lambda r: compare(build.llama_server, *r), runs))
         wide = list(pool.map(lambda r: compare(build.llama_server, *r), wide_runs))
+        moe = list(pool.map(lambda r: compare(build.llama_server, *r), moe_runs))
 
+    if moe:
+        print(f"zoo MoE models at real MoE proportions (launcher.wide_zoo.REAL_MOE_SHAPES), {len(moe)} runs:")
+        _table(moe)
+        print(f"moe: {_summary(moe)}")
+        print()
     if wide:
         print(f"zoo widened (n_embd {256 * factor}, n_ff {384 * ffn_factor}: compute buffers of realistic size), "
               f"{len(wide)} runs:")
