@@ -65,8 +65,9 @@ MSA_RESERVE_POSITIONS = 256
 #: on keep within 10 % in 291 (n_embd 1024, n_ff 3456) and 292 (n_embd 4096, n_ff 15360) of 293 cases;
 #: the misses are a freed hole one activation did or did not fit in (granitehybrid, lfm2) and Falcon's
 #: quantized-cache FFN over-counted by one hidden state. FFNs narrower than n_embd (n_ff 768 at n_embd
-#: 2048) fit worse: 270 of 293, fine-grained MoE 0.86x. ``final_hidden`` also carries Gemma's speculative
-#: configs. The
+#: 2048, ``memory_accuracy --widen 8x2``) fit worse: 279 of 293 (dense models that narrow do not exist;
+#: MoE models at real proportions are the harness's ``moe:`` section). ``final_hidden`` also carries
+#: Gemma's speculative configs. The
 #: DeepSeek-V4 and Mamba ones are counted from the graphs, not fitted: ggml-alloc's peak holds two
 #: lightning-indexer queries (the projection and its RoPE'd copy), one CSA KQ and one top-k zeros
 #: leaf; one of each Mamba-2 and Mamba-1 tensor.
