@@ -25,7 +25,7 @@ from launcher.memory import (
     pad,
 )
 from launcher.dry_run import LISTENING, load_report
-from launcher.wide_zoo import widen_model, with_experts
+from launcher.wide_zoo import REAL_MOE_SHAPES, ensure_moe_zoo, widen_model, with_experts
 from scripts.memory_accuracy import CONFIGS, DONE_MARKERS, Config
 
 GEMMA_LOG = """\
@@ -440,39 +440,30 @@ def test_a_hybrids_last_ffn_lands_above_the_freed_v_indices_it_does_not_fit_in(z
 
 
 @pytest.fixture(scope="module")
-def fine_grained_moe(zoo_dir, llama_server_bin, tmp_path_factory) -> Path:
-    """Qwen3-30B-A3B's proportions: n_embd 2048, 128 experts 768 wide, 8 routed per token."""
-    out = tmp_path_factory.mktemp("moe")
-    wide = widen_model(zoo_dir / "qwen3moe-moe.gguf", out / "narrow-experts.gguf", llama_server_bin, factor=8,
-                       ffn_factor=2)
-    assert wide
-    return with_experts(wide, out / "a3b.gguf", 128, 8)
+def real_moe(zoo_dir, llama_server_bin, tmp_path_factory) -> dict[str, Path]:
+    """The zoo's MoE models at real MoE proportions (REAL_MOE_SHAPES), by zoo model."""
+    made = ensure_moe_zoo(zoo_dir, llama_server_bin, tmp_path_factory.mktemp("moe"))
+    assert len(made) == len(REAL_MOE_SHAPES)  # llama-server loaded every one
+    return {name: path for (name, *_), path in zip(REAL_MOE_SHAPES, made)}
+
+
+REAL_MOE_CASES = [("qwen3moe-moe", CONFIGS[0]), ("qwen3moe-moe", CONFIGS[4]), ("qwen3moe-moe", CONFIGS[6]),
+                  ("gpt-oss-moe", CONFIGS[0]), ("olmoe-moe", CONFIGS[1])]
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("config", (CONFIGS[0], CONFIGS[4], CONFIGS[6]), ids=lambda c: c.name)
-def test_fine_grained_experts_down_projections_go_on_top_of_their_activations(config, fine_grained_moe,
+@pytest.mark.parametrize(("model", "config"), REAL_MOE_CASES, ids=[f"{m}-{c.name}" for m, c in REAL_MOE_CASES])
+def test_fine_grained_experts_down_projections_go_on_top_of_their_activations(model, config, real_moe,
                                                                               llama_server_bin):
-    """8 x 768-wide experts at n_embd 2048: gate, up and SwiGLU 12 MiB each per 512 tokens, then 32 MiB of down
-    projections that the 24 MiB the first two free cannot hold (once predicted 0.71x of what was allocated)."""
-    file = gguf.read(fine_grained_moe)
-    assert (file.facts.expert_count, file.facts.expert_used_count) == (128, 8)
+    """Qwen3-30B-A3B's 8 of 128 experts, 768 wide at n_embd 2048: gate, up and SwiGLU 12 MiB each per 512
+    tokens, then 32 MiB of down projections that the 24 MiB the first two free cannot hold (once predicted 0.71x
+    of what was allocated); GPT-OSS-20B's biased experts and OLMoE's 8 of 64 alike."""
+    file = gguf.read(real_moe[model])
+    n_expert, n_used = next(shape[3:] for shape in REAL_MOE_SHAPES if shape[0] == model)
+    assert (file.facts.expert_count, file.facts.expert_used_count) == (n_expert, n_used)
     predicted = estimate(file.facts, for_file(file, config.options))
-    actual = parse_allocations(load_report(llama_server_bin, fine_grained_moe, config.argv(),
+    actual = parse_allocations(load_report(llama_server_bin, real_moe[model], config.argv(),
                                            until=DONE_MARKERS)[0])
-    assert _compute_within(predicted, actual, 0.1)[1] > 80 * MIB
-
-
-@pytest.mark.slow
-def test_gpt_oss_proportions_with_biased_experts(zoo_dir, llama_server_bin, tmp_path):
-    """GPT-OSS-20B's shape (32 experts, 4 routed, about as wide as n_embd, with per-expert biases and a router
-    bias that with_experts resizes too): llama-server loads it, and the estimate holds."""
-    wide = widen_model(zoo_dir / "gpt-oss-moe.gguf", tmp_path / "wide.gguf", llama_server_bin, factor=8)
-    assert wide
-    model = with_experts(wide, tmp_path / "gpt-oss.gguf", 32, 4)
-    file = gguf.read(model)
-    predicted = estimate(file.facts, for_file(file, CONFIGS[0].options))
-    actual = parse_allocations(load_report(llama_server_bin, model, CONFIGS[0].argv(), until=DONE_MARKERS)[0])
     assert _compute_within(predicted, actual, 0.1)[1] > 80 * MIB
 
 
