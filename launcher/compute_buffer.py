@@ -19,6 +19,7 @@ a Mamba layer's scan, a late FFN, and the logits.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from gguf.facts import DSV4_CSA_RATIO
@@ -93,15 +94,17 @@ COMPUTE_FIT: dict[str, float] = {
 DRAFT_COMPUTE_FIT: dict[str, float] = {"attention_hidden": 7.0}
 
 
-def terms(facts: ModelFacts, shape: ContextShape, caches: Sequence[CacheBill]) -> dict[str, int]:
-    """The tensor sizes (bytes) that drive the compute buffer of ``sched_reserve``'s prompt graph."""
+def terms(facts: ModelFacts, shape: ContextShape, caches: Sequence[CacheBill],
+          positions: int = MSA_RESERVE_POSITIONS) -> dict[str, int]:
+    """The tensor sizes (bytes) that drive the compute buffer of ``sched_reserve``'s prompt graph (``positions``:
+    MSA's position axis, at the reserve the empty cache's)."""
     n_tokens = min(shape.n_ctx, shape.n_ubatch)
     live = [c for c in caches if c.layers]
     attention = _attention_terms(facts, shape, live, n_tokens)
     cells = sum(c.cells for c in live)
     # masks counted whole: a cache-less graph's ubatch masks, and MiniMax-M3's one mask every layer reads
     whole_mask = not any(facts.kv_layers) or facts.architecture == "minimax-m3"
-    indexer = _indexer_terms(facts, shape, live, n_tokens)
+    indexer = _indexer_terms(facts, shape, live, n_tokens, positions)
     # MSA's f32 copy of the (f16) mask is alive from the first sparse layer's attention to the last's, through
     # the FFNs between them (measured: a 4-layer zoo variant, 4 split slots at ubatch 256, peaks in an MoE FFN)
     sparse = [il for il, s in enumerate(facts.indexer_layers[:facts.layer_count]) if s]
@@ -349,8 +352,8 @@ def _recurrent_terms(facts: ModelFacts, shape: ContextShape, n_tokens: int, mask
     }
 
 
-def _indexer_terms(facts: ModelFacts, shape: ContextShape, live: Sequence[CacheBill], n_tokens: int
-                   ) -> dict[str, int]:
+def _indexer_terms(facts: ModelFacts, shape: ContextShape, live: Sequence[CacheBill], n_tokens: int,
+                   positions: int) -> dict[str, int]:
     """Sparse-attention indexers: queries and ``[n_kv, n_tokens]`` scores, a top-k selection (DSA, k-pool), or
     DeepSeek-V4's lightning indexer and top-k mask inputs.
 
@@ -416,7 +419,7 @@ def _indexer_terms(facts: ModelFacts, shape: ContextShape, live: Sequence[CacheB
         "msa_q": facts.indexer_head_count * facts.indexer_key_length * n_tokens * 4 if streams > 1 else 0,
         # the position mask input [n_ps, n_tokens] f32, a leaf; n_ps is the positions in the cache padded to 256,
         # 256 at the reserve (llama-kv-cache-msa.cpp:262-273: its empty cache)
-        "msa_pos": MSA_RESERVE_POSITIONS * n_tokens * 4 if msa else 0,
+        "msa_pos": positions * n_tokens * 4 if msa else 0,
         "indexer_q": 0 if selection else idx_q,
         "indexer": idx_kv * n_tokens * 4 if indexer and not selection else 0,
         "topk_q": idx_q if dsa else 0,
@@ -552,6 +555,34 @@ def per_device(facts: ModelFacts, shape: ContextShape, caches: Sequence[CacheBil
     out[output_device] = max(out.get(output_device, 0), final)
     out.setdefault("CPU", 2 * t["hidden"])
     return out
+
+
+def growth_per_device(facts: ModelFacts, shape: ContextShape, caches: Sequence[CacheBill],
+                      devices: Sequence[str]) -> dict[str, int]:
+    """What the compute buffer grows by past the reserve once a prompt fills a slot, per device.
+
+    MiniMax-M3's sparse attention (MSA) is reserved for an empty cache: its
+    position axis is 256 wide (``get_n_pos``) and, with split slots, the ubatch
+    is shared among their streams. A long prompt in one slot runs it with every
+    position of the slot and all ubatch tokens in one stream, so the block
+    masks and the position mask grow (measured on the zoo model: 39.7 MiB
+    reserved at -c 4096, 43.3 after a 3600-token prompt, 49.1 extrapolated to
+    a full slot; 31.7 reserved with two split slots of 4096, 43.3 after one
+    prompt). Other graphs are reserved at their worst case: no growth.
+    """
+    t = terms(facts, shape, caches)
+    if not t["msa_block"]:
+        return {}
+    one_slot = replace(shape, n_seq=1, unified=True, n_ctx=shape.n_ctx_seq)
+    full = [replace(c, cells=shape.n_ctx_seq, streams=1) for c in caches]
+    extra = combine_terms(terms(facts, one_slot, full, positions=_pad(shape.n_ctx_seq, 256)))[0] \
+        - combine_terms(t)[0]
+    sparse = {devices[il] for il, s in enumerate(facts.indexer_layers[:len(devices)]) if s}
+    return {d: extra for d in sparse} if extra > 0 else {}
+
+
+def _pad(x: int, n: int) -> int:
+    return (x + n - 1) // n * n
 
 
 def draft_bytes(facts: ModelFacts, shape: ContextShape, caches: Sequence[CacheBill]) -> int:

@@ -156,10 +156,12 @@ class DeviceBill:
     compute: int = 0
     output: int = 0
     output_growth: int = 0  # logits rows for drafted tokens: allocated on the first speculative batch, not at start
+    compute_growth: int = 0  # what the compute buffer grows by once a prompt fills a slot (MiniMax-M3's MSA)
 
     @property
     def total(self) -> int:
-        return self.weights + self.kv + self.recurrent + self.compute + self.output + self.output_growth
+        return (self.weights + self.kv + self.recurrent + self.compute + self.output + self.output_growth
+                + self.compute_growth)
 
 
 @dataclass(frozen=True)
@@ -179,14 +181,16 @@ class MemoryBill:
 
     @property
     def startup_total(self) -> int:
-        """What llama-server has allocated once it listens (before a speculative batch grows the outputs)."""
-        return self.total - self.sum_of("output_growth")
+        """What llama-server has allocated once it listens (before a speculative batch grows the outputs, or a
+        long prompt the compute buffer)."""
+        return self.total - self.sum_of("output_growth") - self.sum_of("compute_growth")
 
     def device(self, name: str) -> DeviceBill:
         """The bill of ``name``; an all-zero bill when nothing lives there."""
         return next((d for d in self.devices if d.device == name), DeviceBill(name))
 
-    def sum_of(self, part: Literal["weights", "kv", "recurrent", "compute", "output", "output_growth"]) -> int:
+    def sum_of(self, part: Literal["weights", "kv", "recurrent", "compute", "output", "output_growth",
+                                   "compute_growth"]) -> int:
         return sum(getattr(d, part) for d in self.devices)
 
 
@@ -512,6 +516,7 @@ def estimate(facts: ModelFacts, options: MemoryOptions = MemoryOptions()) -> Mem
         mmproj_dev = "GPU0" if options.n_gpu_layers != 0 else "CPU"
         weights[mmproj_dev] = weights.get(mmproj_dev, 0) + options.mmproj_bytes
     compute = compute_buffer.per_device(facts, shape, caches, devices, output_device)
+    compute_growth = compute_buffer.growth_per_device(facts, shape, caches, devices)
     draft_output = draft_growth = 0
     if mtp:
         draft_caches, draft_kv, draft_compute, draft_output, draft_growth = _mtp_draft(facts, shape, options,
@@ -531,7 +536,7 @@ def estimate(facts: ModelFacts, options: MemoryOptions = MemoryOptions()) -> Mem
         growth += draft_growth + facts.embedding_length * shape.n_batch * 4
     bills = tuple(DeviceBill(device=d, weights=weights.get(d, 0), kv=kv.get(d, 0), recurrent=rs.get(d, 0),
                              compute=compute.get(d, 0), output=output if d == "CPU" else 0,
-                             output_growth=growth if d == "CPU" else 0)
+                             output_growth=growth if d == "CPU" else 0, compute_growth=compute_growth.get(d, 0))
                   for d in names)
     return MemoryBill(devices=bills, caches=tuple(caches), recurrent=tuple(recurrent), approximate=bool(reasons),
                       reasons=tuple(reasons), states=tuple(states))

@@ -374,7 +374,8 @@ def _bill(bill: MemoryBill) -> dict[str, Any]:
     """Bytes per device and part, for the GUI."""
     return {
         "devices": {d.device: {"weights": d.weights, "kv": d.kv, "recurrent": d.recurrent, "compute": d.compute,
-                               "output": d.output, "output_growth": d.output_growth, "total": d.total}
+                               "output": d.output, "output_growth": d.output_growth,
+                               "compute_growth": d.compute_growth, "total": d.total}
                     for d in bill.devices},
         "total": bill.total,
         # what llama-server holds once it listens: the figure to set beside the actual total

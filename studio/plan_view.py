@@ -59,6 +59,7 @@ def plan_json(plan: LaunchPlan, argv: Sequence[str] = (), binary: Discovered | N
              "name": d.device.name, "budget_bytes": d.budget_bytes,
              "free_bytes": d.device.free_bytes, "total_bytes": d.bill.total, "fits": d.fits,
              **{f"{p}_bytes": getattr(d.bill, p) for p in _PARTS},
+             "compute_bytes": d.bill.compute + d.bill.compute_growth,
              "output_bytes": d.bill.output + d.bill.output_growth}
             for d in plan.devices
         ],

@@ -12,10 +12,13 @@ The compute buffer is a fitted estimate: it is held to 50 % here as a guard
 from __future__ import annotations
 
 
+import re
+import subprocess
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from pathlib import Path
 
+import httpx
 import pytest
 
 import gguf
@@ -27,6 +30,7 @@ from launcher.memory import (
 from launcher.dry_run import LISTENING, load_report
 from launcher.wide_zoo import REAL_MOE_SHAPES, ensure_moe_zoo, widen_model, with_experts
 from scripts.memory_accuracy import CONFIGS, DONE_MARKERS, Config
+from tests.helpers import free_port, wait_for
 
 GEMMA_LOG = """\
 0.00.738.635 I load_tensors:   CPU_Mapped model buffer size =   235.16 MiB
@@ -344,6 +348,52 @@ def test_a_mask_freed_before_the_ffn_counts_only_if_nothing_fits_in_its_hole(mod
 def test_compute_counts_the_tensors_each_graph_keeps_at_its_peak(model, config, server_logs):
     _, predicted, actual = _predicted_and_actual(server_logs, model, config)
     _compute_within(predicted, actual, 0.1)
+
+
+#: llama-context's last word on its compute buffer, printed when the context is freed.
+_FINAL_COMPUTE = re.compile(r"~llama_context: +CPU compute buffer size (?:of|is) +([\d.]+) MiB")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("options", (MemoryOptions(n_ctx=4096, n_parallel=1),
+                                     MemoryOptions(n_ctx=8192, n_parallel=2, kv_unified=False)),
+                         ids=("c4096-np1", "c8192-np2-split"))
+def test_minimax_m3s_compute_grows_with_a_long_prompt_as_predicted(options, zoo_dir, llama_server_bin):
+    """MSA is reserved for an empty cache (a 256-wide position axis, the ubatch shared among split slots' streams);
+    a 3600-token prompt in one slot grows the compute buffer past the reserve, up to what the bill's
+    ``compute_growth`` adds for a full slot."""
+    model = zoo_dir / "minimax-m3-moe.gguf"
+    file = gguf.read(model)
+    predicted = estimate(file.facts, for_file(file, options))
+    assert predicted.sum_of("compute_growth") > 0.15 * predicted.sum_of("compute")
+    port = free_port()
+    argv = [str(llama_server_bin), "-m", str(model), "--host", "127.0.0.1", "--port", str(port), "-fit", "off",
+            "--no-warmup", "-lv", "4", "-c", str(options.n_ctx), "-np", str(options.n_parallel),
+            # the zoo model says it was trained on 256 tokens, and llama-server caps a slot there
+            "--override-kv", "minimax-m3.context_length=int:32768"]
+    with subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, errors="replace") as proc:
+        try:
+            wait_for(lambda: _healthy(port), timeout=60, what="llama-server to listen")
+            answer = httpx.post(f"http://127.0.0.1:{port}/completion", timeout=300,
+                                json={"prompt": " ".join(["hello world foo bar"] * 900), "n_predict": 2})
+            assert answer.json()["tokens_evaluated"] > 3584
+        finally:
+            proc.terminate()
+            log = proc.communicate(timeout=60)[0]
+    reserved = parse_allocations(log).sum_of("compute")
+    final = float(_FINAL_COMPUTE.findall(log)[-1]) * MIB
+    assert final > reserved * 1.09  # it grew, by more than the rounding of the reserve
+    assert abs(predicted.sum_of("compute") - reserved) <= 0.1 * reserved
+    # a 3600-token prompt fills 7 of a slot's 8 ubatches of positions: below the full slot's, within 10 %
+    assert 0.9 * (predicted.sum_of("compute") + predicted.sum_of("compute_growth")) <= final \
+        <= predicted.sum_of("compute") + predicted.sum_of("compute_growth")
+
+
+def _healthy(port: int) -> bool:
+    try:
+        return httpx.get(f"http://127.0.0.1:{port}/health", timeout=2).status_code == 200
+    except httpx.HTTPError:
+        return False
 
 
 @pytest.mark.slow
