@@ -568,7 +568,7 @@ def growth_per_device(facts: ModelFacts, shape: ContextShape, caches: Sequence[C
     masks and the position mask grow (measured on the zoo model: 39.7 MiB
     reserved at -c 4096, 43.3 after a 3600-token prompt, 49.1 extrapolated to
     a full slot; 31.7 reserved with two split slots of 4096, 43.3 after one
-    prompt). Other graphs are reserved at their worst case: no growth.
+    prompt). Every other graph is reserved over a full cache, its worst case; growth was measured only here.
     """
     t = terms(facts, shape, caches)
     if not t["msa_block"]:

@@ -117,7 +117,7 @@ def widen_model(src: Path, dst: Path, binary: Path, *, factor: int = 8, ffn_fact
 def with_experts(src: Path, dst: Path, n_expert: int, n_used: int) -> Path:
     """``src`` with ``n_expert`` routed experts, ``n_used`` of them per token, written to ``dst`` (weights as holes).
 
-    The zoo's MoE models route 2 tokens over 2 experts; real fine-grained MoE
+    The zoo's MoE models route each token to 2 of 2 experts; real fine-grained MoE
     models route 8 of 128 (Qwen3-30B-A3B), where the experts' down projections,
     ``[n_embd, n_expert_used, n_tokens]``, outgrow their activations. The expert
     axis is the last of the experts' and the router's tensors.
