@@ -575,14 +575,10 @@ def growth_per_device(facts: ModelFacts, shape: ContextShape, caches: Sequence[C
         return {}
     one_slot = replace(shape, n_seq=1, unified=True, n_ctx=shape.n_ctx_seq)
     full = [replace(c, cells=shape.n_ctx_seq, streams=1) for c in caches]
-    extra = combine_terms(terms(facts, one_slot, full, positions=_pad(shape.n_ctx_seq, 256)))[0] \
-        - combine_terms(t)[0]
+    # a full slot's positions: n_ctx_seq, already a multiple of 256 (get_n_pos pads to at least that)
+    extra = combine_terms(terms(facts, one_slot, full, positions=shape.n_ctx_seq))[0] - combine_terms(t)[0]
     sparse = {devices[il] for il, s in enumerate(facts.indexer_layers[:len(devices)]) if s}
     return {d: extra for d in sparse} if extra > 0 else {}
-
-
-def _pad(x: int, n: int) -> int:
-    return (x + n - 1) // n * n
 
 
 def draft_bytes(facts: ModelFacts, shape: ContextShape, caches: Sequence[CacheBill]) -> int:
