@@ -68,10 +68,9 @@ MSA_RESERVE_POSITIONS = 256
 #: quantized-cache FFN over-counted by one hidden state. FFNs narrower than n_embd (n_ff 768 at n_embd
 #: 2048, ``memory_accuracy --widen 8x2``) fit worse: 279 of 293 (dense models that narrow do not exist;
 #: MoE models at real proportions are the harness's ``moe:`` section). ``final_hidden`` also carries
-#: Gemma's speculative configs. The
-#: DeepSeek-V4 and Mamba ones are counted from the graphs, not fitted: ggml-alloc's peak holds two
-#: lightning-indexer queries (the projection and its RoPE'd copy), one CSA KQ and one top-k zeros
-#: leaf; one of each Mamba-2 and Mamba-1 tensor.
+#: Gemma's speculative configs. The DeepSeek-V4 and Mamba ones are counted from the graphs, not fitted:
+#: ggml-alloc's peak holds two lightning-indexer queries (the projection and its RoPE'd copy), one CSA KQ
+#: and one top-k zeros leaf; one of each Mamba-2 and Mamba-1 tensor.
 COMPUTE_FIT: dict[str, float] = {
     # "hidden" leaves out the mixed-input copy of the embeddings, counted apart (``mixed_embd``): cogvlm has none
     "mask": 1.0, "hidden": 2.625, "query": 0.625, "v_index": 2.125, "kq": 1.0, "ffn": 3.0, "ssm": 2.5,
@@ -110,13 +109,15 @@ def terms(facts: ModelFacts, shape: ContextShape, caches: Sequence[CacheBill],
     sparse = [il for il, s in enumerate(facts.indexer_layers[:facts.layer_count]) if s]
     msa_copy = 2 * attention["mask"] if indexer["msa_block"] else 0
 
-    def masks_after(il: int, tensor: int, last: bool = False) -> int:
+    def masks_after(il: int, tensor: int, last: bool = False, reuse: bool = True) -> int:
         """The mask bytes in the way of ``tensor``-sized FFN activations after ``il``'s attention: every mask, less
         the activations (up to gate, up and their product) that fit in the hole of the masks no later layer reads
-        (with the K/V index inputs freed beside them). After the ``last`` attention layer the V indices (i64, one
-        per value without flash attention) are freed too, next to the masks."""
+        (with the K/V index inputs freed beside them; none with ``reuse`` off). After the ``last`` attention layer
+        the V indices (i64, one per value without flash attention) are freed too, next to the masks."""
         v_index = attention["v_index"] if last else 0
         mask = attention["mask"] + v_index
+        if not reuse:
+            return mask
         if whole_mask or not cells:
             return mask + (msa_copy if msa_copy and sparse[0] <= il < sparse[-1] else 0)
         freed = mask - attention["mask"] * sum(c.cells for c in live if _attends_after(facts, c.label, il)) // cells
@@ -246,11 +247,8 @@ def _ffn_terms(facts: ModelFacts, n_tokens: int, n_outputs: int, masks_after: Ca
     experts_run = facts.architecture not in DENSE_FFN_GRAPH_ARCHS
     n_layer = facts.layer_count
 
-    def moe(il: int) -> bool:
-        return experts_run and il < len(facts.moe_layers) and facts.moe_layers[il]
-
-    widths = {il: moe_ff if moe(il) else 0 if il < len(facts.moe_layers) and facts.moe_layers[il]
-              else _dense_ffn_width(facts, il) for il in range(n_layer)}
+    moe = [il < len(facts.moe_layers) and facts.moe_layers[il] for il in range(n_layer)]
+    widths = {il: (moe_ff if experts_run else 0) if moe[il] else _dense_ffn_width(facts, il) for il in range(n_layer)}
     # The last block keeps only the output rows (``ggml_get_rows(cur, inp_out_ids)``) before its FFN, except in
     # graphs that gather them there only for an MTP draft: one per slot, or per drafted token when speculating
     rows = {il: n_tokens if il < n_layer - 1 or n_layer == 1 or facts.architecture in LAST_FFN_ON_ALL_TOKENS
@@ -265,8 +263,9 @@ def _ffn_terms(facts: ModelFacts, n_tokens: int, n_outputs: int, masks_after: Ca
     widest = next((il for il, a in acts.items() if il < last_attn and a == act), None)
     late = max((a for il, a in acts.items() if il >= last_attn), default=0)
     return {
-        # (the output-rows block: every mask, measured on bailingmoe2 and laguna drafting 64 tokens)
-        "ffn_mask": max((masks_after(il, act) if rows[il] == n_tokens else masks_after(0, 0)
+        # (beside the output-rows block's FFN every mask counts: measured on bailingmoe2 and laguna drafting 64
+        # tokens)
+        "ffn_mask": max((masks_after(il, act, reuse=rows[il] == n_tokens)
                          for il, a in acts.items() if il < last_attn and a == act), default=0),
         "ffn": 0 if facts.ffn_ungated else act,
         "ffn_ungated": act if facts.ffn_ungated else 0,
@@ -287,7 +286,7 @@ def _ffn_terms(facts: ModelFacts, n_tokens: int, n_outputs: int, masks_after: Ca
         # and inputs, gate, up and SwiGLU 12 MiB each, then 32 MiB of down projections; DeepSeek's are 8 x 2048
         # at 7168)
         "moe_down": rows[widest] * facts.embedding_length * facts.expert_used_count * 4
-        if widest is not None and moe(widest) and widths[widest] == moe_ff else 0,
+        if widest is not None and experts_run and moe[widest] and widths[widest] == moe_ff else 0,
         "moe_shared_input": n_tokens * facts.embedding_length * 4 if facts.expert_shared_feed_forward_length else 0,
     }
 
@@ -542,43 +541,36 @@ def _moe_down_moment(t: dict[str, int], fit: dict[str, float]) -> float:
 
 
 def per_device(facts: ModelFacts, shape: ContextShape, caches: Sequence[CacheBill],
-               devices: Sequence[str], output_device: str) -> dict[str, int]:
-    """Each device's compute buffer.
+               devices: Sequence[str], output_device: str) -> tuple[dict[str, int], dict[str, int]]:
+    """Each device's compute buffer as reserved, and what it grows by past the reserve once a prompt fills a slot.
 
     A device running blocks needs the layer moment; the output layer's device
     also the logits moment. The CPU always keeps a buffer for the input
     embeddings even when every block is offloaded.
+
+    Growth: MiniMax-M3's sparse attention (MSA) is reserved for an empty cache:
+    its position axis is 256 wide (``get_n_pos``) and, with split slots, the
+    ubatch is shared among their streams. A long prompt in one slot runs it with
+    every position of the slot and all ubatch tokens in one stream, so the block
+    masks and the position mask grow (measured on the zoo model: 39.7 MiB
+    reserved at -c 4096, 43.3 after a 3600-token prompt, 49.1 extrapolated to a
+    full slot; 31.7 reserved with two split slots of 4096, 43.3 after one
+    prompt). Every other graph is reserved over a full cache, its worst case;
+    growth was measured only here.
     """
     t = terms(facts, shape, caches)
     layer, final = combine_terms(t)
     out = {d: layer for d in devices}
     out[output_device] = max(out.get(output_device, 0), final)
     out.setdefault("CPU", 2 * t["hidden"])
-    return out
-
-
-def growth_per_device(facts: ModelFacts, shape: ContextShape, caches: Sequence[CacheBill],
-                      devices: Sequence[str]) -> dict[str, int]:
-    """What the compute buffer grows by past the reserve once a prompt fills a slot, per device.
-
-    MiniMax-M3's sparse attention (MSA) is reserved for an empty cache: its
-    position axis is 256 wide (``get_n_pos``) and, with split slots, the ubatch
-    is shared among their streams. A long prompt in one slot runs it with every
-    position of the slot and all ubatch tokens in one stream, so the block
-    masks and the position mask grow (measured on the zoo model: 39.7 MiB
-    reserved at -c 4096, 43.3 after a 3600-token prompt, 49.1 extrapolated to
-    a full slot; 31.7 reserved with two split slots of 4096, 43.3 after one
-    prompt). Every other graph is reserved over a full cache, its worst case; growth was measured only here.
-    """
-    t = terms(facts, shape, caches)
     if not t["msa_block"]:
-        return {}
+        return out, {}
     one_slot = replace(shape, n_seq=1, unified=True, n_ctx=shape.n_ctx_seq)
     full = [replace(c, cells=shape.n_ctx_seq, streams=1) for c in caches]
     # a full slot's positions: n_ctx_seq, already a multiple of 256 (get_n_pos pads to at least that)
-    extra = combine_terms(terms(facts, one_slot, full, positions=shape.n_ctx_seq))[0] - combine_terms(t)[0]
+    extra = combine_terms(terms(facts, one_slot, full, positions=shape.n_ctx_seq))[0] - layer
     sparse = {devices[il] for il, s in enumerate(facts.indexer_layers[:len(devices)]) if s}
-    return {d: extra for d in sparse} if extra > 0 else {}
+    return out, ({d: extra for d in sparse} if extra > 0 else {})
 
 
 def draft_bytes(facts: ModelFacts, shape: ContextShape, caches: Sequence[CacheBill]) -> int:

@@ -515,8 +515,7 @@ def estimate(facts: ModelFacts, options: MemoryOptions = MemoryOptions()) -> Mem
     if options.mmproj_bytes:
         mmproj_dev = "GPU0" if options.n_gpu_layers != 0 else "CPU"
         weights[mmproj_dev] = weights.get(mmproj_dev, 0) + options.mmproj_bytes
-    compute = compute_buffer.per_device(facts, shape, caches, devices, output_device)
-    compute_growth = compute_buffer.growth_per_device(facts, shape, caches, devices)
+    compute, compute_growth = compute_buffer.per_device(facts, shape, caches, devices, output_device)
     draft_output = draft_growth = 0
     if mtp:
         draft_caches, draft_kv, draft_compute, draft_output, draft_growth = _mtp_draft(facts, shape, options,
