@@ -21,6 +21,7 @@ break an assert of their own, e.g. Qwen3.5's delta-net: those are left out).
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -141,13 +142,19 @@ def with_experts(src: Path, dst: Path, n_expert: int, n_used: int) -> Path:
 def ensure_wide_zoo(zoo: Path, binary: Path, out: Path, *, factor: int = 8, ffn_factor: int | None = None
                     ) -> list[Path]:
     """Every zoo model llama-server accepts widened, generated into ``out`` once (a marker lists them)."""
+    return _generated_once(out, lambda: [
+        p for src in sorted(zoo.glob("*.gguf"))
+        if (p := widen_model(src, out / f"{src.stem}-wide.gguf", binary, factor=factor,
+                             ffn_factor=ffn_factor)) is not None])
+
+
+def _generated_once(out: Path, make: Callable[[], list[Path]]) -> list[Path]:
+    """The files ``make`` writes into ``out``, made on the first call; later calls read the marker listing them."""
     marker = out / MARKER
     if marker.is_file():
         return [out / name for name in marker.read_text().split()]
     out.mkdir(parents=True, exist_ok=True)
-    made = [p for src in sorted(zoo.glob("*.gguf"))
-            if (p := widen_model(src, out / f"{src.stem}-wide.gguf", binary, factor=factor,
-                                 ffn_factor=ffn_factor)) is not None]
+    made = make()
     marker.write_text("\n".join(p.name for p in made) + "\n")
     return made
 
@@ -162,16 +169,15 @@ REAL_MOE_SHAPES = (
 
 def ensure_moe_zoo(zoo: Path, binary: Path, out: Path) -> list[Path]:
     """``REAL_MOE_SHAPES``' models, generated into ``out`` once (a marker lists them)."""
-    marker = out / MARKER
-    if marker.is_file():
-        return [out / name for name in marker.read_text().split()]
-    out.mkdir(parents=True, exist_ok=True)
-    made = []
-    for name, factor, ffn_factor, n_expert, n_used in REAL_MOE_SHAPES:
-        wide = widen_model(zoo / f"{name}.gguf", out / f"{name}-narrow.gguf", binary, factor=factor,
-                           ffn_factor=ffn_factor)
-        if wide is not None:
-            made.append(with_experts(wide, out / f"{name}-{n_expert}x{n_used}.gguf", n_expert, n_used))
-            wide.unlink()
-    marker.write_text("\n".join(p.name for p in made) + "\n")
-    return made
+
+    def make() -> list[Path]:
+        made = []
+        for name, factor, ffn_factor, n_expert, n_used in REAL_MOE_SHAPES:
+            wide = widen_model(zoo / f"{name}.gguf", out / f"{name}-narrow.gguf", binary, factor=factor,
+                               ffn_factor=ffn_factor)
+            if wide is not None:
+                made.append(with_experts(wide, out / f"{name}-{n_expert}x{n_used}.gguf", n_expert, n_used))
+                wide.unlink()
+        return made
+
+    return _generated_once(out, make)
