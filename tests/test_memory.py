@@ -13,7 +13,6 @@ from __future__ import annotations
 
 
 import re
-import subprocess
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from pathlib import Path
@@ -28,9 +27,10 @@ from launcher.memory import (
     pad,
 )
 from launcher.dry_run import LISTENING, load_report
+from launcher.process import LlamaServer
 from launcher.wide_zoo import REAL_MOE_SHAPES, ensure_moe_zoo, widen_model, with_experts
 from scripts.memory_accuracy import CONFIGS, DONE_MARKERS, Config
-from tests.helpers import free_port, wait_for
+from tests.helpers import free_port, server_argv
 
 GEMMA_LOG = """\
 0.00.738.635 I load_tensors:   CPU_Mapped model buffer size =   235.16 MiB
@@ -358,7 +358,7 @@ _FINAL_COMPUTE = re.compile(r"~llama_context: +CPU compute buffer size (?:of|is)
 @pytest.mark.parametrize("options", (MemoryOptions(n_ctx=4096, n_parallel=1),
                                      MemoryOptions(n_ctx=8192, n_parallel=2, kv_unified=False)),
                          ids=("c4096-np1", "c8192-np2-split"))
-def test_minimax_m3s_compute_grows_with_a_long_prompt_as_predicted(options, zoo_dir, llama_server_bin):
+def test_minimax_m3s_compute_grows_with_a_long_prompt_as_predicted(options, zoo_dir, llama_server_bin, tmp_path):
     """MSA is reserved for an empty cache (a 256-wide position axis, the ubatch shared among split slots' streams);
     a 3600-token prompt in one slot grows the compute buffer past the reserve, up to what the bill's
     ``compute_growth`` adds for a full slot."""
@@ -367,19 +367,17 @@ def test_minimax_m3s_compute_grows_with_a_long_prompt_as_predicted(options, zoo_
     predicted = estimate(file.facts, for_file(file, options))
     assert predicted.sum_of("compute_growth") > 0.15 * predicted.sum_of("compute")
     port = free_port()
-    argv = [str(llama_server_bin), "-m", str(model), "--host", "127.0.0.1", "--port", str(port), "-fit", "off",
-            "--no-warmup", "-lv", "4", "-c", str(options.n_ctx), "-np", str(options.n_parallel),
-            # the zoo model says it was trained on 256 tokens, and llama-server caps a slot there
-            "--override-kv", "minimax-m3.context_length=int:32768"]
-    with subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, errors="replace") as proc:
-        try:
-            wait_for(lambda: _healthy(port), timeout=60, what="llama-server to listen")
-            answer = httpx.post(f"http://127.0.0.1:{port}/completion", timeout=300,
-                                json={"prompt": " ".join(["hello world foo bar"] * 900), "n_predict": 2})
-            assert answer.json()["tokens_evaluated"] > 3584
-        finally:
-            proc.terminate()
-            log = proc.communicate(timeout=60)[0]
+    argv = server_argv(llama_server_bin, model, host="127.0.0.1", port=port, n_ctx=options.n_ctx, extra=(
+        "-np", str(options.n_parallel), "-fit", "off", "--no-warmup", "-lv", "4",
+        # the zoo model says it was trained on 256 tokens, and llama-server caps a slot there
+        "--override-kv", "minimax-m3.context_length=int:32768"))
+    server = LlamaServer(argv, host="127.0.0.1", port=port, log_path=tmp_path / "llama-server.log")
+    with server:
+        server.wait_ready(timeout=60)
+        answer = httpx.post(f"{server.url}/completion", timeout=300,
+                            json={"prompt": " ".join(["hello world foo bar"] * 900), "n_predict": 2})
+        assert answer.json()["tokens_evaluated"] > 3584
+    log = server.log_path.read_text(errors="replace")  # stopped: the context's exit line is in it
     reserved = parse_allocations(log).sum_of("compute")
     final = float(_FINAL_COMPUTE.findall(log)[-1]) * MIB
     assert final > reserved * 1.09  # it grew, by more than the rounding of the reserve
@@ -387,13 +385,6 @@ def test_minimax_m3s_compute_grows_with_a_long_prompt_as_predicted(options, zoo_
     # a 3600-token prompt fills 7 of a slot's 8 ubatches of positions: below the full slot's, within 10 %
     assert 0.9 * (predicted.sum_of("compute") + predicted.sum_of("compute_growth")) <= final \
         <= predicted.sum_of("compute") + predicted.sum_of("compute_growth")
-
-
-def _healthy(port: int) -> bool:
-    try:
-        return httpx.get(f"http://127.0.0.1:{port}/health", timeout=2).status_code == 200
-    except httpx.HTTPError:
-        return False
 
 
 @pytest.mark.slow
