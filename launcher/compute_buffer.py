@@ -58,7 +58,7 @@ MSA_RESERVE_POSITIONS = 256
 #: Weights of the compute terms. ggml's allocator reuses freed blocks, so how many copies of each
 #: tensor coexist at the peak depends on each architecture's graph. The shared weights (first lines)
 #: are fitted by coordinate descent on the zoo plus Gemma (``scripts/memory_accuracy.py``) and on the
-#: zoo widened 8x (``launcher.wide_zoo``: n_embd 2048, where tensor sizes rather than the placement of
+#: zoo widened 8x (``tests.support.wide_zoo``: n_embd 2048, where tensor sizes rather than the placement of
 #: small tensors set the peak) with FFN-to-embedding ratios of 1.5 and 4.5, then checked on a ratio
 #: the fit never saw (3.0, n_ff 6144): 721 of its 780 cases within 10 %, against 638 with the weights
 #: fitted on the small zoo alone. Since then only counted terms were added (which masks and inputs are
@@ -578,7 +578,7 @@ def draft_bytes(facts: ModelFacts, shape: ContextShape, caches: Sequence[CacheBi
 
     The NextN graph has one block, so the attention mask dies with its attention
     and no recurrent state or trunk-wide FFN is involved. Measured on the zoo's
-    Qwen3.5 with an MTP block appended (``launcher.zoo.derive_mtp_model``): the
+    Qwen3.5 with an MTP block appended (``tests.support.zoo.derive_mtp_model``): the
     attention moment is the mask and the KQ scores exactly plus ~7 rows of
     ``n_embd`` per token (residual, Q and gate, K, V, the attention output);
     the FFN and logits moments follow the trunk's rules and were not the peak there.

@@ -59,7 +59,7 @@ _REPACKED_TYPES = frozenset({"Q4_0", "Q4_K", "IQ4_NL"})
 #: elsewhere llama_context clamps n_rs_seq to 0.
 _RS_ROLLBACK_ARCHS = frozenset({"kimi-k3", "qwen35", "qwen35moe", "qwen4exp", "deepseek4", "glm5-next", "nemotron_h",
                                 "nemotron_h_moe", "lfm2", "lfm2moe", "bailingmoe3"})
-#: Architectures whose MTP draft context was measured (``launcher.zoo.derive_mtp_model``).
+#: Architectures whose MTP draft context was measured (``tests.support.zoo.derive_mtp_model``).
 _MTP_MEASURED_ARCHS = ("qwen35",)
 #: The MTP draft context's cache types: ``--spec-draft-type-k/-v``, f16 whatever ``-ctk``/``-ctv`` say
 #: (common.h ``common_params_speculative_draft::cache_type_k``; speculative.cpp common_base_params_to_speculative).

@@ -54,10 +54,10 @@ def serve(port: int, conn: Connection) -> None:
     from launcher.capabilities import probe
     from launcher.registry import ChildRegistry
     from launcher.supervisor import Supervisor, owner_token
-    from studio.app import create_app
-    from studio.catalog import Catalog
-    from studio.default_model import ensure_default_model
-    from studio.manager import LoadRequest, ModelManager
+    from studio.http.app import create_app
+    from studio.library.catalog import Catalog
+    from studio.library.default_model import ensure_default_model
+    from studio.residency.manager import LoadRequest, ModelManager
     from studio.settings import Settings
 
     settings = Settings.from_env()

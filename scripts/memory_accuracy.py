@@ -13,7 +13,7 @@ run to a few minutes on 2 cores. The last line reads::
     kv_exact=N/M kv_within_1pct=N/M compute_within_10pct=N/M total_within_2pct=N/M
 
 Before that table, the same comparison runs on the zoo widened 8x
-(``launcher.wide_zoo``: n_embd 2048, n_ff 6144, weights as holes), where compute buffers
+(``tests.support.wide_zoo``: n_embd 2048, n_ff 6144, weights as holes), where compute buffers
 are tens of MiB and set by tensor sizes as in real models, not by where ggml's
 allocator happens to place a tiny model's tensors; it ends with a ``wide:`` line
 of the same counts (``--no-wide`` skips it).
@@ -48,9 +48,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import gguf  # noqa: E402
 from launcher.allocations import parse_allocations  # noqa: E402
-from launcher.dry_run import LISTENING, load_report  # noqa: E402
+from tests.support.dry_run import LISTENING, load_report  # noqa: E402
 from launcher.memory import MIB, MemoryBill, MemoryOptions, MemoryPlanError, estimate, for_file  # noqa: E402
-from launcher.wide_zoo import ensure_moe_zoo, ensure_wide_zoo  # noqa: E402
+from tests.support.wide_zoo import ensure_moe_zoo, ensure_wide_zoo  # noqa: E402
 
 SERVER_TIMEOUT_S = 60
 #: How much wider than the zoo the realistic-width section's models are: n_embd 2048 and, to give the
@@ -203,8 +203,8 @@ def plan(zoo: Path, gemma: Path, quick: bool, models: Sequence[str] = (), every:
 
 def main(argv: Sequence[str] | None = None) -> int:
     from launcher.build import ensure_built
-    from launcher.zoo import ensure_zoo
-    from studio.default_model import ensure_default_model
+    from tests.support.zoo import ensure_zoo
+    from studio.library.default_model import ensure_default_model
     from studio.settings import Settings
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -213,7 +213,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--models", default="", help="comma-separated zoo names (or gemma-3-270m) to run over the "
                         "whole grid, e.g. deepseek4-moe")
     parser.add_argument("--no-wide", action="store_true", help="skip the widened zoo and the real-proportion MoE "
-                        "models (launcher.wide_zoo)")
+                        "models (tests.support.wide_zoo)")
     parser.add_argument("--widen", default=f"{WIDE}x{WIDE_FFN}", metavar="FxG",
                         help="widen the zoo F times (n_embd) and its FFNs G times, e.g. 4x9 or 8x2 to check "
                         "proportions the weights were not fitted on (default %(default)s)")
@@ -244,7 +244,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         moe = list(pool.map(lambda r: compare(build.llama_server, *r), moe_runs))
 
     if moe:
-        print(f"zoo MoE models at real MoE proportions (launcher.wide_zoo.REAL_MOE_SHAPES), {len(moe)} runs:")
+        print(f"zoo MoE models at real MoE proportions (tests.support.wide_zoo.REAL_MOE_SHAPES), {len(moe)} runs:")
         _table(moe)
         print(f"moe: {_summary(moe)}")
         print()

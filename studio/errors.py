@@ -13,7 +13,7 @@
     └── UpstreamError                       llama-server failed or went away (502)
 
 Errors from the layers below (``gguf.GGUFError``, ``launcher.errors.*``) are
-translated in ``studio.app`` at one boundary; clients always receive
+translated in ``studio.http.app`` at one boundary; clients always receive
 ``{"error": {"message", "type", "param", "code"}}``.
 """
 

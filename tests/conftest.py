@@ -13,8 +13,8 @@ from launcher import capabilities
 from launcher.build import BuildResult, ensure_built
 from launcher.capabilities import Capabilities, capabilities_from_text, probe
 from launcher.planner import ModelInfo, load_model
-from launcher.zoo import derive_mtp_model, ensure_zoo
-from studio.default_model import ensure_default_model
+from tests.support.zoo import derive_mtp_model, ensure_zoo
+from studio.library.default_model import ensure_default_model
 from studio.settings import Settings
 from tests.helpers import assert_no_children, wait_for
 

@@ -1,6 +1,6 @@
 """A local stand-in for the Hugging Face Hub: the endpoints huggingface_hub 2.x calls to list and download.
 
-It imitates what the real Hub answers to the requests ``studio.hub`` makes through
+It imitates what the real Hub answers to the requests ``studio.library.hub`` makes through
 the real huggingface_hub client (``HF_ENDPOINT=http://127.0.0.1:PORT``):
 
 - ``GET /api/models/{repo}`` and ``/api/models/{repo}/revision/{rev}`` (``HfApi.model_info``):

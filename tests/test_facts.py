@@ -33,8 +33,8 @@ from gguf.facts import KNOWN_ARCHITECTURES, ModelFacts, model_facts, swa_layers_
 from gguf.model import GGUFFile
 from gguf.reader import Header, StatKey
 from gguf.writer import rewrite
-from launcher.dry_run import load_report
-from studio import default_model
+from tests.support.dry_run import load_report
+from studio.library import default_model
 
 pytestmark = pytest.mark.slow
 

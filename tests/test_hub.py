@@ -14,7 +14,7 @@ import pytest
 
 import gguf
 from gguf.writer import TensorToWrite, write_gguf
-from studio import hub
+from studio.library import hub
 from studio.errors import (
     BadRequestError, DiskSpaceError, DownloadCancelledError, HubAuthError, HubError, ModelNotFoundError,
 )
@@ -361,7 +361,7 @@ def test_gated_repo_asks_for_hf_token_and_never_shows_it(server, hf_env, tmp_pat
 
 def _cli(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess:
     exe = Path(sys.executable).with_name("ggstudio")
-    argv = [str(exe)] if exe.exists() else [sys.executable, "-c", "from studio.cli import main; main()"]
+    argv = [str(exe)] if exe.exists() else [sys.executable, "-c", "from studio.cli.app import main; main()"]
     return subprocess.run(argv + list(args), env=env, capture_output=True, text=True, timeout=120)
 
 

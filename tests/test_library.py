@@ -6,9 +6,9 @@ from pathlib import Path
 
 import gguf
 import gguf.model
-from studio import hub
-from studio.catalog import Catalog
-from studio.library import Library, scan
+from studio.library import hub
+from studio.library.catalog import Catalog
+from studio.library.scan import Library, scan
 from tests.test_hub import add_shards, hf_env, mmproj_bytes, model_bytes, server  # noqa: F401 (fixtures)
 
 

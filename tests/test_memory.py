@@ -26,9 +26,9 @@ from launcher.memory import (
     MIB, MemoryBill, MemoryOptions, MemoryPlanError, _mtp_draft, context_shape, estimate, for_file, layer_devices,
     pad,
 )
-from launcher.dry_run import LISTENING, load_report
+from tests.support.dry_run import LISTENING, load_report
 from launcher.process import LlamaServer
-from launcher.wide_zoo import REAL_MOE_SHAPES, ensure_moe_zoo, widen_model, with_experts
+from tests.support.wide_zoo import REAL_MOE_SHAPES, ensure_moe_zoo, widen_model, with_experts
 from scripts.memory_accuracy import CONFIGS, DONE_MARKERS, Config
 from tests.helpers import free_port, server_argv
 
@@ -284,7 +284,7 @@ GRAPH_CASES = [("deepseek2-moe", CONFIGS[4]), ("minicpm3-dense", CONFIGS[0]), ("
                ("minimax-m3-moe", CONFIGS[6]), ("minimax-m3-moe", CONFIGS[4]), ("glm5-next-moe", CONFIGS[4]),
                ("glm5-next-moe", CONFIGS[2]), ("qwen4exp-moe", CONFIGS[4])]
 
-#: The zoo widened (launcher.wide_zoo: n_embd 2048, n_ff 6144): compute buffers of tens of MiB, set by tensor sizes
+#: The zoo widened (tests.support.wide_zoo: n_embd 2048, n_ff 6144): compute buffers of tens of MiB, set by tensor sizes
 #: as in real models.
 WIDE_CASES = [(m, c) for m in ("llama-dense", "starcoder2-dense", "qwen3moe-moe", "mamba2-dense")
               for c in (CONFIGS[0], CONFIGS[1], CONFIGS[6])] + [

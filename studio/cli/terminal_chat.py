@@ -29,8 +29,8 @@ from typing import Any, TextIO, TypeVar
 import httpx
 import uvicorn
 
-from studio.app import create_app
-from studio.manager import LoadedModel, LoadRequest, ModelManager
+from studio.http.app import create_app
+from studio.residency.manager import LoadedModel, LoadRequest, ModelManager
 
 T = TypeVar("T")
 

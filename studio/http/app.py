@@ -18,14 +18,14 @@ from fastapi.responses import JSONResponse
 import gguf
 from launcher.errors import LauncherError, LoadError, StartAbortedError
 from studio import __version__
-from studio.api import router as api_router
-from studio.auth import BearerTokenMiddleware
-from studio.chat import router as chat_router
+from studio.http.gui_api import router as api_router
+from studio.http.auth import BearerTokenMiddleware
+from studio.http.gui_chat import router as chat_router
 from studio.errors import BusyError, StudioError, error_body
-from studio.manager import LoadRequest, ModelManager
-from studio.proxy import OpenAIRoutes
-from studio.proxy import router as proxy_router
-from studio.upstream import Upstream
+from studio.residency.manager import LoadRequest, ModelManager
+from studio.http.openai_proxy import OpenAIRoutes
+from studio.http.openai_proxy import router as proxy_router
+from studio.http.upstream import Upstream
 
 log = structlog.get_logger(__name__)
 

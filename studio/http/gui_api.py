@@ -15,9 +15,9 @@ from pydantic import BaseModel, Field
 
 from launcher.memory import CacheType
 from launcher.speculative import MODES
-from studio.manager import LoadRequest, ModelManager, ModelState
-from studio.model_summary import summary
-from studio.plan_view import plan_json
+from studio.residency.manager import LoadRequest, ModelManager, ModelState
+from studio.views.model import summary
+from studio.views.plan import plan_json
 from studio.settings import LOAD_LIMITS
 
 router = APIRouter(prefix="/api")

@@ -19,8 +19,8 @@ from fastapi.responses import StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
 
 from studio.errors import error_body
-from studio.manager import ModelManager
-from studio.proxy import close_upstream, prepare_chat_body, send_upstream
+from studio.residency.manager import ModelManager
+from studio.http.openai_proxy import close_upstream, prepare_chat_body, send_upstream
 
 router = APIRouter(prefix="/api")
 

@@ -6,7 +6,7 @@ on a machine whose cores llama-server keeps busy, and FastAPI's middleware,
 routing and dependency layers cost about 0.3 ms a request. The FastAPI routes
 of the same paths remain for ``/docs`` and for the methods they refuse.
 
-Streams are relayed chunk by chunk from one pooled ``studio.upstream.Upstream``
+Streams are relayed chunk by chunk from one pooled ``studio.http.upstream.Upstream``
 with no buffering and no re-serialisation per chunk. When the client goes away the
 relay is cancelled and the upstream response closed in ``finally``, which
 closes the connection; llama-server notices and frees the slot.
@@ -33,9 +33,9 @@ from fastapi.responses import Response, StreamingResponse
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from studio.errors import BadRequestError, UpstreamError, error_body
-from studio.manager import LoadedModel, ModelManager
-from studio.reasoning import reasoning_template_kwargs
-from studio.upstream import Upstream
+from studio.residency.manager import LoadedModel, ModelManager
+from studio.chat.reasoning import reasoning_template_kwargs
+from studio.http.upstream import Upstream
 
 router = APIRouter()
 

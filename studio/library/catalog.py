@@ -54,7 +54,7 @@ class Catalog:
                     continue
                 found.setdefault(model_name(path), CatalogEntry(model_name(path), path))
         if self.hf_cache is not None:
-            from studio.library import Library  # imported here: the library names models with this module
+            from studio.library.scan import Library  # imported here: the library names models with this module
 
             for entry in Library([], self.hf_cache).scan():
                 if entry.error is None:

@@ -57,7 +57,7 @@ from studio.errors import (
     BadRequestError, DiskSpaceError, DownloadCancelledError, HubAuthError, HubError, ModelNotFoundError,
 )
 
-log = structlog.get_logger("studio.hub")
+log = structlog.get_logger("studio.library.hub")
 
 DEFAULT_ENDPOINT = "https://huggingface.co"
 DEFAULT_VARIANT = "Q4_K_M"

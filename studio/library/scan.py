@@ -20,10 +20,10 @@ from typing import Any, Literal
 import structlog
 
 import gguf
-from studio.catalog import model_name
-from studio.hub import HubFile, candidates, pick_mmproj, snapshot_files
+from studio.library.catalog import model_name
+from studio.library.hub import HubFile, candidates, pick_mmproj, snapshot_files
 
-log = structlog.get_logger("studio.library")
+log = structlog.get_logger("studio.library.scan")
 
 INDEX_VERSION = 1
 Source = Literal["folder", "hf-cache"]

@@ -33,7 +33,7 @@ from launcher.errors import StartAbortedError
 from launcher.memory import MemoryBill
 from launcher.planner import LaunchPlan, ModelInfo, PlanRequest, plan
 from launcher.supervisor import State, Status, Supervisor
-from studio.catalog import Catalog, CatalogEntry, model_name
+from studio.library.catalog import Catalog, CatalogEntry, model_name
 from studio.errors import BadRequestError, BusyError
 from studio.settings import ModelDefaults
 

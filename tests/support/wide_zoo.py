@@ -29,7 +29,7 @@ import structlog
 
 import gguf
 from gguf.writer import TensorToWrite, write_gguf
-from launcher.dry_run import load_report
+from tests.support.dry_run import load_report
 
 log = structlog.get_logger(__name__)
 
