@@ -56,13 +56,13 @@ def serve(port: int, conn: Connection) -> None:
     from launcher.supervisor import Supervisor, owner_token
     from studio.http.app import create_app
     from studio.library.catalog import Catalog
-    from studio.library.default_model import ensure_default_model
+    from studio.library.default_model import ensure_gemma
     from studio.residency.manager import LoadRequest, ModelManager
     from studio.settings import Settings
 
     settings = Settings.from_env()
     binary = ensure_built(settings.home).llama_server
-    model = ensure_default_model(settings.models_dir)
+    model = ensure_gemma(settings.models_dir)
     with tempfile.TemporaryDirectory() as tmp:
         supervisor = Supervisor(logs_dir=Path(tmp) / "logs", registry=ChildRegistry(Path(tmp) / "run", owner_token()))
         manager = ModelManager(catalog=Catalog([model.parent]), binary=binary, supervisor=supervisor,

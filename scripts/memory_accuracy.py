@@ -204,7 +204,7 @@ def plan(zoo: Path, gemma: Path, quick: bool, models: Sequence[str] = (), every:
 def main(argv: Sequence[str] | None = None) -> int:
     from launcher.build import ensure_built
     from tests.support.zoo import ensure_zoo
-    from studio.library.default_model import ensure_default_model
+    from studio.library.default_model import ensure_gemma
     from studio.settings import Settings
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -226,7 +226,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error(f"--widen takes two factors like 8x16, not {args.widen!r}")
     settings = Settings.from_env()
     build = ensure_built(settings.home)
-    zoo, gemma = ensure_zoo(build, settings.home), ensure_default_model(settings.models_dir)
+    zoo, gemma = ensure_zoo(build, settings.home), ensure_gemma(settings.models_dir)
     models = [m for m in args.models.split(",") if m]
     runs = plan(zoo, gemma, args.quick, models, args.every)
     wide_runs = [] if args.no_wide or models else [

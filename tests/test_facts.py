@@ -38,7 +38,7 @@ from studio.library import default_model
 
 pytestmark = pytest.mark.slow
 
-GEMMA = default_model.FILENAME
+GEMMA = default_model.GEMMA_FILENAME
 
 #: Every model the pinned test-llama-archs writes (checked against the real zoo below).
 ZOO_MODELS = tuple("""

