@@ -62,6 +62,14 @@ class Device:
     free_bytes: int
     source: Source
     uuid: str | None = None
+    #: What a plan may use here, set by whoever shares the device among several models (a memory budget,
+    #: less what resident models hold); None: the planner's share of ``free_bytes``.
+    budget_bytes: int | None = None
+
+    @property
+    def key(self) -> str:
+        """A stable name for the physical device: ``CPU``, ``CUDA0``, ``ROCm1``..."""
+        return "CPU" if self.backend == "CPU" else f"{self.backend}{self.index if self.index is not None else ''}"
 
 
 @dataclass(frozen=True)

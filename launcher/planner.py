@@ -298,6 +298,8 @@ class _Planner:
         return estimate(self.facts, self.options(n_ctx, ngl, gpus))
 
     def budget(self, device: Device) -> int:
+        if device.budget_bytes is not None:
+            return device.budget_bytes
         return int(device.free_bytes * self.fraction)
 
     def device_plans(self, bill: MemoryBill, gpus: tuple[Device, ...]) -> tuple[DevicePlan, ...]:
@@ -411,7 +413,12 @@ class _Planner:
                                      f"budget {_mib(d.budget_bytes)}")
         pct = round(self.fraction * 100)
         why = " (85 %: what an MTP draft allocates after its first batch is not measured)" if self.mtp else ""
-        self.reasons.append(f"budget: {pct} % of free memory per device{why}")
+        shared = [d for d in devices if d.device.budget_bytes is not None]
+        if shared:
+            self.reasons.append("budget: what the studio's memory budget leaves beside the resident models: "
+                                + ", ".join(f"{_mib(d.budget_bytes)} on {d.name}" for d in shared))
+        else:
+            self.reasons.append(f"budget: {pct} % of free memory per device{why}")
         if self.request.n_parallel > 1:
             per_slot = bill_ctx_per_slot(n_ctx, self.request.n_parallel)
             self.reasons.append(f"{self.request.n_parallel} parallel slots share the context: {per_slot} tokens each")

@@ -57,6 +57,7 @@ class LlamaServer:
         env: Mapping[str, str] | None = None,
         api_key: str | None = None,
         on_line: Callable[[str], None] | None = None,
+        on_exit: Callable[[], None] | None = None,
     ) -> None:
         self.argv = list(argv)
         self.host = host
@@ -65,6 +66,7 @@ class LlamaServer:
         self.env = dict(env) if env is not None else None
         self.api_key = api_key
         self.on_line = on_line
+        self.on_exit = on_exit  # called from the output thread once the child closed its output (it exited)
         self._proc: subprocess.Popen[bytes] | None = None
         self._tail: deque[str] = deque(maxlen=TAIL_LINES)
         self._reader: threading.Thread | None = None
@@ -84,6 +86,20 @@ class LlamaServer:
     def returncode(self) -> int | None:
         """Exit status once the child has exited, else None."""
         return self._proc.poll() if self._proc else None
+
+    @property
+    def output_closed(self) -> bool:
+        """Whether the child has closed its output, which llama-server does only by exiting."""
+        return self._reader is not None and not self._reader.is_alive()
+
+    def wait_exit(self, timeout: float) -> int | None:
+        """Return the exit status once the child is gone, or None if it is still running after ``timeout``."""
+        if self._proc is None:
+            return None
+        try:
+            return self._proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            return None
 
     def log_tail(self, lines: int = 50) -> str:
         """Return the last ``lines`` lines the child printed."""
@@ -116,6 +132,25 @@ class LlamaServer:
                 self._tail.append(line)
                 if self.on_line is not None:
                     self.on_line(line)
+        if self.on_exit is not None:
+            self.on_exit()
+
+    def probe_health(self, timeout: float) -> int:
+        """Return the HTTP status of ``/health`` over a plain socket, or 0 when nothing answers in time.
+
+        The watchdog asks every few seconds for as long as a model is resident: a raw request
+        costs tens of microseconds, an ``httpx`` client (pool, TLS context) about a millisecond.
+        """
+        auth = f"Authorization: Bearer {self.api_key}\r\n" if self.api_key else ""
+        request = f"GET /health HTTP/1.1\r\nHost: {self.host}:{self.port}\r\n{auth}Connection: close\r\n\r\n"
+        try:
+            with socket.create_connection((self.host, self.port), timeout=timeout) as sock:
+                sock.sendall(request.encode())
+                head = sock.recv(64)
+        except OSError:
+            return 0
+        parts = head.split(b" ", 2)
+        return int(parts[1]) if len(parts) > 1 and head.startswith(b"HTTP/") and parts[1].isdigit() else 0
 
     def health(self, client: httpx.Client) -> int:
         """Return the HTTP status of ``/health``, or 0 when nothing answers."""

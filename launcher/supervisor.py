@@ -5,7 +5,13 @@ watches and stops it; ``start``/``stop``/``restart`` post commands to that
 thread and wait for the answer, so callers never "check, then act". A stop
 also sets an abort flag first, so it cancels a start in progress at once
 (``StartAbortedError``) instead of queueing behind it. Every state change goes
-through ``TRANSITIONS`` and wakes every waiter.
+through ``TRANSITIONS``, wakes every waiter and is handed to ``on_change``.
+
+The supervisor reports a crash; whether to restart is its owner's decision (a
+resident model restarts with back-off, reading the new address from here).
+Idle costs next to nothing: the owner thread sleeps until a command, the child's
+exit (its output thread says so) or the next health check, which is one raw
+request on loopback.
 
 Never leaking rests on three layers: the child dies with the owner thread's
 process (PR_SET_PDEATHSIG, even on SIGKILL), every child is written to a
@@ -33,7 +39,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-import httpx
 import psutil
 import structlog
 
@@ -115,7 +120,6 @@ class Status:
     cause: str | None  # why it failed or crashed, in llama-server's words where possible
     exit_code: int | None
     log_path: Path | None
-    restarts: int = 0
     allocations: MemoryBill | None = None  # what llama-server reported allocating (needs ``-lv 4``)
 
 
@@ -136,20 +140,18 @@ class Supervisor:
         logs_dir: Path,
         registry: ChildRegistry,
         stop_grace: float = 5.0,
-        watch_interval: float = 0.1,
         health_interval: float = 2.0,
         health_failures_for_hang: int = 3,
-        max_restarts: int = 0,
         keep_logs: int = 20,
+        on_change: Callable[[Status], None] | None = None,
     ) -> None:
         self.logs_dir = logs_dir
         self.registry = registry
         self.stop_grace = stop_grace
-        self.watch_interval = watch_interval
         self.health_interval = health_interval
         self.health_failures_for_hang = health_failures_for_hang
-        self.max_restarts = max_restarts
         self.keep_logs = keep_logs
+        self.on_change = on_change  # called on the owner thread after every state change
         self._commands: queue.Queue[tuple[str, Any, Future[Any], threading.Event]] = queue.Queue()
         # Abort flags of starts not yet finished; any later command sets them all.
         self._start_aborts: set[threading.Event] = set()
@@ -160,7 +162,6 @@ class Supervisor:
         self._child: _Child | None = None
         self._cause: str | None = None
         self._exit_code: int | None = None
-        self._restarts = 0
         self._last_spec: LaunchSpec | None = None
         self._closed = False
         self._owner = threading.Thread(target=self._run, name="llama-supervisor", daemon=True)
@@ -185,6 +186,12 @@ class Supervisor:
     def restart(self, spec: LaunchSpec | None = None) -> Status:
         """Stop, then start ``spec`` (or the last one)."""
         return self._call("restart", spec)
+
+    @property
+    def url(self) -> str | None:
+        """The ready child's address, read live (cheap: no /proc): a restarted child has a new port."""
+        child = self._child
+        return child.server.url if child is not None and self._state == State.READY else None
 
     @property
     def state(self) -> State:
@@ -243,15 +250,17 @@ class Supervisor:
 
     def _run(self) -> None:
         while True:
-            timeout = self.watch_interval if self._child is not None else None
             try:
-                name, arg, done, abort = self._commands.get(timeout=timeout)
+                name, arg, done, abort = self._commands.get(timeout=self._next_watch())
             except queue.Empty:
                 self._watch()
                 continue
             if name == "close":
                 done.set_result(None)
                 return
+            if name == "exited":  # the child's output ended: look now rather than at the next health check
+                self._watch()
+                continue
             try:
                 if name == "stop":
                     self._do_stop()
@@ -268,6 +277,12 @@ class Supervisor:
             else:
                 done.set_result(self.status())
 
+    def _next_watch(self) -> float | None:
+        """Seconds until the watchdog's next look: none without a ready child (its exit is posted)."""
+        if self._child is None or self._state != State.READY:
+            return None
+        return max(0.0, self._last_health + self.health_interval - time.monotonic())
+
     # -- state ---------------------------------------------------------------
     def _set_state(self, new: State, *, cause: str | None = None, exit_code: int | None = None) -> None:
         with self._changed:
@@ -280,6 +295,9 @@ class Supervisor:
             elif new == State.STARTING:
                 self._cause, self._exit_code = None, None
             self._changed.notify_all()
+            snapshot = self._snapshot()
+        if self.on_change is not None:
+            self.on_change(snapshot)
 
     def _snapshot(self) -> Status:
         child = self._child
@@ -292,7 +310,6 @@ class Supervisor:
             cause=self._cause,
             exit_code=self._exit_code,
             log_path=server.log_path if server else None,
-            restarts=self._restarts,
             allocations=child.allocations if child else None,
         )
 
@@ -365,6 +382,7 @@ class Supervisor:
             api_key=spec.api_key,
         )
         server.on_line = lambda line, s=server: self._on_line(s, line)
+        server.on_exit = lambda: self._commands.put(("exited", None, Future(), threading.Event()))
         return server
 
     def _on_line(self, server: LlamaServer, line: str) -> None:
@@ -419,14 +437,15 @@ class Supervisor:
         if child is None or self._state != State.READY:
             return
         code = child.server.returncode
+        if code is None and child.server.output_closed:  # it closed its output: exiting, give it a moment
+            code = child.server.wait_exit(timeout=1.0)
         if code is not None:
             self._crashed(child, f"llama-server exited unexpectedly with code {code}", code)
             return
         if time.monotonic() - self._last_health < self.health_interval:
             return
         self._last_health = time.monotonic()
-        with httpx.Client(timeout=self.health_interval) as client:
-            ok = child.server.health(client) == 200
+        ok = child.server.probe_health(timeout=self.health_interval) == 200
         self._health_failures = 0 if ok else self._health_failures + 1
         if self._health_failures >= self.health_failures_for_hang:
             self._crashed(child, f"llama-server stopped answering /health ({self._health_failures} checks in a row)",
@@ -439,13 +458,6 @@ class Supervisor:
         tail = child.server.log_tail(5)
         self._set_state(State.CRASHED, cause=f"{reason}; last output:\n{tail}", exit_code=code)
         log.error("llama-server crashed", reason=reason, exit_code=code)
-        if self._restarts < self.max_restarts:
-            self._restarts += 1
-            time.sleep(min(30.0, 0.5 * 2 ** (self._restarts - 1)))  # back off before trying again
-            try:
-                self._do_start(child.spec, threading.Event())
-            except ProcessError as exc:
-                log.error("automatic restart failed", error=str(exc))
 
 
 def _read_allocations(log_path: Path) -> MemoryBill | None:

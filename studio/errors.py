@@ -5,7 +5,11 @@
     StudioError
     ├── ModelNotFoundError (+LookupError)   a model name or path the studio cannot find (404)
     ├── BadRequestError (+ValueError)       a request the studio refuses as given (400)
-    ├── BusyError                           too many requests waiting for a load (503 + Retry-After)
+    ├── BusyError                           too many requests waiting, or memory held by busy models (503 + Retry-After)
+    ├── DoesNotFitError                     the model does not fit even with every idle model evicted (400)
+    ├── ModelNotResidentError (+LookupError) an unload, pin or TTL names a model that is not resident (404)
+    ├── ModelUnloadedError                  the model was unloaded while the request ran (503)
+    ├── WorkTimeoutError (+TimeoutError)    a header read, plan or device query ran past its time limit (504)
     ├── HubError                            Hugging Face Hub access or a download failed (502)
     │   ├── HubAuthError (+PermissionError) the repo needs a token with access: set HF_TOKEN (401)
     │   ├── DiskSpaceError (+OSError)       the download does not fit on the disk (507)
@@ -58,6 +62,46 @@ class BusyError(StudioError):
     def __init__(self, message: str, *, retry_after: int = 5) -> None:
         super().__init__(message)
         self.retry_after = retry_after
+
+
+class DoesNotFitError(StudioError):
+    """The plan does not fit the memory budget even with every idle, unpinned model evicted."""
+
+    status = 400
+    type = "invalid_request_error"
+
+    def __init__(self, message: str, *, param: str | None = "n_ctx") -> None:
+        super().__init__(message, param=param, code="does_not_fit")
+
+
+class ModelNotResidentError(StudioError, LookupError):
+    """An unload, pin or TTL change names a model that is not resident."""
+
+    status = 404
+    type = "not_found_error"
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message, param="model", code="model_not_resident")
+
+
+class ModelUnloadedError(StudioError):
+    """The model was unloaded (by a user, a TTL or an eviction) while the request was running."""
+
+    status = 503
+    type = "model_unloaded"
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message, code="model_unloaded")
+
+
+class WorkTimeoutError(StudioError, TimeoutError):
+    """Blocking work (a header read, a plan, a device query) ran past its time limit."""
+
+    status = 504
+    type = "timeout_error"
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message, code="timeout")
 
 
 class HubError(StudioError):

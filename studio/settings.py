@@ -11,7 +11,16 @@ Precedence: environment variables, then the optional TOML file
     [aliases]                       # extra names a client may send as `model`
     chat = "gemma-3-270m-Q4_K_M"    # a model name, a .gguf path, or owner/repo:VARIANT in the HF cache
 
+    memory_budget = "6GiB"          # all resident models together; or per device: {CPU = "6GiB", CUDA0 = "20GiB"}
+    ttl = 0                         # seconds idle before a model is unloaded (0: never)
+    max_resident = 3                # at most this many models at once (default: as many as fit)
+    preload = ["gemma-3-270m-Q4_K_M"]  # loaded at start, in this order
+    unload_grace = 10               # seconds an unload waits for requests in flight before it ends them
+    busy_wait = 30                  # seconds a load waits for busy models to go idle before a 503
+
     [models."gemma-3-270m-Q4_K_M"]  # load defaults for one model (a request's own values win)
+    ttl = 600                       # this model's own idle TTL
+    pinned = true                   # never evicted, never unloaded for idleness
     n_ctx = 8192
     n_parallel = 2
     extra_args = ["--temp", "0.7"]
@@ -31,11 +40,13 @@ Precedence: environment variables, then the optional TOML file
 | ``GGUF_STUDIO_MODEL_DIRS`` | more folders of GGUF files for the library (``os.pathsep``-separated) |
 | ``GGUF_STUDIO_API_TOKEN`` | bearer token every API call must send (default: none)  |
 | ``GGUF_STUDIO_CONFIG``  | the TOML config file (default ``<home>/config.toml``)    |
+| ``GGUF_STUDIO_MEMORY_BUDGET`` | ``2GiB`` (all models) or ``CPU=2GiB,CUDA0=20GiB``  |
 """
 
 from __future__ import annotations
 
 import os
+import re
 import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -47,12 +58,75 @@ if TYPE_CHECKING:
     from launcher.memory import CacheType
     from launcher.speculative import SpecMode
 
-_TOP_KEYS = {"host", "port", "api_token", "model_dirs", "aliases", "models"}
-_MODEL_KEYS = {"n_ctx", "n_parallel", "extra_args", "spec", "spec_n_max", "cache_type_kv"}
-#: (least, most) a load may ask for; the load API and the config file check the same bounds.
+_TOP_KEYS = {"host", "port", "api_token", "model_dirs", "aliases", "models", "memory_budget", "ttl", "max_resident",
+             "preload", "unload_grace", "busy_wait"}
+_MODEL_KEYS = {"n_ctx", "n_parallel", "extra_args", "spec", "spec_n_max", "cache_type_kv", "ttl", "pinned"}
+#: (least, most) a load may ask for; the load API and the config file check the same bounds. No real model
+#: has a context above 16M tokens (Llama 4 Scout's 10M is the largest); a bigger one is a typo, refused
+#: before anything is planned.
 LOAD_LIMITS: Mapping[str, tuple[int, int | None]] = MappingProxyType({
-    "n_ctx": (256, None), "n_parallel": (1, 64), "spec_n_max": (1, 64),
+    "n_ctx": (256, 1 << 24), "n_parallel": (1, 64), "spec_n_max": (1, 64),
 })
+#: (least, most) for the residency keys, in seconds or models.
+RESIDENCY_LIMITS: Mapping[str, tuple[float, float]] = MappingProxyType({
+    "ttl": (0, 365 * 86400), "max_resident": (1, 64), "unload_grace": (0, 3600), "busy_wait": (0, 3600),
+})
+_SIZE_UNITS = {"": 1, "b": 1, "k": 1000, "kb": 1000, "kib": 1 << 10, "m": 1000**2, "mb": 1000**2, "mib": 1 << 20,
+               "g": 1000**3, "gb": 1000**3, "gib": 1 << 30, "t": 1000**4, "tb": 1000**4, "tib": 1 << 40}
+
+
+def parse_size(text: str | int) -> int:
+    """Bytes in ``text``: ``2GiB``, ``512 MiB``, ``1.5GB``, or a plain number of bytes.
+
+    Raises:
+        ValueError: not a size.
+    """
+    if isinstance(text, int) and not isinstance(text, bool):
+        value, unit = float(text), ""
+    else:
+        m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*", str(text))
+        if m is None or m.group(2).lower() not in _SIZE_UNITS:
+            raise ValueError(f"{text!r} is not a size; write e.g. 2GiB, 512MiB or 8GB")
+        value, unit = float(m.group(1)), m.group(2).lower()
+    size = int(value * _SIZE_UNITS[unit])
+    if size <= 0:
+        raise ValueError(f"{text!r} is not a size above zero")
+    return size
+
+
+@dataclass(frozen=True)
+class MemoryBudget:
+    """What all resident models together may hold: in total, or per device (``CPU``, ``CUDA0``...)."""
+
+    total: int | None = None
+    per_device: Mapping[str, int] = field(default_factory=lambda: MappingProxyType({}))
+
+    @classmethod
+    def parse(cls, value: object, *, where: str) -> MemoryBudget:
+        """``"2GiB"`` (all models), ``{CPU = "2GiB"}`` or ``"CPU=2GiB,CUDA0=20GiB"``; ``where`` names the source."""
+        try:
+            if isinstance(value, dict):
+                return cls(per_device=MappingProxyType({str(k): parse_size(v) for k, v in value.items()}))
+            if isinstance(value, str) and "=" in value:
+                pairs = (item.split("=", 1) for item in value.split(",") if item.strip())
+                return cls(per_device=MappingProxyType({k.strip(): parse_size(v) for k, v in pairs}))
+            if isinstance(value, (str, int)) and not isinstance(value, bool):
+                return cls(total=parse_size(value))
+        except ValueError as exc:
+            raise ValueError(f"{where}: {exc}") from None
+        raise ValueError(f"{where} must be a size such as \"2GiB\" or a table of sizes per device")
+
+
+@dataclass(frozen=True)
+class ResidencySettings:
+    """How the studio keeps several models resident: see ``studio.residency``."""
+
+    memory_budget: MemoryBudget | None = None  # None: the planner's share of free memory
+    ttl: float = 0  # seconds idle before unloading a model without a ttl of its own; 0: never
+    max_resident: int | None = None
+    preload: tuple[str, ...] = ()
+    unload_grace: float = 10.0
+    busy_wait: float = 30.0
 
 
 @dataclass(frozen=True)
@@ -65,6 +139,8 @@ class ModelDefaults:
     spec: SpecMode | None = None
     spec_n_max: int | None = None
     cache_type_kv: CacheType | None = None
+    ttl: float | None = None  # None: the global ttl
+    pinned: bool = False
 
 
 @dataclass(frozen=True)
@@ -82,6 +158,7 @@ class Settings:
     model_dirs: tuple[Path, ...] = ()  # extra folders the local library scans, besides models_dir
     aliases: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
     model_defaults: Mapping[str, ModelDefaults] = field(default_factory=lambda: MappingProxyType({}))
+    residency: ResidencySettings = field(default_factory=ResidencySettings)
 
     @property
     def models_dir(self) -> Path:
@@ -123,8 +200,10 @@ class Settings:
                     extra_args=tuple(d["extra_args"]) if "extra_args" in d else None,
                     spec=_spec_mode(d["spec"]) if "spec" in d else None,
                     spec_n_max=d.get("spec_n_max"), cache_type_kv=d.get("cache_type_kv"),
+                    ttl=d.get("ttl"), pinned=bool(d.get("pinned", False)),
                 ) for name, d in config.get("models", {}).items()
             }),
+            residency=_residency(config, env, config_path),
         )
 
 
@@ -151,9 +230,38 @@ def _read_config(path: Path, *, explicit: bool) -> dict[str, Any]:
         problems += [f"[models.{name!r}]: {problem}" for problem in _model_problems(d)]
     if not isinstance(config.get("model_dirs", []), list):
         problems.append("model_dirs must be a list of folders")
+    problems += _number_problems(config, RESIDENCY_LIMITS)
+    if not (isinstance(config.get("preload", []), list) and all(isinstance(p, str) for p in config.get("preload", []))):
+        problems.append("preload must be a list of model names")
+    if "memory_budget" in config:
+        try:
+            MemoryBudget.parse(config["memory_budget"], where="memory_budget")
+        except ValueError as exc:
+            problems.append(str(exc))
     if problems:
         raise ValueError(f"{path}: " + "; ".join(problems))
     return config
+
+
+def _residency(config: dict[str, Any], env: Mapping[str, str], path: Path) -> ResidencySettings:
+    budget_env = env.get("GGUF_STUDIO_MEMORY_BUDGET")
+    if budget_env:
+        budget: MemoryBudget | None = MemoryBudget.parse(budget_env, where="GGUF_STUDIO_MEMORY_BUDGET")
+    elif "memory_budget" in config:
+        budget = MemoryBudget.parse(config["memory_budget"], where=f"{path}: memory_budget")
+    else:
+        budget = None
+    return ResidencySettings(
+        memory_budget=budget, ttl=config.get("ttl", 0), max_resident=config.get("max_resident"),
+        preload=tuple(config.get("preload", ())), unload_grace=config.get("unload_grace", 10.0),
+        busy_wait=config.get("busy_wait", 30.0),
+    )
+
+
+def _number_problems(d: dict[str, Any], limits: Mapping[str, tuple[float, float]], prefix: str = "") -> list[str]:
+    """Each key of ``limits`` in ``d`` that is not a number within its bounds."""
+    return [f"{prefix}{k} must be a number from {least:g} to {most:g}" for k, (least, most) in limits.items()
+            if k in d and (not isinstance(d[k], (int, float)) or isinstance(d[k], bool) or not least <= d[k] <= most)]
 
 
 def _spec_mode(text: str) -> SpecMode:
@@ -169,6 +277,9 @@ def _model_problems(d: dict[str, Any]) -> list[str]:
     from launcher.speculative import MODES, SpeculativeConfigError, normalize_mode
 
     problems = [f"unknown key {k!r} (known: {', '.join(sorted(_MODEL_KEYS))})" for k in d if k not in _MODEL_KEYS]
+    problems += _number_problems(d, {"ttl": RESIDENCY_LIMITS["ttl"]})
+    if "pinned" in d and not isinstance(d["pinned"], bool):
+        problems.append("pinned must be true or false")
     for k, (least, most) in LOAD_LIMITS.items():
         if k in d and (not isinstance(d[k], int) or isinstance(d[k], bool) or d[k] < least
                        or (most is not None and d[k] > most)):

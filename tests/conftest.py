@@ -96,11 +96,13 @@ def no_llama_server_outlives_the_run():
     yield
 
     def leftovers() -> list[str]:
+        mine = {p.pid for p in psutil.Process().children(recursive=True)}
         out = []
-        for p in psutil.process_iter(["name", "create_time", "status"]):
+        for p in psutil.process_iter(["name", "create_time", "status", "ppid"]):
             info = p.info
+            # ours, or orphaned (re-parented to init); another test run's children on this machine are not ours
             if info["name"] == "llama-server" and info["create_time"] >= started - 1 \
-                    and info["status"] != psutil.STATUS_ZOMBIE:
+                    and info["status"] != psutil.STATUS_ZOMBIE and (p.pid in mine or info["ppid"] == 1):
                 out.append(f"{p.pid}")
         return out
 

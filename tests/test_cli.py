@@ -28,6 +28,9 @@ from tests.helpers import free_port, wait_for
 CLI = str(Path(sys.executable).parent / "ggstudio")
 TAG = "GGSTUDIO_TEST_TAG"
 
+SMOL = "SmolLM2-135M-Instruct.Q4_1"
+GEMMA = "gemma-3-270m-Q4_K_M"
+
 
 def tagged_env(**extra: str) -> dict[str, str]:
     """The environment for one CLI launch, tagged so its llama-servers can be found even once orphaned."""
@@ -265,28 +268,36 @@ def test_ps_load_unload_against_a_running_serve(gemma_model, llama_server_bin):
                 return json.loads(out.stdout)
 
             status = wait_for(lambda: (s := ps())["state"] == "ready" and s, timeout=120, what="the start-up load")
-            assert status["model"] == "gemma-3-270m-Q4_K_M" and status["effective_context"] == 2048
+            assert status["model"] == SMOL and status["effective_context"] == 2048  # the chat default
             text = cli("ps", "--url", url, env=env)
-            assert text.returncode == 0 and "gemma-3-270m-Q4_K_M" in text.stdout and "2,048" in text.stdout
+            assert text.returncode == 0 and SMOL in text.stdout and "2,048" in text.stdout
 
             skip = cli("unload", "another-model", "--url", url, env=env)
-            assert skip.returncode == 0 and "not loaded" in skip.stderr
+            assert skip.returncode == 0 and "not resident" in skip.stderr and "nothing to do" in skip.stderr
             assert ps()["state"] == "ready"
-
-            out = cli("unload", "--url", url, env=env)
-            assert out.returncode == 0 and out.stdout.strip() == "unloaded", out.stderr
-            assert ps()["state"] == "unloaded"
-            assert cli("ps", "--url", url, env=env).stdout.strip() == "no model loaded"
 
             out = cli("load", str(gemma_model), "--ctx", "1024", "--url", url, "--json", env=env)
             assert out.returncode == 0, out.stderr
             loaded = json.loads(out.stdout)
-            assert loaded["state"] == "ready" and loaded["effective_context"] == 1024
-            assert ps()["pid"] == loaded["pid"]
+            assert loaded["state"] == "ready" and loaded["effective_context"] == 1024 and loaded["model"] == GEMMA
+            both = ps()
+            assert {m["model"]: m["state"] for m in both["models"]} == {SMOL: "ready", GEMMA: "ready"}
+            assert both["pid"] == loaded["pid"]  # the explicitly loaded model is the default
+            text = cli("ps", "--url", url, env=env).stdout
+            assert SMOL in text and f"{GEMMA}*" in text
 
             missing = cli("load", "no-such-model", "--url", url, env=env)
             assert_one_error_line(missing, 3, "error: model 'no-such-model' not found")
-            assert ps()["state"] == "ready"  # a failed load keeps the live model
+            assert len(ps()["models"]) == 2  # a failed load disturbs nothing resident
+
+            out = cli("unload", SMOL, "--url", url, env=env)
+            assert out.returncode == 0 and out.stdout.strip() == f"unloaded {SMOL}", out.stderr
+            assert [m["model"] for m in ps()["models"]] == [GEMMA]
+
+            out = cli("unload", "--url", url, env=env)
+            assert out.returncode == 0 and out.stdout.strip() == "unloaded every model", out.stderr
+            assert ps()["state"] == "unloaded"
+            assert cli("ps", "--url", url, env=env).stdout.strip() == "no model loaded"
 
             serve.send_signal(signal.SIGINT)
             assert serve.wait(timeout=30) == 0

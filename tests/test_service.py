@@ -19,7 +19,8 @@ from launcher.registry import ChildRegistry
 from launcher.supervisor import Supervisor, owner_token
 from studio.http.app import create_app
 from studio.library.catalog import Catalog
-from studio.residency.manager import ModelManager
+from studio.residency.manager import ModelManager, supervisor_factory
+from studio.views.residency import status_json
 from studio.settings import ModelDefaults
 from tests.helpers import assert_no_children, free_port, wait_for
 
@@ -38,9 +39,9 @@ def studio(llama_server_bin, gemma_model, zoo_dir, tmp_path_factory):
     (models / gemma_model.name).symlink_to(gemma_model)
     (models / "llama-dense.gguf").symlink_to(zoo_dir / "llama-dense.gguf")
     (models / "broken.gguf").write_text("not a model")
-    supervisor = Supervisor(logs_dir=root / "logs", registry=ChildRegistry(root / "run", owner_token()))
+    supervisors = supervisor_factory(root / "logs", ChildRegistry(root / "run", owner_token()))
     manager = ModelManager(catalog=Catalog([models], aliases={"tiny-alias": TINY}), binary=llama_server_bin,
-                           supervisor=supervisor, caps=probe(llama_server_bin, cache_dir=root / "cache"),
+                           make_supervisor=supervisors, caps=probe(llama_server_bin, cache_dir=root / "cache"),
                            model_defaults={TINY: ModelDefaults(n_ctx=512, spec="off")})
     port = free_port()
     server = uvicorn.Server(uvicorn.Config(create_app(manager), host="127.0.0.1", port=port, log_level="warning"))
@@ -159,7 +160,7 @@ def test_swap_between_models_cuts_no_request(studio, client):
     with ThreadPoolExecutor(4) as pool:
         answered = list(pool.map(ask, order))
     assert answered == order
-    assert manager.status()["in_flight"] == 0
+    assert status_json(manager)["in_flight"] == 0
 
 
 def test_unknown_model_is_404(client):
@@ -174,7 +175,8 @@ def test_non_gguf_model_is_400_and_the_live_model_keeps_serving(studio, client):
     resp = httpx.post(f"{base}/api/load", json={"model": "broken"}, timeout=60)
     assert resp.status_code == 400
     assert "not a GGUF file" in resp.json()["error"]["message"]
-    assert manager.status()["state"] == "ready" and manager.status()["model"] == TINY
+    tiny = next(m for m in status_json(manager)["models"] if m["model"] == TINY)
+    assert tiny["state"] == "ready"  # the resident models keep serving
 
 
 def test_bad_bodies_get_openai_shaped_errors(studio):
@@ -183,7 +185,7 @@ def test_bad_bodies_get_openai_shaped_errors(studio):
         "model": TINY, "messages": [{"role": "user", "content": "x"}], "enable_thinking": True,
         "chat_template_kwargs": "not an object"})
     assert resp.status_code == 400 and resp.json()["error"]["param"] == "chat_template_kwargs"
-    assert manager.status()["in_flight"] == 0  # the refused request released its place (a swap would wait)
+    assert status_json(manager)["in_flight"] == 0  # the refused request released its place (a swap would wait)
     resp = httpx.post(f"{base}/v1/chat/completions", content=b"{not json", timeout=10)
     assert resp.status_code == 400 and resp.json()["error"]["type"] == "invalid_request_error"
     resp = httpx.post(f"{base}/api/load", json={"model": GEMMA, "n_ctx": -5}, timeout=10)
@@ -240,9 +242,10 @@ def test_gui_flow_load_progress_status_chat_unload(studio):
 def test_api_key_never_reaches_the_argv(studio, client):
     _, manager = studio
     client.chat.completions.create(model=TINY, messages=[{"role": "user", "content": "x"}], max_tokens=2)
-    pid = manager.supervisor.status().pid
-    assert manager.loaded.api_key not in " ".join(psutil.Process(pid).cmdline())
-    assert httpx.get(f"{manager.loaded.url}/v1/models").status_code == 401  # unreachable without the key
+    tiny = manager.find(TINY)
+    pid = tiny.supervisor.status().pid
+    assert tiny.loaded.api_key not in " ".join(psutil.Process(pid).cmdline())
+    assert httpx.get(f"{tiny.loaded.url}/v1/models").status_code == 401  # unreachable without the key
 
 
 def test_gui_chat_stream_has_typed_events_and_a_final_summary(studio):
@@ -271,9 +274,9 @@ def test_gui_chat_reports_overflow_as_an_error_event(studio):
 
 
 def test_api_token_guards_everything_but_health(llama_server_bin, tmp_path):
-    supervisor = Supervisor(logs_dir=tmp_path / "logs", registry=ChildRegistry(tmp_path / "run", owner_token()))
-    manager = ModelManager(catalog=Catalog([tmp_path]), binary=llama_server_bin, supervisor=supervisor,
-                           caps=probe(llama_server_bin))
+    manager = ModelManager(catalog=Catalog([tmp_path]), binary=llama_server_bin, caps=probe(llama_server_bin),
+                           make_supervisor=supervisor_factory(tmp_path / "logs",
+                                                              ChildRegistry(tmp_path / "run", owner_token())))
     app = create_app(manager, api_token="s3cret")
     with TestClient(app) as client:
         assert client.get("/health").status_code == 200
@@ -290,19 +293,19 @@ def test_api_token_guards_everything_but_health(llama_server_bin, tmp_path):
 
 def test_plan_preview_loads_nothing(studio):
     base, manager = studio
-    before = manager.status()
+    before = status_json(manager)
     resp = httpx.post(f"{base}/api/plan", json={"model": GEMMA, "n_ctx": 8192, "spec": "off"}, timeout=60)
     assert resp.status_code == 200, resp.text
     plan = resp.json()
     assert plan["context"]["n_ctx"] == 8192 and plan["reasons"]
-    assert manager.status()["pid"] == before["pid"]
+    assert status_json(manager)["pid"] == before["pid"]
 
 
 def test_config_defaults_reach_the_plan_and_a_request_wins(llama_server_bin, gemma_model, tmp_path):
     defaults = ModelDefaults(spec="ngram", spec_n_max=5, cache_type_kv="q8_0")
     manager = ModelManager(catalog=Catalog([gemma_model.parent]), binary=llama_server_bin, caps=probe(llama_server_bin),
-                           supervisor=Supervisor(logs_dir=tmp_path / "logs",
-                                                 registry=ChildRegistry(tmp_path / "run", owner_token())),
+                           make_supervisor=supervisor_factory(tmp_path / "logs",
+                                                              ChildRegistry(tmp_path / "run", owner_token())),
                            model_defaults={GEMMA: defaults})
     with TestClient(create_app(manager)) as client:
         plan = client.post("/api/plan", json={"model": GEMMA, "n_ctx": 4096}).json()
@@ -330,9 +333,9 @@ def test_an_alias_serves_its_model_with_the_configured_defaults(studio, client):
     reply = client.chat.completions.create(
         model="tiny-alias", messages=[{"role": "user", "content": "x"}], max_tokens=2)
     assert reply.choices[0].message.content is not None
-    status = httpx.get(f"{base}/api/status").json()
-    assert status["path"].endswith("llama-dense.gguf")
-    assert studio[1].loaded.settings.n_ctx == 512  # the configured defaults reached the launch
+    status = next(m for m in httpx.get(f"{base}/api/status").json()["models"]
+                  if m["path"].endswith("llama-dense.gguf"))
+    assert studio[1].find("tiny-alias").settings.n_ctx == 512  # the configured defaults reached the launch
     assert status["speculative"]["requested"] == "off" and status["cache_type_kv"] == "f16"
     # llama-server caps a slot at the model's training context (256 for the zoo models): it says so itself.
     assert status["effective_context"] == 256

@@ -52,12 +52,21 @@ def test_config_file_values_and_env_overrides(tmp_path):
     ("port = ", "not valid TOML"),
     ("colour = 'blue'", "unknown key 'colour'"),
     ("[aliases]\nchat = 3", "[aliases] must map"),
-    ("[models.m]\nn_ctx = -1", "n_ctx must be an integer from 256 up"),
-    ("[models.m]\nn_ctx = 100", "n_ctx must be an integer from 256 up"),
+    ("[models.m]\nn_ctx = -1", "n_ctx must be an integer from 256 to 16777216"),
+    ("[models.m]\nn_ctx = 100", "n_ctx must be an integer from 256 to 16777216"),
+    ("[models.m]\nn_ctx = 1000000000000", "n_ctx must be an integer from 256 to 16777216"),
+    ("memory_budget = 'lots'", "memory_budget: 'lots' is not a size"),
+    ("memory_budget = {CPU = '-1GiB'}", "is not a size"),
+    ("ttl = -5", "ttl must be a number from 0"),
+    ("max_resident = 0", "max_resident must be a number from 1"),
+    ("preload = 'gemma'", "preload must be a list of model names"),
+    ("[models.m]\nttl = -1", "[models.'m']: ttl must be a number from 0"),
+    ("[models.m]\npinned = 'yes'", "pinned must be true or false"),
     ("[models.m]\nctx = 1", "unknown key 'ctx'"),
     ("[models.m]\nextra_args = '--temp 0.7'", "extra_args must be a list of strings"),
 ])
 def test_a_bad_config_file_is_one_clear_error(tmp_path, text, words):
+    """Each refused value names its key (and the model's table), nothing is half-applied."""
     (tmp_path / "config.toml").write_text(text)
     with pytest.raises(ValueError) as info:
         Settings.from_env({"GGUF_STUDIO_HOME": str(tmp_path)})
@@ -84,3 +93,19 @@ def test_a_bad_model_default_names_its_section_and_key(tmp_path, line, words):
 def test_a_named_config_file_must_exist(tmp_path):
     with pytest.raises(ValueError, match="does not exist"):
         Settings.from_env({"GGUF_STUDIO_HOME": str(tmp_path), "GGUF_STUDIO_CONFIG": str(tmp_path / "nope.toml")})
+
+
+def test_residency_settings_from_the_config_and_the_environment(tmp_path):
+    (tmp_path / "config.toml").write_text(
+        'memory_budget = "2GiB"\nttl = 300\nmax_resident = 3\npreload = ["a", "b"]\nunload_grace = 2\n'
+        '[models.a]\nttl = 0\npinned = true\n')
+    s = Settings.from_env({"GGUF_STUDIO_HOME": str(tmp_path)})
+    r = s.residency
+    assert (r.memory_budget.total, r.ttl, r.max_resident, r.preload, r.unload_grace) == (
+        2 * 2**30, 300, 3, ("a", "b"), 2)
+    assert s.model_defaults["a"].ttl == 0 and s.model_defaults["a"].pinned is True
+    s = Settings.from_env({"GGUF_STUDIO_HOME": str(tmp_path), "GGUF_STUDIO_MEMORY_BUDGET": "CPU=512MiB,CUDA0=1.5GB"})
+    assert s.residency.memory_budget.total is None
+    assert dict(s.residency.memory_budget.per_device) == {"CPU": 512 * 2**20, "CUDA0": 1_500_000_000}
+    with pytest.raises(ValueError, match="GGUF_STUDIO_MEMORY_BUDGET: 'x' is not a size"):
+        Settings.from_env({"GGUF_STUDIO_HOME": str(tmp_path), "GGUF_STUDIO_MEMORY_BUDGET": "x"})

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+from dataclasses import replace
 import shlex
 import signal
 import sys
@@ -148,15 +149,16 @@ def _model_manager(settings: Settings) -> tuple[ModelManager, Discovered]:
     """A model manager over the models dir with the llama-server found here (orphans of earlier runs reaped)."""
     from launcher.capabilities import probe
     from launcher.registry import ChildRegistry
-    from launcher.supervisor import Supervisor, owner_token
-    from studio.residency.manager import ModelManager
+    from launcher.supervisor import owner_token
+    from studio.residency.manager import ModelManager, supervisor_factory
 
     found = _find_binary(settings)
     registry = ChildRegistry(settings.home / "run", owner_token())
     registry.reap_orphans()
-    supervisor = Supervisor(logs_dir=settings.logs_dir / "llama-server", registry=registry)
     manager = ModelManager(
-        catalog=_catalog(settings), binary=found.path, supervisor=supervisor, model_defaults=settings.model_defaults,
+        catalog=_catalog(settings), binary=found.path,
+        make_supervisor=supervisor_factory(settings.logs_dir / "llama-server", registry),
+        model_defaults=settings.model_defaults, residency=settings.residency,
         caps=probe(found.path, cache_dir=settings.home / "cache"), files_root=settings.home / "run",
     )
     return manager, found
@@ -245,15 +247,19 @@ def _serve(model: str | None, *, host: str | None, port: int | None, ctx: int | 
     from launcher.process import ensure_port_free
     from studio.http.app import create_app
     from studio.library.default_model import ensure_default_model
-    from studio.residency.manager import LoadRequest
     from studio.http.server import run_service
+    from studio.residency.requests import LoadRequest
 
     settings = Settings.from_env()
-    if model is None:
-        initial = str(ensure_default_model(settings.models_dir))
-    else:
-        initial = model
-        _catalog(settings).resolve(model)  # a name that is nowhere fails now, not in the log
+    catalog = _catalog(settings)
+    preload = list(settings.residency.preload)
+    for name in preload:
+        catalog.resolve(name)  # a name that is nowhere fails now, not in the log
+    if model is not None:
+        catalog.resolve(model)
+        preload = [model, *(p for p in preload if p != model)]
+    elif not preload:
+        preload = [str(ensure_default_model(settings.models_dir))]
     host = host or settings.host
     port = port or settings.port
     ensure_port_free(host, port)
@@ -262,10 +268,11 @@ def _serve(model: str | None, *, host: str | None, port: int | None, ctx: int | 
                    "machine can use the API", err=True)
     manager, found = _model_manager(settings)
     url = f"http://{host}:{port}"
-    typer.echo(f"loading {initial} with llama-server ({found.source}: {found.path}) ...", err=True)
+    typer.echo(f"loading {', '.join(preload)} with llama-server ({found.source}: {found.path}) ...", err=True)
+    requests = [LoadRequest(model=name, n_ctx=ctx if i == 0 else None) for i, name in enumerate(preload)]
     try:
         run_service(
-            create_app(manager, initial_load=LoadRequest(model=initial, n_ctx=ctx), api_token=settings.api_token),
+            create_app(manager, preload=requests, api_token=settings.api_token),
             host=host, port=port,
             announce=lambda: typer.echo(
                 f"GGUF Studio at {url}  (OpenAI API: {url}/v1, GUI API: {url}/api, docs: {url}/docs; Ctrl-C stops)"),
@@ -273,7 +280,7 @@ def _serve(model: str | None, *, host: str | None, port: int | None, ctx: int | 
     except KeyboardInterrupt:  # uvicorn re-raises Ctrl-C after a clean shutdown: that is a normal stop
         pass
     finally:
-        manager.supervisor.close()  # the app's shutdown did it, unless uvicorn never started
+        manager.close_now()  # the app's shutdown did it, unless uvicorn never started
     typer.echo("stopped", err=True)
 
 
@@ -331,18 +338,18 @@ def run(
 def _chat(studio: LocalStudio, manager: ModelManager, *, model: str, ctx: int | None, once: str | None,
           max_tokens: int | None, force: bool) -> None:
     """Load ``model`` in the in-process studio, then answer ``once`` or chat until the user ends it."""
-    from studio.residency.manager import LoadRequest
     from studio.cli.terminal_chat import ChatError, answer_once, chat_loop
+    from studio.residency.requests import LoadRequest
 
     gguf_error = _gguf_error_type()
     request = LoadRequest(model=model, n_ctx=ctx)
     try:
-        launch = studio.call(manager.preview(request))
-        if not launch.fits and not force:
-            over = "; ".join(w for w in launch.warnings if "over the budget" in w) or "over the memory budget"
+        placed = studio.call(manager.preview(request))
+        if not placed.fits and not force:
+            over = "; ".join(w for w in placed.plan.warnings if "over the budget" in w) or "over the memory budget"
             raise CommandError(f"{model} does not fit here: {over}", code=EXIT_DOES_NOT_FIT,
                                hint="try a smaller --ctx (see `ggstudio plan`), or --force to load it anyway")
-        loaded = studio.load(request, progress=sys.stderr if sys.stderr.isatty() else None)
+        loaded = studio.load(replace(request, force=force), progress=sys.stderr if sys.stderr.isatty() else None)
     except gguf_error as exc:
         if exit_code(exc) == EXIT_NOT_FOUND:
             raise
@@ -446,28 +453,36 @@ def _mib(n: int | None) -> str:
 
 
 def _status_text(status: dict[str, Any]) -> str:
-    if status.get("state") == "unloaded":
-        return "no model loaded"
-    memory = status.get("memory") or {}
-    used = (memory.get("actual") or memory.get("predicted") or {}).get("total")
-    row = {"MODEL": status.get("model") or "-", "STATE": status.get("state") or "?",
-           "CONTEXT": f"{status['effective_context']:,}" if status.get("effective_context") else "-",
-           "MEMORY": _mib(used), "PID": str(status.get("pid") or "-"),
-           "REQUESTS": str(status.get("in_flight", 0)), "PATH": status.get("path") or "-"}
-    widths = {k: max(len(k), len(v)) for k, v in row.items()}
-    lines = ["  ".join(k.ljust(widths[k]) for k in row).rstrip(), "  ".join(v.ljust(widths[k]) for k, v in row.items())
-             .rstrip()]
-    progress = status.get("progress")
-    if status.get("state") == "loading" and progress and progress.get("bytes_total"):
-        lines.append(f"loading: {progress['phase']} {progress['bytes_loaded'] * 100 // progress['bytes_total']}%")
-    if status.get("error"):
-        lines.append(f"error: {status['error']}")
-    return "\n".join(lines)
+    """Every resident model as a table, then load progress and errors."""
+    models = status.get("models") or []
+    if not models:
+        return "no model loaded" + (f" ({status['model']} is being resolved)" if status.get("model") else "")
+    rows = []
+    notes = []
+    for m in models:
+        memory = m.get("memory") or {}
+        used = (memory.get("actual") or memory.get("predicted") or {}).get("total")
+        ttl = "pinned" if m.get("pinned") else (f"{m['ttl_left']:,.0f}s" if m.get("ttl_left") is not None else "-")
+        default = "*" if m.get("model") == status.get("model") else ""
+        rows.append({"MODEL": f"{m.get('model') or '-'}{default}", "STATE": m.get("state") or "?",
+                     "CONTEXT": f"{m['effective_context']:,}" if m.get("effective_context") else "-",
+                     "MEMORY": _mib(used), "PID": str(m.get("pid") or "-"), "REQUESTS": str(m.get("in_flight", 0)),
+                     "IDLE": f"{m.get('idle_s', 0):,.0f}s", "TTL": ttl})
+        progress = m.get("progress")
+        if m.get("state") == "loading" and progress and progress.get("bytes_total"):
+            notes.append(f"{m['model']} loading: {progress['phase']} "
+                         f"{progress['bytes_loaded'] * 100 // progress['bytes_total']}%")
+        if m.get("error"):
+            notes.append(f"{m['model']}: error: {m['error']}")
+    widths = {k: max(len(k), *(len(r[k]) for r in rows)) for k in rows[0]}
+    lines = ["  ".join(k.ljust(widths[k]) for k in rows[0]).rstrip()]
+    lines += ["  ".join(v.ljust(widths[k]) for k, v in r.items()).rstrip() for r in rows]
+    return "\n".join(lines + notes + (["* the default model (requests without `model`)"] if len(rows) > 1 else []))
 
 
 @app.command()
 def ps(url: UrlOption = None, json_output: JsonOption = False) -> None:
-    """Show the model a running studio has loaded: state, context, memory, pid.
+    """Show the models a running studio holds: state, context, memory, pid, requests, idle time, TTL.
 
         ggstudio ps --url http://127.0.0.1:8081 --json
     """
@@ -485,7 +500,7 @@ def load(
     url: UrlOption = None,
     json_output: JsonOption = False,
 ) -> None:
-    """Load a model into a running studio (it replaces the loaded one once its requests finish).
+    """Load a model into a running studio (idle models are evicted if it needs their memory).
 
         ggstudio load gemma-3-270m-Q4_K_M --ctx 4096
     """
@@ -495,6 +510,9 @@ def load(
         raise CommandError(f"{model} does not fit there: " + ("; ".join(plan.get("warnings") or ()) or
                                                               "over the memory budget"),
                            code=EXIT_DOES_NOT_FIT, hint="try a smaller --ctx, or --force to load it anyway")
+    if plan.get("evicts"):
+        typer.echo(f"evicting {', '.join(plan['evicts'])} (idle) to make room", err=True)
+    body["force"] = force
     status = _with_load_progress(lambda: _api("POST", url, "/api/load", body=body, timeout=None), url, model)
     if json_output:
         typer.echo(json.dumps(status, indent=2))
@@ -541,21 +559,20 @@ def _with_load_progress(call: Callable[[], dict[str, Any]], url: str | None, mod
 
 @app.command()
 def unload(
-    model: Annotated[Optional[str], typer.Argument(help="Only if this is the model loaded (name or path).")] = None,
+    model: Annotated[Optional[str], typer.Argument(help="The resident model to unload (default: every model).")]
+    = None,
     url: UrlOption = None,
     json_output: JsonOption = False,
 ) -> None:
-    """Unload the model of a running studio (a load in progress is cancelled)."""
-    if model is not None:
-        current = _api("GET", url, "/api/status")
-        if model not in (current.get("model"), current.get("path")):
-            typer.echo(f"{model} is not loaded (loaded: {current.get('model') or 'nothing'}); nothing to do",
-                       err=True)
-            if json_output:
-                typer.echo(json.dumps(current, indent=2))
-            return
-    status = _api("POST", url, "/api/unload", timeout=60)
-    typer.echo(json.dumps(status, indent=2) if json_output else "unloaded")
+    """Unload one model of a running studio, or all of them (a load in progress is cancelled)."""
+    try:
+        status = _api("POST", url, "/api/unload", body={"model": model} if model else {}, timeout=120)
+    except CommandError as exc:
+        if exc.code != EXIT_NOT_FOUND:
+            raise
+        typer.echo(f"{exc}; nothing to do", err=True)
+        return
+    typer.echo(json.dumps(status, indent=2) if json_output else f"unloaded {model or 'every model'}")
 
 
 # -- plan, doctor, models ------------------------------------------------------------------------
@@ -576,6 +593,9 @@ def plan_command(
     cache_type: Annotated[Optional[str], typer.Option(
         help="KV cache type for K and V: f16, q8_0, q4_0... (default: the config's, or f16).")] = None,
     json_output: Annotated[bool, typer.Option("--json", help="Print JSON instead of text.")] = False,
+    url: Annotated[Optional[str], typer.Option(
+        help="Ask a running studio instead: its plan counts what its resident models hold, and names the "
+             "models the load would evict.")] = None,
 ) -> None:
     """Show how a model would be launched here: GPUs, layers, context, speculative flags, memory, and why.
 
@@ -585,9 +605,15 @@ def plan_command(
     from launcher.command import build_command
     from launcher.devices import discover
     from launcher.planner import load_model, plan
-    from studio.residency.manager import LoadRequest, load_settings
+    from studio.residency.requests import LoadRequest, load_settings
     from studio.views.plan import plan_json, render_plan
 
+    if url is not None:  # a running studio plans it against what its resident models hold
+        body = {"model": model, "n_ctx": ctx, "n_parallel": parallel, "spec": spec, "spec_n_max": n_max,
+                "cache_type_kv": cache_type.lower() if cache_type else None}
+        info = _api("POST", url, "/api/plan", body={k: v for k, v in body.items() if v is not None}, timeout=120)
+        typer.echo(json.dumps(info, indent=2) if json_output else render_plan(info))
+        return
     settings = Settings.from_env()
     found = _find_binary(settings)
     caps = probe(found.path, cache_dir=settings.home / "cache")

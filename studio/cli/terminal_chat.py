@@ -30,7 +30,10 @@ import httpx
 import uvicorn
 
 from studio.http.app import create_app
-from studio.residency.manager import LoadedModel, LoadRequest, ModelManager
+from studio.residency.manager import ModelManager
+from studio.residency.requests import LoadRequest
+from studio.residency.resident import LoadedModel
+from studio.views.residency import status_json
 
 T = TypeVar("T")
 
@@ -94,7 +97,7 @@ class LocalStudio:
                     self._server.force_exit = True
                     self._thread.join(self.shutdown_grace)
         finally:
-            self.manager.supervisor.close()  # no-op when the lifespan already did it
+            self.manager.close_now()  # no-op when the lifespan already did it
             self._sock.close()
 
     def call(self, coro: Coroutine[Any, Any, T], *, tick: Callable[[], None] | None = None) -> T:
@@ -122,7 +125,7 @@ class LocalStudio:
         def tick() -> None:
             if progress is None:
                 return
-            p = self.manager.status().get("progress") or {}
+            p = status_json(self.manager).get("progress") or {}
             total, done = p.get("bytes_total") or 0, p.get("bytes_loaded") or 0
             percent = f" {done * 100 // total:3d}%" if total else ""
             progress.write(f"\rloading {name}: {p.get('phase') or 'starting'}{percent}\x1b[K")

@@ -7,13 +7,14 @@ OpenAI error shape (``studio.errors.error_body``).
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 
 import structlog
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 import gguf
 from launcher.errors import LauncherError, LoadError, StartAbortedError
@@ -22,7 +23,8 @@ from studio.http.gui_api import router as api_router
 from studio.http.auth import BearerTokenMiddleware
 from studio.http.gui_chat import router as chat_router
 from studio.errors import BusyError, StudioError, error_body
-from studio.residency.manager import LoadRequest, ModelManager
+from studio.residency.manager import ModelManager
+from studio.residency.requests import LoadRequest
 from studio.http.openai_proxy import OpenAIRoutes
 from studio.http.openai_proxy import router as proxy_router
 from studio.http.upstream import Upstream
@@ -33,11 +35,11 @@ log = structlog.get_logger(__name__)
 def create_app(
     manager: ModelManager,
     *,
-    initial_load: LoadRequest | None = None,
+    preload: Sequence[LoadRequest] = (),
     api_token: str | None = None,
     max_connections: int = 64,
 ) -> FastAPI:
-    """Return the service app around ``manager``; ``initial_load`` starts loading at start-up.
+    """Return the service app around ``manager``; the ``preload`` models start loading at start-up, in order.
 
     With ``api_token`` every route but ``/health`` needs ``Authorization: Bearer <token>``.
     """
@@ -46,8 +48,8 @@ def create_app(
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         app.state.upstream = upstream = Upstream(max_connections=max_connections)
         app.state.manager = manager
-        if initial_load is not None:
-            app.state.initial_load = asyncio.create_task(_initial_load(manager, initial_load))
+        if preload:
+            app.state.preload = asyncio.create_task(_preload(manager, preload))
         try:
             yield
         finally:
@@ -79,6 +81,14 @@ def create_app(
         param = ".".join(str(p) for p in first.get("loc", ())[1:]) or None
         return JSONResponse(error_body(f"{param}: {first.get('msg', 'invalid')}", "invalid_request_error", param), 422)
 
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        """Unknown routes and refused methods get the one error shape too, not FastAPI's ``detail``."""
+        kind = {404: "not_found_error", 405: "invalid_request_error"}.get(exc.status_code, "invalid_request_error")
+        message = {404: f"no such route: {request.method} {request.url.path}",
+                   405: f"{request.method} is not allowed on {request.url.path}"}.get(exc.status_code, str(exc.detail))
+        return JSONResponse(error_body(message, kind, None, None), exc.status_code, headers=exc.headers)
+
     @app.get("/health")
     async def health() -> dict[str, str]:
         return {"status": "ok"}
@@ -104,8 +114,9 @@ def error_response(exc: Exception) -> JSONResponse | None:
     return None
 
 
-async def _initial_load(manager: ModelManager, request: LoadRequest) -> None:
-    try:
-        await manager.load(request)
-    except Exception as exc:  # shown in /api/status; the service keeps running
-        log.error("initial model load failed", model=request.model, error=str(exc))
+async def _preload(manager: ModelManager, requests: Sequence[LoadRequest]) -> None:
+    for request in requests:
+        try:
+            await manager.load(request)
+        except Exception as exc:  # shown in /api/status; the service keeps running
+            log.error("preloading a model failed", model=request.model, error=str(exc))

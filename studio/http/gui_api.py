@@ -1,4 +1,4 @@
-"""The studio GUI's API under ``/api``: models, load, unload, status, progress and logs."""
+"""The studio GUI's API under ``/api``: models, load, unload, pin, TTL, status, progress and logs."""
 
 from __future__ import annotations
 
@@ -15,10 +15,13 @@ from pydantic import BaseModel, Field
 
 from launcher.memory import CacheType
 from launcher.speculative import MODES
-from studio.residency.manager import LoadRequest, ModelManager, ModelState
+from studio.errors import ModelNotResidentError
+from studio.residency.manager import ModelManager
+from studio.residency.requests import LoadRequest
+from studio.settings import LOAD_LIMITS, RESIDENCY_LIMITS
 from studio.views.model import summary
 from studio.views.plan import plan_json
-from studio.settings import LOAD_LIMITS
+from studio.views.residency import status_json
 
 router = APIRouter(prefix="/api")
 
@@ -30,7 +33,7 @@ class LoadBody(BaseModel):
     """A load (or plan preview) request from the GUI."""
 
     model: str = Field(description="A registered model name or a path to a .gguf file.")
-    n_ctx: int | None = Field(default=None, ge=LOAD_LIMITS["n_ctx"][0],
+    n_ctx: int | None = Field(default=None, ge=LOAD_LIMITS["n_ctx"][0], le=LOAD_LIMITS["n_ctx"][1],
                               description="Context size; default: the config's, or the largest that fits.")
     n_parallel: int | None = Field(default=None, ge=LOAD_LIMITS["n_parallel"][0], le=LOAD_LIMITS["n_parallel"][1],
                                    description="Server slots; default: the config's, or 1.")
@@ -42,13 +45,37 @@ class LoadBody(BaseModel):
         default=None, ge=LOAD_LIMITS["spec_n_max"][0], le=LOAD_LIMITS["spec_n_max"][1],
         description="Drafted tokens per step; default: the config's, or the policy's.")
     extra_args: list[str] | None = Field(default=None, description="Extra llama-server flags; default: the last ones, or the config's.")
+    ttl: float | None = Field(default=None, ge=RESIDENCY_LIMITS["ttl"][0], le=RESIDENCY_LIMITS["ttl"][1],
+                              description="Seconds idle before the model is unloaded (0: never); default: the config's.")
+    pinned: bool | None = Field(default=None, description="Never evict this model; default: the config's.")
+    force: bool = Field(default=False, description="Load even when the plan says it does not fit.")
 
     def request(self) -> LoadRequest:
         return LoadRequest(
             model=self.model, n_ctx=self.n_ctx, n_parallel=self.n_parallel, spec=self.spec,
             spec_n_max=self.spec_n_max, cache_type=self.cache_type_kv,
             extra_args=tuple(self.extra_args) if self.extra_args is not None else None,
+            ttl=self.ttl, pinned=self.pinned, force=self.force,
         )
+
+
+class UnloadBody(BaseModel):
+    """Which model to unload; none: every model."""
+
+    model: str | None = Field(default=None, description="A resident model's name; omit to unload all.")
+    grace: float | None = Field(default=None, ge=0, le=RESIDENCY_LIMITS["unload_grace"][1],
+                                description="Seconds requests in flight may finish; default: the config's.")
+
+
+class PinBody(BaseModel):
+    model: str = Field(description="A resident model's name.")
+    pinned: bool = True
+
+
+class TtlBody(BaseModel):
+    model: str = Field(description="A resident model's name.")
+    ttl: float = Field(ge=RESIDENCY_LIMITS["ttl"][0], le=RESIDENCY_LIMITS["ttl"][1],
+                       description="Seconds idle before the model is unloaded; 0: never.")
 
 
 def _manager(request: Request) -> ModelManager:
@@ -77,45 +104,75 @@ async def inspect_model(request: Request, name: str) -> dict[str, Any]:
 
 @router.post("/load")
 async def load(request: Request, body: LoadBody) -> dict[str, Any]:
-    """Load a model and return the status once it is ready."""
+    """Make a model resident (evicting idle ones as needed) and the default; the status once it is ready."""
     manager = _manager(request)
     await manager.load(body.request())
-    return manager.status()
+    return status_json(manager)
 
 
 @router.post("/plan")
 async def plan_preview(request: Request, body: LoadBody) -> dict[str, Any]:
-    """What a load would get (context, GPUs, speculative mode, memory per device, reasons), loading nothing."""
-    return plan_json(await _manager(request).preview(body.request()))
+    """What a load would get (context, GPUs, speculative mode, memory per device, reasons) and what it would
+    evict, loading nothing."""
+    placed = await _manager(request).preview(body.request())
+    return {**plan_json(placed.plan), "fits": placed.fits or body.force, "evicts": list(placed.evict),
+            "blocked_by": list(placed.blocked_by)}
 
 
 @router.post("/unload")
-async def unload(request: Request) -> dict[str, Any]:
-    """Unload the model, cancelling a load in progress."""
+async def unload(request: Request, body: UnloadBody | None = None) -> dict[str, Any]:
+    """Unload one model, or every model; requests in flight get a grace, then an error. Cancels a load."""
     manager = _manager(request)
-    await manager.unload()
-    return manager.status()
+    body = body or UnloadBody()
+    await manager.unload(body.model, grace=body.grace)
+    return status_json(manager)
+
+
+@router.post("/pin")
+async def pin(request: Request, body: PinBody) -> dict[str, Any]:
+    """Pin a resident model (never evicted, no idle TTL) or unpin it."""
+    manager = _manager(request)
+    manager.set_pinned(body.model, body.pinned)
+    return status_json(manager)
+
+
+@router.post("/ttl")
+async def ttl(request: Request, body: TtlBody) -> dict[str, Any]:
+    """Set a resident model's idle TTL."""
+    manager = _manager(request)
+    manager.set_ttl(body.model, body.ttl)
+    return status_json(manager)
 
 
 @router.get("/status")
 async def status(request: Request) -> dict[str, Any]:
-    return _manager(request).status()
+    return status_json(_manager(request))
+
+
+#: States after which a load's progress stream ends.
+_SETTLED = frozenset({"ready", "failed", "unloaded", "crashed"})
 
 
 @router.get("/progress")
-async def progress(request: Request) -> StreamingResponse:
-    """Server-sent events with the status whenever it changes, until ready, failed or unloaded."""
+async def progress(request: Request, model: str | None = None) -> StreamingResponse:
+    """Server-sent events with the status (of ``model``, or the default one) whenever it changes, until it settles."""
     manager = _manager(request)
+
+    def now() -> dict[str, Any]:
+        whole = status_json(manager)
+        if model is None:
+            return whole
+        mine = next((m for m in whole["models"] if model in (m["model"], m["path"])), None)
+        return mine or {"state": "resolving" if manager.resolving else "unloaded", "model": model}
 
     async def events() -> AsyncIterator[bytes]:
         last = None
         while True:
-            now = manager.status()
-            if now != last:
-                yield _sse(now)
-                last = now
-            if now["state"] in (ModelState.READY.value, ModelState.FAILED.value, ModelState.UNLOADED.value,
-                                ModelState.CRASHED.value):
+            current = now()
+            if current != last:
+                yield _sse(current)
+                last = current
+            if current["state"] in _SETTLED:
                 return
             await asyncio.sleep(POLL)
 
@@ -123,12 +180,15 @@ async def progress(request: Request) -> StreamingResponse:
 
 
 @router.get("/logs")
-async def logs(request: Request, follow: bool = True) -> StreamingResponse:
-    """Server-sent events with llama-server's log lines (the last 100, then new ones)."""
+async def logs(request: Request, follow: bool = True, model: str | None = None) -> StreamingResponse:
+    """Server-sent events with a model's llama-server log lines (the last 100, then new ones)."""
     manager = _manager(request)
+    resident = manager.find(model) if model is not None else manager.default
+    if resident is None and model is not None:
+        raise ModelNotResidentError(f"{model!r} is not resident")
 
     async def events() -> AsyncIterator[bytes]:
-        path: Path | None = manager.supervisor.status().log_path
+        path: Path | None = resident.supervisor.status().log_path if resident is not None else None
         if path is None or not path.exists():
             return
         with path.open("rb") as fh:

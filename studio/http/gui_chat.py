@@ -10,7 +10,7 @@ acceptance rate (``draft_n_accepted / draft_n``); or an ``error`` event whose
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from typing import Any
 
 import httpx
@@ -20,6 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from studio.errors import error_body
 from studio.residency.manager import ModelManager
+from studio.residency.resident import Lease
 from studio.http.openai_proxy import close_upstream, prepare_chat_body, send_upstream
 
 router = APIRouter(prefix="/api")
@@ -38,18 +39,18 @@ class ChatBody(BaseModel):
 async def chat(request: Request, body: ChatBody) -> StreamingResponse:
     manager: ModelManager = request.app.state.manager
     payload = body.model_dump(exclude_none=True)
-    loaded, release = await manager.acquire(body.model)
+    loaded, lease = await manager.acquire(body.model)
     try:
         prepare_chat_body(payload, loaded)
         payload.update(stream=True, stream_options={"include_usage": True})
-        resp = await send_upstream(request, loaded, "/v1/chat/completions", payload)
+        resp = await send_upstream(request, loaded, "/v1/chat/completions", payload, lease)
     except BaseException:
-        await release()
+        await lease()
         raise
-    return StreamingResponse(_events(resp, release), media_type="text/event-stream")
+    return StreamingResponse(_events(resp, lease), media_type="text/event-stream")
 
 
-async def _events(resp: httpx.Response, release: Callable[[], Awaitable[None]]) -> AsyncIterator[bytes]:
+async def _events(resp: httpx.Response, lease: Lease) -> AsyncIterator[bytes]:
     usage: dict[str, Any] | None = None
     timings: dict[str, Any] | None = None
     finish: str | None = None
@@ -79,10 +80,12 @@ async def _events(resp: httpx.Response, release: Callable[[], Awaitable[None]]) 
                 finish = choice.get("finish_reason") or finish
         yield _sse(_done(usage, timings, finish))
     except httpx.HTTPError as exc:
-        yield _sse({"type": "error", "status": 502,
-                    **error_body(f"llama-server went away mid-stream: {exc}", "upstream_error")})
+        cut = lease.interruption
+        yield _sse({"type": "error", "status": cut.status, **error_body(cut.message, cut.type, code=cut.code)}
+                   if cut else {"type": "error", "status": 502,
+                                **error_body(f"llama-server went away mid-stream: {exc}", "upstream_error")})
     finally:
-        await close_upstream(resp, release)
+        await close_upstream(resp, lease)
 
 
 def _done(usage: dict[str, Any] | None, timings: dict[str, Any] | None, finish: str | None) -> dict[str, Any]:

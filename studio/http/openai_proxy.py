@@ -9,7 +9,12 @@ of the same paths remain for ``/docs`` and for the methods they refuse.
 Streams are relayed chunk by chunk from one pooled ``studio.http.upstream.Upstream``
 with no buffering and no re-serialisation per chunk. When the client goes away the
 relay is cancelled and the upstream response closed in ``finally``, which
-closes the connection; llama-server notices and frees the slot.
+closes the connection; llama-server notices and frees the slot. A non-streamed
+answer is read while the client's side is watched: a client that leaves stops
+the generation the same way, instead of keeping the slot busy to ``max_tokens``.
+
+A request holds its model through a ``Lease``; when the model goes away under it
+(an unload past its grace, an eviction), the error it gets says so.
 
 A streamed ``usage`` is llama-server's own and no chunk is parsed for it: a
 chat stream ends with OpenAI's usage chunk (empty ``choices``) exactly when the
@@ -22,8 +27,9 @@ last chunk always has both (b11434 ``tools/server/server-task.cpp``:
 
 from __future__ import annotations
 
+import asyncio
 import json
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import anyio
@@ -33,7 +39,8 @@ from fastapi.responses import Response, StreamingResponse
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from studio.errors import BadRequestError, UpstreamError, error_body
-from studio.residency.manager import LoadedModel, ModelManager
+from studio.residency.manager import ModelManager
+from studio.residency.resident import Lease, LoadedModel
 from studio.chat.reasoning import reasoning_template_kwargs
 from studio.http.upstream import Upstream
 
@@ -78,14 +85,16 @@ class OpenAIRoutes:
 
 @router.get("/v1/models")
 async def list_models(request: Request) -> dict[str, Any]:
-    """Every servable model; the loaded one carries its live context in ``meta``."""
+    """Every servable model; resident ones carry their state and live context in ``meta``."""
     manager = _manager(request)
-    loaded = manager.loaded
+    resident = {r.settings.path: r for r in manager.residents}
     data = []
     for entry in manager.catalog.entries():
         item: dict[str, Any] = {"id": entry.name, "object": "model", "created": 0, "owned_by": "gguf-studio"}
-        if loaded is not None and loaded.settings.path == entry.path:
-            item["meta"] = {"n_ctx": loaded.n_ctx, "n_ctx_train": loaded.facts.context_length, "loaded": True}
+        r = resident.get(entry.path)
+        if r is not None:
+            item["meta"] = {"n_ctx": r.loaded.n_ctx if r.loaded else None, "n_ctx_train": r.facts.context_length,
+                            "loaded": r.loaded is not None, "state": r.state.value}
         data.append(item)
     return {"object": "list", "data": data}
 
@@ -113,57 +122,84 @@ async def _forward(request: Request, path: str) -> Response:
     model = body.get("model")
     if model is not None and not isinstance(model, str):
         raise BadRequestError("`model` must be a string", param="model")
-    loaded, release = await _manager(request).acquire(model)
+    loaded, lease = await _manager(request).acquire(model)
     try:
         FORWARDED[path](body, loaded)
         body["model"] = loaded.name
-        resp = await send_upstream(request, loaded, path, body)
+        resp = await send_upstream(request, loaded, path, body, lease)
     except BaseException:
-        await release()
+        await lease()
         raise
     headers = {k: v for k, v in resp.headers.items() if k.lower() in _PASS_HEADERS}
     if body.get("stream") and resp.status_code == 200:
-        return StreamingResponse(_relay(resp, release), status_code=200, headers=headers)
+        return StreamingResponse(_relay(resp, lease), status_code=200, headers=headers)
     try:
-        content = await resp.aread()
+        content = await _read_unless_client_leaves(resp, request)
     except httpx.HTTPError as exc:
-        raise UpstreamError(f"llama-server broke off its answer: {exc}") from exc
+        raise lease.interruption or UpstreamError(f"llama-server broke off its answer: {exc}") from exc
     finally:
-        await close_upstream(resp, release)
+        await close_upstream(resp, lease)
+    if content is None:  # the client left: llama-server was told to stop; nobody reads this answer
+        return Response(status_code=499)
     if resp.status_code == 200 and not body.get("stream"):
         content = _with_usage(content)
     return Response(content, status_code=resp.status_code, headers=headers)
 
 
-async def _relay(resp: httpx.Response, release: Callable[[], Awaitable[None]]) -> AsyncIterator[bytes]:
+async def _read_unless_client_leaves(resp: httpx.Response, request: Request) -> bytes | None:
+    """The whole answer, or None as soon as the client disconnects (closing ``resp`` then stops llama-server)."""
+    reading = asyncio.ensure_future(resp.aread())
+    leaving = asyncio.ensure_future(_disconnect(request))
+    try:
+        await asyncio.wait({reading, leaving}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for task in (reading, leaving):
+            if not task.done():
+                task.cancel()
+    if reading.done() and not reading.cancelled():
+        return reading.result()
+    return None
+
+
+async def _disconnect(request: Request) -> None:
+    """Return once the client's side of the connection is gone (the body was already read)."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+
+
+async def _relay(resp: httpx.Response, lease: Lease) -> AsyncIterator[bytes]:
     """Yield upstream bytes as they arrive; end with an error event if upstream dies."""
     try:
         async for chunk in resp.aiter_raw():
             yield chunk
     except httpx.HTTPError as exc:
-        event = error_body(f"llama-server went away mid-stream: {exc}", "upstream_error")
+        cut = lease.interruption
+        event = error_body(cut.message, cut.type, code=cut.code) if cut else error_body(
+            f"llama-server went away mid-stream: {exc}", "upstream_error")
         yield f"data: {json.dumps(event)}\n\n".encode()
     finally:
-        await close_upstream(resp, release)
+        await close_upstream(resp, lease)
 
 
-async def send_upstream(request: Request, loaded: LoadedModel, path: str, body: dict[str, Any]) -> httpx.Response:
+async def send_upstream(request: Request, loaded: LoadedModel, path: str, body: dict[str, Any],
+                        lease: Lease | None = None) -> httpx.Response:
     """POST ``body`` to llama-server's ``path`` on the pooled client; the response streams.
 
     Raises:
         UpstreamError: llama-server did not answer.
+        studio.errors.ModelUnloadedError: the model went away under the request.
     """
     try:
         return await _upstream(request).post(loaded.url + path, body, loaded.auth_headers)
     except httpx.HTTPError as exc:
-        raise UpstreamError(f"llama-server did not answer: {exc}") from exc
+        raise (lease and lease.interruption) or UpstreamError(f"llama-server did not answer: {exc}") from exc
 
 
-async def close_upstream(resp: httpx.Response, release: Callable[[], Awaitable[None]]) -> None:
+async def close_upstream(resp: httpx.Response, lease: Callable[[], Any]) -> None:
     """Close the upstream response and end the request, even while a client disconnect cancels us."""
     with anyio.CancelScope(shield=True):
         await resp.aclose()
-        await release()
+        await lease()
 
 
 async def _json_body(request: Request) -> dict[str, Any]:

@@ -108,15 +108,14 @@ class LoopbackTransport(httpx.AsyncBaseTransport):
                 except (OSError, _ClosedBeforeAnswer) as exc:
                     conn.close()
                     if not conn.reused:
-                        raise httpx.RemoteProtocolError(f"llama-server did not answer: {exc!r}",
-                                                        request=request) from exc
+                        raise httpx.RemoteProtocolError(_plainly(exc), request=request) from exc
                     conn = None  # the server dropped an idle connection just now: once more, on a new one
         except BaseException as exc:
             if conn is not None:
                 conn.close()  # mid-request: closing it is what tells llama-server to stop
             self._slots.release()
             if isinstance(exc, (asyncio.IncompleteReadError, asyncio.LimitOverrunError, ValueError)):
-                raise httpx.RemoteProtocolError(f"llama-server sent a broken answer: {exc!r}",
+                raise httpx.RemoteProtocolError(f"it sent a broken answer ({_plainly(exc)})",
                                                 request=request) from exc
             if isinstance(exc, TimeoutError):
                 raise httpx.ReadTimeout(f"no answer from llama-server within {read_timeout} s",
@@ -147,6 +146,17 @@ class LoopbackTransport(httpx.AsyncBaseTransport):
         idle, self._idle = self._idle, []
         for conn in idle:
             conn.close()
+
+
+def _plainly(exc: BaseException) -> str:
+    """What went wrong, in words a client can read: never an internal class name."""
+    if isinstance(exc, asyncio.IncompleteReadError):
+        return "the answer ended early"
+    if isinstance(exc, asyncio.LimitOverrunError):
+        return "a line of the answer was too long"
+    if isinstance(exc, OSError):
+        return exc.strerror or str(exc) or "the connection failed"
+    return str(exc) or "the connection failed"
 
 
 class _ClosedBeforeAnswer(Exception):
@@ -188,7 +198,7 @@ async def _read_head(reader: asyncio.StreamReader) -> tuple[int, list[tuple[byte
             raw = await reader.readuntil(b"\r\n\r\n")
         except asyncio.IncompleteReadError as exc:
             if not exc.partial:
-                raise _ClosedBeforeAnswer("llama-server closed the connection without an answer") from None
+                raise _ClosedBeforeAnswer("it closed the connection without an answer") from None
             raise
         lines = raw[:-4].split(b"\r\n")
         version, _, rest = lines[0].partition(b" ")
@@ -244,7 +254,7 @@ class _Body(httpx.AsyncByteStream):
         except TimeoutError as exc:  # before OSError, its base
             raise httpx.ReadTimeout(f"no data from llama-server for {self._timeout} s", request=self._request) from exc
         except (OSError, asyncio.IncompleteReadError, asyncio.LimitOverrunError, ValueError) as exc:
-            raise httpx.RemoteProtocolError(f"llama-server broke off its answer: {exc!r}",
+            raise httpx.RemoteProtocolError(f"it broke off its answer ({_plainly(exc)})",
                                             request=self._request) from exc
         finally:
             await chunks.aclose()

@@ -1,129 +1,78 @@
-"""The model manager: the one process-wide owner of the llama-server supervisor.
+"""The model manager: which models are resident, where a new one goes, and which one a request uses.
 
-Loads are serialised by one lock. A request for the loaded model takes the
-fast path (no lock) and counts as in flight; a request for another model waits
-its turn in a bounded queue, and the swap itself waits until every in-flight
-request on the current model has finished: a model is never killed
-mid-request by a swap. An explicit unload is the user's decision and cancels a
-load in progress at once.
+It decides only placement and routing; each resident model's life belongs to its
+own ``ResidentModel``. A request for a ready model takes the fast path: a name
+lookup and an in-flight count, no lock. A request for a model that is not
+resident waits (in a bounded queue) while one placement at a time plans it
+against memory as it will be (``studio.residency.placement``), evicts what must
+go, and starts it; requests that arrive meanwhile for the same model wait for
+that one start, so concurrent first requests start exactly one llama-server.
 
-Blocking supervisor calls run in worker threads; the supervisor's own owner
-thread is the only one that touches the process.
+A request never changes a resident model's server settings: only an explicit
+load with other settings restarts it, once its requests in flight are done.
+
+Header reads, plans and device queries run off the event loop with a time limit
+(``studio.blocking``), so a hostile file cannot stall other clients.
 """
 
 from __future__ import annotations
 
 import asyncio
-import enum
-from collections.abc import Awaitable, Callable, Mapping
-from dataclasses import dataclass, field, replace
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-import httpx
 import structlog
 
 import gguf
-from gguf.facts import ModelFacts
-from gguf.templates import TemplateCapabilities, template_capabilities
+from gguf.templates import template_capabilities
 from launcher.capabilities import Capabilities
-from launcher.command import LaunchCommand, build_command
-from launcher.devices import Inventory, discover, free_memory_of, wait_for_memory_release
-from launcher.errors import StartAbortedError
-from launcher.memory import MemoryBill
-from launcher.planner import LaunchPlan, ModelInfo, PlanRequest, plan
-from launcher.supervisor import State, Status, Supervisor
-from studio.library.catalog import Catalog, CatalogEntry, model_name
-from studio.errors import BadRequestError, BusyError
-from studio.settings import ModelDefaults
+from launcher.command import build_command
+from launcher.devices import Inventory, discover
+from launcher.memory import DeviceBill, MemoryBill
+from launcher.planner import MIN_AUTO_CTX, LaunchPlan, ModelInfo, PlanRequest, plan
+from launcher.registry import ChildRegistry
+from launcher.supervisor import Status, Supervisor
+from studio.blocking import run_blocking
+from studio.errors import BadRequestError, BusyError, DoesNotFitError, ModelNotResidentError, StudioError
+from studio.library.catalog import Catalog, CatalogEntry
+from studio.residency import placement
+from studio.residency.lifecycle import COMING_UP, GOING_AWAY, HOLDS_MEMORY, ResidentState
+from studio.residency.placement import TOTAL, Holder
+from studio.residency.requests import LoadRequest, LoadSettings, load_settings, model_defaults_for
+from studio.residency.resident import Lease, LoadedModel, NotReadyError, ResidentModel
+from studio.settings import ModelDefaults, ResidencySettings
 
 log = structlog.get_logger(__name__)
 
+#: Makes one model's supervisor; it hands every state change to the callback it is given.
+SupervisorFactory = Callable[[Callable[[Status], None]], Supervisor]
+Planner = Callable[[ModelInfo, Inventory, Capabilities, PlanRequest], LaunchPlan]
 
-class ModelState(enum.Enum):
-    """What the studio is doing with its model, as the GUI shows it."""
 
-    UNLOADED = "unloaded"  # nothing loaded
-    RESOLVING = "resolving"  # finding the file and reading its header
-    LOADING = "loading"  # llama-server is starting
-    READY = "ready"  # serving requests
-    UNLOADING = "unloading"  # stopping llama-server
-    FAILED = "failed"  # the last load failed; ``error`` says why
-    CRASHED = "crashed"  # llama-server died after it was ready
+def supervisor_factory(logs_dir: Path, registry: ChildRegistry) -> SupervisorFactory:
+    """Supervisors that log into ``logs_dir`` and record their children in ``registry``."""
+    return lambda on_change: Supervisor(logs_dir=logs_dir, registry=registry, on_change=on_change)
 
 
 @dataclass(frozen=True)
-class LoadRequest:
-    """What to load. ``None`` takes the model's config default; ``extra_args=None`` first reuses the last ones."""
+class Placed:
+    """A planned load: the plan, the resident models that must go for it, and whether it then fits."""
 
-    model: str
-    n_ctx: int | None = None  # None, and none configured: the planner's largest safe context (up to the native one)
-    n_parallel: int | None = None  # None, and none configured: 1 slot
-    extra_args: tuple[str, ...] | None = None
-    spec: str | None = None  # None, and none configured: "auto"
-    spec_n_max: int | None = None  # None, and none configured: the speculative policy's
-    cache_type: str | None = None  # None, and none configured: "f16"
-
-
-@dataclass(frozen=True)
-class LoadSettings:
-    """The settings a model runs with; equal settings mean no restart is needed."""
-
-    path: Path
-    n_ctx: int | None
-    n_parallel: int | None
-    extra_args: tuple[str, ...]
-    spec: str = "auto"
-    spec_n_max: int | None = None
-    cache_type: str = "f16"
-
-    def plan_request(self, alias: str) -> PlanRequest:
-        """What the planner is asked for these settings, serving the model as ``alias``."""
-        return PlanRequest(
-            n_ctx=self.n_ctx, n_parallel=self.n_parallel or 1, cache_type_k=self.cache_type,
-            cache_type_v=self.cache_type, spec=self.spec, spec_n_max=self.spec_n_max,
-            extra_args=self.extra_args, alias=alias,
-        )
-
-
-def load_settings(request: LoadRequest, entry: CatalogEntry, defaults: Mapping[str, ModelDefaults], *,
-                  last_extra_args: tuple[str, ...] | None = None) -> LoadSettings:
-    """``request``'s settings for ``entry``: what it leaves out comes from the model's config table
-    (by name, then by file name), extra flags first from the last load, then the built-in defaults."""
-    own = defaults.get(entry.name) or defaults.get(model_name(entry.path)) or ModelDefaults()
-    extra = next(e for e in (request.extra_args, last_extra_args, own.extra_args, ()) if e is not None)
-    return LoadSettings(
-        entry.path,
-        n_ctx=request.n_ctx if request.n_ctx is not None else own.n_ctx,
-        n_parallel=request.n_parallel if request.n_parallel is not None else own.n_parallel,
-        extra_args=tuple(extra),
-        spec=request.spec if request.spec is not None else own.spec or "auto",
-        spec_n_max=request.spec_n_max if request.spec_n_max is not None else own.spec_n_max,
-        cache_type=request.cache_type if request.cache_type is not None else own.cache_type_kv or "f16",
-    )
-
-
-@dataclass(frozen=True)
-class LoadedModel:
-    """The live model: where to reach it and what it can do."""
-
-    name: str
+    plan: LaunchPlan
+    evict: tuple[str, ...]  # idle models to unload first
+    blocked_by: tuple[str, ...]  # when it does not fit: busy or pinned models holding the memory, in words
+    fits: bool
+    model: gguf.GGUFFile
     settings: LoadSettings
-    url: str
-    api_key: str = field(repr=False)
-    n_ctx: int  # the effective context per request (llama-server's slot size)
-    facts: ModelFacts
-    template: TemplateCapabilities | None
-    plan: LaunchPlan  # what was decided and why; its bill is shown beside the actual allocations
-    command: LaunchCommand = field(repr=False)
-
-    @property
-    def auth_headers(self) -> dict[str, str]:
-        return {"Authorization": f"Bearer {self.api_key}"}
+    need: str = ""  # when it does not fit: what it needs, and what evicting every idle model would leave
+    room: str = ""
 
 
 class ModelManager:
-    """Loads, swaps and unloads the studio's model; see the module docstring."""
+    """The resident models of one studio; see the module docstring."""
 
     def __init__(
         self,
@@ -131,257 +80,385 @@ class ModelManager:
         catalog: Catalog,
         binary: Path,
         caps: Capabilities,
-        supervisor: Supervisor,
+        make_supervisor: SupervisorFactory,
         discover_devices: Callable[[], Inventory] | None = None,
         files_root: Path | None = None,
         model_defaults: Mapping[str, ModelDefaults] | None = None,
+        residency: ResidencySettings | None = None,
         max_waiting: int = 64,
+        work_timeout: float = 30.0,
+        planner: Planner = plan,
     ) -> None:
         self.catalog = catalog
         self.binary = binary
         self.caps = caps
-        self.supervisor = supervisor
+        self.make_supervisor = make_supervisor
         self.discover_devices = discover_devices or (lambda: discover(llama_server=binary))
         self.files_root = files_root
         self.model_defaults = dict(model_defaults or {})  # per model name, from the config file
+        self.residency = residency or ResidencySettings()
         self.max_waiting = max_waiting
-        self._lock = asyncio.Lock()
-        self._idle = asyncio.Condition()
-        self._in_flight = 0
+        self.work_timeout = work_timeout  # seconds a header read, a plan or a device query may take
+        self.planner = planner  # tests pass a slow one to show the event loop stays free
+        self._residents: dict[Path, ResidentModel] = {}
+        self._routes: dict[str, ResidentModel] = {}  # every name a request used for a resident model
+        self._default: ResidentModel | None = None  # the model a request without ``model`` uses
+        self._pending: dict[Path, LoadRequest] = {}  # explicit loads waiting for the old instance to go
+        self._resolving: str | None = None
+        self._placement = asyncio.Lock()
+        self._changed = asyncio.Event()  # set whenever a resident model goes idle, changes state or goes
         self._waiting = 0
-        self._state = ModelState.UNLOADED
-        self._target: str | None = None  # the model being resolved or loaded
-        self._loaded: LoadedModel | None = None
-        self._error: str | None = None
         self._last_extra_args: dict[Path, tuple[str, ...]] = {}
+        self.counters = {"loads": 0, "evictions": 0, "load_failures": 0}
 
-    # -- state for the GUI ---------------------------------------------------
+    # -- state ---------------------------------------------------------------------------------
+    @property
+    def residents(self) -> list[ResidentModel]:
+        """The resident models, oldest first."""
+        return sorted(self._residents.values(), key=lambda r: r.created)
+
+    @property
+    def default(self) -> ResidentModel | None:
+        """The model a request without ``model`` goes to: the last one loaded explicitly, else the latest."""
+        if self._default is not None and self._default.state is not ResidentState.UNLOADED:
+            return self._default
+        live = [r for r in self.residents if r.state in HOLDS_MEMORY]
+        return max(live, key=lambda r: r.last_used) if live else None
+
     @property
     def loaded(self) -> LoadedModel | None:
-        """The model serving requests right now, if any."""
-        return self._loaded if self.state == ModelState.READY else None
+        """The default model, if it is ready."""
+        default = self.default
+        return default.loaded if default is not None and default.state is ResidentState.READY else None
 
     @property
-    def state(self) -> ModelState:
-        if self._state == ModelState.READY and self.supervisor.state == State.CRASHED:
-            return ModelState.CRASHED
-        return self._state
+    def waiting(self) -> int:
+        return self._waiting
 
-    def status(self) -> dict[str, Any]:
-        """A JSON-able snapshot for ``/api/status``."""
-        sup = self.supervisor.status()
-        loaded = self._loaded
-        progress = sup.progress
-        state = self.state
-        return {
-            "state": state.value,
-            "model": loaded.name if loaded else self._target,
-            "path": str(loaded.settings.path) if loaded else None,
-            "native_context": loaded.facts.context_length if loaded else None,
-            "effective_context": loaded.n_ctx if loaded else None,
-            "largest_safe_context": loaded.plan.max_safe_ctx if loaded else None,
-            "speculative": {
-                "requested": loaded.plan.spec.requested, "resolved": loaded.plan.spec.resolved,
-                "flags": list(loaded.plan.spec.argv),
-            } if loaded else None,
-            "cache_type_kv": loaded.settings.cache_type if loaded else None,
-            "offload": {
-                "gpus": [d.name for d in loaded.plan.gpus], "n_gpu_layers": loaded.plan.n_gpu_layers,
-                "mode": loaded.plan.offload,
-                "active_on": sorted(d.device for d in sup.allocations.devices if d.weights) if sup.allocations
-                else None,
-            } if loaded else None,
-            "reasons": list(loaded.plan.reasons) if loaded else None,
-            "capabilities": _capabilities(loaded) if loaded else None,
-            "progress": {
-                "phase": progress.phase, "bytes_loaded": progress.bytes_loaded, "bytes_total": progress.bytes_total,
-                "phases_seen": list(progress.phases_seen),
-            } if progress else None,
-            "memory": {
-                "predicted": _bill(loaded.plan.bill),
-                "actual": _bill(sup.allocations) if sup.allocations else None,
-            } if loaded else None,
-            "error": self._error if state == ModelState.FAILED else (sup.cause if state == ModelState.CRASHED else None),
-            "pid": sup.pid,
-            "in_flight": self._in_flight,
-            "waiting": self._waiting,
-        }
+    @property
+    def resolving(self) -> str | None:
+        """The model a placement is working on now, if any."""
+        return self._resolving
 
-    # -- load / unload -------------------------------------------------------
-    async def load(self, request: LoadRequest) -> LoadedModel:
-        """Load ``request`` (or keep the live model when its settings are equal) and return it."""
-        self._check_queue()
-        self._waiting += 1
-        try:
-            async with self._lock:
-                return await self._load_locked(request)
-        finally:
-            self._waiting -= 1
+    def find(self, model: str) -> ResidentModel | None:
+        """The resident model a request's ``model`` names, by any name it was used under, or its path."""
+        found = self._routes.get(model)
+        if found is not None and found.state is not ResidentState.UNLOADED:
+            return found
+        for r in self._residents.values():
+            if model in (r.name, str(r.settings.path)):
+                return r
+        return None
 
-    async def _load_locked(self, request: LoadRequest) -> LoadedModel:
-        self._state, self._target = ModelState.RESOLVING, request.model
-        try:
-            # A bad file or a request the planner refuses fails here, before anything is stopped.
-            entry, model, settings = await self._resolve(request)
-            live = self._loaded
-            if live is not None and live.settings == settings and self.supervisor.state == State.READY:
-                self._state = ModelState.READY
-                return live
-            launch_plan = await self.plan(entry.name, model, settings)
-        except Exception:
-            self._state = ModelState.READY if self._loaded else ModelState.UNLOADED  # the live model keeps serving
-            self._target = self._loaded.name if self._loaded else None
-            raise
-        await self._drain()
-        self._drop_loaded()
-        self._state = ModelState.LOADING
-        command = build_command(launch_plan, self.caps, binary=self.binary, files_root=self.files_root)
-        spec = command.launch_spec()
-        uuids = [d.uuid for d in launch_plan.gpus if d.uuid]
-        if uuids:  # the next plan must not read VRAM the driver has not released yet
-            read = free_memory_of(uuids, llama_server=self.binary)
-            spec = replace(spec, after_stop=lambda: wait_for_memory_release(read))
-        try:
-            status = await asyncio.to_thread(self.supervisor.start, spec)
-            n_ctx = await self._effective_context(status, command.api_key)
-        except StartAbortedError:
-            command.cleanup()
-            self._state = ModelState.UNLOADED
-            raise
-        except Exception as exc:
-            command.cleanup()
-            self._state, self._error = ModelState.FAILED, str(exc)
-            raise
-        self._last_extra_args[entry.path] = settings.extra_args
-        facts = model.facts
-        self._loaded = LoadedModel(
-            name=entry.name, settings=settings, url=status.url or "", api_key=command.api_key, n_ctx=n_ctx,
-            facts=facts, template=template_capabilities(facts.chat_template) if facts.chat_template else None,
-            plan=launch_plan, command=command,
-        )
-        self._state, self._error = ModelState.READY, None
-        log.info("model ready", model=entry.name, n_ctx=n_ctx)
-        return self._loaded
-
-    async def plan(self, name: str, model: gguf.GGUFFile, settings: LoadSettings) -> LaunchPlan:
-        """The launch plan for ``model`` on this machine now (no process is started)."""
-        inventory = await asyncio.to_thread(self.discover_devices)
-        return plan(ModelInfo.from_gguf(model), inventory, self.caps, settings.plan_request(name))
-
-    async def preview(self, request: LoadRequest) -> LaunchPlan:
-        """What a load of ``request`` would get, without loading anything."""
-        entry, model, settings = await self._resolve(request)
-        return await self.plan(entry.name, model, settings)
-
-    async def _resolve(self, request: LoadRequest) -> tuple[CatalogEntry, gguf.GGUFFile, LoadSettings]:
-        """The catalog entry, parsed header and full settings of ``request``, gaps filled from the config."""
-        entry = self.catalog.resolve(request.model)
-        model = await asyncio.to_thread(gguf.read, entry.path)
-        return entry, model, load_settings(request, entry, self.model_defaults,
-                                           last_extra_args=self._last_extra_args.get(entry.path))
-
-    def _drop_loaded(self) -> None:
-        if self._loaded is not None:
-            self._loaded.command.cleanup()  # the key file: only once its server is stopped or replaced
-        self._loaded = None
-
-    async def _effective_context(self, status: Status, api_key: str) -> int:
-        async with httpx.AsyncClient(timeout=10) as client:
-            props = (await client.get(f"{status.url}/props", headers={"Authorization": f"Bearer {api_key}"})).json()
-        return int(props["default_generation_settings"]["n_ctx"])
-
-    async def unload(self) -> None:
-        """Stop the model now, cancelling a load in progress."""
-        self._state = ModelState.UNLOADING
-        await asyncio.to_thread(self.supervisor.stop)  # aborts a start in progress at once
-        async with self._lock:
-            await asyncio.to_thread(self.supervisor.stop)
-            self._drop_loaded()
-            self._target, self._error = None, None
-            self._state = ModelState.UNLOADED
-
-    async def _drain(self) -> None:
-        async with self._idle:
-            await self._idle.wait_for(lambda: self._in_flight == 0)
-
-    # -- requests --------------------------------------------------------------
-    async def acquire(self, model: str | None) -> tuple[LoadedModel, Callable[[], Awaitable[None]]]:
-        """Return the model a request should use (loading it if needed) and its release function.
+    # -- requests ------------------------------------------------------------------------------
+    async def acquire(self, model: str | None) -> tuple[LoadedModel, Lease]:
+        """Return the model a request should use (loading it if needed) and the lease to release.
 
         Raises:
-            BusyError: too many requests are already waiting for a load.
+            BusyError: too many requests wait already, or busy models hold the memory it needs.
             studio.errors.ModelNotFoundError: ``model`` is unknown.
+            DoesNotFitError: the model cannot fit even with every idle model evicted.
         """
-        live = self.loaded
-        if live is not None and not self._lock.locked() and (model is None or self._matches(live, model)):
-            return live, self._enter()
-        self._check_queue()
+        resident = self._routes.get(model) if model is not None else self.default
+        if resident is not None:
+            try:
+                return resident.enter()
+            except NotReadyError:
+                pass
+        name = model if model is not None else resident.name if resident is not None else None
+        if name is None:
+            raise BadRequestError("no model is loaded and the request names none; pass `model`", param="model")
+        return await self._queued(lambda: self._ready(name, None))
+
+    async def load(self, request: LoadRequest) -> LoadedModel:
+        """Make ``request``'s model resident (or keep it, if its settings are equal) and the default; return it."""
+        loaded, lease = await self._queued(lambda: self._ready(request.model, request))
+        await lease()
+        resident = self.find(request.model)
+        if resident is not None:
+            self._default = resident
+            if request.ttl is not None:
+                resident.set_ttl(request.ttl)
+            if request.pinned is not None:
+                resident.set_pinned(request.pinned)
+        return loaded
+
+    async def _queued(self, work: Callable[[], Any]) -> Any:
+        if self._waiting >= self.max_waiting:
+            raise BusyError(f"{self._waiting} requests are already waiting for a model load; retry shortly")
         self._waiting += 1
         try:
-            async with self._lock:
-                live = self.loaded
-                if live is None or (model is not None and not self._matches(live, model)):
-                    if model is None and live is None:
-                        raise _no_model_error()
-                    live = await self._load_locked(LoadRequest(model=model or live.name))
-                return live, self._enter()
+            return await work()
         finally:
             self._waiting -= 1
 
-    def _matches(self, live: LoadedModel, model: str) -> bool:
-        return model in (live.name, str(live.settings.path))
+    async def _ready(self, model: str, request: LoadRequest | None) -> tuple[LoadedModel, Lease]:
+        """Wait until ``model`` is resident and ready, placing and starting it when needed, and enter it."""
+        while True:
+            resident = await self._resident_for(model, request)
+            state = await resident.wait_settled()
+            if state is ResidentState.READY:
+                try:
+                    return resident.enter()
+                except NotReadyError:
+                    continue  # an unload started in between: go round again
+            if state is ResidentState.FAILED:
+                raise resident.failure or StudioError(resident.error or f"{resident.name} failed to load")
+            await resident.wait_until({ResidentState.UNLOADED})  # going away: then load it anew
 
-    def _enter(self) -> Callable[[], Awaitable[None]]:
-        self._in_flight += 1
-        released = False
+    async def _resident_for(self, model: str, request: LoadRequest | None) -> ResidentModel:
+        """The resident model for ``model`` with ``request``'s settings, placed and started when there is none."""
+        entry = await run_blocking(self.catalog.resolve, model, timeout=self.work_timeout,
+                                   what=f"finding {model}")
+        request = request or self._pending.get(entry.path)
+        deadline = time.monotonic() + self.residency.busy_wait
+        while True:
+            existing = self._residents.get(entry.path)
+            if existing is not None and existing.state in GOING_AWAY:
+                await existing.wait_until({ResidentState.UNLOADED})
+                continue
+            async with self._placement:
+                existing = self._residents.get(entry.path)
+                if existing is not None and existing.state in (ResidentState.FAILED, ResidentState.UNLOADED):
+                    await existing.unload(grace=0, reason="")  # a failed one is retried; it holds nothing
+                    existing = None
+                if existing is not None and existing.state not in GOING_AWAY:
+                    settings = None if request is None else self._settings(request, entry)
+                    if settings is None or settings == existing.settings:
+                        self._route(model, existing)
+                        return existing
+                    self._pending[entry.path] = request
+                    log.info("settings changed: restarting once its requests finish", model=existing.name)
+                elif existing is None:
+                    placed = await self._place(entry, request or LoadRequest(model=model))
+                    force = request is not None and request.force
+                    if placed.fits or force:
+                        resident = await self._start(entry, placed, request)
+                        self._route(model, resident)
+                        self._pending.pop(entry.path, None)
+                        return resident
+                    if not placed.blocked_by:
+                        raise DoesNotFitError(
+                            f"{entry.name} does not fit even with every idle model evicted: it needs {placed.need}"
+                            f" where {placed.room or 'nothing'} could be freed; load it with a smaller n_ctx "
+                            "(see the plan's largest_safe_context) or raise memory_budget")
+                    if time.monotonic() >= deadline:
+                        raise BusyError(f"not enough memory for {entry.name} now: it needs {placed.need}; held by "
+                                        f"{', '.join(placed.blocked_by)}; retry once they are idle",
+                                        retry_after=max(1, round(self.residency.busy_wait / 6) or 1))
+                    changed = self._changed
+            if existing is not None:  # a restart with new settings: let its requests finish, then place again
+                await existing.unload(grace=float("inf"), reason="")
+                continue
+            try:
+                await asyncio.wait_for(changed.wait(), max(0.01, deadline - time.monotonic()))
+            except TimeoutError:
+                pass
 
-        async def release() -> None:
-            nonlocal released
-            if released:
-                return
-            released = True
-            async with self._idle:
-                self._in_flight -= 1
-                self._idle.notify_all()
+    def _route(self, model: str, resident: ResidentModel) -> None:
+        self._routes[model] = resident
+        self._routes.setdefault(resident.name, resident)
 
-        return release
+    def _settings(self, request: LoadRequest, entry: CatalogEntry) -> LoadSettings:
+        return load_settings(request, entry, self.model_defaults, last_extra_args=self._last_extra_args.get(entry.path))
 
-    def _check_queue(self) -> None:
-        if self._waiting >= self.max_waiting:
-            raise BusyError(f"{self._waiting} requests are already waiting for a model load; retry shortly")
+    # -- placement -----------------------------------------------------------------------------
+    async def preview(self, request: LoadRequest) -> Placed:
+        """What a load of ``request`` would get, and which resident models it would evict; loads nothing."""
+        entry = await run_blocking(self.catalog.resolve, request.model, timeout=self.work_timeout,
+                                   what=f"finding {request.model}")
+        return await self._place(entry, request, replacing=self._residents.get(entry.path))
+
+    async def _place(self, entry: CatalogEntry, request: LoadRequest, *,
+                     replacing: ResidentModel | None = None) -> Placed:
+        """Plan ``entry`` against memory as it will be, and choose the fewest idle models to evict for it."""
+        self._resolving = entry.name
+        try:
+            model = await run_blocking(gguf.read, entry.path, timeout=self.work_timeout,
+                                       what=f"reading {entry.path.name}")
+            settings = self._settings(request, entry)
+            inventory = await run_blocking(self.discover_devices, timeout=self.work_timeout, what="listing devices")
+            info = ModelInfo.from_gguf(model)
+            holders = [self._holder(r) for r in self.residents if r.state in HOLDS_MEMORY and r is not replacing]
+            loading = self._loading_names()
+            budget = self._budget(inventory)
+            budgeted = budget is not None
+            base = placement.base_available(budget=budget, free=_free(inventory),
+                                            holders=[h for h in holders if h.name not in loading],
+                                            loading=[h for h in holders if h.name in loading])
+            plan_request = settings.plan_request(entry.name)
+            first = await self._plan(info, inventory, base, plan_request, budgeted)
+            cap = self.residency.max_resident
+            crowded = cap is not None and len(holders) >= cap
+            if _fits(first, base) and not crowded:
+                return Placed(first, (), (), True, model, settings)
+            # The fewest evictions that let the model fit at its smallest context; the final plan then takes
+            # whatever context the freed memory allows.
+            everything = placement.with_evicted(base, [h for h in holders if h.evictable], budgeted=budgeted)
+            smallest = plan_request if plan_request.n_ctx is not None else replace(
+                plan_request, n_ctx=min(MIN_AUTO_CTX, max(first.native_ctx, 256)))
+            need = physical((await self._plan(info, inventory, everything, smallest, budgeted)).bill, first)
+            evict = placement.choose_evictions(need, base, holders, budgeted=budgeted,
+                                               max_count=self.residency.max_resident)
+            if evict is None:
+                return Placed(first, (), placement.holders_in_words(holders), False, model, settings,
+                              need=_in_words(need), room=_in_words(everything))
+            freed = placement.with_evicted(base, [h for h in holders if h.name in evict], budgeted=budgeted)
+            final = await self._plan(info, inventory, freed, plan_request, budgeted)
+            return Placed(final, evict, (), _fits(final, freed), model, settings)
+        finally:
+            self._resolving = None
+
+    async def _plan(self, info: ModelInfo, inventory: Inventory, available: Mapping[str, int],
+                    request: PlanRequest, budgeted: bool) -> LaunchPlan:
+        shared = _inventory_for(inventory, available, budgeted=budgeted)
+        return await run_blocking(self.planner, info, shared, self.caps, request, timeout=self.work_timeout,
+                                  what=f"planning {info.path.name}")
+
+    def _budget(self, inventory: Inventory) -> dict[str, int] | None:
+        budget = self.residency.memory_budget
+        if budget is None:
+            return None
+        if budget.total is not None:  # each device alone may take the whole budget; the sum is checked too
+            return {TOTAL: budget.total, **{d.key: budget.total for d in inventory.devices}}
+        return {d.key: budget.per_device.get(d.key, 0) for d in inventory.devices}
+
+    def _loading_names(self) -> set[str]:
+        return {r.name for r in self._residents.values() if r.state in COMING_UP}
+
+    def _holder(self, r: ResidentModel) -> Holder:
+        predicted = physical(r.plan.bill, r.plan)
+        actual = r.actual
+        if actual is not None:  # what it allocated, plus what it will grow by (drafted logits, MiniMax's masks)
+            growth = {k: d.output_growth + d.compute_growth for k, d in _by_device(r.plan.bill, r.plan).items()}
+            held = {k: d.total + growth.get(k, 0) for k, d in _by_device(actual, r.plan).items()}
+        else:
+            held = predicted
+        # mapped weights on the CPU are page cache: free memory already counts them as available
+        cpu_weights = _by_device(actual or r.plan.bill, r.plan).get("CPU")
+        reclaim = {k: n - (cpu_weights.weights if k == "CPU" and cpu_weights else 0) for k, n in held.items()}
+        return Holder(name=r.name, held=held, reclaim=reclaim, last_used=r.last_used,
+                      busy=not r.idle or r.state is not ResidentState.READY, pinned=r.pinned)
+
+    async def _start(self, entry: CatalogEntry, placed: Placed, request: LoadRequest | None) -> ResidentModel:
+        """Evict what the placement chose, then start the new resident model (its owner takes it from there)."""
+        for name in placed.evict:
+            victim = self.find(name)
+            if victim is not None:
+                log.info("evicting idle model", model=name, for_model=entry.name)
+                self.counters["evictions"] += 1
+                await victim.unload(grace=0, reason=f"{name} was evicted to make room for {entry.name}")
+        try:
+            command = build_command(placed.plan, self.caps, binary=self.binary, files_root=self.files_root)
+        except OSError as exc:
+            raise StudioError(f"could not prepare llama-server's launch files: {exc}", code="launch_files") from exc
+        own = model_defaults_for(entry, self.model_defaults)
+        facts = placed.model.facts
+        resident = ResidentModel(
+            name=entry.name, settings=placed.settings, plan=placed.plan, command=command,
+            spec=command.launch_spec(), facts=facts,
+            template=template_capabilities(facts.chat_template) if facts.chat_template else None,
+            make_supervisor=self.make_supervisor,
+            ttl=next(t for t in ((request.ttl if request else None), own.ttl, self.residency.ttl) if t is not None),
+            pinned=bool(request.pinned if request and request.pinned is not None else own.pinned),
+            on_change=self._on_resident_change,
+        )
+        self._residents[entry.path] = resident
+        self._last_extra_args[entry.path] = placed.settings.extra_args
+        self.counters["loads"] += 1
+        resident.start()
+        return resident
+
+    def _on_resident_change(self, resident: ResidentModel) -> None:
+        if resident.state is ResidentState.FAILED:
+            self.counters["load_failures"] += 1
+        if resident.state is ResidentState.UNLOADED:
+            if self._residents.get(resident.settings.path) is resident:
+                del self._residents[resident.settings.path]
+            for name in [n for n, r in self._routes.items() if r is resident]:
+                del self._routes[name]
+        changed, self._changed = self._changed, asyncio.Event()
+        changed.set()
+
+    # -- unload, lifetime ----------------------------------------------------------------------
+    async def unload(self, model: str | None = None, *, grace: float | None = None) -> None:
+        """Unload ``model`` (every model when None): requests in flight get ``grace`` s, then an error.
+
+        Raises:
+            ModelNotResidentError: ``model`` is not resident.
+        """
+        grace = self.residency.unload_grace if grace is None else grace
+        targets = list(self._residents.values()) if model is None else [self._resident_named(model)]
+        await asyncio.gather(*(r.unload(grace=grace, reason=f"{r.name} was unloaded while this request ran")
+                               for r in targets))
+
+    def set_ttl(self, model: str, ttl: float) -> None:
+        """Set a resident model's idle TTL in seconds (0: never)."""
+        if ttl < 0:
+            raise BadRequestError("ttl must be 0 (never) or a number of seconds", param="ttl")
+        self._resident_named(model).set_ttl(ttl)
+
+    def set_pinned(self, model: str, pinned: bool) -> None:
+        """Pin a resident model (never evicted, no TTL) or unpin it."""
+        self._resident_named(model).set_pinned(pinned)
+
+    def _resident_named(self, model: str) -> ResidentModel:
+        found = self.find(model)
+        if found is None:
+            resident = ", ".join(r.name for r in self.residents) or "none"
+            raise ModelNotResidentError(f"{model!r} is not resident (resident: {resident})")
+        return found
 
     async def aclose(self) -> None:
-        """Stop llama-server and the supervisor."""
-        await asyncio.to_thread(self.supervisor.close)
-        self._drop_loaded()
+        """Unload every model now (at shutdown no request waits)."""
+        await asyncio.gather(*(r.unload(grace=0, reason="the studio is shutting down")
+                               for r in list(self._residents.values())), return_exceptions=True)
+
+    def close_now(self) -> None:
+        """Stop every llama-server from any thread, without the event loop (a last resort at exit)."""
+        for r in list(self._residents.values()):
+            r.supervisor.close()
+            r.command.cleanup()
 
 
-def _no_model_error() -> BadRequestError:
-    return BadRequestError("no model is loaded and the request names none; pass `model`", param="model")
+def physical(bill: MemoryBill, launch: LaunchPlan) -> dict[str, int]:
+    """``bill``'s bytes per physical device (``CPU``, ``CUDA0``...): its ``GPU<i>`` is the plan's i-th GPU."""
+    return {k: d.total for k, d in _by_device(bill, launch).items()}
 
 
-def _capabilities(loaded: LoadedModel) -> dict[str, Any]:
-    t = loaded.template
-    return {
-        "reasoning": bool(t and t.supports_reasoning),
-        "reasoning_style": t.reasoning_style if t else "none",
-        "tools": bool(t and t.supports_tools),
-        "has_mtp": loaded.facts.has_mtp,
-    }
+def _by_device(bill: MemoryBill, launch: LaunchPlan) -> dict[str, DeviceBill]:
+    out: dict[str, DeviceBill] = {}
+    for d in bill.devices:
+        if d.device.startswith("GPU") and d.device[3:].isdigit() and int(d.device[3:]) < len(launch.gpus):
+            out[launch.gpus[int(d.device[3:])].key] = d
+        else:
+            out[d.device] = d
+    return out
 
 
-def _bill(bill: MemoryBill) -> dict[str, Any]:
-    """Bytes per device and part, for the GUI."""
-    return {
-        "devices": {d.device: {"weights": d.weights, "kv": d.kv, "recurrent": d.recurrent, "compute": d.compute,
-                               "output": d.output, "output_growth": d.output_growth,
-                               "compute_growth": d.compute_growth, "total": d.total}
-                    for d in bill.devices},
-        "total": bill.total,
-        # what llama-server holds once it listens: the figure to set beside the actual total
-        "startup_total": bill.startup_total,
-        "approximate": bill.approximate,
-        "reasons": list(bill.reasons),
-    }
+def _fits(launch: LaunchPlan, available: Mapping[str, int]) -> bool:
+    """The planner's own verdict, and, under a budget on all devices together, their sum within it."""
+    return launch.fits and not placement.shortfall(physical(launch.bill, launch), available)
 
 
+def _free(inventory: Inventory) -> dict[str, int]:
+    return {d.key: d.free_bytes for d in inventory.devices}
+
+
+def _inventory_for(inventory: Inventory, available: Mapping[str, int], *, budgeted: bool) -> Inventory:
+    """The inventory a plan sees: under a budget, what it leaves per device; else free memory as it will be."""
+    devices = []
+    for d in inventory.devices:
+        if budgeted:
+            room = min(available.get(d.key, 0), available.get(TOTAL, available.get(d.key, 0)))
+            devices.append(replace(d, budget_bytes=max(0, room)))
+        elif d.key in available:
+            devices.append(replace(d, free_bytes=max(0, available[d.key])))
+        else:
+            devices.append(d)
+    return replace(inventory, devices=tuple(devices))
+
+
+def _in_words(bytes_per_device: Mapping[str, int]) -> str:
+    return ", ".join(f"{n / 2**20:,.0f} MiB on {d}" if d != TOTAL else f"{n / 2**20:,.0f} MiB in all"
+                     for d, n in bytes_per_device.items())

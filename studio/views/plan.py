@@ -110,6 +110,10 @@ def render_plan(info: dict[str, Any]) -> str:
         cells = [row[0].ljust(widths[0]), *(c.rjust(w) for c, w in zip(row[1:-1], widths[1:-1])), row[-1]]
         lines.append("  " + "  ".join(cells).rstrip())
     lines += ["", "reasons", *(f"  - {r}" for r in info["reasons"])]
+    if info.get("evicts"):
+        lines += ["", "would evict (idle, least recently used)", *(f"  - {name}" for name in info["evicts"])]
+    if info.get("blocked_by"):
+        lines += ["", "memory held by models that cannot be evicted now", *(f"  - {h}" for h in info["blocked_by"])]
     if info["warnings"]:
         lines += ["", "warnings", *(f"  ! {w}" for w in info["warnings"])]
     if info["argv"]:

@@ -1,0 +1,74 @@
+"""What a load asks for, and the settings a model runs with once the config's defaults fill the gaps."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from launcher.planner import PlanRequest
+from studio.library.catalog import CatalogEntry, model_name
+from studio.settings import ModelDefaults
+
+
+@dataclass(frozen=True)
+class LoadRequest:
+    """What to load. ``None`` takes the model's config default; ``extra_args=None`` first reuses the last ones.
+
+    ``ttl`` and ``pinned`` shape the model's lifetime and never restart it; the other fields are server
+    settings, and a change of any of them restarts the model once its requests are done.
+    """
+
+    model: str
+    n_ctx: int | None = None  # None, and none configured: the planner's largest safe context (up to the native one)
+    n_parallel: int | None = None  # None, and none configured: 1 slot
+    extra_args: tuple[str, ...] | None = None
+    spec: str | None = None  # None, and none configured: "auto"
+    spec_n_max: int | None = None  # None, and none configured: the speculative policy's
+    cache_type: str | None = None  # None, and none configured: "f16"
+    ttl: float | None = None  # seconds idle before unloading; None: the model's configured one, or the global
+    pinned: bool | None = None  # None: the model's configured one
+    force: bool = False  # load even when the plan says it does not fit
+
+
+@dataclass(frozen=True)
+class LoadSettings:
+    """The settings a model runs with; equal settings mean no restart is needed."""
+
+    path: Path
+    n_ctx: int | None
+    n_parallel: int | None
+    extra_args: tuple[str, ...]
+    spec: str = "auto"
+    spec_n_max: int | None = None
+    cache_type: str = "f16"
+
+    def plan_request(self, alias: str) -> PlanRequest:
+        """What the planner is asked for these settings, serving the model as ``alias``."""
+        return PlanRequest(
+            n_ctx=self.n_ctx, n_parallel=self.n_parallel or 1, cache_type_k=self.cache_type,
+            cache_type_v=self.cache_type, spec=self.spec, spec_n_max=self.spec_n_max,
+            extra_args=self.extra_args, alias=alias,
+        )
+
+
+def model_defaults_for(entry: CatalogEntry, defaults: Mapping[str, ModelDefaults]) -> ModelDefaults:
+    """The config table of ``entry``'s model: by its name, then by its file name."""
+    return defaults.get(entry.name) or defaults.get(model_name(entry.path)) or ModelDefaults()
+
+
+def load_settings(request: LoadRequest, entry: CatalogEntry, defaults: Mapping[str, ModelDefaults], *,
+                  last_extra_args: tuple[str, ...] | None = None) -> LoadSettings:
+    """``request``'s settings for ``entry``: what it leaves out comes from the model's config table
+    (by name, then by file name), extra flags first from the last load, then the built-in defaults."""
+    own = model_defaults_for(entry, defaults)
+    extra = next(e for e in (request.extra_args, last_extra_args, own.extra_args, ()) if e is not None)
+    return LoadSettings(
+        entry.path,
+        n_ctx=request.n_ctx if request.n_ctx is not None else own.n_ctx,
+        n_parallel=request.n_parallel if request.n_parallel is not None else own.n_parallel,
+        extra_args=tuple(extra),
+        spec=request.spec if request.spec is not None else own.spec or "auto",
+        spec_n_max=request.spec_n_max if request.spec_n_max is not None else own.spec_n_max,
+        cache_type=request.cache_type if request.cache_type is not None else own.cache_type_kv or "f16",
+    )

@@ -1,0 +1,371 @@
+"""One resident model: its own supervised llama-server, its state, its requests in flight.
+
+A single task (the owner, started by ``start``) alone changes the state, through
+``studio.residency.lifecycle.TRANSITIONS``. Everything else sends it a command
+(unload, a crash report from the supervisor's thread, a TTL expiry) and waits for
+a state. Requests enter synchronously, on the event loop, only while the model is
+ready: the owner's move to ``draining`` is the one place new requests are turned
+away, so an unload never races a request that just checked the state.
+
+The model's address is read from its live supervisor each time it becomes ready:
+a restart after a crash listens on a new port, and the next request goes there.
+Restarts are bounded, back off, and an unload interrupts the back-off at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+import structlog
+
+from gguf.facts import ModelFacts
+from gguf.templates import TemplateCapabilities
+from launcher.command import LaunchCommand
+from launcher.errors import StartAbortedError
+from launcher.memory import MemoryBill
+from launcher.planner import LaunchPlan
+from launcher.supervisor import LaunchSpec, State, Status, Supervisor
+from studio.blocking import run_blocking
+from studio.errors import ModelUnloadedError
+from studio.residency.lifecycle import COMING_UP, TRANSITIONS, ResidentState
+from studio.residency.requests import LoadSettings
+
+log = structlog.get_logger(__name__)
+
+#: Seconds before the n-th automatic restart: 0.5, 1, 2, ... at most 30.
+BACKOFF_BASE, BACKOFF_MAX = 0.5, 30.0
+
+
+@dataclass(frozen=True)
+class LoadedModel:
+    """A ready model as a request uses it: where to reach it (this incarnation) and what it can do."""
+
+    name: str
+    settings: LoadSettings
+    url: str
+    api_key: str = field(repr=False)
+    n_ctx: int  # the effective context per request (llama-server's slot size)
+    facts: ModelFacts
+    template: TemplateCapabilities | None
+    plan: LaunchPlan  # what was decided and why; its bill is shown beside the actual allocations
+    command: LaunchCommand = field(repr=False)
+
+    @property
+    def auth_headers(self) -> dict[str, str]:
+        return {"Authorization": f"Bearer {self.api_key}"}
+
+
+class NotReadyError(Exception):
+    """The model is not ready (loading, going away or gone): the manager decides what to do."""
+
+
+class Lease:
+    """One request's hold on a resident model; awaiting it releases the hold (once)."""
+
+    __slots__ = ("_resident", "_released")
+
+    def __init__(self, resident: ResidentModel) -> None:
+        self._resident = resident
+        self._released = False
+
+    async def __call__(self) -> None:
+        if not self._released:
+            self._released = True
+            self._resident._leave()
+
+    @property
+    def interruption(self) -> ModelUnloadedError | None:
+        """Why the model went away under this request, when it did: the error to give its client."""
+        reason = self._resident.cut_reason
+        return ModelUnloadedError(reason) if reason else None
+
+
+@dataclass
+class _Unload:
+    grace: float
+    reason: str
+    done: asyncio.Future[None]
+
+
+@dataclass
+class _Crashed:
+    cause: str
+
+
+class _Expire:
+    pass
+
+
+_Command = _Unload | _Crashed | _Expire
+
+
+class ResidentModel:
+    """One model kept resident by the manager; see the module docstring."""
+
+    def __init__(
+        self,
+        *,
+        name: str,
+        settings: LoadSettings,
+        plan: LaunchPlan,
+        command: LaunchCommand,
+        spec: LaunchSpec,
+        facts: ModelFacts,
+        template: TemplateCapabilities | None,
+        make_supervisor: Callable[[Callable[[Status], None]], Supervisor],
+        ttl: float = 0.0,
+        pinned: bool = False,
+        max_restarts: int = 2,
+        on_change: Callable[[ResidentModel], None] = lambda resident: None,
+    ) -> None:
+        self.name = name
+        self.settings = settings
+        self.plan = plan
+        self.command = command
+        self.spec = spec
+        self.facts = facts
+        self.template = template
+        self.ttl = ttl
+        self.pinned = pinned
+        self.max_restarts = max_restarts
+        self.on_change = on_change
+        self.state = ResidentState.LOADING
+        self.loaded: LoadedModel | None = None
+        self.error: str | None = None  # why it failed or crashed
+        self.failure: BaseException | None = None  # the exception of the last failed start, for its waiters
+        self.cut_reason: str | None = None  # set when an unload ended requests still in flight
+        self.in_flight = 0
+        self.restarts = 0
+        self.created = self.last_used = time.monotonic()
+        self._loop = asyncio.get_running_loop()
+        self._inbox: asyncio.Queue[_Command] = asyncio.Queue()
+        self._changed = asyncio.Event()
+        self._idle = asyncio.Event()
+        self._idle.set()
+        self._expiry: asyncio.TimerHandle | None = None
+        self._task: asyncio.Task[None] | None = None
+        self.supervisor = make_supervisor(self._on_supervisor_change)
+
+    # -- for requests ------------------------------------------------------------------------
+    def enter(self) -> tuple[LoadedModel, Lease]:
+        """Hold the ready model for one request; raise ``NotReadyError`` when it is not ready."""
+        if self.state is not ResidentState.READY or self.loaded is None:
+            raise NotReadyError(self.state.value)
+        self.in_flight += 1
+        self.last_used = time.monotonic()
+        self._idle.clear()
+        self._cancel_expiry()
+        return self.loaded, Lease(self)
+
+    def _leave(self) -> None:
+        self.in_flight -= 1
+        self.last_used = time.monotonic()
+        if self.in_flight == 0:
+            self._idle.set()
+            self._schedule_expiry()
+            self.on_change(self)
+
+    # -- commands ----------------------------------------------------------------------------
+    def start(self) -> None:
+        """Start the owner task, which starts llama-server; ``wait_until`` tells when it is ready."""
+        self._task = asyncio.create_task(self._run(), name=f"resident {self.name}")
+
+    async def unload(self, *, grace: float, reason: str) -> None:
+        """Unload: wait up to ``grace`` s for requests in flight, end the rest with ``reason``; return once gone.
+
+        A start in progress is aborted at once; a restart's back-off is cut short. Idempotent.
+        """
+        if self.state is ResidentState.UNLOADED:
+            return
+        done: asyncio.Future[None] = self._loop.create_future()
+        self._inbox.put_nowait(_Unload(grace, reason, done))
+        if self.state is ResidentState.LOADING:
+            # The owner is waiting on the supervisor's start: a stop aborts it (StartAbortedError) at once.
+            threading.Thread(target=self.supervisor.stop, name=f"abort start {self.name}", daemon=True).start()
+        await self.wait_until({ResidentState.UNLOADED})
+
+    def set_ttl(self, ttl: float) -> None:
+        """Idle seconds before the model unloads itself (0: never); counts from its last request."""
+        self.ttl = ttl
+        self._cancel_expiry()
+        self._schedule_expiry()
+
+    def set_pinned(self, pinned: bool) -> None:
+        """A pinned model is never evicted and never unloads for idleness."""
+        self.pinned = pinned
+        self._cancel_expiry()
+        self._schedule_expiry()
+
+    async def wait_until(self, states: set[ResidentState] | frozenset[ResidentState],
+                         timeout: float | None = None) -> ResidentState:
+        """Return the state once it is one of ``states``; ``TimeoutError`` after ``timeout``."""
+        async with asyncio.timeout(timeout):
+            while self.state not in states:
+                await self._changed.wait()
+        return self.state
+
+    async def wait_settled(self) -> ResidentState:
+        """Return the state once the model is neither loading nor waiting out a restart's back-off."""
+        while self.state in COMING_UP:
+            await self._changed.wait()
+        return self.state
+
+    # -- memory, for placement -------------------------------------------------------------
+    @property
+    def idle(self) -> bool:
+        return self.in_flight == 0
+
+    @property
+    def actual(self) -> MemoryBill | None:
+        """What llama-server reported allocating, once it is up."""
+        return self.supervisor.status().allocations if self.state is ResidentState.READY else None
+
+    # -- the owner ---------------------------------------------------------------------------
+    def _set(self, new: ResidentState, *, error: str | None = None) -> None:
+        if new not in TRANSITIONS[self.state]:
+            raise RuntimeError(f"illegal resident transition {self.state.value} -> {new.value} ({self.name})")
+        log.info("resident model", model=self.name, old=self.state.value, new=new.value, error=error)
+        self.state = new
+        if error is not None:
+            self.error = error
+        elif new in (ResidentState.LOADING, ResidentState.READY):
+            self.error = None
+        changed, self._changed = self._changed, asyncio.Event()
+        changed.set()  # wakes every waiter; they look at the state again
+        self.on_change(self)
+
+    async def _run(self) -> None:
+        try:
+            await self._start_server()
+            while self.state is not ResidentState.UNLOADED:
+                await self._handle(await self._inbox.get())
+        finally:
+            self._cancel_expiry()
+            if self.state is not ResidentState.UNLOADED:  # cancelled at shutdown: stop what runs, bounded
+                await asyncio.shield(run_blocking(self.supervisor.close, timeout=30, what=f"stopping {self.name}"))
+                self.command.cleanup()
+
+    async def _handle(self, command: _Command) -> None:
+        if isinstance(command, _Unload):
+            await self._unload(command)
+        elif isinstance(command, _Crashed):
+            await self._crashed(command.cause)
+        elif self._expired():
+            log.info("idle model unloaded", model=self.name, ttl=self.ttl)
+            await self._unload(_Unload(0.0, f"{self.name} was unloaded after {self.ttl:g} s idle",
+                                       self._loop.create_future()))
+
+    async def _start_server(self) -> None:
+        try:
+            status = await run_blocking(self.supervisor.start, self.spec, timeout=None,
+                                        what=f"starting {self.name}")
+            n_ctx = await self._effective_context(status)
+        except StartAbortedError:
+            return  # an unload aborted it; its command is in the inbox
+        except Exception as exc:  # every failure stops what was started and leaves the state true
+            await run_blocking(self.supervisor.stop, timeout=None, what=f"stopping {self.name}")
+            self.failure = exc
+            self._set(ResidentState.FAILED, error=str(exc))
+            return
+        self.loaded = LoadedModel(
+            name=self.name, settings=self.settings, url=self.supervisor.url or status.url or "",
+            api_key=self.command.api_key, n_ctx=n_ctx, facts=self.facts, template=self.template,
+            plan=self.plan, command=self.command,
+        )
+        self._set(ResidentState.READY)
+        self._schedule_expiry()
+
+    async def _effective_context(self, status: Status) -> int:
+        """The slot size llama-server really gave each request (``/props``)."""
+        try:
+            async with httpx.AsyncClient(timeout=10) as client:
+                props = (await client.get(f"{status.url}/props", headers={
+                    "Authorization": f"Bearer {self.command.api_key}"})).json()
+            return int(props["default_generation_settings"]["n_ctx"])
+        except (httpx.HTTPError, ValueError, KeyError, TypeError) as exc:
+            raise RuntimeError(f"llama-server started but its /props could not be read: {exc}") from exc
+
+    async def _unload(self, command: _Unload) -> None:
+        if self.state is ResidentState.READY:
+            self._set(ResidentState.DRAINING)
+            try:
+                async with asyncio.timeout(command.grace):
+                    await self._idle.wait()
+            except TimeoutError:
+                self.cut_reason = command.reason
+                log.info("unload ends requests in flight", model=self.name, in_flight=self.in_flight)
+        if self.state is not ResidentState.UNLOADED:
+            self._set(ResidentState.UNLOADING)
+            await run_blocking(self.supervisor.close, timeout=None, what=f"stopping {self.name}")
+            self.command.cleanup()  # the key file: only once its server is stopped
+            self._set(ResidentState.UNLOADED)
+        if not command.done.done():
+            command.done.set_result(None)
+
+    async def _crashed(self, cause: str) -> None:
+        if self.state is not ResidentState.READY:
+            return  # draining or already down: the unload in progress stops it anyway
+        self.loaded = None
+        self._cancel_expiry()
+        self._set(ResidentState.CRASHED, error=cause)
+        if self.restarts >= self.max_restarts:
+            await run_blocking(self.supervisor.stop, timeout=None, what=f"stopping {self.name}")
+            self._set(ResidentState.FAILED, error=f"llama-server crashed {self.restarts + 1} times; not restarting "
+                                                  f"it again. Last: {cause}")
+            return
+        delay = min(BACKOFF_MAX, BACKOFF_BASE * 2 ** self.restarts)
+        self.restarts += 1
+        deadline = self._loop.time() + delay
+        while (left := deadline - self._loop.time()) > 0:
+            try:
+                command = await asyncio.wait_for(self._inbox.get(), left)
+            except TimeoutError:
+                break
+            if isinstance(command, _Unload):
+                await self._unload(command)
+                return
+        log.info("restarting crashed model", model=self.name, attempt=self.restarts)
+        self._set(ResidentState.LOADING)
+        await self._start_server()
+
+    def _on_supervisor_change(self, status: Status) -> None:
+        """Called on the supervisor's thread: a crash becomes a command for the owner."""
+        if status.state is State.CRASHED:
+            try:
+                self._loop.call_soon_threadsafe(self._inbox.put_nowait, _Crashed(status.cause or "llama-server died"))
+            except RuntimeError:  # the loop is closed: the studio is shutting down
+                pass
+
+    # -- idle TTL ----------------------------------------------------------------------------
+    def _expired(self) -> bool:
+        return (self.state is ResidentState.READY and self.idle and not self.pinned and self.ttl > 0
+                and time.monotonic() - self.last_used >= self.ttl * 0.999)
+
+    def _schedule_expiry(self) -> None:
+        if self._expiry is None and self.ttl > 0 and not self.pinned and self.idle \
+                and self.state is ResidentState.READY:
+            self._expiry = self._loop.call_later(max(0.0, self.last_used + self.ttl - time.monotonic()),
+                                                 self._expire)
+
+    def _expire(self) -> None:
+        self._expiry = None
+        self._inbox.put_nowait(_Expire())
+
+    def _cancel_expiry(self) -> None:
+        if self._expiry is not None:
+            self._expiry.cancel()
+            self._expiry = None
+
+    def status(self) -> dict[str, Any]:
+        """Live numbers for the status view (``studio.views.residency``)."""
+        idle_s = time.monotonic() - self.last_used if self.idle else 0.0
+        ttl_left = max(0.0, self.ttl - idle_s) if self.ttl > 0 and not self.pinned and self.idle else None
+        return {"in_flight": self.in_flight, "idle_s": round(idle_s, 1), "ttl": self.ttl, "ttl_left":
+                round(ttl_left, 1) if ttl_left is not None else None, "pinned": self.pinned,
+                "restarts": self.restarts}

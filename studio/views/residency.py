@@ -1,0 +1,93 @@
+"""``/api/status``: every resident model, and the default model's fields at the top for single-model GUIs."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from launcher.memory import MemoryBill
+from studio.residency.lifecycle import ResidentState
+from studio.residency.manager import ModelManager, physical
+from studio.residency.resident import ResidentModel
+
+
+def status_json(manager: ModelManager) -> dict[str, Any]:
+    """The whole studio: ``models`` lists every resident one; the top-level fields describe the default one."""
+    residents = manager.residents
+    models = [resident_json(r) for r in residents]
+    failed = [r for r in residents if r.state is ResidentState.FAILED]
+    shown = manager.default or (max(failed, key=lambda r: r.created) if failed else None)
+    top = next((m for m, r in zip(models, residents) if r is shown), None)
+    if top is None:
+        resolving = manager.resolving
+        top = {**_EMPTY, "state": "resolving" if resolving else "unloaded", "model": resolving}
+    budget = manager.residency.memory_budget
+    return {
+        **top,
+        "models": models,
+        "waiting": manager.waiting,
+        "memory_budget": None if budget is None else {"total": budget.total, "per_device": dict(budget.per_device)},
+    }
+
+
+def resident_json(r: ResidentModel) -> dict[str, Any]:
+    """One resident model: state, contexts, plan, memory predicted and actual per device, requests, lifetime."""
+    sup = r.supervisor.status()
+    loaded, plan = r.loaded, r.plan
+    progress = sup.progress
+    actual = sup.allocations if r.state is ResidentState.READY else None
+    return {
+        "state": r.state.value,
+        "model": r.name,
+        "path": str(r.settings.path),
+        "native_context": r.facts.context_length,
+        "effective_context": loaded.n_ctx if loaded else None,
+        "largest_safe_context": plan.max_safe_ctx,
+        "speculative": {"requested": plan.spec.requested, "resolved": plan.spec.resolved,
+                        "flags": list(plan.spec.argv)},
+        "cache_type_kv": r.settings.cache_type,
+        "offload": {
+            "gpus": [d.name for d in plan.gpus], "n_gpu_layers": plan.n_gpu_layers, "mode": plan.offload,
+            "active_on": sorted(d.device for d in actual.devices if d.weights) if actual else None,
+        },
+        "reasons": list(plan.reasons),
+        "capabilities": {
+            "reasoning": bool(r.template and r.template.supports_reasoning),
+            "reasoning_style": r.template.reasoning_style if r.template else "none",
+            "tools": bool(r.template and r.template.supports_tools),
+            "has_mtp": r.facts.has_mtp,
+        },
+        "progress": {
+            "phase": progress.phase, "bytes_loaded": progress.bytes_loaded, "bytes_total": progress.bytes_total,
+            "phases_seen": list(progress.phases_seen),
+        } if progress else None,
+        "memory": {
+            "predicted": bill_json(plan.bill, physical(plan.bill, plan)),
+            "actual": bill_json(actual, physical(actual, plan)) if actual else None,
+        },
+        "error": r.error if r.state in (ResidentState.FAILED, ResidentState.CRASHED) else None,
+        "pid": sup.pid,
+        **r.status(),
+    }
+
+
+def bill_json(bill: MemoryBill, per_device: dict[str, int]) -> dict[str, Any]:
+    """Bytes per device and part, for the GUI; ``by_device`` names the physical devices (``CUDA0``...)."""
+    return {
+        "devices": {d.device: {"weights": d.weights, "kv": d.kv, "recurrent": d.recurrent, "compute": d.compute,
+                               "output": d.output, "output_growth": d.output_growth,
+                               "compute_growth": d.compute_growth, "total": d.total}
+                    for d in bill.devices},
+        "by_device": per_device,
+        "total": bill.total,
+        # what llama-server holds once it listens: the figure to set beside the actual total
+        "startup_total": bill.startup_total,
+        "approximate": bill.approximate,
+        "reasons": list(bill.reasons),
+    }
+
+
+_EMPTY: dict[str, Any] = {
+    "path": None, "native_context": None, "effective_context": None, "largest_safe_context": None,
+    "speculative": None, "cache_type_kv": None, "offload": None, "reasons": None, "capabilities": None,
+    "progress": None, "memory": None, "error": None, "pid": None, "in_flight": 0,
+}
