@@ -126,39 +126,56 @@ async def _forward(request: Request, path: str) -> Response:
     try:
         FORWARDED[path](body, loaded)
         body["model"] = loaded.name
+        if not body.get("stream"):
+            return await _answer_unless_client_leaves(request, loaded, path, body, lease)
         resp = await send_upstream(request, loaded, path, body, lease)
     except BaseException:
         await lease()
         raise
     headers = {k: v for k, v in resp.headers.items() if k.lower() in _PASS_HEADERS}
-    if body.get("stream") and resp.status_code == 200:
+    if resp.status_code == 200:
         return StreamingResponse(_relay(resp, lease), status_code=200, headers=headers)
     try:
-        content = await _read_unless_client_leaves(resp, request)
+        content = await resp.aread()
     except httpx.HTTPError as exc:
         raise lease.interruption or UpstreamError(f"llama-server broke off its answer: {exc}") from exc
     finally:
         await close_upstream(resp, lease)
-    if content is None:  # the client left: llama-server was told to stop; nobody reads this answer
-        return Response(status_code=499)
-    if resp.status_code == 200 and not body.get("stream"):
-        content = _with_usage(content)
     return Response(content, status_code=resp.status_code, headers=headers)
 
 
-async def _read_unless_client_leaves(resp: httpx.Response, request: Request) -> bytes | None:
-    """The whole answer, or None as soon as the client disconnects (closing ``resp`` then stops llama-server)."""
-    reading = asyncio.ensure_future(resp.aread())
+async def _answer_unless_client_leaves(request: Request, loaded: LoadedModel, path: str, body: dict[str, Any],
+                                       lease: Lease) -> Response:
+    """The whole answer, unless the client disconnects first: then the upstream request is dropped, which
+    stops llama-server (it answers a non-streamed request only once it is done, so the wait is the whole
+    generation)."""
+
+    async def exchange() -> Response:
+        resp = await send_upstream(request, loaded, path, body, lease)
+        try:
+            content = await resp.aread()
+        except httpx.HTTPError as exc:
+            raise lease.interruption or UpstreamError(f"llama-server broke off its answer: {exc}") from exc
+        finally:
+            await close_upstream(resp, lease)
+        headers = {k: v for k, v in resp.headers.items() if k.lower() in _PASS_HEADERS}
+        return Response(_with_usage(content) if resp.status_code == 200 else content,
+                        status_code=resp.status_code, headers=headers)
+
+    answering = asyncio.ensure_future(exchange())
     leaving = asyncio.ensure_future(_disconnect(request))
     try:
-        await asyncio.wait({reading, leaving}, return_when=asyncio.FIRST_COMPLETED)
+        await asyncio.wait({answering, leaving}, return_when=asyncio.FIRST_COMPLETED)
     finally:
-        for task in (reading, leaving):
+        for task in (answering, leaving):
             if not task.done():
                 task.cancel()
-    if reading.done() and not reading.cancelled():
-        return reading.result()
-    return None
+    if answering.done() and not answering.cancelled():
+        return answering.result()
+    with anyio.CancelScope(shield=True):  # the connection is closed: llama-server stops; free the lease
+        await asyncio.gather(answering, return_exceptions=True)
+        await lease()
+    return Response(status_code=499)  # nobody reads it: the client is gone
 
 
 async def _disconnect(request: Request) -> None:

@@ -27,12 +27,12 @@ import structlog
 from gguf.facts import ModelFacts
 from gguf.templates import TemplateCapabilities
 from launcher.command import LaunchCommand
-from launcher.errors import StartAbortedError
+from launcher.errors import LauncherError, StartAbortedError
 from launcher.memory import MemoryBill
 from launcher.planner import LaunchPlan
 from launcher.supervisor import LaunchSpec, State, Status, Supervisor
 from studio.blocking import run_blocking
-from studio.errors import ModelUnloadedError
+from studio.errors import ModelUnloadedError, StudioError
 from studio.residency.lifecycle import COMING_UP, TRANSITIONS, ResidentState
 from studio.residency.requests import LoadSettings
 
@@ -270,7 +270,8 @@ class ResidentModel:
             return  # an unload aborted it; its command is in the inbox
         except Exception as exc:  # every failure stops what was started and leaves the state true
             await run_blocking(self.supervisor.stop, timeout=None, what=f"stopping {self.name}")
-            self.failure = exc
+            self.failure = exc if isinstance(exc, (LauncherError, StudioError)) else StudioError(
+                f"{self.name} failed to start: {exc}", code="load_failed")
             self._set(ResidentState.FAILED, error=str(exc))
             return
         self.loaded = LoadedModel(

@@ -1,0 +1,61 @@
+"""A real studio service for tests: the app under uvicorn on a free loopback port, in a thread."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import uvicorn
+
+from launcher.capabilities import probe
+from launcher.registry import ChildRegistry
+from launcher.supervisor import owner_token
+from studio.http.app import create_app
+from studio.library.catalog import Catalog
+from studio.residency.manager import ModelManager, supervisor_factory
+from studio.residency.requests import LoadRequest
+from studio.settings import ModelDefaults, ResidencySettings
+from tests.helpers import free_port, wait_for
+
+
+@dataclass
+class RunningStudio:
+    url: str
+    manager: ModelManager
+    server: uvicorn.Server
+
+
+@contextmanager
+def running_studio(root: Path, binary: Path, models: Mapping[str, Path], *,
+                   defaults: Mapping[str, ModelDefaults] | None = None,
+                   residency: ResidencySettings | None = None, preload: Sequence[LoadRequest] = (),
+                   aliases: Mapping[str, str] | None = None, api_token: str | None = None,
+                   **manager_options: Any) -> Iterator[RunningStudio]:
+    """A studio whose catalog holds ``models`` (name -> file, linked into ``root/models``); stopped on exit."""
+    folder = root / "models"
+    folder.mkdir(parents=True, exist_ok=True)
+    for name, path in models.items():
+        link = folder / f"{name}.gguf"
+        if not link.exists():
+            link.symlink_to(path)
+    manager = ModelManager(
+        catalog=Catalog([folder], aliases=dict(aliases or {})), binary=binary,
+        make_supervisor=supervisor_factory(root / "logs", ChildRegistry(root / "run", owner_token())),
+        caps=probe(binary, cache_dir=root / "cache"), model_defaults=dict(defaults or {}), residency=residency,
+        **manager_options,
+    )
+    port = free_port()
+    server = uvicorn.Server(uvicorn.Config(create_app(manager, preload=preload, api_token=api_token),
+                                           host="127.0.0.1", port=port, log_level="warning"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    wait_for(lambda: server.started, timeout=30, what="uvicorn to start")
+    try:
+        yield RunningStudio(f"http://127.0.0.1:{port}", manager, server)
+    finally:
+        server.should_exit = True
+        thread.join(60)
