@@ -62,13 +62,19 @@ LINK_WARNING = (
 
 
 class RpcWorkerError(LauncherError, ConnectionError):
-    """A worker did not answer a query; ``reason`` says how, ``busy`` when it accepted but did not answer."""
+    """A worker did not answer a query; ``reason`` says how.
 
-    def __init__(self, endpoint: str, reason: str, *, busy: bool = False) -> None:
+    ``busy``: it accepted the connection but did not answer. ``silent``: it did
+    not refuse (busy, or a connection that timed out: a busy worker's one-place
+    backlog fills with the first waiting client, and later connections time out).
+    """
+
+    def __init__(self, endpoint: str, reason: str, *, busy: bool = False, silent: bool = False) -> None:
         super().__init__(f"RPC worker {endpoint}: {reason}")
         self.endpoint = endpoint
         self.reason = reason
         self.busy = busy
+        self.silent = silent or busy
 
 
 def normalize_endpoint(text: str) -> str:
@@ -132,7 +138,7 @@ class WorkerReport:
     endpoint: str
     devices: tuple[WorkerDevice, ...] = ()
     problem: str | None = None  # why it did not answer; None when it did (or ``stale`` devices stand in)
-    busy: bool = False  # it accepted the connection but did not answer: serving another client
+    busy: bool = False  # it did not answer and did not refuse: serving another client (or gone silent)
     stale_since: float | None = None  # busy, and ``devices`` are its answer from this time (time.time())
 
     @property
@@ -154,7 +160,8 @@ def query_worker(endpoint: str, *, timeout: float = QUERY_TIMEOUT_S) -> tuple[Wo
         raise RpcWorkerError(endpoint, "connection refused: nothing listens there (is `ggstudio rpc-worker` "
                                        "running on that host?)") from None
     except TimeoutError:
-        raise RpcWorkerError(endpoint, f"no connection within {timeout:g} s (host down or firewalled?)") from None
+        raise RpcWorkerError(endpoint, f"no connection within {timeout:g} s: the host is down or cut off, or the "
+                                       "worker is busy and its one-place backlog is full", silent=True) from None
     except OSError as exc:
         raise RpcWorkerError(endpoint, f"cannot connect: {exc.strerror or exc}") from None
     with sock:
@@ -240,7 +247,7 @@ class RpcWorkers:
             devices = query_worker(endpoint, timeout=self.timeout)
         except RpcWorkerError as exc:
             last = self._last.get(endpoint)
-            if exc.busy and last is not None:
+            if exc.silent and last is not None:
                 return WorkerReport(endpoint, last[1], busy=True, stale_since=last[0])
             return WorkerReport(endpoint, problem=exc.reason, busy=exc.busy)
         if not devices:
@@ -257,8 +264,9 @@ def report_warnings(reports: Sequence[WorkerReport]) -> list[str]:
             out.append(f"RPC worker {r.endpoint} left out: {r.problem}")
         elif r.stale_since is not None:
             when = time.strftime("%H:%M:%S", time.localtime(r.stale_since))
-            out.append(f"RPC worker {r.endpoint} is busy (a worker serves one client at a time: probably the "
-                       f"loaded model's llama-server); planning with its devices as it reported them at {when}")
+            out.append(f"RPC worker {r.endpoint} did not answer, but answered before: busy, probably serving the "
+                       f"loaded model's llama-server (a worker serves one client at a time); planning with its "
+                       f"devices as it reported them at {when}")
         if any(d.reports_total_as_free for d in r.devices):
             out.append(f"RPC worker {r.endpoint} reports all its memory as free (a CPU worker: ggml does not "
                        "measure free RAM); its budget assumes nothing else runs there")
@@ -311,7 +319,8 @@ def unreachable(endpoints: Sequence[str], *, timeout: float = 1.0) -> dict[str, 
     return {e: why for e, why in found.items() if why is not None}
 
 
-def explain_failure(log_lines: Sequence[str], endpoints: Sequence[str], *, timeout: float = 1.0) -> WorkerFailure | None:
+def explain_failure(log_lines: Sequence[str], endpoints: Sequence[str], *,
+                    timeout: float = 1.0) -> WorkerFailure | None:
     """Name the workers behind a llama-server failure, or None when its log shows no RPC failure.
 
     llama-server names a worker it cannot connect to at start; mid-generation it only
