@@ -30,8 +30,8 @@ import psutil
 
 from gguf.templates import template_capabilities
 from launcher.capabilities import Capabilities
-from launcher.errors import LauncherError
-from launcher.rpc import explain_failure
+from launcher.errors import LauncherError, LoadError
+from launcher.rpc import RpcWorkers, explain_failure
 from launcher.supervisor import ExitExplanation, LaunchSpec
 
 if TYPE_CHECKING:
@@ -41,6 +41,8 @@ HOST = "127.0.0.1"
 REDACTED = "<redacted>"
 #: llama-server's log verbosity at which it prints every buffer it allocates (launcher.allocations).
 ALLOCATION_VERBOSITY = "4"
+#: How long each RPC worker has to answer right before a launch.
+WORKER_READY_TIMEOUT_S = 5.0
 
 #: Flags the studio sets itself, every spelling of the pinned build and of older ones, with what to use instead
 #: (another build's alias of one of these is caught through its probed help: ``Capabilities.aliases_of``).
@@ -185,7 +187,18 @@ class LaunchCommand:
         """The supervisor's LaunchSpec for this command."""
         return LaunchSpec(make_argv=self.argv, binary=str(self.binary), env=self.env, api_key=self.api_key,
                           model_bytes=self.model_bytes, host=HOST, start_timeout=start_timeout,
-                          explain_exit=self._explain_exit if self.rpc_workers else None)
+                          explain_exit=self._explain_exit if self.rpc_workers else None,
+                          before_start=self._workers_ready if self.rpc_workers else None)
+
+    def _workers_ready(self) -> None:
+        """Raise LoadError unless every worker answers now: llama-server hangs on a busy one, aborts on a gone one."""
+        # A worker freed by the llama-server just stopped may first drain a probe left in its one-place backlog.
+        down = [r for r in RpcWorkers(self.rpc_workers, timeout=WORKER_READY_TIMEOUT_S).query() if not r.usable]
+        if down:
+            raise LoadError("cannot start llama-server: " + "; ".join(f"RPC worker {r.endpoint} is not ready "
+                                                                       f"({r.problem})" for r in down),
+                            cause="rpc_worker_failed", failed_workers=tuple(r.endpoint for r in down),
+                            hint="a worker serves one llama-server at a time; `ggstudio doctor` shows which answer")
 
     def _explain_exit(self, log_lines: Sequence[str]) -> ExitExplanation | None:
         """Which RPC worker took llama-server down, if one did."""

@@ -108,6 +108,7 @@ class ProcessError(LauncherError):
         log_tail: str = "",
         cause: str | None = None,
         hint: str | None = None,
+        failed_workers: tuple[str, ...] = (),
     ) -> None:
         super().__init__(message)
         self.pid = pid
@@ -115,6 +116,7 @@ class ProcessError(LauncherError):
         self.log_tail = log_tail
         self.cause = cause  # a recognised kind, e.g. "out_of_memory", or None
         self.hint = hint  # one line telling the user what to do
+        self.failed_workers = failed_workers  # RPC workers (host:port) behind the failure
 
 
 class LoadError(ProcessError):

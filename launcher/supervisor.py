@@ -99,6 +99,9 @@ class LaunchSpec:
     after_stop: Callable[[], object] | None = None
     #: Called with the child's last log lines when it failed or crashed: a cause its log alone does not name.
     explain_exit: Callable[[Sequence[str]], ExitExplanation | None] | None = None
+    #: Called right before each spawn; raises a ProcessError when the child cannot start now (an RPC worker that
+    #: is busy or gone: llama-server would hang on the one and abort on the other).
+    before_start: Callable[[], None] | None = None
 
 
 @dataclass(frozen=True)
@@ -358,6 +361,8 @@ class Supervisor:
             with self._changed:
                 self._child = child
             try:
+                if spec.before_start is not None:
+                    spec.before_start()
                 child.server.start()
                 self.registry.add(child.server.pid, spec.binary)
                 child.server.wait_ready(
@@ -372,8 +377,9 @@ class Supervisor:
                 explained = self._explain(child)
                 if explained is not None and isinstance(exc, LoadError):
                     error = LoadError(f"{exc}; {explained.reason}", pid=exc.pid, exit_code=exc.exit_code,
-                                      log_tail=exc.log_tail, cause=exc.cause, hint=exc.hint)
-                    self._fail(error, explained.failed_workers)
+                                      log_tail=exc.log_tail, cause=exc.cause, hint=exc.hint,
+                                      failed_workers=explained.failed_workers)
+                    self._fail(error)
                     raise error from exc
                 self._fail(exc)
                 raise
@@ -418,11 +424,11 @@ class Supervisor:
                         self._changed.notify_all()
                 return
 
-    def _fail(self, exc: BaseException, failed_workers: tuple[str, ...] = ()) -> None:
+    def _fail(self, exc: BaseException) -> None:
         with self._changed:
             self._child = None
         self._set_state(State.FAILED, cause=str(exc), exit_code=getattr(exc, "exit_code", None),
-                        failed_workers=failed_workers)
+                        failed_workers=getattr(exc, "failed_workers", ()))
 
     def _explain(self, child: _Child) -> ExitExplanation | None:
         """The spec's explanation of a reaped child's exit (its whole output is read by now)."""

@@ -34,10 +34,10 @@ from launcher.rpc import (
     LINK_WARNING, RpcWorkerError, RpcWorkers, explain_failure, normalize_endpoint, parse_endpoints, query_worker,
 )
 from launcher.rpc_worker import RemoteBindError, RpcWorker, check_bind
-from launcher.supervisor import State, Supervisor, owner_token
+from launcher.supervisor import Supervisor, owner_token
 from studio.http.app import create_app
 from studio.library.catalog import Catalog
-from studio.residency.manager import LoadRequest, ModelManager
+from studio.residency.manager import ModelManager, supervisor_factory
 from studio.settings import Settings
 from tests.helpers import free_port, wait_for
 from tests.test_cli import CLI, cli, tagged_env
@@ -289,8 +289,8 @@ def studio_over_workers(rpc_server_bin, llama_server_bin, gemma_model, tmp_path)
     (models / gemma_model.name).symlink_to(gemma_model)
     with running_workers(rpc_server_bin, tmp_path, 3) as three:
         workers = RpcWorkers((*endpoints(three), dead_endpoint()))
-        supervisor = Supervisor(logs_dir=tmp_path / "logs", registry=ChildRegistry(tmp_path / "run", owner_token()))
-        manager = ModelManager(catalog=Catalog([models]), binary=llama_server_bin, supervisor=supervisor,
+        supervisors = supervisor_factory(tmp_path / "logs", ChildRegistry(tmp_path / "run", owner_token()))
+        manager = ModelManager(catalog=Catalog([models]), binary=llama_server_bin, make_supervisor=supervisors,
                                caps=probe(llama_server_bin, cache_dir=tmp_path / "cache"),
                                discover_devices=lambda: discover(llama_server=llama_server_bin, workers=workers))
         port = free_port()
@@ -347,15 +347,21 @@ def test_a_chat_over_three_workers_and_a_worker_killed_mid_generation(studio_ove
         assert f"RPC worker {victim.endpoint} failed" in error["message"] and error["code"] == "rpc_worker_failed"
         assert took < 15, took
 
-        # the status names the worker; the supervisor too
-        wait_for(lambda: http.get("/api/status").json()["state"] == "crashed", timeout=15, what="the crash")
-        crashed = http.get("/api/status").json()
-        assert f"RPC worker {victim.endpoint} failed" in crashed["error"]
-        assert manager.supervisor.status().failed_workers == (victim.endpoint,)
+        # the status names the worker (crashed; then failed, once a restart finds the worker still gone), and
+        # the model's supervisor lists it
+        (resident,) = manager.residents
+        wait_for(lambda: http.get("/api/status").json()["state"] in ("crashed", "failed"), timeout=15,
+                 what="the crash")
+        down = http.get("/api/status").json()
+        assert f"RPC worker {victim.endpoint}" in down["error"], down["error"]
+        assert resident.supervisor.status().failed_workers == (victim.endpoint,)
+        wait_for(lambda: http.get("/api/status").json()["state"] == "failed", timeout=30, what="the restart to fail")
+        assert f"RPC worker {victim.endpoint} is not ready (connection refused" in http.get("/api/status").json()[
+            "error"]
 
-        assert http.post("/api/unload").status_code == 200
-    assert manager.supervisor.state == State.IDLE
-    assert not [p for p in psutil.Process().children(recursive=True) if p.name() == "llama-server"]
+        assert http.post("/api/unload", json={"model": GEMMA}).status_code == 200
+    wait_for(lambda: not [p for p in psutil.Process().children(recursive=True) if p.name() == "llama-server"],
+             timeout=15, what="llama-server to exit")
 
 
 @pytest.mark.slow
@@ -405,5 +411,25 @@ def test_a_worker_gone_between_plan_and_start_fails_the_load_naming_it(rpc_serve
             with pytest.raises(LoadError) as failed:
                 supervisor.start(command.launch_spec(start_timeout=120))
             assert failed.value.cause == "rpc_worker_failed"
-            assert f"RPC worker {pair[1].endpoint} failed (connection refused" in str(failed.value)
+            assert f"RPC worker {pair[1].endpoint} is not ready (connection refused" in str(failed.value)
             assert supervisor.status().failed_workers == (pair[1].endpoint,)
+            assert supervisor.status().pid is None  # refused before llama-server was spawned
+
+
+def test_a_busy_worker_fails_the_start_at_once_instead_of_hanging_it(rpc_server_bin, llama_server_bin, gemma, real,
+                                                                      tmp_path):
+    from launcher.command import build_command
+    from launcher.errors import LoadError
+
+    with running_workers(rpc_server_bin, tmp_path, 1) as (worker,):
+        inventory = discover(llama_server=llama_server_bin, workers=RpcWorkers(endpoints([worker])))
+        p = plan(gemma, inventory, real, PlanRequest(n_ctx=2048, spec="off"))
+        supervisor = Supervisor(logs_dir=tmp_path / "logs", registry=ChildRegistry(tmp_path / "run", owner_token()))
+        with socket.create_connection(("127.0.0.1", worker.port)) as other_client, supervisor, \
+                build_command(p, real, binary=llama_server_bin) as command:
+            hello(other_client)  # another llama-server holds the worker
+            started = time.monotonic()
+            with pytest.raises(LoadError, match=f"RPC worker {worker.endpoint} is not ready .*another llama-server"):
+                supervisor.start(command.launch_spec(start_timeout=120))
+            assert time.monotonic() - started < 30
+            assert supervisor.status().failed_workers == (worker.endpoint,)
