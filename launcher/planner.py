@@ -498,7 +498,7 @@ class _Planner:
         # With --fit, llama-server writes the split itself and gives up if one is passed.
         split = tuple(d.free_bytes // MIB for d in gpus) if len(gpus) > 1 and offload == "ngl" else ()
         if split:
-            over = "the RPC devices and GPUs" if self.rpc else "the GPUs"
+            over = ("the RPC devices and GPUs" if self.gpus else "the RPC devices") if self.rpc else "the GPUs"
             self.reasons.append(f"layers split over {over} in proportion to free memory: "
                                 f"{','.join(map(str, split))} MiB")
         margins = tuple(math.ceil(d.free_bytes * (1 - self.fraction) / MIB) for d in gpus) \
