@@ -239,6 +239,10 @@ class ModelFacts:
     dense_ffn_widths: tuple[int, ...] = ()
     # the FFN is up -> activation -> down, with no gate (GELU MLPs: StarCoder2, Phi-2, Nemotron...)
     ffn_ungated: bool = False
+    # no output.weight: the logits reuse token_embd.weight, which llama.cpp loads again on the output layer's
+    # device when that is not the CPU (llama-model-loader.cpp TENSOR_DUPLICATED; an encoder with no output layer
+    # at all is counted as tied too, erring on the safe side)
+    output_tied: bool = False
     # an attention-cache layer projects Q, K and V with one fused ``attn_qkv`` (build_qkv's views into its output)
     fused_qkv: bool = False
     # sparse-attention indexer key cache (DSA / MSA / QSA; llama-kv-cache-dsa.cpp, -msa.cpp, memory-hybrid-idx.cpp)
@@ -1160,6 +1164,8 @@ def _model_facts(model: GGUFFile, hf_config: Mapping[str, Any] | None) -> ModelF
         moe_layers=_moe_layers(tensors, hp.n_layer_all),
         dense_ffn_widths=_dense_ffn_widths(tensors, n),
         ffn_ungated=_ffn_ungated(tensors),
+        output_tied=not any(t.name == "output.weight" for t in tensors) and any(
+            t.name == "token_embd.weight" for t in tensors),
         fused_qkv=_fused_qkv(tensors, kv_layers),
         indexer_head_count=idx_heads,
         indexer_key_length=idx_size,

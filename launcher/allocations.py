@@ -8,7 +8,8 @@ exact only to that 0.01 MiB precision.
 Buffer names map to devices the way the estimator names them: every host buffer
 (``CPU``, ``CPU_Mapped``, ``CPU_REPACK``, ``CUDA_Host``...) is ``"CPU"``; a
 device buffer ending in an index (``CUDA0``, ``ROCm1``, ``Vulkan0``, ``MTL0``) is
-``"GPU<index>"``.
+``"GPU<index>"``; an RPC worker's buffer keeps its own name, ``RPC<i>[host:port]``
+(``i`` is the device's index on that worker), as the planner names it.
 
 Each ``llama_context`` prints its own buffers after "constructing llama_context".
 The MTP draft context (``--spec-type draft-mtp``) follows the target's after
@@ -43,12 +44,15 @@ _DSV4_STATE_SIZE = re.compile(
     rf"llama_dsv4_comp_state: (\w+) ratio = (\d+), state = (\d+) x (\d+), streams = (\d+), rs_seq = (\d+), "
     rf"layers = (\d+), size = +{_NUM} MiB")
 _DEVICE_INDEX = re.compile(r"^[A-Za-z]+(\d+)$")
+_RPC_BUFFER = re.compile(r"^RPC\d+\[[^\]]+\]$")
 _NEW_CONTEXT = "llama_context: constructing llama_context"
 _MTP_DRAFT = "creating MTP draft context"
 
 
 def device_of(buffer_name: str) -> str:
     """The estimator's device name for a ggml buffer name."""
+    if _RPC_BUFFER.match(buffer_name):
+        return buffer_name
     m = _DEVICE_INDEX.match(buffer_name)
     return f"GPU{m.group(1)}" if m and not buffer_name.startswith("CPU") else "CPU"
 

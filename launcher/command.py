@@ -30,8 +30,9 @@ import psutil
 
 from gguf.templates import template_capabilities
 from launcher.capabilities import Capabilities
-from launcher.errors import LauncherError
-from launcher.supervisor import LaunchSpec
+from launcher.errors import LauncherError, LoadError
+from launcher.rpc import RpcWorkers, explain_failure
+from launcher.supervisor import ExitExplanation, LaunchSpec
 
 if TYPE_CHECKING:
     from launcher.planner import LaunchPlan
@@ -40,6 +41,8 @@ HOST = "127.0.0.1"
 REDACTED = "<redacted>"
 #: llama-server's log verbosity at which it prints every buffer it allocates (launcher.allocations).
 ALLOCATION_VERBOSITY = "4"
+#: How long each RPC worker has to answer right before a launch.
+WORKER_READY_TIMEOUT_S = 5.0
 
 #: Flags the studio sets itself, every spelling of the pinned build and of older ones, with what to use instead
 #: (another build's alias of one of these is caught through its probed help: ``Capabilities.aliases_of``).
@@ -54,6 +57,7 @@ MANAGED_FLAGS: dict[tuple[str, ...], str] = {
     ("-np", "--parallel"): "use the parallel option",
     ("-ngl", "--gpu-layers", "--n-gpu-layers", "-ts", "--tensor-split", "-fit", "--fit", "-fitt", "--fit-target",
      "-fitc", "--fit-ctx", "-dev", "--device"): "the planner places the layers and pins the GPUs",
+    ("--rpc",): "list the workers in rpc_workers (config file) or pass --rpc to ggstudio",
     ("-t", "--threads"): "use the threads option",
     ("-ctk", "--cache-type-k", "-ctv", "--cache-type-v"): "use the cache type option",
     ("-fa", "--flash-attn"): "the planner turns flash attention on when the cache type needs it",
@@ -156,7 +160,7 @@ class LaunchCommand:
 
     def __init__(self, *, binary: Path, head: Sequence[str], tail: Sequence[str], env: Mapping[str, str],
                  api_key: Secret, api_key_in_argv: bool, model_bytes: int, files_dir: Path | None,
-                 notes: Sequence[str]) -> None:
+                 notes: Sequence[str], rpc_workers: Sequence[str] = ()) -> None:
         self.binary = binary
         self._head = tuple(head)
         self._tail = tuple(tail)
@@ -166,6 +170,7 @@ class LaunchCommand:
         self.model_bytes = model_bytes
         self.files_dir = files_dir
         self.notes = tuple(notes)  # flags left out because the binary lacks them
+        self.rpc_workers = tuple(rpc_workers)  # the --rpc endpoints, to name the one that fails
         self._cleanup = weakref.finalize(self, shutil.rmtree, str(files_dir), True) if files_dir else None
 
     def argv(self, port: int) -> list[str]:
@@ -181,7 +186,24 @@ class LaunchCommand:
     def launch_spec(self, *, start_timeout: float = 600.0) -> LaunchSpec:
         """The supervisor's LaunchSpec for this command."""
         return LaunchSpec(make_argv=self.argv, binary=str(self.binary), env=self.env, api_key=self.api_key,
-                          model_bytes=self.model_bytes, host=HOST, start_timeout=start_timeout)
+                          model_bytes=self.model_bytes, host=HOST, start_timeout=start_timeout,
+                          explain_exit=self._explain_exit if self.rpc_workers else None,
+                          before_start=self._workers_ready if self.rpc_workers else None)
+
+    def _workers_ready(self) -> None:
+        """Raise LoadError unless every worker answers now: llama-server hangs on a busy one, aborts on a gone one."""
+        # A worker freed by the llama-server just stopped may first drain a probe left in its one-place backlog.
+        down = [r for r in RpcWorkers(self.rpc_workers, timeout=WORKER_READY_TIMEOUT_S).query() if not r.usable]
+        if down:
+            raise LoadError("cannot start llama-server: " + "; ".join(f"RPC worker {r.endpoint} is not ready "
+                                                                       f"({r.problem})" for r in down),
+                            cause="rpc_worker_failed", failed_workers=tuple(r.endpoint for r in down),
+                            hint="a worker serves one llama-server at a time; `ggstudio doctor` shows which answer")
+
+    def _explain_exit(self, log_lines: Sequence[str]) -> ExitExplanation | None:
+        """Which RPC worker took llama-server down, if one did."""
+        failure = explain_failure(log_lines, self.rpc_workers)
+        return ExitExplanation(failure.message, failure.workers) if failure is not None else None
 
     def cleanup(self) -> None:
         """Remove the key and template files (idempotent); call once the server is stopped for good."""
@@ -225,7 +247,7 @@ def build_command(
     return LaunchCommand(binary=binary, head=[str(binary), "-m", str(plan.model.path), "--host", HOST],
                          tail=out.argv, env=child_env(plan, binary, base_env), api_key=key,
                          api_key_in_argv="--api-key" in out.argv, model_bytes=plan.model.file_bytes,
-                         files_dir=out.files_dir, notes=out.notes)
+                         files_dir=out.files_dir, notes=out.notes, rpc_workers=plan.rpc_workers)
 
 
 class _Argv:
@@ -271,6 +293,8 @@ def _add_flags(out: _Argv, plan: LaunchPlan, key: Secret, threads: int | None) -
     request = plan.request
     out.add(("--ctx-size", "-c"), str(plan.n_ctx), why="the context is its default")
     out.add(("--parallel", "-np"), str(plan.n_parallel), why="its default slot count is used")
+    if plan.rpc_workers:  # the planner left the workers out unless the binary has --rpc
+        out.argv += ["--rpc", ",".join(plan.rpc_workers)]
     if plan.offload == "fit":
         out.add(("--fit", "-fit"), "on")
         if plan.fit_target_mib:
@@ -281,7 +305,8 @@ def _add_flags(out: _Argv, plan: LaunchPlan, key: Secret, threads: int | None) -
     if plan.tensor_split:
         out.add(("--tensor-split", "-ts"), ",".join(map(str, plan.tensor_split)), why="llama.cpp splits by itself")
     if plan.gpus and plan.gpu_backend not in ("CUDA", "ROCm", "HIP"):  # those are pinned through the env
-        out.add(("--device", "-dev"), ",".join(f"{d.backend}{d.index}" for d in plan.gpus),
+        # --device replaces llama-server's own device list: the RPC devices lead it, as they would by default
+        out.add(("--device", "-dev"), ",".join(f"{d.backend}{d.index}" for d in (*plan.rpc_devices, *plan.gpus)),
                 why="GPUs cannot be pinned")
     if plan.flash_attn == "on":
         out.add(("--flash-attn", "-fa"), "on", why="a quantized V cache may be refused")
@@ -320,6 +345,9 @@ def child_env(plan: LaunchPlan, binary: Path, base_env: Mapping[str, str] | None
            if not k.startswith(_ENV_OVERRIDES)}
     lib = str(binary.resolve().parent)
     env["LD_LIBRARY_PATH"] = os.pathsep.join([lib, *filter(None, [env.get("LD_LIBRARY_PATH")])])
+    if plan.rpc_workers:
+        # A worker that dies makes llama-server abort; ggml's backtrace would first attach gdb for seconds.
+        env["GGML_NO_BACKTRACE"] = "1"
     gpus = plan.gpus
     if not gpus:
         # Nothing planned on a GPU: hide them, so a GPU build cannot put buffers the plan did not count.

@@ -6,6 +6,8 @@ has: Vulkan, Metal, SYCL...), and psutil for the CPU and system RAM. A source th
 is missing is silent; one that fails, hangs or prints something unreadable is
 skipped with a warning in the result, never an exception: the CPU entry is
 always there, so a broken driver tool cannot stop the studio from serving.
+RPC workers (``launcher.rpc``) add their devices after the local GPUs, in the
+``--rpc`` order; a worker that does not answer is left out with a warning.
 
 When the binary is given and its listing reads, that listing decides which
 vendor-tool GPUs are kept: it reflects both the build and the driver, for any
@@ -36,8 +38,9 @@ import psutil
 
 from launcher.build import built_backend
 from launcher.capabilities import ProbeError, run_tool
+from launcher.rpc import RpcWorkers, WorkerReport, report_warnings, with_worker_indices
 
-Source = Literal["nvidia-smi", "rocm-smi", "llama-server", "psutil"]
+Source = Literal["nvidia-smi", "rocm-smi", "llama-server", "psutil", "rpc"]
 
 TOOL_TIMEOUT_S = 5.0
 MIB = 1024 * 1024
@@ -55,8 +58,8 @@ _COVERED_BY: dict[str, Source] = {"CUDA": "nvidia-smi", "ROCm": "rocm-smi", "HIP
 class Device:
     """One device and its memory in bytes."""
 
-    backend: str  # ggml's backend name: "CUDA", "ROCm", "Vulkan", "Metal", "CPU"...
-    index: int | None  # physical index to pin to; a llama-server-only device: its backend ordinal
+    backend: str  # ggml's backend name: "CUDA", "ROCm", "Vulkan", "Metal", "CPU"..., "RPC" for a worker's
+    index: int | None  # physical index to pin to; a llama-server-only device: its backend ordinal; RPC: ``RPC<n>``
     name: str
     total_bytes: int
     free_bytes: int
@@ -65,23 +68,39 @@ class Device:
     #: What a plan may use here, set by whoever shares the device among several models (a memory budget,
     #: less what resident models hold); None: the planner's share of ``free_bytes``.
     budget_bytes: int | None = None
+    endpoint: str | None = None  # an RPC device's worker, host:port
+    worker_index: int | None = None  # an RPC device's index on its worker
 
     @property
     def key(self) -> str:
-        """A stable name for the physical device: ``CPU``, ``CUDA0``, ``ROCm1``..."""
+        """A stable name for the physical device: ``CPU``, ``CUDA0``, ``ROCm1``..., ``RPC0[host:port]``."""
+        if self.endpoint is not None:  # ``RPC<n>`` shifts with the workers that answer; the buffer name does not
+            return f"RPC{self.worker_index}[{self.endpoint}]"
         return "CPU" if self.backend == "CPU" else f"{self.backend}{self.index if self.index is not None else ''}"
+
+    @property
+    def rpc_buffer_name(self) -> str | None:
+        """What llama-server calls an RPC device's buffers, ``RPC<i>[host:port]``; None for a local device."""
+        return self.key if self.endpoint is not None else None
 
 
 @dataclass(frozen=True)
 class Inventory:
     """Every device found, and why any source was skipped."""
 
-    devices: tuple[Device, ...]  # GPUs first, the CPU last
+    devices: tuple[Device, ...]  # GPUs first, then RPC workers' devices, the CPU last
     warnings: tuple[str, ...]
+    workers: tuple[WorkerReport, ...] = ()  # every configured RPC worker, answering or not
 
     @property
     def gpus(self) -> tuple[Device, ...]:
-        return tuple(d for d in self.devices if d.backend != "CPU")
+        """The local GPUs (and other local accelerators)."""
+        return tuple(d for d in self.devices if d.backend not in ("CPU", "RPC"))
+
+    @property
+    def rpc(self) -> tuple[Device, ...]:
+        """The devices of the RPC workers that answered, in llama-server's ``RPC<n>`` order."""
+        return tuple(d for d in self.devices if d.backend == "RPC")
 
     @property
     def cpu(self) -> Device:
@@ -93,9 +112,10 @@ class _Unreadable(Exception):
 
 
 def discover(
-    *, llama_server: Path | None = None, env: Mapping[str, str] | None = None, timeout: float = TOOL_TIMEOUT_S
+    *, llama_server: Path | None = None, env: Mapping[str, str] | None = None, timeout: float = TOOL_TIMEOUT_S,
+    workers: RpcWorkers | None = None,
 ) -> Inventory:
-    """Return the devices visible under ``env`` (default: this process's environment)."""
+    """Return the devices visible under ``env`` (default: this process's environment), and ``workers``' devices."""
     env = dict(os.environ if env is None else env)
     warnings: list[str] = []
     found: list[Device] = []
@@ -118,7 +138,15 @@ def discover(
         if listed is not None:
             found = _reachable(found, listed, built_backend(llama_server), warnings)
             found += [d for d in listed if _COVERED_BY.get(d.backend) not in worked]
-    return Inventory((*found, _cpu()), tuple(warnings))
+    reports = workers.query() if workers is not None else ()
+    warnings += report_warnings(reports)
+    return Inventory((*found, *rpc_devices(reports), _cpu()), tuple(warnings), reports)
+
+
+def rpc_devices(reports: Sequence[WorkerReport]) -> list[Device]:
+    """The answering workers' devices as inventory devices, numbered as llama-server numbers them."""
+    return [Device("RPC", n, d.endpoint, d.total_bytes, d.free_bytes, "rpc", endpoint=d.endpoint,
+                   worker_index=d.index) for n, d in with_worker_indices([r for r in reports if r.usable])]
 
 
 def _reachable(vendor: list[Device], listed: list[Device], built: str | None, warnings: list[str]) -> list[Device]:

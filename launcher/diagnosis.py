@@ -13,12 +13,16 @@ from typing import Literal
 
 Cause = Literal[
     "out_of_memory", "unknown_architecture", "invalid_gguf", "missing_file", "unsupported_flag", "port_in_use",
+    "rpc_worker_failed",
 ]
 
 # llama.cpp's log prefix: "0.00.004.632 E " (time, level) before the message.
 _PREFIX = re.compile(r"^\s*\d+\.\d+\.\d+\.\d+ [A-Z] ")
 
 _RULES: tuple[tuple[Cause, re.Pattern[str], str], ...] = (
+    ("rpc_worker_failed", re.compile(
+        r"Failed to connect to \S+|RPC handshake failed for|Remote RPC server crashed|RPC server version mismatch"),
+     "an RPC worker could not be reached or went away; `ggstudio doctor` shows which workers answer"),
     ("port_in_use", re.compile(r"couldn't bind HTTP server socket|address already in use", re.I),
      "another program holds the port; a new port is tried automatically"),
     ("unsupported_flag", re.compile(r"error: (invalid|unknown) argument|the argument has been removed", re.I),

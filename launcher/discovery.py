@@ -1,8 +1,10 @@
-"""Find the llama-server binary to run, and say where it came from.
+"""Find the llama-server binary to run (and ggml-rpc-server, for RPC workers), and say where it came from.
 
 Order: an explicit file (``LLAMA_SERVER_PATH``), a llama.cpp directory
 (``GGUF_STUDIO_LLAMA_CPP``: its root or ``build/bin/``), the pinned build in the
 studio home, an in-tree build under ``vendor/llama.cpp/``, then ``PATH``.
+``ggml-rpc-server`` is looked for the same way, with ``GGML_RPC_SERVER_PATH`` first
+and then beside an explicit ``LLAMA_SERVER_PATH`` (a build makes both).
 """
 
 from __future__ import annotations
@@ -16,9 +18,11 @@ from typing import Literal
 from launcher.build import load_pin, layout_for
 from launcher.errors import BinaryNotFoundError
 
-Source = Literal["LLAMA_SERVER_PATH", "GGUF_STUDIO_LLAMA_CPP", "pinned build", "vendor tree", "PATH"]
+Source = Literal["LLAMA_SERVER_PATH", "GGUF_STUDIO_LLAMA_CPP", "pinned build", "vendor tree", "PATH",
+                 "GGML_RPC_SERVER_PATH", "beside LLAMA_SERVER_PATH"]
 
 BINARY_NAME = "llama-server"
+RPC_SERVER_NAME = "ggml-rpc-server"
 _VENDOR_DIR = Path(__file__).resolve().parent.parent / "vendor" / "llama.cpp"
 
 
@@ -42,27 +46,56 @@ def find_llama_server(
     Raises:
         BinaryNotFoundError: nothing found; the message lists every place searched.
     """
-    searched: list[str] = []
     if explicit is not None:
         if _is_executable(explicit):
             return Discovered(explicit, "LLAMA_SERVER_PATH")
         # An explicit choice that is wrong must not silently fall through to another binary.
         raise BinaryNotFoundError([f"LLAMA_SERVER_PATH={explicit} (not an executable file)"])
-    candidates: list[tuple[Path, Source]] = []
+    return _search(BINARY_NAME, [], home=home, llama_cpp_dir=llama_cpp_dir, backend=backend)
+
+
+def find_rpc_server(
+    *,
+    home: Path,
+    explicit: Path | None = None,
+    llama_server: Path | None = None,
+    llama_cpp_dir: Path | None = None,
+    backend: str = "cpu",
+) -> Discovered:
+    """Return the ggml-rpc-server to run a worker with.
+
+    ``explicit`` is ``GGML_RPC_SERVER_PATH``; ``llama_server`` an explicit
+    ``LLAMA_SERVER_PATH``, whose folder is searched next.
+
+    Raises:
+        BinaryNotFoundError: nothing found; the message lists every place searched.
+    """
+    if explicit is not None:
+        if _is_executable(explicit):
+            return Discovered(explicit, "GGML_RPC_SERVER_PATH")
+        raise BinaryNotFoundError([f"GGML_RPC_SERVER_PATH={explicit} (not an executable file)"], binary=RPC_SERVER_NAME)
+    first = [(llama_server.parent / RPC_SERVER_NAME, "beside LLAMA_SERVER_PATH")] if llama_server is not None else []
+    return _search(RPC_SERVER_NAME, first, home=home, llama_cpp_dir=llama_cpp_dir, backend=backend)
+
+
+def _search(name: str, first: list[tuple[Path, Source]], *, home: Path, llama_cpp_dir: Path | None,
+            backend: str) -> Discovered:
+    searched: list[str] = []
+    candidates = list(first)
     if llama_cpp_dir is not None:
-        candidates += [(llama_cpp_dir / BINARY_NAME, "GGUF_STUDIO_LLAMA_CPP"),
-                       (llama_cpp_dir / "build" / "bin" / BINARY_NAME, "GGUF_STUDIO_LLAMA_CPP")]
-    candidates.append((layout_for(home, load_pin(), backend).binary(BINARY_NAME), "pinned build"))
-    candidates.append((_VENDOR_DIR / "build" / "bin" / BINARY_NAME, "vendor tree"))
+        candidates += [(llama_cpp_dir / name, "GGUF_STUDIO_LLAMA_CPP"),
+                       (llama_cpp_dir / "build" / "bin" / name, "GGUF_STUDIO_LLAMA_CPP")]
+    candidates.append((layout_for(home, load_pin(), backend).binary(name), "pinned build"))
+    candidates.append((_VENDOR_DIR / "build" / "bin" / name, "vendor tree"))
     for path, source in candidates:
         if _is_executable(path):
             return Discovered(path, source)
         searched.append(f"{path} ({source})")
-    on_path = shutil.which(BINARY_NAME)
+    on_path = shutil.which(name)
     if on_path:
         return Discovered(Path(on_path), "PATH")
-    searched.append(f"{BINARY_NAME} on PATH")
-    raise BinaryNotFoundError(searched)
+    searched.append(f"{name} on PATH")
+    raise BinaryNotFoundError(searched, binary=name)
 
 
 def _is_executable(path: Path) -> bool:

@@ -7,8 +7,10 @@
     │   ├── ToolMissingError            a build tool (cmake, a C++ compiler, make) is absent
     │   ├── DownloadError               the registry package could not be fetched
     │   └── ChecksumError               the fetched package is not the pinned one
-    ├── BinaryNotFoundError (+FileNotFoundError)  no llama-server anywhere we looked
+    ├── BinaryNotFoundError (+FileNotFoundError)  no llama-server (or ggml-rpc-server) anywhere we looked
     ├── PortInUseError (+OSError)       the port asked for is taken
+    ├── RpcWorkerError (+ConnectionError)  an RPC worker did not answer (launcher.rpc)
+    ├── RemoteBindError (+ValueError)   a worker asked to listen beyond loopback unasked (launcher.rpc_worker)
     └── ProcessError                    the llama-server child misbehaved
         ├── LoadError                   it exited while loading
         ├── StartTimeoutError (+TimeoutError)  it never became healthy in time
@@ -69,15 +71,17 @@ class ChecksumError(BuildError):
 class BinaryNotFoundError(LauncherError, FileNotFoundError):
     """No llama-server binary was found in any searched place."""
 
-    def __init__(self, searched: list[str]) -> None:
+    def __init__(self, searched: list[str], *, binary: str = "llama-server") -> None:
         places = "\n".join(f"  - {s}" for s in searched)
+        variable = "GGML_RPC_SERVER_PATH" if binary == "ggml-rpc-server" else "LLAMA_SERVER_PATH"
         super().__init__(
-            "llama-server was not found. Searched:\n"
+            f"{binary} was not found. Searched:\n"
             f"{places}\n"
             "Build the pinned release with `ggstudio build-llama` (or `make run`), "
-            "or set LLAMA_SERVER_PATH to an existing llama-server."
+            f"or set {variable} to an existing {binary}."
         )
         self.searched = searched
+        self.binary = binary
 
 
 class PortInUseError(LauncherError, OSError):
@@ -104,6 +108,7 @@ class ProcessError(LauncherError):
         log_tail: str = "",
         cause: str | None = None,
         hint: str | None = None,
+        failed_workers: tuple[str, ...] = (),
     ) -> None:
         super().__init__(message)
         self.pid = pid
@@ -111,6 +116,7 @@ class ProcessError(LauncherError):
         self.log_tail = log_tail
         self.cause = cause  # a recognised kind, e.g. "out_of_memory", or None
         self.hint = hint  # one line telling the user what to do
+        self.failed_workers = failed_workers  # RPC workers (host:port) behind the failure
 
 
 class LoadError(ProcessError):

@@ -76,7 +76,9 @@ class MemoryOptions:
 
     ``n_parallel=-1`` is the server's auto mode (4 slots, unified cache);
     ``kv_unified=None`` means the server's choice (unified only in auto mode).
-    ``tensor_split`` gives each GPU's share of the offloaded layers (one GPU: ``(1.0,)``).
+    ``tensor_split`` gives each GPU's share of the offloaded layers (one GPU: ``(1.0,)``);
+    ``split_names`` names those devices in the bill, in the same order (default ``GPU<i>``;
+    RPC workers' devices go by their buffer names, ``RPC<i>[host:port]``).
     """
 
     n_ctx: int = 0  # 0: the model's n_ctx_train
@@ -90,6 +92,7 @@ class MemoryOptions:
     flash_attn: FlashAttn = "auto"
     n_gpu_layers: int = 0
     tensor_split: tuple[float, ...] = (1.0,)
+    split_names: tuple[str, ...] = ()
     cpu_repack_bytes: int = 0  # weights the CPU backend copies into repacked buffers (see ``for_file``)
     weight_padding_bytes: int = 0  # alignment gaps between tensors inside the mapped file (see ``for_file``)
     mmproj_bytes: int = 0  # the multimodal projector's weights, loaded by the server on the first GPU or the CPU
@@ -147,7 +150,7 @@ class StateBill:
 
 @dataclass(frozen=True)
 class DeviceBill:
-    """Bytes one device holds: ``"CPU"`` (host memory) or ``"GPU<i>"``."""
+    """Bytes one device holds: ``"CPU"`` (host memory), ``"GPU<i>"``, or an RPC device, ``"RPC<i>[host:port]"``."""
 
     device: str
     weights: int = 0
@@ -286,9 +289,14 @@ def layer_devices(facts: ModelFacts, options: MemoryOptions) -> tuple[tuple[str,
         if il < start or il - start >= active:
             return "CPU"
         x = (il - start) / active
-        return f"GPU{min(sum(1 for b in bounds if b <= x), len(bounds) - 1)}"
+        return split_name(options, min(sum(1 for b in bounds if b <= x), len(bounds) - 1))
 
     return tuple(place(il) for il in range(n)), place(n)
+
+
+def split_name(options: MemoryOptions, position: int) -> str:
+    """The bill's name of the device at ``position`` in the tensor split."""
+    return options.split_names[position] if position < len(options.split_names) else f"GPU{position}"
 
 
 def _cache_bytes(type_name: str, n_values: int) -> int:
@@ -511,9 +519,12 @@ def estimate(facts: ModelFacts, options: MemoryOptions = MemoryOptions()) -> Mem
         dev = devices[il] if il < len(devices) else "CPU"
         weights[dev] = weights.get(dev, 0) + nbytes
     weights[output_device] = weights.get(output_device, 0) + facts.output_weight_bytes
+    if facts.output_tied and output_device != "CPU":
+        # the output layer's copy of the tied embeddings (on the CPU the mapped tensor serves both)
+        weights[output_device] += facts.token_embedding_bytes
     weights["CPU"] += options.cpu_repack_bytes + options.weight_padding_bytes
     if options.mmproj_bytes:
-        mmproj_dev = "GPU0" if options.n_gpu_layers != 0 else "CPU"
+        mmproj_dev = split_name(options, 0) if options.n_gpu_layers != 0 else "CPU"
         weights[mmproj_dev] = weights.get(mmproj_dev, 0) + options.mmproj_bytes
     compute, compute_growth = compute_buffer.per_device(facts, shape, caches, devices, output_device)
     draft_output = draft_growth = 0
@@ -526,7 +537,8 @@ def estimate(facts: ModelFacts, options: MemoryOptions = MemoryOptions()) -> Mem
         for d, n in draft_compute.items():
             compute[d] = compute.get(d, 0) + n
     if any(d != "CPU" for d in (*devices, output_device)):
-        reasons.append("GPU compute buffers are estimated with the CPU formula; only CPU runs were measured")
+        reasons.append("compute buffers off the CPU (GPUs, RPC workers) are estimated with the CPU formula; only "
+                       "CPU backends were measured")
     names = sorted({"CPU", *weights, *kv, *rs, *compute})
     output, growth = _output_bytes(facts, shape)
     output += draft_output

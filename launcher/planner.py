@@ -22,6 +22,13 @@ Policy:
   (or the largest ``-ngl``).
 - A machine without usable GPUs (none found, or none the binary has a backend
   for: see ``launcher.devices``) plans against available RAM with ``-ngl 0``.
+- With RPC workers (``launcher.rpc``) that answered, the layers go over every
+  device: the workers' devices (first, as llama-server orders them), the local
+  GPUs, and, without local GPUs, the local CPU too, each in proportion to its free
+  memory (``-ngl`` leaves the CPU's share, ``--tensor-split`` divides the rest).
+  ``--fit`` is never used with workers: llama.cpp's fit is unreliable over RPC
+  (llama.cpp #18175 counts 0-byte buffers, #21801 still runs out of memory). The
+  context is chosen as without workers, against every device's budget.
 
 The plan keeps the reasons for each decision, in words a user can act on.
 """
@@ -41,8 +48,9 @@ from launcher.capabilities import Capabilities
 from launcher.devices import Device, Inventory
 from launcher.errors import LauncherError
 from launcher.memory import (
-    CACHE_TYPES, MIB, CacheType, DeviceBill, FlashAttn, MemoryBill, MemoryOptions, estimate, for_file,
+    CACHE_TYPES, MIB, CacheType, DeviceBill, FlashAttn, MemoryBill, MemoryOptions, estimate, for_file, layer_devices,
 )
+from launcher.rpc import LINK_WARNING
 from launcher.speculative import SpecModel, SpecPlan
 
 if TYPE_CHECKING:
@@ -118,7 +126,7 @@ class PlanRequest:
 class DevicePlan:
     """One device's predicted bill against its budget."""
 
-    name: str  # the bill's name: "CPU", or "GPU<i>" for the i-th pinned GPU
+    name: str  # the bill's name: "CPU", "GPU<i>" for the i-th pinned GPU, "RPC<i>[host:port]" for a worker's device
     device: Device
     bill: DeviceBill
     budget_bytes: int
@@ -134,10 +142,10 @@ class LaunchPlan:
 
     model: ModelInfo
     request: PlanRequest
-    gpus: tuple[Device, ...]  # pinned GPUs in the child's order (GPU0 first); () = CPU only
+    gpus: tuple[Device, ...]  # pinned local GPUs in the child's order (GPU0 first); () = none
     offload: Offload  # "ngl": ``-ngl n_gpu_layers``; "fit": ``--fit on`` decides the layers
     n_gpu_layers: int  # with "fit": the estimator's guess of what --fit will choose
-    tensor_split: tuple[int, ...]  # -ngl over several GPUs: free MiB per pinned GPU; else () (--fit splits itself)
+    tensor_split: tuple[int, ...]  # -ngl over several devices: free MiB per RPC device, then per pinned GPU; else ()
     n_ctx: int
     n_ctx_auto: bool
     max_safe_ctx: int  # the largest context that fits the budget (GUI slider); 0 if none does
@@ -149,11 +157,17 @@ class LaunchPlan:
     budget_fraction: float
     fit_target_mib: tuple[int, ...]  # --fit-target margins per pinned GPU, with "fit"
     bill: MemoryBill
-    devices: tuple[DevicePlan, ...]  # pinned GPUs, then the CPU
+    devices: tuple[DevicePlan, ...]  # RPC devices, pinned GPUs, then the CPU
     spec: SpecPlan
     extra_args: tuple[str, ...]
     reasons: tuple[str, ...]
     warnings: tuple[str, ...]
+    rpc_devices: tuple[Device, ...] = ()  # the RPC workers' devices the layers are split over (``RPC<n>`` order)
+
+    @property
+    def rpc_workers(self) -> tuple[str, ...]:
+        """The workers' endpoints for ``--rpc``, in order."""
+        return tuple(dict.fromkeys(d.endpoint for d in self.rpc_devices if d.endpoint))
 
     @property
     def fits(self) -> bool:
@@ -241,6 +255,7 @@ class _Planner:
         self.reasons: list[str] = []
         self.warnings: list[str] = list(inventory.warnings)
         self.gpus = self._usable_gpus(inventory)
+        self.rpc = self._usable_rpc(inventory)
         self.spec = speculative.plan(request.spec, caps, SpecModel.from_facts(model.facts, model.path),
                                      on_gpu=bool(self.gpus), n_max=request.spec_n_max, extra_args=extra)
         self.mtp = _mtp_engaged(self.spec, extra)
@@ -266,6 +281,14 @@ class _Planner:
                                 f"(ignored: {', '.join(f'{d.backend}{d.index}' for d in skipped)})")
         return tuple(chosen)
 
+    def _usable_rpc(self, inventory: Inventory) -> tuple[Device, ...]:
+        devices = tuple(d for d in inventory.rpc if d.free_bytes > 0)
+        if devices and not self.caps.supports("--rpc"):
+            self.warnings.append("this llama-server has no --rpc flag (built without -DGGML_RPC=ON): the RPC workers "
+                                 "are left out; `ggstudio build-llama` builds the pinned llama-server with RPC")
+            return ()
+        return devices
+
     def _flash_attn(self) -> FlashAttn:
         quantized = [t for t in (self.request.cache_type_k, self.request.cache_type_v)
                      if BY_NAME[t.upper()].quantized]
@@ -290,6 +313,7 @@ class _Planner:
             cache_type_v=self.request.cache_type_v, flash_attn=self.flash_attn,
             n_gpu_layers=ngl if gpus else 0,
             tensor_split=tuple(float(d.free_bytes) for d in gpus) if len(gpus) > 1 else (1.0,),
+            split_names=self.names(gpus),
             cpu_repack_bytes=repack, weight_padding_bytes=self.model.weight_padding_bytes,
             mmproj_bytes=self.model.mmproj_bytes, spec="mtp" if self.mtp else "none", spec_n_max=self.spec.n_draft,
         )
@@ -302,8 +326,14 @@ class _Planner:
             return device.budget_bytes
         return int(device.free_bytes * self.fraction)
 
+    @staticmethod
+    def names(devices: tuple[Device, ...]) -> tuple[str, ...]:
+        """The bill's name of each offload device: an RPC device's buffer name, ``GPU<i>`` for the i-th local GPU."""
+        gpus = iter(range(len(devices)))
+        return tuple(d.rpc_buffer_name or f"GPU{next(gpus)}" for d in devices)
+
     def device_plans(self, bill: MemoryBill, gpus: tuple[Device, ...]) -> tuple[DevicePlan, ...]:
-        named = [*((f"GPU{i}", d) for i, d in enumerate(gpus)), ("CPU", self.cpu)]
+        named = [*zip(self.names(gpus), gpus), ("CPU", self.cpu)]
         return tuple(DevicePlan(name, d, bill.device(name), self.budget(d)) for name, d in named)
 
     def fits(self, n_ctx: int, ngl: int, gpus: tuple[Device, ...], *, cpu: bool = True) -> bool:
@@ -337,11 +367,46 @@ class _Planner:
     def run(self) -> LaunchPlan:
         if self.native == 0:
             self.warnings.append(f"the model does not say its native context; assuming {MIN_AUTO_CTX}")
-        if self.request.n_ctx is None:
+        if self.rpc:
+            gpus, offload, ngl, n_ctx = self.over_workers()
+        elif self.request.n_ctx is None:
             gpus, offload, ngl, n_ctx = self.auto_ctx()
         else:
             gpus, offload, ngl, n_ctx = self.explicit_ctx(self.request.n_ctx)
         return self.finish(gpus, offload, ngl, n_ctx)
+
+    def over_workers(self) -> tuple[tuple[Device, ...], Offload, int, int]:
+        """Every RPC device and local GPU (and the CPU, when there is no GPU), by free memory."""
+        devices = (*self.rpc, *self.all_gpus)
+        workers = len({d.endpoint for d in self.rpc})
+        self.warnings.append(LINK_WARNING)
+        self.reasons.append(f"RPC: {len(self.rpc)} device(s) on {workers} worker(s), placed ahead of the local "
+                            "GPUs as llama-server orders them; the studio splits the layers itself, since "
+                            "llama.cpp's --fit is unreliable over RPC (llama.cpp #18175, #21801)")
+        if self.gpus:
+            ngl = self.full
+        else:
+            remote = sum(d.free_bytes for d in devices)
+            ngl = self.full - round(self.full * self.cpu.free_bytes / max(self.cpu.free_bytes + remote, 1))
+        n_ctx = self.request.n_ctx
+        if n_ctx is not None:
+            self.reasons.append(f"context {n_ctx} tokens, as requested")
+        else:
+            n_ctx = self.largest_ctx(ngl, devices, self.floor)
+            if n_ctx:
+                self.reasons.append(f"automatic context: {n_ctx} tokens, the largest that fits every device "
+                                    f"(native {self.native})")
+        if self.gpus and not self.fits(n_ctx or self.floor, ngl, devices):
+            ngl = self.largest_ngl(n_ctx or self.floor, devices)
+            self.reasons.append(f"-ngl {ngl}: the most layers (of {self.full}) the workers and GPUs hold; the rest "
+                                "stay on the CPU")
+            if not n_ctx:
+                n_ctx = self.largest_ctx(ngl, devices, self.floor)
+        if not n_ctx:
+            n_ctx = self.floor
+            self.warnings.append(f"even {n_ctx} tokens do not fit every device's budget; the load may fail")
+        self.reasons.append("layers by free memory: " + _layer_counts(self.facts, self.options(n_ctx, ngl, devices)))
+        return devices, "ngl", ngl, n_ctx
 
     def auto_ctx(self) -> tuple[tuple[Device, ...], Offload, int, int]:
         where = "GPU memory" if self.gpus else "available RAM"
@@ -405,6 +470,7 @@ class _Planner:
         return gpus, "ngl", ngl, n_ctx
 
     def finish(self, gpus: tuple[Device, ...], offload: Offload, ngl: int, n_ctx: int) -> LaunchPlan:
+        """The plan for these offload devices (RPC devices first, then local GPUs), layers and context."""
         bill = self.bill(n_ctx, ngl, gpus)
         devices = self.device_plans(bill, gpus)
         for d in devices:
@@ -424,19 +490,24 @@ class _Planner:
             self.reasons.append(f"{self.request.n_parallel} parallel slots share the context: {per_slot} tokens each")
         # The slider's end: the largest context an explicit request would still place fully in budget (it
         # may pin more GPUs than this plan does); failing that, the most this plan's layer split allows.
-        max_safe = max((self.largest_ctx(self.full, g) for g in self.gpu_prefixes()), default=0) \
-            or self.largest_ctx(ngl, self.all_gpus)
+        if self.rpc:  # the workers are always used: the slider moves along this plan's split
+            max_safe = self.largest_ctx(ngl, gpus)
+        else:
+            max_safe = max((self.largest_ctx(self.full, g) for g in self.gpu_prefixes()), default=0) \
+                or self.largest_ctx(ngl, self.all_gpus)
         # With --fit, llama-server writes the split itself and gives up if one is passed.
         split = tuple(d.free_bytes // MIB for d in gpus) if len(gpus) > 1 and offload == "ngl" else ()
         if split:
-            self.reasons.append(f"layers split over the GPUs in proportion to free memory: "
+            over = ("the RPC devices and GPUs" if self.gpus else "the RPC devices") if self.rpc else "the GPUs"
+            self.reasons.append(f"layers split over {over} in proportion to free memory: "
                                 f"{','.join(map(str, split))} MiB")
         margins = tuple(math.ceil(d.free_bytes * (1 - self.fraction) / MIB) for d in gpus) \
             if offload == "fit" else ()
         self.reasons += [f"speculative: {r}" for r in self.spec.reasons]
         self.reasons += [f"estimate: {r}" for r in bill.reasons]
         return LaunchPlan(
-            model=self.model, request=self.request, gpus=gpus, offload=offload, n_gpu_layers=ngl,
+            model=self.model, request=self.request, gpus=tuple(d for d in gpus if d.endpoint is None), offload=offload,
+            n_gpu_layers=ngl, rpc_devices=tuple(d for d in gpus if d.endpoint is not None),
             tensor_split=split, n_ctx=n_ctx, n_ctx_auto=self.request.n_ctx is None, max_safe_ctx=max_safe,
             native_ctx=self.native, n_parallel=self.request.n_parallel, cache_type_k=self.request.cache_type_k,
             cache_type_v=self.request.cache_type_v, flash_attn=self.flash_attn, budget_fraction=self.fraction,
@@ -448,6 +519,14 @@ class _Planner:
 def bill_ctx_per_slot(n_ctx: int, n_parallel: int) -> int:
     """Tokens each slot gets with a split (non-unified) cache, as llama.cpp pads them."""
     return -(-(n_ctx // n_parallel) // CTX_STEP) * CTX_STEP
+
+
+def _layer_counts(facts: ModelFacts, options: MemoryOptions) -> str:
+    """"CPU 5, RPC0[10.0.0.2:50052] 7 + output" for a split: blocks per device, and where the output layer goes."""
+    blocks, output = layer_devices(facts, options)
+    counts = {name: blocks.count(name) for name in dict.fromkeys(("CPU", *blocks, output))}
+    return ", ".join(f"{name} {n}" + (" + output" if name == output else "") for name, n in counts.items()
+                     if n or name == output)
 
 
 def _count(gpus: tuple[Device, ...]) -> str:

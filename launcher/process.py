@@ -1,10 +1,12 @@
-"""Run one llama-server as a child process: start, wait until healthy, stop.
+"""Run one llama-server (or another of llama.cpp's servers) as a child process: start, wait until ready, stop.
 
 The child runs in its own process group and dies with its parent (see
 ``launcher.platform``). Its output goes to a log file and a ring buffer whose
 tail is attached to every error, and each line can be handed to a callback
 (the supervisor turns lines into load phases). ``stop`` is idempotent and
-bounded in time: SIGTERM to the group, wait, SIGKILL, reap.
+bounded in time: SIGTERM to the group, wait, SIGKILL, reap. ``ChildProcess`` is
+that life; ``LlamaServer`` adds readiness through ``/health``
+(``launcher.rpc_worker`` adds a worker's own).
 """
 
 from __future__ import annotations
@@ -44,8 +46,8 @@ def free_port(host: str = "127.0.0.1") -> int:
         return sock.getsockname()[1]
 
 
-class LlamaServer:
-    """One llama-server child, from start to reaped."""
+class ChildProcess:
+    """One server child bound to ``host:port``, from start to reaped."""
 
     def __init__(
         self,
@@ -55,7 +57,6 @@ class LlamaServer:
         port: int,
         log_path: Path,
         env: Mapping[str, str] | None = None,
-        api_key: str | None = None,
         on_line: Callable[[str], None] | None = None,
         on_exit: Callable[[], None] | None = None,
     ) -> None:
@@ -64,19 +65,11 @@ class LlamaServer:
         self.port = port
         self.log_path = log_path
         self.env = dict(env) if env is not None else None
-        self.api_key = api_key
         self.on_line = on_line
         self.on_exit = on_exit  # called from the output thread once the child closed its output (it exited)
         self._proc: subprocess.Popen[bytes] | None = None
         self._tail: deque[str] = deque(maxlen=TAIL_LINES)
         self._reader: threading.Thread | None = None
-        #: Every /health answer seen while waiting: an HTTP status, or 0 for "no answer yet".
-        self.health_history: list[int] = []
-
-    @property
-    def url(self) -> str:
-        """Base URL of the server, e.g. ``http://127.0.0.1:8081``."""
-        return f"http://{self.host}:{self.port}"
 
     @property
     def pid(self) -> int | None:
@@ -105,10 +98,14 @@ class LlamaServer:
         """Return the last ``lines`` lines the child printed."""
         return "\n".join(list(self._tail)[-lines:])
 
+    def log_lines(self) -> list[str]:
+        """The last ``TAIL_LINES`` lines the child printed, oldest first."""
+        return list(self._tail)
+
     def start(self) -> None:
         """Start the child; returns at once (use ``wait_ready`` to wait)."""
         if self._proc is not None:
-            raise RuntimeError("this LlamaServer was already started")
+            raise RuntimeError(f"this {type(self).__name__} was already started")
         ensure_port_free(self.host, self.port)
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         self._proc = subprocess.Popen(
@@ -119,7 +116,8 @@ class LlamaServer:
             env=self.env,
             **platform.child_popen_kwargs(),
         )
-        self._reader = threading.Thread(target=self._pump_output, name=f"llama-server-{self._proc.pid}", daemon=True)
+        name = f"{Path(self.argv[0]).name}-{self._proc.pid}"
+        self._reader = threading.Thread(target=self._pump_output, name=name, daemon=True)
         self._reader.start()
 
     def _pump_output(self) -> None:
@@ -151,6 +149,59 @@ class LlamaServer:
             return 0
         parts = head.split(b" ", 2)
         return int(parts[1]) if len(parts) > 1 and head.startswith(b"HTTP/") and parts[1].isdigit() else 0
+
+    def stop(self, grace: float = 5.0) -> int | None:
+        """Stop the child and its group; return its exit status. Safe to call twice."""
+        proc = self._proc
+        if proc is None:
+            return None
+        if proc.poll() is None:
+            platform.terminate_group(proc.pid)
+            try:
+                proc.wait(timeout=grace)
+            except subprocess.TimeoutExpired:
+                platform.kill_group(proc.pid)
+                proc.wait()
+        # The child is reaped; anything it spawned in its group goes too.
+        platform.kill_group(proc.pid)
+        self._join_reader()
+        return proc.returncode
+
+    def _join_reader(self) -> None:
+        if self._reader is not None:
+            self._reader.join(timeout=5)
+
+    def __enter__(self) -> ChildProcess:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+class LlamaServer(ChildProcess):
+    """One llama-server child: ready once ``/health`` answers 200."""
+
+    def __init__(
+        self,
+        argv: Sequence[str],
+        *,
+        host: str,
+        port: int,
+        log_path: Path,
+        env: Mapping[str, str] | None = None,
+        api_key: str | None = None,
+        on_line: Callable[[str], None] | None = None,
+    ) -> None:
+        super().__init__(argv, host=host, port=port, log_path=log_path, env=env, on_line=on_line)
+        self.api_key = api_key
+        #: Every /health answer seen while waiting: an HTTP status, or 0 for "no answer yet".
+        self.health_history: list[int] = []
+
+    @property
+    def url(self) -> str:
+        """Base URL of the server, e.g. ``http://127.0.0.1:8081``."""
+        return f"http://{self.host}:{self.port}"
 
     def health(self, client: httpx.Client) -> int:
         """Return the HTTP status of ``/health``, or 0 when nothing answers."""
@@ -208,31 +259,3 @@ class LlamaServer:
             f"llama-server exited with code {code} while loading: {found.reason}{hint}",
             pid=self.pid, exit_code=code, log_tail=self.log_tail(), cause=found.cause, hint=found.hint,
         )
-
-    def stop(self, grace: float = 5.0) -> int | None:
-        """Stop the child and its group; return its exit status. Safe to call twice."""
-        proc = self._proc
-        if proc is None:
-            return None
-        if proc.poll() is None:
-            platform.terminate_group(proc.pid)
-            try:
-                proc.wait(timeout=grace)
-            except subprocess.TimeoutExpired:
-                platform.kill_group(proc.pid)
-                proc.wait()
-        # The child is reaped; anything it spawned in its group goes too.
-        platform.kill_group(proc.pid)
-        self._join_reader()
-        return proc.returncode
-
-    def _join_reader(self) -> None:
-        if self._reader is not None:
-            self._reader.join(timeout=5)
-
-    def __enter__(self) -> LlamaServer:
-        self.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()

@@ -97,7 +97,7 @@ class ChildRegistry:
             studio_gone = studio_alive is None or abs(studio_alive - rec.studio_create_time) > 1.0
             if rec.owner != self.owner and not studio_gone:
                 continue  # another live studio's child
-            log.warning("reaping orphaned llama-server", pid=rec.pid, binary=rec.binary)
+            log.warning("reaping an orphaned child", pid=rec.pid, binary=rec.binary)
             _stop_group(rec.pid, grace)
             self.remove(rec.pid)
             reaped.append(rec.pid)

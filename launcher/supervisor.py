@@ -97,6 +97,19 @@ class LaunchSpec:
     start_timeout: float = 600.0
     #: Called once the child is reaped, e.g. to wait until the GPU driver has released its memory.
     after_stop: Callable[[], object] | None = None
+    #: Called with the child's last log lines when it failed or crashed: a cause its log alone does not name.
+    explain_exit: Callable[[Sequence[str]], ExitExplanation | None] | None = None
+    #: Called right before each spawn; raises a ProcessError when the child cannot start now (an RPC worker that
+    #: is busy or gone: llama-server would hang on the one and abort on the other).
+    before_start: Callable[[], None] | None = None
+
+
+@dataclass(frozen=True)
+class ExitExplanation:
+    """Why the child failed, found beyond its own log (e.g. which RPC worker went away)."""
+
+    reason: str
+    failed_workers: tuple[str, ...] = ()  # RPC workers (host:port) behind the failure
 
 
 @dataclass(frozen=True)
@@ -121,6 +134,7 @@ class Status:
     exit_code: int | None
     log_path: Path | None
     allocations: MemoryBill | None = None  # what llama-server reported allocating (needs ``-lv 4``)
+    failed_workers: tuple[str, ...] = ()  # RPC workers that took the last failed or crashed child down
 
 
 @dataclass
@@ -162,6 +176,7 @@ class Supervisor:
         self._child: _Child | None = None
         self._cause: str | None = None
         self._exit_code: int | None = None
+        self._failed_workers: tuple[str, ...] = ()
         self._last_spec: LaunchSpec | None = None
         self._closed = False
         self._owner = threading.Thread(target=self._run, name="llama-supervisor", daemon=True)
@@ -284,16 +299,17 @@ class Supervisor:
         return max(0.0, self._last_health + self.health_interval - time.monotonic())
 
     # -- state ---------------------------------------------------------------
-    def _set_state(self, new: State, *, cause: str | None = None, exit_code: int | None = None) -> None:
+    def _set_state(self, new: State, *, cause: str | None = None, exit_code: int | None = None,
+                   failed_workers: tuple[str, ...] = ()) -> None:
         with self._changed:
             if new not in TRANSITIONS[self._state]:
                 raise RuntimeError(f"illegal supervisor transition {self._state.value} -> {new.value}")
             log.info("llama-server state", old=self._state.value, new=new.value, cause=cause)
             self._state = new
             if new in (State.FAILED, State.CRASHED):
-                self._cause, self._exit_code = cause, exit_code
+                self._cause, self._exit_code, self._failed_workers = cause, exit_code, failed_workers
             elif new == State.STARTING:
-                self._cause, self._exit_code = None, None
+                self._cause, self._exit_code, self._failed_workers = None, None, ()
             self._changed.notify_all()
             snapshot = self._snapshot()
         if self.on_change is not None:
@@ -311,6 +327,7 @@ class Supervisor:
             exit_code=self._exit_code,
             log_path=server.log_path if server else None,
             allocations=child.allocations if child else None,
+            failed_workers=self._failed_workers,
         )
 
     def _progress(self, child: _Child) -> LoadProgress:
@@ -344,6 +361,8 @@ class Supervisor:
             with self._changed:
                 self._child = child
             try:
+                if spec.before_start is not None:
+                    spec.before_start()
                 child.server.start()
                 self.registry.add(child.server.pid, spec.binary)
                 child.server.wait_ready(
@@ -355,6 +374,13 @@ class Supervisor:
                 if retry and attempt < 2:
                     log.info("port taken before llama-server could bind it; retrying", port=port)
                     continue
+                explained = self._explain(child)
+                if explained is not None and isinstance(exc, LoadError):
+                    error = LoadError(f"{exc}; {explained.reason}", pid=exc.pid, exit_code=exc.exit_code,
+                                      log_tail=exc.log_tail, cause=exc.cause, hint=exc.hint,
+                                      failed_workers=explained.failed_workers)
+                    self._fail(error)
+                    raise error from exc
                 self._fail(exc)
                 raise
             except StartAbortedError:
@@ -401,7 +427,18 @@ class Supervisor:
     def _fail(self, exc: BaseException) -> None:
         with self._changed:
             self._child = None
-        self._set_state(State.FAILED, cause=str(exc), exit_code=getattr(exc, "exit_code", None))
+        self._set_state(State.FAILED, cause=str(exc), exit_code=getattr(exc, "exit_code", None),
+                        failed_workers=getattr(exc, "failed_workers", ()))
+
+    def _explain(self, child: _Child) -> ExitExplanation | None:
+        """The spec's explanation of a reaped child's exit (its whole output is read by now)."""
+        if child.spec.explain_exit is None:
+            return None
+        try:
+            return child.spec.explain_exit(child.server.log_lines())
+        except Exception:  # an explanation must never hide the failure itself
+            log.exception("explaining llama-server's exit failed")
+            return None
 
     def _prune_logs(self) -> None:
         self.logs_dir.mkdir(parents=True, exist_ok=True)
@@ -456,7 +493,11 @@ class Supervisor:
         with self._changed:
             self._child = None
         tail = child.server.log_tail(5)
-        self._set_state(State.CRASHED, cause=f"{reason}; last output:\n{tail}", exit_code=code)
+        explained = self._explain(child)
+        if explained is not None:
+            reason = f"{reason}: {explained.reason}"
+        self._set_state(State.CRASHED, cause=f"{reason}; last output:\n{tail}", exit_code=code,
+                        failed_workers=explained.failed_workers if explained else ())
         log.error("llama-server crashed", reason=reason, exit_code=code)
 
 

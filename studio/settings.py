@@ -7,6 +7,7 @@ Precedence: environment variables, then the optional TOML file
     port = 8080
     api_token = "..."
     model_dirs = ["~/models"]
+    rpc_workers = ["192.168.1.20:50052"]  # ggml-rpc-server workers (``ggstudio rpc-worker``) to split layers over
 
     [aliases]                       # extra names a client may send as `model`
     chat = "gemma-3-270m-Q4_K_M"    # a model name, a .gguf path, or owner/repo:VARIANT in the HF cache
@@ -41,6 +42,8 @@ Precedence: environment variables, then the optional TOML file
 | ``GGUF_STUDIO_API_TOKEN`` | bearer token every API call must send (default: none)  |
 | ``GGUF_STUDIO_CONFIG``  | the TOML config file (default ``<home>/config.toml``)    |
 | ``GGUF_STUDIO_MEMORY_BUDGET`` | ``2GiB`` (all models) or ``CPU=2GiB,CUDA0=20GiB``  |
+| ``GGUF_STUDIO_RPC_WORKERS`` | RPC workers, ``host:port,...`` (over ``rpc_workers``)  |
+| ``GGML_RPC_SERVER_PATH`` | the ggml-rpc-server ``ggstudio rpc-worker`` runs        |
 """
 
 from __future__ import annotations
@@ -59,7 +62,7 @@ if TYPE_CHECKING:
     from launcher.speculative import SpecMode
 
 _TOP_KEYS = {"host", "port", "api_token", "model_dirs", "aliases", "models", "memory_budget", "ttl", "max_resident",
-             "preload", "unload_grace", "busy_wait"}
+             "preload", "unload_grace", "busy_wait", "rpc_workers"}
 _MODEL_KEYS = {"n_ctx", "n_parallel", "extra_args", "spec", "spec_n_max", "cache_type_kv", "ttl", "pinned"}
 #: (least, most) a load may ask for; the load API and the config file check the same bounds. No real model
 #: has a context above 16M tokens (Llama 4 Scout's 10M is the largest); a bigger one is a typo, refused
@@ -159,6 +162,8 @@ class Settings:
     aliases: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
     model_defaults: Mapping[str, ModelDefaults] = field(default_factory=lambda: MappingProxyType({}))
     residency: ResidencySettings = field(default_factory=ResidencySettings)
+    rpc_workers: tuple[str, ...] = ()  # ggml-rpc-server endpoints, host:port, in --rpc order
+    rpc_server_path: Path | None = None  # the ggml-rpc-server for ``ggstudio rpc-worker``
 
     @property
     def models_dir(self) -> Path:
@@ -183,6 +188,11 @@ class Settings:
         except ValueError:
             raise ValueError(f"GGUF_STUDIO_PORT must be a port number, not {port_text!r}") from None
         dirs = [p for p in env.get("GGUF_STUDIO_MODEL_DIRS", "").split(os.pathsep) if p] or config.get("model_dirs", [])
+        workers_text = env.get("GGUF_STUDIO_RPC_WORKERS")
+        try:
+            workers = _rpc_workers(workers_text) if workers_text else _rpc_workers(config.get("rpc_workers", []))
+        except ValueError as exc:
+            raise ValueError(f"GGUF_STUDIO_RPC_WORKERS: {exc}") from None
         return cls(
             home=home,
             llama_server_path=_optional_path(env.get("LLAMA_SERVER_PATH")),
@@ -194,6 +204,8 @@ class Settings:
             api_token=env.get("GGUF_STUDIO_API_TOKEN") or config.get("api_token") or None,
             model_dirs=tuple(Path(p).expanduser() for p in dirs),
             aliases=MappingProxyType(dict(config.get("aliases", {}))),
+            rpc_workers=workers,
+            rpc_server_path=_optional_path(env.get("GGML_RPC_SERVER_PATH")),
             model_defaults=MappingProxyType({
                 name: ModelDefaults(
                     n_ctx=d.get("n_ctx"), n_parallel=d.get("n_parallel"),
@@ -238,6 +250,14 @@ def _read_config(path: Path, *, explicit: bool) -> dict[str, Any]:
             MemoryBudget.parse(config["memory_budget"], where="memory_budget")
         except ValueError as exc:
             problems.append(str(exc))
+    workers = config.get("rpc_workers", [])
+    if not isinstance(workers, list) or not all(isinstance(w, str) for w in workers):
+        problems.append('rpc_workers must be a list of "host:port" strings')
+    else:
+        try:
+            _rpc_workers(workers)
+        except ValueError as exc:
+            problems.append(f"rpc_workers: {exc}")
     if problems:
         raise ValueError(f"{path}: " + "; ".join(problems))
     return config
@@ -262,6 +282,10 @@ def _number_problems(d: dict[str, Any], limits: Mapping[str, tuple[float, float]
     """Each key of ``limits`` in ``d`` that is not a number within its bounds."""
     return [f"{prefix}{k} must be a number from {least:g} to {most:g}" for k, (least, most) in limits.items()
             if k in d and (not isinstance(d[k], (int, float)) or isinstance(d[k], bool) or not least <= d[k] <= most)]
+def _rpc_workers(values: str | list[str]) -> tuple[str, ...]:
+    from launcher.rpc import parse_endpoints  # small and import-free, but the launcher stays out of --help
+
+    return parse_endpoints(values)
 
 
 def _spec_mode(text: str) -> SpecMode:

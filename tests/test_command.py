@@ -94,10 +94,11 @@ def test_gpu_argv_fit_and_split(gemma, real, build):
     assert value(argv, "--fit") == "on" and "--n-gpu-layers" not in argv
     assert value(argv, "--fit-target") == ",".join(str(m) for m in tiny.fit_target_mib)
     assert "--tensor-split" not in argv and tiny.tensor_split == ()  # --fit gives up when a split is passed
-    # without speculation: --spec-default's 65 rows of logits would need ~70 MiB more on the output GPU
-    split = plan(gemma, gpus(180 * MIB, 170 * MIB), real, PlanRequest(n_ctx=32768, spec="off"))
+    # without speculation: --spec-default's 65 rows of logits would need ~70 MiB more on the output GPU, which also
+    # holds its own copy of the 170 MiB tied embeddings
+    split = plan(gemma, gpus(200 * MIB, 400 * MIB), real, PlanRequest(n_ctx=32768, spec="off"))
     assert split.offload == "ngl" and len(split.gpus) == 2, split.reasons
-    assert value(build(split, real).argv(1), "--tensor-split") == "180,170"
+    assert value(build(split, real).argv(1), "--tensor-split") == "200,400"
 
 
 def test_quantized_cache_argv(gemma, real, build):
@@ -126,7 +127,7 @@ def test_legacy_help_yields_legacy_flags(mtp_model, legacy, build):
 
 
 def test_legacy_gpu_plan_uses_the_largest_ngl(gemma, legacy, build):
-    p = plan(gemma, gpus(60 * MIB), legacy, PlanRequest(n_ctx=8192))
+    p = plan(gemma, gpus(260 * MIB), legacy, PlanRequest(n_ctx=8192))  # the output layer's 170 MiB and a few blocks
     assert p.offload == "ngl" and 0 < p.n_gpu_layers < 19
     argv = build(p, legacy).argv(1)
     assert value(argv, "--n-gpu-layers") == str(p.n_gpu_layers) and "--fit" not in argv

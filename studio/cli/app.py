@@ -145,23 +145,52 @@ def _catalog(settings: Settings) -> Catalog:
                    aliases=settings.aliases)
 
 
-def _model_manager(settings: Settings) -> tuple[ModelManager, Discovered]:
-    """A model manager over the models dir with the llama-server found here (orphans of earlier runs reaped)."""
+def _model_manager(settings: Settings, rpc_workers: tuple[str, ...] = ()) -> tuple[ModelManager, Discovered]:
+    """A model manager over the models dir with the llama-server found here (orphans of earlier runs reaped).
+
+    With ``rpc_workers``, every plan asks them for their devices (``launcher.rpc.RpcWorkers``).
+    """
     from launcher.capabilities import probe
+    from launcher.devices import discover
     from launcher.registry import ChildRegistry
+    from launcher.rpc import RpcWorkers
     from launcher.supervisor import owner_token
     from studio.residency.manager import ModelManager, supervisor_factory
 
     found = _find_binary(settings)
     registry = ChildRegistry(settings.home / "run", owner_token())
     registry.reap_orphans()
+    workers = RpcWorkers(rpc_workers) if rpc_workers else None
     manager = ModelManager(
         catalog=_catalog(settings), binary=found.path,
         make_supervisor=supervisor_factory(settings.logs_dir / "llama-server", registry),
         model_defaults=settings.model_defaults, residency=settings.residency,
         caps=probe(found.path, cache_dir=settings.home / "cache"), files_root=settings.home / "run",
+        discover_devices=(lambda: discover(llama_server=found.path, workers=workers)) if workers else None,
     )
     return manager, found
+
+
+RpcOption = Annotated[Optional[str], typer.Option(
+    "--rpc", metavar="HOST:PORT,...",
+    help="RPC workers (`ggstudio rpc-worker`) to split the layers over (default: rpc_workers in the config file; "
+         "'' for none).")]
+
+
+def _rpc_workers(option: str | None, settings: Settings) -> tuple[str, ...]:
+    """The workers to use: ``--rpc`` when given, else the config's; the link's warning printed when there are any."""
+    from launcher.rpc import LINK_WARNING, parse_endpoints
+
+    if option is None:
+        workers = settings.rpc_workers
+    else:
+        try:
+            workers = parse_endpoints(option)
+        except ValueError as exc:
+            raise typer.BadParameter(str(exc), param_hint="--rpc") from None
+    if workers:
+        typer.echo(f"warning: RPC workers {', '.join(workers)}: {LINK_WARNING}", err=True)
+    return workers
 
 
 def _progress_printer() -> ProgressFn:
@@ -237,12 +266,13 @@ def serve(
     host: Annotated[Optional[str], typer.Option(help="Address to listen on (default 127.0.0.1).")] = None,
     port: Annotated[Optional[int], typer.Option(help="Port to listen on (default 8080).")] = None,
     ctx: Annotated[Optional[int], typer.Option(help="Context size for that model (default: llama-server's).")] = None,
+    rpc: RpcOption = None,
 ) -> None:
     """Run the studio service (GUI API, OpenAI-compatible API) with a model loaded, until Ctrl-C."""
-    _serve(model, host=host, port=port, ctx=ctx)
+    _serve(model, host=host, port=port, ctx=ctx, rpc=rpc)
 
 
-def _serve(model: str | None, *, host: str | None, port: int | None, ctx: int | None) -> None:
+def _serve(model: str | None, *, host: str | None, port: int | None, ctx: int | None, rpc: str | None) -> None:
     # The service's imports (FastAPI, uvicorn, httpx) stay here: other commands start fast without them.
     from launcher.process import ensure_port_free
     from studio.http.app import create_app
@@ -263,10 +293,11 @@ def _serve(model: str | None, *, host: str | None, port: int | None, ctx: int | 
     host = host or settings.host
     port = port or settings.port
     ensure_port_free(host, port)
+    workers = _rpc_workers(rpc, settings)
     if host not in ("127.0.0.1", "localhost", "::1") and not settings.api_token:
         typer.echo(f"warning: listening on {host} without GGUF_STUDIO_API_TOKEN: anyone who can reach this "
                    "machine can use the API", err=True)
-    manager, found = _model_manager(settings)
+    manager, found = _model_manager(settings, workers)
     url = f"http://{host}:{port}"
     typer.echo(f"loading {', '.join(preload)} with llama-server ({found.source}: {found.path}) ...", err=True)
     requests = [LoadRequest(model=name, n_ctx=ctx if i == 0 else None) for i, name in enumerate(preload)]
@@ -299,6 +330,7 @@ def run(
     port: Annotated[Optional[int], typer.Option(help="With --serve-only: port to listen on.")] = None,
     force: Annotated[bool, typer.Option(
         "--force", help="Load even when the plan says the model does not fit in memory.")] = False,
+    rpc: RpcOption = None,
 ) -> None:
     """Load a model and chat with it in the terminal.
 
@@ -315,7 +347,7 @@ def run(
         if once is not None or max_tokens is not None:
             raise typer.BadParameter("--once and --max-tokens are for a chat, not --serve-only",
                                      param_hint="--serve-only")
-        _serve(model, host=host, port=port, ctx=ctx)
+        _serve(model, host=host, port=port, ctx=ctx, rpc=rpc)
         return
     if host is not None or port is not None:
         raise typer.BadParameter("--host and --port go with --serve-only", param_hint="--host/--port")
@@ -328,8 +360,9 @@ def run(
         from studio.logs import configure_logging
 
         configure_logging(json_lines=settings.log_json, level=logging.WARNING)
+    workers = _rpc_workers(rpc, settings)
     with _graceful_termination() as threads_started:
-        manager, _ = _model_manager(settings)
+        manager, _ = _model_manager(settings, workers)
         with LocalStudio(manager) as studio:
             threads_started()
             _chat(studio, manager, model=model, ctx=ctx, once=once, max_tokens=max_tokens, force=force)
@@ -592,12 +625,13 @@ def plan_command(
         help="Drafted tokens per step (default: the config's, or the policy's).")] = None,
     cache_type: Annotated[Optional[str], typer.Option(
         help="KV cache type for K and V: f16, q8_0, q4_0... (default: the config's, or f16).")] = None,
+    rpc: RpcOption = None,
     json_output: Annotated[bool, typer.Option("--json", help="Print JSON instead of text.")] = False,
     url: Annotated[Optional[str], typer.Option(
         help="Ask a running studio instead: its plan counts what its resident models hold, and names the "
              "models the load would evict.")] = None,
 ) -> None:
-    """Show how a model would be launched here: GPUs, layers, context, speculative flags, memory, and why.
+    """Show how a model would be launched here: GPUs, RPC workers, layers, context, speculative flags, memory, and why.
 
     Settings left out come from the model's ``[models.NAME]`` table in the config file, as for a load.
     """
@@ -605,6 +639,7 @@ def plan_command(
     from launcher.command import build_command
     from launcher.devices import discover
     from launcher.planner import load_model, plan
+    from launcher.rpc import RpcWorkers
     from studio.residency.requests import LoadRequest, load_settings
     from studio.views.plan import plan_json, render_plan
 
@@ -615,13 +650,14 @@ def plan_command(
         typer.echo(json.dumps(info, indent=2) if json_output else render_plan(info))
         return
     settings = Settings.from_env()
+    workers = RpcWorkers(_rpc_workers(rpc, settings))
     found = _find_binary(settings)
     caps = probe(found.path, cache_dir=settings.home / "cache")
     entry = _catalog(settings).resolve(model)
     asked = LoadRequest(model, n_ctx=ctx, n_parallel=parallel, spec=spec, spec_n_max=n_max,
                         cache_type=cache_type.lower() if cache_type else None)
     request = load_settings(asked, entry, settings.model_defaults).plan_request(entry.name)
-    launch = plan(load_model(entry.path), discover(llama_server=found.path), caps, request)
+    launch = plan(load_model(entry.path), discover(llama_server=found.path, workers=workers), caps, request)
     with build_command(launch, caps, binary=found.path) as command:
         argv = command.redacted_argv(settings.port)
     info = plan_json(launch, argv, found)
@@ -630,16 +666,21 @@ def plan_command(
 
 @app.command()
 def doctor(
+    rpc: RpcOption = None,
     json_output: Annotated[bool, typer.Option("--json", help="Print JSON instead of text.")] = False,
 ) -> None:
-    """Show the llama-server in use (where it was found, version, capabilities), the devices, and a verdict per check."""
+    """Show the llama-server in use (where it was found, version, capabilities), the devices (RPC workers' too),
+    and a verdict per check."""
     from launcher.capabilities import probe
     from launcher.devices import discover
+    from launcher.rpc import RpcWorkers
     from studio.views.plan import doctor_json, render_doctor
 
     settings = Settings.from_env()
     found = _find_binary(settings)
-    info = doctor_json(found, probe(found.path, cache_dir=settings.home / "cache"), discover(llama_server=found.path))
+    workers = RpcWorkers(_rpc_workers(rpc, settings))
+    info = doctor_json(found, probe(found.path, cache_dir=settings.home / "cache"),
+                       discover(llama_server=found.path, workers=workers))
     info["checks"] = _doctor_checks(info, settings)
     if json_output:
         typer.echo(json.dumps(info, indent=2))
@@ -673,11 +714,22 @@ def _doctor_checks(info: dict[str, Any], settings: Settings) -> list[dict[str, A
     lacking = [f for f, ok in info["capabilities"]["flags"].items() if not ok]
     check("capabilities", not lacking, "every flag the launcher uses is there" if not lacking
           else f"lacks {' '.join(lacking)}", "use the pinned build (`ggstudio build-llama`)")
-    gpus = [d for d in info["devices"] if d["backend"] != "CPU"]
-    check("devices", not info["warnings"],
-          (f"{len(gpus)} GPU(s)" if gpus else "CPU only") + ("" if not info["warnings"] else
-                                                              f"; {'; '.join(info['warnings'])}"),
+    gpus = [d for d in info["devices"] if d["backend"] not in ("CPU", "RPC")]
+    local_warnings = [w for w in info["warnings"] if not w.startswith(("RPC worker", "RPC workers"))]
+    check("devices", not local_warnings,
+          (f"{len(gpus)} GPU(s)" if gpus else "CPU only") + ("" if not local_warnings else
+                                                              f"; {'; '.join(local_warnings)}"),
           "see the device warnings above")
+    workers = info["rpc_workers"]
+    if workers:
+        missing = [w for w in workers if not w["devices"]]
+        rpc_flag = info["capabilities"]["flags"].get("--rpc", False)
+        check("rpc workers", not missing and rpc_flag,
+              f"{len(workers) - len(missing)} of {len(workers)} answer"
+              + (f"; not answering: {', '.join(w['endpoint'] for w in missing)}" if missing else "")
+              + ("" if rpc_flag else "; this llama-server has no --rpc"),
+              "start `ggstudio rpc-worker` on each host (or fix rpc_workers); build with `ggstudio build-llama` for "
+              "--rpc")
     home = settings.home
     existing = next((p for p in (home, *home.parents) if p.exists()), Path("/"))
     writable = os.access(existing, os.W_OK)
@@ -690,6 +742,78 @@ def _doctor_checks(info: dict[str, Any], settings: Settings) -> list[dict[str, A
     check("models", bool(models), f"{len(models)} in {settings.models_dir}",
           "`ggstudio fetch-model` (the embedded models) or `ggstudio pull REPO`")
     return checks
+
+
+@app.command("rpc-worker")
+def rpc_worker(
+    host: Annotated[str, typer.Option(help="IPv4 address to listen on; beyond loopback needs --allow-remote.")]
+    = "127.0.0.1",
+    port: Annotated[int, typer.Option(help="Port to listen on.")] = 50052,
+    threads: Annotated[Optional[int], typer.Option(help="CPU threads (default: the usable physical cores).")]
+    = None,
+    cache: Annotated[bool, typer.Option(
+        "--cache", help="Keep large tensors in a local file cache, so a reload sends them again only by hash.")]
+    = False,
+    allow_remote: Annotated[bool, typer.Option(
+        "--allow-remote", help="Listen on an address other machines can reach (the link is unauthenticated and "
+                               "unencrypted: a trusted private network only).")] = False,
+) -> None:
+    """Run a llama.cpp RPC worker (ggml-rpc-server) that lends this machine's devices to a studio elsewhere.
+
+    The worker is supervised: Ctrl-C or SIGTERM stops it, and it dies with this command. On the main machine,
+    list it in rpc_workers (config file) or pass --rpc HOST:PORT to serve, run or plan. Examples:
+
+        ggstudio rpc-worker --port 50052
+
+        ggstudio rpc-worker --host 192.168.1.20 --allow-remote
+    """
+    from launcher.command import default_threads
+    from launcher.discovery import find_rpc_server
+    from launcher.registry import ChildRegistry
+    from launcher.rpc import LINK_WARNING, query_worker
+    from launcher.rpc_worker import RpcWorker, check_bind
+    from launcher.supervisor import owner_token
+
+    if not 1 <= port <= 65535:
+        raise typer.BadParameter("the port must be from 1 to 65535", param_hint="--port")
+    if threads is not None and threads < 1:
+        raise typer.BadParameter("at least 1", param_hint="--threads")
+    try:
+        check_bind(host, allow_remote=allow_remote)
+    except ValueError as exc:  # RemoteBindError too: a refusal of what the command line asked
+        raise CommandError(str(exc), code=EXIT_USAGE) from None
+    settings = Settings.from_env()
+    found = find_rpc_server(home=settings.home, explicit=settings.rpc_server_path,
+                            llama_server=settings.llama_server_path, llama_cpp_dir=settings.llama_cpp_dir)
+    registry = ChildRegistry(settings.home / "run", owner_token())
+    registry.reap_orphans()
+    logs = settings.logs_dir / "rpc-worker"
+    logs.mkdir(parents=True, exist_ok=True)
+    worker = RpcWorker(found.path, host=host, port=port, threads=threads or default_threads(), cache=cache,
+                       log_path=logs / f"{port}.log", on_line=lambda line: typer.echo(f"worker: {line}", err=True))
+    typer.echo(f"warning: {LINK_WARNING}", err=True)
+    code: int | None = None
+    with _graceful_termination() as threads_started:
+        try:
+            worker.start()
+            registry.add(worker.pid, str(found.path))
+            threads_started()
+            worker.wait_ready()
+            devices = ", ".join(f"RPC device {d.index}: {d.free_bytes / 2**20:,.0f} MiB free of "
+                                f"{d.total_bytes / 2**20:,.0f}" for d in query_worker(worker.endpoint))
+            typer.echo(f"RPC worker at {host}:{port} ({found.source}: {found.path}, pid {worker.pid}): {devices}; "
+                       "Ctrl-C stops", err=True)
+            code = worker.wait()
+        except (KeyboardInterrupt, SystemExit):  # Ctrl-C, or SIGTERM / SIGHUP turned into SystemExit
+            pass
+        finally:
+            worker.stop()
+            if worker.pid is not None:
+                registry.remove(worker.pid)
+    if code is not None:
+        raise CommandError(f"ggml-rpc-server exited with code {code}: {worker.log_tail(1) or 'no output'}",
+                           code=EXIT_LLAMA_FAILED)
+    typer.echo("stopped", err=True)
 
 
 @app.command()

@@ -20,8 +20,8 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from studio.errors import error_body
 from studio.residency.manager import ModelManager
-from studio.residency.resident import Lease
-from studio.http.openai_proxy import close_upstream, prepare_chat_body, send_upstream
+from studio.residency.resident import Lease, LoadedModel
+from studio.http.openai_proxy import broke_off, close_upstream, prepare_chat_body, send_upstream
 
 router = APIRouter(prefix="/api")
 
@@ -47,10 +47,10 @@ async def chat(request: Request, body: ChatBody) -> StreamingResponse:
     except BaseException:
         await lease()
         raise
-    return StreamingResponse(_events(resp, lease), media_type="text/event-stream")
+    return StreamingResponse(_events(resp, lease, loaded), media_type="text/event-stream")
 
 
-async def _events(resp: httpx.Response, lease: Lease) -> AsyncIterator[bytes]:
+async def _events(resp: httpx.Response, lease: Lease, loaded: LoadedModel) -> AsyncIterator[bytes]:
     usage: dict[str, Any] | None = None
     timings: dict[str, Any] | None = None
     finish: str | None = None
@@ -81,9 +81,11 @@ async def _events(resp: httpx.Response, lease: Lease) -> AsyncIterator[bytes]:
         yield _sse(_done(usage, timings, finish))
     except httpx.HTTPError as exc:
         cut = lease.interruption
-        yield _sse({"type": "error", "status": cut.status, **error_body(cut.message, cut.type, code=cut.code)}
-                   if cut else {"type": "error", "status": 502,
-                                **error_body(f"llama-server went away mid-stream: {exc}", "upstream_error")})
+        if cut:
+            yield _sse({"type": "error", "status": cut.status, **error_body(cut.message, cut.type, code=cut.code)})
+        else:
+            message, code = await broke_off(loaded, "llama-server went away mid-stream", exc)
+            yield _sse({"type": "error", "status": 502, **error_body(message, "upstream_error", code=code)})
     finally:
         await close_upstream(resp, lease)
 

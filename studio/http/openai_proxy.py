@@ -16,6 +16,10 @@ the generation the same way, instead of keeping the slot busy to ``max_tokens``.
 A request holds its model through a ``Lease``; when the model goes away under it
 (an unload past its grace, an eviction), the error it gets says so.
 
+A llama-server that breaks off because an RPC worker died names no worker; the
+error a client gets then names the workers that no longer accept a connection
+(``broke_off``), since by then the dead one has closed its port.
+
 A streamed ``usage`` is llama-server's own and no chunk is parsed for it: a
 chat stream ends with OpenAI's usage chunk (empty ``choices``) exactly when the
 request asks ``stream_options.include_usage``, as OpenAI specifies, and
@@ -38,6 +42,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import Response, StreamingResponse
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from launcher.rpc import unreachable
 from studio.errors import BadRequestError, UpstreamError, error_body
 from studio.residency.manager import ModelManager
 from studio.residency.resident import Lease, LoadedModel
@@ -134,11 +139,14 @@ async def _forward(request: Request, path: str) -> Response:
         raise
     headers = {k: v for k, v in resp.headers.items() if k.lower() in _PASS_HEADERS}
     if resp.status_code == 200:
-        return StreamingResponse(_relay(resp, lease), status_code=200, headers=headers)
+        return StreamingResponse(_relay(resp, lease, loaded), status_code=200, headers=headers)
     try:
         content = await resp.aread()
     except httpx.HTTPError as exc:
-        raise lease.interruption or UpstreamError(f"llama-server broke off its answer: {exc}") from exc
+        if lease.interruption:
+            raise lease.interruption from exc
+        message, code = await broke_off(loaded, "llama-server broke off its answer", exc)
+        raise UpstreamError(message, code=code) from exc
     finally:
         await close_upstream(resp, lease)
     return Response(content, status_code=resp.status_code, headers=headers)
@@ -155,7 +163,10 @@ async def _answer_unless_client_leaves(request: Request, loaded: LoadedModel, pa
         try:
             content = await resp.aread()
         except httpx.HTTPError as exc:
-            raise lease.interruption or UpstreamError(f"llama-server broke off its answer: {exc}") from exc
+            if lease.interruption:
+                raise lease.interruption from exc
+            message, code = await broke_off(loaded, "llama-server broke off its answer", exc)
+            raise UpstreamError(message, code=code) from exc
         finally:
             await close_upstream(resp, lease)
         headers = {k: v for k, v in resp.headers.items() if k.lower() in _PASS_HEADERS}
@@ -184,18 +195,28 @@ async def _disconnect(request: Request) -> None:
         pass
 
 
-async def _relay(resp: httpx.Response, lease: Lease) -> AsyncIterator[bytes]:
+async def _relay(resp: httpx.Response, lease: Lease, loaded: LoadedModel) -> AsyncIterator[bytes]:
     """Yield upstream bytes as they arrive; end with an error event if upstream dies."""
     try:
         async for chunk in resp.aiter_raw():
             yield chunk
     except httpx.HTTPError as exc:
         cut = lease.interruption
-        event = error_body(cut.message, cut.type, code=cut.code) if cut else error_body(
-            f"llama-server went away mid-stream: {exc}", "upstream_error")
+        if cut:
+            event = error_body(cut.message, cut.type, code=cut.code)
+        else:
+            message, code = await broke_off(loaded, "llama-server went away mid-stream", exc)
+            event = error_body(message, "upstream_error", code=code)
         yield f"data: {json.dumps(event)}\n\n".encode()
     finally:
         await close_upstream(resp, lease)
+
+
+async def broke_off(loaded: LoadedModel, what: str, exc: Exception) -> tuple[str, str | None]:
+    """(message, code) for an upstream that broke off: naming the RPC workers that no longer answer, if any."""
+    gone = await asyncio.to_thread(unreachable, loaded.plan.rpc_workers) if loaded.plan.rpc_workers else {}
+    message = f"{what}: {exc}" + "".join(f"; RPC worker {w} failed ({why})" for w, why in gone.items())
+    return message, "rpc_worker_failed" if gone else None
 
 
 async def send_upstream(request: Request, loaded: LoadedModel, path: str, body: dict[str, Any],

@@ -10,6 +10,7 @@ from launcher.capabilities import Capabilities
 from launcher.devices import Device, Inventory
 from launcher.discovery import Discovered
 from launcher.planner import LaunchPlan
+from launcher.rpc import WorkerReport
 
 MIB = 1024 * 1024
 #: Parts shown per device; "output" is the grown size (logits rows for drafted tokens included), so rows sum.
@@ -18,7 +19,7 @@ _PARTS = ("weights", "kv", "recurrent", "compute", "output")
 DOCTOR_FLAGS = (
     "--fit", "--fit-target", "--fit-ctx", "--list-devices", "--no-context-shift", "--chat-template-kwargs",
     "--chat-template-file", "--jinja", "--mmproj", "--api-key", "--api-key-file", "--spec-default", "-lv",
-    "--metrics", "--slots", "--kv-unified", "--swa-full", "--parallel", "--flash-attn", "--alias",
+    "--metrics", "--slots", "--kv-unified", "--swa-full", "--parallel", "--flash-attn", "--alias", "--rpc",
 )
 
 
@@ -27,8 +28,19 @@ def _mib(n: int) -> str:
 
 
 def device_json(d: Device) -> dict[str, Any]:
-    return {"backend": d.backend, "index": d.index, "name": d.name, "uuid": d.uuid, "source": d.source,
-            "total_bytes": d.total_bytes, "free_bytes": d.free_bytes}
+    out = {"backend": d.backend, "index": d.index, "name": d.name, "uuid": d.uuid, "source": d.source,
+           "total_bytes": d.total_bytes, "free_bytes": d.free_bytes}
+    if d.endpoint is not None:
+        out.update(endpoint=d.endpoint, worker_index=d.worker_index, buffer_name=d.rpc_buffer_name)
+    return out
+
+
+def worker_json(r: WorkerReport) -> dict[str, Any]:
+    """One RPC worker: its devices, or why it was left out."""
+    return {"endpoint": r.endpoint, "answered": r.problem is None and r.stale_since is None, "busy": r.busy,
+            "stale_since": r.stale_since, "problem": r.problem,
+            "devices": [{"index": d.index, "buffer_name": d.buffer_name, "free_bytes": d.free_bytes,
+                         "total_bytes": d.total_bytes} for d in r.devices]}
 
 
 def plan_json(plan: LaunchPlan, argv: Sequence[str] = (), binary: Discovered | None = None) -> dict[str, Any]:
@@ -44,6 +56,8 @@ def plan_json(plan: LaunchPlan, argv: Sequence[str] = (), binary: Discovered | N
                     "native": plan.native_ctx},
         "n_parallel": plan.n_parallel,
         "gpus": [device_json(d) for d in plan.gpus],
+        "rpc_workers": list(plan.rpc_workers),
+        "rpc_devices": [device_json(d) for d in plan.rpc_devices],
         "offload": plan.offload,
         "n_gpu_layers": plan.n_gpu_layers,
         "tensor_split": list(plan.tensor_split),
@@ -76,7 +90,11 @@ def render_plan(info: dict[str, Any]) -> str:
     """``plan_json`` as aligned text."""
     m, ctx, spec = info["model"], info["context"], info["speculative"]
     gpus = info["gpus"]
-    if not gpus:
+    if info["rpc_devices"]:
+        names = ", ".join(d["buffer_name"] for d in info["rpc_devices"])
+        where = f"-ngl {info['n_gpu_layers']} over {names}" + "".join(
+            f", {g['backend']}{g['index']} {g['name']}" for g in gpus) + (" and the CPU" if not gpus else "")
+    elif not gpus:
         where = "CPU only (-ngl 0)"
     else:
         names = ", ".join(f"{g['backend']}{g['index']} {g['name']}" for g in gpus)
@@ -137,6 +155,7 @@ def doctor_json(binary: Discovered, caps: Capabilities, inventory: Inventory) ->
             "removed_flag_count": len(caps.removed_flags),
         },
         "devices": [device_json(d) for d in inventory.devices],
+        "rpc_workers": [worker_json(r) for r in inventory.workers],
         "warnings": list(inventory.warnings),
     }
 
@@ -160,7 +179,14 @@ def render_doctor(info: dict[str, Any]) -> str:
     ]
     for d in info["devices"]:
         index = "" if d["index"] is None else str(d["index"])
-        lines.append(f"  {d['backend']}{index}  {d['name']}  {_mib(d['free_bytes'])} free of "
+        name = d.get("buffer_name") or d["name"]
+        lines.append(f"  {d['backend']}{index}  {name}  {_mib(d['free_bytes'])} free of "
                      f"{_mib(d['total_bytes'])}  ({d['source']})")
+    if info["rpc_workers"]:
+        lines.append("rpc workers")
+        for w in info["rpc_workers"]:
+            state = f"{len(w['devices'])} device(s)" if w["answered"] else (
+                "busy, its last answer stands in" if w["devices"] else f"left out: {w['problem']}")
+            lines.append(f"  {w['endpoint']}  {state}")
     lines += [f"  ! {w}" for w in info["warnings"]]
     return "\n".join(lines)
