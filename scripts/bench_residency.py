@@ -1,0 +1,232 @@
+#!/usr/bin/env python3
+"""Residency under pressure: random chats, streams, loads and unloads from several clients, one budget.
+
+Runs a real studio (uvicorn in a thread, real llama-servers) over Gemma, zoo models and
+widened zoo models, with a memory budget smaller than their sum, and one of them
+pinned. Four clients send random operations; a monitor samples the llama-server
+processes and the studio's status every 50 ms. Prints:
+
+- failed requests and loads (target 0): anything but a 200;
+- evictions of busy or pinned models (target 0): a request cut by an eviction, or the
+  pinned model gone;
+- needless evictions (target 0): a placement that evicted although its plan fit the
+  memory left without evicting;
+- moments with two instances of one model (target 0);
+- the largest actual resident total against the budget (target <= budget);
+- the median time to first token for a request to a resident model and for one that
+  needed a load, measured in the same run.
+
+    .venv/bin/python scripts/bench_residency.py [--ops 200] [--clients 4] [--seed 1]
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import statistics
+import sys
+import tempfile
+import threading
+import time
+from collections import Counter
+from pathlib import Path
+
+import httpx
+import psutil
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from launcher.build import ensure_built  # noqa: E402
+from launcher.capabilities import probe  # noqa: E402
+from launcher.devices import discover  # noqa: E402
+from launcher.planner import PlanRequest, load_model, plan  # noqa: E402
+from studio.library.default_model import ensure_gemma  # noqa: E402
+from studio.residency import manager as manager_module  # noqa: E402
+from studio.settings import MemoryBudget, ModelDefaults, ResidencySettings, Settings  # noqa: E402
+from tests.support.studio import running_studio  # noqa: E402
+from tests.support.wide_zoo import ensure_wide_zoo  # noqa: E402
+from tests.support.zoo import ensure_zoo  # noqa: E402
+
+ZOO = ("llama-dense", "qwen2-dense", "mistral3-dense")
+WIDE = ("llama-dense-wide", "qwen2-dense-wide")
+PINNED = "qwen2-dense"
+
+
+def models_and_bills(settings: Settings, binary: Path) -> tuple[dict[str, Path], dict[str, ModelDefaults],
+                                                                  dict[str, int]]:
+    build = ensure_built(settings.home)
+    zoo = ensure_zoo(build, settings.home)
+    wide = {p.stem: p for p in ensure_wide_zoo(zoo, binary, settings.home / "zoo" / f"{build.layout.tag}-wide8x16")}
+    files = {name: zoo / f"{name}.gguf" for name in ZOO}
+    files.update({name: wide[name] for name in WIDE if name in wide})
+    files["gemma"] = ensure_gemma(settings.models_dir)
+    defaults = {name: ModelDefaults(n_ctx=256, spec="off") for name in files}
+    defaults["gemma"] = ModelDefaults(n_ctx=2048, n_parallel=2, spec="off")
+    caps, inventory = probe(binary), discover(llama_server=binary)
+    bills = {name: plan(load_model(path), inventory, caps, PlanRequest(
+        n_ctx=defaults[name].n_ctx, n_parallel=defaults[name].n_parallel or 1, spec="off")).bill.total
+        for name, path in files.items()}
+    return files, defaults, bills
+
+
+class Monitor(threading.Thread):
+    """Samples the llama-servers (instances per model file) and the studio's resident total."""
+
+    def __init__(self, manager: manager_module.ModelManager) -> None:
+        super().__init__(daemon=True)
+        self.manager = manager
+        self.stop = threading.Event()
+        self.doubles = 0
+        self.largest = 0
+        self.pinned_seen = False
+        self.pinned_gone = 0
+
+    def run(self) -> None:
+        me = psutil.Process()
+        while not self.stop.wait(0.05):
+            paths = Counter()
+            for p in me.children(recursive=True):
+                try:
+                    if p.name() == "llama-server":
+                        argv = p.cmdline()
+                        paths[argv[argv.index("-m") + 1]] += 1
+                except (psutil.Error, ValueError, IndexError):
+                    continue
+            self.doubles += sum(1 for n in paths.values() if n > 1)
+            total = 0
+            names = set()
+            for r in list(self.manager.residents):
+                names.add(r.name)
+                actual = r.actual
+                if actual is not None:
+                    total += actual.total
+            self.largest = max(self.largest, total)
+            if PINNED in names:
+                self.pinned_seen = True
+            elif self.pinned_seen:  # no client unloads it: only an eviction could take it away
+                self.pinned_gone += 1
+                self.pinned_seen = False
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--ops", type=int, default=200)
+    parser.add_argument("--clients", type=int, default=4)
+    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--budget-share", type=float, default=0.6, help="budget as a share of all bills together")
+    args = parser.parse_args()
+    settings = Settings.from_env()
+    binary = ensure_built(settings.home).llama_server
+    files, defaults, bills = models_and_bills(settings, binary)
+    budget = int(sum(bills.values()) * args.budget_share)
+    budget = max(budget, max(bills.values()) + bills[PINNED] + 1)  # the pinned one and the largest fit together
+    defaults[PINNED] = ModelDefaults(n_ctx=256, spec="off", pinned=True)
+    print(f"models: {', '.join(f'{n} {b / 2**20:,.1f} MiB' for n, b in bills.items())}")
+    print(f"budget: {budget / 2**20:,.1f} MiB ({budget / sum(bills.values()):.0%} of their sum)")
+
+    needless: list[str] = []
+    evictions: list[str] = []
+    real_place = manager_module.ModelManager._place
+
+    async def traced_place(self, entry, request, *, replacing=None):
+        placed = await real_place(self, entry, request, replacing=replacing)
+        if placed.evict:
+            evictions.extend(placed.evict)
+            # Would the final plan have fit the memory left without evicting? Then the eviction was needless.
+            holders = [self._holder(r) for r in self.residents if r is not replacing]
+            budget_map = self._budget(await manager_module.run_blocking(
+                self.discover_devices, timeout=30, what="listing devices"))
+            base = manager_module.placement.base_available(budget=budget_map, free={}, holders=holders)
+            need = manager_module.physical(placed.plan.bill, placed.plan)
+            if not manager_module.placement.shortfall(need, base) and not self.residency.max_resident:
+                needless.append(f"{entry.name} evicted {placed.evict}")
+        return placed
+
+    manager_module.ModelManager._place = traced_place  # instrumentation: every placement decision is checked
+    root = Path(tempfile.mkdtemp(prefix="bench-residency-"))
+    residency = ResidencySettings(memory_budget=MemoryBudget(total=budget), busy_wait=60, unload_grace=30)
+    failures: list[str] = []
+    ttft = {"resident": [], "load": []}
+    cut = 0
+    lock = threading.Lock()
+    with running_studio(root, binary, files, defaults=defaults, residency=residency) as studio:
+        monitor = Monitor(studio.manager)
+        monitor.start()
+        names = list(files)
+        rng = random.Random(args.seed)
+        plan_ops = []
+        for _ in range(args.ops):
+            op = rng.choice(("chat", "chat", "stream", "stream", "load", "unload"))
+            # a user's unload of the pinned model would be no eviction: leave it to the monitor to catch those
+            plan_ops.append((op, rng.choice([n for n in names if n != PINNED or op != "unload"])))
+        queue = list(enumerate(plan_ops))
+
+        def client() -> None:
+            nonlocal cut
+            with httpx.Client(base_url=studio.url, timeout=300) as http:
+                while True:
+                    with lock:
+                        if not queue:
+                            return
+                        i, (op, name) = queue.pop(0)
+                    resident = studio.manager.find(name)
+                    kind = "resident" if resident is not None and resident.state.value == "ready" else "load"
+                    t0 = time.monotonic()
+                    try:
+                        if op in ("chat", "stream"):
+                            body = {"model": name, "messages": [{"role": "user", "content": "Hello there"}],
+                                    "max_tokens": 8, "stream": op == "stream"}
+                            with http.stream("POST", "/v1/chat/completions", json=body) as resp:
+                                first = None
+                                for chunk in resp.iter_bytes():
+                                    first = first or time.monotonic()
+                                text = resp.read().decode(errors="replace") if resp.status_code != 200 else ""
+                                if resp.status_code != 200:
+                                    failures.append(f"{op} {name}: {resp.status_code} {text[:200]}")
+                                elif op == "stream" and first is not None:
+                                    ttft[kind].append(first - t0)
+                                if "model_unloaded" in text:
+                                    cut += 1
+                        elif op == "load":
+                            resp = http.post("/api/load", json={"model": name})
+                            if resp.status_code != 200:
+                                failures.append(f"load {name}: {resp.status_code} {resp.text[:200]}")
+                        else:
+                            resp = http.post("/api/unload", json={"model": name})
+                            if resp.status_code not in (200, 404):  # 404: it was not resident
+                                failures.append(f"unload {name}: {resp.status_code} {resp.text[:200]}")
+                    except httpx.HTTPError as exc:
+                        failures.append(f"{op} {name}: {exc}")
+
+        threads = [threading.Thread(target=client) for _ in range(args.clients)]
+        t0 = time.monotonic()
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        elapsed = time.monotonic() - t0
+        monitor.stop.set()
+        monitor.join()
+        loads = studio.manager.counters["loads"]
+    print(f"{args.ops} operations from {args.clients} clients in {elapsed:,.0f} s; {loads} loads, "
+          f"{len(evictions)} evictions")
+    print(f"failed requests and loads:           {len(failures)}  (target 0)")
+    for f in failures[:10]:
+        print(f"    {f}")
+    print(f"evictions of busy or pinned models:  {cut + monitor.pinned_gone}  (target 0)")
+    print(f"needless evictions:                  {len(needless)}  (target 0)")
+    for n in needless[:10]:
+        print(f"    {n}")
+    print(f"moments with two instances of one model: {monitor.doubles}  (target 0)")
+    print(f"largest actual resident total:       {monitor.largest / 2**20:,.1f} MiB of a "
+          f"{budget / 2**20:,.1f} MiB budget ({monitor.largest / budget:.0%})")
+    for kind in ("resident", "load"):
+        values = ttft[kind]
+        shown = f"{statistics.median(values) * 1000:,.0f} ms over {len(values)}" if values else "none"
+        print(f"median time to first token, {'resident model' if kind == 'resident' else 'needs a load  '}: {shown}")
+    if ttft["resident"] and ttft["load"]:
+        print(f"a load costs the first token {statistics.median(ttft['load']) / statistics.median(ttft['resident']):,.0f}x")
+
+
+if __name__ == "__main__":
+    main()
