@@ -277,7 +277,9 @@ class ModelManager:
             model = await run_blocking(gguf.read, entry.path, timeout=self.work_timeout,
                                        what=f"reading {entry.path.name}")
             settings = self._settings(request, entry)
-            inventory = await run_blocking(self.discover_devices, timeout=self.work_timeout, what="listing devices")
+            inventory = self._without_busy_workers(
+                await run_blocking(self.discover_devices, timeout=self.work_timeout, what="listing devices"),
+                replacing)
             info = ModelInfo.from_gguf(model)
             holders = [self._holder(r) for r in self.residents if r.state in HOLDS_MEMORY and r is not replacing]
             loading = self._loading_names()
@@ -314,6 +316,17 @@ class ModelManager:
         shared = _inventory_for(inventory, available, budgeted=budgeted)
         return await run_blocking(self.planner, info, shared, self.caps, request, timeout=self.work_timeout,
                                   what=f"planning {info.path.name}")
+
+    def _without_busy_workers(self, inventory: Inventory, replacing: ResidentModel | None) -> Inventory:
+        """An RPC worker serves one llama-server at a time: leave out the workers resident models use."""
+        taken = {w: r.name for r in self.residents if r.state in HOLDS_MEMORY and r is not replacing
+                 for w in r.plan.rpc_workers}
+        if not any(d.endpoint in taken for d in inventory.rpc):
+            return inventory
+        left_out = sorted({f"{d.endpoint} (serving {taken[d.endpoint]})" for d in inventory.rpc if d.endpoint in taken})
+        return replace(inventory, devices=tuple(d for d in inventory.devices if d.endpoint not in taken),
+                       warnings=(*inventory.warnings, "RPC workers busy with another resident model are left out: "
+                                 + ", ".join(left_out)))
 
     def _budget(self, inventory: Inventory) -> dict[str, int] | None:
         budget = self.residency.memory_budget

@@ -65,6 +65,8 @@ def resident_json(r: ResidentModel) -> dict[str, Any]:
             "actual": bill_json(actual, physical(actual, plan)) if actual else None,
         },
         "error": r.error if r.state in (ResidentState.FAILED, ResidentState.CRASHED) else None,
+        "rpc_workers": list(plan.rpc_workers),
+        "failed_workers": list(sup.failed_workers),
         "pid": sup.pid,
         **r.status(),
     }
