@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import socket
+import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import TypeVar
 
@@ -45,3 +47,20 @@ def server_argv(binary: Path, model: Path, *, host: str, port: int, n_ctx: int |
     if n_ctx is not None:
         argv += ["-c", str(n_ctx)]
     return argv + list(extra)
+
+
+@contextlib.contextmanager
+def serving(app: object) -> Iterator[str]:
+    """Serve an ASGI app with uvicorn on a free loopback port in a thread; yield its base URL."""
+    import uvicorn  # only the tests that serve an app pay for it
+
+    port = free_port()
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    try:
+        wait_for(lambda: server.started or not thread.is_alive(), timeout=30, what="uvicorn to start")
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.should_exit = True
+        thread.join(30)

@@ -18,6 +18,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
 
+from studio.chat.tool_schema import check_tool_fields
 from studio.errors import error_body
 from studio.residency.manager import ModelManager
 from studio.residency.resident import Lease, LoadedModel
@@ -39,6 +40,7 @@ class ChatBody(BaseModel):
 async def chat(request: Request, body: ChatBody) -> StreamingResponse:
     manager: ModelManager = request.app.state.manager
     payload = body.model_dump(exclude_none=True)
+    check_tool_fields(payload)
     loaded, lease = await manager.acquire(body.model)
     try:
         prepare_chat_body(payload, loaded)
