@@ -1,20 +1,25 @@
 """A stand-in for ``studio.residency.manager.ModelManager`` whose one model is the replay upstream.
 
-The proxy and ``/api/chat`` reach llama-server only through ``await manager.acquire(model)``
-and the ``LoadedModel`` it returns (``.name``, ``.url``, ``.auth_headers``, ``.n_ctx``,
-``.template``); this gives them a model with those attributes that lives at
+The proxy and ``/api/chat`` reach llama-server only through ``await manager.acquire(model)``,
+the ``LoadedModel`` it returns (``.name``, ``.url``, ``.auth_headers``, ``.n_ctx``,
+``.template``, ``.plan.rpc_workers``) and its ``Lease`` (awaited to release; ``.interruption``
+when the model went away); this gives them a model with those attributes that lives at
 ``tests.replay_upstream.ReplayUpstream``'s URL, so the real proxy code runs against
-recorded answers without a model load. It imitates a manager with one model loaded
-and counts requests in flight as the real one does.
+recorded answers without a model load. It imitates a manager with one model resident
+that is never unloaded under a request, and counts requests in flight as the real one does.
 """
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from gguf.templates import TemplateCapabilities
+
+
+@dataclass(frozen=True)
+class _NoWorkers:
+    rpc_workers: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -26,6 +31,22 @@ class StandInModel:
     n_ctx: int = 4096
     template: TemplateCapabilities | None = None
     auth_headers: dict[str, str] = field(default_factory=dict)
+    plan: _NoWorkers = field(default_factory=_NoWorkers)
+
+
+class StandInLease:
+    """A ``Lease``: awaiting it releases the request once; the model never goes away under it."""
+
+    interruption = None
+
+    def __init__(self, manager: StandInManager) -> None:
+        self._manager = manager
+        self._released = False
+
+    async def __call__(self) -> None:
+        if not self._released:
+            self._released = True
+            self._manager.in_flight -= 1
 
 
 class StandInManager:
@@ -40,17 +61,13 @@ class StandInManager:
     def loaded(self) -> Any:
         return self.model
 
-    async def acquire(self, model: str | None) -> tuple[Any, Callable[[], Awaitable[None]]]:
+    @property
+    def residents(self) -> list[Any]:
+        return []
+
+    async def acquire(self, model: str | None) -> tuple[Any, StandInLease]:
         self.in_flight += 1
-        released = False
-
-        async def release() -> None:
-            nonlocal released
-            if not released:
-                released = True
-                self.in_flight -= 1
-
-        return self.model, release
+        return self.model, StandInLease(self)
 
     def status(self) -> dict[str, Any]:
         return {"state": "ready", "model": self.model.name}

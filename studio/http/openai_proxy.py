@@ -27,6 +27,11 @@ request asks ``stream_options.include_usage``, as OpenAI specifies, and
 last chunk always has both (b11434 ``tools/server/server-task.cpp``:
 ``to_json_oaicompat_chat_stream`` and ``to_json_oaicompat``). A stream with
 ``timings`` but no ``usage`` is one whose client did not ask for usage.
+
+A chat request that offers ``tools`` is checked first (``studio.chat.tool_schema``),
+and its answer is healed (``studio.chat.tool_healing``): tool-call markup the model
+wrote as text becomes ``tool_calls``. Only such a stream is parsed, event by event
+(``studio.chat.tool_stream``); every other stream stays bytes in, bytes out.
 """
 
 from __future__ import annotations
@@ -47,6 +52,9 @@ from studio.errors import BadRequestError, UpstreamError, error_body
 from studio.residency.manager import ModelManager
 from studio.residency.resident import Lease, LoadedModel
 from studio.chat.reasoning import reasoning_template_kwargs
+from studio.chat.tool_healing import heal_completion
+from studio.chat.tool_schema import check_tool_fields, tool_parameters
+from studio.chat.tool_stream import HealingRelay
 from studio.http.upstream import Upstream
 
 router = APIRouter()
@@ -127,19 +135,23 @@ async def _forward(request: Request, path: str) -> Response:
     model = body.get("model")
     if model is not None and not isinstance(model, str):
         raise BadRequestError("`model` must be a string", param="model")
+    if path == "/v1/chat/completions":
+        check_tool_fields(body)  # before a load: a malformed request never reaches llama-server
     loaded, lease = await _manager(request).acquire(model)
     try:
         FORWARDED[path](body, loaded)
         body["model"] = loaded.name
+        tools = tool_parameters(body) if path == "/v1/chat/completions" and body.get("tool_choice") != "none" else {}
         if not body.get("stream"):
-            return await _answer_unless_client_leaves(request, loaded, path, body, lease)
+            return await _answer_unless_client_leaves(request, loaded, path, body, lease, tools)
         resp = await send_upstream(request, loaded, path, body, lease)
     except BaseException:
         await lease()
         raise
     headers = {k: v for k, v in resp.headers.items() if k.lower() in _PASS_HEADERS}
     if resp.status_code == 200:
-        return StreamingResponse(_relay(resp, lease, loaded), status_code=200, headers=headers)
+        relay = HealingRelay(tools) if tools else None
+        return StreamingResponse(_relay(resp, lease, loaded, relay), status_code=200, headers=headers)
     try:
         content = await resp.aread()
     except httpx.HTTPError as exc:
@@ -153,7 +165,7 @@ async def _forward(request: Request, path: str) -> Response:
 
 
 async def _answer_unless_client_leaves(request: Request, loaded: LoadedModel, path: str, body: dict[str, Any],
-                                       lease: Lease) -> Response:
+                                       lease: Lease, tools: dict[str, dict[str, Any]]) -> Response:
     """The whole answer, unless the client disconnects first: then the upstream request is dropped, which
     stops llama-server (it answers a non-streamed request only once it is done, so the wait is the whole
     generation)."""
@@ -170,7 +182,7 @@ async def _answer_unless_client_leaves(request: Request, loaded: LoadedModel, pa
         finally:
             await close_upstream(resp, lease)
         headers = {k: v for k, v in resp.headers.items() if k.lower() in _PASS_HEADERS}
-        return Response(_with_usage(content) if resp.status_code == 200 else content,
+        return Response(_finished_answer(content, tools) if resp.status_code == 200 else content,
                         status_code=resp.status_code, headers=headers)
 
     answering = asyncio.ensure_future(exchange())
@@ -195,12 +207,20 @@ async def _disconnect(request: Request) -> None:
         pass
 
 
-async def _relay(resp: httpx.Response, lease: Lease, loaded: LoadedModel) -> AsyncIterator[bytes]:
-    """Yield upstream bytes as they arrive; end with an error event if upstream dies."""
+async def _relay(resp: httpx.Response, lease: Lease, loaded: LoadedModel,
+                 relay: HealingRelay | None) -> AsyncIterator[bytes]:
+    """Yield upstream bytes as they arrive (healed when ``relay``); end with an error event if upstream dies."""
     try:
         async for chunk in resp.aiter_raw():
-            yield chunk
+            if relay is None:
+                yield chunk
+            elif out := relay.feed(chunk):
+                yield out
+        if relay is not None and (out := relay.close()):
+            yield out
     except httpx.HTTPError as exc:
+        if relay is not None and (held := relay.close()):
+            yield held  # held-back text is not lost
         cut = lease.interruption
         if cut:
             event = error_body(cut.message, cut.type, code=cut.code)
@@ -288,16 +308,25 @@ FORWARDED: dict[str, Callable[[dict[str, Any], LoadedModel], None]] = {
 }
 
 
-def _with_usage(content: bytes) -> bytes:
-    """Fill ``usage`` from llama-server's ``timings`` when the answer lacks it."""
+def _finished_answer(content: bytes, tools: dict[str, dict[str, Any]]) -> bytes:
+    """The answer with leaked tool-call markup healed (when ``tools``) and ``usage`` filled in."""
     try:
         data = json.loads(content)
     except ValueError:
         return content
-    if not isinstance(data, dict) or data.get("usage") or not isinstance(data.get("timings"), dict):
+    if not isinstance(data, dict):
         return content
+    healed = bool(tools) and heal_completion(data, tools)
+    if not _with_usage(data) and not healed:
+        return content
+    return json.dumps(data).encode()
+
+
+def _with_usage(data: dict[str, Any]) -> bool:
+    """Fill ``usage`` from llama-server's ``timings`` when the answer lacks it; return whether it did."""
+    if data.get("usage") or not isinstance(data.get("timings"), dict):
+        return False
     t = data["timings"]
     prompt, completion = int(t.get("prompt_n", 0)), int(t.get("predicted_n", 0))
     data["usage"] = {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
-    return json.dumps(data).encode()
-
+    return True

@@ -1,0 +1,50 @@
+"""Server-sent events as llama-server writes them: ``data: <json>`` lines, each event ended by a blank line.
+
+b11434 writes every event as ``data: ...\\n\\n`` (``format_oai_sse`` in
+``tools/server/server-common.cpp``), keep-alive pings as ``:\\n\\n`` and the end as
+``data: [DONE]\\n\\n``; the splitter keeps each event's bytes exactly as they came.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+DONE = b"data: [DONE]"
+
+
+class EventSplitter:
+    """Cuts a byte stream into whole events, however the bytes arrive."""
+
+    def __init__(self) -> None:
+        self._buf = b""
+
+    def feed(self, data: bytes) -> list[bytes]:
+        """The events completed by ``data``, each with its terminating blank line."""
+        self._buf += data
+        events = []
+        while (end := self._buf.find(b"\n\n")) != -1:
+            events.append(self._buf[:end + 2])
+            self._buf = self._buf[end + 2:]
+        return events
+
+    def rest(self) -> bytes:
+        """Bytes of an event that never ended (the stream broke off)."""
+        rest, self._buf = self._buf, b""
+        return rest
+
+
+def event_json(event: bytes) -> Any:
+    """The JSON payload of a one-line ``data:`` event, or ``None`` (a ping, ``[DONE]``, anything else)."""
+    line = event.rstrip(b"\n")
+    if not line.startswith(b"data:") or b"\n" in line or line == DONE:
+        return None
+    try:
+        return json.loads(line[5:])
+    except ValueError:
+        return None
+
+
+def encode(payload: Any) -> bytes:
+    """One ``data:`` event, compact as llama-server writes them."""
+    return b"data: " + json.dumps(payload, ensure_ascii=False, separators=(",", ":")).encode() + b"\n\n"
