@@ -19,6 +19,21 @@ Precedence: environment variables, then the optional TOML file
     unload_grace = 10               # seconds an unload waits for requests in flight before it ends them
     busy_wait = 30                  # seconds a load waits for busy models to go idle before a 503
 
+    [mcp_servers.files]             # an MCP server whose tools /api/chat may run (stdio: a command)
+    command = "npx"
+    args = ["-y", "@modelcontextprotocol/server-filesystem", "/srv/notes"]
+    env = { LOG_LEVEL = "warn" }
+
+    [mcp_servers.search]            # ... or one reached over streamable HTTP
+    url = "http://127.0.0.1:9000/mcp"
+
+    [tools.python]                  # the built-in python tool, off unless enabled
+    enabled = true
+    timeout = 30                    # wall-clock seconds per call
+    cpu_seconds = 10
+    memory_mb = 512
+    max_output_kb = 64
+
     [models."gemma-3-270m-Q4_K_M"]  # load defaults for one model (a request's own values win)
     ttl = 600                       # this model's own idle TTL
     pinned = true                   # never evicted, never unloaded for idleness
@@ -62,7 +77,11 @@ if TYPE_CHECKING:
     from launcher.speculative import SpecMode
 
 _TOP_KEYS = {"host", "port", "api_token", "model_dirs", "aliases", "models", "memory_budget", "ttl", "max_resident",
-             "preload", "unload_grace", "busy_wait", "rpc_workers"}
+             "preload", "unload_grace", "busy_wait", "rpc_workers", "mcp_servers", "tools"}
+_MCP_KEYS = {"command", "args", "env", "cwd", "url"}
+_PYTHON_KEYS = {"enabled", "timeout", "cpu_seconds", "memory_mb", "max_output_kb"}
+#: MCP server names become part of tool names (``NAME__tool``), which OpenAI limits to these characters.
+_SERVER_NAME = re.compile(r"[A-Za-z0-9_-]{1,32}")
 _MODEL_KEYS = {"n_ctx", "n_parallel", "extra_args", "spec", "spec_n_max", "cache_type_kv", "ttl", "pinned"}
 #: (least, most) a load may ask for; the load API and the config file check the same bounds. No real model
 #: has a context above 16M tokens (Llama 4 Scout's 10M is the largest); a bigger one is a typo, refused
@@ -147,6 +166,37 @@ class ModelDefaults:
 
 
 @dataclass(frozen=True)
+class MCPServerConfig:
+    """One ``[mcp_servers.NAME]`` table: a command to run over stdio, or a streamable-HTTP ``url``."""
+
+    name: str
+    command: str | None = None
+    args: tuple[str, ...] = ()
+    env: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
+    cwd: Path | None = None
+    url: str | None = None
+
+
+@dataclass(frozen=True)
+class PythonToolConfig:
+    """The built-in ``python`` tool's switch and limits (``[tools.python]``)."""
+
+    enabled: bool = False
+    timeout: float = 30.0  # wall-clock seconds per call
+    cpu_seconds: int = 10
+    memory_mb: int = 512
+    max_output_kb: int = 64
+
+
+@dataclass(frozen=True)
+class ToolSettings:
+    """The tools ``/api/chat`` can run server-side."""
+
+    mcp_servers: Mapping[str, MCPServerConfig] = field(default_factory=lambda: MappingProxyType({}))
+    python: PythonToolConfig = field(default_factory=PythonToolConfig)
+
+
+@dataclass(frozen=True)
 class Settings:
     """Where the studio keeps its files and how it listens."""
 
@@ -164,6 +214,7 @@ class Settings:
     residency: ResidencySettings = field(default_factory=ResidencySettings)
     rpc_workers: tuple[str, ...] = ()  # ggml-rpc-server endpoints, host:port, in --rpc order
     rpc_server_path: Path | None = None  # the ggml-rpc-server for ``ggstudio rpc-worker``
+    tools: ToolSettings = field(default_factory=ToolSettings)
 
     @property
     def models_dir(self) -> Path:
@@ -216,6 +267,7 @@ class Settings:
                 ) for name, d in config.get("models", {}).items()
             }),
             residency=_residency(config, env, config_path),
+            tools=_tool_settings(config),
         )
 
 
@@ -258,6 +310,7 @@ def _read_config(path: Path, *, explicit: bool) -> dict[str, Any]:
             _rpc_workers(workers)
         except ValueError as exc:
             problems.append(f"rpc_workers: {exc}")
+    problems += _tool_problems(config)
     if problems:
         raise ValueError(f"{path}: " + "; ".join(problems))
     return config
@@ -321,6 +374,63 @@ def _model_problems(d: dict[str, Any]) -> list[str]:
     if "cache_type_kv" in d and d["cache_type_kv"] not in CACHE_TYPES:
         problems.append(f"cache_type_kv: unknown cache type {d['cache_type_kv']!r}; valid: {', '.join(CACHE_TYPES)}")
     return problems
+
+
+def _tool_problems(config: dict[str, Any]) -> list[str]:
+    """What is wrong with ``[mcp_servers.*]`` and ``[tools]``."""
+    problems = []
+    servers = config.get("mcp_servers", {})
+    if not isinstance(servers, dict):
+        return ["[mcp_servers] must hold one table per server: [mcp_servers.NAME]"]
+    for name, d in servers.items():
+        where = f"[mcp_servers.{name}]"
+        if not _SERVER_NAME.fullmatch(name):
+            problems.append(f"{where}: a server name is 1-32 letters, digits, '_' or '-' (it prefixes tool names)")
+        if not isinstance(d, dict):
+            problems.append(f"{where} must be a table")
+            continue
+        problems += [f"{where}: unknown key {k!r} (known: {', '.join(sorted(_MCP_KEYS))})" for k in d
+                     if k not in _MCP_KEYS]
+        if ("command" in d) == ("url" in d):
+            problems.append(f"{where}: give either command (a stdio server) or url (streamable HTTP)")
+        if "command" in d and (not isinstance(d["command"], str) or not d["command"]):
+            problems.append(f"{where}: command must be a program name or path")
+        if "url" in d and not (isinstance(d["url"], str) and d["url"].startswith(("http://", "https://"))):
+            problems.append(f"{where}: url must be an http:// or https:// address")
+        if "args" in d and not (isinstance(d["args"], list) and all(isinstance(a, str) for a in d["args"])):
+            problems.append(f"{where}: args must be a list of strings")
+        if "env" in d and not (isinstance(d["env"], dict) and all(isinstance(v, str) for v in d["env"].values())):
+            problems.append(f"{where}: env must map names to strings")
+        if "cwd" in d and not isinstance(d["cwd"], str):
+            problems.append(f"{where}: cwd must be a folder")
+        if "url" in d and any(k in d for k in ("args", "env", "cwd")):
+            problems.append(f"{where}: args, env and cwd are for a command, not a url")
+    tools = config.get("tools", {})
+    if not isinstance(tools, dict) or any(k != "python" for k in tools):
+        return problems + ["[tools] holds only [tools.python]"]
+    python = tools.get("python", {})
+    if not isinstance(python, dict):
+        return problems + ["[tools.python] must be a table"]
+    problems += [f"[tools.python]: unknown key {k!r} (known: {', '.join(sorted(_PYTHON_KEYS))})" for k in python
+                 if k not in _PYTHON_KEYS]
+    if "enabled" in python and not isinstance(python["enabled"], bool):
+        problems.append("[tools.python]: enabled must be true or false")
+    for k in ("timeout", "cpu_seconds", "memory_mb", "max_output_kb"):
+        if k in python and (isinstance(python[k], bool) or not isinstance(python[k], (int, float))
+                            or python[k] <= 0 or (k != "timeout" and not isinstance(python[k], int))):
+            problems.append(f"[tools.python]: {k} must be a positive {'number' if k == 'timeout' else 'integer'}")
+    return problems
+
+
+def _tool_settings(config: dict[str, Any]) -> ToolSettings:
+    servers = {
+        name: MCPServerConfig(
+            name=name, command=d.get("command"), args=tuple(d.get("args", ())),
+            env=MappingProxyType(dict(d.get("env", {}))), cwd=_optional_path(d.get("cwd")), url=d.get("url"),
+        ) for name, d in config.get("mcp_servers", {}).items()
+    }
+    python = config.get("tools", {}).get("python", {})
+    return ToolSettings(mcp_servers=MappingProxyType(servers), python=PythonToolConfig(**python))
 
 
 def _optional_path(value: str | None) -> Path | None:

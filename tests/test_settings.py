@@ -109,3 +109,57 @@ def test_residency_settings_from_the_config_and_the_environment(tmp_path):
     assert dict(s.residency.memory_budget.per_device) == {"CPU": 512 * 2**20, "CUDA0": 1_500_000_000}
     with pytest.raises(ValueError, match="GGUF_STUDIO_MEMORY_BUDGET: 'x' is not a size"):
         Settings.from_env({"GGUF_STUDIO_HOME": str(tmp_path), "GGUF_STUDIO_MEMORY_BUDGET": "x"})
+
+
+TOOLS_CONFIG = """
+[mcp_servers.files]
+command = "npx"
+args = ["-y", "server-filesystem", "/srv"]
+env = { LOG_LEVEL = "warn" }
+
+[mcp_servers.search]
+url = "http://127.0.0.1:9000/mcp"
+
+[tools.python]
+enabled = true
+timeout = 5.5
+memory_mb = 256
+"""
+
+
+def test_mcp_servers_and_the_python_tool_from_the_config(tmp_path):
+    (tmp_path / "config.toml").write_text(TOOLS_CONFIG)
+    tools = Settings.from_env({"GGUF_STUDIO_HOME": str(tmp_path)}).tools
+    files, search = tools.mcp_servers["files"], tools.mcp_servers["search"]
+    assert (files.command, files.args, dict(files.env), files.url) == (
+        "npx", ("-y", "server-filesystem", "/srv"), {"LOG_LEVEL": "warn"}, None)
+    assert (search.command, search.url) == (None, "http://127.0.0.1:9000/mcp")
+    assert (tools.python.enabled, tools.python.timeout, tools.python.memory_mb, tools.python.cpu_seconds) == (
+        True, 5.5, 256, 10)
+
+
+def test_tools_are_off_without_a_config(tmp_path):
+    tools = Settings.from_env({"GGUF_STUDIO_HOME": str(tmp_path)}).tools
+    assert not tools.python.enabled and not tools.mcp_servers
+
+
+@pytest.mark.parametrize("text, words", [
+    ("[mcp_servers.a]\nargs = []", "give either command"),
+    ("[mcp_servers.a]\ncommand = 'x'\nurl = 'http://h/mcp'", "give either command"),
+    ("[mcp_servers.a]\nurl = 'ftp://h'", "url must be an http"),
+    ("[mcp_servers.a]\ncommand = 'x'\nargs = '-v'", "args must be a list of strings"),
+    ("[mcp_servers.a]\ncommand = 'x'\nenv = { A = 1 }", "env must map names to strings"),
+    ("[mcp_servers.a]\ncommand = 'x'\nport = 1", "unknown key 'port'"),
+    ("[mcp_servers.\"a b\"]\ncommand = 'x'", "a server name is"),
+    ("[mcp_servers.a]\nurl = 'http://h/mcp'\nargs = []", "args, env and cwd are for a command"),
+    ("[tools.python]\nenabled = 'yes'", "enabled must be true or false"),
+    ("[tools.python]\nmemory_mb = 0", "memory_mb must be a positive integer"),
+    ("[tools.python]\ntimeout = -1", "timeout must be a positive number"),
+    ("[tools.python]\nnetwork = true", "unknown key 'network'"),
+    ("[tools.shell]\nenabled = true", "[tools] holds only [tools.python]"),
+])
+def test_a_bad_tools_config_is_one_clear_error(tmp_path, text, words):
+    (tmp_path / "config.toml").write_text(text)
+    with pytest.raises(ValueError) as info:
+        Settings.from_env({"GGUF_STUDIO_HOME": str(tmp_path)})
+    assert words in str(info.value)
