@@ -1,0 +1,159 @@
+"""The built-in ``python`` tool: run a model's program in a child process with limits.
+
+Off unless ``[tools.python] enabled = true``. Each call gets a fresh scratch
+folder (removed afterwards) as its working directory and runs ``python -I`` there
+with ``resource.setrlimit`` limits set in the child before it executes: CPU
+seconds, address space (memory), the size of any file it writes, no core dumps.
+A wall-clock timeout kills the child's whole process group; output beyond the
+limit is cut off and the child stopped. On Linux the child runs in a new network
+namespace (``unshare --net``, with ``--map-root-user`` when not root), so it
+cannot reach any network, loopback included; where that is not possible (another
+OS, no ``unshare``, user namespaces forbidden) it runs with the network, and the
+tool's description and ``status`` say so.
+
+This is a limit on accidents, not a security boundary against a hostile program:
+the child sees the same file system as the studio.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import resource
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+import structlog
+
+from studio.chat.toolbox import ToolResult, ToolSpec
+from studio.settings import PythonToolConfig
+
+log = structlog.get_logger(__name__)
+
+PARAMETERS = {
+    "type": "object",
+    "properties": {"code": {"type": "string", "description": "A complete Python 3 program; print what you need."}},
+    "required": ["code"],
+}
+
+
+@cache
+def network_isolation() -> tuple[tuple[str, ...], str | None]:
+    """The argv prefix that cuts a child off the network here, and a note when there is none."""
+    if not sys.platform.startswith("linux"):
+        return (), f"no network isolation on {sys.platform}: the python tool can reach the network"
+    unshare = shutil.which("unshare")
+    if unshare is None:
+        return (), "no network isolation: `unshare` (util-linux) is not installed; the python tool can reach the network"
+    tried = []
+    for prefix in ((unshare, "--net"), (unshare, "--net", "--map-root-user")):
+        try:
+            done = subprocess.run([*prefix, "true"], capture_output=True, timeout=10)
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            tried.append(str(exc))
+            continue
+        if done.returncode == 0:
+            return prefix, None
+        tried.append(done.stderr.decode(errors="replace").strip())
+    return (), f"no network isolation: unshare failed ({'; '.join(tried)}); the python tool can reach the network"
+
+
+class PythonTool:
+    """The ``python`` tool; see the module docstring."""
+
+    def __init__(self, config: PythonToolConfig, scratch_dir: Path) -> None:
+        self.config = config
+        self.scratch_dir = scratch_dir
+        prefix, note = network_isolation()
+        self._prefix = prefix
+        self.note = note
+        if note:
+            log.warning("python tool runs without network isolation", reason=note)
+        description = (f"Run a Python 3 program and return what it prints (stdout and stderr). Limits: "
+                       f"{config.timeout:g} s wall clock, {config.cpu_seconds} s CPU, {config.memory_mb} MiB memory, "
+                       f"{config.max_output_kb} KiB of output; a fresh empty working folder each call; "
+                       + ("no network." if not note else "the network is reachable."))
+        self.spec = ToolSpec("python", description, PARAMETERS, "builtin")
+
+    def status(self) -> dict[str, Any]:
+        c = self.config
+        return {"enabled": True, "network_isolated": self.note is None, "note": self.note, "timeout": c.timeout,
+                "cpu_seconds": c.cpu_seconds, "memory_mb": c.memory_mb, "max_output_kb": c.max_output_kb}
+
+    async def call(self, arguments: dict[str, Any], *, timeout: float) -> ToolResult:
+        """Run ``arguments["code"]``; the output, or an error result saying which limit stopped it."""
+        code = arguments.get("code")
+        if not isinstance(code, str) or not code.strip():
+            return ToolResult("the python tool needs a `code` argument: a Python program as a string", True)
+        self.scratch_dir.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryDirectory(prefix="python-", dir=self.scratch_dir) as scratch:
+            (Path(scratch) / "main.py").write_text(code)
+            return await self._run(Path(scratch), min(timeout, self.config.timeout))
+
+    async def _run(self, scratch: Path, timeout: float) -> ToolResult:
+        limit = self.config.max_output_kb * 1024
+        env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(scratch), "LANG": "C.UTF-8",
+               "PYTHONIOENCODING": "utf-8", "PYTHONDONTWRITEBYTECODE": "1"}
+        try:
+            child = await asyncio.create_subprocess_exec(
+                *self._prefix, sys.executable, "-I", "main.py", cwd=scratch, env=env,
+                stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
+                start_new_session=True, preexec_fn=self._limits)
+        except OSError as exc:
+            return ToolResult(f"the python tool could not start: {exc}", True)
+        assert child.stdout is not None
+        output = bytearray()
+        cut = timed_out = False
+        try:
+            async with asyncio.timeout(timeout):
+                while chunk := await child.stdout.read(64 * 1024):
+                    output += chunk
+                    if len(output) > limit:
+                        cut = True
+                        break
+        except TimeoutError:
+            timed_out = True
+        finally:
+            if cut or timed_out:
+                _kill_group(child.pid)
+            status = await child.wait()
+        text = output[:limit].decode(errors="replace")
+        if timed_out:
+            return ToolResult(_with(text, f"[stopped: the program ran longer than {timeout:g} s]"), True)
+        if cut:
+            return ToolResult(_with(text, f"[stopped: output beyond {self.config.max_output_kb} KiB was cut off]"),
+                              True)
+        if status != 0 and "MemoryError" in text:
+            return ToolResult(_with(text, f"[stopped: memory limit of {self.config.memory_mb} MiB]"), True)
+        if status in (-signal.SIGXCPU, -signal.SIGKILL):  # the soft, then the hard CPU limit
+            return ToolResult(_with(text, f"[stopped: CPU time limit of {self.config.cpu_seconds} s]"), True)
+        if status != 0:
+            return ToolResult(_with(text, f"[exit status {status}]"), True)
+        return ToolResult(text or "(the program printed nothing)")
+
+    def _limits(self) -> None:
+        """In the child, before exec: its own limits (inherited by the python it runs)."""
+        cpu = self.config.cpu_seconds
+        memory = self.config.memory_mb * 1024 * 1024
+        resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu + 1))
+        resource.setrlimit(resource.RLIMIT_AS, (memory, memory))
+        files = self.config.max_output_kb * 1024 * 16
+        resource.setrlimit(resource.RLIMIT_FSIZE, (files, files))
+        resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+
+
+def _kill_group(pid: int) -> None:
+    try:
+        os.killpg(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+
+
+def _with(text: str, note: str) -> str:
+    return f"{text.rstrip()}\n{note}" if text.strip() else note
