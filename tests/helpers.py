@@ -8,7 +8,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import psutil
 
@@ -64,3 +64,25 @@ def serving(app: object) -> Iterator[str]:
     finally:
         server.should_exit = True
         thread.join(30)
+
+
+class LoopThread:
+    """An asyncio event loop in a daemon thread, for objects that live on one loop across tests."""
+
+    def __init__(self) -> None:
+        import asyncio
+
+        self.loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self.loop.run_forever, daemon=True)
+        self._thread.start()
+
+    def run(self, coro: object, timeout: float = 120) -> Any:
+        """Run ``coro`` on the loop and return its result."""
+        import asyncio
+
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)  # type: ignore[arg-type]
+
+    def close(self) -> None:
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self._thread.join(10)
+        self.loop.close()

@@ -19,6 +19,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 import gguf
 from launcher.errors import LauncherError, LoadError, StartAbortedError
 from studio import __version__
+from studio.chat.toolbox import Toolbox
 from studio.http.gui_api import router as api_router
 from studio.http.auth import BearerTokenMiddleware
 from studio.http.gui_chat import router as chat_router
@@ -38,22 +39,30 @@ def create_app(
     preload: Sequence[LoadRequest] = (),
     api_token: str | None = None,
     max_connections: int = 64,
+    toolbox: Toolbox | None = None,
 ) -> FastAPI:
     """Return the service app around ``manager``; the ``preload`` models start loading at start-up, in order.
 
     With ``api_token`` every route but ``/health`` needs ``Authorization: Bearer <token>``.
+    ``toolbox`` holds the tools ``/api/chat`` may run; its MCP servers start and stop with the app
+    (in the background: the app serves at once, and a server that fails is shown in ``/api/tools``).
     """
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         app.state.upstream = upstream = Upstream(max_connections=max_connections)
         app.state.manager = manager
+        app.state.toolbox = tools = toolbox or Toolbox.empty()
+        app.state.tools_started = asyncio.create_task(tools.start())
         if preload:
             app.state.preload = asyncio.create_task(_preload(manager, preload))
         try:
             yield
         finally:
             try:
+                app.state.tools_started.cancel()
+                await asyncio.gather(app.state.tools_started, return_exceptions=True)
+                await tools.aclose()
                 await manager.aclose()
             finally:
                 await upstream.aclose()

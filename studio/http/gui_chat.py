@@ -5,26 +5,48 @@ the GUI: ``content`` and ``reasoning`` deltas, ``tool_call`` deltas, and one
 final ``done`` event with usage, timings, tokens/s and the speculative
 acceptance rate (``draft_n_accepted / draft_n``); or an ``error`` event whose
 ``error`` field has OpenAI's error shape.
+
+With ``use_tools`` (names from ``GET /api/tools``) the studio runs those tools
+itself: ``studio.chat.tool_loop`` calls the model, runs its calls and feeds the
+results back until it answers, adding ``tool_start``, ``tool_end`` and ``status``
+events, and ``done`` sums every model call. Each model call acquires the model
+for itself, so a long tool run holds no model. Without ``use_tools`` a request's
+own OpenAI ``tools`` go to the model and its calls come back as ``tool_call``
+events for the GUI to handle (healed from leaked markup).
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
+import anyio
 import httpx
 from fastapi import APIRouter, Request
 from fastapi.responses import StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
 
-from studio.chat.tool_schema import check_tool_fields
-from studio.errors import error_body
-from studio.residency.manager import ModelManager
-from studio.residency.resident import Lease, LoadedModel
-from studio.http.openai_proxy import broke_off, close_upstream, prepare_chat_body, send_upstream
+from studio.chat.model_turn import Turn, TurnError, read_turn
+from studio.chat.tool_loop import LoopLimits, run_tool_loop
+from studio.chat.tool_schema import check_tool_fields, tool_parameters
+from studio.chat.toolbox import Toolbox
+from studio.chat.usage import UsageTotals
+from studio.errors import BadRequestError, StudioError, error_body
+from studio.http.openai_proxy import prepare_chat_body, send_upstream
+from studio.residency.manager import LoadedModel, ModelManager
 
 router = APIRouter(prefix="/api")
+
+
+class ToolLimits(BaseModel):
+    """Per-chat bounds of the tool loop (defaults: ``LoopLimits``)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    max_iterations: int = Field(LoopLimits.max_iterations, ge=1, le=200)
+    tool_timeout: float = Field(LoopLimits.tool_timeout, gt=0, le=3600)
+    total_timeout: float = Field(LoopLimits.total_timeout, gt=0, le=24 * 3600)
 
 
 class ChatBody(BaseModel):
@@ -34,76 +56,101 @@ class ChatBody(BaseModel):
 
     model: str | None = None
     messages: list[dict[str, Any]] = Field(min_length=1)
+    use_tools: list[str] | None = None  # studio tools the model may call; the studio runs them
+    tool_limits: ToolLimits | None = None
+
+
+@router.get("/tools")
+async def tools(request: Request) -> dict[str, Any]:
+    """The tools ``use_tools`` may name, the python tool's sandbox and each MCP server's state."""
+    return _toolbox(request).status()
 
 
 @router.post("/chat")
 async def chat(request: Request, body: ChatBody) -> StreamingResponse:
     manager: ModelManager = request.app.state.manager
-    payload = body.model_dump(exclude_none=True)
+    payload = body.model_dump(exclude_none=True, exclude={"use_tools", "tool_limits"})
     check_tool_fields(payload)
-    loaded, lease = await manager.acquire(body.model)
+    selected = []
+    if body.use_tools is not None:
+        if payload.get("tools"):
+            raise BadRequestError("send either `tools` (the GUI runs them) or `use_tools` (the studio runs them)",
+                                  param="use_tools")
+        selected = _toolbox(request).select(body.use_tools)
+    loaded, release = await manager.acquire(body.model)
     try:
         prepare_chat_body(payload, loaded)
-        payload.update(stream=True, stream_options={"include_usage": True})
-        resp = await send_upstream(request, loaded, "/v1/chat/completions", payload, lease)
     except BaseException:
-        await lease()
+        await release()
         raise
-    return StreamingResponse(_events(resp, lease, loaded), media_type="text/event-stream")
+    held: list[tuple[LoadedModel, Callable[[], Awaitable[None]]]] = [(loaded, release)]
+
+    async def call_model(messages: list[dict[str, Any]], offer: list[dict[str, Any]] | None,
+                         ) -> AsyncIterator[dict[str, Any] | Turn]:
+        """One streamed model call; the first uses the model acquired above, later ones acquire their own."""
+        own = held.pop() if held else await _acquire(manager, body.model)
+        turn_body = {**payload, "messages": messages, "stream": True, "stream_options": {"include_usage": True}}
+        if body.use_tools is not None:
+            turn_body.pop("tool_choice", None)
+            turn_body.pop("tools", None)
+            if offer:
+                turn_body["tools"] = offer
+        resp: httpx.Response | None = None
+        try:
+            resp = await send_upstream(request, own[0], "/v1/chat/completions", turn_body)
+            heal = tool_parameters(turn_body) if turn_body.get("tool_choice") != "none" else None
+            async for item in read_turn(resp, heal or None):
+                yield item
+        except StudioError as exc:
+            raise TurnError(exc.status, error_body(exc.message, exc.type, exc.param, exc.code)["error"]) from exc
+        finally:
+            with anyio.CancelScope(shield=True):
+                if resp is not None:
+                    await resp.aclose()
+                await own[1]()
+
+    if body.use_tools is not None:
+        limits = LoopLimits(**(body.tool_limits or ToolLimits()).model_dump())
+        events = run_tool_loop(payload["messages"], selected, call_model, limits)
+    else:
+        events = _one_turn(payload["messages"], call_model)
+    return StreamingResponse(_sse_events(events, held), media_type="text/event-stream")
 
 
-async def _events(resp: httpx.Response, lease: Lease, loaded: LoadedModel) -> AsyncIterator[bytes]:
-    usage: dict[str, Any] | None = None
-    timings: dict[str, Any] | None = None
-    finish: str | None = None
+async def _one_turn(messages: list[dict[str, Any]], call_model: Any) -> AsyncIterator[dict[str, Any]]:
+    """A chat without studio tools: one model call, its events, then ``done``."""
+    totals = UsageTotals()
     try:
-        if resp.status_code != 200:
-            body = json.loads(await resp.aread() or b"{}")
-            error = body.get("error", {}) if isinstance(body, dict) else {}
-            yield _sse({"type": "error", "status": resp.status_code, "error": error})
-            return
-        async for line in resp.aiter_lines():
-            if not line.startswith("data: ") or line == "data: [DONE]":
-                continue
-            chunk = json.loads(line[6:])
-            if "error" in chunk:
-                yield _sse({"type": "error", "status": 500, "error": chunk["error"]})
-                return
-            usage = chunk.get("usage") or usage
-            timings = chunk.get("timings") or timings
-            for choice in chunk.get("choices", []):
-                delta = choice.get("delta", {})
-                if delta.get("reasoning_content"):
-                    yield _sse({"type": "reasoning", "text": delta["reasoning_content"]})
-                if delta.get("content"):
-                    yield _sse({"type": "content", "text": delta["content"]})
-                for call in delta.get("tool_calls") or ():
-                    yield _sse({"type": "tool_call", **call})
-                finish = choice.get("finish_reason") or finish
-        yield _sse(_done(usage, timings, finish))
-    except httpx.HTTPError as exc:
-        cut = lease.interruption
-        if cut:
-            yield _sse({"type": "error", "status": cut.status, **error_body(cut.message, cut.type, code=cut.code)})
-        else:
-            message, code = await broke_off(loaded, "llama-server went away mid-stream", exc)
-            yield _sse({"type": "error", "status": 502, **error_body(message, "upstream_error", code=code)})
+        async for item in call_model(messages, None):
+            if isinstance(item, Turn):
+                totals.add(item.usage, item.timings)
+                yield totals.done(item.finish_reason)
+            else:
+                yield item
+    except TurnError as exc:
+        yield {"type": "error", "status": exc.status, "error": exc.error}
+
+
+async def _sse_events(events: AsyncIterator[dict[str, Any]],
+                      held: list[tuple[LoadedModel, Callable[[], Awaitable[None]]]]) -> AsyncIterator[bytes]:
+    try:
+        async for event in events:
+            yield f"data: {json.dumps(event)}\n\n".encode()
     finally:
-        await close_upstream(resp, lease)
+        await events.aclose()  # type: ignore[attr-defined]
+        with anyio.CancelScope(shield=True):
+            for _, release in held:  # acquired but never used (the client left first)
+                await release()
 
 
-def _done(usage: dict[str, Any] | None, timings: dict[str, Any] | None, finish: str | None) -> dict[str, Any]:
-    t = timings or {}
-    drafted = t.get("draft_n") or 0
-    return {
-        "type": "done",
-        "finish_reason": finish,
-        "usage": usage,
-        "timings": timings,
-        "tokens_per_second": t.get("predicted_per_second"),
-        "draft_acceptance": (t.get("draft_n_accepted", 0) / drafted) if drafted else None,
-    }
+async def _acquire(manager: ModelManager, model: str | None) -> tuple[LoadedModel, Callable[[], Awaitable[None]]]:
+    try:
+        return await manager.acquire(model)
+    except StudioError as exc:
+        raise TurnError(exc.status, error_body(exc.message, exc.type, exc.param, exc.code)["error"]) from exc
+    except Exception as exc:  # a failed load mid-chat (launcher errors): an error event, not a broken stream
+        raise TurnError(502, error_body(f"the model could not be loaded: {exc}", "server_error")["error"]) from exc
 
 
-def _sse(event: dict[str, Any]) -> bytes:
-    return f"data: {json.dumps(event)}\n\n".encode()
+def _toolbox(request: Request) -> Toolbox:
+    return getattr(request.app.state, "toolbox", None) or Toolbox.empty()

@@ -1,0 +1,110 @@
+"""One model turn for ``/api/chat``: llama-server's chat stream as GUI events, then the whole turn.
+
+``read_turn`` yields ``content``, ``reasoning`` and ``tool_call`` events as the
+deltas arrive (healed first when the request offered tools, so markup never
+reaches the GUI as text), and last a ``Turn``: the full text, the whole tool calls,
+``finish_reason``, ``usage`` and ``timings``. An error answer, an error event or a
+broken stream raise ``TurnError`` in OpenAI's error shape.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+
+from studio.chat.tool_healing import ChunkHealer
+from studio.errors import error_body
+
+
+@dataclass
+class Turn:
+    """What the model said in one call."""
+
+    content: str = ""
+    reasoning: str = ""
+    tool_calls: list[dict[str, Any]] = field(default_factory=list)  # OpenAI's whole calls: id, type, function
+    finish_reason: str | None = None
+    usage: dict[str, Any] | None = None
+    timings: dict[str, Any] | None = None
+
+    def as_message(self) -> dict[str, Any]:
+        """The turn as the assistant message that goes back into the conversation."""
+        message: dict[str, Any] = {"role": "assistant", "content": self.content}
+        if self.reasoning:
+            message["reasoning_content"] = self.reasoning
+        if self.tool_calls:
+            message["tool_calls"] = self.tool_calls
+        return message
+
+
+class TurnError(Exception):
+    """llama-server answered with an error (``error`` in OpenAI's shape) or went away."""
+
+    def __init__(self, status: int, error: dict[str, Any]) -> None:
+        super().__init__(error.get("message") or "the model call failed")
+        self.status = status
+        self.error = error
+
+
+async def read_turn(resp: httpx.Response, tools: dict[str, dict[str, Any]] | None) -> AsyncIterator[dict[str, Any] | Turn]:
+    """GUI events for ``resp`` (a streamed chat completion), then its ``Turn``; healed when ``tools``.
+
+    Raises:
+        TurnError: an error answer, an error event, or the stream broke off.
+    """
+    if resp.status_code != 200:
+        try:
+            body = json.loads(await resp.aread() or b"{}")
+        except (ValueError, httpx.HTTPError):
+            body = {}
+        error = body.get("error") if isinstance(body, dict) and isinstance(body.get("error"), dict) else {}
+        raise TurnError(resp.status_code, error or {"message": f"llama-server answered {resp.status_code}"})
+    turn = Turn()
+    calls: dict[int, dict[str, Any]] = {}
+    healer = ChunkHealer(tools) if tools else None
+    try:
+        async for line in resp.aiter_lines():
+            if not line.startswith("data: ") or line == "data: [DONE]":
+                continue
+            chunk = json.loads(line[6:])
+            if "error" in chunk:
+                raise TurnError(500, chunk["error"] if isinstance(chunk["error"], dict) else {"message": chunk["error"]})
+            for part in (healer.feed(chunk) or [chunk]) if healer else [chunk]:
+                for event in _take(part, turn, calls):
+                    yield event
+        for part in healer.finish() if healer else ():
+            for event in _take(part, turn, calls):
+                yield event
+    except httpx.HTTPError as exc:
+        raise TurnError(502, error_body(f"llama-server went away mid-stream: {exc}", "upstream_error")["error"]) from exc
+    turn.tool_calls = [calls[i] for i in sorted(calls)]
+    yield turn
+
+
+def _take(chunk: dict[str, Any], turn: Turn, calls: dict[int, dict[str, Any]]) -> list[dict[str, Any]]:
+    """Fold one chunk into ``turn``; return its GUI events."""
+    turn.usage = chunk.get("usage") or turn.usage
+    turn.timings = chunk.get("timings") or turn.timings
+    events = []
+    for choice in chunk.get("choices") or ():
+        delta = choice.get("delta") or {}
+        if delta.get("reasoning_content"):
+            turn.reasoning += delta["reasoning_content"]
+            events.append({"type": "reasoning", "text": delta["reasoning_content"]})
+        if delta.get("content"):
+            turn.content += delta["content"]
+            events.append({"type": "content", "text": delta["content"]})
+        for call in delta.get("tool_calls") or ():
+            events.append({**call, "type": "tool_call"})  # the delta's own "type" is "function"
+            whole = calls.setdefault(call.get("index", 0), {"id": None, "type": "function",
+                                                             "function": {"name": "", "arguments": ""}})
+            whole["id"] = call.get("id") or whole["id"]
+            function = call.get("function") or {}
+            whole["function"]["name"] += function.get("name") or ""
+            whole["function"]["arguments"] += function.get("arguments") or ""
+        turn.finish_reason = choice.get("finish_reason") or turn.finish_reason
+    return events
