@@ -73,7 +73,8 @@ async def read_turn(resp: httpx.Response, tools: dict[str, dict[str, Any]] | Non
             chunk = json.loads(line[6:])
             if "error" in chunk:
                 raise TurnError(500, chunk["error"] if isinstance(chunk["error"], dict) else {"message": chunk["error"]})
-            for part in (healer.feed(chunk) or [chunk]) if healer else [chunk]:
+            made = healer.feed(chunk) if healer else None
+            for part in [chunk] if made is None else made:  # [] when everything in it is held back
                 for event in _take(part, turn, calls):
                     yield event
         for part in healer.finish() if healer else ():

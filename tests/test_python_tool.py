@@ -1,0 +1,69 @@
+"""The built-in python tool: a real child process under its limits, in a scratch folder, without network."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import threading
+
+import pytest
+
+from studio.chat.python_tool import PythonTool, network_isolation
+from studio.settings import PythonToolConfig
+
+
+@pytest.fixture
+def tool(tmp_path):
+    return PythonTool(PythonToolConfig(enabled=True, timeout=3, cpu_seconds=2, memory_mb=200, max_output_kb=8),
+                      tmp_path / "scratch")
+
+
+def run(tool: PythonTool, code: str, timeout: float = 30):
+    return asyncio.run(tool.call({"code": code}, timeout=timeout))
+
+
+def test_a_program_prints_its_result(tool, tmp_path):
+    result = run(tool, "import os\nprint(6 * 7, os.listdir('.'))")
+    assert not result.is_error and result.text.strip() == "42 ['main.py']"
+    assert list((tmp_path / "scratch").iterdir()) == []  # the scratch folder is gone afterwards
+
+
+def test_a_program_that_runs_too_long_is_stopped(tool):
+    result = run(tool, "import time\ntime.sleep(60)")
+    assert result.is_error and "ran longer than 3 s" in result.text
+
+
+def test_the_memory_limit_stops_a_program(tool):
+    result = run(tool, "block = bytearray(400 * 1024 * 1024)\nprint('allocated')")
+    assert result.is_error and "memory limit of 200 MiB" in result.text and "allocated" not in result.text
+
+
+def test_megabytes_of_output_are_cut_off(tool):
+    result = run(tool, "import sys\nwhile True: sys.stdout.write('y' * 65536)")
+    assert result.is_error and "output beyond 8 KiB was cut off" in result.text and len(result.text) < 9000
+
+
+def test_a_failing_program_shows_its_traceback(tool):
+    result = run(tool, "raise ValueError('bad input')")
+    assert result.is_error and "ValueError: bad input" in result.text and "[exit status 1]" in result.text
+
+
+def test_no_network_not_even_loopback(tool):
+    prefix, note = network_isolation()
+    if note:
+        pytest.skip(note)
+    server = socket.create_server(("127.0.0.1", 0))
+    port = server.getsockname()[1]
+    accepted = []
+    threading.Thread(target=lambda: accepted.append(server.accept()), daemon=True).start()
+    try:
+        result = run(tool, f"import socket\nsocket.create_connection(('127.0.0.1', {port}), 2)\nprint('connected')")
+    finally:
+        server.close()
+    assert result.is_error and "connected" not in result.text and not accepted
+    assert "Network is unreachable" in result.text or "Connection refused" in result.text
+    assert tool.status()["network_isolated"] is True
+
+
+def test_a_call_without_code_is_an_error_result(tool):
+    assert asyncio.run(tool.call({}, timeout=5)).is_error
