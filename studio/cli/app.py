@@ -275,6 +275,7 @@ def serve(
 def _serve(model: str | None, *, host: str | None, port: int | None, ctx: int | None, rpc: str | None) -> None:
     # The service's imports (FastAPI, uvicorn, httpx) stay here: other commands start fast without them.
     from launcher.process import ensure_port_free
+    from studio.chat.toolbox import Toolbox
     from studio.http.app import create_app
     from studio.library.default_model import ensure_default_model
     from studio.http.server import run_service
@@ -303,7 +304,9 @@ def _serve(model: str | None, *, host: str | None, port: int | None, ctx: int | 
     requests = [LoadRequest(model=name, n_ctx=ctx if i == 0 else None) for i, name in enumerate(preload)]
     try:
         run_service(
-            create_app(manager, preload=requests, api_token=settings.api_token),
+            create_app(manager, preload=requests, api_token=settings.api_token,
+                       toolbox=Toolbox(settings.tools, scratch_dir=settings.home / "scratch",
+                                       logs_dir=settings.logs_dir)),
             host=host, port=port,
             announce=lambda: typer.echo(
                 f"GGUF Studio at {url}  (OpenAI API: {url}/v1, GUI API: {url}/api, docs: {url}/docs; Ctrl-C stops)"),
