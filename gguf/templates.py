@@ -36,6 +36,8 @@ class TemplateCapabilities:
     user message is still rendered, with llama-server's preserve switches on (its default).
     ``reasoning_default`` is what an absent ``enable_thinking`` behaves like: True or False,
     or None when the template does not read it or treats "absent" as a third state.
+    ``effort_off`` is the ``reasoning_effort`` level that switches reasoning off, in the
+    template's own words ("none", "no_think", "minimal"), when it has one.
     """
 
     supports_reasoning: bool
@@ -44,6 +46,7 @@ class TemplateCapabilities:
     preserves_thinking: bool
     supports_tools: bool
     reasoning_default: bool | None
+    effort_off: str | None = None
 
 
 # Reading a kwarg, not a namespace attribute (`ns.enable_thinking`) or an assignment to one.
@@ -53,8 +56,13 @@ _THINKING_KWARG = re.compile(r"\b(?:el)?if\s+thinking\b(?!\s*[.(=])")
 _THINKING_MODE = re.compile(r"\bthinking_mode\s+is\s+(?:not\s+)?defined")
 _THINKING_BUDGET = re.compile(r"\bthinking_budget\b")
 _PROMPT_FLAG = re.compile(r"/no_?think\b")
-# An effort level that switches reasoning off (otherwise effort only tunes how long it runs).
-_EFFORT_OFF = re.compile(r"""['"](?:none|no_think|minimal)['"]""")
+# An effort level that switches reasoning off (otherwise effort only tunes how long it runs), most explicit first.
+_EFFORT_OFF_LEVELS = ("none", "no_think", "minimal")
+_EFFORT_OFF = re.compile(r"""['"](none|no_think|minimal)['"]""")
+# DeepSeek-R1 and its distills: every past reply loses everything up to `</think>`, with no switch to keep
+# it, because the model opens every answer with its thinking (the template itself never mentions it).
+_STRIPS_PAST_THINK = re.compile(r"""\.split\(\s*['"]</think>['"]\s*\)\s*\[\s*-1\s*\]""")
+_KEEP_THINK_SWITCH = re.compile(r"\b(?:keep|preserve)_\w*think")
 
 # Where a template reads reasoning: the OpenAI-style field, vendor fields, thinking blocks.
 _REASONING_FIELD = re.compile(
@@ -96,13 +104,15 @@ def template_capabilities(template: str) -> TemplateCapabilities:
     src = "".join(_outside(template, "{#", "#}"))
     style = _style(src)
     reasoning = style != "none" or bool(_REASONING_FIELD.search(src))
+    offs = set(_EFFORT_OFF.findall(src)) if style == "reasoning_effort" else set()
     return TemplateCapabilities(
         supports_reasoning=reasoning,
         reasoning_style=style,
-        always_thinks=style == "always" or (style == "reasoning_effort" and not _EFFORT_OFF.search(src)),
+        always_thinks=style == "always" or (style == "reasoning_effort" and not offs),
         preserves_thinking=_preserves(src),
         supports_tools=any(_TOOLS.search(code) for code in _code(src)),
         reasoning_default=_default(src) if style == "enable_thinking" else None,
+        effort_off=next((level for level in _EFFORT_OFF_LEVELS if level in offs), None),
     )
 
 
@@ -123,6 +133,8 @@ def _style(src: str) -> ReasoningStyle:
     # No switch: forced when the generation prompt (the template's tail) opens a think block.
     tail = src[src.rfind("add_generation_prompt"):] if "add_generation_prompt" in src else ""
     if _OPEN_THINK.search(tail) or _APRIEL.search(src):
+        return "always"
+    if _STRIPS_PAST_THINK.search(src) and not _KEEP_THINK_SWITCH.search(src):
         return "always"
     return "none"
 

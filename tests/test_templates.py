@@ -3,7 +3,7 @@
 EXPECTED is the reviewed ground truth: each row was written by reading that template,
 not by running ``template_capabilities``. Columns, in order:
 supports_reasoning, reasoning_style, always_thinks, preserves_thinking, supports_tools,
-reasoning_default.
+reasoning_default, effort_off (None when left out).
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ EXPECTED: dict[str, TemplateCapabilities] = {
     "Bielik-11B-v3.0-Instruct.jinja": C(True, "enable_thinking", False, True, True, False),
     "ByteDance-Seed-OSS.jinja": C(True, "thinking_budget", False, True, True, None),
     # Main switch is a `reasoning` kwarg; reasoning_effort "none" also turns it off.
-    "Cohere2MoE.jinja": C(True, "reasoning_effort", False, True, True, None),
+    "Cohere2MoE.jinja": C(True, "reasoning_effort", False, True, True, None, "none"),
     "CohereForAI-c4ai-command-r-plus-tool_use.jinja": TOOLS_ONLY,
     # reasoning_content is kept on every tool-call turn (plain replies never show it).
     "CohereForAI-c4ai-command-r7b-12-2024-tool_use.jinja": C(True, "enable_thinking", False, True, True, False),
@@ -102,10 +102,12 @@ EXPECTED: dict[str, TemplateCapabilities] = {
     "poolside-Laguna-XS-2.1.jinja": C(True, "enable_thinking", False, True, True, False),
     "poolside-Laguna-XS.2.jinja": C(True, "enable_thinking", False, True, True, False),
     # preserved_thinking is a kwarg that defaults on only when tools are given.
-    "tencent-Hy3.jinja": C(True, "reasoning_effort", False, False, True, None),
+    # Its levels are no_think/low/high; anything else raises in the template.
+    "tencent-Hy3.jinja": C(True, "reasoning_effort", False, False, True, None, "no_think"),
     "unsloth-Apriel-1.5.jinja": C(True, "always", True, False, True, None),
     "unsloth-mistral-Devstral-Small-2507.jinja": TOOLS_ONLY,
-    "upstage-Solar-Open-100B.jinja": C(True, "reasoning_effort", False, False, True, None),
+    # "low" and "minimal" both open and close an empty think block.
+    "upstage-Solar-Open-100B.jinja": C(True, "reasoning_effort", False, False, True, None, "minimal"),
 }
 
 
@@ -155,7 +157,7 @@ def test_table_covers_exactly_the_pinned_templates(settings: Settings):
         ),
         pytest.param(
             "{% if reasoning_effort == 'none' %}<think></think>{% endif %}",
-            C(True, "reasoning_effort", False, False, False, None),
+            C(True, "reasoning_effort", False, False, False, None, "none"),
             id="reasoning_effort-none-turns-off",
         ),
         pytest.param(
@@ -218,3 +220,27 @@ def test_hostile_input_never_raises(template: str):
 
 def test_empty_template_has_no_capabilities():
     assert template_capabilities("") == PLAIN
+
+
+def _r1_distill_as_shipped(settings: Settings) -> str:
+    """The DeepSeek-R1-Distill template as the distills' GGUFs carry it: llama.cpp's copy opens ``<think>``
+    in the generation prompt, the original ends with a bare ``<｜Assistant｜>``."""
+    source = templates_dir(settings) / "deepseek-ai-DeepSeek-R1-Distill-Qwen-32B.jinja"
+    fixed = "{{'<｜Assistant｜><think>\\n'}}{% if not enable_thinking %}{{- '</think>' -}}{% endif %}"
+    text = source.read_text()
+    assert fixed in text
+    return text.replace(fixed, "{{'<｜Assistant｜>'}}")
+
+
+def test_r1_distill_template_that_strips_past_thinking_is_reported_as_always_reasoning(settings: Settings):
+    caps = template_capabilities(_r1_distill_as_shipped(settings))
+    assert caps.supports_reasoning and caps.reasoning_style == "always" and caps.always_thinks
+    assert not caps.preserves_thinking
+
+
+def test_a_history_strip_with_a_keep_switch_is_not_a_reasoning_template():
+    """LFM2.5-Instruct's shape: past ``...</think>`` dropped unless ``keep_past_thinking``; an instruct model."""
+    src = ("{% for m in messages %}{% set content = m.content %}{% if not keep_past_thinking %}"
+           "{% if '</think>' in content %}{% set content = content.split('</think>')[-1] %}{% endif %}{% endif %}"
+           "{{ content }}{% endfor %}")
+    assert template_capabilities(src) == PLAIN
