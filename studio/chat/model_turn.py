@@ -16,6 +16,7 @@ from typing import Any
 
 import httpx
 
+from studio.chat.think_split import ThinkSplitter
 from studio.chat.tool_healing import ChunkHealer
 from studio.errors import error_body
 
@@ -50,8 +51,12 @@ class TurnError(Exception):
         self.error = error
 
 
-async def read_turn(resp: httpx.Response, tools: dict[str, dict[str, Any]] | None) -> AsyncIterator[dict[str, Any] | Turn]:
+async def read_turn(resp: httpx.Response, tools: dict[str, dict[str, Any]] | None, *,
+                    split_think: bool = False) -> AsyncIterator[dict[str, Any] | Turn]:
     """GUI events for ``resp`` (a streamed chat completion), then its ``Turn``; healed when ``tools``.
+
+    ``split_think``: the template always thinks but llama-server cannot tell where
+    (``studio.chat.think_split``); a ``<think>`` block opening the content is reasoning.
 
     Raises:
         TurnError: an error answer, an error event, or the stream broke off.
@@ -66,6 +71,7 @@ async def read_turn(resp: httpx.Response, tools: dict[str, dict[str, Any]] | Non
     turn = Turn()
     calls: dict[int, dict[str, Any]] = {}
     healer = ChunkHealer(tools) if tools else None
+    splitter = ThinkSplitter() if split_think else None
     try:
         async for line in resp.aiter_lines():
             if not line.startswith("data: ") or line == "data: [DONE]":
@@ -73,6 +79,8 @@ async def read_turn(resp: httpx.Response, tools: dict[str, dict[str, Any]] | Non
             chunk = json.loads(line[6:])
             if "error" in chunk:
                 raise TurnError(500, chunk["error"] if isinstance(chunk["error"], dict) else {"message": chunk["error"]})
+            if splitter is not None:
+                chunk = _split(chunk, splitter)
             made = healer.feed(chunk) if healer else None
             for part in [chunk] if made is None else made:  # [] when everything in it is held back
                 for event in _take(part, turn, calls):
@@ -84,6 +92,23 @@ async def read_turn(resp: httpx.Response, tools: dict[str, dict[str, Any]] | Non
         raise TurnError(502, error_body(f"llama-server went away mid-stream: {exc}", "upstream_error")["error"]) from exc
     turn.tool_calls = [calls[i] for i in sorted(calls)]
     yield turn
+
+
+def _split(chunk: dict[str, Any], splitter: ThinkSplitter) -> dict[str, Any]:
+    """``chunk`` with an opening think block's text moved from ``content`` to ``reasoning_content``."""
+    choices = []
+    for choice in chunk.get("choices") or ():
+        delta = dict(choice.get("delta") or {})
+        reasoning, content = splitter.feed(delta["content"]) if isinstance(delta.get("content"), str) else ("", None)
+        if choice.get("finish_reason") is not None:
+            more_reasoning, more_content = splitter.finish()
+            reasoning, content = reasoning + more_reasoning, (content or "") + more_content
+        if content is not None:
+            delta["content"] = content
+        if reasoning:
+            delta["reasoning_content"] = (delta.get("reasoning_content") or "") + reasoning
+        choices.append({**choice, "delta": delta})
+    return {**chunk, "choices": choices} if choices else chunk
 
 
 def _take(chunk: dict[str, Any], turn: Turn, calls: dict[int, dict[str, Any]]) -> list[dict[str, Any]]:

@@ -150,6 +150,7 @@ class Reply:
     """One assistant turn as it was streamed."""
 
     content: list[str] = field(default_factory=list)
+    reasoning: list[str] = field(default_factory=list)
     done: dict[str, Any] | None = None  # the final ``done`` event (usage, tokens/s), if it came
 
     @property
@@ -190,6 +191,7 @@ def stream_reply(
                 reply.content.append(event["text"])
                 on_content(event["text"])
             elif kind == "reasoning":
+                reply.reasoning.append(event["text"])
                 on_reasoning(event["text"])
             elif kind == "tool_call":
                 fn = event.get("function") or {}
@@ -273,6 +275,12 @@ def chat_loop(client: httpx.Client, *, model: str, max_tokens: int | None,
             continue
         else:
             _write(out, (RESET if tty else "") + "\n" + _stats(reply, tty))
+        if not reply.text.strip():
+            # An empty assistant turn would go back to the model as if it had answered nothing.
+            messages.pop()
+            if reply.reasoning:
+                _write(out, "(the model only reasoned and gave no answer; this turn is not kept)\n")
+            continue
         messages.append({"role": "assistant", "content": reply.text})
 
 

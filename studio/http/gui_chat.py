@@ -99,7 +99,9 @@ async def chat(request: Request, body: ChatBody) -> StreamingResponse:
         try:
             resp = await send_upstream(request, own[0], "/v1/chat/completions", turn_body)
             heal = tool_parameters(turn_body) if turn_body.get("tool_choice") != "none" else None
-            async for item in read_turn(resp, heal or None):
+            template = own[0].template
+            async for item in read_turn(resp, heal or None,
+                                        split_think=bool(template and template.reasoning_style == "always")):
                 yield item
         except StudioError as exc:
             raise TurnError(exc.status, error_body(exc.message, exc.type, exc.param, exc.code)["error"]) from exc

@@ -51,7 +51,7 @@ from launcher.rpc import unreachable
 from studio.errors import BadRequestError, UpstreamError, error_body
 from studio.residency.manager import ModelManager
 from studio.residency.resident import Lease, LoadedModel
-from studio.chat.reasoning import reasoning_template_kwargs
+from studio.chat.reasoning import reasoning_request, with_prompt_flag
 from studio.chat.tool_healing import heal_completion
 from studio.chat.tool_schema import check_tool_fields, tool_parameters
 from studio.chat.tool_stream import HealingRelay
@@ -282,18 +282,19 @@ def _default_max_tokens(body: dict[str, Any], loaded: LoadedModel) -> None:
 
 
 def _apply_reasoning(body: dict[str, Any], loaded: LoadedModel) -> None:
-    """Turn per-request reasoning controls into the template's own kwargs."""
+    """Turn per-request reasoning controls into the template's own kwargs (or its /think flag)."""
     if not isinstance(body.get("chat_template_kwargs") or {}, dict):
         raise BadRequestError("`chat_template_kwargs` must be a JSON object", param="chat_template_kwargs")
     controls = {k: body.pop(k) for k in ("enable_thinking", "reasoning_effort", "preserve_thinking") if k in body}
     if not controls:
         return
-    style = loaded.template.reasoning_style if loaded.template else "none"
-    kwargs = reasoning_template_kwargs(style, controls)
-    if "reasoning_effort" in controls:
-        body["reasoning_effort"] = controls["reasoning_effort"]  # llama-server reads it too
-    if kwargs:
-        body["chat_template_kwargs"] = {**kwargs, **(body.get("chat_template_kwargs") or {})}
+    wanted = reasoning_request(loaded.template, controls)
+    if wanted.reasoning_effort is not None:
+        body["reasoning_effort"] = wanted.reasoning_effort  # llama-server reads it too
+    if wanted.template_kwargs:
+        body["chat_template_kwargs"] = {**wanted.template_kwargs, **(body.get("chat_template_kwargs") or {})}
+    if wanted.prompt_flag and isinstance(body.get("messages"), list):
+        body["messages"] = with_prompt_flag(body["messages"], wanted.prompt_flag)
 
 
 def _nothing_to_add(body: dict[str, Any], loaded: LoadedModel) -> None:
