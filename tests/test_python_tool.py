@@ -67,3 +67,19 @@ def test_no_network_not_even_loopback(tool):
 
 def test_a_call_without_code_is_an_error_result(tool):
     assert asyncio.run(tool.call({}, timeout=5)).is_error
+
+
+def test_a_cancelled_call_kills_the_program(tool, tmp_path):
+    marker = tmp_path / "still-running"
+
+    async def cancel_midway() -> None:
+        task = asyncio.create_task(tool.call(
+            {"code": f"import time\ntime.sleep(1.5)\nopen({str(marker)!r}, 'w').write('x')"}, timeout=30))
+        await asyncio.sleep(0.5)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        await asyncio.sleep(2.5)
+
+    asyncio.run(cancel_midway())
+    assert not marker.exists()

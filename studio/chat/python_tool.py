@@ -119,10 +119,13 @@ class PythonTool:
                         break
         except TimeoutError:
             timed_out = True
-        finally:
-            if cut or timed_out:
-                _kill_group(child.pid)
-            status = await child.wait()
+        except BaseException:  # the chat was cancelled (the client left): the program goes with it
+            _kill_group(child.pid)
+            await child.wait()
+            raise
+        if cut or timed_out:
+            _kill_group(child.pid)
+        status = await child.wait()
         text = output[:limit].decode(errors="replace")
         if timed_out:
             return ToolResult(_with(text, f"[stopped: the program ran longer than {timeout:g} s]"), True)
