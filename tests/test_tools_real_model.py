@@ -28,7 +28,8 @@ from launcher.registry import ChildRegistry
 from launcher.supervisor import Supervisor, owner_token
 from studio.http.app import create_app
 from studio.library.default_model import ensure_default_model
-from studio.residency.manager import LoadedModel, LoadSettings
+from studio.residency.requests import LoadSettings
+from studio.residency.resident import LoadedModel
 from tests.helpers import assert_no_children, serving
 from tests.replay_upstream import WEATHER_TOOL
 from tests.standin_manager import StandInManager

@@ -18,7 +18,7 @@ events for the GUI to handle (healed from leaked markup).
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from typing import Any
 
 import anyio
@@ -33,8 +33,9 @@ from studio.chat.tool_schema import check_tool_fields, tool_parameters
 from studio.chat.toolbox import Toolbox
 from studio.chat.usage import UsageTotals
 from studio.errors import BadRequestError, StudioError, error_body
-from studio.http.openai_proxy import prepare_chat_body, send_upstream
-from studio.residency.manager import LoadedModel, ModelManager
+from studio.http.openai_proxy import broke_off, prepare_chat_body, send_upstream
+from studio.residency.manager import ModelManager
+from studio.residency.resident import Lease, LoadedModel
 
 router = APIRouter(prefix="/api")
 
@@ -77,13 +78,13 @@ async def chat(request: Request, body: ChatBody) -> StreamingResponse:
             raise BadRequestError("send either `tools` (the GUI runs them) or `use_tools` (the studio runs them)",
                                   param="use_tools")
         selected = _toolbox(request).select(body.use_tools)
-    loaded, release = await manager.acquire(body.model)
+    loaded, lease = await manager.acquire(body.model)
     try:
         prepare_chat_body(payload, loaded)
     except BaseException:
-        await release()
+        await lease()
         raise
-    held: list[tuple[LoadedModel, Callable[[], Awaitable[None]]]] = [(loaded, release)]
+    held: list[tuple[LoadedModel, Lease]] = [(loaded, lease)]
 
     async def call_model(messages: list[dict[str, Any]], offer: list[dict[str, Any]] | None,
                          ) -> AsyncIterator[dict[str, Any] | Turn]:
@@ -97,7 +98,7 @@ async def chat(request: Request, body: ChatBody) -> StreamingResponse:
                 turn_body["tools"] = offer
         resp: httpx.Response | None = None
         try:
-            resp = await send_upstream(request, own[0], "/v1/chat/completions", turn_body)
+            resp = await send_upstream(request, own[0], "/v1/chat/completions", turn_body, own[1])
             heal = tool_parameters(turn_body) if turn_body.get("tool_choice") != "none" else None
             template = own[0].template
             async for item in read_turn(resp, heal or None,
@@ -105,6 +106,10 @@ async def chat(request: Request, body: ChatBody) -> StreamingResponse:
                 yield item
         except StudioError as exc:
             raise TurnError(exc.status, error_body(exc.message, exc.type, exc.param, exc.code)["error"]) from exc
+        except TurnError as exc:
+            if not isinstance(exc.__cause__, httpx.HTTPError):
+                raise
+            raise await _broken_stream(own, exc.__cause__) from exc
         finally:
             with anyio.CancelScope(shield=True):
                 if resp is not None:
@@ -133,19 +138,28 @@ async def _one_turn(messages: list[dict[str, Any]], call_model: Any) -> AsyncIte
         yield {"type": "error", "status": exc.status, "error": exc.error}
 
 
+async def _broken_stream(own: tuple[LoadedModel, Lease], exc: httpx.HTTPError) -> TurnError:
+    """Why llama-server broke off mid-stream: the model went away under the request, or an RPC worker died."""
+    cut = own[1].interruption
+    if cut:
+        return TurnError(cut.status, error_body(cut.message, cut.type, code=cut.code)["error"])
+    message, code = await broke_off(own[0], "llama-server went away mid-stream", exc)
+    return TurnError(502, error_body(message, "upstream_error", code=code)["error"])
+
+
 async def _sse_events(events: AsyncIterator[dict[str, Any]],
-                      held: list[tuple[LoadedModel, Callable[[], Awaitable[None]]]]) -> AsyncIterator[bytes]:
+                      held: list[tuple[LoadedModel, Lease]]) -> AsyncIterator[bytes]:
     try:
         async for event in events:
             yield f"data: {json.dumps(event)}\n\n".encode()
     finally:
         await events.aclose()  # type: ignore[attr-defined]
         with anyio.CancelScope(shield=True):
-            for _, release in held:  # acquired but never used (the client left first)
-                await release()
+            for _, unused in held:  # acquired but never used (the client left first)
+                await unused()
 
 
-async def _acquire(manager: ModelManager, model: str | None) -> tuple[LoadedModel, Callable[[], Awaitable[None]]]:
+async def _acquire(manager: ModelManager, model: str | None) -> tuple[LoadedModel, Lease]:
     try:
         return await manager.acquire(model)
     except StudioError as exc:
