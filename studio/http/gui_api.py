@@ -48,6 +48,8 @@ class LoadBody(BaseModel):
     ttl: float | None = Field(default=None, ge=RESIDENCY_LIMITS["ttl"][0], le=RESIDENCY_LIMITS["ttl"][1],
                               description="Seconds idle before the model is unloaded (0: never); default: the config's.")
     pinned: bool | None = Field(default=None, description="Never evict this model; default: the config's.")
+    chat_template: str | None = Field(default=None, max_length=256 * 1024,
+                                      description="A Jinja chat template to use instead of the model's own.")
     force: bool = Field(default=False, description="Load even when the plan says it does not fit.")
 
     def request(self) -> LoadRequest:
@@ -55,7 +57,7 @@ class LoadBody(BaseModel):
             model=self.model, n_ctx=self.n_ctx, n_parallel=self.n_parallel, spec=self.spec,
             spec_n_max=self.spec_n_max, cache_type=self.cache_type_kv,
             extra_args=tuple(self.extra_args) if self.extra_args is not None else None,
-            ttl=self.ttl, pinned=self.pinned, force=self.force,
+            ttl=self.ttl, pinned=self.pinned, force=self.force, chat_template=self.chat_template,
         )
 
 

@@ -370,7 +370,8 @@ class ModelManager:
         resident = ResidentModel(
             name=entry.name, settings=placed.settings, plan=placed.plan, command=command,
             spec=command.launch_spec(), facts=facts,
-            template=template_capabilities(facts.chat_template) if facts.chat_template else None,
+            template=template_capabilities(template) if (template := placed.settings.chat_template
+                                                         or facts.chat_template) else None,
             make_supervisor=self.make_supervisor,
             ttl=next(t for t in ((request.ttl if request else None), own.ttl, self.residency.ttl) if t is not None),
             pinned=bool(request.pinned if request and request.pinned is not None else own.pinned),

@@ -26,6 +26,7 @@ class LoadRequest:
     spec: str | None = None  # None, and none configured: "auto"
     spec_n_max: int | None = None  # None, and none configured: the speculative policy's
     cache_type: str | None = None  # None, and none configured: "f16"
+    chat_template: str | None = None  # a Jinja chat template replacing the model's own
     ttl: float | None = None  # seconds idle before unloading; None: the model's configured one, or the global
     pinned: bool | None = None  # None: the model's configured one
     force: bool = False  # load even when the plan says it does not fit
@@ -42,13 +43,14 @@ class LoadSettings:
     spec: str = "auto"
     spec_n_max: int | None = None
     cache_type: str = "f16"
+    chat_template: str | None = None
 
     def plan_request(self, alias: str) -> PlanRequest:
         """What the planner is asked for these settings, serving the model as ``alias``."""
         return PlanRequest(
             n_ctx=self.n_ctx, n_parallel=self.n_parallel or 1, cache_type_k=self.cache_type,
             cache_type_v=self.cache_type, spec=self.spec, spec_n_max=self.spec_n_max,
-            extra_args=self.extra_args, alias=alias,
+            extra_args=self.extra_args, alias=alias, chat_template=self.chat_template,
         )
 
 
@@ -71,4 +73,5 @@ def load_settings(request: LoadRequest, entry: CatalogEntry, defaults: Mapping[s
         spec=request.spec if request.spec is not None else own.spec or "auto",
         spec_n_max=request.spec_n_max if request.spec_n_max is not None else own.spec_n_max,
         cache_type=request.cache_type if request.cache_type is not None else own.cache_type_kv or "f16",
+        chat_template=request.chat_template,
     )
