@@ -177,15 +177,16 @@ def main() -> None:
                             body = {"model": name, "messages": [{"role": "user", "content": "Hello there"}],
                                     "max_tokens": 8, "stream": op == "stream"}
                             with http.stream("POST", "/v1/chat/completions", json=body) as resp:
-                                first = None
+                                first, data = None, []
                                 for chunk in resp.iter_bytes():
                                     first = first or time.monotonic()
-                                text = resp.read().decode(errors="replace") if resp.status_code != 200 else ""
+                                    data.append(chunk)
+                                text = b"".join(data).decode(errors="replace")
                                 if resp.status_code != 200:
                                     failures.append(f"{op} {name}: {resp.status_code} {text[:200]}")
                                 elif op == "stream" and first is not None:
                                     ttft[kind].append(first - t0)
-                                if "model_unloaded" in text:
+                                if '"model_unloaded"' in text:
                                     cut += 1
                         elif op == "load":
                             resp = http.post("/api/load", json={"model": name})
