@@ -77,6 +77,8 @@ class Config:
             out.append("--kv-unified")
         if o.swa_full:
             out.append("--swa-full")
+        if o.n_gpu_layers:  # the estimator's -1 is every layer; llama-server's -1 is "auto"
+            out += ["-ngl", "all" if o.n_gpu_layers < 0 else str(o.n_gpu_layers)]
         if o.spec == "mtp":
             out += ["--spec-type", "draft-mtp", "--spec-draft-n-max", str(o.spec_n_max)]
         elif o.spec_n_max:
