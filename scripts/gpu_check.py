@@ -149,14 +149,21 @@ def _part(bill: Any, startup: bool) -> dict[str, float]:
 
 def run_case(binary: Path, path: Path, case: Case) -> dict[str, Any]:
     """Compare the estimate with llama-server's allocations for ``case``; the report's row."""
-    from memory_accuracy import CONFIGS, Config, _close, compare
+    from memory_accuracy import CONFIGS, Config, compare
 
     base = next(c for c in CONFIGS if c.name == case.config)
     config = Config(base.name, replace(base.options, n_gpu_layers=case.n_gpu_layers))
     started = time.monotonic()
-    o = compare(binary, case.model, path, config)
-    row: dict[str, Any] = {**asdict(case), "argv": config.argv(), "seconds": round(time.monotonic() - started, 1),
-                           "error": o.error, "rejected_alike": o.rejected_alike}
+    outcome = compare(binary, case.model, path, config)
+    return case_row(case, config.argv(), time.monotonic() - started, outcome)
+
+
+def case_row(case: Case, argv: Sequence[str], seconds: float, o: Any) -> dict[str, Any]:
+    """One case's report row from its ``memory_accuracy.Outcome``: the flags, and each device predicted vs actual."""
+    from memory_accuracy import _close
+
+    row: dict[str, Any] = {**asdict(case), "argv": list(argv), "seconds": round(seconds, 1), "error": o.error,
+                           "rejected_alike": o.rejected_alike}
     if not o.ok:
         return row
     row["flags"] = {"kv_exact": o.kv_exact, "kv_within_1pct": o.kv_within_1pct,
@@ -268,7 +275,19 @@ def planner_check(binary: Path, model_path: Path, work: Path) -> dict[str, Any]:
         "gpu_memory_used_mib": {"before": before, "loaded": loaded[0], "after_prompt": prompted[0]},
         "compute_apps_mib": {"loaded": loaded[1], "after_prompt": prompted[1]},
     }
+    # What the GPU holds beyond the allocation lines (the CUDA context, cuBLAS, the pool): the planner's margin
+    on_gpu = round(sum(d.total for d in actual.devices if d.device != "CPU") / MIB)
+    out["run"]["gpu_beyond_allocations_mib"] = {
+        when: None if (used := _process_mib(rows, pid)) is None else used - on_gpu
+        for when, rows in (("loaded", loaded[1]), ("after_prompt", prompted[1]))}
     return out
+
+
+def _process_mib(rows: list[list[str]] | str, pid: int | None) -> int | None:
+    """The MiB ``nvidia-smi --query-compute-apps=pid,used_memory`` gives ``pid``; None when it lists no such row."""
+    if isinstance(rows, str):
+        return None
+    return next((int(r[1]) for r in rows if len(r) == 2 and r[0] == str(pid) and r[1].isdigit()), None)
 
 
 # -- the report ---------------------------------------------------------------------------------------------------
@@ -319,7 +338,9 @@ def markdown(report: dict[str, Any]) -> str:
             if run:
                 lines += [f"- allocations: {json.dumps(run['allocations'])}",
                           f"- GPU memory used (MiB): {json.dumps(run['gpu_memory_used_mib'])}",
-                          f"- per process (MiB): {json.dumps(run['compute_apps_mib'])}"]
+                          f"- per process (MiB): {json.dumps(run['compute_apps_mib'])}",
+                          f"- on the GPU beyond the allocation lines (MiB): "
+                          f"{json.dumps(run['gpu_beyond_allocations_mib'])}"]
     return "\n".join(lines) + "\n"
 
 
