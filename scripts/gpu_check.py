@@ -9,12 +9,15 @@ working tree fit the 64 MiB the device tool carries.
 
 ``--bundle-dir DIR --out OUT`` (on the GPU machine) restores the bundle, builds
 the pinned llama-server for CUDA (``tests.support.cuda_build``: the device's
-architecture only, ``llama-server`` only, every core), runs the memory-accuracy
-comparison (``scripts/memory_accuracy.compare``: the estimate against the
-``-lv 4`` allocation lines) on ``SUBSET`` with every layer on the GPU and with
-half of them, plans Gemma on the real inventory (``launcher.devices.discover``
-+ ``launcher.planner.plan``), runs that plan and reads what the GPU really
-holds, and writes ``gpu_check.json`` and ``gpu_check.md`` into OUT.
+architecture only, ``llama-server`` only, every core), plans Gemma on the real
+inventory (``launcher.devices.discover`` + ``launcher.planner.plan``), runs that
+plan and reads what the GPU really holds (``nvidia-smi``), then runs the
+memory-accuracy comparison (``scripts/memory_accuracy.compare``: the estimate
+against the ``-lv 4`` allocation lines) on the subset (``ZOO``, ``WIDE``, ``MOE``,
+Gemma) with every layer on the GPU and with half of them. ``gpu_check.json`` and
+``gpu_check.md`` (one row per case and device: predicted/actual weights, KV,
+compute, total; KV exact, compute within 10 %, total within 2 % or 32 MiB) are
+rewritten into OUT after each phase, and the build's log goes there too.
 
 ``--dry-run`` does all of that but the build with the CPU llama-server built
 here (``--llama-server``), every layer on the CPU, and whatever ``nvidia-smi``
@@ -43,19 +46,21 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from launcher.build import BuildError, layout_for, load_pin  # noqa: E402
+from launcher.build import BuildError, layout_for, load_pin, recipe_args  # noqa: E402
 from tests.support import gpu_bundle  # noqa: E402
 
 MIB = 1024 * 1024
-#: The GPU machine's limit for one command is 10 minutes: cases not started by then are left out, so the
-#: report is always written. The device tool's timeout should be a little above this.
-DEFAULT_DEADLINE_S = 540
+#: The GPU machine's limit for one command is 10 minutes: what could not end by this many seconds after the
+#: start is left out, so the report is always written. The device tool's timeout should be a little above it.
+DEFAULT_DEADLINE_S = 570
+#: The planner's run: a start with warm-up, one prompt, a stop.
+PLANNER_TIMEOUT_S = 90
 #: What one layout each (dense GQA, sliding window, MoE, MLA, two hybrids, recurrent) runs as: the tiny zoo
-#: (exact KV and state figures), the zoo widened 8x16 (compute buffers of realistic size), Qwen3-30B-A3B's
-#: expert proportions, and Gemma 3 270M itself.
+#: (exact KV and state figures), the zoo widened 8x16 (compute buffers of realistic size; no MLA model widens:
+#: llama-server refuses every widened deepseek2), Qwen3-30B-A3B's expert proportions, and Gemma 3 270M itself.
 ZOO = ("llama-dense", "gemma3-dense", "qwen3moe-moe", "deepseek2-moe", "granitehybrid-dense", "qwen35-dense",
        "mamba2-dense")
-WIDE = ("llama-dense", "gemma3-dense", "deepseek2-moe", "granitehybrid-dense")
+WIDE = ("llama-dense", "gemma3-dense", "granitehybrid-dense")
 WIDE_FACTORS = (8, 16)
 MOE = ("qwen3moe-moe",)
 GEMMA = "gemma-3-270m"
@@ -261,7 +266,7 @@ def planner_check(binary: Path, model_path: Path, work: Path) -> dict[str, Any]:
     log_path = work / "planned-server.log"
     server = LlamaServer(cmd.argv(port), host=HOST, port=port, log_path=log_path, env=cmd.env, api_key=cmd.api_key)
     with cmd, server:
-        server.wait_ready(timeout=120)
+        server.wait_ready(timeout=PLANNER_TIMEOUT_S - 30)
         loaded = gpu_memory("gpu=memory.used"), gpu_memory("compute-apps=pid,used_memory")
         with httpx.Client(timeout=60) as client:
             answer = client.post(f"{server.url}/completion", headers={"Authorization": f"Bearer {cmd.api_key}"},
@@ -331,13 +336,15 @@ def markdown(report: dict[str, Any]) -> str:
             lines += [f"chose: gpus={pl['gpus'] or 'none'} offload={pl['offload']} -ngl {pl['n_gpu_layers']} "
                       f"n_ctx={pl['n_ctx']} fits={pl['fits']}", *(f"- {r}" for r in pl["reasons"]),
                       *(f"- warning: {w}" for w in pl["warnings"])]
-            for d in pl["devices"]:
-                lines.append(f"- {d['name']} ({d['device']}): predicted {d['predicted']['total']} MiB of budget "
-                             f"{d['budget_mib']} MiB (free {d['free_mib']} MiB)")
             run = p.get("run", {})
+            for d in pl["devices"]:
+                got = run.get("allocations", {}).get(d["name"])
+                parts = ", ".join(f"{k} {v:.2f}/{got[k]:.2f}" if got else f"{k} {v:.2f}"
+                                  for k, v in d["predicted"].items())
+                lines.append(f"- {d['name']} ({d['device']}), MiB predicted/allocated: {parts}; budget "
+                             f"{d['budget_mib']} of {d['free_mib']} free")
             if run:
-                lines += [f"- allocations: {json.dumps(run['allocations'])}",
-                          f"- GPU memory used (MiB): {json.dumps(run['gpu_memory_used_mib'])}",
+                lines += [f"- GPU memory used (MiB): {json.dumps(run['gpu_memory_used_mib'])}",
                           f"- per process (MiB): {json.dumps(run['compute_apps_mib'])}",
                           f"- on the GPU beyond the allocation lines (MiB): "
                           f"{json.dumps(run['gpu_beyond_allocations_mib'])}"]
@@ -409,7 +416,11 @@ def _tree_bytes() -> int | None:
 
 def run_check(bundle: Path, out: Path, work: Path, *, dry_run: bool, llama_server: Path | None, jobs: int,
               deadline_s: float, only: Sequence[str]) -> int:
-    """Restore, build (unless ``dry_run``), compare, plan; the report goes to ``out`` after each phase."""
+    """Restore, build (unless ``dry_run``), plan, compare; the report goes to ``out`` after each phase.
+
+    Nothing starts that could outlast ``deadline_s`` (from the start): the planner's
+    run needs ``PLANNER_TIMEOUT_S``, each case up to memory_accuracy's server timeout.
+    """
     deadline = _T0 + deadline_s
     pin = load_pin()
     timings: dict[str, float] = {}
@@ -435,61 +446,69 @@ def run_check(bundle: Path, out: Path, work: Path, *, dry_run: bool, llama_serve
     phase("restore", start)
 
     start = time.monotonic()
-    report["build"] = build = cuda_setup(home, dry_run)
+    report["build"] = build = cuda_setup(home, out, dry_run)
     phase("build", start)
     if dry_run:
         binary = llama_server or layout_for(Path(os.environ.get("GGUF_STUDIO_HOME") or Path.home() / ".gguf-studio"),
                                             pin).binary("llama-server")
-    elif build.get("error"):
-        say(f"build: FAILED: {build['error']}")
+    elif "binary" not in build:
+        say(f"build: FAILED: {build.get('error')}")
         return 1
     else:
         binary = Path(build["binary"])
     report["llama_server"] = str(binary)
 
     start = time.monotonic()
-    grid = cases(models, ("none",) if dry_run else ("all", "partial"))
-    say(f"cases: {len(grid)} on {binary}")
-    report["cases"] = run_cases(binary, models, grid, jobs, deadline)
-    report["summary"] = summarize(report["cases"])
-    phase("cases", start)
-
-    start = time.monotonic()
     planned = models.get(GEMMA) or next(iter(models.values()), None)
-    if planned is not None and time.monotonic() < deadline:
+    if planned is not None and time.monotonic() + PLANNER_TIMEOUT_S < deadline:
+        say(f"planner: {planned.stem} on this machine's devices")
         try:
             report["planner"] = planner_check(binary, planned, work)
         except Exception as exc:  # the report must still be written: the error is the finding
             report["planner"] = {"error": f"{type(exc).__name__}: {exc}"}
     phase("planner", start)
+
+    from memory_accuracy import SERVER_TIMEOUT_S  # after the wheels: it imports httpx
+
+    start = time.monotonic()
+    grid = cases(models, ("none",) if dry_run else ("all", "partial"))
+    say(f"cases: {len(grid)} on {binary}")
+    report["cases"] = run_cases(binary, models, grid, jobs, deadline - SERVER_TIMEOUT_S)
+    report["summary"] = summarize(report["cases"])
+    phase("cases", start)
     print(markdown(report), flush=True)
     return 0
 
 
-def cuda_setup(home: Path, dry_run: bool) -> dict[str, Any]:
-    """Find the CUDA toolchain and the device's architecture, and build (not in a dry run)."""
-    from tests.support.cuda_build import CudaSetupError, build_cuda_server, compute_capabilities, find_toolchain
+def cuda_setup(home: Path, out: Path, dry_run: bool) -> dict[str, Any]:
+    """Find the CUDA toolchain and the device's architecture, and build (not in a dry run); the log goes to ``out``."""
+    from tests.support.cuda_build import (
+        CudaSetupError, build_args, build_cuda_server, compute_capabilities, find_toolchain,
+    )
 
-    out: dict[str, Any] = {"jobs": os.cpu_count()}
+    result: dict[str, Any] = {"jobs": os.cpu_count()}
     try:
-        out["architectures"] = arch = compute_capabilities()
+        result["architectures"] = arch = compute_capabilities()
         toolchain = find_toolchain()
-        out["cmake_args"] = list(toolchain.cmake_args(arch))
+        result["cmake_args"] = list(recipe_args(load_pin(), "cuda", build_args(toolchain, arch)))
         os.environ["LD_LIBRARY_PATH"] = os.pathsep.join([*map(str, toolchain.library_dirs),
                                                          *filter(None, [os.environ.get("LD_LIBRARY_PATH")])])
     except CudaSetupError as exc:
-        out["error"] = str(exc)
-        return out
+        result["error"] = str(exc)
+        return result
     if dry_run:
-        return out
-    say(f"build: CUDA llama-server for {arch} with {out['jobs']} jobs")
+        return result
+    say(f"build: CUDA llama-server for {arch} with {result['jobs']} jobs")
+    log = layout_for(home, load_pin(), "cuda").log_path
     try:
-        result = build_cuda_server(home, toolchain, arch, progress=_build_progress())
+        built = build_cuda_server(home, toolchain, arch, progress=_build_progress())
+        result["binary"], result["built_now"] = str(built.llama_server), built.built_now
     except BuildError as exc:
-        out["error"] = f"{exc}\n{exc.log_tail}"
-        return out
-    out["binary"], out["built_now"] = str(result.llama_server), result.built_now
-    return out
+        result["error"] = f"{exc}\n{exc.log_tail}"
+    if log.is_file():  # the whole log comes back (the device tool returns files up to 16 MiB)
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "build.log").write_bytes(log.read_bytes()[-8 * MIB:])
+    return result
 
 
 def _build_progress() -> Callable[[str, int | None, int | None], None]:
@@ -521,7 +540,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                         "tree or a download")
     parser.add_argument("--jobs", type=int, default=4, help="llama-servers at a time (default %(default)s)")
     parser.add_argument("--deadline", type=float, default=DEFAULT_DEADLINE_S,
-                        help="seconds after which no case starts (default %(default)s)")
+                        help="seconds after the start by which the check must end: what could not is left out "
+                        "(default %(default)s)")
     args = parser.parse_args(argv)
     only = [m for m in args.models.split(",") if m]
     if args.bundle:

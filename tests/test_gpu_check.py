@@ -187,6 +187,10 @@ def test_trimmed_source_round_trips_and_is_marked_pinned(small_pin, tmp_path):
     assert (dest / "src" / "a.c").read_text() == "int a;\n" and not (dest / "docs").exists()
     marker = json.loads((dest / SOURCE_MARKER_NAME).read_text())
     assert marker["sha256"] == pin.sha256  # launcher.build then builds from it without a download
+    before = (dest / "src" / "a.c").stat().st_mtime_ns
+    os.utime(dest / "src" / "a.c", ns=(before - 10**9, before - 10**9))
+    assert gpu_bundle.restore_source(tmp_path / "bundle", dest, pin) == 2
+    assert (dest / "src" / "a.c").stat().st_mtime_ns == before - 10**9  # left alone: ninja resumes, not redoes
 
 
 def test_a_changed_source_file_is_refused(small_pin, tmp_path):

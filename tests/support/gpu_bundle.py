@@ -137,14 +137,21 @@ def restore_source(bundle: Path, dest: Path, pin: Pin) -> int:
     """Extract the trimmed tree to ``dest`` (replacing it), check every file against the manifest, mark it pinned.
 
     The marker is the one ``launcher.build`` writes after extracting a verified
-    sdist, so ``ensure_built`` builds from this tree without downloading. Returns
-    the number of files.
+    sdist (plus the manifest's digest), so ``ensure_built`` builds from this tree
+    without downloading; a tree already restored from this manifest is left as it
+    is, so a second run on the same machine resumes the build. Returns the number
+    of files.
     """
     text = (bundle / SOURCE_MANIFEST).read_text()
     digest = _sha256(text.encode())
     if digest != expected_manifest_digest(pin):
         raise BundleError(f"{bundle / SOURCE_MANIFEST} has sha256 {digest}, not the one recorded for {pin.tag}")
     expected = {line.split("  ", 2)[2]: line.split("  ", 2)[0] for line in text.splitlines()}
+    try:  # restored by an earlier run on this machine: new timestamps would make ninja rebuild everything
+        if json.loads((dest / SOURCE_MARKER_NAME).read_text()).get("trimmed_manifest") == digest:
+            return len(expected)
+    except (OSError, ValueError, AttributeError):
+        pass
     dest.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="src-", dir=dest.parent) as tmp:
         with tarfile.open(bundle / SOURCE_ARCHIVE) as tar:
