@@ -385,7 +385,20 @@ def make_bundle(bundle: Path, names: Sequence[str], sdist: Path | None) -> int:
         say(f"models: {len(carried)} headers written ({', '.join(c.name for c in carried)})")
     wheels = gpu_bundle.pack_wheels(bundle)
     say(f"wheels: {', '.join(w.name for w in wheels)}")
+    say(f"carry: {_carry_note(bundle)}")
     return check_size(bundle)
+
+
+def _carry_note(bundle: Path) -> str:
+    """How the device tool will see ``bundle``: it carries ignored folders inside the checkout, named in ``carry``."""
+    try:
+        rel = bundle.resolve().relative_to(REPO)
+    except ValueError:
+        return f"{bundle} is outside {REPO}: the device tool carries only paths inside the checkout"
+    ignored = subprocess.run(["git", "-C", str(REPO), "check-ignore", "-q", str(rel)], capture_output=True)
+    if ignored.returncode != 0:
+        return f"{rel} is not ignored by git: it would travel twice (as untracked files and as carry)"
+    return f'name "{rel}" in the device tool\'s carry'
 
 
 def _marked_pinned(tree: Path, sha256: str) -> bool:

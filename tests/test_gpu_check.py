@@ -147,13 +147,14 @@ def test_cublas_is_found_in_nvidias_wheel_layout(tmp_path):
     tc = find_toolchain({"CUDA_HOME": str(root), "PATH": ""}, python_paths=[str(site)])
     args = tc.cmake_args("90-real")
     lib = site / "nvidia" / "cu13" / "lib"
+    assert f"-DCUDA_cudart_LIBRARY={root.resolve() / 'lib64' / 'libcudart.so.13'}" in args
     assert f"-DCUDA_cublas_LIBRARY={lib / 'libcublas.so.13'}" in args
     assert f"-DCUDA_cublasLt_LIBRARY={lib / 'libcublasLt.so.13'}" in args
     assert f"-DCMAKE_CUDA_FLAGS=-isystem {site / 'nvidia' / 'cu13' / 'include'}" in args
     assert f"-DCMAKE_CUDA_COMPILER={root.resolve() / 'bin' / 'nvcc'}" in args
     assert "-DCMAKE_CUDA_ARCHITECTURES=90-real" in args and "-DGGML_CUDA_NCCL=OFF" in args
     assert any(a.startswith("-DCUDA_cuda_driver_LIBRARY=") and "libcuda.so" in a for a in args)
-    assert tc.library_dirs == (lib,)
+    assert tc.library_dirs == (root.resolve() / 'lib64', lib)
 
 
 def test_a_missing_cublas_names_where_it_was_looked_for(tmp_path):

@@ -6,12 +6,13 @@ needs there and narrows the recipe to what the GPU check runs:
 - only the device's architecture (``nvidia-smi --query-gpu=compute_cap``: an H200
   says ``9.0``, built as ``90-real``) instead of llama.cpp's default list of six;
 - only the ``llama-server`` target, on every core, with ninja;
-- cuBLAS and the driver library where a pip-installed CUDA puts them. An image
-  whose toolkit came from NVIDIA's wheels has ``nvcc`` and the runtime under
-  ``/usr/local/cuda`` but cuBLAS only in the Python packages
+- the runtime, cuBLAS and the driver library where a pip-installed CUDA puts
+  them. An image whose toolkit came from NVIDIA's wheels (this workplace's: its
+  ``/usr/local/cuda-13.0`` has a ``dist-info`` folder) has ``nvcc`` and the
+  runtime under ``/usr/local/cuda`` but cuBLAS only in the Python packages
   (``site-packages/nvidia/cu13/lib/libcublas.so.13``, no unversioned link), and
   ``libcuda.so.1`` in the driver's own folder: FindCUDAToolkit finds neither, so
-  their paths are passed as its cache variables (as llama.cpp's own
+  each library's path is passed as its cache variable (as llama.cpp's own
   ``cmake/arm64-windows-msvc-cuda.cmake`` does for the driver library);
 - no NCCL: one GPU needs no collective communication, and a half-found NCCL is
   one more way for a configure to fail there;
@@ -55,7 +56,8 @@ class CudaToolchain:
     """The compiler and libraries a CUDA build of ggml links, as found on this machine."""
 
     nvcc: Path
-    root: Path  # the toolkit: include/cuda_runtime.h, lib64/libcudart*
+    root: Path  # the toolkit: bin/nvcc, include/cuda_runtime.h
+    cudart: Path
     cublas: Path
     cublas_lt: Path
     cublas_include: Path  # the folder with cublas_v2.h
@@ -65,7 +67,7 @@ class CudaToolchain:
         """CMake arguments for this toolchain and ``architectures`` (e.g. ``90-real``)."""
         args = [f"-DCMAKE_CUDA_COMPILER={self.nvcc}", f"-DCUDAToolkit_ROOT={self.root}",
                 f"-DCMAKE_CUDA_ARCHITECTURES={architectures}", "-DGGML_CUDA_NCCL=OFF",
-                f"-DCUDA_cublas_LIBRARY={self.cublas}", f"-DCUDA_cublasLt_LIBRARY={self.cublas_lt}",
+                f"-DCUDA_cudart_LIBRARY={self.cudart}", f"-DCUDA_cublas_LIBRARY={self.cublas}", f"-DCUDA_cublasLt_LIBRARY={self.cublas_lt}",
                 f"-DCUDA_cuda_driver_LIBRARY={self.driver}"]
         if self.cublas_include != self.root / "include":
             args.append(f"-DCMAKE_CUDA_FLAGS=-isystem {self.cublas_include}")
@@ -74,7 +76,7 @@ class CudaToolchain:
     @property
     def library_dirs(self) -> tuple[Path, ...]:
         """Folders the built binary loads its CUDA libraries from (for LD_LIBRARY_PATH)."""
-        return tuple(dict.fromkeys(p.parent for p in (self.cublas, self.cublas_lt)))
+        return tuple(dict.fromkeys(p.parent for p in (self.cudart, self.cublas, self.cublas_lt)))
 
 
 def compute_capabilities(nvidia_smi: str = "nvidia-smi") -> str:
@@ -99,11 +101,12 @@ def find_toolchain(env: os._Environ[str] | dict[str, str] | None = None,
     (``nvidia/<any>/lib``, e.g. ``nvidia/cu13`` or CUDA 12's ``nvidia/cublas``).
     """
     env = dict(os.environ if env is None else env)
-    root = _toolkit_root(env)
-    nvcc = root / "bin" / "nvcc"
     wheel_dirs = [d for p in (sys.path if python_paths is None else python_paths) if p
                   for d in sorted(Path(p).glob("nvidia/*")) if d.is_dir()]
+    root = _toolkit_root(env, wheel_dirs)
+    nvcc = root / "bin" / "nvcc"
     lib_dirs = [root / "lib64", root / "lib", root / "targets" / "x86_64-linux" / "lib", *(d / "lib" for d in wheel_dirs)]
+    cudart = _first_library("cudart", lib_dirs)
     cublas = _first_library("cublas", lib_dirs)
     cublas_lt = _first_library("cublasLt", [cublas.parent, *lib_dirs])
     include = next((d for d in [root / "include", cublas.parent.parent / "include", *(w / "include" for w in wheel_dirs)]
@@ -111,12 +114,13 @@ def find_toolchain(env: os._Environ[str] | dict[str, str] | None = None,
     if include is None:
         raise CudaSetupError(f"cublas_v2.h is not beside {cublas} nor in {root / 'include'}")
     driver = _driver_library(root)
-    return CudaToolchain(nvcc=nvcc, root=root, cublas=cublas, cublas_lt=cublas_lt, cublas_include=include,
+    return CudaToolchain(nvcc=nvcc, root=root, cudart=cudart, cublas=cublas, cublas_lt=cublas_lt, cublas_include=include,
                          driver=driver)
 
 
-def _toolkit_root(env: dict[str, str]) -> Path:
-    """The first toolkit with nvcc and the runtime headers: $CUDA_HOME, $CUDA_PATH, /usr/local/cuda, nvcc on PATH.
+def _toolkit_root(env: dict[str, str], wheel_dirs: Sequence[Path]) -> Path:
+    """The first toolkit with nvcc and the runtime headers: $CUDA_HOME, $CUDA_PATH, /usr/local/cuda, nvcc on PATH,
+    then NVIDIA's wheels (``nvidia/cu13`` holds bin/nvcc once nvidia-cuda-nvcc is installed).
 
     A wrapper script named nvcc (``exec /usr/local/cuda-13.0/bin/nvcc``) is not a toolkit root: the headers decide.
     """
@@ -124,6 +128,7 @@ def _toolkit_root(env: dict[str, str]) -> Path:
     on_path = shutil.which("nvcc", path=env.get("PATH", os.defpath))
     if on_path:
         candidates.append(str(Path(on_path).resolve().parent.parent))
+    candidates += [str(d) for d in wheel_dirs]
     for c in filter(None, candidates):
         root = Path(c)
         if (root / "bin" / "nvcc").is_file() and (root / "include" / "cuda_runtime.h").is_file():

@@ -34,7 +34,7 @@ import tarfile
 import tempfile
 import zipfile
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from gguf.reader import read_header
@@ -194,7 +194,7 @@ def pack_models(models: Sequence[tuple[str, Path]], bundle: Path) -> list[Carrie
             info.size = len(head)
             tar.addfile(info, io.BytesIO(head))
             carried.append(CarriedModel(name, path.stat().st_size, _sha256(head)))
-    (bundle / MODELS_INDEX).write_text(json.dumps([c.__dict__ for c in carried], indent=2) + "\n")
+    (bundle / MODELS_INDEX).write_text(json.dumps([asdict(c) for c in carried], indent=2) + "\n")
     return carried
 
 
