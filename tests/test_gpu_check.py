@@ -236,6 +236,12 @@ def test_models_travel_as_headers_and_come_back_as_holes(zoo_dir, tmp_path):
         assert not fh.read(1 << 16).strip(b"\0")  # the weights are zeros
 
 
+def test_bundle_carries_gemma_not_the_chat_default(tmp_path, gemma_model):
+    """Regression: the studio's default model became SmolLM2; the subset's Gemma must stay Gemma 3 270M."""
+    ((name, path),) = gpu_check.gather_models([gpu_check.GEMMA], tmp_path)
+    assert gguf.read(path).facts.architecture == "gemma3" and path.stat().st_size == gemma_model.stat().st_size
+
+
 def _wheel(path: Path, files: dict[str, str]) -> Path:
     with zipfile.ZipFile(path, "w") as z:
         for name, text in files.items():

@@ -31,7 +31,7 @@ import re
 import shutil
 import subprocess
 import sys
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -93,7 +93,7 @@ def compute_capabilities(nvidia_smi: str = "nvidia-smi") -> str:
     return ";".join(f"{c.replace('.', '')}-real" for c in dict.fromkeys(caps))
 
 
-def find_toolchain(env: os._Environ[str] | dict[str, str] | None = None,
+def find_toolchain(env: Mapping[str, str] | None = None,
                    python_paths: Sequence[str] | None = None) -> CudaToolchain:
     """Find nvcc, its toolkit, cuBLAS (toolkit or pip wheels) and the driver library.
 
