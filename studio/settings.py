@@ -8,6 +8,9 @@ Precedence: environment variables, then the optional TOML file
     api_token = "..."
     model_dirs = ["~/models"]
     rpc_workers = ["192.168.1.20:50052"]  # ggml-rpc-server workers (``ggstudio rpc-worker``) to split layers over
+    allowed_origins = ["http://localhost:3000"]  # web pages that may use the studio, besides its own ("*": any)
+    allowed_hosts = ["studio.lan"]  # Host names it answers to, besides loopback and the address it binds
+    allow_any_path = false          # true: API clients may load a .gguf from anywhere on the disk
 
     [aliases]                       # extra names a client may send as `model`
     chat = "gemma-3-270m-Q4_K_M"    # a model name, a .gguf path, or owner/repo:VARIANT in the HF cache
@@ -54,7 +57,9 @@ Precedence: environment variables, then the optional TOML file
 | ``GGUF_STUDIO_LOG_JSON``| ``1`` for JSON log lines instead of console ones         |
 | ``CMAKE_ARGS``          | extra CMake arguments for ``ggstudio build-llama``        |
 | ``GGUF_STUDIO_MODEL_DIRS`` | more folders of GGUF files for the library (``os.pathsep``-separated) |
-| ``GGUF_STUDIO_API_TOKEN`` | bearer token every API call must send (default: none)  |
+| ``GGUF_STUDIO_API_TOKEN`` | bearer token every API call must send (default: none; generated when listening beyond loopback) |
+| ``GGUF_STUDIO_ORIGINS`` | web-page origins allowed besides the studio's own, comma-separated (``allowed_origins``) |
+| ``GGUF_STUDIO_HOSTS``   | ``Host`` names allowed besides loopback ones, comma-separated (``allowed_hosts``) |
 | ``GGUF_STUDIO_CONFIG``  | the TOML config file (default ``<home>/config.toml``)    |
 | ``GGUF_STUDIO_MEMORY_BUDGET`` | ``2GiB`` (all models) or ``CPU=2GiB,CUDA0=20GiB``  |
 | ``GGUF_STUDIO_RPC_WORKERS`` | RPC workers, ``host:port,...`` (over ``rpc_workers``)  |
@@ -66,7 +71,7 @@ from __future__ import annotations
 import os
 import re
 import tomllib
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
@@ -77,7 +82,8 @@ if TYPE_CHECKING:
     from launcher.speculative import SpecMode
 
 _TOP_KEYS = {"host", "port", "api_token", "model_dirs", "aliases", "models", "memory_budget", "ttl", "max_resident",
-             "preload", "unload_grace", "busy_wait", "rpc_workers", "mcp_servers", "tools"}
+             "preload", "unload_grace", "busy_wait", "rpc_workers", "mcp_servers", "tools",
+             "allowed_origins", "allowed_hosts", "allow_any_path"}
 _MCP_KEYS = {"command", "args", "env", "cwd", "url"}
 _PYTHON_KEYS = {"enabled", "timeout", "cpu_seconds", "memory_mb", "max_output_kb"}
 #: MCP server names become part of tool names (``NAME__tool``), which OpenAI limits to these characters.
@@ -215,6 +221,9 @@ class Settings:
     rpc_workers: tuple[str, ...] = ()  # ggml-rpc-server endpoints, host:port, in --rpc order
     rpc_server_path: Path | None = None  # the ggml-rpc-server for ``ggstudio rpc-worker``
     tools: ToolSettings = field(default_factory=ToolSettings)
+    allowed_origins: tuple[str, ...] = ()  # normalized origins of web pages allowed besides the studio's own
+    allowed_hosts: tuple[str, ...] = ()  # normalized Host names allowed besides loopback and the bound address
+    allow_any_path: bool = False  # API clients may load model files from anywhere
 
     @property
     def models_dir(self) -> Path:
@@ -244,6 +253,8 @@ class Settings:
             workers = _rpc_workers(workers_text) if workers_text else _rpc_workers(config.get("rpc_workers", []))
         except ValueError as exc:
             raise ValueError(f"GGUF_STUDIO_RPC_WORKERS: {exc}") from None
+        origins = _listed(env, "GGUF_STUDIO_ORIGINS", config, "allowed_origins", _normalize_origin)
+        hosts = _listed(env, "GGUF_STUDIO_HOSTS", config, "allowed_hosts", _normalize_host)
         return cls(
             home=home,
             llama_server_path=_optional_path(env.get("LLAMA_SERVER_PATH")),
@@ -268,6 +279,9 @@ class Settings:
             }),
             residency=_residency(config, env, config_path),
             tools=_tool_settings(config),
+            allowed_origins=origins,
+            allowed_hosts=hosts,
+            allow_any_path=config.get("allow_any_path", False),
         )
 
 
@@ -311,6 +325,18 @@ def _read_config(path: Path, *, explicit: bool) -> dict[str, Any]:
         except ValueError as exc:
             problems.append(f"rpc_workers: {exc}")
     problems += _tool_problems(config)
+    for key, normalize in (("allowed_origins", _normalize_origin), ("allowed_hosts", _normalize_host)):
+        value = config.get(key, [])
+        if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+            problems.append(f"{key} must be a list of strings")
+            continue
+        for item in value:
+            try:
+                normalize(item)
+            except ValueError as exc:
+                problems.append(f"{key}: {exc}")
+    if not isinstance(config.get("allow_any_path", False), bool):
+        problems.append("allow_any_path must be true or false")
     if problems:
         raise ValueError(f"{path}: " + "; ".join(problems))
     return config
@@ -339,6 +365,30 @@ def _rpc_workers(values: str | list[str]) -> tuple[str, ...]:
     from launcher.rpc import parse_endpoints  # small and import-free, but the launcher stays out of --help
 
     return parse_endpoints(values)
+
+
+def _listed(env: Mapping[str, str], var: str, config: dict[str, Any], key: str,
+            normalize: Callable[[str], str]) -> tuple[str, ...]:
+    """A comma-separated variable, else the config's list (checked already), each item normalized."""
+    if var not in env:
+        return tuple(normalize(item) for item in config.get(key, []))
+    items = [item.strip() for item in env[var].split(",") if item.strip()]
+    try:
+        return tuple(normalize(item) for item in items)
+    except ValueError as exc:
+        raise ValueError(f"{var}: {exc}") from None
+
+
+def _normalize_origin(text: str) -> str:
+    from studio.http.access import normalize_origin  # light (no web framework), but only settings that need it
+
+    return normalize_origin(text)
+
+
+def _normalize_host(text: str) -> str:
+    from studio.http.access import normalize_host
+
+    return normalize_host(text)
 
 
 def _spec_mode(text: str) -> SpecMode:

@@ -163,3 +163,34 @@ def test_a_bad_tools_config_is_one_clear_error(tmp_path, text, words):
     with pytest.raises(ValueError) as info:
         Settings.from_env({"GGUF_STUDIO_HOME": str(tmp_path)})
     assert words in str(info.value)
+
+
+def test_security_keys_from_the_config_file_and_the_environment(tmp_path):
+    (tmp_path / "config.toml").write_text(
+        'allowed_origins = ["HTTP://LocalHost:3000/"]\nallowed_hosts = ["Studio.LAN"]\nallow_any_path = true\n')
+    s = Settings.from_env({"GGUF_STUDIO_HOME": str(tmp_path)})
+    assert (s.allowed_origins, s.allowed_hosts, s.allow_any_path) == (("http://localhost:3000",), ("studio.lan",), True)
+    s = Settings.from_env({"GGUF_STUDIO_HOME": str(tmp_path), "GGUF_STUDIO_ORIGINS": "https://a.example, *",
+                           "GGUF_STUDIO_HOSTS": "box,box.lan"})
+    assert (s.allowed_origins, s.allowed_hosts) == (("https://a.example", "*"), ("box", "box.lan"))
+    assert Settings.from_env({"GGUF_STUDIO_HOME": str(tmp_path / "none")}).allow_any_path is False
+
+
+@pytest.mark.parametrize("text, words", [
+    ("allowed_origins = 'http://localhost:3000'", "allowed_origins must be a list of strings"),
+    ("allowed_origins = ['localhost:3000']", "allowed_origins: 'localhost:3000' is not an origin"),
+    ("allowed_origins = ['http://localhost:3000/app']", "is not an origin"),
+    ("allowed_hosts = ['studio.lan:8080']", "allowed_hosts: 'studio.lan:8080': a host is named without a port"),
+    ("allowed_hosts = [3]", "allowed_hosts must be a list of strings"),
+    ("allow_any_path = 'yes'", "allow_any_path must be true or false"),
+])
+def test_a_bad_security_key_is_one_clear_error(tmp_path, text, words):
+    (tmp_path / "config.toml").write_text(text)
+    with pytest.raises(ValueError) as info:
+        Settings.from_env({"GGUF_STUDIO_HOME": str(tmp_path)})
+    assert words in str(info.value) and "config.toml" in str(info.value)
+
+
+def test_a_bad_origin_in_the_environment_names_the_variable(tmp_path):
+    with pytest.raises(ValueError, match="GGUF_STUDIO_ORIGINS: 'evil' is not an origin"):
+        Settings.from_env({"GGUF_STUDIO_HOME": str(tmp_path), "GGUF_STUDIO_ORIGINS": "http://ok.example,evil"})
