@@ -278,7 +278,7 @@ def test_api_token_guards_everything_but_health(llama_server_bin, tmp_path):
                            make_supervisor=supervisor_factory(tmp_path / "logs",
                                                               ChildRegistry(tmp_path / "run", owner_token())))
     app = create_app(manager, api_token="s3cret")
-    with TestClient(app) as client:
+    with TestClient(app, base_url="http://127.0.0.1") as client:  # TestClient's own "testserver" is no loopback name
         assert client.get("/health").status_code == 200
         denied = client.get("/v1/models")
         assert denied.status_code == 401 and denied.json()["error"]["code"] == "invalid_api_key"
@@ -307,7 +307,7 @@ def test_config_defaults_reach_the_plan_and_a_request_wins(llama_server_bin, gem
                            make_supervisor=supervisor_factory(tmp_path / "logs",
                                                               ChildRegistry(tmp_path / "run", owner_token())),
                            model_defaults={GEMMA: defaults})
-    with TestClient(create_app(manager)) as client:
+    with TestClient(create_app(manager), base_url="http://127.0.0.1") as client:
         plan = client.post("/api/plan", json={"model": GEMMA, "n_ctx": 4096}).json()
         assert (plan["cache_type_k"], plan["cache_type_v"]) == ("q8_0", "q8_0")
         assert plan["speculative"]["requested"] == "ngram" and "5" in plan["speculative"]["argv"]

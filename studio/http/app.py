@@ -20,8 +20,10 @@ import gguf
 from launcher.errors import LauncherError, LoadError, StartAbortedError
 from studio import __version__
 from studio.chat.toolbox import Toolbox
+from studio.http.access import AccessPolicy
 from studio.http.gui_api import router as api_router
 from studio.http.auth import BearerTokenMiddleware
+from studio.http.browser_guard import BrowserGuard
 from studio.http.gui_chat import router as chat_router
 from studio.errors import BusyError, StudioError, error_body
 from studio.residency.manager import ModelManager
@@ -38,12 +40,15 @@ def create_app(
     *,
     preload: Sequence[LoadRequest] = (),
     api_token: str | None = None,
+    access: AccessPolicy | None = None,
     max_connections: int = 64,
     toolbox: Toolbox | None = None,
 ) -> FastAPI:
     """Return the service app around ``manager``; the ``preload`` models start loading at start-up, in order.
 
-    With ``api_token`` every route but ``/health`` needs ``Authorization: Bearer <token>``.
+    With ``api_token`` every route but ``/health`` needs ``Authorization: Bearer <token>`` (or
+    ``x-api-key``). ``access`` says which ``Host`` names and web-page origins are let in (default:
+    loopback names, the studio's own page).
     ``toolbox`` holds the tools ``/api/chat`` may run; its MCP servers start and stop with the app
     (in the background: the app serves at once, and a server that fails is shown in ``/api/tools``).
     """
@@ -72,8 +77,10 @@ def create_app(
     app.include_router(chat_router)
     app.include_router(proxy_router)
     app.add_middleware(OpenAIRoutes, on_error=error_response)
-    if api_token:  # added last, so it runs first
+    if api_token:
         app.add_middleware(BearerTokenMiddleware, token=api_token)
+    # added last, so it runs first: a preflight carries no token, and a bad Host learns nothing else
+    app.add_middleware(BrowserGuard, policy=access or AccessPolicy.create())
 
     async def translate(request: Request, exc: Exception) -> JSONResponse:
         response = error_response(exc)

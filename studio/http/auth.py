@@ -1,7 +1,9 @@
-"""An optional bearer token in front of the whole service, as pure ASGI middleware.
+"""An optional API token in front of the whole service, as pure ASGI middleware.
 
 Pure ASGI (not ``BaseHTTPMiddleware``) so the streaming path is not buffered.
-``/health`` stays open for supervisors and load balancers.
+``/health`` stays open for supervisors and load balancers. The token comes as
+``Authorization: Bearer <token>`` (OpenAI's clients) or ``x-api-key: <token>``
+(Anthropic's); it is compared in constant time and never logged.
 """
 
 from __future__ import annotations
@@ -17,23 +19,35 @@ OPEN_PATHS = frozenset({"/health"})
 
 
 class BearerTokenMiddleware:
-    """Answer 401 (OpenAI error shape) unless ``Authorization: Bearer <token>`` matches."""
+    """Answer 401 (OpenAI error shape) unless ``Authorization: Bearer <token>`` or ``x-api-key`` matches."""
 
     def __init__(self, app: ASGIApp, token: str) -> None:
         self.app = app
-        self._expected = f"Bearer {token}".encode()
+        self._expected = token.encode()
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or scope["path"] in OPEN_PATHS:
+        if scope["type"] not in ("http", "websocket") or scope["path"] in OPEN_PATHS or self._authorized(scope):
             await self.app(scope, receive, send)
             return
-        given = dict(scope["headers"]).get(b"authorization", b"")
-        if hmac.compare_digest(given, self._expected):
-            await self.app(scope, receive, send)
+        if scope["type"] == "websocket":
+            await send({"type": "websocket.close", "code": 1008})
             return
         body = json.dumps(error_body(
-            "missing or wrong API token; send `Authorization: Bearer <token>` (GGUF_STUDIO_API_TOKEN)",
+            "missing or wrong API token; send `Authorization: Bearer <token>` or `x-api-key: <token>` "
+            "(the token `ggstudio serve` printed, or GGUF_STUDIO_API_TOKEN)",
             "authentication_error", None, "invalid_api_key")).encode()
         await send({"type": "http.response.start", "status": 401,
                     "headers": [(b"content-type", b"application/json"), (b"www-authenticate", b"Bearer")]})
         await send({"type": "http.response.body", "body": body})
+
+    def _authorized(self, scope: Scope) -> bool:
+        given: list[bytes] = []
+        for name, value in scope["headers"]:
+            if name == b"authorization":
+                scheme, _, credentials = value.partition(b" ")
+                if scheme.lower() == b"bearer":
+                    given.append(credentials.strip())
+            elif name == b"x-api-key":
+                given.append(value.strip())
+        # every candidate is compared, so the time taken does not depend on which one matched
+        return any([hmac.compare_digest(g, self._expected) for g in given])
