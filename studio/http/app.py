@@ -26,6 +26,7 @@ from studio.http.auth import BearerTokenMiddleware
 from studio.http.browser_guard import BrowserGuard
 from studio.http.gui_chat import router as chat_router
 from studio.errors import BusyError, StudioError, error_body
+from studio.library.paths import PathPolicy
 from studio.residency.manager import ModelManager
 from studio.residency.requests import LoadRequest
 from studio.http.openai_proxy import OpenAIRoutes
@@ -41,6 +42,7 @@ def create_app(
     preload: Sequence[LoadRequest] = (),
     api_token: str | None = None,
     access: AccessPolicy | None = None,
+    paths: PathPolicy | None = None,
     max_connections: int = 64,
     toolbox: Toolbox | None = None,
 ) -> FastAPI:
@@ -48,7 +50,8 @@ def create_app(
 
     With ``api_token`` every route but ``/health`` needs ``Authorization: Bearer <token>`` (or
     ``x-api-key``). ``access`` says which ``Host`` names and web-page origins are let in (default:
-    loopback names, the studio's own page).
+    loopback names, the studio's own page); ``paths`` where API clients may load model files from
+    (default: the catalog's folders and Hugging Face cache).
     ``toolbox`` holds the tools ``/api/chat`` may run; its MCP servers start and stop with the app
     (in the background: the app serves at once, and a server that fails is shown in ``/api/tools``).
     """
@@ -73,6 +76,7 @@ def create_app(
                 await upstream.aclose()
 
     app = FastAPI(title="GGUF Studio", version=__version__, lifespan=lifespan)
+    app.state.paths = paths or PathPolicy.for_catalog(manager.catalog)
     app.include_router(api_router)
     app.include_router(chat_router)
     app.include_router(proxy_router)

@@ -16,6 +16,7 @@ from pydantic import BaseModel, Field
 from launcher.memory import CacheType
 from launcher.speculative import MODES
 from studio.errors import ModelNotResidentError
+from studio.http.model_paths import check_model_path
 from studio.residency.manager import ModelManager
 from studio.residency.requests import LoadRequest
 from studio.settings import LOAD_LIMITS, RESIDENCY_LIMITS
@@ -100,6 +101,7 @@ async def models(request: Request) -> list[dict[str, Any]]:
 @router.get("/models/{name}")
 async def inspect_model(request: Request, name: str) -> dict[str, Any]:
     """One model's facts (the same as ``ggstudio inspect --json``)."""
+    await check_model_path(request, name)
     entry = _manager(request).catalog.resolve(name)
     return {"name": entry.name, **summary(await asyncio.to_thread(gguf.read, entry.path))}
 
@@ -108,6 +110,7 @@ async def inspect_model(request: Request, name: str) -> dict[str, Any]:
 async def load(request: Request, body: LoadBody) -> dict[str, Any]:
     """Make a model resident (evicting idle ones as needed) and the default; the status once it is ready."""
     manager = _manager(request)
+    await check_model_path(request, body.model)
     await manager.load(body.request())
     return status_json(manager)
 
@@ -116,6 +119,7 @@ async def load(request: Request, body: LoadBody) -> dict[str, Any]:
 async def plan_preview(request: Request, body: LoadBody) -> dict[str, Any]:
     """What a load would get (context, GPUs, speculative mode, memory per device, reasons) and what it would
     evict, loading nothing."""
+    await check_model_path(request, body.model)
     placed = await _manager(request).preview(body.request())
     return {**plan_json(placed.plan), "fits": placed.fits or body.force, "evicts": list(placed.evict),
             "blocked_by": list(placed.blocked_by)}

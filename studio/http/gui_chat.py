@@ -33,6 +33,7 @@ from studio.chat.tool_schema import check_tool_fields, tool_parameters
 from studio.chat.toolbox import Toolbox
 from studio.chat.usage import UsageTotals
 from studio.errors import BadRequestError, StudioError, error_body
+from studio.http.model_paths import check_model_path
 from studio.http.openai_proxy import broke_off, prepare_chat_body, send_upstream
 from studio.residency.manager import ModelManager
 from studio.residency.resident import Lease, LoadedModel
@@ -78,6 +79,7 @@ async def chat(request: Request, body: ChatBody) -> StreamingResponse:
             raise BadRequestError("send either `tools` (the GUI runs them) or `use_tools` (the studio runs them)",
                                   param="use_tools")
         selected = _toolbox(request).select(body.use_tools)
+    await check_model_path(request, body.model)
     loaded, lease = await manager.acquire(body.model)
     try:
         prepare_chat_body(payload, loaded)

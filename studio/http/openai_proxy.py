@@ -49,6 +49,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from launcher.rpc import unreachable
 from studio.errors import BadRequestError, UpstreamError, error_body
+from studio.http.model_paths import check_model_path
 from studio.residency.manager import ModelManager
 from studio.residency.resident import Lease, LoadedModel
 from studio.chat.reasoning import reasoning_request, with_prompt_flag
@@ -137,6 +138,7 @@ async def _forward(request: Request, path: str) -> Response:
         raise BadRequestError("`model` must be a string", param="model")
     if path == "/v1/chat/completions":
         check_tool_fields(body)  # before a load: a malformed request never reaches llama-server
+    await check_model_path(request, model)
     loaded, lease = await _manager(request).acquire(model)
     try:
         FORWARDED[path](body, loaded)

@@ -1,0 +1,24 @@
+"""The path rule (``studio.library.paths``) at the HTTP edge: checked before a request reaches the manager."""
+
+from __future__ import annotations
+
+from fastapi import Request
+
+from studio.blocking import run_blocking
+
+
+async def check_model_path(request: Request, model: str | None) -> None:
+    """Return if an API client may use ``model``; a resident model passes at once.
+
+    A resident model was let in when it was loaded (by this rule, the command line or
+    the config), so the hot path costs a dictionary look-up. Any other ``model`` is
+    checked off the event loop: it may name a file on a slow or hostile file system.
+
+    Raises:
+        studio.errors.PathNotAllowedError: a file outside the model folders, the HF cache and the studio home.
+    """
+    manager = request.app.state.manager
+    if model is None or manager.find(model) is not None:
+        return
+    await run_blocking(request.app.state.paths.check, model, manager.catalog, timeout=manager.work_timeout,
+                       what=f"checking the path of {model}")

@@ -1,0 +1,103 @@
+"""Where API clients may load models from: the library's folders, not any file on the disk.
+
+The files here are not GGUF models: a path the rule lets through reaches the
+manager, which answers 400 "not a GGUF file"; a refused one is a 403 before
+anything is read. That difference is what the app-level tests look at.
+"""
+
+from __future__ import annotations
+
+import pytest
+from fastapi.testclient import TestClient
+
+from launcher.capabilities import probe
+from launcher.registry import ChildRegistry
+from launcher.supervisor import owner_token
+from studio.errors import PathNotAllowedError
+from studio.http.app import create_app
+from studio.library.catalog import Catalog
+from studio.library.paths import PathPolicy
+from studio.residency.manager import ModelManager, supervisor_factory
+
+
+@pytest.fixture
+def disk(tmp_path):
+    """models/ (a model folder), home/ (the studio home), hf/ (the HF cache) and outside/, with a file in each."""
+    for folder in ("models", "home/zoo", "hf", "outside"):
+        (tmp_path / folder).mkdir(parents=True)
+    for path in ("models/mine.gguf", "home/zoo/tiny.gguf", "outside/stray.gguf", "outside/linked.gguf"):
+        (tmp_path / path).write_text("not a model")
+    (tmp_path / "models/link.gguf").symlink_to(tmp_path / "outside/linked.gguf")  # the user's own link
+    (tmp_path / "models/escape").symlink_to(tmp_path / "outside", target_is_directory=True)
+    return tmp_path
+
+
+@pytest.fixture
+def catalog(disk):
+    return Catalog([disk / "models"], hf_cache=disk / "hf")
+
+
+def test_files_under_the_folders_the_cache_and_the_home_are_allowed(disk, catalog):
+    policy = PathPolicy.for_catalog(catalog, home=disk / "home")
+    for path in ("models/mine.gguf", "home/zoo/tiny.gguf", "models/link.gguf", "outside/linked.gguf"):
+        policy.check(str(disk / path), catalog)  # the last two: a link the user put in a model folder
+    policy.check("mine", catalog)  # a name: the catalog's business
+    policy.check("no-such-model", catalog)  # not a file: the catalog answers 404
+    policy.check(None, catalog)
+
+
+@pytest.mark.parametrize("path", ["outside/stray.gguf", "models/../outside/stray.gguf", "models/escape/stray.gguf",
+                                  "home/../outside/stray.gguf"])
+def test_files_elsewhere_are_refused_even_through_dots_and_links(disk, catalog, path):
+    policy = PathPolicy.for_catalog(catalog, home=disk / "home")
+    with pytest.raises(PathNotAllowedError) as info:
+        policy.check(str(disk / path), catalog)
+    assert info.value.status == 403 and info.value.code == "path_not_allowed"
+    assert "allow_any_path = true" in info.value.message and "model_dirs" in info.value.message
+    assert info.value.path == str(disk / "outside/stray.gguf")
+
+
+def test_a_relative_path_is_resolved_against_the_working_directory(disk, catalog, monkeypatch):
+    monkeypatch.chdir(disk / "models")
+    policy = PathPolicy.for_catalog(catalog)
+    policy.check("mine.gguf", catalog)
+    with pytest.raises(PathNotAllowedError):
+        policy.check("../outside/stray.gguf", catalog)
+
+
+def test_allow_any_path_and_files_named_on_the_command_line(disk, catalog):
+    PathPolicy.for_catalog(catalog, allow_any=True).check(str(disk / "outside/stray.gguf"), catalog)
+    PathPolicy.for_catalog(catalog, files=[disk / "outside/stray.gguf"]).check(str(disk / "outside/stray.gguf"),
+                                                                               catalog)
+
+
+@pytest.fixture
+def client(llama_server_bin, disk, catalog):
+    manager = ModelManager(catalog=catalog, binary=llama_server_bin,
+                           make_supervisor=supervisor_factory(disk / "logs", ChildRegistry(disk / "run", owner_token())),
+                           caps=probe(llama_server_bin, cache_dir=disk / "cache"))
+    with TestClient(create_app(manager, paths=PathPolicy.for_catalog(catalog, home=disk / "home")),
+                    base_url="http://127.0.0.1:8080") as c:
+        yield c
+
+
+def test_every_api_route_that_takes_a_model_refuses_a_stray_path(client, disk, monkeypatch):
+    monkeypatch.chdir(disk / "outside")  # /api/models/{name} takes no slashes: a file in the studio's folder
+    stray, mine = str(disk / "outside/stray.gguf"), str(disk / "models/mine.gguf")
+    chat = {"messages": [{"role": "user", "content": "x"}]}
+    for method, path, body in [
+        ("POST", "/api/load", {"model": stray}), ("POST", "/api/plan", {"model": stray}),
+        ("POST", "/api/chat", {"model": stray, **chat}), ("POST", "/v1/chat/completions", {"model": stray, **chat}),
+        ("POST", "/v1/completions", {"model": stray, "prompt": "x"}),
+        ("POST", "/v1/embeddings", {"model": stray, "input": "x"}),
+        ("GET", "/api/models/stray.gguf", None),
+    ]:
+        resp = client.request(method, path, json=body)
+        assert resp.status_code == 403, (path, resp.text)
+        error = resp.json()["error"]
+        assert error["code"] == "path_not_allowed" and error["param"] == "model" and "allow_any_path" in error["message"]
+    # the same routes with a file from a model folder go on to read it (and find it is no GGUF)
+    assert client.post("/api/load", json={"model": mine}).status_code == 400
+    assert client.post("/api/plan", json={"model": mine}).status_code == 400
+    resp = client.post("/v1/chat/completions", json={"model": mine, **chat})
+    assert resp.status_code == 400 and "not a GGUF file" in resp.json()["error"]["message"]
