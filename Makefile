@@ -7,10 +7,12 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 PYTEST_ARGS ?=
+# Where Debian puts chromium; the browser tests look there.
+CHROMIUM := /usr/bin/chromium
 
-.PHONY: setup venv llama model run test clean-venv
+.PHONY: setup venv llama model chromium run test clean-venv
 
-setup: venv llama model
+setup: venv llama model chromium
 
 venv: $(STAMP)
 
@@ -29,6 +31,19 @@ llama: venv
 
 model: venv
 	@$(BIN)/ggstudio fetch-model >/dev/null
+
+# The browser tests drive Debian's Chromium through Playwright (no browser download);
+# as root it is installed when missing, otherwise those tests are skipped and say why.
+chromium:
+	@if [ -x $(CHROMIUM) ]; then :; \
+	elif [ "$$(id -u)" = 0 ]; then \
+		echo "setup: installing Debian's chromium for the browser tests"; \
+		export DEBIAN_FRONTEND=noninteractive; \
+		apt-get install -y -qq chromium >/dev/null 2>&1 || { apt-get update -qq && apt-get install -y -qq chromium >/dev/null; } \
+			|| echo "setup: apt-get install chromium failed: the browser tests will be skipped"; \
+	else \
+		echo "setup: $(CHROMIUM) is missing and only root can install it: the browser tests will be skipped (run: sudo apt-get install chromium)"; \
+	fi
 
 # With LLAMA_SERVER_PATH set, that binary is used and nothing is built.
 run: venv model $(if $(LLAMA_SERVER_PATH),,llama)
