@@ -65,6 +65,11 @@ def test_a_relative_path_is_resolved_against_the_working_directory(disk, catalog
         policy.check("../outside/stray.gguf", catalog)
 
 
+@pytest.mark.parametrize("model", ["a\x00b", "~no-such-user/x.gguf", "x" * 5000, "owner/repo:Q4_K_M", ""])
+def test_strings_that_are_no_file_are_left_to_the_catalog(catalog, model):
+    PathPolicy.for_catalog(catalog).check(model, catalog)  # no crash, no refusal: the catalog answers 404
+
+
 def test_allow_any_path_and_files_named_on_the_command_line(disk, catalog):
     PathPolicy.for_catalog(catalog, allow_any=True).check(str(disk / "outside/stray.gguf"), catalog)
     PathPolicy.for_catalog(catalog, files=[disk / "outside/stray.gguf"]).check(str(disk / "outside/stray.gguf"),

@@ -50,7 +50,7 @@ class PathPolicy:
             if not path.is_file():
                 return
             real = path.resolve(strict=True)
-        except (OSError, RuntimeError):  # a name too long to be a path, a symlink loop: not a file we could load
+        except (OSError, RuntimeError, ValueError):  # too long, a link loop, a NUL byte: not a file to load
             return
         if any(real.is_relative_to(_real(root)) for root in self.roots) or real in {_real(f) for f in self.files}:
             return
