@@ -87,12 +87,16 @@ class BrowserGuard:
         return declared.split(";", 1)[0].strip().lower() != "application/json"
 
 
+#: The request headers the guard reads; only these are decoded (all of them cost ~10 µs a request).
+_READ = frozenset({b"host", b"origin", b"content-type", b"access-control-request-method",
+                   b"access-control-request-headers", b"access-control-request-private-network"})
+
+
 def _headers(scope: Scope) -> dict[str, str]:
     """The request headers the guard reads, decoded (latin-1, as HTTP defines them); the first of each wins."""
     out: dict[str, str] = {}
     for name, value in scope["headers"]:
-        key = name.decode("latin-1")
-        if key not in out:
+        if name in _READ and (key := name.decode("latin-1")) not in out:
             out[key] = value.decode("latin-1")
     return out
 
