@@ -32,12 +32,13 @@ from playwright.sync_api import Page, sync_playwright
 
 from launcher.capabilities import probe
 from launcher.registry import ChildRegistry
-from launcher.supervisor import Supervisor, owner_token
+from launcher.supervisor import owner_token
 from studio.http.access import AccessPolicy
 from studio.http.app import create_app
 from studio.library.catalog import Catalog
-from studio.residency.manager import ModelManager
+from studio.residency.manager import ModelManager, supervisor_factory
 from studio.settings import ModelDefaults
+from studio.views.residency import status_json
 from tests.helpers import assert_no_children, free_port, wait_for
 
 CHROMIUM = Path("/usr/bin/chromium")
@@ -104,8 +105,8 @@ def studio(llama_server_bin, zoo_dir, elsewhere, tmp_path_factory):
     models = root / "models"
     models.mkdir()
     (models / f"{TINY}.gguf").symlink_to(zoo_dir / f"{TINY}.gguf")
-    supervisor = Supervisor(logs_dir=root / "logs", registry=ChildRegistry(root / "run", owner_token()))
-    manager = ModelManager(catalog=Catalog([models]), binary=llama_server_bin, supervisor=supervisor,
+    supervisors = supervisor_factory(root / "logs", ChildRegistry(root / "run", owner_token()))
+    manager = ModelManager(catalog=Catalog([models]), binary=llama_server_bin, make_supervisor=supervisors,
                            caps=probe(llama_server_bin, cache_dir=root / "cache"),
                            model_defaults={TINY: ModelDefaults(n_ctx=256, spec="off")})
     app = create_app(manager, access=AccessPolicy.create(allowed_origins=[f"http://localhost:{elsewhere}"]))
@@ -167,7 +168,7 @@ def call(page: Page, function: str, *args: str) -> dict:
 def test_a_foreign_page_can_neither_run_the_model_nor_unload_it_nor_read_anything(studio, elsewhere, page):
     url, manager, spy = studio
     page.goto(f"http://127.0.0.1:{elsewhere}/page.html")
-    before, pid, mark = tokens(manager), manager.status()["pid"], len(spy.seen)
+    before, pid, mark = tokens(manager), status_json(manager)["pid"], len(spy.seen)
     foreign = f"http://127.0.0.1:{elsewhere}"
 
     # simple requests: sent without a preflight, the page does not care to read the answer
@@ -192,7 +193,7 @@ def test_a_foreign_page_can_neither_run_the_model_nor_unload_it_nor_read_anythin
         ("POST", "/api/unload", foreign, 403),
     ]
     assert tokens(manager) == before  # the model did not run
-    assert manager.status()["state"] == "ready" and manager.status()["pid"] == pid  # nor was it unloaded
+    assert status_json(manager)["state"] == "ready" and status_json(manager)["pid"] == pid  # nor was it unloaded
 
 
 def test_a_rebinding_page_on_the_studios_port_is_refused_by_its_host_name(studio, page):
@@ -208,7 +209,7 @@ def test_a_rebinding_page_on_the_studios_port_is_refused_by_its_host_name(studio
     chat = call(page, "jsonPost", "/v1/chat/completions", chat_body())
     assert chat["status"] == 403 and json.loads(chat["body"])["error"]["code"] == "host_not_allowed"
     assert [s for *_, s in spy.since(mark)] == [403, 403]
-    assert tokens(manager) == before and manager.status()["state"] == "ready"
+    assert tokens(manager) == before and status_json(manager)["state"] == "ready"
 
 
 @pytest.mark.parametrize("host", ["127.0.0.1", "localhost"])

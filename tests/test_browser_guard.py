@@ -24,12 +24,12 @@ from starlette.websockets import WebSocket, WebSocketDisconnect
 
 from launcher.capabilities import probe
 from launcher.registry import ChildRegistry
-from launcher.supervisor import Supervisor, owner_token
+from launcher.supervisor import owner_token
 from studio.http.access import AccessPolicy
 from studio.http.app import create_app
 from studio.http.browser_guard import BrowserGuard
 from studio.library.catalog import Catalog
-from studio.residency.manager import ModelManager
+from studio.residency.manager import ModelManager, supervisor_factory
 from tests.helpers import free_port, wait_for
 
 BASE = "http://127.0.0.1:8080"
@@ -38,8 +38,8 @@ CHAT = {"messages": [{"role": "user", "content": "x"}]}
 
 @pytest.fixture
 def manager(llama_server_bin, tmp_path):
-    supervisor = Supervisor(logs_dir=tmp_path / "logs", registry=ChildRegistry(tmp_path / "run", owner_token()))
-    return ModelManager(catalog=Catalog([tmp_path / "models"]), binary=llama_server_bin, supervisor=supervisor,
+    supervisors = supervisor_factory(tmp_path / "logs", ChildRegistry(tmp_path / "run", owner_token()))
+    return ModelManager(catalog=Catalog([tmp_path / "models"]), binary=llama_server_bin, make_supervisor=supervisors,
                         caps=probe(llama_server_bin, cache_dir=tmp_path / "cache"))
 
 

@@ -18,6 +18,7 @@ from studio.http.app import create_app
 from studio.library.catalog import Catalog
 from studio.library.paths import PathPolicy
 from studio.residency.manager import ModelManager, supervisor_factory
+from studio.residency.requests import LoadRequest
 
 
 @pytest.fixture
@@ -106,3 +107,21 @@ def test_every_api_route_that_takes_a_model_refuses_a_stray_path(client, disk, m
     assert client.post("/api/plan", json={"model": mine}).status_code == 400
     resp = client.post("/v1/chat/completions", json={"model": mine, **chat})
     assert resp.status_code == 400 and "not a GGUF file" in resp.json()["error"]["message"]
+
+
+@pytest.mark.slow
+def test_a_model_the_cli_loaded_from_elsewhere_stays_usable_by_its_path(client, disk, zoo_dir):
+    """`serve --model /anywhere/x.gguf` loads through the manager; API clients may then use it as it is named."""
+    outside = disk / "outside" / "tiny.gguf"
+    outside.symlink_to(zoo_dir / "llama-dense.gguf")
+    chat = {"model": str(outside), "messages": [{"role": "user", "content": "x"}], "max_tokens": 2}
+    assert client.post("/v1/chat/completions", json=chat).status_code == 403  # not resident: the rule holds
+    manager = client.app.state.manager
+    client.portal.call(manager.load, LoadRequest(model=str(outside), n_ctx=256, spec="off"))
+    try:
+        resp = client.post("/v1/chat/completions", json=chat)
+        assert resp.status_code == 200, resp.text
+        assert client.post("/api/load", json={"model": str(outside), "n_ctx": 256, "spec": "off"}).status_code == 200
+    finally:
+        client.portal.call(manager.unload)
+    assert client.post("/v1/chat/completions", json=chat).status_code == 403  # gone: refused again
