@@ -3,7 +3,8 @@
 The proxy and ``/api/chat`` reach llama-server only through ``await manager.acquire(model)``,
 the ``LoadedModel`` it returns (``.name``, ``.url``, ``.auth_headers``, ``.n_ctx``,
 ``.template``, ``.plan.rpc_workers``) and its ``Lease`` (awaited to release; ``.interruption``
-when the model went away); this gives them a model with those attributes that lives at
+when the model went away), once the path rule has asked ``find``, ``work_timeout`` and
+``catalog``; this gives them a model with those attributes that lives at
 ``tests.replay_upstream.ReplayUpstream``'s URL, so the real proxy code runs against
 recorded answers without a model load. It imitates a manager with one model resident
 that is never unloaded under a request, and counts requests in flight as the real one does.
@@ -52,10 +53,16 @@ class StandInLease:
 class StandInManager:
     """``acquire`` returns the one model; ``in_flight`` shows requests not yet released."""
 
+    work_timeout = 30.0  # seconds the HTTP layer gives a path check, as the real manager's
+
     def __init__(self, model: Any) -> None:
         self.model = model
         self.in_flight = 0
         self.catalog = _NoCatalog()
+
+    def find(self, model: str) -> Any:
+        """The resident model ``model`` names: the one model, by its name."""
+        return self.model if model == self.model.name else None
 
     @property
     def loaded(self) -> Any:
@@ -77,5 +84,8 @@ class StandInManager:
 
 
 class _NoCatalog:
+    folders: list[Any] = []  # no model folders and no Hugging Face cache: the path rule refuses every file
+    hf_cache = None
+
     def entries(self) -> list[Any]:
         return []
