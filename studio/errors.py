@@ -10,7 +10,7 @@
     ├── ModelNotResidentError (+LookupError) an unload, pin or TTL names a model that is not resident (404)
     ├── ModelUnloadedError                  the model was unloaded while the request ran (503)
     ├── WorkTimeoutError (+TimeoutError)    a header read, plan or device query ran past its time limit (504)
-    ├── PathNotAllowedError (+PermissionError) an API client named a model file outside the library (403)
+    ├── PathNotAllowedError (+PermissionError) an API client named a file outside the library (403)
     ├── HubError                            Hugging Face Hub access or a download failed (502)
     │   ├── HubAuthError (+PermissionError) the repo needs a token with access: set HF_TOKEN (401)
     │   ├── DiskSpaceError (+OSError)       the download does not fit on the disk (507)
@@ -60,8 +60,8 @@ class PathNotAllowedError(StudioError, PermissionError):
     status = 403
     type = "permission_error"
 
-    def __init__(self, message: str, *, path: str) -> None:
-        super().__init__(message, param="model", code="path_not_allowed")
+    def __init__(self, message: str, *, path: str, param: str = "model", code: str = "path_not_allowed") -> None:
+        super().__init__(message, param=param, code=code)
         self.path = path
 
 

@@ -16,7 +16,7 @@ from launcher.supervisor import owner_token
 from studio.errors import PathNotAllowedError
 from studio.http.app import create_app
 from studio.library.catalog import Catalog
-from studio.library.paths import PathPolicy
+from studio.library.paths import UNSAFE_FLAGS, PathPolicy
 from studio.residency.manager import ModelManager, supervisor_factory
 from studio.residency.requests import LoadRequest
 
@@ -125,3 +125,26 @@ def test_a_model_the_cli_loaded_from_elsewhere_stays_usable_by_its_path(client, 
     finally:
         client.portal.call(manager.unload)
     assert client.post("/v1/chat/completions", json=chat).status_code == 403  # gone: refused again
+
+
+def test_every_unsafe_flag_is_a_flag_of_the_pinned_llama_server(real):
+    """A typo in the table would leave the real flag open."""
+    assert [flag for flag in UNSAFE_FLAGS if not real.supports(flag)] == []
+
+
+@pytest.mark.parametrize("args", [["--lora", "/etc/x.gguf"], ["--model_draft", "/x.gguf"], ["--tools", "all"],
+                                  ["-ag"], ["--video-ffmpeg-dir", "/tmp/bin"], ["--slot-save-path=/tmp"]])
+def test_extra_args_that_reach_files_or_run_programs_are_refused(client, disk, args):
+    for path in ("/api/load", "/api/plan"):
+        resp = client.post(path, json={"model": str(disk / "models/mine.gguf"), "extra_args": args})
+        assert resp.status_code == 403, (path, resp.text)
+        error = resp.json()["error"]
+        assert error["code"] == "flag_not_allowed" and error["param"] == "extra_args" and args[0] in error["message"]
+        assert "[models.NAME]" in error["message"] and "allow_any_path" in error["message"]
+
+
+def test_other_extra_args_and_allow_any_path_go_on(client, disk, catalog):
+    mine = str(disk / "models/mine.gguf")
+    resp = client.post("/api/plan", json={"model": mine, "extra_args": ["--temp", "0.7", "--top-k", "20"]})
+    assert resp.status_code == 400 and "not a GGUF file" in resp.json()["error"]["message"]  # on to the manager
+    PathPolicy.for_catalog(catalog, allow_any=True).check_extra_args(["--lora", "/x.gguf"])

@@ -22,3 +22,13 @@ async def check_model_path(request: Request, model: str | None) -> None:
         return
     await run_blocking(request.app.state.paths.check, model, manager.catalog, timeout=manager.work_timeout,
                        what=f"checking the path of {model}")
+
+
+def check_extra_args(request: Request, args: list[str] | None) -> None:
+    """Return if an API client may add ``args`` to llama-server's command line (no flag that reads files...).
+
+    Raises:
+        studio.errors.PathNotAllowedError: a flag of ``studio.library.paths.UNSAFE_FLAGS``.
+    """
+    manager = request.app.state.manager
+    request.app.state.paths.check_extra_args(args, manager.caps.aliases_of)
