@@ -133,6 +133,30 @@ def test_a_streaming_model_is_never_evicted_and_nothing_evictable_is_a_503_namin
         assert set(models_of(s.url)) == {a, b}
 
 
+def test_a_load_waiting_for_a_busy_model_is_not_starved_by_new_requests_to_it(
+        tmp_path, llama_server_bin, zoo_models, gemma_model, bill):
+    """Found with bench_residency: four clients kept Gemma busy, so a load waiting for its memory got a 503."""
+    caps = probe(llama_server_bin)
+    gemma_bill = plan(load_model(gemma_model), discover(llama_server=llama_server_bin), caps,
+                      PlanRequest(n_ctx=2048, n_parallel=2, spec="off")).bill.total
+    b = ZOO[1]
+    residency = ResidencySettings(memory_budget=MemoryBudget(total=int(gemma_bill + 0.5 * bill)), busy_wait=120)
+    with running_studio(tmp_path, llama_server_bin, {**zoo_models, "gemma": gemma_model},
+                        defaults={b: SMALL, "gemma": ModelDefaults(n_ctx=2048, n_parallel=2, spec="off")},
+                        residency=residency) as s:
+        assert chat(s.url, "gemma").status_code == 200
+        with ThreadPoolExecutor(3) as pool:
+            first = pool.submit(chat, s.url, "gemma", max_tokens=48, timeout=300)
+            wait_for(lambda: models_of(s.url)["gemma"]["in_flight"] == 1, timeout=30, what="gemma to be busy")
+            waiting = pool.submit(chat, s.url, b, timeout=300)  # needs gemma's memory
+            time.sleep(0.5)
+            later = pool.submit(chat, s.url, "gemma", max_tokens=2, timeout=300)  # held back, not admitted
+            assert first.result().status_code == 200
+            assert waiting.result().status_code == 200
+            assert later.result().status_code == 200  # then gemma came back, and b (idle) went
+        assert s.manager.counters["evictions"] >= 2
+
+
 def test_a_model_that_cannot_fit_even_alone_is_a_400_naming_it(tmp_path, llama_server_bin, zoo_models, bill):
     with running_studio(tmp_path, llama_server_bin, zoo_models, defaults={n: SMALL for n in ZOO},
                         residency=budget(bill / 2)) as s:

@@ -69,6 +69,7 @@ class Placed:
     settings: LoadSettings
     need: str = ""  # when it does not fit: what it needs, and what evicting every idle model would leave
     room: str = ""
+    drain: tuple[str, ...] = ()  # busy models that would free enough once their requests are done
 
 
 class ModelManager:
@@ -201,7 +202,8 @@ class ModelManager:
                 try:
                     return resident.enter()
                 except NotReadyError:
-                    continue  # an unload started in between: go round again
+                    await resident.admitted()  # paused for a load that waits for its memory, or going away
+                    continue
             if state is ResidentState.FAILED:
                 raise resident.failure or StudioError(resident.error or f"{resident.name} failed to load")
             await resident.wait_until({ResidentState.UNLOADED})  # going away: then load it anew
@@ -212,6 +214,19 @@ class ModelManager:
                                    what=f"finding {model}")
         request = request or self._pending.get(entry.path)
         deadline = time.monotonic() + self.residency.busy_wait
+        paused: list[ResidentModel] = []
+        try:
+            return await self._place_and_start(model, entry, request, deadline, paused)
+        finally:
+            self._resume(paused)
+
+    def _resume(self, paused: list[ResidentModel]) -> None:
+        for victim in paused:
+            victim.resume()
+        paused.clear()
+
+    async def _place_and_start(self, model: str, entry: CatalogEntry, request: LoadRequest | None,
+                               deadline: float, paused: list[ResidentModel]) -> ResidentModel:
         while True:
             existing = self._residents.get(entry.path)
             if existing is not None and existing.state in GOING_AWAY:
@@ -243,9 +258,16 @@ class ModelManager:
                             f" where {placed.room or 'nothing'} could be freed; load it with a smaller n_ctx "
                             "(see the plan's largest_safe_context) or raise memory_budget")
                     if time.monotonic() >= deadline:
+                        self._resume(paused)
                         raise BusyError(f"not enough memory for {entry.name} now: it needs {placed.need}; held by "
                                         f"{', '.join(placed.blocked_by)}; retry once they are idle",
                                         retry_after=max(1, round(self.residency.busy_wait / 6) or 1))
+                    # New requests would keep the busy models busy for ever: hold them back (in-flight ones
+                    # finish) until this load got their memory or gave up.
+                    for name in placed.drain:
+                        if (victim := self.find(name)) is not None and victim not in paused:
+                            victim.pause()
+                            paused.append(victim)
                     changed = self._changed
             if existing is not None:  # a restart with new settings: let its requests finish, then place again
                 await existing.unload(grace=float("inf"), reason="")
@@ -303,8 +325,12 @@ class ModelManager:
             evict = placement.choose_evictions(need, base, holders, budgeted=budgeted,
                                                max_count=self.residency.max_resident)
             if evict is None:
+                ready = {r.name for r in self.residents if r.state is ResidentState.READY}
+                once_idle = [replace(h, busy=False) if h.name in ready else h for h in holders]
+                drain = placement.choose_evictions(need, base, once_idle, budgeted=budgeted,
+                                                   max_count=self.residency.max_resident) or ()
                 return Placed(first, (), placement.holders_in_words(holders), False, model, settings,
-                              need=_in_words(need), room=_in_words(everything))
+                              need=_in_words(need), room=_in_words(everything), drain=drain)
             freed = placement.with_evicted(base, [h for h in holders if h.name in evict], budgeted=budgeted)
             final = await self._plan(info, inventory, freed, plan_request, budgeted)
             return Placed(final, evict, (), _fits(final, freed), model, settings)
@@ -360,7 +386,8 @@ class ModelManager:
             if victim is not None:
                 log.info("evicting idle model", model=name, for_model=entry.name)
                 self.counters["evictions"] += 1
-                await victim.unload(grace=0, reason=f"{name} was evicted to make room for {entry.name}")
+                # No grace limit: a request that slipped in while the plan was made finishes; none is cut.
+                await victim.unload(grace=float("inf"), reason=f"{name} was evicted to make room for {entry.name}")
         try:
             command = build_command(placed.plan, self.caps, binary=self.binary, files_root=self.files_root)
         except OSError as exc:

@@ -148,20 +148,34 @@ class ResidentModel:
         self._changed = asyncio.Event()
         self._idle = asyncio.Event()
         self._idle.set()
+        self._admitting = asyncio.Event()  # cleared while a load waits for this busy model's memory
+        self._admitting.set()
         self._expiry: asyncio.TimerHandle | None = None
         self._task: asyncio.Task[None] | None = None
         self.supervisor = make_supervisor(self._on_supervisor_change)
 
     # -- for requests ------------------------------------------------------------------------
     def enter(self) -> tuple[LoadedModel, Lease]:
-        """Hold the ready model for one request; raise ``NotReadyError`` when it is not ready."""
-        if self.state is not ResidentState.READY or self.loaded is None:
+        """Hold the ready model for one request; raise ``NotReadyError`` when it is not ready or paused."""
+        if self.state is not ResidentState.READY or self.loaded is None or not self._admitting.is_set():
             raise NotReadyError(self.state.value)
         self.in_flight += 1
         self.last_used = time.monotonic()
         self._idle.clear()
         self._cancel_expiry()
         return self.loaded, Lease(self)
+
+    def pause(self) -> None:
+        """Admit no new request for now: a load waits for this busy model's memory, and would never get it
+        while new requests kept it busy. Requests in flight go on; new ones wait in ``admitted``."""
+        self._admitting.clear()
+
+    def resume(self) -> None:
+        self._admitting.set()
+
+    async def admitted(self) -> None:
+        """Return once new requests are admitted again (or the model left the ready state)."""
+        await self._admitting.wait()
 
     def _leave(self) -> None:
         self.in_flight -= 1
@@ -236,6 +250,8 @@ class ResidentModel:
             self.error = error
         elif new in (ResidentState.LOADING, ResidentState.READY):
             self.error = None
+        if new is not ResidentState.READY:
+            self._admitting.set()  # requests paused on the ready model look at the state again
         changed, self._changed = self._changed, asyncio.Event()
         changed.set()  # wakes every waiter; they look at the state again
         self.on_change(self)
