@@ -6,7 +6,7 @@ must be identical. It starts no llama-server (unlike ``memory_accuracy.py``), so
 it takes seconds.
 
 What it covers: Gemma 3 270M, every zoo model, the zoo's Qwen3.5 with an MTP
-block appended, and (when generated) the widened and real-proportion MoE zoos;
+block appended, the zoo deepened to 40 blocks, and (when generated) the widened and real-proportion MoE zoos;
 for each, ``estimate()`` over ``memory_accuracy.CONFIGS`` on the CPU, with half
 the layers on one GPU, and over two GPUs split 3:1; then ``plan()`` for an
 automatic and an explicit context on three machines (CPU only, one GPU, two
@@ -35,6 +35,9 @@ from launcher.planner import ModelInfo, PlanRequest, plan  # noqa: E402
 from scripts.memory_accuracy import CONFIGS  # noqa: E402
 
 GIB = 1024 * MIB
+#: Blocks of the deepened zoo (``tests.support.deep_zoo``): every layer pattern repeats, and the old quadratic
+#: estimator still ran it in seconds.
+DEEP_BLOCKS = 40
 #: Layer placements each config is estimated under: (name, -ngl, tensor split).
 PLACEMENTS = (("cpu", 0, (1.0,)), ("gpu-half", None, (1.0,)), ("gpu2-all", -1, (3.0, 1.0)))
 CPU = Device("CPU", None, "CPU", 64 * GIB, 48 * GIB, "psutil")
@@ -53,6 +56,7 @@ def models(no_wide: bool, tmp: Path) -> Iterator[tuple[str, Path]]:
     from launcher.build import ensure_built
     from studio.library.default_model import ensure_gemma
     from studio.settings import Settings
+    from tests.support.deep_zoo import deepen_model
     from tests.support.wide_zoo import ensure_moe_zoo, ensure_wide_zoo
     from tests.support.zoo import derive_mtp_model, ensure_zoo
 
@@ -63,6 +67,10 @@ def models(no_wide: bool, tmp: Path) -> Iterator[tuple[str, Path]]:
     for path in sorted(zoo.glob("*.gguf")):
         yield path.stem, path
     yield "qwen35-mtp", derive_mtp_model(zoo / "qwen35-dense.gguf", tmp / "qwen35-mtp.gguf")
+    for path in sorted(zoo.glob("*.gguf")):  # deep enough for layer patterns (SWA periods, intervals) to repeat
+        deep = deepen_model(path, tmp / f"{path.stem}-deep.gguf", DEEP_BLOCKS)
+        if deep is not None:
+            yield deep.stem, deep
     if no_wide:
         return
     for path in ensure_wide_zoo(zoo, build.llama_server, zoo.with_name(f"{zoo.name}-wide8x16"), factor=8,
