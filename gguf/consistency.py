@@ -33,9 +33,10 @@ if TYPE_CHECKING:
     from gguf.facts import ModelFacts
 
 #: Blocks (llama.cpp's ``n_layer_all``, MTP blocks included). The deepest released models have 118 (PaLM 540B) and
-#: 126 (Llama 3.1 405B); the pinned llama.cpp asserts at most 512 (LLAMA_MAX_LAYERS, facts flag more as approximate
-#: for a later llama.cpp). 4096 is 8x that and 30x any real model; every estimate stays linear below it.
-MAX_BLOCKS = 4096
+#: 126 (Llama 3.1 405B); the pinned llama.cpp asserts at most 512 (LLAMA_MAX_LAYERS; facts flag more as approximate,
+#: for a later llama.cpp that allows more). 1024 is twice that and 8x any real model: an estimate, linear in the
+#: blocks, stays at milliseconds.
+MAX_BLOCKS = 1024
 #: ``context_length`` (n_ctx_train). The longest native contexts are Llama 4 Scout's 10M (10,485,760) and
 #: MiniMax-01's 4M; conversions that invent one write 2**20 (Mamba, RWKV, Granite hybrid). 2**27 (134M) is 12x the
 #: longest; a binary search over contexts up to it takes 19 steps of 256 tokens.
