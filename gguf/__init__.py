@@ -7,6 +7,8 @@
 from gguf.errors import (
     CorruptHeaderError,
     GGUFError,
+    ImplausibleValueError,
+    InconsistentHeaderError,
     MissingShardError,
     NotGGUFError,
     TruncatedError,
@@ -17,7 +19,8 @@ from gguf.model import GGUFFile, clear_cache, read
 from gguf.reader import Header, LazyArray, TensorInfo, read_header
 
 __all__ = [
-    "CorruptHeaderError", "GGML_TYPES", "GGMLType", "GGUFError", "GGUFFile", "Header", "LazyArray",
+    "CorruptHeaderError", "GGML_TYPES", "GGMLType", "GGUFError", "GGUFFile", "Header", "ImplausibleValueError",
+    "InconsistentHeaderError", "LazyArray",
     "MissingShardError", "NotGGUFError", "TensorInfo", "TruncatedError", "UnsupportedVersionError",
     "clear_cache", "read", "read_header",
 ]

@@ -7,9 +7,12 @@
     ├── UnsupportedVersionError    version 1, an unknown version, or big-endian
     ├── TruncatedError             the file ends inside the header or tensor data
     ├── CorruptHeaderError         lengths, counts, types or text that cannot be right
+    │   ├── InconsistentHeaderError  a hyper-parameter its own tensors (or another key) contradict
+    │   └── ImplausibleValueError    a hyper-parameter beyond any real model (or llama.cpp's own limit)
     └── MissingShardError          a split model is missing sibling files
 
-Each carries ``path`` and ``offset`` (the byte where the problem starts, or None).
+Each carries ``path`` and ``offset`` (the byte where the problem starts, or None);
+the two hyper-parameter errors also the ``key`` and its ``value``.
 """
 
 from __future__ import annotations
@@ -47,6 +50,28 @@ class TruncatedError(GGUFError):
 
 class CorruptHeaderError(GGUFError):
     """A header field holds a value no valid file can have."""
+
+
+class InconsistentHeaderError(CorruptHeaderError):
+    """A metadata value the file's tensors (or another key) contradict, so llama.cpp refuses the file."""
+
+    def __init__(self, message: str, *, key: str, value: object, found: object, path: Path | str | None = None
+                 ) -> None:
+        super().__init__(message, path=path)
+        self.key = key
+        self.value = value
+        self.found = found  # what the tensors (or the other key) say instead
+
+
+class ImplausibleValueError(CorruptHeaderError):
+    """A metadata value no real model has: corrupt or hostile metadata, refused before any work scales with it."""
+
+    def __init__(self, message: str, *, key: str, value: object, limit: int, path: Path | str | None = None
+                 ) -> None:
+        super().__init__(message, path=path)
+        self.key = key
+        self.value = value
+        self.limit = limit
 
 
 class MissingShardError(GGUFError):

@@ -17,7 +17,10 @@ Facts that had to be guessed (an architecture llama.cpp does not know, a require
 key missing) set ``approximate`` and say why in ``notes``.
 
 Errors: a metadata value of the wrong type (a string where a count belongs, a
-per-layer array of the wrong length, ...) raises ``GGUFError`` naming the key;
+per-layer array of the wrong length, ...) raises ``GGUFError`` naming the key; one
+the file's own tensors contradict (a block count, head counts, an expert count) or
+that no real model has raises its subclasses ``InconsistentHeaderError`` /
+``ImplausibleValueError`` (``gguf.consistency``), checked before any per-layer work;
 nothing else escapes.
 """
 
@@ -28,7 +31,10 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from gguf.errors import GGUFError
+from gguf.consistency import (
+    MAX_BLOCKS, MAX_CONTEXT, MAX_EMBEDDING, check_block_count, check_experts, check_limit, check_shapes,
+)
+from gguf.errors import GGUFError, InconsistentHeaderError
 from gguf.reader import LazyArray
 
 if TYPE_CHECKING:
@@ -41,8 +47,6 @@ __all__ = [
 
 #: llama.cpp's LLAMA_MAX_LAYERS: per-layer arrays longer than this cannot load.
 MAX_LAYERS = 512
-#: A block count above this is corrupt metadata, not a model (facts hold per-layer tuples).
-_IMPLAUSIBLE_LAYERS = 1 << 16
 
 #: Every architecture name the pinned llama.cpp (b11434) knows (``llama-arch.cpp``).
 KNOWN_ARCHITECTURES: frozenset[str] = frozenset("""
@@ -961,7 +965,8 @@ def model_facts(model: GGUFFile, *, hf_config: Mapping[str, Any] | None = None) 
     architecture llama.cpp does not know and whose GGUF lacks the pattern.
 
     Raises:
-        GGUFError: a metadata value has the wrong type or shape (the message names the key).
+        GGUFError: a metadata value has the wrong type or shape, its tensors contradict it or no real model has it
+            (the message names the key).
     """
     try:
         return _model_facts(model, hf_config)
@@ -992,29 +997,35 @@ def _model_facts(model: GGUFFile, hf_config: Mapping[str, Any] | None) -> ModelF
 
     # -- generic hyper-parameters (llama_model_base::load_hparams) ----------
     hp.n_ctx_train = meta.u32("context_length", 0, required=True)
+    check_limit(meta.key("context_length"), hp.n_ctx_train, MAX_CONTEXT, "tokens of context", path)
     hp.n_embd = meta.u32("embedding_length", 0, required=True)
+    check_limit(meta.key("embedding_length"), hp.n_embd, MAX_EMBEDDING, "embedding dimensions", path)
+    # Before anything per layer is built: the block count is checked against its limit and the tensors
     block_count = meta.u32("block_count", required=True)
+    highest = _max_block_index(tensors)
+    hp.n_layer_nextn = meta.u32("nextn_predict_layers", 0)
     if block_count is None or block_count == 0:
-        inferred = _max_block_index(tensors) + 1
         ctx.guess(f"{meta.key('block_count')} is {'missing' if block_count is None else 0}; "
-                  f"using {inferred} from the blk.N tensors")
-        block_count = inferred
-    if block_count > _IMPLAUSIBLE_LAYERS:
-        raise GGUFError(f"metadata key {meta.key('block_count')!r} is {block_count}; no model has that many "
-                        "layers", path=path)
+                  f"using {highest + 1} from the blk.N tensors")
+        block_count = highest + 1
+    check_limit(meta.key("block_count"), block_count, MAX_BLOCKS, "blocks", path)
+    if hp.n_layer_nextn > block_count:
+        raise InconsistentHeaderError(
+            f"metadata key {meta.key('nextn_predict_layers')!r} is {hp.n_layer_nextn:,} but "
+            f"{meta.key('block_count')!r} is {block_count:,}; the MTP blocks are among the blocks, so llama.cpp "
+            "refuses such a file", key=meta.key("nextn_predict_layers"), value=hp.n_layer_nextn, found=block_count,
+            path=path)
+    check_block_count(meta.key("block_count"), block_count, hp.n_layer_nextn, highest, path)
     if block_count > MAX_LAYERS:
         ctx.guess(f"{meta.key('block_count')} is {block_count}; llama.cpp b11434 supports at most {MAX_LAYERS}")
     hp.n_layer_all = block_count
     n = block_count
-    hp.n_layer_nextn = meta.u32("nextn_predict_layers", 0)
-    if hp.n_layer_nextn > n:
-        ctx.guess(f"{meta.key('nextn_predict_layers')} ({hp.n_layer_nextn}) exceeds block_count ({n}); ignored")
-        hp.n_layer_nextn = 0
     hp.n_expert = meta.u32("expert_count", 0)
     hp.n_expert_used = meta.per_layer("expert_used_count", n, 0)
     if arch in ("hunyuan_vl", "hunyuan-dense") and hp.n_expert <= 1:
         hp.n_expert = 0
         hp.n_expert_used = [0] * n
+    check_experts(arch, hp.n_expert, hp.n_expert_used, path)
     if arch == "wavtokenizer-dec":
         hp.n_embd = meta.u32("features_length", hp.n_embd, required=True)
     hp.n_ff = meta.per_layer("feed_forward_length", n, 0)
@@ -1099,7 +1110,7 @@ def _model_facts(model: GGUFFile, hf_config: Mapping[str, Any] | None) -> ModelF
     kpool, topk_layers = _indexer_selection(arch, meta, hp)
     ple_state, ple_layers = _ple(arch, meta, hp)
 
-    return ModelFacts(
+    facts = ModelFacts(
         architecture=arch,
         known_architecture=known,
         name=meta.raw_str("general.name"),
@@ -1181,6 +1192,8 @@ def _model_facts(model: GGUFFile, hf_config: Mapping[str, Any] | None) -> ModelF
         hyper_connections=max(meta.u32("hyper_connection.count", 1), 1),
         rope_dimension_count=meta.u32("rope.dimension_count", hp.n_embd_head_k) if any(hp.n_head) else 0,
     )
+    check_shapes(facts, tensors, md, path)
+    return facts
 
 
 #: GLM-5.2's indexer layout when the GGUF has no indexer types (glm-dsa.cpp GLM_5_2_DEFAULT_INDEXER_TYPES).
@@ -1381,8 +1394,8 @@ def _layer_of(name: str) -> int:
 
 
 def _max_block_index(tensors: Sequence[Any]) -> int:
-    """The highest plausible blk.N index (absurd indexes count as non-layer tensors)."""
-    return max((il for t in tensors if (il := _layer_of(t.name)) < _IMPLAUSIBLE_LAYERS), default=-1)
+    """The highest blk.N index among the tensors (-1: none)."""
+    return max((_layer_of(t.name) for t in tensors), default=-1)
 
 
 def _guess_file_type(tensors: Sequence[Any]) -> int:

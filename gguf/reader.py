@@ -32,6 +32,17 @@ DEFAULT_ALIGNMENT = 32
 MAX_DIMS = 4
 MAX_NAME = 64  # GGML_MAX_NAME, including the terminating NUL
 MAX_NESTING = 8
+#: Lengths checked before a string is copied out of the map, so a corrupt length costs nothing: keys are dotted
+#: names of tens of bytes; the longest values are an embedded tokenizer.json (Gemma 3's 262k vocabulary: 33 MB)
+#: and chat templates (tens of KB). Bytes beyond these are tensor data read as text.
+MAX_KEY = 1 << 16
+MAX_STRING = 1 << 27
+#: Arrays of arrays (which llama.cpp refuses; the writer's tests use a few) are read up to this many inner ones.
+MAX_INNER_ARRAYS = 4096
+#: Counts beyond any real file, refused before the loops over them: models have tens of keys and up to a few
+#: thousand tensors (DeepSeek-V3: 1,025; facts allow 1024 blocks, 256 tensors each would be 262,144).
+MAX_KV = 1 << 16
+MAX_TENSORS = 1 << 18
 
 # GGUF metadata value types.
 UINT8, INT8, UINT16, INT16, UINT32, INT32, FLOAT32, BOOL, STRING, ARRAY, UINT64, INT64, FLOAT64 = range(13)
@@ -259,11 +270,15 @@ class _Parser:
             raise self.corrupt(f"the header claims {n_kv} metadata entries, more than the file can hold", 16)
         if n_tensors * 28 > self.size - 24:
             raise self.corrupt(f"the header claims {n_tensors} tensors, more than the file can hold", 8)
+        if n_kv > MAX_KV:
+            raise self.corrupt(f"the header claims {n_kv} metadata entries; no model has more than {MAX_KV}", 16)
+        if n_tensors > MAX_TENSORS:
+            raise self.corrupt(f"the header claims {n_tensors} tensors; no model has more than {MAX_TENSORS}", 8)
         metadata: dict[str, Any] = {}
         types: dict[str, tuple[int, ...]] = {}
         for _ in range(n_kv):
             start = self.off
-            key = self.string("a metadata key")
+            key = self.string("a metadata key", MAX_KEY)
             if not key:
                 raise self.corrupt("a metadata key is empty", start)
             if key in metadata:
@@ -277,7 +292,13 @@ class _Parser:
             raise self.corrupt("general.alignment must be a uint32 (llama.cpp refuses other types)")
         if alignment <= 0 or alignment & (alignment - 1):
             raise self.corrupt(f"general.alignment is {alignment!r}; it must be a power of two")
-        infos = [self.tensor_info() for _ in range(n_tensors)]
+        infos, names = [], set()
+        for _ in range(n_tensors):
+            info = self.tensor_info()
+            if info[0] in names:  # found as soon as it repeats: zeros read as tensor infos all say ""
+                raise self.corrupt(f"tensor {info[0]!r} appears twice", info[4])
+            names.add(info[0])
+            infos.append(info)
         data_offset = -(-self.off // alignment) * alignment
         tensors = self.check_tensors(infos, data_offset, alignment)
         return Header(
@@ -301,7 +322,8 @@ class _Parser:
         self.off += 8
         return v
 
-    def string(self, what: str) -> str:
+    def string(self, what: str, limit: int = MAX_STRING) -> str:
+        """The next string; its length is checked against the file and ``limit`` before any byte is copied."""
         start = self.off
         n = self.u64(what)
         end = self.off + n
@@ -309,6 +331,8 @@ class _Parser:
             raise TruncatedError(
                 f"{what} claims {n} bytes but the file ends {self.size - self.off} bytes later; "
                 "the file is truncated or corrupt", path=self.path, offset=start)
+        if n > limit:
+            raise self.corrupt(f"{what} claims {n} bytes; at most {limit} are allowed", start)
         try:
             text = self.buf[self.off:end].decode("utf-8")
         except UnicodeDecodeError:
@@ -360,6 +384,9 @@ class _Parser:
         if etype == ARRAY:
             if count * 12 > remaining:
                 raise self.truncated(f"the {count}-array array {key!r}", start)
+            if count > MAX_INNER_ARRAYS:
+                raise self.corrupt(f"{key!r} holds {count} arrays; llama.cpp reads no arrays of arrays, and this "
+                                   f"reader at most {MAX_INNER_ARRAYS}", start)
             items = []
             inner_types = set()
             for _ in range(count):
@@ -399,9 +426,7 @@ class _Parser:
     # -- tensors ------------------------------------------------------------
     def tensor_info(self) -> tuple[str, tuple[int, ...], int, int, int]:
         start = self.off
-        name = self.string("a tensor name")
-        if len(name.encode()) >= MAX_NAME:
-            raise self.corrupt(f"tensor name {name[:40]!r}... is {len(name.encode())} bytes; ggml allows {MAX_NAME - 1}", start)
+        name = self.string("a tensor name", MAX_NAME - 1)  # ggml's limit
         n_dims = self.u32(f"the dimension count of tensor {name!r}")
         if n_dims > MAX_DIMS:
             raise self.corrupt(f"tensor {name!r} has {n_dims} dimensions; ggml allows at most {MAX_DIMS}", start)
@@ -415,13 +440,9 @@ class _Parser:
 
     def check_tensors(self, infos: list, data_offset: int, alignment: int) -> tuple[TensorInfo, ...]:
         data_size = self.size - data_offset
-        seen: set[str] = set()
         out = []
         expected_offset = 0  # llama.cpp requires tensors packed in table order, each padded
         for name, shape, ttype, offset, start in infos:
-            if name in seen:
-                raise self.corrupt(f"tensor {name!r} appears twice", start)
-            seen.add(name)
             gtype = GGML_TYPES.get(ttype)
             if gtype is None:
                 raise self.corrupt(

@@ -108,6 +108,7 @@ def terms(facts: ModelFacts, shape: ContextShape, caches: Sequence[CacheBill],
     # the FFNs between them (measured: a 4-layer zoo variant, 4 split slots at ubatch 256, peaks in an MoE FFN)
     sparse = [il for il, s in enumerate(facts.indexer_layers[:facts.layer_count]) if s]
     msa_copy = 2 * attention["mask"] if indexer["msa_block"] else 0
+    last_reader = _last_readers(facts)
 
     def masks_after(il: int, tensor: int, last: bool = False, reuse: bool = True) -> int:
         """The mask bytes in the way of ``tensor``-sized FFN activations after ``il``'s attention: every mask, less
@@ -120,7 +121,7 @@ def terms(facts: ModelFacts, shape: ContextShape, caches: Sequence[CacheBill],
             return mask
         if whole_mask or not cells:
             return mask + (msa_copy if msa_copy and sparse[0] <= il < sparse[-1] else 0)
-        freed = mask - attention["mask"] * sum(c.cells for c in live if _attends_after(facts, c.label, il)) // cells
+        freed = mask - attention["mask"] * sum(c.cells for c in live if il < last_reader.get(c.label, il + 1)) // cells
         return mask - tensor * min(3, (freed + 16 * n_tokens) // max(tensor, 1))
 
     return {
@@ -217,18 +218,22 @@ def _attention_terms(facts: ModelFacts, shape: ContextShape, live: Sequence[Cach
     }
 
 
-def _attends_after(facts: ModelFacts, label: str, il: int) -> bool:
-    """Whether a layer after ``il`` still reads ``label``'s mask. ggml-alloc frees an input after its last reader,
-    so the SWA (or non-SWA) mask goes with the last layer of its kind: near the end of a real model, but after the
-    first block in a two-layer one whose blocks differ."""
+def _last_readers(facts: ModelFacts) -> dict[str, int]:
+    """The last layer that reads each cache's mask ("main", "SWA", "non-SWA"; -1: none), one pass over the layers.
+
+    ggml-alloc frees an input after its last reader, so a layer's FFN runs beside
+    the masks a later layer still reads: the SWA (or non-SWA) mask goes with the
+    last layer of its kind, near the end of a real model but after the first block
+    in a two-layer one whose blocks differ. Layers reusing an earlier layer's KV
+    read the masks too. Other caches' masks (an indexer's, a draft's) stay alive.
+    """
     n = facts.layer_count
-    later = [j for j in range(il + 1, n)
-             if (j < len(facts.kv_layers) and facts.kv_layers[j]) or j >= n - facts.shared_kv_layers]
-    if label == "SWA":
-        return any(facts.swa_layers[j] for j in later)
-    if label == "non-SWA":
-        return any(not facts.swa_layers[j] for j in later)
-    return bool(later) if label == "main" else True
+    last = {"main": -1, "SWA": -1, "non-SWA": -1}
+    for j in range(n):
+        if (j < len(facts.kv_layers) and facts.kv_layers[j]) or j >= n - facts.shared_kv_layers:
+            last["main"] = j
+            last["SWA" if facts.swa_layers[j] else "non-SWA"] = j
+    return last
 
 
 def _fused_qkv_rotation(q: int, k: int, v: int, k_rotated: bool, v_rotated: bool) -> int:

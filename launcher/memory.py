@@ -459,7 +459,7 @@ def _recurrent(facts: ModelFacts, shape: ContextShape,
     rows = shape.n_seq * (1 + shape.n_rs_seq)
     r_row, s_row = facts.recurrent_conv_state * 4 * rows, facts.recurrent_state * 4 * rows
     p_row = facts.ple_conv_state * 4 * rows  # llama_memory_recurrent: cache_ple_r_l for PLE layers
-    ple = [il for il in layers if il < len(facts.ple_layers) and facts.ple_layers[il]]
+    ple = {il for il in layers if il < len(facts.ple_layers) and facts.ple_layers[il]}
     per_device: dict[str, int] = {}
     for il in layers:
         per_device[devices[il]] = per_device.get(devices[il], 0) + r_row + s_row + (p_row if il in ple else 0)

@@ -35,6 +35,7 @@ The plan keeps the reasons for each decision, in words a user can act on.
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -66,6 +67,13 @@ MTP_BUDGET_FRACTION = 0.85
 #: An automatic context never shrinks below this (unless the model's own context is smaller).
 MIN_AUTO_CTX = 4096
 CTX_STEP = 256
+#: Estimates one plan may ask for: a backstop, since each estimate is linear in the blocks. Each search is a
+#: bisection: a context in [256, native] (the facts refuse a native context above 2**27: at most 20 estimates), a
+#: layer count in [0, blocks + 1] (the facts refuse more than 1024 blocks: at most 12). An automatic context on G
+#: GPUs tries the native one on each set of GPUs, then searches the context on each (21 G), a split searches the
+#: layers (12), the slider's end searches the context from 256 on each set until one reaches the native context,
+#: then on the split (20 G + 20): at most 41 G + 33 (370 with 8 GPUs), and the same bill is never estimated twice.
+MAX_ESTIMATES = 2000
 #: Backends whose GPUs a vendor tool reports; preferred over devices only llama-server lists.
 _VENDOR_BACKENDS = ("CUDA", "ROCm")
 
@@ -266,6 +274,10 @@ class _Planner:
         self.floor = min(MIN_AUTO_CTX, self.cap)
         self.flash_attn = self._flash_attn()
         self.full = self.facts.block_count + 1  # every block plus the output layer
+        # the layer bytes left on the CPU for each -ngl, summed once (every candidate split asks)
+        self.cpu_layer_bytes = (0, *itertools.accumulate(self.facts.layer_weight_bytes))
+        # every bill asked for, by (context, layers, GPUs): the searches ask some more than once
+        self.bills: dict[tuple[int, int, tuple[Device, ...]], MemoryBill] = {}
 
     # -- inputs ------------------------------------------------------------------------------
     def _usable_gpus(self, inventory: Inventory) -> tuple[Device, ...]:
@@ -306,8 +318,8 @@ class _Planner:
         repack = self.model.cpu_repack_bytes
         if ngl and repack:
             # Only weights left on the CPU are repacked; scale by the layer bytes that stay there.
-            on_cpu = sum(facts.layer_weight_bytes[:max(facts.block_count + 1 - ngl, 0)])
-            repack = repack * on_cpu // max(sum(facts.layer_weight_bytes), 1)
+            kept = min(max(facts.block_count + 1 - ngl, 0), len(facts.layer_weight_bytes))
+            repack = repack * self.cpu_layer_bytes[kept] // max(self.cpu_layer_bytes[-1], 1)
         return MemoryOptions(
             n_ctx=n_ctx, n_parallel=self.request.n_parallel, cache_type_k=self.request.cache_type_k,
             cache_type_v=self.request.cache_type_v, flash_attn=self.flash_attn,
@@ -319,7 +331,18 @@ class _Planner:
         )
 
     def bill(self, n_ctx: int, ngl: int, gpus: tuple[Device, ...]) -> MemoryBill:
-        return estimate(self.facts, self.options(n_ctx, ngl, gpus))
+        """The estimator's bill for one candidate; the same candidate is estimated once.
+
+        Raises:
+            PlanError: the plan needs more than ``MAX_ESTIMATES`` estimates (see there).
+        """
+        key = (n_ctx, ngl, gpus)
+        if key not in self.bills:
+            if len(self.bills) >= MAX_ESTIMATES:
+                raise PlanError(f"planning {self.model.path.name} on {_count(self.gpus)} needs more than "
+                                f"{MAX_ESTIMATES} memory estimates; make fewer GPUs visible (CUDA_VISIBLE_DEVICES)")
+            self.bills[key] = estimate(self.facts, self.options(n_ctx, ngl, gpus))
+        return self.bills[key]
 
     def budget(self, device: Device) -> int:
         if device.budget_bytes is not None:
@@ -493,8 +516,12 @@ class _Planner:
         if self.rpc:  # the workers are always used: the slider moves along this plan's split
             max_safe = self.largest_ctx(ngl, gpus)
         else:
-            max_safe = max((self.largest_ctx(self.full, g) for g in self.gpu_prefixes()), default=0) \
-                or self.largest_ctx(ngl, self.all_gpus)
+            max_safe = 0
+            for g in self.gpu_prefixes():
+                max_safe = max(max_safe, self.largest_ctx(self.full, g))
+                if max_safe == self.cap:  # no set of GPUs goes further
+                    break
+            max_safe = max_safe or self.largest_ctx(ngl, self.all_gpus)
         # With --fit, llama-server writes the split itself and gives up if one is passed.
         split = tuple(d.free_bytes // MIB for d in gpus) if len(gpus) > 1 and offload == "ngl" else ()
         if split:
@@ -549,6 +576,6 @@ def _largest(ok: Callable[[int], bool], low: int, high: int) -> int:
 
 
 __all__ = [
-    "BUDGET_FRACTION", "MIN_AUTO_CTX", "MTP_BUDGET_FRACTION", "DevicePlan", "LaunchPlan", "ModelInfo", "PlanError",
+    "BUDGET_FRACTION", "MAX_ESTIMATES", "MIN_AUTO_CTX", "MTP_BUDGET_FRACTION", "DevicePlan", "LaunchPlan", "ModelInfo", "PlanError",
     "PlanRequest", "load_model", "plan", "predict", "round_down",
 ]

@@ -268,6 +268,18 @@ BAD_FILES = {
     "duplicate tensor": (pad_to(header([], [tensor("w", (8,)), tensor("w", (8,), offset=32)])) + b"\0" * 64,
                          CorruptHeaderError, "twice"),
     "kv count larger than present": (header([kv("k", UINT8, b"\0")], n_kv=3) + b"\0" * 40, gguf.GGUFError, ""),
+    # lengths and counts that fit in the file but no real one has: refused before they are read or looped over
+    "key of 70,000 bytes": (header([kv("k" * 70_000, UINT8, b"\0")]), CorruptHeaderError, "at most 65536"),
+    "tensor name of 10,000 bytes": (pad_to(header([], [tensor("w" * 10_000, (8,))])) + b"\0" * 32,
+                                    CorruptHeaderError, "at most 63"),
+    "4097 arrays in an array": (header([kv("k", ARRAY, struct.pack("<IQ", ARRAY, 4097)
+                                          + struct.pack("<IQ", UINT8, 0) * 4097)]), CorruptHeaderError, "at most 4096"),
+    "65,537 metadata entries": (b"GGUF" + struct.pack("<IQQ", 3, 0, 65_537) + b"\0" * (13 * 65_537),
+                                CorruptHeaderError, "no model has more than 65536"),
+    "262,145 tensors": (b"GGUF" + struct.pack("<IQQ", 3, 262_145, 0) + b"\0" * (28 * 262_145),
+                        CorruptHeaderError, "no model has more than 262144"),
+    "zeros read as tensor infos": (b"GGUF" + struct.pack("<IQQ", 3, 100_000, 0) + b"\0" * (28 * 100_000),
+                                   CorruptHeaderError, "(byte 48): tensor '' appears twice"),
 }
 
 

@@ -676,6 +676,10 @@ def plan_command(
 
     Settings left out come from the model's ``[models.NAME]`` table in the config file, as for a load.
     """
+    if model.endswith(".gguf") and Path(model).is_file():
+        import gguf
+
+        gguf.read(model).facts  # a header the facts refuse is answered before the slower imports (read once: cached)
     from launcher.capabilities import probe
     from launcher.command import build_command
     from launcher.devices import discover
