@@ -154,7 +154,7 @@ class Supervisor:
         logs_dir: Path,
         registry: ChildRegistry,
         stop_grace: float = 5.0,
-        health_interval: float = 2.0,
+        health_interval: float = 5.0,
         health_failures_for_hang: int = 3,
         keep_logs: int = 20,
         on_change: Callable[[Status], None] | None = None,

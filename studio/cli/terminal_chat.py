@@ -30,6 +30,7 @@ import httpx
 import uvicorn
 
 from studio.http.app import create_app
+from studio.http.server import StudioServer
 from studio.residency.manager import ModelManager
 from studio.residency.requests import LoadRequest
 from studio.residency.resident import LoadedModel
@@ -67,7 +68,7 @@ class LocalStudio:
         self.url = f"http://127.0.0.1:{self._sock.getsockname()[1]}"
         self._loop = asyncio.new_event_loop()
         config = uvicorn.Config(create_app(manager, api_token=self.token), log_level="warning", lifespan="on")
-        self._server = uvicorn.Server(config)
+        self._server = StudioServer(config)
         self._thread = threading.Thread(target=self._serve, name="studio-service", daemon=True)
 
     def _serve(self) -> None:
@@ -92,6 +93,7 @@ class LocalStudio:
         try:
             if self._thread.is_alive():
                 self._server.should_exit = True
+                self._server.wake()
                 self._thread.join(self.shutdown_grace)
                 if self._thread.is_alive():  # a connection that will not close: stop waiting for it
                     self._server.force_exit = True

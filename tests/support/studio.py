@@ -15,6 +15,7 @@ from launcher.capabilities import probe
 from launcher.registry import ChildRegistry
 from launcher.supervisor import owner_token
 from studio.http.app import create_app
+from studio.http.server import StudioServer
 from studio.library.catalog import Catalog
 from studio.residency.manager import ModelManager, supervisor_factory
 from studio.residency.requests import LoadRequest
@@ -26,7 +27,7 @@ from tests.helpers import free_port, wait_for
 class RunningStudio:
     url: str
     manager: ModelManager
-    server: uvicorn.Server
+    server: StudioServer
 
 
 @contextmanager
@@ -49,7 +50,7 @@ def running_studio(root: Path, binary: Path, models: Mapping[str, Path], *,
         **manager_options,
     )
     port = free_port()
-    server = uvicorn.Server(uvicorn.Config(create_app(manager, preload=preload, api_token=api_token),
+    server = StudioServer(uvicorn.Config(create_app(manager, preload=preload, api_token=api_token),
                                            host="127.0.0.1", port=port, log_level="warning"))
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
@@ -58,4 +59,5 @@ def running_studio(root: Path, binary: Path, models: Mapping[str, Path], *,
         yield RunningStudio(f"http://127.0.0.1:{port}", manager, server)
     finally:
         server.should_exit = True
+        server.wake()
         thread.join(60)
