@@ -12,6 +12,7 @@ temporary directory (``step-*.png``).
 
 from __future__ import annotations
 
+import json
 import re
 import shutil
 import time
@@ -23,6 +24,7 @@ import pytest
 from playwright.sync_api import Page, sync_playwright
 
 from studio.library.default_model import CHAT_FILENAME, builtin_model_defaults, ensure_default_model
+from studio.settings import ResidencySettings
 from tests.helpers import assert_no_children, wait_for
 from tests.support.studio import running_studio
 
@@ -44,15 +46,17 @@ pytestmark = [
 @pytest.fixture(scope="module")
 def studio(llama_server_bin, zoo_dir, settings, tmp_path_factory):
     models = {SMOL: ensure_default_model(settings.models_dir), TINY: zoo_dir / f"{TINY}.gguf"}
+    # one model at a time, so that the load dialog has an eviction to show
     with running_studio(tmp_path_factory.mktemp("page-studio"), llama_server_bin, models,
-                        defaults=builtin_model_defaults({})) as s:
+                        defaults=builtin_model_defaults({}), residency=ResidencySettings(max_resident=1)) as s:
         yield s
     assert_no_children()
 
 
 @pytest.fixture(scope="module")
-def browser(tmp_path_factory):
-    """Headless Debian Chromium (never a downloaded one) with a new, empty profile."""
+def browser(studio, tmp_path_factory):
+    """Headless Debian Chromium (never a downloaded one) with a new, empty profile; closed before the studio
+    stops, which then checks that no process is left."""
     profile = tmp_path_factory.mktemp("chromium-profile")
     with sync_playwright() as pw:
         context = pw.chromium.launch_persistent_context(
@@ -194,6 +198,14 @@ def test_load_chat_stop_log_and_unload_in_a_real_browser(watched, studio):
     assert studio.manager.find(SMOL).loaded.n_ctx == 1024
     watched.shot("ready")
 
+    # what loading another model would evict
+    page.click(f"li.card.model[data-model='{TINY}'] button")
+    page.wait_for_selector("#load-evicts:not([hidden])")
+    assert SMOL in page.locator("#load-evicts").inner_text()
+    watched.shot("would-evict")
+    page.keyboard.press("Escape")
+    assert not page.locator("#load-dialog").is_visible()
+
     # a chat whose answer streams, at temperature 0
     page.click("#chat-options summary")
     page.fill("#opt-temperature", "0")
@@ -275,3 +287,93 @@ def test_a_studio_with_a_token_serves_the_page_which_asks_for_it(browser, llama_
             assert all("401" in e for e in w.errors), w.errors
         finally:
             page.close()
+
+
+def sse(*events: dict) -> str:
+    return "".join(f"data: {json.dumps(e)}\n\n" for e in events)
+
+
+def test_the_pull_box_shows_progress_and_says_plainly_when_the_studio_cannot_pull(watched, studio):
+    """``/api/pull`` is a stand-in here (Hugging Face is out of reach): once as a studio without the route
+    answers (its 404), once with the events the download service streams (``progress`` with the download's
+    snapshot, then ``done``)."""
+    page = watched.page
+    page.route(f"{studio.url}/api/pull", lambda route: route.fulfill(status=404, content_type="application/json",
+               body=json.dumps({"error": {"message": "no such route: POST /api/pull", "type": "not_found_error"}})))
+    page.fill("#pull-input", "not a repo")
+    page.keyboard.press("Enter")
+    assert "owner/repo" in page.locator("#pull-status").inner_text()  # checked before anything is sent
+    page.fill("#pull-input", "unsloth/gemma-3-4b-it-GGUF:Q4_K_M")
+    page.click("#pull-start")
+    wait_for(lambda: "cannot pull" in page.locator("#pull-status").inner_text(), timeout=10, what="the message")
+    watched.shot("pull-missing")
+    page.unroute(f"{studio.url}/api/pull")
+    snapshot = {"id": "d1", "model": "unsloth/gemma-3-4b-it-GGUF:Q4_K_M", "variant": "Q4_K_M", "state": "running",
+                "done_bytes": 512 << 20, "total_bytes": 2 << 30, "rate_bytes_per_s": 25 << 20, "eta_s": 60}
+    page.route(f"{studio.url}/api/pull", lambda route: route.fulfill(
+        status=200, content_type="text/event-stream", body=sse(
+            {"type": "progress", **snapshot},
+            {"type": "done", **snapshot, "state": "done", "done_bytes": 2 << 30, "path": "/hf/gemma.gguf"})))
+    refreshed = len([u for _, u, _ in watched.requests if u.endswith("/api/models")])
+    page.click("#pull-start")
+    wait_for(lambda: "is in the library" in page.locator("#pull-status").inner_text(), timeout=10, what="done")
+    assert page.locator("#pull-progress").evaluate("p => p.value === p.max")
+    wait_for(lambda: len([u for _, u, _ in watched.requests if u.endswith("/api/models")]) > refreshed, timeout=10,
+             what="the library to be read again")
+    watched.shot("pull-done")
+    assert [e for e in watched.errors if "404" not in e] == []  # Chromium logs the stand-in's 404
+
+
+def test_reasoning_tool_events_and_speculative_numbers_render(watched, studio):
+    """A stand-in ``/api/chat`` stream with every event the studio sends (``studio.http.gui_chat`` and
+    ``studio.chat.tool_loop``): no model here reasons, runs the tool loop and speculates in one answer."""
+    page = watched.page
+    page.route(f"{studio.url}/api/chat", lambda route: route.fulfill(
+        status=200, content_type="text/event-stream", body=sse(
+            {"type": "reasoning", "text": "The user wants 6*7. "}, {"type": "reasoning", "text": "Use python."},
+            {"type": "tool_call", "index": 0, "id": "c1", "function": {"name": "python", "arguments": ""}},
+            {"type": "tool_call", "index": 0, "function": {"arguments": '{"code": "print(6*7)"}'}},
+            {"type": "tool_start", "id": "c1", "name": "python", "arguments": '{"code": "print(6*7)"}'},
+            {"type": "tool_end", "id": "c1", "name": "python", "ok": True, "result": "42", "seconds": 0.21},
+            {"type": "status", "reason": "repeated_call", "message": "the model repeated python; telling it so"},
+            {"type": "content", "text": "<b>42</b>"},
+            {"type": "done", "finish_reason": "stop", "usage": {"completion_tokens": 12, "prompt_tokens": 30},
+             "timings": {"draft_n": 10, "draft_n_accepted": 7}, "tokens_per_second": 31.5,
+             "draft_acceptance": 0.7, "iterations": 2})))
+    page.fill("#chat-input", "What is 6*7?")
+    page.keyboard.press("Enter")
+    page.wait_for_selector("#messages .msg.assistant .stats:not(:empty)")
+    reasoning = page.locator("#messages .reasoning")
+    assert reasoning.is_visible() and not reasoning.evaluate("d => d.open")  # shown collapsed
+    assert not page.locator("#messages .reasoning-text").is_visible()
+    tools = page.locator("#messages .tool-events").inner_text()
+    assert 'The model calls python({"code": "print(6*7)"})' in tools and "python answered in 0.2 s: 42" in tools
+    assert "repeated python" in tools
+    assert page.locator("#messages .msg.assistant .body").inner_text() == "<b>42</b>"  # text, never markup
+    stats = page.locator("#messages .stats").inner_text()
+    assert stats == "12 tokens · 31.5 tokens/s · speculative acceptance 70 % (7 of 10 drafted) · 2 model calls"
+    page.click("#messages .reasoning summary")
+    assert "Use python." in page.locator("#messages .reasoning-text").inner_text()
+    watched.shot("events")
+    assert watched.errors == []
+
+
+def test_an_attached_image_goes_as_an_image_part_and_a_refusal_reads_plainly(watched, studio, llama_src):
+    page = watched.page
+    page.set_input_files("#image-input", str(llama_src / "tools" / "mtmd" / "test-1.jpeg"))
+    page.wait_for_selector("#attachments img")
+    page.select_option("#chat-model", TINY)  # no vision projector: llama-server refuses the image
+    page.fill("#chat-input", "What is in the picture?")
+    with page.expect_request(f"{studio.url}/api/chat") as sent:
+        page.keyboard.press("Enter")
+    parts = sent.value.post_data_json["messages"][-1]["content"]
+    assert parts[0] == {"type": "text", "text": "What is in the picture?"}
+    assert parts[1]["type"] == "image_url" and parts[1]["image_url"]["url"].startswith("data:image/jpeg;base64,")
+    problem = page.locator("#messages .msg.assistant .error")
+    problem.wait_for(timeout=120_000)
+    text = problem.inner_text()
+    assert text.startswith("The model could not answer. Image input is not supported"), text
+    assert text.endswith(".") and "{" not in text, text
+    assert page.locator("#chat-input").input_value() == "What is in the picture?"  # given back to try again
+    watched.shot("image-refused")
+    httpx.post(f"{studio.url}/api/unload", json={}, timeout=60)

@@ -183,7 +183,7 @@ export class Chat {
       for await (const event of stream("POST", "/api/chat", body, { signal: controller.signal })) {
         if (event.type === "error") {
           failed = true;
-          view.error(plainError(eventError(event)));
+          view.error(plainError(eventError(event), { chat: true }));
         } else {
           view.handle(event);
         }
@@ -194,7 +194,7 @@ export class Chat {
       if (err.name === "AbortError") view.stopped();
       else {
         failed = true;
-        view.error(plainError(err));
+        view.error(plainError(err, { chat: true }));
       }
     } finally {
       this.controller = null;

@@ -20,15 +20,21 @@ const LEADS = {
   507: "There is not enough disk space.",
 };
 
+// In a chat most failures are llama-server's answer to the request, not the studio's.
+const CHAT_LEADS = {
+  400: "The model refused the request.",
+  500: "The model could not answer.",
+};
+
 /** One sentence or two for a person: a lead for the kind of failure, then the studio's own words. */
-export function plainError(err) {
+export function plainError(err, { chat = false } = {}) {
   if (err && err.name === "AbortError") return "Stopped.";
   if (!(err instanceof ApiError)) return `Something went wrong in the page: ${err && err.message ? err.message : err}`;
   if (err.type === "exceed_context_size_error" || err.code === "exceed_context_size_error") {
     return `The conversation no longer fits the model's context: ${err.message}. Start a new chat, or load the ` +
       "model with a larger context.";
   }
-  const lead = LEADS[err.status] || `The studio answered ${err.status}.`;
+  const lead = (chat && CHAT_LEADS[err.status]) || LEADS[err.status] || `The studio answered ${err.status}.`;
   const message = (err.message || "").trim();
   return message && err.status !== 0 ? `${lead} ${capitalise(message)}${/[.!?]$/.test(message) ? "" : "."}`
     : `${lead} ${err.status === 0 ? "Is `ggstudio serve` still running?" : ""}`.trim();
