@@ -33,6 +33,7 @@ let pollTimer = null;
 
 function notice(text, isError = false) {
   noticeNode.textContent = text;
+  noticeNode.title = text;
   noticeNode.classList.toggle("error", isError);
 }
 
@@ -50,8 +51,11 @@ async function poll() {
   try {
     show(await getJSON("/api/status"));
   } catch (err) {
-    connection.textContent = plainError(err);
+    const text = err.status === 401 ? "waiting for the API token" : plainError(err);
+    connection.textContent = text;
+    connection.title = text;
     connection.classList.add("error");
+    if (err.status === 401) return; // polled again once the token is given
   }
   pollTimer = setTimeout(poll, POLL_MS);
 }
@@ -61,7 +65,7 @@ async function refreshLibrary() {
     await library.refresh();
     chat.setModels(status, library.models);
   } catch (err) {
-    notice(plainError(err), true);
+    if (err.status !== 401) notice(plainError(err), true); // a 401 opens the token dialog instead
   }
 }
 
@@ -120,8 +124,9 @@ function setUpToken() {
 
 async function start() {
   const results = await Promise.allSettled([dialog.init(), refreshLibrary(), chat.loadTools()]);
-  const failed = results.find((r) => r.status === "rejected");
+  const failed = results.find((r) => r.status === "rejected" && r.reason.status !== 401);
   if (failed) notice(plainError(failed.reason), true);
+  else notice("");
   poll();
 }
 
