@@ -130,6 +130,13 @@ def test_every_file_of_the_page_ships_as_package_data():
     assert files and files == shipped
 
 
+def test_the_library_names_each_model_as_a_load_takes_it(studio):
+    """The file's general.name used to overwrite ``name``: the page offered the zoo model as "n/a"."""
+    models = {m["name"]: m for m in httpx.get(f"{studio.url}/api/models", timeout=30).json()}
+    assert set(models) == {SMOL, TINY}
+    assert models[SMOL]["general_name"] != SMOL and models[SMOL]["architecture"] == "llama"
+
+
 def test_the_page_is_served_with_a_strict_content_security_policy(studio):
     page = httpx.get(f"{studio.url}/")
     assert page.status_code == 200 and page.headers["content-type"].startswith("text/html")
