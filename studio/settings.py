@@ -169,6 +169,7 @@ class ModelDefaults:
     cache_type_kv: CacheType | None = None
     ttl: float | None = None  # None: the global ttl
     pinned: bool = False
+    chat_template: str | None = None  # a Jinja template replacing the model's own (built-in defaults only)
 
 
 @dataclass(frozen=True)

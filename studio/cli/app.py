@@ -155,6 +155,7 @@ def _model_manager(settings: Settings, rpc_workers: tuple[str, ...] = ()) -> tup
     from launcher.registry import ChildRegistry
     from launcher.rpc import RpcWorkers
     from launcher.supervisor import owner_token
+    from studio.library.default_model import builtin_model_defaults
     from studio.residency.manager import ModelManager, supervisor_factory
 
     found = _find_binary(settings)
@@ -164,7 +165,7 @@ def _model_manager(settings: Settings, rpc_workers: tuple[str, ...] = ()) -> tup
     manager = ModelManager(
         catalog=_catalog(settings), binary=found.path,
         make_supervisor=supervisor_factory(settings.logs_dir / "llama-server", registry),
-        model_defaults=settings.model_defaults, residency=settings.residency,
+        model_defaults=builtin_model_defaults(settings.model_defaults), residency=settings.residency,
         caps=probe(found.path, cache_dir=settings.home / "cache"), files_root=settings.home / "run",
         discover_devices=(lambda: discover(llama_server=found.path, workers=workers)) if workers else None,
     )
@@ -315,8 +316,8 @@ def _serve(model: str | None, *, host: str | None, port: int | None, ctx: int | 
     requests = [LoadRequest(model=name, n_ctx=ctx if i == 0 else None) for i, name in enumerate(preload)]
 
     def announce() -> None:
-        typer.echo(f"GGUF Studio at {url}  (OpenAI API: {url}/v1, GUI API: {url}/api, docs: {url}/docs; "
-                   "Ctrl-C stops)")
+        typer.echo(f"GGUF Studio at {url}/  (open it in a browser; OpenAI API: {url}/v1, GUI API: {url}/api, "
+                   f"docs: {url}/docs; Ctrl-C stops)")
         if generated:  # printed once, here, and nowhere else: it is not logged
             typer.echo(f"API token for this run: {token}  (send `Authorization: Bearer <token>` or "
                        "`x-api-key: <token>`; set GGUF_STUDIO_API_TOKEN to choose your own)")

@@ -25,6 +25,7 @@ from studio.http.gui_api import router as api_router
 from studio.http.auth import BearerTokenMiddleware
 from studio.http.browser_guard import BrowserGuard
 from studio.http.gui_chat import router as chat_router
+from studio.http.page import router as page_router
 from studio.errors import BusyError, StudioError, error_body
 from studio.library.paths import PathPolicy
 from studio.residency.manager import ModelManager
@@ -80,6 +81,7 @@ def create_app(
     app.include_router(api_router)
     app.include_router(chat_router)
     app.include_router(proxy_router)
+    app.include_router(page_router)
     app.add_middleware(OpenAIRoutes, on_error=error_response)
     if api_token:
         app.add_middleware(BearerTokenMiddleware, token=api_token)

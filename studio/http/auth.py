@@ -1,8 +1,9 @@
 """An optional API token in front of the whole service, as pure ASGI middleware.
 
 Pure ASGI (not ``BaseHTTPMiddleware``) so the streaming path is not buffered.
-``/health`` stays open for supervisors and load balancers. The token comes as
-``Authorization: Bearer <token>`` (OpenAI's clients) or ``x-api-key: <token>``
+``/health`` stays open for supervisors and load balancers, and so do the studio page's
+files (``/`` and ``/static/``, which hold no data): the page asks for the token itself.
+The token comes as ``Authorization: Bearer <token>`` (OpenAI's clients) or ``x-api-key: <token>``
 (Anthropic's); it is compared in constant time and never logged.
 """
 
@@ -15,7 +16,8 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from studio.errors import error_body
 
-OPEN_PATHS = frozenset({"/health"})
+OPEN_PATHS = frozenset({"/health", "/"})
+OPEN_PREFIXES = ("/static/",)
 
 
 class BearerTokenMiddleware:
@@ -26,7 +28,7 @@ class BearerTokenMiddleware:
         self._expected = token.encode()
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] not in ("http", "websocket") or scope["path"] in OPEN_PATHS or self._authorized(scope):
+        if scope["type"] not in ("http", "websocket") or _open(scope["path"]) or self._authorized(scope):
             await self.app(scope, receive, send)
             return
         if scope["type"] == "websocket":
@@ -51,3 +53,7 @@ class BearerTokenMiddleware:
                 given.append(value.strip())
         # every candidate is compared, so the time taken does not depend on which one matched
         return any([hmac.compare_digest(g, self._expected) for g in given])
+
+
+def _open(path: str) -> bool:
+    return path in OPEN_PATHS or path.startswith(OPEN_PREFIXES)

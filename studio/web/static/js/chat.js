@@ -1,0 +1,350 @@
+// The chat: a conversation with one model through /api/chat, streamed as typed events.
+// Stop aborts the fetch; the studio sees the client leave and stops llama-server's slot.
+
+import { ApiError, getJSON, stream } from "./api.js";
+import { byId, el, fill } from "./dom.js";
+import { count, percent } from "./format.js";
+import { eventError, plainError } from "./errors.js";
+
+const MAX_IMAGE_BYTES = 20 * 1024 * 1024;
+
+export class Chat {
+  constructor() {
+    this.history = []; // OpenAI messages sent so far (the system prompt is added per request)
+    this.attachments = []; // {name, url} data URLs of images to send with the next message
+    this.controller = null;
+    this.models = new Map(); // name -> what the library and the status say about it
+    this.chosen = null; // the model the person picked; null: follow the studio's default
+    this.form = byId("chat-form");
+    this.input = byId("chat-input");
+    this.select = byId("chat-model");
+    this.list = byId("messages");
+    this.note = byId("chat-note");
+    this.send = byId("send");
+    this.stop = byId("stop");
+    this.attach = byId("attach");
+    this.files = byId("image-input");
+    this.form.addEventListener("submit", (e) => {
+      e.preventDefault();
+      this.submit();
+    });
+    this.input.addEventListener("keydown", (e) => {
+      if (e.key === "Enter" && !e.shiftKey && !e.isComposing) {
+        e.preventDefault();
+        this.submit();
+      }
+    });
+    this.stop.addEventListener("click", () => this.controller?.abort());
+    this.select.addEventListener("change", () => {
+      this.chosen = this.select.value || null;
+      this.updateAttach();
+    });
+    byId("chat-new").addEventListener("click", () => this.reset());
+    this.attach.addEventListener("click", () => this.files.click());
+    this.files.addEventListener("change", () => this.addFiles([...this.files.files]));
+  }
+
+  /** Offer the tools the studio can run (`GET /api/tools`); a studio without them shows none. */
+  async loadTools() {
+    let tools;
+    try {
+      tools = (await getJSON("/api/tools")).tools || [];
+    } catch (err) {
+      if (err instanceof ApiError && err.status === 404) return;
+      throw err;
+    }
+    if (!tools.length) return;
+    const list = byId("opt-tool-list");
+    fill(list, tools.map((t, i) => el("div.check", {},
+      el("input", { type: "checkbox", id: `tool-${i}`, value: t.name, name: "tool" }),
+      el("label", { for: `tool-${i}`, text: t.name, title: t.description || "" }))));
+    byId("opt-tools").hidden = false;
+  }
+
+  /** The models one may chat with: resident ones first, then the library's (loaded on the first message). */
+  setModels(status, library) {
+    this.models = new Map();
+    for (const m of library) this.models.set(m.name, { ...m, resident: null });
+    for (const r of status.models || []) {
+      this.models.set(r.model, { ...(this.models.get(r.model) || { name: r.model }), resident: r });
+    }
+    const resident = (status.models || []).map((r) => r.model);
+    const others = library.map((m) => m.name).filter((n) => !resident.includes(n));
+    const wanted = this.chosen ?? (status.model || resident[0] || "");
+    const key = JSON.stringify([resident, others, wanted, (status.models || []).map((r) => r.state)]);
+    if (key === this.lastKey) return;
+    this.lastKey = key;
+    const groups = [];
+    if (resident.length) {
+      groups.push(el("optgroup", { label: "Resident" }, (status.models || []).map((r) =>
+        el("option", { value: r.model, text: r.state === "ready" ? r.model : `${r.model} (${r.state})` }))));
+    }
+    if (others.length) {
+      groups.push(el("optgroup", { label: "Library (loads on the first message)" },
+        others.map((n) => el("option", { value: n, text: n }))));
+    }
+    if (!groups.length) groups.push(el("option", { value: "", text: "no model yet" }));
+    fill(this.select, groups);
+    this.select.value = wanted;
+    if (this.select.selectedIndex < 0 && this.select.options.length) this.select.selectedIndex = 0;
+    this.updateAttach();
+  }
+
+  /** Images can be attached unless the model is known not to take them. */
+  updateAttach() {
+    const info = this.models.get(this.select.value);
+    const blind = info && info.vision === false;
+    this.attach.disabled = Boolean(blind);
+    this.attach.title = blind ? `${info.name} does not take images (no vision projector)` : "Attach images";
+  }
+
+  async addFiles(files) {
+    for (const file of files) {
+      if (!file.type.startsWith("image/")) {
+        this.say(`${file.name} is not an image.`);
+        continue;
+      }
+      if (file.size > MAX_IMAGE_BYTES) {
+        this.say(`${file.name} is larger than 20 MiB; pick a smaller image.`);
+        continue;
+      }
+      const url = await new Promise((resolve, reject) => {
+        const reader = new FileReader();
+        reader.onload = () => resolve(reader.result);
+        reader.onerror = () => reject(reader.error);
+        reader.readAsDataURL(file);
+      });
+      this.attachments.push({ name: file.name, url });
+    }
+    this.files.value = "";
+    this.renderAttachments();
+  }
+
+  renderAttachments() {
+    fill(byId("attachments"), this.attachments.map((a, i) => el("li.thumb", {},
+      el("img", { src: a.url, alt: a.name }),
+      el("button.quiet", { type: "button", text: "Remove", "aria-label": `Remove ${a.name}`,
+                           onclick: () => { this.attachments.splice(i, 1); this.renderAttachments(); } }))));
+  }
+
+  reset() {
+    this.controller?.abort();
+    this.history = [];
+    fill(this.list);
+    this.say("");
+    this.input.focus();
+  }
+
+  say(text) {
+    this.note.textContent = text;
+  }
+
+  options() {
+    const out = {};
+    const temperature = byId("opt-temperature").value;
+    if (temperature !== "") out.temperature = Number(temperature);
+    const maxTokens = byId("opt-max-tokens").value;
+    if (maxTokens !== "") out.max_tokens = Number(maxTokens);
+    const reasoning = byId("opt-reasoning").value;
+    if (reasoning) out.enable_thinking = reasoning === "on";
+    const tools = [...document.querySelectorAll("#opt-tool-list input:checked")].map((i) => i.value);
+    if (tools.length) out.use_tools = tools;
+    return out;
+  }
+
+  async submit() {
+    if (this.controller) return;
+    const text = this.input.value.trim();
+    if (!text && !this.attachments.length) {
+      this.say("Type a message first.");
+      return;
+    }
+    const model = this.select.value || undefined;
+    const images = this.attachments;
+    const content = images.length
+      ? [{ type: "text", text }, ...images.map((a) => ({ type: "image_url", image_url: { url: a.url } }))]
+      : text;
+    this.history.push({ role: "user", content });
+    this.list.append(userMessage(text, images));
+    this.input.value = "";
+    this.attachments = [];
+    this.renderAttachments();
+    const system = byId("opt-system").value.trim();
+    const messages = system ? [{ role: "system", content: system }, ...this.history] : [...this.history];
+    const view = new AnswerView(model || "the default model");
+    this.list.append(view.node);
+    this.scroll(true);
+    const controller = new AbortController();
+    this.controller = controller;
+    this.busy(true);
+    let failed = false;
+    try {
+      const body = { ...(model ? { model } : {}), messages, ...this.options() };
+      for await (const event of stream("POST", "/api/chat", body, { signal: controller.signal })) {
+        if (event.type === "error") {
+          failed = true;
+          view.error(plainError(eventError(event), { chat: true }));
+        } else {
+          view.handle(event);
+        }
+        this.scroll();
+      }
+      if (!failed && !view.finished) view.error("The answer broke off before it ended.");
+    } catch (err) {
+      if (err.name === "AbortError") view.stopped();
+      else {
+        failed = true;
+        view.error(plainError(err, { chat: true }));
+      }
+    } finally {
+      this.controller = null;
+      this.busy(false);
+      if (view.answer) {
+        this.history.push({ role: "assistant", content: view.answer });
+      } else if (failed) {
+        this.history.pop(); // not answered: the next message replaces it
+        if (!this.input.value) this.input.value = text;
+      }
+      this.say(view.summary());
+      this.scroll();
+    }
+  }
+
+  busy(on) {
+    this.send.disabled = on;
+    this.stop.disabled = !on;
+    this.list.setAttribute("aria-busy", String(on));
+    if (on) this.stop.focus();
+    else if (document.activeElement === this.stop || document.activeElement === document.body) this.input.focus();
+  }
+
+  scroll(force = false) {
+    const near = this.list.scrollHeight - this.list.scrollTop - this.list.clientHeight < 80;
+    if (force || near) this.list.scrollTop = this.list.scrollHeight;
+  }
+}
+
+function userMessage(text, images) {
+  return el("li.msg.user", {},
+    el("div.who", { text: "You" }),
+    el("div.body", { text }),
+    images.length ? el("ul.thumbs", {}, images.map((a) => el("li", {}, el("img", { src: a.url, alt: a.name }))))
+      : null);
+}
+
+/** One answer as it streams: reasoning (collapsed), tool events, the text, then its numbers. */
+class AnswerView {
+  constructor(model) {
+    this.answer = "";
+    this.finished = false;
+    this.outcome = "";
+    this.reasoningText = document.createTextNode("");
+    this.reasoning = el("details.reasoning", { hidden: true },
+      el("summary", { text: "Reasoning" }), el("div.reasoning-text", {}, this.reasoningText));
+    this.tools = el("ol.tool-events", { hidden: true, "aria-label": "Tools" });
+    this.calls = new Map(); // tool_call deltas by index
+    this.text = document.createTextNode("");
+    this.body = el("div.body", {}, this.text);
+    this.stats = el("p.stats");
+    this.problem = el("p.error", { role: "alert", hidden: true });
+    this.node = el("li.msg.assistant", { "aria-busy": "true" },
+      el("div.who", { text: model }), this.reasoning, this.tools, this.body, this.stats, this.problem);
+    this.body.classList.add("pending");
+  }
+
+  handle(event) {
+    switch (event.type) {
+      case "content":
+        this.body.classList.remove("pending");
+        this.answer += event.text;
+        this.text.appendData(event.text);
+        break;
+      case "reasoning":
+        this.reasoning.hidden = false;
+        this.reasoningText.appendData(event.text);
+        break;
+      case "tool_call":
+        this.toolCall(event);
+        break;
+      case "tool_start":
+        this.toolItem(event.id || event.name, `Running ${event.name}(${clip(event.arguments || "", 200)})…`, "running");
+        break;
+      case "tool_end":
+        this.toolItem(event.id || event.name, event.ok
+          ? `${event.name} answered in ${(event.seconds ?? 0).toFixed(1)} s: ${clip(event.result || "", 400)}`
+          : `${event.name} failed: ${clip(event.error || "", 400)}`, event.ok ? "ok" : "failed");
+        break;
+      case "status":
+        this.toolItem(`status-${this.tools.children.length}`, event.message, "status");
+        break;
+      case "done":
+        this.done(event);
+        break;
+      default:
+        break; // an event this page does not know yet: ignored, the rest still shows
+    }
+  }
+
+  toolCall(delta) {
+    const key = delta.index ?? this.calls.size;
+    const call = this.calls.get(key) || { name: "", arguments: "" };
+    if (delta.function?.name) call.name += delta.function.name;
+    if (delta.function?.arguments) call.arguments += delta.function.arguments;
+    this.calls.set(key, call);
+    this.toolItem(`call-${key}`, `The model calls ${call.name || "a tool"}(${clip(call.arguments, 300)})`, "call");
+  }
+
+  toolItem(key, text, kind) {
+    this.tools.hidden = false;
+    let item = this.tools.querySelector(`[data-key="${CSS.escape(String(key))}"]`);
+    if (!item) {
+      item = el("li", { dataset: { key: String(key) } });
+      this.tools.append(item);
+    }
+    item.className = `tool ${kind}`;
+    item.textContent = text;
+  }
+
+  done(event) {
+    this.finished = true;
+    this.node.setAttribute("aria-busy", "false");
+    this.body.classList.remove("pending");
+    if (!this.answer && !this.calls.size) this.body.textContent = "(no answer)";
+    const parts = [];
+    const usage = event.usage || {};
+    if (usage.completion_tokens !== undefined) parts.push(`${count(usage.completion_tokens)} tokens`);
+    if (event.tokens_per_second) parts.push(`${event.tokens_per_second.toFixed(1)} tokens/s`);
+    if (event.draft_acceptance !== null && event.draft_acceptance !== undefined) {
+      const t = event.timings || {};
+      parts.push(`speculative acceptance ${percent(event.draft_acceptance)}` +
+        (t.draft_n ? ` (${count(t.draft_n_accepted)} of ${count(t.draft_n)} drafted)` : ""));
+    }
+    if (event.finish_reason === "length") parts.push("stopped at the token limit");
+    if (event.iterations > 1) parts.push(`${event.iterations} model calls`);
+    this.stats.textContent = parts.join(" · ");
+    this.outcome = `Answered: ${parts.join(", ")}.`;
+  }
+
+  stopped() {
+    this.node.setAttribute("aria-busy", "false");
+    this.body.classList.remove("pending");
+    this.stats.textContent = "Stopped.";
+    this.outcome = "Stopped.";
+  }
+
+  error(text) {
+    this.node.setAttribute("aria-busy", "false");
+    this.body.classList.remove("pending");
+    this.problem.hidden = false;
+    this.problem.textContent = text;
+    this.outcome = text;
+  }
+
+  summary() {
+    return this.outcome;
+  }
+}
+
+function clip(text, n) {
+  return text.length > n ? `${text.slice(0, n)}…` : text;
+}
