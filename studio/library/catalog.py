@@ -2,7 +2,9 @@
 
 A model's name is its file name without ``.gguf`` (and without the
 ``-00001-of-0000N`` suffix for split models). A request may also name a path
-to a ``.gguf`` file directly.
+to a ``.gguf`` file directly. Projector files are not models; each entry carries
+the projector the library paired with it (``studio.library.scan``: same folder or
+Hugging Face snapshot, matching width), or None.
 """
 
 from __future__ import annotations
@@ -12,17 +14,19 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from studio.errors import ModelNotFoundError
+from studio.errors import BadRequestError, ModelNotFoundError
+from studio.library.projectors import is_projector_file
 
 _SHARD = re.compile(r"-(\d{5})-of-(\d{5})$")
 
 
 @dataclass(frozen=True)
 class CatalogEntry:
-    """A servable model: its name and the file to load (the first shard if split)."""
+    """A servable model: its name, the file to load (the first shard if split) and its paired projector."""
 
     name: str
     path: Path
+    mmproj: Path | None = None  # the multimodal projector found beside it, width checked
 
 
 def model_name(path: Path) -> str:
@@ -43,25 +47,23 @@ class Catalog:
         self.aliases = dict(aliases or {})  # extra name -> a model name, path or repo:VARIANT
 
     def entries(self) -> list[CatalogEntry]:
-        """Every servable model, sorted by name; shards other than the first are skipped."""
+        """Every servable model, sorted by name; the first folder holding a name wins, then the HF cache.
+
+        A folder's unreadable file stays listed (loading it names the problem); a cache entry with one is left out.
+        """
+        from studio.library.scan import Library  # imported here: the library names models with this module
+
         found: dict[str, CatalogEntry] = {}
         for folder in self.folders:
-            if not folder.is_dir():
-                continue
-            for path in sorted(folder.rglob("*.gguf")):
-                shard = _SHARD.search(path.name.removesuffix(".gguf"))
-                if shard and shard.group(1) != "00001" or path.name.startswith("mmproj"):
-                    continue
-                found.setdefault(model_name(path), CatalogEntry(model_name(path), path))
+            for entry in Library([folder]).scan():
+                found.setdefault(entry.name, CatalogEntry(entry.name, entry.path, entry.mmproj))
         if self.hf_cache is not None:
-            from studio.library.scan import Library  # imported here: the library names models with this module
-
             for entry in Library([], self.hf_cache).scan():
                 if entry.error is None:
-                    found.setdefault(entry.name, CatalogEntry(entry.name, entry.path))
+                    found.setdefault(entry.name, CatalogEntry(entry.name, entry.path, entry.mmproj))
         for alias, target in self.aliases.items():
             if target in found:
-                found.setdefault(alias, CatalogEntry(alias, found[target].path))
+                found.setdefault(alias, CatalogEntry(alias, found[target].path, found[target].mmproj))
             elif Path(target).expanduser().is_file():
                 found.setdefault(alias, CatalogEntry(alias, Path(target).expanduser().resolve()))
         return sorted(found.values(), key=lambda e: e.name)
@@ -77,7 +79,13 @@ class Catalog:
                 return entry
         path = Path(name_or_path).expanduser()
         if path.is_file():
-            return CatalogEntry(model_name(path), path.resolve())
+            if is_projector_file(path):
+                raise BadRequestError(f"{name_or_path!r} is a multimodal projector, not a model: load the model it "
+                                      "belongs to (the library pairs the projector beside it) or pass it as `mmproj`",
+                                      param="model", code="projector_not_model")
+            from studio.library.scan import projector_for
+
+            return CatalogEntry(model_name(path), path.resolve(), projector_for(path.resolve()))
         if name_or_path in self.aliases:
             raise ModelNotFoundError(
                 f"alias {name_or_path!r} points at {self.aliases[name_or_path]!r}, which is not a known model or file",

@@ -5,7 +5,8 @@ one *candidate*: a single ``.gguf`` or a complete group of shards
 (``name-00001-of-00009.gguf``). The variant (``Q4_K_M``) is matched as a whole
 token, case-insensitively, against the file's path inside the repo, folders
 included (``BF16/model-00001-of-00002.gguf`` is a BF16 candidate); ``Q4_K_M``
-does not match ``Q4_K_M_XL``. ``mmproj*`` files are never candidates; the
+does not match ``Q4_K_M_XL``. Projectors are never candidates (the Hub lists no
+headers, so a listed file is one by its name, ``studio.library.projectors``); the
 projector of a vision model is picked separately (F16 preferred). Without a
 variant the Q4_K_M candidate is taken, else the smallest, and ``reason`` says so.
 
@@ -56,6 +57,7 @@ import structlog
 from studio.errors import (
     BadRequestError, DiskSpaceError, DownloadCancelledError, HubAuthError, HubError, ModelNotFoundError,
 )
+from studio.library.projectors import named_like_projector, projector_problem
 
 log = structlog.get_logger("studio.library.hub")
 
@@ -72,8 +74,9 @@ _TRUE = {"1", "true", "yes", "on"}
 # ---------------------------------------------------------------- file names (no huggingface_hub needed)
 
 def is_mmproj(path: str) -> bool:
-    """Return whether a repo path is a multimodal projector (``mmproj*.gguf``)."""
-    return "mmproj" in PurePosixPath(path).name.lower()
+    """Return whether a repo path is a multimodal projector: the Hub lists no headers, so by its name
+    (``studio.library.projectors``: ``mmproj`` anywhere in the file name)."""
+    return named_like_projector(path)
 
 
 def group_key(path: str) -> str:
@@ -128,11 +131,14 @@ class Candidate:
         return not self.missing
 
 
-def candidates(files: list[HubFile]) -> list[Candidate]:
-    """Return the model candidates among ``files`` (mmproj excluded, shards grouped), sorted by size."""
+def candidates(files: list[HubFile], *, is_projector: Callable[[str], bool] = is_mmproj) -> list[Candidate]:
+    """Return the model candidates among ``files`` (projectors excluded, shards grouped), sorted by size.
+
+    ``is_projector`` tells projectors by path: by name for a Hub listing; the local library reads headers.
+    """
     groups: dict[str, list[tuple[int, int, HubFile]]] = {}
     for f in files:
-        if not f.path.lower().endswith(".gguf") or is_mmproj(f.path):
+        if not f.path.lower().endswith(".gguf") or is_projector(f.path):
             continue
         m = _SHARD.search(f.path[:-5])
         no, count = (int(m["no"]), int(m["count"])) if m else (1, 1)
@@ -152,9 +158,10 @@ def candidates(files: list[HubFile]) -> list[Candidate]:
     return sorted(out, key=lambda c: (c.size, c.key))
 
 
-def pick_mmproj(files: list[HubFile], model_key: str | None = None) -> HubFile | None:
+def pick_mmproj(files: list[HubFile], model_key: str | None = None, *,
+                is_projector: Callable[[str], bool] = is_mmproj) -> HubFile | None:
     """Return the projector to use: same folder as the model first, then F16, BF16, F32, then any."""
-    projectors = [f for f in files if f.path.lower().endswith(".gguf") and is_mmproj(f.path)]
+    projectors = [f for f in files if f.path.lower().endswith(".gguf") and is_projector(f.path)]
     if not projectors:
         return None
     folder = str(PurePosixPath(model_key).parent) if model_key else None
@@ -656,21 +663,7 @@ def _write_ref(folder: Path, revision: str, commit: str) -> None:
 
 def mmproj_mismatch(model_path: Path, mmproj_path: Path) -> str | None:
     """Return why the projector does not fit the model (its output width vs the model's embedding), or None."""
-    import gguf
-
-    try:
-        projector = gguf.read(mmproj_path).metadata
-        model = gguf.read(model_path)
-    except gguf.GGUFError as exc:
-        return str(exc)
-    if projector.get("general.architecture") != "clip":
-        return f"it is a {projector.get('general.architecture')!r} model, not a clip projector"
-    arch = model.metadata.get("general.architecture")
-    n_embd = model.metadata.get(f"{arch}.embedding_length")
-    dims = [projector[k] for k in ("clip.vision.projection_dim", "clip.audio.projection_dim") if k in projector]
-    if n_embd is not None and dims and n_embd not in dims:
-        return f"it projects to {dims[0]} but the {arch} model's embedding length is {n_embd}"
-    return None
+    return projector_problem(model_path, mmproj_path)
 
 
 def _gib(n: int) -> str:

@@ -1,7 +1,8 @@
 """The local library: every GGUF model in the configured folders and in the Hugging Face cache.
 
 Shards are grouped into one entry (a missing shard is named in ``error``), and
-``mmproj`` files are paired with the model beside them when their projection width
+projector files (``studio.library.projectors``: by header, by name when the header
+is unreadable) are paired with the model beside them when their projection width
 matches the model's embedding length. Facts come from the gguf reader; an index
 file keyed by each file's (size, mtime_ns, inode) keeps them between runs, so a
 scan of hundreds of unchanged files only stats them (well under a second), and
@@ -20,12 +21,14 @@ from typing import Any, Literal
 import structlog
 
 import gguf
+from gguf.projector import projector_facts
 from studio.library.catalog import model_name
 from studio.library.hub import HubFile, candidates, pick_mmproj, snapshot_files
+from studio.library.projectors import named_like_projector
 
 log = structlog.get_logger("studio.library.scan")
 
-INDEX_VERSION = 1
+INDEX_VERSION = 2
 Source = Literal["folder", "hf-cache"]
 
 
@@ -117,7 +120,10 @@ class Library:
                 yield _Group(snap, files, "hf-cache", repo)
 
     def _entries(self, group: _Group) -> Iterable[LibraryEntry]:
-        cands = candidates(group.files)
+        def is_projector(rel: str) -> bool:
+            return self._is_projector(group.root / rel)
+
+        cands = candidates(group.files, is_projector=is_projector)
         labels = [c.label for c in cands]
         for cand in cands:
             shards = tuple(group.root / f.path for f in cand.files)
@@ -139,15 +145,23 @@ class Library:
             )
 
     def _pair(self, group: _Group, key: str, facts: dict[str, Any]) -> Path | None:
-        projector = pick_mmproj(group.files, key)
-        if projector is None:
-            return None
-        path = group.root / projector.path
-        dims = self._facts((path,)).get("projection_dims") or []
+        """The best projector beside the model among the readable ones of its width
+        (``gguf.projector.width_mismatch``'s rule): same folder first, then F16, BF16, F32."""
         n_embd = facts.get("embedding_length")
-        if dims and n_embd and n_embd not in dims:
-            return None  # another family's projector
-        return path
+
+        def fits(rel: str) -> bool:
+            found = self._facts((group.root / rel,))
+            dims = found.get("projection_dims") or []
+            return found.get("architecture") == "clip" and not (dims and n_embd and any(d != n_embd for d in dims))
+
+        projector = pick_mmproj(group.files, key, is_projector=fits)
+        return group.root / projector.path if projector is not None else None
+
+    def _is_projector(self, path: Path) -> bool:
+        facts = self._facts((path,))
+        if "error" in facts:
+            return named_like_projector(path.name)
+        return facts.get("architecture") == "clip"
 
     # -- facts, through the index
 
@@ -195,10 +209,10 @@ def _read_facts(path: Path) -> dict[str, Any]:
     """Return the JSON-able facts the library shows for a model or projector file."""
     try:
         model = gguf.read(path)
-        meta = model.metadata
-        if meta.get("general.architecture") == "clip":
-            dims = [meta[k] for k in ("clip.vision.projection_dim", "clip.audio.projection_dim") if k in meta]
-            return {"architecture": "clip", "projection_dims": dims}
+        projector = projector_facts(model)
+        if projector is not None:
+            return {"architecture": "clip", "projection_dims": list(projector.projection_dims),
+                    "vision": projector.vision, "audio": projector.audio}
         facts = model.facts
         return {"architecture": facts.architecture, "parameters": facts.parameter_count,
                 "context_length": facts.context_length, "embedding_length": facts.embedding_length,
@@ -211,3 +225,16 @@ def scan(folders: Sequence[Path], hf_cache: Path | None = None, *,
          index_path: Path | None = None) -> list[LibraryEntry]:
     """Return every model in ``folders`` and the Hugging Face cache ``hf_cache``, sorted by name."""
     return Library(folders, hf_cache, index_path=index_path).scan()
+
+
+def projector_for(model_path: Path) -> Path | None:
+    """Return the projector the library pairs with the model file at ``model_path`` (its folder only), or None."""
+    files = []
+    for path in model_path.parent.glob("*.gguf"):
+        try:
+            files.append(HubFile(path.name, path.stat().st_size))
+        except OSError:
+            continue
+    library = Library([])
+    entries = library._entries(_Group(model_path.parent, files, "folder", None))
+    return next((e.mmproj for e in entries if e.path == model_path), None)

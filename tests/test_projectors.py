@@ -1,0 +1,87 @@
+"""Projectors: their facts from their own metadata, one rule for what is one, pairing with a model."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+import gguf
+from gguf.projector import projector_facts, width_mismatch
+from studio.errors import BadRequestError
+from studio.library.catalog import Catalog
+from studio.library.projectors import is_projector_file, named_like_projector, projector_problem
+from studio.library.scan import scan
+from tests.support.projectors import SMOLLM2_WIDTH, write_audio_projector, write_vision_projector
+from tests.test_hub import model_bytes
+
+
+def put(path: Path, data: bytes) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(data)
+    return path
+
+
+@pytest.fixture(scope="module")
+def tiny_projectors(tmp_path_factory) -> tuple[Path, Path]:
+    root = tmp_path_factory.mktemp("projectors")
+    return write_vision_projector(root / "eye.gguf"), write_audio_projector(root / "ear.gguf")
+
+
+def test_projector_facts_come_from_its_own_metadata(tiny_projectors):
+    vision, audio = (projector_facts(gguf.read(p)) for p in tiny_projectors)
+    assert vision.vision and not vision.audio and vision.types == ("mlp",)
+    assert audio.audio and not audio.vision and audio.types == ("voxtral",)
+    assert vision.projection_dims == audio.projection_dims == (SMOLLM2_WIDTH,)
+    assert vision.weight_bytes == gguf.read(tiny_projectors[0]).tensor_bytes > 100_000
+    assert vision.encoders[0].warmup_positions == 16 and audio.encoders[0].warmup_positions == 1500
+    assert projector_facts(gguf.read(put(Path(tiny_projectors[0]).parent / "m.gguf", model_bytes(
+        tiny_projectors[0].parent)))) is None
+
+
+def test_the_width_check_names_both_widths(tiny_projectors, tmp_path):
+    facts = projector_facts(gguf.read(tiny_projectors[0]))
+    narrow = put(tmp_path / "narrow.gguf", model_bytes(tmp_path, n_embd=64))
+    wide = put(tmp_path / "wide.gguf", model_bytes(tmp_path, n_embd=SMOLLM2_WIDTH))
+    assert width_mismatch(facts, gguf.read(wide)) is None
+    assert width_mismatch(facts, gguf.read(narrow)) == "it projects to 576 but the llama model's embedding length is 64"
+    assert "not a clip projector" in projector_problem(wide, narrow)
+
+
+def test_gemma_3_4b_mmproj_f16_is_not_offered_as_a_chat_model(tmp_path):
+    """The catalog's old rule was ``startswith("mmproj")``: Unsloth's ``gemma-3-4b-mmproj-f16.gguf`` was a model."""
+    models = tmp_path / "models"
+    put(models / "gemma-3-4b-it-Q4_K_M.gguf", model_bytes(tmp_path, n_embd=SMOLLM2_WIDTH))
+    write_vision_projector(models / "gemma-3-4b-mmproj-f16.gguf")
+    entries = Catalog([models]).entries()
+    assert [e.name for e in entries] == ["gemma-3-4b-it-Q4_K_M"]
+    assert entries[0].mmproj == models / "gemma-3-4b-mmproj-f16.gguf"
+
+
+def test_the_header_decides_over_the_name(tmp_path):
+    models = tmp_path / "models"
+    model = put(models / "mmproj-lookalike-Q4_K_M.gguf", model_bytes(tmp_path, n_embd=SMOLLM2_WIDTH))
+    adapter = write_vision_projector(models / "vision-adapter.gguf")
+    garbage = put(models / "mmproj-broken.gguf", b"not a gguf")
+    assert not is_projector_file(model) and is_projector_file(adapter) and is_projector_file(garbage)
+    assert named_like_projector("unsloth/x/BF16/gemma-3-4b-mmproj-BF16.gguf") and not named_like_projector("x.gguf")
+    entries = {e.name: e for e in scan([models])}
+    assert sorted(entries) == ["mmproj-lookalike-Q4_K_M"]
+    assert entries["mmproj-lookalike-Q4_K_M"].mmproj == adapter
+
+
+def test_a_projector_of_another_width_is_not_paired(tmp_path):
+    models = tmp_path / "models"
+    put(models / "tiny-Q4_K_M.gguf", model_bytes(tmp_path, n_embd=64))
+    write_vision_projector(models / "mmproj-F16.gguf")  # projects to 576
+    assert [e.mmproj for e in Catalog([models]).entries()] == [None]
+
+
+def test_a_model_named_by_path_gets_the_projector_beside_it_and_a_projector_is_no_model(tmp_path):
+    model = put(tmp_path / "eye-Q4_K_M.gguf", model_bytes(tmp_path, n_embd=SMOLLM2_WIDTH))
+    projector = write_vision_projector(tmp_path / "mmproj-eye-F16.gguf")
+    catalog = Catalog([tmp_path / "none"])
+    assert catalog.resolve(str(model)).mmproj == projector
+    with pytest.raises(BadRequestError, match="is a multimodal projector, not a model") as info:
+        catalog.resolve(str(projector))
+    assert info.value.code == "projector_not_model"
