@@ -60,6 +60,14 @@ class EncoderFacts:
         return 0
 
     @property
+    def warmup_unfolded_values(self) -> int:
+        """Values of the warm-up input unfolded for the first layer (``ggml_im2col``): a 3-channel patch per
+        position (the patch embedding), or 3 frames of every mel bin per frame (Whisper's first convolution)."""
+        if self.modality == "audio":
+            return 3 * self.n_mel_bins * AUDIO_WINDOW_FRAMES
+        return 3 * self.patch_size * self.patch_size * self.warmup_positions
+
+    @property
     def warmup_input_values(self) -> int:
         """f32 values of the warm-up input: an RGB image of ``image_size`` squared, or a window of mel frames."""
         if self.modality == "audio":

@@ -17,6 +17,15 @@ The MTP draft context (``--spec-type draft-mtp``) follows the target's after
 the estimator names them, its KV, compute and output buffers add to the
 devices' totals. A context reserving its graph again (the draft does once its
 backend samplers are set) resizes its one compute buffer: the last size counts.
+
+A multimodal projector (``tools/mtmd/clip.cpp``) logs after the text model:
+``clip_model_loader: model name:`` opens a projector file, ``clip_ctx: CLIP using
+CPU backend`` one encoder context of it on that device (vision, then audio),
+``load_hparams: model size`` the bytes of every tensor in the file (printed by
+each encoder of a file with two; counted once: together they load them all), and
+``reserve_compute_meta: <buffer> compute buffer size`` each context's warm-up
+compute buffer (the last reservation counts). They go to ``MemoryBill.projector``
+and to each device's ``projector``.
 """
 
 from __future__ import annotations
@@ -24,7 +33,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from launcher.memory import MIB, CacheBill, DeviceBill, MemoryBill, RecurrentBill, StateBill
+from launcher.memory import MIB, CacheBill, DeviceBill, MemoryBill, ProjectorBill, RecurrentBill, StateBill
 
 _NUM = r"([\d.]+)"
 _MODEL = re.compile(rf"load_tensors:\s+(\S+) model buffer size = +{_NUM} MiB")
@@ -43,6 +52,10 @@ _DSV4_STATE_BUF = re.compile(rf"llama_dsv4_comp_state:\s+(\S+) DSV4 \w+ state bu
 _DSV4_STATE_SIZE = re.compile(
     rf"llama_dsv4_comp_state: (\w+) ratio = (\d+), state = (\d+) x (\d+), streams = (\d+), rs_seq = (\d+), "
     rf"layers = (\d+), size = +{_NUM} MiB")
+_CLIP_FILE = "clip_model_loader: model name:"
+_CLIP_CONTEXT = re.compile(r"clip_ctx: CLIP using (\S+) backend")
+_CLIP_WEIGHTS = re.compile(rf"load_hparams: model size: +{_NUM} MiB")
+_CLIP_COMPUTE = re.compile(rf"reserve_compute_meta:\s+(\S+) compute buffer size = +{_NUM} MiB")
 _DEVICE_INDEX = re.compile(r"^[A-Za-z]+(\d+)$")
 _RPC_BUFFER = re.compile(r"^RPC\d+\[[^\]]+\]$")
 _NEW_CONTEXT = "llama_context: constructing llama_context"
@@ -68,6 +81,7 @@ class _Device:
     recurrent: int = 0
     compute: int = 0
     output: int = 0
+    projector: int = 0
 
 
 def parse_allocations(log: str) -> MemoryBill:
@@ -84,6 +98,10 @@ def parse_allocations(log: str) -> MemoryBill:
     prefix = ""  # "MTP draft " once the draft context is being built
     context = 0
     compute: dict[tuple[int, str], int] = {}  # (context, buffer name): that compute buffer's latest size
+    clip_weights: dict[int, tuple[str, int]] = {}  # projector file: (device, bytes)
+    clip_compute: dict[tuple[int, str], int] = {}  # (clip context, buffer name): latest size
+    clip_file = clip_context = 0
+    clip_device = "CPU"
     seen = False
 
     def dev(name: str) -> _Device:
@@ -96,7 +114,18 @@ def parse_allocations(log: str) -> MemoryBill:
         if _NEW_CONTEXT in line:
             context += 1
             continue
-        if m := _MODEL.search(line):
+        if _CLIP_FILE in line:
+            clip_file += 1
+            continue
+        if m := _CLIP_CONTEXT.search(line):
+            clip_context += 1
+            clip_device = device_of(m.group(1))
+            continue
+        if m := _CLIP_WEIGHTS.search(line):
+            clip_weights.setdefault(clip_file, (clip_device, _bytes(m.group(1))))
+        elif m := _CLIP_COMPUTE.search(line):
+            clip_compute[(clip_context, m.group(1))] = _bytes(m.group(2))
+        elif m := _MODEL.search(line):
             dev(m.group(1)).weights += _bytes(m.group(2))
         elif m := _KV_CREATING.search(line):
             label = m.group(1).strip()
@@ -130,7 +159,15 @@ def parse_allocations(log: str) -> MemoryBill:
         raise ValueError("the log holds no llama-server allocation lines (was it run with -lv 4?)")
     for (_, name), nbytes in compute.items():
         dev(name).compute += nbytes
+    projector = None
+    if clip_weights or clip_compute:
+        for device, nbytes in clip_weights.values():
+            devices.setdefault(device, _Device()).projector += nbytes
+        for (_, name), nbytes in clip_compute.items():
+            dev(name).projector += nbytes
+        first = next(iter(clip_weights.values()), (clip_device, 0))[0]
+        projector = ProjectorBill(first, sum(n for _, n in clip_weights.values()), sum(clip_compute.values()))
     bills = tuple(DeviceBill(device=name, weights=d.weights, kv=d.kv, recurrent=d.recurrent, compute=d.compute,
-                             output=d.output) for name, d in sorted(devices.items()))
+                             output=d.output, projector=d.projector) for name, d in sorted(devices.items()))
     return MemoryBill(devices=bills, caches=tuple(caches), recurrent=tuple(recurrent), approximate=False, reasons=(),
-                      states=tuple(states))
+                      states=tuple(states), projector=projector)

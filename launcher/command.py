@@ -64,8 +64,9 @@ MANAGED_FLAGS: dict[tuple[str, ...], str] = {
     ("--context-shift", "--no-context-shift"): "the studio turns context shift off (overflow is an error)",
     ("--jinja", "--no-jinja", "--chat-template", "--chat-template-file", "--chat-template-kwargs"):
         "use the chat template option",
-    ("-mm", "--mmproj", "-mmu", "--mmproj-url", "--no-mmproj", "--mmproj-auto", "--no-mmproj-auto"):
-        "the studio passes the model's projector",
+    ("-mm", "--mmproj", "-mmu", "--mmproj-url", "--no-mmproj", "--mmproj-auto", "--no-mmproj-auto",
+     "--mmproj-offload", "--no-mmproj-offload", "-mmdev", "--mmproj-device"):
+        "the studio passes the model's projector and places it (use the mmproj option; \"none\" for none)",
     ("-lv", "--verbosity", "--log-verbosity", "--log-disable", "--log-file", "--log-jsonl", "--no-log-jsonl"):
         "the studio reads llama-server's log",
     ("--metrics",): "the studio always enables metrics",
@@ -326,7 +327,9 @@ def _add_flags(out: _Argv, plan: LaunchPlan, key: Secret, threads: int | None) -
     if kwargs:
         out.add(("--chat-template-kwargs",), json.dumps(kwargs), why="llama-server's reasoning default applies")
     if plan.model.mmproj is not None:
-        out.add(("--mmproj", "-mm"), str(plan.model.mmproj), why="images cannot be used")
+        out.add(("--mmproj", "-mm"), str(plan.model.mmproj), why="images and audio cannot be used")
+        if plan.gpus and not plan.mmproj_offload:
+            out.add(("--no-mmproj-offload",), why="the projector goes on the first GPU, where the plan has no room for it")
     if out.has("--api-key-file"):
         out.argv += ["--api-key-file", str(out.private_file("api-key", f"{key}\n"))]
     else:

@@ -29,6 +29,12 @@ reason, never a silent 0.
 With ``--spec-type draft-mtp`` the target keeps ``n_max`` rollback snapshots of
 its recurrent state, and a second context (``_mtp_draft``) holds the NextN
 blocks' f16 KV cache, a compute buffer for the NextN graph and its own outputs.
+
+A multimodal projector (``--mmproj``) is a second allocation on one device: the
+first GPU, or the CPU with ``--no-mmproj-offload`` or when no GPU is used
+(``clip_ctx``). Its weights are exact (``clip.cpp`` allocates every tensor it
+loads); its compute buffer, reserved at warm-up, is estimated by
+``projector_compute_bytes``.
 """
 
 from __future__ import annotations
@@ -46,6 +52,7 @@ from launcher.errors import LauncherError
 if TYPE_CHECKING:
     from gguf.facts import ModelFacts
     from gguf.model import GGUFFile
+    from gguf.projector import ProjectorFacts
 
 MIB = 1024 * 1024
 CacheType = Literal["f32", "f16", "bf16", "q8_0", "q5_1", "q5_0", "q4_1", "q4_0", "iq4_nl"]
@@ -96,6 +103,8 @@ class MemoryOptions:
     cpu_repack_bytes: int = 0  # weights the CPU backend copies into repacked buffers (see ``for_file``)
     weight_padding_bytes: int = 0  # alignment gaps between tensors inside the mapped file (see ``for_file``)
     mmproj_bytes: int = 0  # the multimodal projector's weights, loaded by the server on the first GPU or the CPU
+    mmproj_compute_bytes: int = 0  # its compute buffer (``projector_compute_bytes``)
+    mmproj_offload: bool = True  # False: ``--no-mmproj-offload``, the projector stays on the CPU
     spec: SpecMode = "none"  # "mtp": an MTP draft context runs beside the main one (drafts are ``spec_n_max``)
     spec_n_max: int = 0  # tokens drafted per slot and step; each needs its own logits row when verified
 
@@ -160,11 +169,25 @@ class DeviceBill:
     output: int = 0
     output_growth: int = 0  # logits rows for drafted tokens: allocated on the first speculative batch, not at start
     compute_growth: int = 0  # what the compute buffer grows by once a prompt fills a slot (MiniMax-M3's MSA)
+    projector: int = 0  # the multimodal projector's weights and compute buffer (``MemoryBill.projector`` splits them)
 
     @property
     def total(self) -> int:
         return (self.weights + self.kv + self.recurrent + self.compute + self.output + self.output_growth
-                + self.compute_growth)
+                + self.compute_growth + self.projector)
+
+
+@dataclass(frozen=True)
+class ProjectorBill:
+    """What the multimodal projector holds on its one device (``load_hparams: model size``, ``reserve_compute_meta``)."""
+
+    device: str
+    weights: int
+    compute: int
+
+    @property
+    def total(self) -> int:
+        return self.weights + self.compute
 
 
 @dataclass(frozen=True)
@@ -177,6 +200,7 @@ class MemoryBill:
     approximate: bool
     reasons: tuple[str, ...] = field(default=())
     states: tuple[StateBill, ...] = field(default=())  # DeepSeek-V4 compressor states (counted in ``kv``)
+    projector: ProjectorBill | None = None  # counted in its device's ``projector``
 
     @property
     def total(self) -> int:
@@ -193,7 +217,7 @@ class MemoryBill:
         return next((d for d in self.devices if d.device == name), DeviceBill(name))
 
     def sum_of(self, part: Literal["weights", "kv", "recurrent", "compute", "output", "output_growth",
-                                   "compute_growth"]) -> int:
+                                   "compute_growth", "projector"]) -> int:
         return sum(getattr(d, part) for d in self.devices)
 
 
@@ -523,9 +547,12 @@ def estimate(facts: ModelFacts, options: MemoryOptions = MemoryOptions()) -> Mem
         # the output layer's copy of the tied embeddings (on the CPU the mapped tensor serves both)
         weights[output_device] += facts.token_embedding_bytes
     weights["CPU"] += options.cpu_repack_bytes + options.weight_padding_bytes
-    if options.mmproj_bytes:
-        mmproj_dev = split_name(options, 0) if options.n_gpu_layers != 0 else "CPU"
-        weights[mmproj_dev] = weights.get(mmproj_dev, 0) + options.mmproj_bytes
+    projector = None
+    if options.mmproj_bytes or options.mmproj_compute_bytes:
+        on_gpu = options.mmproj_offload and options.n_gpu_layers != 0
+        projector = ProjectorBill(split_name(options, 0) if on_gpu else "CPU", options.mmproj_bytes,
+                                  options.mmproj_compute_bytes)
+        reasons.append(PROJECTOR_COMPUTE_NOTE)
     compute, compute_growth = compute_buffer.per_device(facts, shape, caches, devices, output_device)
     draft_output = draft_growth = 0
     if mtp:
@@ -539,7 +566,7 @@ def estimate(facts: ModelFacts, options: MemoryOptions = MemoryOptions()) -> Mem
     if any(d != "CPU" for d in (*devices, output_device)):
         reasons.append("compute buffers off the CPU (GPUs, RPC workers) are estimated with the CPU formula; only "
                        "CPU backends were measured")
-    names = sorted({"CPU", *weights, *kv, *rs, *compute})
+    names = sorted({"CPU", *weights, *kv, *rs, *compute, *([projector.device] if projector else [])})
     output, growth = _output_bytes(facts, shape)
     output += draft_output
     if mtp:
@@ -547,7 +574,34 @@ def estimate(facts: ModelFacts, options: MemoryOptions = MemoryOptions()) -> Mem
         growth += draft_growth + facts.embedding_length * shape.n_batch * 4
     bills = tuple(DeviceBill(device=d, weights=weights.get(d, 0), kv=kv.get(d, 0), recurrent=rs.get(d, 0),
                              compute=compute.get(d, 0), output=output if d == "CPU" else 0,
-                             output_growth=growth if d == "CPU" else 0, compute_growth=compute_growth.get(d, 0))
+                             output_growth=growth if d == "CPU" else 0, compute_growth=compute_growth.get(d, 0),
+                             projector=projector.total if projector and projector.device == d else 0)
                   for d in names)
     return MemoryBill(devices=bills, caches=tuple(caches), recurrent=tuple(recurrent), approximate=bool(reasons),
-                      reasons=tuple(reasons), states=tuple(states))
+                      reasons=tuple(reasons), states=tuple(states), projector=projector)
+
+
+#: Why a bill with a projector is approximate (its weights are exact, its compute buffer is not).
+PROJECTOR_COMPUTE_NOTE = ("the projector's compute buffer is estimated from its encoder's size (within 25 % on "
+                          "seven LLaVA- and Whisper-shaped encoders on the CPU); its weights are exact")
+#: f32 activations live per encoder position at the encoder's peak, beyond the FFN's n_ff, in units of n_embd
+#: (fitted on LLaVA-style ViTs of 196-4096 patches and Whisper encoders of 384-1280 wide; flash attention on).
+_ENCODER_EMBD_ROWS = 3.5
+
+
+def projector_compute_bytes(projector: ProjectorFacts) -> int:
+    """The compute buffer ``clip.cpp`` reserves at warm-up for ``projector``: one per encoder, added.
+
+    Each is the larger of two moments of the warm-up graph: the input (the f32
+    image or mel window, and its f16 unfolding for the patch or first
+    convolution, ``ggml_im2col``) and the encoder blocks (per position the FFN's
+    ``n_ff`` f32 values plus about 3.5 rows of ``n_embd``). Measured on the CPU
+    backend with flash attention (clip's default where the backend has it);
+    without flash attention the attention scores add ``n_head x n_pos^2`` floats.
+    """
+    total = 0
+    for enc in projector.encoders:
+        inputs = enc.warmup_input_values * 4 + enc.warmup_unfolded_values * 2
+        blocks = int(enc.warmup_positions * (enc.n_ff + _ENCODER_EMBD_ROWS * enc.n_embd) * 4)
+        total += max(inputs, blocks)
+    return total

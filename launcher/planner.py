@@ -29,6 +29,11 @@ Policy:
   ``--fit`` is never used with workers: llama.cpp's fit is unreliable over RPC
   (llama.cpp #18175 counts 0-byte buffers, #21801 still runs out of memory). The
   context is chosen as without workers, against every device's budget.
+- A multimodal projector goes where llama-server puts it, on the first pinned GPU,
+  and its weights and warm-up compute buffer count in that GPU's bill. When the plan
+  with it there is not the best one (the model no longer fits fully offloaded, or
+  the automatic context shrinks), the plan is made again with the projector on the
+  CPU (``--no-mmproj-offload``), and kept when it is better; a reason says so.
 
 The plan keeps the reasons for each decision, in words a user can act on.
 """
@@ -38,18 +43,20 @@ from __future__ import annotations
 import itertools
 import math
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
 import gguf
 from gguf.ggml_types import BY_NAME
+from gguf.projector import ProjectorFacts, projector_facts, width_mismatch
 from launcher import speculative
 from launcher.capabilities import Capabilities
 from launcher.devices import Device, Inventory
 from launcher.errors import LauncherError
 from launcher.memory import (
     CACHE_TYPES, MIB, CacheType, DeviceBill, FlashAttn, MemoryBill, MemoryOptions, estimate, for_file, layer_devices,
+    projector_compute_bytes,
 )
 from launcher.rpc import LINK_WARNING
 from launcher.speculative import SpecModel, SpecPlan
@@ -82,6 +89,14 @@ class PlanError(LauncherError, ValueError):
     """The request cannot be planned (a bad context, parallel count or cache type)."""
 
 
+class ProjectorError(PlanError):
+    """The multimodal projector is not one, or does not fit the model (another embedding width)."""
+
+    def __init__(self, message: str, *, path: Path) -> None:
+        super().__init__(message)
+        self.path = path
+
+
 @dataclass(frozen=True)
 class ModelInfo:
     """The model as the planner sees it: facts, sizes, and an optional multimodal projector."""
@@ -92,26 +107,41 @@ class ModelInfo:
     cpu_repack_bytes: int = 0  # see ``launcher.memory.for_file``
     weight_padding_bytes: int = 0
     mmproj: Path | None = None
-    mmproj_bytes: int = 0
+    mmproj_bytes: int = 0  # the projector's weights
+    mmproj_compute_bytes: int = 0  # its warm-up compute buffer (``launcher.memory.projector_compute_bytes``)
+    projector: ProjectorFacts | None = None  # what it encodes (vision, audio), from its own metadata
 
     @classmethod
-    def from_gguf(cls, model: GGUFFile, *, mmproj: Path | None = None, mmproj_bytes: int = 0) -> ModelInfo:
-        """Return the planner's view of a parsed model file."""
+    def from_gguf(cls, model: GGUFFile, *, mmproj: GGUFFile | None = None) -> ModelInfo:
+        """Return the planner's view of a parsed model file and, if given, the parsed projector beside it.
+
+        Raises:
+            PlanError: ``mmproj`` is not a projector, or projects to another width than the model's.
+        """
         options = for_file(model)
-        return cls(path=model.path, facts=model.facts, file_bytes=model.file_size,
-                   cpu_repack_bytes=options.cpu_repack_bytes, weight_padding_bytes=options.weight_padding_bytes,
-                   mmproj=mmproj, mmproj_bytes=mmproj_bytes)
+        info = cls(path=model.path, facts=model.facts, file_bytes=model.file_size,
+                   cpu_repack_bytes=options.cpu_repack_bytes, weight_padding_bytes=options.weight_padding_bytes)
+        if mmproj is None:
+            return info
+        projector = projector_facts(mmproj)
+        problem = width_mismatch(projector, model) if projector is not None else \
+            f"it is a {mmproj.metadata.get('general.architecture')!r} model, not a clip projector"
+        if problem:
+            raise ProjectorError(f"the projector {mmproj.path} cannot be used with {model.path.name}: {problem}",
+                                 path=mmproj.path)
+        assert projector is not None
+        return replace(info, mmproj=mmproj.path, mmproj_bytes=projector.weight_bytes,
+                       mmproj_compute_bytes=projector_compute_bytes(projector), projector=projector)
 
 
 def load_model(path: Path, *, mmproj: Path | None = None) -> ModelInfo:
-    """Return the ModelInfo of the GGUF at ``path`` (reads its header, and the projector's size).
+    """Return the ModelInfo of the GGUF at ``path`` (reads its header, and the projector's).
 
     Raises:
-        GGUFError: the model is missing or malformed.
-        OSError: the projector file cannot be read.
+        GGUFError: the model or the projector is missing or malformed.
+        ProjectorError: the projector does not fit the model.
     """
-    return ModelInfo.from_gguf(gguf.read(path), mmproj=mmproj,
-                               mmproj_bytes=mmproj.stat().st_size if mmproj is not None else 0)
+    return ModelInfo.from_gguf(gguf.read(path), mmproj=gguf.read(mmproj) if mmproj is not None else None)
 
 
 @dataclass(frozen=True)
@@ -162,6 +192,7 @@ class LaunchPlan:
     cache_type_k: CacheType
     cache_type_v: CacheType
     flash_attn: FlashAttn
+    mmproj_offload: bool  # the projector (if any) on the first pinned GPU; False: ``--no-mmproj-offload``
     budget_fraction: float
     fit_target_mib: tuple[int, ...]  # --fit-target margins per pinned GPU, with "fit"
     bill: MemoryBill
@@ -206,7 +237,30 @@ def plan(
 
     _check(request)
     extra = validate_extra_args(request.extra_args, caps)
-    return _Planner(model, inventory, caps, request, extra).run()
+    with_gpu = _Planner(model, inventory, caps, request, extra).run()
+    offload = (*with_gpu.rpc_devices, *with_gpu.gpus)  # llama-server's device order: the projector takes the first
+    if model.mmproj is None or not offload:
+        return with_gpu
+    on_cpu = _Planner(model, inventory, caps, request, extra, mmproj_offload=False).run()
+    if _rank(on_cpu) <= _rank(with_gpu):
+        return with_gpu
+    lost = "the model would not fit" if not with_gpu.fits else \
+        f"only {with_gpu.n_gpu_layers} of {with_gpu.model.facts.block_count + 1} layers would fit on the GPUs" \
+        if _rank(with_gpu)[1] == 0 else f"the context would be {with_gpu.n_ctx} tokens, not {on_cpu.n_ctx}"
+    why = (f"projector on the CPU (--no-mmproj-offload): with its {_size(model.mmproj_bytes + model.mmproj_compute_bytes)}"
+           f" on {_device(offload[0])}, {lost}")
+    return replace(on_cpu, reasons=(*on_cpu.reasons, why))
+
+
+def _device(d: Device) -> str:
+    """``CUDA0``, or an RPC worker's device as llama-server names it."""
+    return d.rpc_buffer_name or f"{d.backend}{'' if d.index is None else d.index}"
+
+
+def _rank(p: LaunchPlan) -> tuple[int, int, int]:
+    """How good a plan is, for choosing where the projector goes: fits, fully offloaded, then context."""
+    full = p.offload == "ngl" and p.n_gpu_layers == p.model.facts.block_count + 1
+    return (int(p.fits), int(full), p.n_ctx if p.n_ctx_auto else 0)
 
 
 def predict(model: ModelInfo, caps: Capabilities, request: PlanRequest, *, n_ctx: int,
@@ -253,12 +307,18 @@ def _mib(n: int) -> str:
     return f"{n / MIB:,.0f} MiB" if n < 10 * 1024 * MIB else f"{n / (1024 * MIB):,.1f} GiB"
 
 
+def _size(n: int) -> str:
+    """``_mib`` with a decimal below 10 MiB, where projectors' parts often are."""
+    return f"{n / MIB:.2f} MiB" if n < 10 * MIB else _mib(n)
+
+
 class _Planner:
     """One planning run; holds the inputs so the search helpers stay short."""
 
     def __init__(self, model: ModelInfo, inventory: Inventory, caps: Capabilities, request: PlanRequest,
-                 extra: tuple[str, ...]) -> None:
+                 extra: tuple[str, ...], *, mmproj_offload: bool = True) -> None:
         self.model, self.facts, self.caps, self.request, self.extra = model, model.facts, caps, request, extra
+        self.mmproj_offload = mmproj_offload
         self.cpu = inventory.cpu
         self.reasons: list[str] = []
         self.warnings: list[str] = list(inventory.warnings)
@@ -327,7 +387,8 @@ class _Planner:
             tensor_split=tuple(float(d.free_bytes) for d in gpus) if len(gpus) > 1 else (1.0,),
             split_names=self.names(gpus),
             cpu_repack_bytes=repack, weight_padding_bytes=self.model.weight_padding_bytes,
-            mmproj_bytes=self.model.mmproj_bytes, spec="mtp" if self.mtp else "none", spec_n_max=self.spec.n_draft,
+            mmproj_bytes=self.model.mmproj_bytes, mmproj_compute_bytes=self.model.mmproj_compute_bytes,
+            mmproj_offload=self.mmproj_offload, spec="mtp" if self.mtp else "none", spec_n_max=self.spec.n_draft,
         )
 
     def bill(self, n_ctx: int, ngl: int, gpus: tuple[Device, ...]) -> MemoryBill:
@@ -530,6 +591,12 @@ class _Planner:
                                 f"{','.join(map(str, split))} MiB")
         margins = tuple(math.ceil(d.free_bytes * (1 - self.fraction) / MIB) for d in gpus) \
             if offload == "fit" else ()
+        if bill.projector is not None:
+            p = bill.projector
+            where = "the CPU" if p.device == "CPU" else f"{p.device} ({_device(gpus[0])})"
+            self.reasons.append(f"projector {self.model.mmproj.name if self.model.mmproj else ''} on {where}: "
+                                f"{_size(p.weights)} of weights and about {_size(p.compute)} of compute buffer, "
+                                "counted in its budget")
         self.reasons += [f"speculative: {r}" for r in self.spec.reasons]
         self.reasons += [f"estimate: {r}" for r in bill.reasons]
         return LaunchPlan(
@@ -537,7 +604,8 @@ class _Planner:
             n_gpu_layers=ngl, rpc_devices=tuple(d for d in gpus if d.endpoint is not None),
             tensor_split=split, n_ctx=n_ctx, n_ctx_auto=self.request.n_ctx is None, max_safe_ctx=max_safe,
             native_ctx=self.native, n_parallel=self.request.n_parallel, cache_type_k=self.request.cache_type_k,
-            cache_type_v=self.request.cache_type_v, flash_attn=self.flash_attn, budget_fraction=self.fraction,
+            cache_type_v=self.request.cache_type_v, flash_attn=self.flash_attn,
+            mmproj_offload=self.mmproj_offload or not gpus, budget_fraction=self.fraction,
             fit_target_mib=margins, bill=bill, devices=devices, spec=self.spec, extra_args=self.extra,
             reasons=tuple(self.reasons), warnings=tuple(dict.fromkeys(self.warnings)),
         )
@@ -576,6 +644,6 @@ def _largest(ok: Callable[[int], bool], low: int, high: int) -> int:
 
 
 __all__ = [
-    "BUDGET_FRACTION", "MAX_ESTIMATES", "MIN_AUTO_CTX", "MTP_BUDGET_FRACTION", "DevicePlan", "LaunchPlan", "ModelInfo", "PlanError",
-    "PlanRequest", "load_model", "plan", "predict", "round_down",
+    "BUDGET_FRACTION", "MAX_ESTIMATES", "MIN_AUTO_CTX", "MTP_BUDGET_FRACTION", "DevicePlan", "LaunchPlan", "ModelInfo",
+    "PlanError", "PlanRequest", "ProjectorError", "load_model", "plan", "predict", "round_down",
 ]

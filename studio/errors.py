@@ -5,6 +5,7 @@
     StudioError
     ├── ModelNotFoundError (+LookupError)   a model name or path the studio cannot find (404)
     ├── BadRequestError (+ValueError)       a request the studio refuses as given (400)
+    │   └── PayloadTooLargeError            the request body is over max_body_bytes (413)
     ├── BusyError                           too many requests waiting, or memory held by busy models (503 + Retry-After)
     ├── DoesNotFitError                     the model does not fit even with every idle model evicted (400)
     ├── ModelNotResidentError (+LookupError) an unload, pin or TTL names a model that is not resident (404)
@@ -63,6 +64,17 @@ class PathNotAllowedError(StudioError, PermissionError):
     def __init__(self, message: str, *, path: str, param: str = "model", code: str = "path_not_allowed") -> None:
         super().__init__(message, param=param, code=code)
         self.path = path
+
+
+class PayloadTooLargeError(BadRequestError):
+    """The request body is longer than the configured ``max_body_bytes``."""
+
+    status = 413
+    type = "request_too_large"
+
+    def __init__(self, message: str, *, limit: int) -> None:
+        super().__init__(message, code="request_too_large")
+        self.limit = limit
 
 
 class BusyError(StudioError):

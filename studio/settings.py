@@ -11,6 +11,8 @@ Precedence: environment variables, then the optional TOML file
     allowed_origins = ["http://localhost:3000"]  # web pages that may use the studio, besides its own ("*": any)
     allowed_hosts = ["studio.lan"]  # Host names it answers to, besides loopback and the address it binds
     allow_any_path = false          # true: API clients may load a .gguf from anywhere on the disk
+    max_body_bytes = 33554432       # the largest request body accepted (32 MiB; 413 above)
+    auto_download = false           # a load of an uncached owner/repo:VARIANT downloads it first
 
     [aliases]                       # extra names a client may send as `model`
     chat = "gemma-3-270m-Q4_K_M"    # a model name, a .gguf path, or owner/repo:VARIANT in the HF cache
@@ -46,6 +48,7 @@ Precedence: environment variables, then the optional TOML file
     spec = "ngram"                  # a speculative mode, as the load API takes it
     spec_n_max = 4                  # drafted tokens per step
     cache_type_kv = "q8_0"          # KV cache type for K and V
+    mmproj = "~/models/mmproj-F16.gguf"  # the multimodal projector; "none" for none; unset: the one beside it
 
 | variable                | meaning                                                  |
 |-------------------------|----------------------------------------------------------|
@@ -63,6 +66,8 @@ Precedence: environment variables, then the optional TOML file
 | ``GGUF_STUDIO_CONFIG``  | the TOML config file (default ``<home>/config.toml``)    |
 | ``GGUF_STUDIO_MEMORY_BUDGET`` | ``2GiB`` (all models) or ``CPU=2GiB,CUDA0=20GiB``  |
 | ``GGUF_STUDIO_RPC_WORKERS`` | RPC workers, ``host:port,...`` (over ``rpc_workers``)  |
+| ``GGUF_STUDIO_MAX_BODY_BYTES`` | the largest request body, bytes (32 MiB)          |
+| ``GGUF_STUDIO_AUTO_DOWNLOAD`` | ``1``: loads download uncached Hugging Face models (off) |
 | ``GGML_RPC_SERVER_PATH`` | the ggml-rpc-server ``ggstudio rpc-worker`` runs        |
 """
 
@@ -83,12 +88,16 @@ if TYPE_CHECKING:
 
 _TOP_KEYS = {"host", "port", "api_token", "model_dirs", "aliases", "models", "memory_budget", "ttl", "max_resident",
              "preload", "unload_grace", "busy_wait", "rpc_workers", "mcp_servers", "tools",
-             "allowed_origins", "allowed_hosts", "allow_any_path"}
+             "allowed_origins", "allowed_hosts", "allow_any_path", "max_body_bytes", "auto_download"}
+#: The largest request body by default: a photo of a few MB is ~4/3 larger in base64, a minute of WAV ~2 MB.
+DEFAULT_MAX_BODY_BYTES = 32 * 1024 * 1024
+_TRUE = {"1", "true", "yes", "on"}
 _MCP_KEYS = {"command", "args", "env", "cwd", "url"}
 _PYTHON_KEYS = {"enabled", "timeout", "cpu_seconds", "memory_mb", "max_output_kb"}
 #: MCP server names become part of tool names (``NAME__tool``), which OpenAI limits to these characters.
 _SERVER_NAME = re.compile(r"[A-Za-z0-9_-]{1,32}")
-_MODEL_KEYS = {"n_ctx", "n_parallel", "extra_args", "spec", "spec_n_max", "cache_type_kv", "ttl", "pinned"}
+_MODEL_KEYS = {"n_ctx", "n_parallel", "extra_args", "spec", "spec_n_max", "cache_type_kv", "ttl", "pinned",
+               "mmproj"}
 #: (least, most) a load may ask for; the load API and the config file check the same bounds. No real model
 #: has a context above 16M tokens (Llama 4 Scout's 10M is the largest); a bigger one is a typo, refused
 #: before anything is planned.
@@ -170,6 +179,7 @@ class ModelDefaults:
     ttl: float | None = None  # None: the global ttl
     pinned: bool = False
     chat_template: str | None = None  # a Jinja template replacing the model's own (built-in defaults only)
+    mmproj: str | None = None  # a projector path, or "none"; unset: the one the library pairs
 
 
 @dataclass(frozen=True)
@@ -225,6 +235,10 @@ class Settings:
     allowed_origins: tuple[str, ...] = ()  # normalized origins of web pages allowed besides the studio's own
     allowed_hosts: tuple[str, ...] = ()  # normalized Host names allowed besides loopback and the bound address
     allow_any_path: bool = False  # API clients may load model files from anywhere
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES  # larger request bodies get a 413
+    # Off by default: any client of the API may name a model, and a typo or a stray name must not start a
+    # many-gigabyte download to this disk; downloads are asked for (POST /api/pull, ggstudio pull) unless set.
+    auto_download: bool = False
 
     @property
     def models_dir(self) -> Path:
@@ -249,6 +263,15 @@ class Settings:
         except ValueError:
             raise ValueError(f"GGUF_STUDIO_PORT must be a port number, not {port_text!r}") from None
         dirs = [p for p in env.get("GGUF_STUDIO_MODEL_DIRS", "").split(os.pathsep) if p] or config.get("model_dirs", [])
+        body_text = env.get("GGUF_STUDIO_MAX_BODY_BYTES") or str(config.get("max_body_bytes", DEFAULT_MAX_BODY_BYTES))
+        try:
+            max_body = int(body_text)
+        except ValueError:
+            max_body = 0
+        if max_body < 1024:
+            raise ValueError(f"max_body_bytes (GGUF_STUDIO_MAX_BODY_BYTES) must be a number of bytes of at least "
+                             f"1024, not {body_text!r}")
+        auto = env.get("GGUF_STUDIO_AUTO_DOWNLOAD")
         workers_text = env.get("GGUF_STUDIO_RPC_WORKERS")
         try:
             workers = _rpc_workers(workers_text) if workers_text else _rpc_workers(config.get("rpc_workers", []))
@@ -266,6 +289,8 @@ class Settings:
             cmake_args=env.get("CMAKE_ARGS", ""),
             api_token=env.get("GGUF_STUDIO_API_TOKEN") or config.get("api_token") or None,
             model_dirs=tuple(Path(p).expanduser() for p in dirs),
+            max_body_bytes=max_body,
+            auto_download=auto.lower() in _TRUE if auto is not None else bool(config.get("auto_download", False)),
             aliases=MappingProxyType(dict(config.get("aliases", {}))),
             rpc_workers=workers,
             rpc_server_path=_optional_path(env.get("GGML_RPC_SERVER_PATH")),
@@ -276,6 +301,8 @@ class Settings:
                     spec=_spec_mode(d["spec"]) if "spec" in d else None,
                     spec_n_max=d.get("spec_n_max"), cache_type_kv=d.get("cache_type_kv"),
                     ttl=d.get("ttl"), pinned=bool(d.get("pinned", False)),
+                    mmproj=str(Path(d["mmproj"]).expanduser()) if d.get("mmproj") not in (None, "none") else
+                    d.get("mmproj"),
                 ) for name, d in config.get("models", {}).items()
             }),
             residency=_residency(config, env, config_path),
@@ -307,6 +334,10 @@ def _read_config(path: Path, *, explicit: bool) -> dict[str, Any]:
             problems.append(f"[models.{name!r}] must be a table")
             continue
         problems += [f"[models.{name!r}]: {problem}" for problem in _model_problems(d)]
+    if not isinstance(config.get("auto_download", False), bool):
+        problems.append("auto_download must be true or false")
+    if not isinstance(config.get("max_body_bytes", DEFAULT_MAX_BODY_BYTES), int):
+        problems.append("max_body_bytes must be an integer (bytes)")
     if not isinstance(config.get("model_dirs", []), list):
         problems.append("model_dirs must be a list of folders")
     problems += _number_problems(config, RESIDENCY_LIMITS)
@@ -422,6 +453,8 @@ def _model_problems(d: dict[str, Any]) -> list[str]:
             normalize_mode(d["spec"])
         except SpeculativeConfigError as exc:
             problems.append(f"spec: {exc}")
+    if "mmproj" in d and not isinstance(d["mmproj"], str):
+        problems.append('mmproj must be the path of a projector .gguf, or "none"')
     if "cache_type_kv" in d and d["cache_type_kv"] not in CACHE_TYPES:
         problems.append(f"cache_type_kv: unknown cache type {d['cache_type_kv']!r}; valid: {', '.join(CACHE_TYPES)}")
     return problems

@@ -139,7 +139,9 @@ def test_mmproj_and_alias(gemma, real, build, tmp_path):
     p = plan(model, cpu_only(), real, PlanRequest(alias="my-model"))
     argv = build(p, real).argv(1)
     assert value(argv, "--mmproj") == str(projector) and value(argv, "--alias") == "my-model"
-    assert p.bill.device("CPU").weights == plan(gemma, cpu_only(), real).bill.device("CPU").weights + 100 * MIB
+    assert "--no-mmproj-offload" not in argv  # no GPU: nothing to keep it off
+    assert p.bill.device("CPU").projector == 100 * MIB
+    assert p.bill.device("CPU").weights == plan(gemma, cpu_only(), real).bill.device("CPU").weights
 
 
 # --- chat templates -----------------------------------------------------------------------------------

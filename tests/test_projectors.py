@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import pytest
 
 import gguf
 from gguf.projector import projector_facts, width_mismatch
+from launcher.command import build_command
+from launcher.devices import MIB, Device, Inventory
+from launcher.planner import PlanRequest, ProjectorError, load_model, plan
 from studio.errors import BadRequestError
 from studio.library.catalog import Catalog
 from studio.library.projectors import is_projector_file, named_like_projector, projector_problem
@@ -85,3 +89,47 @@ def test_a_model_named_by_path_gets_the_projector_beside_it_and_a_projector_is_n
     with pytest.raises(BadRequestError, match="is a multimodal projector, not a model") as info:
         catalog.resolve(str(projector))
     assert info.value.code == "projector_not_model"
+
+
+# ---------------------------------------------------------------- planning: the bill and the placement
+
+GIB = 1024 * MIB
+
+
+def _gpu(free: int) -> Inventory:
+    return Inventory((Device("CUDA", 0, "GPU 0", 80 * GIB, free, "nvidia-smi", "GPU-0000"),
+                      Device("CPU", None, "Test CPU", 64 * GIB, 60 * GIB, "psutil")), ())
+
+
+@pytest.fixture
+def gemma_with_projector(gemma, tmp_path):
+    """Gemma's plan inputs with a 300 MiB projector beside it (200 MiB of weights, 100 MiB of compute)."""
+    return dataclasses.replace(gemma, mmproj=tmp_path / "mmproj-F16.gguf", mmproj_bytes=200 * MIB,
+                               mmproj_compute_bytes=100 * MIB)
+
+
+def test_the_projector_counts_on_the_first_gpu_when_it_fits_there(gemma_with_projector, real, tmp_path):
+    p = plan(gemma_with_projector, _gpu(8 * GIB), real, PlanRequest(n_ctx=4096))
+    assert p.mmproj_offload and p.bill.projector.device == "GPU0"
+    assert p.bill.device("GPU0").projector == 300 * MIB and p.bill.device("CPU").projector == 0
+    assert any("projector mmproj-F16.gguf on GPU0 (CUDA0)" in r for r in p.reasons)
+    argv = build_command(p, real, binary=Path("/x/llama-server"), files_root=tmp_path).argv(1)
+    assert argv[argv.index("--mmproj") + 1].endswith("mmproj-F16.gguf") and "--no-mmproj-offload" not in argv
+
+
+def test_a_projector_that_would_push_layers_off_the_gpu_stays_on_the_cpu(gemma, gemma_with_projector, real, tmp_path):
+    alone = plan(gemma, _gpu(8 * GIB), real, PlanRequest(n_ctx=4096))
+    # room for the model fully offloaded, not for the model and the projector
+    free = int((alone.bill.device("GPU0").total + 150 * MIB) / 0.9)
+    p = plan(gemma_with_projector, _gpu(free), real, PlanRequest(n_ctx=4096))
+    assert not p.mmproj_offload and p.n_gpu_layers == gemma.facts.block_count + 1 and p.fits
+    assert p.bill.projector.device == "CPU" and p.bill.device("CPU").projector == 300 * MIB
+    assert any(r.startswith("projector on the CPU (--no-mmproj-offload)") for r in p.reasons)
+    argv = build_command(p, real, binary=Path("/x/llama-server"), files_root=tmp_path).argv(1)
+    assert "--no-mmproj-offload" in argv
+
+
+def test_a_projector_of_another_width_is_refused_before_planning(gemma_model, tmp_path):
+    projector = write_vision_projector(tmp_path / "mmproj.gguf")  # 576 wide; Gemma 270M is 640
+    with pytest.raises(ProjectorError, match="projects to 576 but the gemma3 model's embedding length is 640"):
+        load_model(gemma_model, mmproj=projector)

@@ -326,7 +326,7 @@ def _serve(model: str | None, *, host: str | None, port: int | None, ctx: int | 
         run_service(
             create_app(manager, preload=requests, api_token=token, access=access, paths=paths,
                        toolbox=Toolbox(settings.tools, scratch_dir=settings.home / "scratch",
-                                       logs_dir=settings.logs_dir)),
+                                       logs_dir=settings.logs_dir), max_body_bytes=settings.max_body_bytes),
             host=host, port=port, announce=announce,
         )
     except KeyboardInterrupt:  # uvicorn re-raises Ctrl-C after a clean shutdown: that is a normal stop
@@ -921,12 +921,20 @@ def ls_command(
         typer.echo("no GGUF models found in " + ", ".join(str(f) for f in folders) + " or the Hugging Face cache")
         return
     rows = [(e.name, e.variant or "?", f"{e.size / 2**20:,.1f} MiB", e.architecture or "?",
-             f"{e.context_length:,}" if e.context_length else "?",
-             "mmproj" if e.mmproj else "", e.error or str(e.path)) for e in entries]
-    header = ("NAME", "QUANT", "SIZE", "ARCH", "CONTEXT", "VISION", "PATH")
+             f"{e.context_length:,}" if e.context_length else "?", _media_column(e), e.error or str(e.path))
+            for e in entries]
+    header = ("NAME", "QUANT", "SIZE", "ARCH", "CONTEXT", "MEDIA", "PATH")
     widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header) - 1)]
     for row in [header, *rows]:
         typer.echo("  ".join(c.ljust(w) for c, w in zip(row, widths)) + "  " + row[-1])
+
+
+def _media_column(entry: Any) -> str:
+    """What a library entry takes besides text (its paired projector's ``vision``/``audio``), or ``TTS``."""
+    if entry.tts:
+        return "TTS"
+    return "+".join(m for m, on in (("vision", entry.vision), ("audio", entry.audio)) if on) or \
+        ("mmproj" if entry.mmproj else "")
 
 
 def main() -> None:

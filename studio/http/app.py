@@ -32,7 +32,9 @@ from studio.residency.manager import ModelManager
 from studio.residency.requests import LoadRequest
 from studio.http.openai_proxy import OpenAIRoutes
 from studio.http.openai_proxy import router as proxy_router
+from studio.http.limits import BodySizeLimit
 from studio.http.upstream import Upstream
+from studio.settings import DEFAULT_MAX_BODY_BYTES
 
 log = structlog.get_logger(__name__)
 
@@ -46,6 +48,7 @@ def create_app(
     paths: PathPolicy | None = None,
     max_connections: int = 64,
     toolbox: Toolbox | None = None,
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
 ) -> FastAPI:
     """Return the service app around ``manager``; the ``preload`` models start loading at start-up, in order.
 
@@ -55,6 +58,7 @@ def create_app(
     (default: the catalog's folders and Hugging Face cache).
     ``toolbox`` holds the tools ``/api/chat`` may run; its MCP servers start and stop with the app
     (in the background: the app serves at once, and a server that fails is shown in ``/api/tools``).
+    Request bodies over ``max_body_bytes`` get a 413.
     """
 
     @asynccontextmanager
@@ -83,6 +87,7 @@ def create_app(
     app.include_router(proxy_router)
     app.include_router(page_router)
     app.add_middleware(OpenAIRoutes, on_error=error_response)
+    app.add_middleware(BodySizeLimit, max_body_bytes=max_body_bytes)
     if api_token:
         app.add_middleware(BearerTokenMiddleware, token=api_token)
     # added last, so it runs first: a preflight carries no token, and a bad Host learns nothing else

@@ -15,8 +15,10 @@ from pydantic import BaseModel, Field
 
 from launcher.memory import CacheType
 from launcher.speculative import MODES
+from studio.chat.media import file_capabilities
 from studio.errors import ModelNotResidentError
 from studio.http.model_paths import check_extra_args, check_model_path
+from studio.library.catalog import CatalogEntry
 from studio.residency.manager import ModelManager
 from studio.residency.requests import LoadRequest
 from studio.settings import LOAD_LIMITS, RESIDENCY_LIMITS
@@ -52,13 +54,16 @@ class LoadBody(BaseModel):
     chat_template: str | None = Field(default=None, max_length=256 * 1024,
                                       description="A Jinja chat template to use instead of the model's own.")
     force: bool = Field(default=False, description="Load even when the plan says it does not fit.")
+    mmproj: str | None = Field(
+        default=None, description='A multimodal projector .gguf to load with the model, or "none"; default: the '
+                                  "config's, or the projector the library pairs with the model.")
 
     def request(self) -> LoadRequest:
         return LoadRequest(
             model=self.model, n_ctx=self.n_ctx, n_parallel=self.n_parallel, spec=self.spec,
             spec_n_max=self.spec_n_max, cache_type=self.cache_type_kv,
             extra_args=tuple(self.extra_args) if self.extra_args is not None else None,
-            ttl=self.ttl, pinned=self.pinned, force=self.force, chat_template=self.chat_template,
+            ttl=self.ttl, pinned=self.pinned, force=self.force, chat_template=self.chat_template, mmproj=self.mmproj,
         )
 
 
@@ -95,8 +100,15 @@ async def models(request: Request) -> list[dict[str, Any]]:
         except gguf.GGUFError as exc:
             info = {"error": str(exc)}
         # ``name`` is what a load takes; the file's own general.name is ``general_name`` (it overwrote ``name``)
-        out.append({**info, "name": entry.name, "general_name": info.get("name"), "path": str(entry.path)})
+        out.append({**info, "name": entry.name, "general_name": info.get("name"), "path": str(entry.path),
+                    **await _media(entry)})
     return out
+
+
+async def _media(entry: CatalogEntry) -> dict[str, Any]:
+    """The paired projector and what the model takes with it: vision, audio, or a TTS model's codec."""
+    caps = await asyncio.to_thread(file_capabilities, entry.path, entry.mmproj)
+    return {"mmproj": str(entry.mmproj) if entry.mmproj else None, **caps.to_json()}
 
 
 @router.get("/models/{name}")
@@ -105,7 +117,7 @@ async def inspect_model(request: Request, name: str) -> dict[str, Any]:
     await check_model_path(request, name)
     entry = _manager(request).catalog.resolve(name)
     info = summary(await asyncio.to_thread(gguf.read, entry.path))
-    return {**info, "name": entry.name, "general_name": info.get("name")}
+    return {**info, "name": entry.name, "general_name": info.get("name"), **await _media(entry)}
 
 
 @router.post("/load")

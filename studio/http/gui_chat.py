@@ -17,6 +17,7 @@ events for the GUI to handle (healed from leaked markup).
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import AsyncIterator
 from typing import Any
@@ -27,6 +28,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
 
+from studio.chat.media import preflight_chat
 from studio.chat.model_turn import Turn, TurnError, read_turn
 from studio.chat.tool_loop import LoopLimits, run_tool_loop
 from studio.chat.tool_schema import check_tool_fields, tool_parameters
@@ -80,6 +82,7 @@ async def chat(request: Request, body: ChatBody) -> StreamingResponse:
                                   param="use_tools")
         selected = _toolbox(request).select(body.use_tools)
     await check_model_path(request, body.model)
+    await asyncio.to_thread(preflight_chat, manager, payload)
     loaded, lease = await manager.acquire(body.model)
     try:
         prepare_chat_body(payload, loaded)

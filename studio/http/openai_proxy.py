@@ -52,6 +52,7 @@ from studio.errors import BadRequestError, UpstreamError, error_body
 from studio.http.model_paths import check_model_path
 from studio.residency.manager import ModelManager
 from studio.residency.resident import Lease, LoadedModel
+from studio.chat.media import check_chat_media, media_capabilities, preflight_chat
 from studio.chat.reasoning import reasoning_request, with_prompt_flag
 from studio.chat.tool_healing import heal_completion
 from studio.chat.tool_schema import check_tool_fields, tool_parameters
@@ -139,6 +140,8 @@ async def _forward(request: Request, path: str) -> Response:
     if path == "/v1/chat/completions":
         check_tool_fields(body)  # before a load: a malformed request never reaches llama-server
     await check_model_path(request, model)
+    if path == "/v1/chat/completions":
+        await asyncio.to_thread(preflight_chat, _manager(request), body)
     loaded, lease = await _manager(request).acquire(model)
     try:
         FORWARDED[path](body, loaded)
@@ -273,7 +276,8 @@ async def _json_body(request: Request) -> dict[str, Any]:
 
 
 def prepare_chat_body(body: dict[str, Any], loaded: LoadedModel) -> None:
-    """Fill what the studio adds to a chat request: reasoning kwargs, a default ``max_tokens``."""
+    """Check the media against the model, then fill what the studio adds: reasoning kwargs, a default ``max_tokens``."""
+    check_chat_media(body, media_capabilities(loaded), loaded.name)
     _default_max_tokens(body, loaded)
     _apply_reasoning(body, loaded)
 

@@ -17,6 +17,7 @@ from pathlib import Path, PurePosixPath
 
 import gguf
 from gguf.projector import ProjectorFacts, is_projector, projector_facts, width_mismatch
+from studio.errors import BadRequestError
 
 NAME_MARK = "mmproj"
 
@@ -54,3 +55,24 @@ def projector_problem(model_path: Path, projector_path: Path) -> str | None:
         arch = gguf.read(projector_path).metadata.get("general.architecture")
         return f"it is a {arch!r} model, not a clip projector"
     return width_mismatch(facts, model)
+
+
+#: What a load request or the config file says for "no projector".
+NO_PROJECTOR = "none"
+
+
+def chosen_projector(requested: str | None, paired: Path | None) -> Path | None:
+    """Return the projector a load uses: ``requested`` (a path, or ``"none"``), else the one the library paired.
+
+    Raises:
+        BadRequestError: ``requested`` names no file.
+    """
+    if requested is None:
+        return paired
+    if requested.strip().lower() in (NO_PROJECTOR, ""):
+        return None
+    path = Path(requested).expanduser()
+    if not path.is_file():
+        raise BadRequestError(f"mmproj {requested!r} is not a file; give the path of a projector .gguf, or "
+                              f"{NO_PROJECTOR!r} to load without one", param="mmproj", code="mmproj_not_found")
+    return path.resolve()

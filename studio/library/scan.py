@@ -22,6 +22,7 @@ import structlog
 
 import gguf
 from gguf.projector import projector_facts
+from gguf.speech import speech_facts
 from studio.library.catalog import model_name
 from studio.library.hub import HubFile, candidates, pick_mmproj, snapshot_files
 from studio.library.projectors import named_like_projector
@@ -48,6 +49,9 @@ class LibraryEntry:
     context_length: int | None
     mmproj: Path | None
     error: str | None = None  # unreadable, or shards missing
+    vision: bool = False  # the paired projector reads images
+    audio: bool = False  # the paired projector hears audio (speech in)
+    tts: str | None = None  # a text-to-speech model: what it is (``gguf.speech``), not a chat model
 
     def to_json(self) -> dict[str, Any]:
         """Return the entry as JSON-able values."""
@@ -137,11 +141,13 @@ class Library:
                 name = f"{group.repo}:{tail}"
             else:
                 name = model_name(shards[0])
+            projector = self._facts((mmproj,)) if mmproj is not None else {}
             yield LibraryEntry(
                 name=name, path=shards[0], shards=shards, size=cand.size, source=group.source, repo=group.repo,
                 variant=cand.label if cand.label != Path(cand.key).name else facts.get("quant"),
                 architecture=facts.get("architecture"), parameters=facts.get("parameters"),
                 context_length=facts.get("context_length"), mmproj=mmproj, error=error,
+                vision=bool(projector.get("vision")), audio=bool(projector.get("audio")), tts=facts.get("speech"),
             )
 
     def _pair(self, group: _Group, key: str, facts: dict[str, Any]) -> Path | None:
@@ -214,9 +220,10 @@ def _read_facts(path: Path) -> dict[str, Any]:
             return {"architecture": "clip", "projection_dims": list(projector.projection_dims),
                     "vision": projector.vision, "audio": projector.audio}
         facts = model.facts
+        speech = speech_facts(model)
         return {"architecture": facts.architecture, "parameters": facts.parameter_count,
                 "context_length": facts.context_length, "embedding_length": facts.embedding_length,
-                "quant": facts.quant_label}
+                "quant": facts.quant_label, "speech": speech.describe() if speech else None}
     except (gguf.GGUFError, ValueError) as exc:
         return {"error": str(exc)}
 

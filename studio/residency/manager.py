@@ -302,7 +302,9 @@ class ModelManager:
             inventory = self._without_busy_workers(
                 await run_blocking(self.discover_devices, timeout=self.work_timeout, what="listing devices"),
                 replacing)
-            info = ModelInfo.from_gguf(model)
+            projector = await run_blocking(gguf.read, settings.mmproj, timeout=self.work_timeout,
+                                           what=f"reading {settings.mmproj.name}") if settings.mmproj else None
+            info = ModelInfo.from_gguf(model, mmproj=projector)
             holders = [self._holder(r) for r in self.residents if r.state in HOLDS_MEMORY and r is not replacing]
             loading = self._loading_names()
             budget = self._budget(inventory)

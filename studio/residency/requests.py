@@ -8,6 +8,7 @@ from pathlib import Path
 
 from launcher.planner import PlanRequest
 from studio.library.catalog import CatalogEntry, model_name
+from studio.library.projectors import chosen_projector
 from studio.settings import ModelDefaults
 
 
@@ -30,6 +31,7 @@ class LoadRequest:
     ttl: float | None = None  # seconds idle before unloading; None: the model's configured one, or the global
     pinned: bool | None = None  # None: the model's configured one
     force: bool = False  # load even when the plan says it does not fit
+    mmproj: str | None = None  # a projector path; "none": without one; None, and none configured: the paired one
 
 
 @dataclass(frozen=True)
@@ -44,6 +46,7 @@ class LoadSettings:
     spec_n_max: int | None = None
     cache_type: str = "f16"
     chat_template: str | None = None
+    mmproj: Path | None = None  # the multimodal projector to pass, if any
 
     def plan_request(self, alias: str) -> PlanRequest:
         """What the planner is asked for these settings, serving the model as ``alias``."""
@@ -74,4 +77,5 @@ def load_settings(request: LoadRequest, entry: CatalogEntry, defaults: Mapping[s
         spec_n_max=request.spec_n_max if request.spec_n_max is not None else own.spec_n_max,
         cache_type=request.cache_type if request.cache_type is not None else own.cache_type_kv or "f16",
         chat_template=request.chat_template if request.chat_template is not None else own.chat_template,
+        mmproj=chosen_projector(request.mmproj if request.mmproj is not None else own.mmproj, entry.mmproj),
     )

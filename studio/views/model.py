@@ -1,4 +1,9 @@
-"""A person-readable (and JSON) summary of a GGUF model, for ``ggstudio inspect``."""
+"""A person-readable (and JSON) summary of a GGUF model, for ``ggstudio inspect``.
+
+A multimodal projector gets its own, shorter summary (``kind: "projector"``: what it
+encodes, its type, the width it feeds); a model says whether it is a text-to-speech
+model (``speech``: its codec and why).
+"""
 
 from __future__ import annotations
 
@@ -6,6 +11,8 @@ import dataclasses
 from typing import Any
 
 from gguf import GGUFFile
+from gguf.projector import projector_facts
+from gguf.speech import speech_facts
 from gguf.templates import template_capabilities
 
 MIB = 1024 * 1024
@@ -13,11 +20,16 @@ MIB = 1024 * 1024
 
 def summary(model: GGUFFile) -> dict[str, Any]:
     """Return the facts a user asks about first, as plain JSON-able values."""
+    projector = projector_facts(model)
+    if projector is not None:
+        return projector_summary(model)
     f = model.facts
+    speech = speech_facts(model)
     kv = f.kv_bytes_per_token(2.0)
     caps = template_capabilities(f.chat_template) if f.chat_template else None
     swa_count = sum(f.swa_layers)
     return {
+        "kind": "model",
         "path": str(model.path),
         "architecture": f.architecture,
         "name": f.name,
@@ -45,9 +57,49 @@ def summary(model: GGUFFile) -> dict[str, Any]:
         "vocab_size": f.vocab_size,
         "chat_template": dataclasses.asdict(caps) if caps else None,
         "shards": [str(h.path) for h in model.shards],
+        "speech": {"codec": speech.codec, "family": speech.family, "vocoder": speech.vocoder,
+                   "description": speech.describe()} if speech else None,
         "approximate": f.approximate,
         "notes": list(f.notes),
     }
+
+
+def projector_summary(model: GGUFFile) -> dict[str, Any]:
+    """Return what a multimodal projector file holds, as plain JSON-able values."""
+    p = projector_facts(model)
+    assert p is not None
+    return {
+        "kind": "projector",
+        "path": str(model.path),
+        "architecture": "clip",
+        "name": model.metadata.get("general.name"),
+        "vision": p.vision,
+        "audio": p.audio,
+        "speech_out": p.speech_out,
+        "encoders": [{"modality": e.modality, "projector_type": e.projector_type, "embedding_length": e.n_embd,
+                      "layers": e.n_layer, "projection_dim": e.projection_dim,
+                      **({"image_size": e.image_size, "patch_size": e.patch_size} if e.modality == "vision"
+                         else {"mel_bins": e.n_mel_bins})} for e in p.encoders],
+        "projection_dims": list(p.projection_dims),
+        "weight_bytes": p.weight_bytes,
+        "file_bytes": model.file_size,
+    }
+
+
+def render_projector(info: dict[str, Any]) -> str:
+    """Return ``projector_summary`` as aligned text lines."""
+    takes = " and ".join(w for w, on in (("images", info["vision"]), ("audio (speech in)", info["audio"])) if on)
+    rows = [("kind", "multimodal projector (mmproj)" + (f"  ({info['name']})" if info["name"] else "")),
+            ("takes", (takes or "nothing it declares") + ("; speaks (an audio generation head)" if info["speech_out"]
+                                                          else ""))]
+    for e in info["encoders"]:
+        shape = (f"{e['image_size']}px images in {e['patch_size']}px patches" if e["modality"] == "vision"
+                 else f"{e['mel_bins']} mel bins")
+        rows.append((f"{e['modality']} encoder", f"{e['projector_type'] or '?'}: {e['layers']} layers of "
+                                                 f"{e['embedding_length']}, {shape}, into width {e['projection_dim']}"))
+    rows.append(("weights", f"{info['weight_bytes'] / MIB:,.2f} MiB"))
+    width = max(len(k) for k, _ in rows)
+    return "\n".join([info["path"]] + [f"  {k:<{width}}  {v}" for k, v in rows])
 
 
 def _collapse(values: tuple[int, ...]) -> int | list[int]:
@@ -57,6 +109,8 @@ def _collapse(values: tuple[int, ...]) -> int | list[int]:
 
 def render(info: dict[str, Any]) -> str:
     """Return ``summary`` as aligned text lines."""
+    if info.get("kind") == "projector":
+        return render_projector(info)
     kv = info["kv_f16_bytes_per_1k_tokens"]
     caps = info["chat_template"]
     rows = [
@@ -78,6 +132,8 @@ def render(info: dict[str, Any]) -> str:
         ("chat template", _template_line(caps)),
         ("shards", f"{len(info['shards'])} file(s)"),
     ]
+    if info.get("speech"):
+        rows.append(("speech", f"text-to-speech, not chat: {info['speech']['description']}"))
     if info["approximate"] or info["notes"]:
         rows.append(("notes", "; ".join(info["notes"]) or "approximate"))
     width = max(len(k) for k, _ in rows)

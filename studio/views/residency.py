@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from launcher.memory import MemoryBill
+from studio.chat.media import plan_capabilities
 from studio.residency.lifecycle import ResidentState
 from studio.residency.manager import ModelManager, physical
 from studio.residency.resident import ResidentModel
@@ -39,6 +40,7 @@ def resident_json(r: ResidentModel) -> dict[str, Any]:
         "state": r.state.value,
         "model": r.name,
         "path": str(r.settings.path),
+        "mmproj": str(r.settings.mmproj) if r.settings.mmproj else None,
         "native_context": r.facts.context_length,
         "effective_context": loaded.n_ctx if loaded else None,
         "largest_safe_context": plan.max_safe_ctx,
@@ -55,6 +57,7 @@ def resident_json(r: ResidentModel) -> dict[str, Any]:
             "reasoning_style": r.template.reasoning_style if r.template else "none",
             "tools": bool(r.template and r.template.supports_tools),
             "has_mtp": r.facts.has_mtp,
+            **plan_capabilities(plan).to_json(),
         },
         "progress": {
             "phase": progress.phase, "bytes_loaded": progress.bytes_loaded, "bytes_total": progress.bytes_total,
@@ -77,7 +80,7 @@ def bill_json(bill: MemoryBill, per_device: dict[str, int]) -> dict[str, Any]:
     return {
         "devices": {d.device: {"weights": d.weights, "kv": d.kv, "recurrent": d.recurrent, "compute": d.compute,
                                "output": d.output, "output_growth": d.output_growth,
-                               "compute_growth": d.compute_growth, "total": d.total}
+                               "compute_growth": d.compute_growth, "projector": d.projector, "total": d.total}
                     for d in bill.devices},
         "by_device": per_device,
         "total": bill.total,
@@ -85,11 +88,13 @@ def bill_json(bill: MemoryBill, per_device: dict[str, int]) -> dict[str, Any]:
         "startup_total": bill.startup_total,
         "approximate": bill.approximate,
         "reasons": list(bill.reasons),
+        "projector": {"device": bill.projector.device, "weights": bill.projector.weights,
+                      "compute": bill.projector.compute, "total": bill.projector.total} if bill.projector else None,
     }
 
 
 _EMPTY: dict[str, Any] = {
-    "path": None, "native_context": None, "effective_context": None, "largest_safe_context": None,
+    "path": None, "mmproj": None, "native_context": None, "effective_context": None, "largest_safe_context": None,
     "speculative": None, "cache_type_kv": None, "offload": None, "reasons": None, "capabilities": None,
     "progress": None, "memory": None, "error": None, "pid": None, "in_flight": 0,
 }
