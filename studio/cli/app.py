@@ -286,6 +286,7 @@ def _serve(model: str | None, *, host: str | None, port: int | None, ctx: int | 
     from studio.http.access import AccessPolicy
     from studio.http.app import create_app
     from studio.library.default_model import ensure_default_model
+    from studio.library.downloads import DownloadManager
     from studio.library.paths import PathPolicy
     from studio.http.server import run_service
     from studio.residency.requests import LoadRequest
@@ -326,7 +327,8 @@ def _serve(model: str | None, *, host: str | None, port: int | None, ctx: int | 
         run_service(
             create_app(manager, preload=requests, api_token=token, access=access, paths=paths,
                        toolbox=Toolbox(settings.tools, scratch_dir=settings.home / "scratch",
-                                       logs_dir=settings.logs_dir), max_body_bytes=settings.max_body_bytes),
+                                       logs_dir=settings.logs_dir), max_body_bytes=settings.max_body_bytes,
+                       downloads=DownloadManager(auto_download=settings.auto_download)),
             host=host, port=port, announce=announce,
         )
     except KeyboardInterrupt:  # uvicorn re-raises Ctrl-C after a clean shutdown: that is a normal stop

@@ -25,6 +25,7 @@ from studio.http.gui_api import router as api_router
 from studio.http.auth import BearerTokenMiddleware
 from studio.http.browser_guard import BrowserGuard
 from studio.http.gui_chat import router as chat_router
+from studio.http.gui_pull import router as pull_router
 from studio.http.page import router as page_router
 from studio.errors import BusyError, StudioError, error_body
 from studio.library.paths import PathPolicy
@@ -33,6 +34,7 @@ from studio.residency.requests import LoadRequest
 from studio.http.openai_proxy import OpenAIRoutes
 from studio.http.openai_proxy import router as proxy_router
 from studio.http.limits import BodySizeLimit
+from studio.library.downloads import DownloadManager
 from studio.http.upstream import Upstream
 from studio.settings import DEFAULT_MAX_BODY_BYTES
 
@@ -49,6 +51,7 @@ def create_app(
     max_connections: int = 64,
     toolbox: Toolbox | None = None,
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+    downloads: DownloadManager | None = None,
 ) -> FastAPI:
     """Return the service app around ``manager``; the ``preload`` models start loading at start-up, in order.
 
@@ -58,13 +61,15 @@ def create_app(
     (default: the catalog's folders and Hugging Face cache).
     ``toolbox`` holds the tools ``/api/chat`` may run; its MCP servers start and stop with the app
     (in the background: the app serves at once, and a server that fails is shown in ``/api/tools``).
-    Request bodies over ``max_body_bytes`` get a 413.
+    Request bodies over ``max_body_bytes`` get a 413. ``downloads`` serves ``/api/pull`` (default: one
+    over huggingface_hub's environment, without auto-download).
     """
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         app.state.upstream = upstream = Upstream(max_connections=max_connections)
         app.state.manager = manager
+        app.state.downloads = downloads or DownloadManager()
         app.state.toolbox = tools = toolbox or Toolbox.empty()
         app.state.tools_started = asyncio.create_task(tools.start())
         if preload:
@@ -84,6 +89,7 @@ def create_app(
     app.state.paths = paths or PathPolicy.for_catalog(manager.catalog)
     app.include_router(api_router)
     app.include_router(chat_router)
+    app.include_router(pull_router)
     app.include_router(proxy_router)
     app.include_router(page_router)
     app.add_middleware(OpenAIRoutes, on_error=error_response)

@@ -47,7 +47,7 @@ import shutil
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Any
@@ -476,9 +476,9 @@ def largest_that_fits(resolved: Resolved, config: HubConfig | None = None, *,
                       disk_free: Callable[[Path], int] = free_bytes) -> Candidate | None:
     """Return the largest complete variant whose missing bytes (projector included) fit on the disk."""
     extra = (resolved.mmproj,) if resolved.mmproj else ()
-    fitting = [c for c in resolved.candidates if c.complete
-               and preflight(resolved, config, disk_free=disk_free, files=c.files + extra).fits]
-    return max(fitting, key=lambda c: c.size, default=None)
+    by_label = {c.label: c for c in resolved.candidates}
+    return largest_variant(resolved, lambda _size, label: preflight(
+        resolved, config, disk_free=disk_free, files=by_label[label].files + extra).fits)
 
 
 # ---------------------------------------------------------------- download
@@ -574,6 +574,8 @@ def pull(spec: str, *, variant: str | None = None, revision: str = "main", confi
          fallback: bool = False, check_mmproj: bool = True) -> Pulled:
     """Return the model ``spec`` names with every file in the cache, downloading what is missing.
 
+    ``resolve``, then ``fetch``.
+
     Args:
         fallback: when the variant does not fit on the disk, take the largest that does instead of failing.
         disk_free: the free-bytes source for the preflight (injectable for tests).
@@ -585,6 +587,23 @@ def pull(spec: str, *, variant: str | None = None, revision: str = "main", confi
     """
     cfg = config or HubConfig.from_env()
     resolved = resolve(spec, variant=variant, revision=revision, config=cfg, offline=offline)
+    return fetch(resolved, config=cfg, progress=progress, cancel=cancel, disk_free=disk_free, fallback=fallback,
+                 check_mmproj=check_mmproj)
+
+
+#: Held around each file's download: lets a caller make sure one file is fetched by one thread at a time.
+FileLock = Callable[[str, HubFile], AbstractContextManager[object]]
+
+
+def fetch(resolved: Resolved, *, config: HubConfig | None = None, progress: ProgressCallback | None = None,
+          cancel: threading.Event | None = None, disk_free: Callable[[Path], int] = free_bytes,
+          fallback: bool = False, check_mmproj: bool = True, file_lock: FileLock | None = None) -> Pulled:
+    """Return ``resolved`` with every file in the cache: the disk preflight, then the downloads still needed.
+
+    ``file_lock(repo, file)`` (optional) is held while that file is fetched. See ``pull`` for the rest.
+    """
+    cfg = config or HubConfig.from_env()
+    revision = resolved.revision
     check = preflight(resolved, cfg, disk_free=disk_free)
     if check.needed and resolved.offline_reason:
         raise HubError(f"{resolved.repo}:{resolved.model.label} is not complete in the cache and cannot be "
@@ -593,11 +612,8 @@ def pull(spec: str, *, variant: str | None = None, revision: str = "main", confi
     if not check.fits:
         better = largest_that_fits(resolved, cfg, disk_free=disk_free)
         if fallback and better is not None and better is not resolved.model:
-            resolved = _pick(resolved.repo, revision, resolved.commit,
-                             [f for c in resolved.candidates for f in c.files]
-                             + ([resolved.mmproj] if resolved.mmproj else []), better.key, None)
-            resolved = dataclasses.replace(resolved, reason=f"{better.label}: the largest variant that fits the "
-                                           f"free disk ({_gib(check.free)})")
+            resolved = with_variant(resolved, better, f"{better.label}: the largest variant that fits the free "
+                                                      f"disk ({_gib(check.free)})")
             check = preflight(resolved, cfg, disk_free=disk_free)
         else:
             offer = (f"; the largest variant that fits is {better.label} ({_gib(better.size)}): "
@@ -606,7 +622,7 @@ def pull(spec: str, *, variant: str | None = None, revision: str = "main", confi
                 f"{resolved.repo}:{resolved.model.label} needs {_gib(check.needed)} more in {cfg.cache_dir} "
                 f"but only {_gib(check.free)} {'is' if check.free >= 2**20 else 'are'} free{offer}",
                 needed=check.needed, free=check.free, fallback=better.label if better else None)
-    downloaded = _download(resolved, check, cfg, progress, cancel)
+    downloaded = _download(resolved, check, cfg, progress, cancel, file_lock)
     folder = repo_folder(cfg.cache_dir, resolved.repo)
     _write_ref(folder, revision, resolved.commit)
     snap = folder / "snapshots" / resolved.commit
@@ -621,8 +637,26 @@ def pull(spec: str, *, variant: str | None = None, revision: str = "main", confi
     return Pulled(resolved, paths, mmproj, downloaded, tuple(notes))
 
 
+def with_variant(resolved: Resolved, candidate: Candidate, reason: str) -> Resolved:
+    """``resolved`` with another of its candidates chosen (its projector picked again for it)."""
+    files = [f for c in resolved.candidates for f in c.files] + ([resolved.mmproj] if resolved.mmproj else [])
+    picked = _pick(resolved.repo, resolved.revision, resolved.commit, files, candidate.key, resolved.offline_reason)
+    return dataclasses.replace(picked, reason=reason)
+
+
+def largest_variant(resolved: Resolved, fits: Callable[[int, str], bool]) -> Candidate | None:
+    """Return the largest complete variant of the repo for which ``fits(bytes, label)`` holds, or None.
+
+    ``bytes`` counts the variant's files and the projector a load would take with it: what a memory
+    plan weighs before any header can be read (the files may not be downloaded yet).
+    """
+    extra = resolved.mmproj.size if resolved.mmproj else 0
+    fitting = [c for c in resolved.candidates if c.complete and fits(c.size + extra, c.label)]
+    return max(fitting, key=lambda c: (c.size, c.key), default=None)
+
+
 def _download(resolved: Resolved, check: Preflight, cfg: HubConfig, progress: ProgressCallback | None,
-              cancel: threading.Event | None) -> int:
+              cancel: threading.Event | None, file_lock: FileLock | None = None) -> int:
     from huggingface_hub import hf_hub_download
 
     tracker = _Tracker(check.needed, len(check.to_fetch), progress, cancel)
@@ -638,7 +672,7 @@ def _download(resolved: Resolved, check: Preflight, cfg: HubConfig, progress: Pr
             log.debug("hub.download", repo=resolved.repo, file=f.path, bytes=f.size)
         else:
             tracker.check()  # blob present: huggingface_hub only links it into this snapshot
-        with _hub_errors(resolved.repo, cfg, f.path):
+        with (file_lock(resolved.repo, f) if file_lock else nullcontext()), _hub_errors(resolved.repo, cfg, f.path):
             hf_hub_download(resolved.repo, f.path, revision=resolved.commit, cache_dir=cfg.cache_dir,
                             endpoint=cfg.endpoint, token=cfg.token, etag_timeout=cfg.timeout,
                             tqdm_class=functools.partial(_Meter, tracker))  # type: ignore[arg-type]
