@@ -3,19 +3,29 @@
 from __future__ import annotations
 
 import dataclasses
+import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
+from fastapi.testclient import TestClient
 
 import gguf
 from gguf.projector import projector_facts, width_mismatch
+from launcher.capabilities import probe
 from launcher.command import build_command
 from launcher.devices import MIB, Device, Inventory
 from launcher.planner import PlanRequest, ProjectorError, load_model, plan
+from launcher.registry import ChildRegistry
+from launcher.supervisor import Supervisor, owner_token
 from studio.errors import BadRequestError
+from studio.http.app import create_app
 from studio.library.catalog import Catalog
 from studio.library.projectors import is_projector_file, named_like_projector, projector_problem
 from studio.library.scan import scan
+from studio.residency.manager import ModelManager
 from tests.support.projectors import SMOLLM2_WIDTH, write_audio_projector, write_vision_projector
 from tests.test_hub import model_bytes
 
@@ -133,3 +143,56 @@ def test_a_projector_of_another_width_is_refused_before_planning(gemma_model, tm
     projector = write_vision_projector(tmp_path / "mmproj.gguf")  # 576 wide; Gemma 270M is 640
     with pytest.raises(ProjectorError, match="projects to 576 but the gemma3 model's embedding length is 640"):
         load_model(gemma_model, mmproj=projector)
+
+
+# ---------------------------------------------------------------- what inspect, ls and /api/models say
+
+CLI = str(Path(sys.executable).parent / "ggstudio")
+
+
+def ggstudio(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([CLI, *args], capture_output=True, text=True, timeout=60, env={**os.environ, **(env or {})})
+
+
+@pytest.fixture
+def media_library(tmp_path, zoo_dir) -> Path:
+    """A folder: a model with a vision projector, one with an audio projector, and a TTS model."""
+    root = tmp_path / "lib"
+    for name in ("eye", "ear"):
+        put(root / name / f"{name}-Q4_K_M.gguf", model_bytes(tmp_path, n_embd=SMOLLM2_WIDTH))
+    write_vision_projector(root / "eye" / "mmproj-eye-F16.gguf")
+    write_audio_projector(root / "ear" / "mmproj-ear-F16.gguf")
+    (root / "tts").mkdir()
+    (root / "tts" / "qwen3tts-dense.gguf").symlink_to(zoo_dir / "qwen3tts-dense.gguf")
+    return root
+
+
+def test_inspect_says_what_a_projector_takes(tiny_projectors):
+    out = ggstudio("inspect", str(tiny_projectors[1]))
+    assert out.returncode == 0, out.stderr
+    assert "multimodal projector (mmproj)" in out.stdout and "audio (speech in)" in out.stdout
+    assert "voxtral: 1 layers of 64, 128 mel bins, into width 576" in out.stdout
+    info = json.loads(ggstudio("inspect", "--json", str(tiny_projectors[0])).stdout)
+    assert info["kind"] == "projector" and info["vision"] and not info["audio"]
+    assert info["encoders"][0]["projector_type"] == "mlp" and info["projection_dims"] == [576]
+
+
+def test_ls_and_api_models_show_vision_audio_and_tts(media_library, tmp_path, llama_server_bin):
+    env = {"GGUF_STUDIO_HOME": str(tmp_path / "home"), "GGUF_STUDIO_MODEL_DIRS": str(media_library),
+           "HF_HUB_CACHE": str(tmp_path / "hf")}
+    listed = {e["name"]: e for e in json.loads(ggstudio("ls", "--json", env=env).stdout)}
+    assert sorted(listed) == ["ear-Q4_K_M", "eye-Q4_K_M", "qwen3tts-dense"]
+    assert listed["eye-Q4_K_M"]["vision"] and not listed["eye-Q4_K_M"]["audio"]
+    assert listed["ear-Q4_K_M"]["audio"] and "text-to-speech" in listed["qwen3tts-dense"]["tts"]
+    text = ggstudio("ls", env=env).stdout
+    assert "MEDIA" in text and " vision " in text and " audio " in text and " TTS " in text
+
+    manager = ModelManager(catalog=Catalog([media_library]), binary=llama_server_bin, caps=probe(llama_server_bin),
+                           supervisor=Supervisor(logs_dir=tmp_path / "logs",
+                                                 registry=ChildRegistry(tmp_path / "run", owner_token())))
+    with TestClient(create_app(manager)) as client:
+        models = {m["name"]: m for m in client.get("/api/models").json()}
+        one = client.get("/api/models/ear-Q4_K_M").json()
+    assert models["eye-Q4_K_M"]["vision"] and models["eye-Q4_K_M"]["mmproj"].endswith("mmproj-eye-F16.gguf")
+    assert one["audio"] and not one["vision"] and one["tts"] is None
+    assert models["qwen3tts-dense"]["tts"]["family"] == "Qwen3-TTS" and models["qwen3tts-dense"]["speech"]
