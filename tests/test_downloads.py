@@ -10,6 +10,7 @@ from pathlib import Path
 import httpx
 import pytest
 import uvicorn
+from fastapi.testclient import TestClient
 
 from launcher.capabilities import probe
 from launcher.registry import ChildRegistry
@@ -180,3 +181,27 @@ def test_a_pulled_vision_repo_loads_offline_from_the_cache(studio, server, setti
     assert status["state"] == "ready" and status["capabilities"]["vision"] is True
     assert Path(status["mmproj"]).name == "mmproj-SmolLM2-F32.gguf" and server.requests == []
     httpx.post(f"{base}/api/unload", timeout=60)
+
+
+@pytest.mark.parametrize("auto", [False, True])
+def test_a_load_of_an_uncached_repo_downloads_it_first_only_with_auto_download(
+        llama_server_bin, server, hf_env, settings, tmp_path, auto):  # noqa: F811
+    repo = server.repo(REAL)
+    repo.add("SmolLM2-135M-Instruct-Q4_1.gguf", ensure_default_model(settings.models_dir))
+    repo.add("mmproj-SmolLM2-F32.gguf", write_vision_projector(tmp_path / "mmproj.gguf"))
+    downloads = DownloadManager(auto_download=auto)
+    manager = ModelManager(catalog=Catalog([tmp_path / "models"], hf_cache=hf_env.cache_dir),
+                           binary=llama_server_bin, caps=probe(llama_server_bin, cache_dir=tmp_path / "cache"),
+                           supervisor=Supervisor(logs_dir=tmp_path / "logs",
+                                                 registry=ChildRegistry(tmp_path / "run", owner_token())),
+                           downloads=downloads)
+    with TestClient(create_app(manager)) as client:
+        resp = client.post("/api/plan", json={"model": f"{REAL}:Q4_1", "n_ctx": 1024})  # plans; starts nothing
+        pulls = client.get("/api/pulls").json()
+    if not auto:
+        assert resp.status_code == 404 and resp.json()["error"]["code"] == "not_downloaded"
+        assert "POST /api/pull" in resp.json()["error"]["message"] and server.downloads() == [] and pulls == []
+        return
+    assert resp.status_code == 200, resp.text
+    assert resp.json()["model"]["mmproj"].endswith("mmproj-SmolLM2-F32.gguf")
+    assert [(p["model"], p["state"]) for p in pulls] == [(f"{REAL}:Q4_1", "done")]

@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Any
 import gguf
 from gguf.projector import projector_facts
 from gguf.speech import SpeechFacts, speech_facts
-from studio.errors import BadRequestError
+from studio.errors import BadRequestError, ModelNotFoundError
 
 if TYPE_CHECKING:
     from launcher.planner import LaunchPlan
@@ -98,7 +98,10 @@ def preflight_chat(manager: ModelManager, body: Mapping[str, Any]) -> None:
         return  # the default model, or a resident one: checked once acquired
     from studio.residency.requests import LoadRequest, load_settings
 
-    entry = manager.catalog.resolve(model)
+    try:
+        entry = manager.catalog.resolve(model)
+    except ModelNotFoundError:
+        return  # not here (yet): acquiring it downloads it (auto_download) or names the problem
     settings = load_settings(LoadRequest(model=model), entry, manager.model_defaults)
     check_chat_media(body, file_capabilities(entry.path, settings.mmproj), entry.name)
 

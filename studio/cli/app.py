@@ -156,6 +156,7 @@ def _model_manager(settings: Settings, rpc_workers: tuple[str, ...] = ()) -> tup
     from launcher.rpc import RpcWorkers
     from launcher.supervisor import owner_token
     from studio.library.default_model import builtin_model_defaults
+    from studio.library.downloads import DownloadManager
     from studio.residency.manager import ModelManager, supervisor_factory
 
     found = _find_binary(settings)
@@ -168,6 +169,7 @@ def _model_manager(settings: Settings, rpc_workers: tuple[str, ...] = ()) -> tup
         model_defaults=builtin_model_defaults(settings.model_defaults), residency=settings.residency,
         caps=probe(found.path, cache_dir=settings.home / "cache"), files_root=settings.home / "run",
         discover_devices=(lambda: discover(llama_server=found.path, workers=workers)) if workers else None,
+        downloads=DownloadManager(auto_download=settings.auto_download),
     )
     return manager, found
 
@@ -286,7 +288,6 @@ def _serve(model: str | None, *, host: str | None, port: int | None, ctx: int | 
     from studio.http.access import AccessPolicy
     from studio.http.app import create_app
     from studio.library.default_model import ensure_default_model
-    from studio.library.downloads import DownloadManager
     from studio.library.paths import PathPolicy
     from studio.http.server import run_service
     from studio.residency.requests import LoadRequest
@@ -328,7 +329,7 @@ def _serve(model: str | None, *, host: str | None, port: int | None, ctx: int | 
             create_app(manager, preload=requests, api_token=token, access=access, paths=paths,
                        toolbox=Toolbox(settings.tools, scratch_dir=settings.home / "scratch",
                                        logs_dir=settings.logs_dir), max_body_bytes=settings.max_body_bytes,
-                       downloads=DownloadManager(auto_download=settings.auto_download)),
+                       downloads=manager.downloads),
             host=host, port=port, announce=announce,
         )
     except KeyboardInterrupt:  # uvicorn re-raises Ctrl-C after a clean shutdown: that is a normal stop

@@ -61,15 +61,15 @@ def create_app(
     (default: the catalog's folders and Hugging Face cache).
     ``toolbox`` holds the tools ``/api/chat`` may run; its MCP servers start and stop with the app
     (in the background: the app serves at once, and a server that fails is shown in ``/api/tools``).
-    Request bodies over ``max_body_bytes`` get a 413. ``downloads`` serves ``/api/pull`` (default: one
-    over huggingface_hub's environment, without auto-download).
+    Request bodies over ``max_body_bytes`` get a 413. ``downloads`` serves ``/api/pull`` (default: the
+    manager's, else one over huggingface_hub's environment, without auto-download).
     """
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         app.state.upstream = upstream = Upstream(max_connections=max_connections)
         app.state.manager = manager
-        app.state.downloads = downloads or DownloadManager()
+        app.state.downloads = downloads or manager.downloads or DownloadManager()
         app.state.toolbox = tools = toolbox or Toolbox.empty()
         app.state.tools_started = asyncio.create_task(tools.start())
         if preload:

@@ -85,7 +85,8 @@ class Catalog:
                                       param="model", code="projector_not_model")
             from studio.library.scan import projector_for
 
-            return CatalogEntry(model_name(path), path.resolve(), projector_for(path.resolve()))
+            # paired beside the path as given: a Hugging Face snapshot link resolves into blobs/, projector-less
+            return CatalogEntry(model_name(path), path.resolve(), projector_for(path.absolute()))
         if name_or_path in self.aliases:
             raise ModelNotFoundError(
                 f"alias {name_or_path!r} points at {self.aliases[name_or_path]!r}, which is not a known model or file",

@@ -278,6 +278,15 @@ class DownloadManager:
         return f"{resolved.repo}:{best.label}" if best is not None else None
 
 
+def is_repo_spec(name: str) -> bool:
+    """Return whether ``name`` reads as ``owner/repo[:VARIANT]`` and is no file here."""
+    try:
+        hub.parse_spec(name)
+    except StudioError:
+        return False
+    return not Path(name).expanduser().exists()
+
+
 def _same(a: hub.Resolved, b: hub.Resolved) -> bool:
     return (a.repo, a.commit, a.model.key) == (b.repo, b.commit, b.model.key)
 

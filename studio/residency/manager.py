@@ -36,8 +36,11 @@ from launcher.planner import MIN_AUTO_CTX, LaunchPlan, ModelInfo, PlanRequest, p
 from launcher.registry import ChildRegistry
 from launcher.supervisor import Status, Supervisor
 from studio.blocking import run_blocking
-from studio.errors import BadRequestError, BusyError, DoesNotFitError, ModelNotResidentError, StudioError
+from studio.errors import (
+    BadRequestError, BusyError, DoesNotFitError, ModelNotFoundError, ModelNotResidentError, StudioError,
+)
 from studio.library.catalog import Catalog, CatalogEntry
+from studio.library.downloads import DownloadManager, is_repo_spec
 from studio.residency import placement
 from studio.residency.lifecycle import COMING_UP, GOING_AWAY, HOLDS_MEMORY, ResidentState
 from studio.residency.placement import TOTAL, Holder
@@ -89,6 +92,7 @@ class ModelManager:
         max_waiting: int = 64,
         work_timeout: float = 30.0,
         planner: Planner = plan,
+        downloads: DownloadManager | None = None,
     ) -> None:
         self.catalog = catalog
         self.binary = binary
@@ -101,6 +105,7 @@ class ModelManager:
         self.max_waiting = max_waiting
         self.work_timeout = work_timeout  # seconds a header read, a plan or a device query may take
         self.planner = planner  # tests pass a slow one to show the event loop stays free
+        self.downloads = downloads  # fetches an uncached owner/repo:VARIANT when its auto_download is on
         self._residents: dict[Path, ResidentModel] = {}
         self._routes: dict[str, ResidentModel] = {}  # every name a request used for a resident model
         self._default: ResidentModel | None = None  # the model a request without ``model`` uses
@@ -210,8 +215,7 @@ class ModelManager:
 
     async def _resident_for(self, model: str, request: LoadRequest | None) -> ResidentModel:
         """The resident model for ``model`` with ``request``'s settings, placed and started when there is none."""
-        entry = await run_blocking(self.catalog.resolve, model, timeout=self.work_timeout,
-                                   what=f"finding {model}")
+        entry = await self._entry(model)
         request = request or self._pending.get(entry.path)
         deadline = time.monotonic() + self.residency.busy_wait
         paused: list[ResidentModel] = []
@@ -287,9 +291,19 @@ class ModelManager:
     # -- placement -----------------------------------------------------------------------------
     async def preview(self, request: LoadRequest) -> Placed:
         """What a load of ``request`` would get, and which resident models it would evict; loads nothing."""
-        entry = await run_blocking(self.catalog.resolve, request.model, timeout=self.work_timeout,
-                                   what=f"finding {request.model}")
+        entry = await self._entry(request.model)
         return await self._place(entry, request, replacing=self._residents.get(entry.path))
+
+    async def _entry(self, model: str) -> CatalogEntry:
+        """The catalog entry of ``model``; an uncached ``owner/repo:VARIANT`` is downloaded first when allowed."""
+        try:
+            return await run_blocking(self.catalog.resolve, model, timeout=self.work_timeout, what=f"finding {model}")
+        except ModelNotFoundError:
+            if self.downloads is None or not is_repo_spec(model):
+                raise
+        path = await self.downloads.ensure_available(model)  # a 404 saying how to pull, when not allowed
+        entry = await run_blocking(self.catalog.resolve, str(path), timeout=self.work_timeout, what=f"finding {path}")
+        return replace(entry, name=model)
 
     async def _place(self, entry: CatalogEntry, request: LoadRequest, *,
                      replacing: ResidentModel | None = None) -> Placed:
