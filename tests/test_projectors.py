@@ -14,9 +14,11 @@ from fastapi.testclient import TestClient
 
 import gguf
 from gguf.projector import projector_facts, width_mismatch
+from launcher.allocations import parse_allocations
 from launcher.capabilities import probe
 from launcher.command import build_command
 from launcher.devices import MIB, Device, Inventory
+from launcher.memory import ProjectorBill
 from launcher.planner import PlanRequest, ProjectorError, load_model, plan
 from launcher.registry import ChildRegistry
 from launcher.supervisor import Supervisor, owner_token
@@ -196,3 +198,25 @@ def test_ls_and_api_models_show_vision_audio_and_tts(media_library, tmp_path, ll
     assert models["eye-Q4_K_M"]["vision"] and models["eye-Q4_K_M"]["mmproj"].endswith("mmproj-eye-F16.gguf")
     assert one["audio"] and not one["vision"] and one["tts"] is None
     assert models["qwen3tts-dense"]["tts"]["family"] == "Qwen3-TTS" and models["qwen3tts-dense"]["speech"]
+
+
+def test_clip_lines_make_the_projector_part_of_the_actual_bill():
+    """Two encoders of one file print the file's size twice: it is loaded once between them."""
+    log = "\n".join([
+        "load_tensors:   CPU_Mapped model buffer size =    92.10 MiB",
+        "sched_reserve:        CPU compute buffer size =    16.64 MiB",
+        "clip_model_loader: model name:   omni",
+        "clip_ctx: CLIP using CUDA0 backend",
+        "load_hparams: model size:         10.00 MiB",
+        "reserve_compute_meta:      CUDA0 compute buffer size =     4.00 MiB",
+        "reserve_compute_meta:      CUDA0 compute buffer size =     5.00 MiB",  # again, flash attention off
+        "reserve_compute_meta:        CPU compute buffer size =     1.00 MiB",
+        "clip_ctx: CLIP using CUDA0 backend",
+        "load_hparams: model size:         10.00 MiB",
+        "reserve_compute_meta:      CUDA0 compute buffer size =     2.00 MiB",
+    ])
+    bill = parse_allocations(log)
+    assert bill.projector == ProjectorBill("GPU0", 10 * MIB, 8 * MIB)
+    assert bill.device("GPU0").projector == 17 * MIB and bill.device("CPU").projector == 1 * MIB
+    assert bill.device("CPU").weights == round(92.10 * MIB)
+    assert bill.total == round(92.10 * MIB) + round(16.64 * MIB) + 18 * MIB

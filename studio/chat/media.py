@@ -22,6 +22,7 @@ from the files), are refused before anything starts.
 
 from __future__ import annotations
 
+import asyncio
 import functools
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
@@ -86,16 +87,21 @@ def file_capabilities(model: Path, projector: Path | None) -> MediaCapabilities:
                              speech=model_speech(model))
 
 
-def preflight_chat(manager: ModelManager, body: Mapping[str, Any]) -> None:
+async def preflight_chat(manager: ModelManager, body: Mapping[str, Any]) -> None:
     """Refuse a chat request whose media is malformed or remote, or that the model it names will not take,
     before the request can load that model.
 
-    The loaded model is checked again, by ``check_chat_media``, once acquired.
+    The live model costs nothing here (it is checked by ``check_chat_media`` once acquired); another
+    model's files are read in a worker thread.
     """
     check_media_form(body)
     model = body.get("model")
     if not isinstance(model, str) or manager.find(model) is not None:
         return  # the default model, or a resident one: checked once acquired
+    await asyncio.to_thread(_check_named_model, manager, body, model)
+
+
+def _check_named_model(manager: ModelManager, body: Mapping[str, Any], model: str) -> None:
     from studio.residency.requests import LoadRequest, load_settings
 
     try:

@@ -17,7 +17,6 @@ events for the GUI to handle (healed from leaked markup).
 
 from __future__ import annotations
 
-import asyncio
 import json
 from collections.abc import AsyncIterator
 from typing import Any
@@ -82,7 +81,7 @@ async def chat(request: Request, body: ChatBody) -> StreamingResponse:
                                   param="use_tools")
         selected = _toolbox(request).select(body.use_tools)
     await check_model_path(request, body.model)
-    await asyncio.to_thread(preflight_chat, manager, payload)
+    await preflight_chat(manager, payload)
     loaded, lease = await manager.acquire(body.model)
     try:
         prepare_chat_body(payload, loaded)

@@ -141,7 +141,7 @@ async def _forward(request: Request, path: str) -> Response:
         check_tool_fields(body)  # before a load: a malformed request never reaches llama-server
     await check_model_path(request, model)
     if path == "/v1/chat/completions":
-        await asyncio.to_thread(preflight_chat, _manager(request), body)
+        await preflight_chat(_manager(request), body)
     loaded, lease = await _manager(request).acquire(model)
     try:
         FORWARDED[path](body, loaded)
