@@ -671,6 +671,9 @@ def plan_command(
     cache_type: Annotated[Optional[str], typer.Option(
         help="KV cache type for K and V: f16, q8_0, q4_0... (default: the config's, or f16).")] = None,
     rpc: RpcOption = None,
+    mmproj: Annotated[Optional[str], typer.Option(
+        help='A multimodal projector .gguf, or "none" (default: the config\'s, or the one paired beside it).')]
+    = None,
     json_output: Annotated[bool, typer.Option("--json", help="Print JSON instead of text.")] = False,
     url: Annotated[Optional[str], typer.Option(
         help="Ask a running studio instead: its plan counts what its resident models hold, and names the "
@@ -694,7 +697,7 @@ def plan_command(
 
     if url is not None:  # a running studio plans it against what its resident models hold
         body = {"model": model, "n_ctx": ctx, "n_parallel": parallel, "spec": spec, "spec_n_max": n_max,
-                "cache_type_kv": cache_type.lower() if cache_type else None}
+                "cache_type_kv": cache_type.lower() if cache_type else None, "mmproj": mmproj}
         info = _api("POST", url, "/api/plan", body={k: v for k, v in body.items() if v is not None}, timeout=120)
         typer.echo(json.dumps(info, indent=2) if json_output else render_plan(info))
         return
@@ -704,9 +707,10 @@ def plan_command(
     caps = probe(found.path, cache_dir=settings.home / "cache")
     entry = _catalog(settings).resolve(model)
     asked = LoadRequest(model, n_ctx=ctx, n_parallel=parallel, spec=spec, spec_n_max=n_max,
-                        cache_type=cache_type.lower() if cache_type else None)
-    request = load_settings(asked, entry, settings.model_defaults).plan_request(entry.name)
-    launch = plan(load_model(entry.path), discover(llama_server=found.path, workers=workers), caps, request)
+                        cache_type=cache_type.lower() if cache_type else None, mmproj=mmproj)
+    chosen = load_settings(asked, entry, settings.model_defaults)
+    launch = plan(load_model(entry.path, mmproj=chosen.mmproj), discover(llama_server=found.path, workers=workers),
+                  caps, chosen.plan_request(entry.name))
     with build_command(launch, caps, binary=found.path) as command:
         argv = command.redacted_argv(settings.port)
     info = plan_json(launch, argv, found)

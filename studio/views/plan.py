@@ -72,11 +72,14 @@ def plan_json(plan: LaunchPlan, argv: Sequence[str] = (), binary: Discovered | N
             {"device": d.name, "physical": f"{d.device.backend}{'' if d.device.index is None else d.device.index}",
              "name": d.device.name, "budget_bytes": d.budget_bytes,
              "free_bytes": d.device.free_bytes, "total_bytes": d.bill.total, "fits": d.fits,
-             **{f"{p}_bytes": getattr(d.bill, p) for p in _PARTS},
+             **{f"{p}_bytes": getattr(d.bill, p) for p in _PARTS}, "projector_bytes": d.bill.projector,
              "compute_bytes": d.bill.compute + d.bill.compute_growth,
              "output_bytes": d.bill.output + d.bill.output_growth}
             for d in plan.devices
         ],
+        "projector": {"device": plan.bill.projector.device, "weights_bytes": plan.bill.projector.weights,
+                      "compute_bytes": plan.bill.projector.compute, "offload": plan.mmproj_offload}
+        if plan.bill.projector else None,
         "bill_approximate": plan.bill.approximate,
         "fits": plan.fits,
         "extra_args": list(plan.extra_args),
@@ -120,8 +123,9 @@ def render_plan(info: dict[str, Any]) -> str:
         "",
         "predicted memory" + (" (approximate)" if info["bill_approximate"] else ""),
     ]
-    header = ["device", "weights", "KV", "recurrent", "compute", "output", "total", "budget", ""]
-    rows = [[f"{b['physical']} {b['name']}"[:40], *(_mib(b[f"{p}_bytes"]) for p in _PARTS), _mib(b["total_bytes"]),
+    parts = [*_PARTS, *(["projector"] if info.get("projector") else [])]
+    header = ["device", "weights", "KV", "recurrent", "compute", "output", *parts[len(_PARTS):], "total", "budget", ""]
+    rows = [[f"{b['physical']} {b['name']}"[:40], *(_mib(b[f"{p}_bytes"]) for p in parts), _mib(b["total_bytes"]),
              _mib(b["budget_bytes"]), "ok" if b["fits"] else "OVER"] for b in info["bill"]]
     widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
     for row in [header, *rows]:
