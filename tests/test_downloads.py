@@ -14,14 +14,14 @@ from fastapi.testclient import TestClient
 
 from launcher.capabilities import probe
 from launcher.registry import ChildRegistry
-from launcher.supervisor import Supervisor, owner_token
+from launcher.supervisor import owner_token
 from studio.errors import ModelNotFoundError
 from studio.http.app import create_app
 from studio.library import hub
 from studio.library.catalog import Catalog
 from studio.library.default_model import ensure_default_model
 from studio.library.downloads import DownloadManager
-from studio.residency.manager import ModelManager
+from studio.residency.manager import ModelManager, supervisor_factory
 from studio.settings import ModelDefaults
 from tests.helpers import free_port, wait_for
 from tests.support.projectors import SMOLLM2_WIDTH, write_vision_projector
@@ -50,9 +50,10 @@ def vision_repo(server, tmp_path):  # noqa: F811
 @pytest.fixture
 def studio(llama_server_bin, hf_env, tmp_path):  # noqa: F811
     """A real uvicorn studio whose downloads go to the stand-in (HF_ENDPOINT) and its cache."""
-    supervisor = Supervisor(logs_dir=tmp_path / "logs", registry=ChildRegistry(tmp_path / "run", owner_token()))
     manager = ModelManager(catalog=Catalog([tmp_path / "models"], hf_cache=hf_env.cache_dir),
-                           binary=llama_server_bin, supervisor=supervisor,
+                           binary=llama_server_bin,
+                           make_supervisor=supervisor_factory(tmp_path / "logs",
+                                                              ChildRegistry(tmp_path / "run", owner_token())),
                            caps=probe(llama_server_bin, cache_dir=tmp_path / "cache"),
                            model_defaults={f"{REAL}:Q4_1": ModelDefaults(n_ctx=1024, spec="off")})
     port = free_port()
@@ -192,8 +193,8 @@ def test_a_load_of_an_uncached_repo_downloads_it_first_only_with_auto_download(
     downloads = DownloadManager(auto_download=auto)
     manager = ModelManager(catalog=Catalog([tmp_path / "models"], hf_cache=hf_env.cache_dir),
                            binary=llama_server_bin, caps=probe(llama_server_bin, cache_dir=tmp_path / "cache"),
-                           supervisor=Supervisor(logs_dir=tmp_path / "logs",
-                                                 registry=ChildRegistry(tmp_path / "run", owner_token())),
+                           make_supervisor=supervisor_factory(tmp_path / "logs",
+                                                              ChildRegistry(tmp_path / "run", owner_token())),
                            downloads=downloads)
     with TestClient(create_app(manager)) as client:
         resp = client.post("/api/plan", json={"model": f"{REAL}:Q4_1", "n_ctx": 1024})  # plans; starts nothing

@@ -16,11 +16,11 @@ import uvicorn
 from launcher.capabilities import probe
 from launcher.memory import MIB
 from launcher.registry import ChildRegistry
-from launcher.supervisor import Supervisor, owner_token
+from launcher.supervisor import owner_token
 from studio.http.app import create_app
 from studio.library.catalog import Catalog
 from studio.library.default_model import ensure_default_model
-from studio.residency.manager import ModelManager
+from studio.residency.manager import ModelManager, supervisor_factory
 from studio.settings import ModelDefaults
 from tests.helpers import assert_no_children, free_port, wait_for
 from tests.support.projectors import write_audio_projector, write_vision_projector
@@ -49,10 +49,10 @@ def studio(llama_server_bin, settings, tmp_path_factory):
     write_vision_projector(root / "eye" / "mmproj-eye-F32.gguf")
     write_audio_projector(root / "ear" / "mmproj-ear-F32.gguf")
     write_vision_projector(root / "wide-mmproj.gguf", projection_dim=640)  # Gemma 270M's width, not SmolLM2's
-    supervisor = Supervisor(logs_dir=root / "logs", registry=ChildRegistry(root / "run", owner_token()))
+    supervisors = supervisor_factory(root / "logs", ChildRegistry(root / "run", owner_token()))
     small = ModelDefaults(n_ctx=2048, n_parallel=1, spec="off")
     manager = ModelManager(catalog=Catalog([root / "eye", root / "ear", root / "text"]), binary=llama_server_bin,
-                           supervisor=supervisor, caps=probe(llama_server_bin, cache_dir=root / "cache"),
+                           make_supervisor=supervisors, caps=probe(llama_server_bin, cache_dir=root / "cache"),
                            model_defaults={EYE: small, EAR: small, TEXT: small})
     port = free_port()
     app = create_app(manager, max_body_bytes=MAX_BODY)
@@ -73,8 +73,13 @@ def client(studio):
         yield c
 
 
-def server_log(manager: ModelManager) -> str:
-    return Path(manager.supervisor.status().log_path).read_text(errors="replace")
+def server_log(manager: ModelManager, model: str) -> str:
+    resident = next(r for r in manager.residents if r.name == model)
+    return Path(resident.supervisor.status().log_path).read_text(errors="replace")
+
+
+def model_status(base: str, model: str) -> dict:
+    return next(m for m in httpx.get(f"{base}/api/status", timeout=10).json()["models"] if m["model"] == model)
 
 
 def check_bill(status: dict) -> None:
@@ -95,9 +100,9 @@ def test_an_image_through_the_openai_client_is_encoded_by_the_vision_projector(s
         {"type": "text", "text": "What is in the picture?"},
         {"type": "image_url", "image_url": {"url": f"data:image/jpeg;base64,{media['test-1.jpeg']}"}}]}])
     assert reply.choices[0].message.content is not None and reply.usage.prompt_tokens > 16  # 16 image tokens
-    log = server_log(manager)
+    log = server_log(manager, EYE)
     assert "decoding image batch" in log and "image decoded" in log
-    status = httpx.get(f"{base}/api/status", timeout=10).json()
+    status = model_status(base, EYE)
     assert status["capabilities"]["vision"] is True and status["capabilities"]["audio"] is False
     assert status["mmproj"] == str(root / "eye" / "mmproj-eye-F32.gguf")
     check_bill(status)
@@ -109,9 +114,9 @@ def test_a_clip_through_the_openai_client_is_encoded_by_the_audio_projector(stud
         {"type": "text", "text": "What is said?"},
         {"type": "input_audio", "input_audio": {"data": media["test-2.mp3"], "format": "mp3"}}]}])
     assert reply.choices[0].message.content is not None and reply.usage.prompt_tokens > 75  # 75 tokens a window
-    log = server_log(manager)
+    log = server_log(manager, EAR)
     assert "decoding audio batch" in log and "audio decoded" in log
-    status = httpx.get(f"{base}/api/status", timeout=10).json()
+    status = model_status(base, EAR)
     assert status["capabilities"]["audio"] is True and status["capabilities"]["vision"] is False
     check_bill(status)
 
@@ -125,12 +130,15 @@ def test_the_gui_chat_takes_an_image_too(studio, media):
     assert r.status_code == 200 and events[-1]["type"] == "done" and events[-1]["usage"]["prompt_tokens"] > 16
 
 
+def residents(manager: ModelManager) -> list[tuple[str, int | None, str]]:
+    return sorted((r.name, r.supervisor.status().pid, r.state.value) for r in manager.residents)
+
+
 def refused_before_start(manager: ModelManager, call) -> httpx.Response:
     """Run ``call``; nothing may have been started or stopped by it."""
-    before = manager.status()
+    before = residents(manager)
     resp = call()
-    after = manager.status()
-    assert (after["pid"], after["model"], after["state"]) == (before["pid"], before["model"], before["state"])
+    assert residents(manager) == before
     return resp
 
 
@@ -148,8 +156,8 @@ def test_media_for_a_model_without_its_projector_is_a_400_before_it_loads(studio
     sound = {"type": "input_audio", "input_audio": {"data": media["test-2.mp3"], "format": "mp3"}}
     for model, part, code in ((TEXT, image, "model_has_no_vision"), (EAR, image, "model_has_no_vision"),
                               (EYE, sound, "model_has_no_audio")):
-        if manager.loaded is not None and manager.loaded.name == model:
-            continue  # the check of the live model is the same function, after acquiring it
+        if manager.find(model) is not None:
+            continue  # the check of a resident model is the same function, after acquiring it
         resp = refused_before_start(manager, lambda: httpx.post(f"{base}/v1/chat/completions", timeout=60, json={
             "model": model, "messages": [{"role": "user", "content": [part]}]}))
         assert resp.status_code == 400 and resp.json()["error"]["code"] == code, resp.text

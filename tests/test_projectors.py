@@ -21,13 +21,13 @@ from launcher.devices import MIB, Device, Inventory
 from launcher.memory import ProjectorBill
 from launcher.planner import PlanRequest, ProjectorError, load_model, plan
 from launcher.registry import ChildRegistry
-from launcher.supervisor import Supervisor, owner_token
+from launcher.supervisor import owner_token
 from studio.errors import BadRequestError
 from studio.http.app import create_app
 from studio.library.catalog import Catalog
 from studio.library.projectors import is_projector_file, named_like_projector, projector_problem
 from studio.library.scan import scan
-from studio.residency.manager import ModelManager
+from studio.residency.manager import ModelManager, supervisor_factory
 from tests.support.projectors import SMOLLM2_WIDTH, write_audio_projector, write_vision_projector
 from tests.test_hub import model_bytes
 
@@ -190,8 +190,8 @@ def test_ls_and_api_models_show_vision_audio_and_tts(media_library, tmp_path, ll
     assert "MEDIA" in text and " vision " in text and " audio " in text and " TTS " in text
 
     manager = ModelManager(catalog=Catalog([media_library]), binary=llama_server_bin, caps=probe(llama_server_bin),
-                           supervisor=Supervisor(logs_dir=tmp_path / "logs",
-                                                 registry=ChildRegistry(tmp_path / "run", owner_token())))
+                           make_supervisor=supervisor_factory(tmp_path / "logs",
+                                                              ChildRegistry(tmp_path / "run", owner_token())))
     with TestClient(create_app(manager)) as client:
         models = {m["name"]: m for m in client.get("/api/models").json()}
         one = client.get("/api/models/ear-Q4_K_M").json()
