@@ -2,9 +2,10 @@
 
 The proxy and ``/api/chat`` reach llama-server only through ``await manager.acquire(model)``,
 the ``LoadedModel`` it returns (``.name``, ``.url``, ``.auth_headers``, ``.n_ctx``,
-``.template``, ``.plan.rpc_workers``) and its ``Lease`` (awaited to release; ``.interruption``
-when the model went away), once the path rule has asked ``find``, ``work_timeout`` and
-``catalog``; this gives them a model with those attributes that lives at
+``.template``, ``.plan.rpc_workers``, and ``.plan.model.projector`` / ``.path`` for the media
+checks) and its ``Lease`` (awaited to release; ``.interruption`` when the model went away), once
+the path rule and the media preflight have asked ``find``, ``work_timeout``, ``catalog`` and
+``model_defaults``; this gives them a model with those attributes that lives at
 ``tests.replay_upstream.ReplayUpstream``'s URL, so the real proxy code runs against
 recorded answers without a model load. It imitates a manager with one model resident
 that is never unloaded under a request, and counts requests in flight as the real one does.
@@ -13,14 +14,25 @@ that is never unloaded under a request, and counts requests in flight as the rea
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from gguf.templates import TemplateCapabilities
+from studio.errors import ModelNotFoundError
+
+
+@dataclass(frozen=True)
+class _TextOnly:
+    """A plan's model without a projector, whose file is nowhere (so no TTS vocabulary to find)."""
+
+    projector: None = None
+    path: Path = Path("/nonexistent/stand-in.gguf")
 
 
 @dataclass(frozen=True)
 class _NoWorkers:
     rpc_workers: tuple[str, ...] = ()
+    model: _TextOnly = field(default_factory=_TextOnly)
 
 
 @dataclass(frozen=True)
@@ -59,6 +71,8 @@ class StandInManager:
         self.model = model
         self.in_flight = 0
         self.catalog = _NoCatalog()
+        self.model_defaults: dict[str, Any] = {}
+        self.downloads = None
 
     def find(self, model: str) -> Any:
         """The resident model ``model`` names: the one model, by its name."""
@@ -89,3 +103,6 @@ class _NoCatalog:
 
     def entries(self) -> list[Any]:
         return []
+
+    def resolve(self, name: str) -> Any:
+        raise ModelNotFoundError(f"model {name!r} not found", param="model", code="model_not_found")
