@@ -29,6 +29,7 @@ array's encoded region), so a 262k-token vocabulary costs milliseconds.
 
 from __future__ import annotations
 
+import functools
 import re
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -75,8 +76,13 @@ _NUMBERED: tuple[tuple[str, str, bytes, bytes | None], ...] = (
 )
 
 
+@functools.lru_cache(maxsize=1024)
 def speech_facts(model: GGUFFile) -> SpeechFacts | None:
-    """Return why ``model`` is a text-to-speech model or a vocoder, or None for a model that writes text."""
+    """Return why ``model`` is a text-to-speech model or a vocoder, or None for a model that writes text.
+
+    Cached per parsed file (``gguf.read`` hands out the same object while the file is unchanged): a
+    large vocabulary costs tens of milliseconds to match, and the library asks on every scan.
+    """
     md = model.metadata
     known = _ARCHITECTURES.get(md.get("general.architecture"))  # type: ignore[arg-type]
     if known is not None:
