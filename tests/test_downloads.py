@@ -196,7 +196,7 @@ def test_a_load_of_an_uncached_repo_downloads_it_first_only_with_auto_download(
                            make_supervisor=supervisor_factory(tmp_path / "logs",
                                                               ChildRegistry(tmp_path / "run", owner_token())),
                            downloads=downloads)
-    with TestClient(create_app(manager)) as client:
+    with TestClient(create_app(manager), base_url="http://127.0.0.1") as client:
         resp = client.post("/api/plan", json={"model": f"{REAL}:Q4_1", "n_ctx": 1024})  # plans; starts nothing
         pulls = client.get("/api/pulls").json()
     if not auto:

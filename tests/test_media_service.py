@@ -48,7 +48,7 @@ def studio(llama_server_bin, settings, tmp_path_factory):
         (root / name / f"SmolLM2-{name}.gguf").symlink_to(smollm2)
     write_vision_projector(root / "eye" / "mmproj-eye-F32.gguf")
     write_audio_projector(root / "ear" / "mmproj-ear-F32.gguf")
-    write_vision_projector(root / "wide-mmproj.gguf", projection_dim=640)  # Gemma 270M's width, not SmolLM2's
+    write_vision_projector(root / "text" / "wide-mmproj.gguf", projection_dim=640)  # Gemma 270M's width
     supervisors = supervisor_factory(root / "logs", ChildRegistry(root / "run", owner_token()))
     small = ModelDefaults(n_ctx=2048, n_parallel=1, spec="off")
     manager = ModelManager(catalog=Catalog([root / "eye", root / "ear", root / "text"]), binary=llama_server_bin,
@@ -145,9 +145,18 @@ def refused_before_start(manager: ModelManager, call) -> httpx.Response:
 def test_a_projector_of_another_width_is_a_400_before_anything_starts(studio):
     base, manager, root = studio
     resp = refused_before_start(manager, lambda: httpx.post(f"{base}/api/load", timeout=60, json={
-        "model": TEXT, "mmproj": str(root / "wide-mmproj.gguf")}))
+        "model": TEXT, "mmproj": str(root / "text" / "wide-mmproj.gguf")}))
     assert resp.status_code == 400
     assert "projects to 640 but the llama model's embedding length is 576" in resp.json()["error"]["message"]
+
+
+def test_a_projector_outside_the_model_folders_is_a_403(studio, tmp_path):
+    base, manager, _ = studio
+    outside = write_vision_projector(tmp_path / "mmproj-elsewhere.gguf")
+    resp = refused_before_start(manager, lambda: httpx.post(f"{base}/api/load", timeout=60, json={
+        "model": TEXT, "mmproj": str(outside)}))
+    assert resp.status_code == 403 and resp.json()["error"]["param"] == "mmproj"
+    assert "the projector file" in resp.json()["error"]["message"]
 
 
 def test_media_for_a_model_without_its_projector_is_a_400_before_it_loads(studio, media):

@@ -192,7 +192,7 @@ def test_ls_and_api_models_show_vision_audio_and_tts(media_library, tmp_path, ll
     manager = ModelManager(catalog=Catalog([media_library]), binary=llama_server_bin, caps=probe(llama_server_bin),
                            make_supervisor=supervisor_factory(tmp_path / "logs",
                                                               ChildRegistry(tmp_path / "run", owner_token())))
-    with TestClient(create_app(manager)) as client:
+    with TestClient(create_app(manager), base_url="http://127.0.0.1") as client:
         models = {m["name"]: m for m in client.get("/api/models").json()}
         one = client.get("/api/models/ear-Q4_K_M").json()
     assert models["eye-Q4_K_M"]["vision"] and models["eye-Q4_K_M"]["mmproj"].endswith("mmproj-eye-F16.gguf")

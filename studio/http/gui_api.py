@@ -17,7 +17,7 @@ from launcher.memory import CacheType
 from launcher.speculative import MODES
 from studio.chat.media import file_capabilities
 from studio.errors import ModelNotResidentError
-from studio.http.model_paths import check_extra_args, check_model_path
+from studio.http.model_paths import check_extra_args, check_model_path, check_projector_path
 from studio.library.catalog import CatalogEntry
 from studio.residency.manager import ModelManager
 from studio.residency.requests import LoadRequest
@@ -125,6 +125,7 @@ async def load(request: Request, body: LoadBody) -> dict[str, Any]:
     """Make a model resident (evicting idle ones as needed) and the default; the status once it is ready."""
     manager = _manager(request)
     await check_model_path(request, body.model)
+    await check_projector_path(request, body.mmproj)
     check_extra_args(request, body.extra_args)
     await manager.load(body.request())
     return status_json(manager)
@@ -135,6 +136,7 @@ async def plan_preview(request: Request, body: LoadBody) -> dict[str, Any]:
     """What a load would get (context, GPUs, speculative mode, memory per device, reasons) and what it would
     evict, loading nothing."""
     await check_model_path(request, body.model)
+    await check_projector_path(request, body.mmproj)
     check_extra_args(request, body.extra_args)
     placed = await _manager(request).preview(body.request())
     return {**plan_json(placed.plan), "fits": placed.fits or body.force, "evicts": list(placed.evict),

@@ -5,6 +5,7 @@ from __future__ import annotations
 from fastapi import Request
 
 from studio.blocking import run_blocking
+from studio.errors import PathNotAllowedError
 
 
 async def check_model_path(request: Request, model: str | None) -> None:
@@ -22,6 +23,23 @@ async def check_model_path(request: Request, model: str | None) -> None:
         return
     await run_blocking(request.app.state.paths.check, model, manager.catalog, timeout=manager.work_timeout,
                        what=f"checking the path of {model}")
+
+
+async def check_projector_path(request: Request, mmproj: str | None) -> None:
+    """Return if an API client may load the projector file ``mmproj`` (the models' path rule, for projectors).
+
+    Raises:
+        studio.errors.PathNotAllowedError: a file outside the model folders, the HF cache and the studio home.
+    """
+    if mmproj is None or mmproj.strip().lower() in ("", "none"):
+        return
+    manager = request.app.state.manager
+    try:
+        await run_blocking(request.app.state.paths.check, mmproj, manager.catalog, timeout=manager.work_timeout,
+                           what=f"checking the path of {mmproj}")
+    except PathNotAllowedError as exc:
+        raise PathNotAllowedError(exc.message.replace("the model file", "the projector file", 1), path=exc.path,
+                                  param="mmproj") from None
 
 
 def check_extra_args(request: Request, args: list[str] | None) -> None:
