@@ -13,6 +13,7 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from studio.errors import BadRequestError, ModelNotFoundError
 from studio.library.projectors import is_projector_file
@@ -45,20 +46,29 @@ class Catalog:
         self.folders = folders
         self.hf_cache = hf_cache
         self.aliases = dict(aliases or {})  # extra name -> a model name, path or repo:VARIANT
+        self._libraries: dict[Path | None, Any] = {}  # one Library per folder (None: the HF cache), kept for its facts
+
+    def _library(self, folder: Path | None) -> Any:
+        """The library scanning ``folder`` (or the HF cache): kept, so a file's header facts are read once per
+        version of it (stat-keyed), not on every scan."""
+        from studio.library.scan import Library  # imported here: the library names models with this module
+
+        found = self._libraries.get(folder)
+        if found is None:
+            found = self._libraries[folder] = Library([folder]) if folder is not None else Library([], self.hf_cache)
+        return found
 
     def entries(self) -> list[CatalogEntry]:
         """Every servable model, sorted by name; the first folder holding a name wins, then the HF cache.
 
         A folder's unreadable file stays listed (loading it names the problem); a cache entry with one is left out.
         """
-        from studio.library.scan import Library  # imported here: the library names models with this module
-
         found: dict[str, CatalogEntry] = {}
         for folder in self.folders:
-            for entry in Library([folder]).scan():
+            for entry in self._library(folder).scan():
                 found.setdefault(entry.name, CatalogEntry(entry.name, entry.path, entry.mmproj))
         if self.hf_cache is not None:
-            for entry in Library([], self.hf_cache).scan():
+            for entry in self._library(None).scan():
                 if entry.error is None:
                     found.setdefault(entry.name, CatalogEntry(entry.name, entry.path, entry.mmproj))
         for alias, target in self.aliases.items():

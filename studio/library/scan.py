@@ -128,6 +128,7 @@ class Library:
             return self._is_projector(group.root / rel)
 
         cands = candidates(group.files, is_projector=is_projector)
+        projectors = [f for f in group.files if f.path.lower().endswith(".gguf") and is_projector(f.path)]
         labels = [c.label for c in cands]
         for cand in cands:
             shards = tuple(group.root / f.path for f in cand.files)
@@ -135,7 +136,7 @@ class Library:
             error = facts.get("error")
             if cand.missing:
                 error = f"{len(cand.missing)} shard(s) missing: " + ", ".join(cand.missing)
-            mmproj = self._pair(group, cand.key, facts)
+            mmproj = self._pair(group, cand.key, facts, projectors) if projectors else None
             if group.repo is not None:
                 tail = cand.label if labels.count(cand.label) == 1 else cand.key
                 name = f"{group.repo}:{tail}"
@@ -150,7 +151,7 @@ class Library:
                 vision=bool(projector.get("vision")), audio=bool(projector.get("audio")), tts=facts.get("speech"),
             )
 
-    def _pair(self, group: _Group, key: str, facts: dict[str, Any]) -> Path | None:
+    def _pair(self, group: _Group, key: str, facts: dict[str, Any], projectors: list[HubFile]) -> Path | None:
         """The best projector beside the model among the readable ones of its width
         (``gguf.projector.width_mismatch``'s rule): same folder first, then F16, BF16, F32."""
         n_embd = facts.get("embedding_length")
@@ -160,7 +161,7 @@ class Library:
             dims = found.get("projection_dims") or []
             return found.get("architecture") == "clip" and not (dims and n_embd and any(d != n_embd for d in dims))
 
-        projector = pick_mmproj(group.files, key, is_projector=fits)
+        projector = pick_mmproj(projectors, key, is_projector=fits)
         return group.root / projector.path if projector is not None else None
 
     def _is_projector(self, path: Path) -> bool:
