@@ -57,12 +57,12 @@ def studio(llama_server_bin, hf_env, tmp_path):  # noqa: F811
                            caps=probe(llama_server_bin, cache_dir=tmp_path / "cache"),
                            model_defaults={f"{REAL}:Q4_1": ModelDefaults(n_ctx=1024, spec="off")})
     port = free_port()
-    server = uvicorn.Server(uvicorn.Config(create_app(manager), host="127.0.0.1", port=port, log_level="warning"))
-    thread = threading.Thread(target=server.run, daemon=True)
+    service = uvicorn.Server(uvicorn.Config(create_app(manager), host="127.0.0.1", port=port, log_level="warning"))
+    thread = threading.Thread(target=service.run, daemon=True)
     thread.start()
-    wait_for(lambda: server.started, timeout=30, what="uvicorn to start")
+    wait_for(lambda: service.started, timeout=30, what="uvicorn to start")
     yield f"http://127.0.0.1:{port}", manager
-    server.should_exit = True
+    service.should_exit = True
     thread.join(30)
 
 
