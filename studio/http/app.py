@@ -73,7 +73,7 @@ def create_app(
         app.state.toolbox = tools = toolbox or Toolbox.empty()
         app.state.tools_started = asyncio.create_task(tools.start())
         if preload:
-            app.state.preload = asyncio.create_task(_preload(manager, preload))
+            app.state.preload = asyncio.create_task(manager.preload(preload))
         try:
             yield
         finally:
@@ -146,10 +146,3 @@ def error_response(exc: Exception) -> JSONResponse | None:
         return JSONResponse(error_body(str(exc), "server_error", None, code), status)
     return None
 
-
-async def _preload(manager: ModelManager, requests: Sequence[LoadRequest]) -> None:
-    for request in requests:
-        try:
-            await manager.load(request)
-        except Exception as exc:  # shown in /api/status; the service keeps running
-            log.error("preloading a model failed", model=request.model, error=str(exc))

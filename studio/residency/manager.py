@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -73,6 +73,7 @@ class Placed:
     need: str = ""  # when it does not fit: what it needs, and what evicting every idle model would leave
     room: str = ""
     drain: tuple[str, ...] = ()  # busy models that would free enough once their requests are done
+    shortfall: int = 0  # bytes missing even with every evictable model gone
 
 
 class ModelManager:
@@ -111,6 +112,7 @@ class ModelManager:
         self._default: ResidentModel | None = None  # the model a request without ``model`` uses
         self._pending: dict[Path, LoadRequest] = {}  # explicit loads waiting for the old instance to go
         self._resolving: str | None = None
+        self._coming_default: str | None = None  # the first preload, until it is resident
         self._placement = asyncio.Lock()
         self._changed = asyncio.Event()  # set whenever a resident model goes idle, changes state or goes
         self._waiting = 0
@@ -171,7 +173,7 @@ class ModelManager:
                 return resident.enter()
             except NotReadyError:
                 pass
-        name = model if model is not None else resident.name if resident is not None else None
+        name = model if model is not None else resident.name if resident is not None else self._coming_default
         if name is None:
             raise BadRequestError("no model is loaded and the request names none; pass `model`", param="model")
         return await self._queued(lambda: self._ready(name, None))
@@ -188,6 +190,21 @@ class ModelManager:
             if request.pinned is not None:
                 resident.set_pinned(request.pinned)
         return loaded
+
+    async def preload(self, requests: Sequence[LoadRequest]) -> None:
+        """Load ``requests`` in order; the first is the default, and requests without ``model`` that arrive
+        meanwhile wait for it rather than being told no model is loaded. A failure is logged, the rest go on."""
+        self._coming_default = requests[0].model if requests else None
+        try:
+            for request in requests:
+                try:
+                    await self.load(request)
+                except Exception as exc:  # shown in /api/status; the service keeps running
+                    log.error("preloading a model failed", model=request.model, error=str(exc))
+                finally:
+                    self._coming_default = None
+        finally:
+            self._coming_default = None
 
     async def _queued(self, work: Callable[[], Any]) -> Any:
         if self._waiting >= self.max_waiting:
@@ -257,10 +274,13 @@ class ModelManager:
                         self._pending.pop(entry.path, None)
                         return resident
                     if not placed.blocked_by:
+                        smaller = await self._smaller_variant(model, entry, placed)
                         raise DoesNotFitError(
                             f"{entry.name} does not fit even with every idle model evicted: it needs {placed.need}"
-                            f" where {placed.room or 'nothing'} could be freed; load it with a smaller n_ctx "
-                            "(see the plan's largest_safe_context) or raise memory_budget")
+                            f" where {placed.room or 'nothing'} could be freed; "
+                            + (f"{smaller} is the largest variant of its repo that would fit, or " if smaller else "")
+                            + "load it with a smaller n_ctx (see the plan's largest_safe_context) or raise "
+                            "memory_budget")
                     if time.monotonic() >= deadline:
                         self._resume(paused)
                         raise BusyError(f"not enough memory for {entry.name} now: it needs {placed.need}; held by "
@@ -280,6 +300,21 @@ class ModelManager:
                 await asyncio.wait_for(changed.wait(), max(0.01, deadline - time.monotonic()))
             except TimeoutError:
                 pass
+
+    async def _smaller_variant(self, model: str, entry: CatalogEntry, placed: Placed) -> str | None:
+        """For a Hub model, the largest variant of its repo whose weights are smaller by at least the shortfall."""
+        if self.downloads is None or not is_repo_spec(model):
+            return None
+        largest = placed.model.file_size - placed.shortfall
+
+        def fits(size: int, label: str) -> bool:
+            return size <= largest
+
+        try:
+            return await run_blocking(self.downloads.suggest_variant, model, fits, timeout=self.work_timeout,
+                                      what=f"listing the variants of {model}")
+        except (StudioError, OSError):  # offline, or the Hub is unreachable: the advice just goes without it
+            return None
 
     def _route(self, model: str, resident: ResidentModel) -> None:
         self._routes[model] = resident
@@ -346,7 +381,8 @@ class ModelManager:
                 drain = placement.choose_evictions(need, base, once_idle, budgeted=budgeted,
                                                    max_count=self.residency.max_resident) or ()
                 return Placed(first, (), placement.holders_in_words(holders), False, model, settings,
-                              need=_in_words(need), room=_in_words(everything), drain=drain)
+                              need=_in_words(need), room=_in_words(everything), drain=drain,
+                              shortfall=max(placement.shortfall(need, everything).values(), default=0))
             freed = placement.with_evicted(base, [h for h in holders if h.name in evict], budgeted=budgeted)
             final = await self._plan(info, inventory, freed, plan_request, budgeted)
             return Placed(final, evict, (), _fits(final, freed), model, settings)
