@@ -9,6 +9,7 @@ Canada?<|im_end|>..."; under SmolLM2's own template (with the system prompt it a
 
 from __future__ import annotations
 
+import os
 import signal
 import subprocess
 from pathlib import Path
@@ -44,8 +45,9 @@ def test_the_chat_default_is_served_with_plain_chatml_unless_the_config_or_the_r
 
 def test_make_run_serves_the_default_model():
     """What the next test runs is what `make run` runs, once the set-up steps are done."""
-    out = subprocess.run(["make", "-n", "run", "LLAMA_SERVER_PATH=/bin/true"], cwd=ROOT, capture_output=True,
-                         text=True, timeout=60)
+    env = {k: v for k, v in os.environ.items() if k not in ("MAKEFLAGS", "MAKELEVEL", "MFLAGS")}
+    out = subprocess.run(["make", "--no-print-directory", "-n", "run", "LLAMA_SERVER_PATH=/bin/true"], cwd=ROOT,
+                         capture_output=True, text=True, timeout=60, env=env)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip().splitlines()[-1] == ".venv/bin/ggstudio serve"
 
