@@ -221,9 +221,10 @@ def test_leaving_before_a_whole_answer_frees_the_slot(studio):
 
     with pytest.raises(httpx.ReadTimeout):
         httpx.post(f"{base}/api/chat", json=body, timeout=httpx.Timeout(10, read=3))
-    # llama-server looks for a closed connection once a second; on this shared machine it was once seen to
-    # take far longer. 2000 tokens take minutes here: a slot free within 30 s was stopped, not finished.
-    wait_for(lambda: not busy(), timeout=30, what="llama-server to stop after the client gave up")
+    # llama-server looks for the closed connection when a 1 s wait for its results times out; every result
+    # it queues meanwhile, a /slots answer too, restarts that wait (server_response::recv_with_timeout), so
+    # polling /slots faster than once a second would keep it from ever looking.
+    wait_for(lambda: not busy(), timeout=15, interval=1.5, what="llama-server to stop after the client gave up")
     wait_for(lambda: manager.find(SMOL).in_flight == 0, timeout=5, what="the request to end")
 
 

@@ -318,6 +318,26 @@ def test_expires_at():
     assert ollama.expires_at(None, 300, True, now).startswith("2317-")  # pinned
 
 
+def test_pull_lines_from_download_snapshots():
+    """One line per file that moved (Ollama reports one per layer), then success or the error."""
+    shown: dict[str, int] = {}
+    files = [{"path": "m-Q4_K_M.gguf", "size": 100, "done": 0, "state": "pending"},
+             {"path": "mmproj-F16.gguf", "size": 10, "done": 0, "state": "cached"}]
+    first = ollama.pull_lines({"state": "running", "files": files}, shown)
+    assert first == [{"status": "pulling mmproj-F16.gguf", "digest": "mmproj-F16.gguf", "total": 10, "completed": 10}]
+    files[0].update(done=40, state="downloading")
+    assert ollama.pull_lines({"state": "running", "files": files}, shown) == [
+        {"status": "pulling m-Q4_K_M.gguf", "digest": "m-Q4_K_M.gguf", "total": 100, "completed": 40}]
+    assert ollama.pull_lines({"state": "running", "files": files}, shown) == []  # nothing moved
+    files[0].update(done=100, state="done")
+    *progress, last = ollama.pull_lines({"state": "done", "files": files}, shown)
+    assert progress[0]["completed"] == 100 and last == {"status": "success"}
+    failed = ollama.pull_lines({"state": "failed", "files": [], "error": {"message": "the disk is full"}}, {})
+    assert failed == [{"error": "the disk is full"}]
+    for line in first:
+        ollama_client.ProgressResponse(**line)
+
+
 @pytest.mark.parametrize("name, spec", [
     ("owner/repo", "owner/repo"), ("owner/repo:Q4_K_M", "owner/repo:Q4_K_M"),
     ("hf.co/owner/repo:Q8_0", "owner/repo:Q8_0"), ("https://huggingface.co/owner/repo", "owner/repo"),

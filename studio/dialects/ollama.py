@@ -543,9 +543,24 @@ def expires_at(ttl_left: float | None, ttl: float, pinned: bool, now: datetime |
     return created_at(now + _FOREVER)
 
 
-def pull_progress(file: str, done: int, total: int) -> dict[str, Any]:
-    """One ``/api/pull`` progress line."""
-    return {"status": f"pulling {file}", "digest": file, "total": total, "completed": done}
+def pull_lines(snapshot: Mapping[str, Any], shown: dict[str, int]) -> list[dict[str, Any]]:
+    """``/api/pull``'s progress lines for a download snapshot (``studio.library.downloads``): one per file
+    that moved since the bytes ``shown`` (updated here), as Ollama reports one line per layer; then the
+    last line, ``success`` or the error."""
+    out = []
+    for f in snapshot.get("files") or ():
+        if shown.get(f["path"]) != f["done"] and (f["done"] or f["state"] != "pending"):
+            shown[f["path"]] = f["done"]
+            completed = f["size"] if f["state"] == "cached" else f["done"]
+            out.append({"status": f"pulling {f['path']}", "digest": f["path"], "total": f["size"],
+                        "completed": completed})
+    state = snapshot.get("state")
+    if state == "done":
+        out.append({"status": "success"})
+    elif state in ("failed", "cancelled"):
+        error = snapshot.get("error") or {}
+        out.append({"error": error.get("message") or f"the download was {state}"})
+    return out
 
 
 def pull_spec(name: str) -> str:

@@ -14,13 +14,11 @@ from __future__ import annotations
 
 import asyncio
 import json
-import threading
 import time
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import httpx
-import structlog
 from fastapi import APIRouter, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
@@ -34,7 +32,7 @@ from studio.http.access import AccessPolicy
 from studio.http.auth import BearerTokenMiddleware
 from studio.http.browser_guard import BrowserGuard
 from studio.http.errors import (
-    HANDLED, Dialect, answer_response, describe, dialect_of, error_response, http_answer, ollama_shape,
+    HANDLED, Dialect, answer_response, dialect_of, error_response, http_answer, ollama_shape,
     upstream_answer, validation_answer,
 )
 from studio.http.metrics import RequestMetrics, StudioMetrics
@@ -43,12 +41,11 @@ from studio.http.openai_proxy import (
     FORWARDED, OpenAIRoutes, answer_unless_client_leaves, broke_off, close_upstream, send_upstream,
 )
 from studio.http.openai_proxy import router as proxy_router
+from studio.library.downloads import DownloadManager
 from studio.residency.lifecycle import ResidentState
 from studio.residency.manager import ModelManager
 from studio.residency.resident import Lease, LoadedModel
 from studio.views.residency import status_json
-
-log = structlog.get_logger(__name__)
 
 router = APIRouter()
 
@@ -211,7 +208,7 @@ async def show(request: Request) -> dict[str, Any]:
         "model_info": ollama.model_info(model.metadata, f.parameter_count, verbose=bool(body.get("verbose"))),
         "capabilities": ollama.capabilities(
             tools=bool(caps and caps.supports_tools), thinking=bool(caps and caps.supports_reasoning),
-            vision=getattr(entry, "mmproj", None) is not None),  # CatalogEntry.mmproj: the projector work adds it
+            vision=entry.mmproj is not None),
         "modified_at": ollama.modified_at(entry.path.stat().st_mtime_ns),
     }
 
@@ -240,42 +237,27 @@ async def ps(request: Request) -> dict[str, Any]:
 
 @router.post("/api/pull")
 async def pull(request: Request) -> Response:
-    """Download ``owner/repo[:VARIANT]`` from Hugging Face into the shared cache; NDJSON progress."""
-    from studio.library import hub  # huggingface_hub: only when a pull is asked for
+    """Download ``owner/repo[:VARIANT]`` from Hugging Face into the shared cache; NDJSON progress.
 
+    The download is the studio's (``studio.library.downloads``): it joins one already fetching the
+    same files, shows in ``GET /api/pulls`` on the main port, and goes on if this client leaves.
+    """
     body = await _body(request)
     spec = ollama.pull_spec(ollama.model_name(body))
-    cancel = threading.Event()
-    loop = asyncio.get_running_loop()
-    events: asyncio.Queue[dict[str, Any] | None] = asyncio.Queue()
-
-    def progress(p: hub.DownloadProgress) -> None:
-        loop.call_soon_threadsafe(events.put_nowait, ollama.pull_progress(p.file, p.done, p.total))
-
-    task = asyncio.ensure_future(asyncio.to_thread(hub.pull, spec, progress=progress, cancel=cancel))
-    task.add_done_callback(lambda _: events.put_nowait(None))
+    downloads: DownloadManager = request.app.state.downloads
+    download, _ = await asyncio.to_thread(downloads.start, spec)
     if not ollama.wants_stream(body):
-        try:
-            await task
-        finally:
-            cancel.set()
-        return JSONResponse({"status": "success"})
+        await downloads.wait(download)
+        [last] = ollama.pull_lines(download.snapshot(), {})[-1:]
+        status = 200 if "status" in last else int((download.error or {}).get("status") or 500)
+        return JSONResponse(last, status)
 
     async def lines() -> AsyncIterator[bytes]:
-        try:
-            yield _line({"status": "pulling manifest"})
-            while (event := await events.get()) is not None:
-                yield _line(event)
-            error = task.exception()
-            if error is not None:
-                answer = describe(error)
-                if answer is None:
-                    log.error("pull failed", model=spec, error=repr(error))
-                yield _line({"error": answer.message if answer else "the pull failed; see the studio's log"})
-                return
-            yield _line({"status": "success"})
-        finally:
-            cancel.set()  # the client left: stop downloading (the cache stays consistent)
+        yield _line({"status": "pulling manifest"})
+        shown: dict[str, int] = {}
+        async for snapshot in downloads.events(download):
+            for line in ollama.pull_lines(snapshot, shown):
+                yield _line(line)
 
     return StreamingResponse(lines(), media_type=_NDJSON)
 
