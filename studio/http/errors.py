@@ -67,7 +67,7 @@ _TABLE: tuple[tuple[tuple[type[BaseException], ...], Callable[[Any], ErrorAnswer
 )
 
 #: The exception classes ``describe`` answers; the app registers its handlers for these.
-HANDLED: tuple[type[BaseException], ...] = (StudioError, gguf.GGUFError, LauncherError)
+HANDLED: tuple[type[Exception], ...] = (StudioError, gguf.GGUFError, LauncherError)
 
 
 def describe(exc: BaseException) -> ErrorAnswer | None:
