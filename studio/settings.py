@@ -5,6 +5,7 @@ Precedence: environment variables, then the optional TOML file
 
     host = "127.0.0.1"
     port = 8080
+    ollama_port = 11434             # also serve the Ollama API on this port (default: off)
     api_token = "..."
     model_dirs = ["~/models"]
     rpc_workers = ["192.168.1.20:50052"]  # ggml-rpc-server workers (``ggstudio rpc-worker``) to split layers over
@@ -57,6 +58,7 @@ Precedence: environment variables, then the optional TOML file
 | ``GGUF_STUDIO_LLAMA_CPP`` | a llama.cpp checkout/build dir to take llama-server from |
 | ``GGUF_STUDIO_HOST``    | address the studio listens on (``127.0.0.1``)            |
 | ``GGUF_STUDIO_PORT``    | port the studio listens on (``8080``)                    |
+| ``GGUF_STUDIO_OLLAMA_PORT`` | also serve the Ollama API on this port (default: off) |
 | ``GGUF_STUDIO_LOG_JSON``| ``1`` for JSON log lines instead of console ones         |
 | ``CMAKE_ARGS``          | extra CMake arguments for ``ggstudio build-llama``        |
 | ``GGUF_STUDIO_MODEL_DIRS`` | more folders of GGUF files for the library (``os.pathsep``-separated) |
@@ -86,8 +88,8 @@ if TYPE_CHECKING:
     from launcher.memory import CacheType
     from launcher.speculative import SpecMode
 
-_TOP_KEYS = {"host", "port", "api_token", "model_dirs", "aliases", "models", "memory_budget", "ttl", "max_resident",
-             "preload", "unload_grace", "busy_wait", "rpc_workers", "mcp_servers", "tools",
+_TOP_KEYS = {"host", "port", "ollama_port", "api_token", "model_dirs", "aliases", "models", "memory_budget", "ttl",
+             "max_resident", "preload", "unload_grace", "busy_wait", "rpc_workers", "mcp_servers", "tools",
              "allowed_origins", "allowed_hosts", "allow_any_path", "max_body_bytes", "auto_download"}
 #: The largest request body by default: a photo of a few MB is ~4/3 larger in base64, a minute of WAV ~2 MB.
 DEFAULT_MAX_BODY_BYTES = 32 * 1024 * 1024
@@ -222,6 +224,7 @@ class Settings:
     llama_cpp_dir: Path | None = None
     host: str = "127.0.0.1"
     port: int = 8080
+    ollama_port: int | None = None  # the Ollama API's own listener; None: not served
     log_json: bool = False
     cmake_args: str = ""
     api_token: str | None = None
@@ -257,11 +260,9 @@ class Settings:
         home = Path(env.get("GGUF_STUDIO_HOME") or Path.home() / ".gguf-studio").expanduser()
         config_path = Path(env.get("GGUF_STUDIO_CONFIG") or home / "config.toml").expanduser()
         config = _read_config(config_path, explicit="GGUF_STUDIO_CONFIG" in env)
-        port_text = env.get("GGUF_STUDIO_PORT") or str(config.get("port", 8080))
-        try:
-            port = int(port_text)
-        except ValueError:
-            raise ValueError(f"GGUF_STUDIO_PORT must be a port number, not {port_text!r}") from None
+        port = _port("GGUF_STUDIO_PORT", env.get("GGUF_STUDIO_PORT") or str(config.get("port", 8080)))
+        ollama_text = env.get("GGUF_STUDIO_OLLAMA_PORT") or config.get("ollama_port")
+        ollama_port = _port("GGUF_STUDIO_OLLAMA_PORT", str(ollama_text)) if ollama_text else None
         dirs = [p for p in env.get("GGUF_STUDIO_MODEL_DIRS", "").split(os.pathsep) if p] or config.get("model_dirs", [])
         body_text = env.get("GGUF_STUDIO_MAX_BODY_BYTES") or str(config.get("max_body_bytes", DEFAULT_MAX_BODY_BYTES))
         try:
@@ -285,6 +286,7 @@ class Settings:
             llama_cpp_dir=_optional_path(env.get("GGUF_STUDIO_LLAMA_CPP")),
             host=env.get("GGUF_STUDIO_HOST") or config.get("host", "127.0.0.1"),
             port=port,
+            ollama_port=ollama_port,
             log_json=env.get("GGUF_STUDIO_LOG_JSON", "") in {"1", "true", "yes"},
             cmake_args=env.get("CMAKE_ARGS", ""),
             api_token=env.get("GGUF_STUDIO_API_TOKEN") or config.get("api_token") or None,
@@ -515,6 +517,16 @@ def _tool_settings(config: dict[str, Any]) -> ToolSettings:
     }
     python = config.get("tools", {}).get("python", {})
     return ToolSettings(mcp_servers=MappingProxyType(servers), python=PythonToolConfig(**python))
+
+
+def _port(name: str, text: str) -> int:
+    try:
+        port = int(text)
+    except ValueError:
+        port = -1
+    if not 0 < port < 65536:
+        raise ValueError(f"{name} must be a port number (1-65535), not {text!r}")
+    return port
 
 
 def _optional_path(value: str | None) -> Path | None:

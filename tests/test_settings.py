@@ -48,6 +48,16 @@ def test_config_file_values_and_env_overrides(tmp_path):
     assert (s.host, s.port, s.api_token) == ("127.0.0.1", 9100, "from-env")
 
 
+def test_the_ollama_listener_is_off_unless_a_port_is_given(tmp_path):
+    assert Settings.from_env({"GGUF_STUDIO_HOME": str(tmp_path)}).ollama_port is None
+    (tmp_path / "config.toml").write_text("ollama_port = 11434\n")
+    assert Settings.from_env({"GGUF_STUDIO_HOME": str(tmp_path)}).ollama_port == 11434
+    env = {"GGUF_STUDIO_HOME": str(tmp_path), "GGUF_STUDIO_OLLAMA_PORT": "11500"}
+    assert Settings.from_env(env).ollama_port == 11500
+    with pytest.raises(ValueError, match="GGUF_STUDIO_OLLAMA_PORT must be a port number"):
+        Settings.from_env({**env, "GGUF_STUDIO_OLLAMA_PORT": "70000"})
+
+
 @pytest.mark.parametrize("text, words", [
     ("port = ", "not valid TOML"),
     ("colour = 'blue'", "unknown key 'colour'"),

@@ -275,18 +275,21 @@ def serve(
     no_auth: Annotated[bool, typer.Option(
         "--no-auth", help="Require no API token, even when listening beyond loopback (anyone who reaches the "
                           "port can use the API).")] = False,
+    ollama_port: Annotated[Optional[int], typer.Option(
+        "--ollama-port", help="Also serve the Ollama API on this port, e.g. 11434 (default: off).")] = None,
 ) -> None:
-    """Run the studio service (GUI API, OpenAI-compatible API) with a model loaded, until Ctrl-C."""
-    _serve(model, host=host, port=port, ctx=ctx, rpc=rpc, no_auth=no_auth)
+    """Run the studio service (GUI, OpenAI, Anthropic and optionally Ollama APIs) with a model loaded, until Ctrl-C."""
+    _serve(model, host=host, port=port, ctx=ctx, rpc=rpc, no_auth=no_auth, ollama_port=ollama_port)
 
 
 def _serve(model: str | None, *, host: str | None, port: int | None, ctx: int | None, rpc: str | None,
-           no_auth: bool = False) -> None:
+           no_auth: bool = False, ollama_port: int | None = None) -> None:
     # The service's imports (FastAPI, uvicorn, httpx) stay here: other commands start fast without them.
     from launcher.process import ensure_port_free
     from studio.chat.toolbox import Toolbox
     from studio.http.access import AccessPolicy
     from studio.http.app import create_app
+    from studio.http.ollama_app import create_ollama_app
     from studio.library.default_model import ensure_default_model
     from studio.library.paths import PathPolicy
     from studio.http.server import run_service
@@ -305,7 +308,10 @@ def _serve(model: str | None, *, host: str | None, port: int | None, ctx: int | 
         preload = [str(ensure_default_model(settings.models_dir))]
     host = host or settings.host
     port = port or settings.port
+    ollama_port = ollama_port or settings.ollama_port
     ensure_port_free(host, port)
+    if ollama_port is not None:
+        ensure_port_free(host, ollama_port)
     workers = _rpc_workers(rpc, settings)
     token, generated = _api_token(settings, host, no_auth=no_auth)
     access = AccessPolicy.create(bind_host=host, allowed_hosts=settings.allowed_hosts,
@@ -316,21 +322,22 @@ def _serve(model: str | None, *, host: str | None, port: int | None, ctx: int | 
     url = f"http://{f'[{host}]' if ':' in host else host}:{port}"
     typer.echo(f"loading {', '.join(preload)} with llama-server ({found.source}: {found.path}) ...", err=True)
     requests = [LoadRequest(model=name, n_ctx=ctx if i == 0 else None) for i, name in enumerate(preload)]
+    ollama_line = f", Ollama API: {url.rsplit(':', 1)[0]}:{ollama_port}" if ollama_port is not None else ""
 
     def announce() -> None:
-        typer.echo(f"GGUF Studio at {url}/  (open it in a browser; OpenAI API: {url}/v1, GUI API: {url}/api, "
-                   f"docs: {url}/docs; Ctrl-C stops)")
+        typer.echo(f"GGUF Studio at {url}/  (open it in a browser; OpenAI API: {url}/v1, Anthropic API: {url}, "
+                   f"GUI API: {url}/api{ollama_line}, metrics: {url}/metrics, docs: {url}/docs; Ctrl-C stops)")
         if generated:  # printed once, here, and nowhere else: it is not logged
             typer.echo(f"API token for this run: {token}  (send `Authorization: Bearer <token>` or "
                        "`x-api-key: <token>`; set GGUF_STUDIO_API_TOKEN to choose your own)")
 
+    app = create_app(manager, preload=requests, api_token=token, access=access, paths=paths,
+                     toolbox=Toolbox(settings.tools, scratch_dir=settings.home / "scratch", logs_dir=settings.logs_dir),
+                     max_body_bytes=settings.max_body_bytes, downloads=manager.downloads)
+    ollama_app = create_ollama_app(app, api_token=token, access=access) if ollama_port is not None else None
     try:
         run_service(
-            create_app(manager, preload=requests, api_token=token, access=access, paths=paths,
-                       toolbox=Toolbox(settings.tools, scratch_dir=settings.home / "scratch",
-                                       logs_dir=settings.logs_dir), max_body_bytes=settings.max_body_bytes,
-                       downloads=manager.downloads),
-            host=host, port=port, announce=announce,
+            app, host=host, port=port, ollama_app=ollama_app, ollama_port=ollama_port, announce=announce,
         )
     except KeyboardInterrupt:  # uvicorn re-raises Ctrl-C after a clean shutdown: that is a normal stop
         pass

@@ -1,4 +1,11 @@
-"""The OpenAI-compatible proxy: route by ``model``, pass bytes through as they come.
+"""The forwarded routes: route by ``model``, pass bytes through as they come.
+
+Every route llama-server answers for a model goes through here, in every dialect it
+speaks: OpenAI's chat, completions, embeddings and Responses, Anthropic's Messages,
+token counting, rerank and infill, under each spelling llama-server accepts
+(``FORWARDED``). They share the routing by ``model``, the residency, the queue and
+the cancellation; only the errors differ, shaped for the route's dialect
+(``studio.http.errors``); llama-server's own error bodies are reshaped to match.
 
 The POST routes are served by ``OpenAIRoutes``, pure ASGI ahead of FastAPI's
 routing: every millisecond of the proxy's CPU is added to a request's latency
@@ -32,13 +39,19 @@ A chat request that offers ``tools`` is checked first (``studio.chat.tool_schema
 and its answer is healed (``studio.chat.tool_healing``): tool-call markup the model
 wrote as text becomes ``tool_calls``. Only such a stream is parsed, event by event
 (``studio.chat.tool_stream``); every other stream stays bytes in, bytes out.
+
+For ``/metrics`` the relay keeps the time of the first chunk and the last two chunks
+(two assignments a chunk), and reads the token counts from those once the stream
+ends (``studio.http.metrics.generation_counts``).
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import time
 from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
 from typing import Any
 
 import anyio
@@ -48,7 +61,8 @@ from fastapi.responses import Response, StreamingResponse
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from launcher.rpc import unreachable
-from studio.errors import BadRequestError, UpstreamError, error_body
+from studio.errors import BadRequestError, UpstreamError
+from studio.http.errors import Dialect, ErrorAnswer, reshape_upstream, stream_error_event
 from studio.http.model_paths import check_model_path
 from studio.residency.manager import ModelManager
 from studio.residency.resident import Lease, LoadedModel
@@ -74,24 +88,26 @@ def _upstream(request: Request) -> Upstream:
 
 
 class OpenAIRoutes:
-    """Pure ASGI middleware that answers ``POST`` on the forwarded OpenAI paths itself.
+    """Pure ASGI middleware that answers ``POST`` on the forwarded paths itself.
 
     Everything else goes on to the app. Errors are answered by ``on_error``
-    (the app's one translation); one it returns ``None`` for is raised, a 500.
+    (the app's one translation) in the route's dialect; one it returns ``None``
+    for is raised, a 500.
     """
 
-    def __init__(self, app: ASGIApp, on_error: Callable[[Exception], Response | None]) -> None:
+    def __init__(self, app: ASGIApp, on_error: Callable[[Exception, Dialect], Response | None]) -> None:
         self.app = app
         self.on_error = on_error
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or scope["method"] != "POST" or scope["path"] not in FORWARDED:
+        route = FORWARDED.get(scope["path"]) if scope["type"] == "http" and scope["method"] == "POST" else None
+        if route is None:
             await self.app(scope, receive, send)
             return
         try:
             response = await _forward(Request(scope, receive), scope["path"])
         except Exception as exc:
-            answer = self.on_error(exc)
+            answer = self.on_error(exc, route.dialect)
             if answer is None:
                 raise
             response = answer
@@ -114,49 +130,42 @@ async def list_models(request: Request) -> dict[str, Any]:
     return {"object": "list", "data": data}
 
 
-@router.post("/v1/chat/completions")
-async def chat_completions(request: Request) -> Response:
-    """Served by ``OpenAIRoutes``; declared here for ``/docs``."""
-    return await _forward(request, "/v1/chat/completions")
-
-
-@router.post("/v1/completions")
-async def completions(request: Request) -> Response:
-    """Served by ``OpenAIRoutes``; declared here for ``/docs``."""
-    return await _forward(request, "/v1/completions")
-
-
-@router.post("/v1/embeddings")
-async def embeddings(request: Request) -> Response:
-    """Served by ``OpenAIRoutes``; declared here for ``/docs``."""
-    return await _forward(request, "/v1/embeddings")
+#: Counts a finished answer for /metrics: the time of its first chunk (streams) and its last bytes.
+Count = Callable[[float | None, bytes], None]
 
 
 async def _forward(request: Request, path: str) -> Response:
+    route = FORWARDED[path]
+    began = time.perf_counter()
     body = await _json_body(request)
     model = body.get("model")
     if model is not None and not isinstance(model, str):
         raise BadRequestError("`model` must be a string", param="model")
-    if path == "/v1/chat/completions":
+    chat = route.upstream == "/v1/chat/completions"
+    if chat:
         check_tool_fields(body)  # before a load: a malformed request never reaches llama-server
     await check_model_path(request, model)
     if path == "/v1/chat/completions":
         await preflight_chat(_manager(request), body)
     loaded, lease = await _manager(request).acquire(model)
+    count = _counter(request, route, path, loaded.name, began)
     try:
-        FORWARDED[path](body, loaded)
+        route.prepare(body, loaded)
         body["model"] = loaded.name
-        tools = tool_parameters(body) if path == "/v1/chat/completions" and body.get("tool_choice") != "none" else {}
+        tools = tool_parameters(body) if chat and body.get("tool_choice") != "none" else {}
         if not body.get("stream"):
-            return await _answer_unless_client_leaves(request, loaded, path, body, lease, tools)
-        resp = await send_upstream(request, loaded, path, body, lease)
+            return await answer_unless_client_leaves(
+                request, loaded, route.upstream, body, lease,
+                lambda status, content, headers: _answered(route, tools, count, status, content, headers))
+        resp = await send_upstream(request, loaded, route.upstream, body, lease)
     except BaseException:
         await lease()
         raise
     headers = {k: v for k, v in resp.headers.items() if k.lower() in _PASS_HEADERS}
     if resp.status_code == 200:
         relay = HealingRelay(tools) if tools else None
-        return StreamingResponse(_relay(resp, lease, loaded, relay), status_code=200, headers=headers)
+        return StreamingResponse(_relay(resp, lease, loaded, relay, route.dialect, count), status_code=200,
+                                 headers=headers)
     try:
         content = await resp.aread()
     except httpx.HTTPError as exc:
@@ -166,14 +175,36 @@ async def _forward(request: Request, path: str) -> Response:
         raise UpstreamError(message, code=code) from exc
     finally:
         await close_upstream(resp, lease)
-    return Response(content, status_code=resp.status_code, headers=headers)
+    return Response(reshape_upstream(resp.status_code, content, route.dialect), status_code=resp.status_code,
+                    headers=headers)
 
 
-async def _answer_unless_client_leaves(request: Request, loaded: LoadedModel, path: str, body: dict[str, Any],
-                                       lease: Lease, tools: dict[str, dict[str, Any]]) -> Response:
-    """The whole answer, unless the client disconnects first: then the upstream request is dropped, which
-    stops llama-server (it answers a non-streamed request only once it is done, so the wait is the whole
-    generation)."""
+def _counter(request: Request, route: Route, path: str, model: str, began: float) -> Count:
+    metrics = request.app.state.metrics
+
+    def count(first_at: float | None, tail: bytes) -> None:
+        if route.generates:
+            metrics.observe_generation(path, model, began=began, first_at=first_at, tail=tail)
+
+    return count
+
+
+def _answered(route: Route, tools: dict[str, dict[str, Any]], count: Count, status: int, content: bytes,
+              headers: dict[str, str]) -> Response:
+    """A whole (non-streamed) answer of a forwarded route: counted, healed, or an error in the route's shape."""
+    if status != 200:
+        return Response(reshape_upstream(status, content, route.dialect), status_code=status, headers=headers)
+    count(None, content)
+    return Response(_finished_answer(content, tools) if route.fill_usage else content, status_code=200,
+                    headers=headers)
+
+
+async def answer_unless_client_leaves(request: Request, loaded: LoadedModel, path: str, body: dict[str, Any],
+                                      lease: Lease,
+                                      finish: Callable[[int, bytes, dict[str, str]], Response]) -> Response:
+    """``finish``'s response to the whole answer, unless the client disconnects first: then the upstream
+    request is dropped, which stops llama-server (it answers a non-streamed request only once it is done,
+    so the wait is the whole generation). ``finish`` takes the status, the body and the headers to pass on."""
 
     async def exchange() -> Response:
         resp = await send_upstream(request, loaded, path, body, lease)
@@ -186,9 +217,8 @@ async def _answer_unless_client_leaves(request: Request, loaded: LoadedModel, pa
             raise UpstreamError(message, code=code) from exc
         finally:
             await close_upstream(resp, lease)
-        headers = {k: v for k, v in resp.headers.items() if k.lower() in _PASS_HEADERS}
-        return Response(_finished_answer(content, tools) if resp.status_code == 200 else content,
-                        status_code=resp.status_code, headers=headers)
+        return finish(resp.status_code, content, {k: v for k, v in resp.headers.items()
+                                                  if k.lower() in _PASS_HEADERS})
 
     answering = asyncio.ensure_future(exchange())
     leaving = asyncio.ensure_future(_disconnect(request))
@@ -212,11 +242,17 @@ async def _disconnect(request: Request) -> None:
         pass
 
 
-async def _relay(resp: httpx.Response, lease: Lease, loaded: LoadedModel,
-                 relay: HealingRelay | None) -> AsyncIterator[bytes]:
-    """Yield upstream bytes as they arrive (healed when ``relay``); end with an error event if upstream dies."""
+async def _relay(resp: httpx.Response, lease: Lease, loaded: LoadedModel, relay: HealingRelay | None,
+                 dialect: Dialect, count: Count) -> AsyncIterator[bytes]:
+    """Yield upstream bytes as they arrive (healed when ``relay``); end with an error event if upstream dies;
+    then ``count`` the answer from llama-server's own last bytes."""
+    first_at: float | None = None
+    before_last = last = b""
     try:
         async for chunk in resp.aiter_raw():
+            if first_at is None:
+                first_at = time.perf_counter()
+            before_last, last = last, chunk
             if relay is None:
                 yield chunk
             elif out := relay.feed(chunk):
@@ -228,13 +264,14 @@ async def _relay(resp: httpx.Response, lease: Lease, loaded: LoadedModel,
             yield held  # held-back text is not lost
         cut = lease.interruption
         if cut:
-            event = error_body(cut.message, cut.type, code=cut.code)
+            answer = ErrorAnswer(cut.status, cut.message, cut.type, code=cut.code)
         else:
             message, code = await broke_off(loaded, "llama-server went away mid-stream", exc)
-            event = error_body(message, "upstream_error", code=code)
-        yield f"data: {json.dumps(event)}\n\n".encode()
+            answer = ErrorAnswer(502, message, "upstream_error", code=code)
+        yield stream_error_event(answer, dialect)
     finally:
         await close_upstream(resp, lease)
+        count(first_at, before_last + last)
 
 
 async def broke_off(loaded: LoadedModel, what: str, exc: Exception) -> tuple[str, str | None]:
@@ -304,15 +341,67 @@ def _apply_reasoning(body: dict[str, Any], loaded: LoadedModel) -> None:
 
 
 def _nothing_to_add(body: dict[str, Any], loaded: LoadedModel) -> None:
-    """An embedding request goes as it came."""
+    """An embedding, rerank or infill request goes as it came."""
 
 
-#: The forwarded paths and what each fills into a request before it goes to llama-server.
-FORWARDED: dict[str, Callable[[dict[str, Any], LoadedModel], None]] = {
-    "/v1/chat/completions": prepare_chat_body,
-    "/v1/completions": _default_max_tokens,
-    "/v1/embeddings": _nothing_to_add,
+@dataclass(frozen=True)
+class Route:
+    """How one forwarded path is served."""
+
+    upstream: str  # llama-server's path (its canonical spelling)
+    prepare: Callable[[dict[str, Any], LoadedModel], None]  # what the studio fills in before forwarding
+    summary: str  # for /docs
+    dialect: Dialect = "openai"  # the shape of its errors
+    generates: bool = False  # its answers are generated tokens: time to first token and tokens are counted
+    fill_usage: bool = False  # an OpenAI chat or completion answer: healed, and ``usage`` filled from ``timings``
+
+
+_CHAT_TOKENS = Route("/v1/chat/completions/input_tokens", _apply_reasoning,
+                     "Tokens a chat completion request's prompt takes")
+_RESPONSES = Route("/v1/responses", _apply_reasoning, "OpenAI Responses", generates=True)
+_RESPONSES_TOKENS = Route("/v1/responses/input_tokens", _apply_reasoning,
+                          "Tokens a Responses request's input takes")
+_RERANK = Route("/v1/rerank", _nothing_to_add, "Rerank documents by a query (a model loaded with --reranking)")
+
+#: Every forwarded path, in each spelling llama-server b11434 routes (``tools/server/server.cpp``).
+#: Its bare ``/completions`` and ``/chat/completions`` are left out: the first is the native
+#: (non-OpenAI) completion, and neither is an address OpenAI clients use.
+FORWARDED: dict[str, Route] = {
+    "/v1/chat/completions": Route("/v1/chat/completions", prepare_chat_body, "OpenAI chat completions",
+                                  generates=True, fill_usage=True),
+    "/v1/completions": Route("/v1/completions", _default_max_tokens, "OpenAI completions", generates=True,
+                             fill_usage=True),
+    "/v1/embeddings": Route("/v1/embeddings", _nothing_to_add, "OpenAI embeddings (a model loaded with "
+                            "--embeddings --pooling mean)"),
+    "/v1/chat/completions/input_tokens": _CHAT_TOKENS,
+    "/chat/completions/input_tokens": _CHAT_TOKENS,
+    "/v1/responses": _RESPONSES,
+    "/responses": _RESPONSES,
+    "/v1/responses/input_tokens": _RESPONSES_TOKENS,
+    "/responses/input_tokens": _RESPONSES_TOKENS,
+    "/v1/messages": Route("/v1/messages", _apply_reasoning, "Anthropic Messages", dialect="anthropic",
+                          generates=True),
+    "/v1/messages/count_tokens": Route("/v1/messages/count_tokens", _apply_reasoning,
+                                       "Anthropic token counting", dialect="anthropic"),
+    "/v1/rerank": _RERANK,
+    "/v1/reranking": _RERANK,
+    "/rerank": _RERANK,
+    "/reranking": _RERANK,
+    "/infill": Route("/infill", _nothing_to_add, "Fill in the middle (llama-server's native infill)",
+                     generates=True),
 }
+
+
+def _declare(path: str, route: Route) -> None:
+    async def forwarded(request: Request) -> Response:
+        return await _forward(request, path)
+
+    forwarded.__doc__ = f"Served by ``OpenAIRoutes`` (forwarded to llama-server's ``{route.upstream}``)."
+    router.add_api_route(path, forwarded, methods=["POST"], summary=route.summary)
+
+
+for _path, _route in FORWARDED.items():  # the FastAPI routes of the forwarded paths: /docs, and 405 for GET
+    _declare(_path, _route)
 
 
 def _finished_answer(content: bytes, tools: dict[str, dict[str, Any]]) -> bytes:

@@ -1,10 +1,21 @@
-"""Run the studio app under uvicorn: announce it once it really listens, and cost nothing while idle."""
+"""Run the studio's listeners under uvicorn in one process and one event loop: announce them once they
+really listen, and cost nothing while idle.
+
+The main listener serves the studio app (the page, GUI API, OpenAI and Anthropic routes,
+``/metrics``). An optional second one serves the Ollama API on its own port
+(``studio.http.ollama_app``), sharing the studio app's state: the same model manager, queue
+and metrics. The main server owns the signals (Ctrl-C, SIGTERM) and the app's lifespan; the
+second starts once the main one listens and stops before the main one's shutdown stops the
+models, so Ollama requests in flight end the way the studio's do. "Ready" is announced only
+once every listener listens.
+"""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import socket
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from types import FrameType
 
 import uvicorn
@@ -53,6 +64,75 @@ class StudioServer(uvicorn.Server):
                 pass
 
 
-def run_service(app: FastAPI, *, host: str, port: int, announce: Callable[[], None]) -> None:
-    """Serve ``app`` until Ctrl-C or SIGTERM (uvicorn's handlers; the app's shutdown stops llama-server)."""
-    StudioServer(uvicorn.Config(app, host=host, port=port, log_level="warning"), announce).run()
+class _Companion(StudioServer):
+    """A second listener: it leaves the signals to the main server, and its app has no lifespan."""
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        yield
+
+
+class _MainServer(StudioServer):
+    """The main listener: once it listens it starts the companions, then says "ready"; it stops them first."""
+
+    def __init__(self, config: uvicorn.Config, companions: list[_Companion], announce: Callable[[], None]) -> None:
+        super().__init__(config)
+        self.companions = companions
+        self._running: list[asyncio.Task[None]] = []
+        self._announce_all = announce
+
+    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+        await super().startup(sockets)
+        if not self.started:
+            return
+        for companion in self.companions:
+            task = asyncio.create_task(companion.serve())
+            self._running.append(task)
+            while not companion.started and not task.done():
+                await asyncio.sleep(0.01)
+            if not companion.started:  # it could not listen (uvicorn has logged why): stop everything
+                self.should_exit = True
+                return
+        self._announce_all()
+
+    async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+        for companion in self.companions:
+            companion.should_exit = True
+            companion.force_exit = self.force_exit
+            companion.wake()
+        await asyncio.gather(*self._running, return_exceptions=True)
+        await super().shutdown(sockets)
+
+
+class Listeners:
+    """The studio app on ``host:port`` and, when given, the Ollama app on ``host:ollama_port``."""
+
+    def __init__(self, app: FastAPI, *, host: str, port: int, ollama_app: FastAPI | None = None,
+                 ollama_port: int | None = None, announce: Callable[[], None] = lambda: None,
+                 log_level: str = "warning") -> None:
+        companions = []
+        if ollama_app is not None and ollama_port is not None:
+            companions.append(_Companion(uvicorn.Config(ollama_app, host=host, port=ollama_port,
+                                                        log_level=log_level, lifespan="off")))
+        self._main = _MainServer(uvicorn.Config(app, host=host, port=port, log_level=log_level),
+                                 companions, announce)
+
+    @property
+    def started(self) -> bool:
+        """Whether every listener listens (and the app's start-up has run)."""
+        return self._main.started and all(c.started for c in self._main.companions)
+
+    def run(self) -> None:
+        """Serve until Ctrl-C or SIGTERM (from the main thread), or until ``stop``."""
+        self._main.run()
+
+    def stop(self) -> None:
+        """Ask every listener to finish its requests and stop; ``run`` then returns. Safe from any thread."""
+        self._main.should_exit = True
+        self._main.wake()
+
+
+def run_service(app: FastAPI, *, host: str, port: int, announce: Callable[[], None],
+                ollama_app: FastAPI | None = None, ollama_port: int | None = None) -> None:
+    """Serve ``app`` (and ``ollama_app``) until Ctrl-C or SIGTERM; the app's shutdown stops llama-server."""
+    Listeners(app, host=host, port=port, ollama_app=ollama_app, ollama_port=ollama_port, announce=announce).run()

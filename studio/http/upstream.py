@@ -363,6 +363,23 @@ class Upstream:
         request = httpx.Request("POST", parsed, json=body, headers=headers, extensions={"timeout": self._timeout})
         return await self.transport.handle_async_request(request)
 
+    async def get(self, url: str, headers: dict[str, str], *, timeout: float) -> bytes:
+        """The body of a GET (llama-server's own ``/metrics``), each read within ``timeout`` seconds.
+
+        Raises:
+            httpx.HTTPError: no answer, a broken one, or one that is not a 200.
+        """
+        timeouts = {**self._timeout, "connect": timeout, "read": timeout}
+        request = httpx.Request("GET", url, headers=headers, extensions={"timeout": timeouts})
+        resp = await self.transport.handle_async_request(request)
+        try:
+            content = await resp.aread()
+        finally:
+            await resp.aclose()
+        if resp.status_code != 200:
+            raise httpx.HTTPStatusError(f"{url} answered {resp.status_code}", request=request, response=resp)
+        return content
+
     async def aclose(self) -> None:
         """Close idle connections; responses still open keep theirs until they are closed."""
         await self.transport.aclose()

@@ -13,6 +13,10 @@ load with other settings restarts it, once its requests in flight are done.
 
 Header reads, plans and device queries run off the event loop with a time limit
 (``studio.blocking``), so a hostile file cannot stall other clients.
+
+Every load, failed load, eviction, crash and restart is told to ``listeners`` as a
+``ResidencyEvent`` with its duration (``/metrics`` counts them), read from the
+resident models' state changes.
 """
 
 from __future__ import annotations
@@ -22,7 +26,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import structlog
 
@@ -58,6 +62,16 @@ Planner = Callable[[ModelInfo, Inventory, Capabilities, PlanRequest], LaunchPlan
 def supervisor_factory(logs_dir: Path, registry: ChildRegistry) -> SupervisorFactory:
     """Supervisors that log into ``logs_dir`` and record their children in ``registry``."""
     return lambda on_change: Supervisor(logs_dir=logs_dir, registry=registry, on_change=on_change)
+
+
+@dataclass(frozen=True)
+class ResidencyEvent:
+    """A resident model came, went, crashed or restarted, and how long the change took."""
+
+    kind: Literal["loaded", "load_failed", "evicted", "crashed", "restarted"]
+    model: str
+    seconds: float = 0.0  # loaded, load_failed: since its start began; evicted: stopping its llama-server
+    reason: str = ""  # load_failed: "error" or "cancelled"; evicted: "evicted", "unload", "ttl", "restart", "shutdown"
 
 
 @dataclass(frozen=True)
@@ -118,6 +132,9 @@ class ModelManager:
         self._waiting = 0
         self._last_extra_args: dict[Path, tuple[str, ...]] = {}
         self.counters = {"loads": 0, "evictions": 0, "load_failures": 0}
+        self.listeners: list[Callable[[ResidencyEvent], None]] = []  # told of every load, eviction, crash
+        self._seen: dict[ResidentModel, tuple[ResidentState, ResidentState | None, float]] = {}  # state, before, since
+        self._why: dict[ResidentModel, str] = {}  # why the manager unloads a model (else it was its TTL)
 
     # -- state ---------------------------------------------------------------------------------
     @property
@@ -294,6 +311,7 @@ class ModelManager:
                             paused.append(victim)
                     changed = self._changed
             if existing is not None:  # a restart with new settings: let its requests finish, then place again
+                self._why.setdefault(existing, "restart")
                 await existing.unload(grace=float("inf"), reason="")
                 continue
             try:
@@ -439,6 +457,7 @@ class ModelManager:
                 log.info("evicting idle model", model=name, for_model=entry.name)
                 self.counters["evictions"] += 1
                 # No grace limit: a request that slipped in while the plan was made finishes; none is cut.
+                self._why.setdefault(victim, "evicted")
                 await victim.unload(grace=float("inf"), reason=f"{name} was evicted to make room for {entry.name}")
         try:
             command = build_command(placed.plan, self.caps, binary=self.binary, files_root=self.files_root)
@@ -463,6 +482,7 @@ class ModelManager:
         return resident
 
     def _on_resident_change(self, resident: ResidentModel) -> None:
+        self._tell(resident)
         if resident.state is ResidentState.FAILED:
             self.counters["load_failures"] += 1
         if resident.state is ResidentState.UNLOADED:
@@ -473,6 +493,32 @@ class ModelManager:
         changed, self._changed = self._changed, asyncio.Event()
         changed.set()
 
+    def _tell(self, r: ResidentModel) -> None:
+        """Turn a resident model's state change into a ``ResidencyEvent`` for the listeners."""
+        state, before, since = self._seen.get(r, (ResidentState.LOADING, None, r.created))
+        if r.state is state:
+            return  # a request left; no change
+        now = time.monotonic()
+        self._seen[r] = (r.state, state, now)
+        event = None
+        if state is ResidentState.LOADING and r.state is ResidentState.READY:
+            event = ResidencyEvent("loaded", r.name, now - since)
+        elif state is ResidentState.LOADING:
+            event = ResidencyEvent("load_failed", r.name, now - since,
+                                   "cancelled" if r.state is ResidentState.UNLOADING else "error")
+        elif r.state is ResidentState.CRASHED:
+            event = ResidencyEvent("crashed", r.name)
+        elif state is ResidentState.CRASHED and r.state is ResidentState.LOADING:
+            event = ResidencyEvent("restarted", r.name)
+        elif r.state is ResidentState.UNLOADED:
+            del self._seen[r]
+            why = self._why.pop(r, "ttl")  # the one unload a resident model starts itself is its TTL's
+            if before is ResidentState.DRAINING:  # it was serving; a failed or crashed one held nothing
+                event = ResidencyEvent("evicted", r.name, now - since, why)
+        if event is not None:
+            for listener in self.listeners:
+                listener(event)
+
     # -- unload, lifetime ----------------------------------------------------------------------
     async def unload(self, model: str | None = None, *, grace: float | None = None) -> None:
         """Unload ``model`` (every model when None): requests in flight get ``grace`` s, then an error.
@@ -482,6 +528,8 @@ class ModelManager:
         """
         grace = self.residency.unload_grace if grace is None else grace
         targets = list(self._residents.values()) if model is None else [self._resident_named(model)]
+        for r in targets:
+            self._why.setdefault(r, "unload")
         await asyncio.gather(*(r.unload(grace=grace, reason=f"{r.name} was unloaded while this request ran")
                                for r in targets))
 
@@ -504,6 +552,8 @@ class ModelManager:
 
     async def aclose(self) -> None:
         """Unload every model now (at shutdown no request waits)."""
+        for r in self._residents.values():
+            self._why.setdefault(r, "shutdown")
         await asyncio.gather(*(r.unload(grace=0, reason="the studio is shutting down")
                                for r in list(self._residents.values())), return_exceptions=True)
 

@@ -1,0 +1,168 @@
+"""One translation of errors into HTTP answers, and one shape function per dialect.
+
+``describe`` turns an error from any layer below into an ``ErrorAnswer`` (status, type, message,
+param, code) through one table, most specific entry first. A dialect's shape function then
+writes that answer the way its clients parse errors:
+
+- OpenAI: ``{"error": {"message", "type", "param", "code"}}`` (``studio.errors.error_body``);
+- Anthropic: ``{"type": "error", "error": {"type", "message"}}``, with Anthropic's type names,
+  chosen by status as Anthropic's API does (``not_found_error`` for 404, ``overloaded_error``
+  for 503...);
+- Ollama: ``{"error": "message"}``.
+
+llama-server answers its own errors in OpenAI's shape on every route; ``reshape_upstream``
+rewrites such an answer for a dialect that is not OpenAI's.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+import gguf
+from launcher.errors import LauncherError, LoadError, StartAbortedError
+from studio.errors import BusyError, StudioError, error_body
+
+Dialect = Literal["openai", "anthropic", "ollama"]
+
+#: Path prefixes on the main listener whose clients expect Anthropic's error shape.
+ANTHROPIC_PATHS = ("/v1/messages",)
+
+
+@dataclass(frozen=True)
+class ErrorAnswer:
+    """What to tell the client, before it is shaped for a dialect."""
+
+    status: int
+    message: str
+    type: str  # OpenAI's (and the studio's) error type, e.g. "invalid_request_error"
+    param: str | None = None
+    code: str | None = None
+    headers: Mapping[str, str] | None = None
+    extra: Mapping[str, Any] = field(default_factory=dict)  # more OpenAI fields, e.g. ``n_ctx``
+
+
+def _from_studio(exc: StudioError) -> ErrorAnswer:
+    headers = {"Retry-After": str(exc.retry_after)} if isinstance(exc, BusyError) else None
+    return ErrorAnswer(exc.status, exc.message, exc.type, exc.param, exc.code, headers)
+
+
+#: Errors of the layers below, most specific first: an entry matches an error of every class it names.
+_TABLE: tuple[tuple[tuple[type[BaseException], ...], Callable[[Any], ErrorAnswer]], ...] = (
+    ((StudioError,), _from_studio),
+    ((gguf.GGUFError,), lambda e: ErrorAnswer(400, str(e), "invalid_request_error", "model", "invalid_gguf")),
+    # a request the planner refuses: bad cache type, spec mode, extra args
+    ((LauncherError, ValueError), lambda e: ErrorAnswer(400, str(e), "invalid_request_error", None,
+                                                        type(e).__name__)),
+    ((StartAbortedError,), lambda e: ErrorAnswer(409, str(e), "load_cancelled", None, "load_cancelled")),
+    ((LoadError,), lambda e: ErrorAnswer(500, str(e), "server_error", None, e.cause or "load_failed")),
+    ((LauncherError,), lambda e: ErrorAnswer(502, str(e), "server_error", None,
+                                             getattr(e, "cause", None) or "load_failed")),
+)
+
+#: The exception classes ``describe`` answers; the app registers its handlers for these.
+HANDLED: tuple[type[Exception], ...] = (StudioError, gguf.GGUFError, LauncherError)
+
+
+def describe(exc: BaseException) -> ErrorAnswer | None:
+    """Return the answer to an error from the layers below; ``None`` for any other error (a bug: a 500)."""
+    for classes, build in _TABLE:
+        if all(isinstance(exc, c) for c in classes):
+            return build(exc)
+    return None
+
+
+def validation_answer(exc: RequestValidationError) -> ErrorAnswer:
+    """A body FastAPI's validation refused, named by its first bad field (a 422)."""
+    first = exc.errors()[0] if exc.errors() else {}
+    param = ".".join(str(p) for p in first.get("loc", ())[1:]) or None
+    return ErrorAnswer(422, f"{param}: {first.get('msg', 'invalid')}", "invalid_request_error", param)
+
+
+def http_answer(exc: StarletteHTTPException, method: str, path: str) -> ErrorAnswer:
+    """The router's own refusals (an unknown route, a method a route does not take), not FastAPI's ``detail``."""
+    kind = "not_found_error" if exc.status_code == 404 else "invalid_request_error"
+    message = {404: f"no such route: {method} {path}",
+               405: f"{method} is not allowed on {path}"}.get(exc.status_code, str(exc.detail))
+    return ErrorAnswer(exc.status_code, message, kind, headers=exc.headers)
+
+
+# -- shapes ------------------------------------------------------------------------------------------
+
+#: Anthropic's error type for each status (https://docs.anthropic.com/en/api/errors).
+ANTHROPIC_TYPES: Mapping[int, str] = {
+    400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
+    404: "not_found_error", 413: "request_too_large", 422: "invalid_request_error",
+    429: "rate_limit_error", 503: "overloaded_error", 529: "overloaded_error",
+}
+
+
+def anthropic_type(status: int) -> str:
+    """Anthropic's error type name for an HTTP status."""
+    return ANTHROPIC_TYPES.get(status) or ("api_error" if status >= 500 else "invalid_request_error")
+
+
+def openai_shape(answer: ErrorAnswer) -> dict[str, Any]:
+    return error_body(answer.message, answer.type, answer.param, answer.code, **answer.extra)
+
+
+def anthropic_shape(answer: ErrorAnswer) -> dict[str, Any]:
+    return {"type": "error", "error": {"type": anthropic_type(answer.status), "message": answer.message}}
+
+
+def ollama_shape(answer: ErrorAnswer) -> dict[str, Any]:
+    return {"error": answer.message}
+
+
+SHAPES: Mapping[Dialect, Callable[[ErrorAnswer], dict[str, Any]]] = {
+    "openai": openai_shape, "anthropic": anthropic_shape, "ollama": ollama_shape,
+}
+
+
+def dialect_of(path: str) -> Dialect:
+    """The error dialect of a path on the main listener: Anthropic's routes, else OpenAI's."""
+    return "anthropic" if path.startswith(ANTHROPIC_PATHS) else "openai"
+
+
+def answer_response(answer: ErrorAnswer, dialect: Dialect) -> JSONResponse:
+    """``answer`` as a JSON response in ``dialect``'s shape."""
+    return JSONResponse(SHAPES[dialect](answer), answer.status, headers=dict(answer.headers or {}) or None)
+
+
+def error_response(exc: BaseException, dialect: Dialect = "openai") -> JSONResponse | None:
+    """The answer to ``exc`` in ``dialect``'s shape; ``None`` for an error no entry covers."""
+    answer = describe(exc)
+    return None if answer is None else answer_response(answer, dialect)
+
+
+def upstream_answer(status: int, content: bytes) -> ErrorAnswer:
+    """The answer inside llama-server's own (OpenAI-shaped) error body."""
+    try:
+        error = json.loads(content).get("error")
+    except (ValueError, AttributeError):
+        error = None
+    if not isinstance(error, dict):
+        return ErrorAnswer(status, content.decode("utf-8", "replace")[:2000] or f"llama-server answered {status}",
+                           "upstream_error")
+    return ErrorAnswer(status, str(error.get("message", "")), str(error.get("type", "upstream_error")))
+
+
+def reshape_upstream(status: int, content: bytes, dialect: Dialect) -> bytes:
+    """llama-server's error body as ``dialect`` writes errors (OpenAI's passes unchanged)."""
+    if dialect == "openai":
+        return content
+    return json.dumps(SHAPES[dialect](upstream_answer(status, content))).encode()
+
+
+def stream_error_event(answer: ErrorAnswer, dialect: Dialect) -> bytes:
+    """A server-sent event that ends a broken stream, as the dialect's clients read errors mid-stream."""
+    body = json.dumps(SHAPES[dialect](answer))
+    if dialect == "anthropic":
+        return f"event: error\ndata: {body}\n\n".encode()
+    return f"data: {body}\n\n".encode()

@@ -1,0 +1,443 @@
+"""The Ollama API on its own listener (``ggstudio serve --ollama-port 11434``).
+
+Its own port, because Ollama's routes live under ``/api``, where the studio's GUI API is.
+The app shares the studio app's state (``studio.http.app.create_app``): the same model
+manager, so an Ollama request is routed by ``model``, waits in the same queue, holds its
+model while it runs and is cancelled with its client like any other; the same pooled
+upstream and the same metrics. The translation is ``studio.dialects.ollama``; this module
+routes, and streams NDJSON (one JSON object a line). Like Ollama's own port, it also
+answers the OpenAI and Anthropic routes (``/v1/...``), through the same forwarding as the
+studio's main port.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+import httpx
+from fastapi import APIRouter, FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+import gguf
+from gguf.templates import template_capabilities
+from studio.dialects import ollama
+from studio.errors import BadRequestError, ModelNotResidentError, UpstreamError
+from studio.http.access import AccessPolicy
+from studio.http.auth import BearerTokenMiddleware
+from studio.http.browser_guard import BrowserGuard
+from studio.http.errors import (
+    HANDLED, Dialect, answer_response, dialect_of, error_response, http_answer, ollama_shape,
+    upstream_answer, validation_answer,
+)
+from studio.http.metrics import RequestMetrics, StudioMetrics
+from studio.http.model_paths import check_model_path
+from studio.http.openai_proxy import (
+    FORWARDED, OpenAIRoutes, answer_unless_client_leaves, broke_off, close_upstream, send_upstream,
+)
+from studio.http.openai_proxy import router as proxy_router
+from studio.library.downloads import DownloadManager
+from studio.residency.lifecycle import ResidentState
+from studio.residency.manager import ModelManager
+from studio.residency.resident import Lease, LoadedModel
+from studio.views.residency import status_json
+
+router = APIRouter()
+
+_NDJSON = "application/x-ndjson"
+#: ``keep_alive`` not given: the model's TTL stays as it is.
+_UNCHANGED = object()
+#: Unloads started by ``keep_alive: 0``, kept until they are done (a task nobody holds may be collected).
+_unloading: set[asyncio.Task[None]] = set()
+
+
+def create_ollama_app(studio: FastAPI, *, api_token: str | None = None,
+                      access: AccessPolicy | None = None) -> FastAPI:
+    """The Ollama listener's app, sharing ``studio``'s state, behind the same guards: ``api_token`` as the
+    studio's, and ``access``, which ``Host`` names and page origins are let in (a page's request to a local
+    Ollama port is the classic drive-by)."""
+    app = FastAPI(title="GGUF Studio: Ollama API", docs_url=None, redoc_url=None, openapi_url=None)
+    app.state = studio.state  # the same manager, upstream and metrics (the studio's lifespan makes the upstream)
+    app.include_router(router)
+    app.include_router(proxy_router)
+    app.add_middleware(OpenAIRoutes, on_error=error_response)
+    if api_token:
+        app.add_middleware(BearerTokenMiddleware, token=api_token, dialect=dialect_on_ollama_port)
+    app.add_middleware(BrowserGuard, policy=access or AccessPolicy.create())
+    app.add_middleware(RequestMetrics, metrics=studio.state.metrics, listener="ollama", known=FORWARDED)
+
+    async def translate(request: Request, exc: Exception) -> JSONResponse:
+        response = error_response(exc, dialect_on_ollama_port(request.url.path))
+        if response is None:
+            raise exc
+        return response
+
+    for error_type in HANDLED:
+        app.add_exception_handler(error_type, translate)
+
+    @app.exception_handler(RequestValidationError)
+    async def validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
+        return answer_response(validation_answer(exc), dialect_on_ollama_port(request.url.path))
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        return answer_response(http_answer(exc, request.method, request.url.path),
+                               dialect_on_ollama_port(request.url.path))
+
+    return app
+
+
+def dialect_on_ollama_port(path: str) -> Dialect:
+    """Ollama's error shape on its own routes; OpenAI's or Anthropic's on theirs (``/v1/...``)."""
+    return dialect_of(path) if path.startswith("/v1/") else "ollama"
+
+
+def _manager(request: Request) -> ModelManager:
+    return request.app.state.manager
+
+
+def _metrics(request: Request) -> StudioMetrics:
+    return request.app.state.metrics
+
+
+async def _body(request: Request) -> dict[str, Any]:
+    try:
+        body = json.loads(await request.body() or b"{}")
+    except ValueError as exc:
+        raise BadRequestError(f"the request body is not valid JSON: {exc}") from None
+    if not isinstance(body, dict):
+        raise BadRequestError("the request body must be a JSON object")
+    return body
+
+
+def _ttl(body: dict[str, Any]) -> Any:
+    return ollama.keep_alive_seconds(body["keep_alive"]) if body.get("keep_alive") is not None else _UNCHANGED
+
+
+def _keep_alive(manager: ModelManager, model: str, ttl: Any) -> None:
+    """Set a resident model's TTL from ``keep_alive`` (the manager's TTL 0 means never)."""
+    if ttl is _UNCHANGED or ttl == 0:
+        return
+    manager.set_ttl(model, 0 if ttl is None else ttl)
+
+
+def _unload_when_done(manager: ModelManager, model: str, ttl: Any) -> None:
+    """``keep_alive: 0``: unload the model once its requests (this one included) are done."""
+    if ttl != 0:
+        return
+
+    async def unload() -> None:
+        try:
+            await manager.unload(model, grace=float("inf"))
+        except ModelNotResidentError:
+            pass  # already gone
+
+    task = asyncio.create_task(unload(), name=f"keep_alive 0: {model}")
+    _unloading.add(task)
+    task.add_done_callback(_unloading.discard)
+
+
+def _durations(began: float, acquired: float) -> ollama.Durations:
+    now = time.perf_counter()
+    return ollama.Durations(total_ns=int((now - began) * 1e9), load_ns=int((acquired - began) * 1e9))
+
+
+def _line(obj: dict[str, Any]) -> bytes:
+    return json.dumps(obj).encode() + b"\n"
+
+
+# -- the server --------------------------------------------------------------------------------------
+
+@router.get("/", response_class=PlainTextResponse)
+@router.head("/", response_class=PlainTextResponse)
+async def root() -> str:
+    """What Ollama answers here; clients probe it to find a server."""
+    return "Ollama is running"
+
+
+@router.get("/api/version")
+async def version() -> dict[str, str]:
+    """The Ollama API version these routes answer as."""
+    return {"version": ollama.OLLAMA_API_VERSION}
+
+
+# -- models ------------------------------------------------------------------------------------------
+
+@router.get("/api/tags")
+async def tags(request: Request) -> dict[str, Any]:
+    """Every servable model (an unreadable file is left out)."""
+    out = []
+    for entry in _manager(request).catalog.entries():
+        try:
+            model = await asyncio.to_thread(gguf.read, entry.path)
+            stat = entry.path.stat()
+        except (gguf.GGUFError, OSError):
+            continue
+        out.append(ollama.tags_entry(entry.name, entry.path, model.file_size, stat.st_mtime_ns, _details(model)))
+    return {"models": out}
+
+
+def _details(model: gguf.GGUFFile) -> dict[str, Any]:
+    f = model.facts
+    return ollama.details(f.architecture, f.parameter_count, f.quant_label)
+
+
+@router.post("/api/show")
+async def show(request: Request) -> dict[str, Any]:
+    """A model's details, GGUF metadata, chat template, capabilities and (when resident) its context."""
+    body = await _body(request)
+    manager = _manager(request)
+    name = ollama.model_name(body)
+    await check_model_path(request, name)
+    entry = manager.catalog.resolve(name)
+    model = await asyncio.to_thread(gguf.read, entry.path)
+    f = model.facts
+    caps = template_capabilities(f.chat_template) if f.chat_template else None
+    resident = manager.find(entry.name)
+    loaded = resident.loaded if resident is not None else None
+    return {
+        "modelfile": f"# served by GGUF Studio\nFROM {entry.path}\n",
+        "parameters": f"num_ctx {loaded.n_ctx}" if loaded is not None else "",
+        "template": f.chat_template or "",
+        "details": _details(model),
+        "model_info": ollama.model_info(model.metadata, f.parameter_count, verbose=bool(body.get("verbose"))),
+        "capabilities": ollama.capabilities(
+            tools=bool(caps and caps.supports_tools), thinking=bool(caps and caps.supports_reasoning),
+            vision=entry.mmproj is not None),
+        "modified_at": ollama.modified_at(entry.path.stat().st_mtime_ns),
+    }
+
+
+@router.get("/api/ps")
+async def ps(request: Request) -> dict[str, Any]:
+    """The models serving now, their memory, context and when they expire."""
+    out = []
+    for status in status_json(_manager(request))["models"]:
+        if status["state"] != ResidentState.READY.value:
+            continue
+        model = await asyncio.to_thread(gguf.read, status["path"])
+        memory = status.get("memory") or {}
+        bill = memory.get("actual") or memory.get("predicted") or {}
+        devices = bill.get("by_device") or {}
+        stat = model.path.stat()
+        out.append({
+            "name": status["model"], "model": status["model"], "size": bill.get("startup_total") or model.file_size,
+            "size_vram": sum(n for device, n in devices.items() if not device.upper().startswith("CPU")),
+            "digest": ollama.digest(model.path, model.file_size, stat.st_mtime_ns), "details": _details(model),
+            "expires_at": ollama.expires_at(status.get("ttl_left"), status.get("ttl") or 0, bool(status.get("pinned"))),
+            "context_length": status.get("effective_context"),
+        })
+    return {"models": out}
+
+
+@router.post("/api/pull")
+async def pull(request: Request) -> Response:
+    """Download ``owner/repo[:VARIANT]`` from Hugging Face into the shared cache; NDJSON progress.
+
+    The download is the studio's (``studio.library.downloads``): it joins one already fetching the
+    same files, shows in ``GET /api/pulls`` on the main port, and goes on if this client leaves.
+    """
+    body = await _body(request)
+    spec = ollama.pull_spec(ollama.model_name(body))
+    downloads: DownloadManager = request.app.state.downloads
+    download, _ = await asyncio.to_thread(downloads.start, spec)
+    if not ollama.wants_stream(body):
+        await downloads.wait(download)
+        [last] = ollama.pull_lines(download.snapshot(), {})[-1:]
+        status = 200 if "status" in last else int((download.error or {}).get("status") or 500)
+        return JSONResponse(last, status)
+
+    async def lines() -> AsyncIterator[bytes]:
+        yield _line({"status": "pulling manifest"})
+        shown: dict[str, int] = {}
+        async for snapshot in downloads.events(download):
+            for line in ollama.pull_lines(snapshot, shown):
+                yield _line(line)
+
+    return StreamingResponse(lines(), media_type=_NDJSON)
+
+
+@router.post("/api/create")
+@router.post("/api/copy")
+@router.post("/api/push")
+@router.delete("/api/delete")
+async def unsupported(request: Request) -> JSONResponse:
+    """Model management the studio does through its model folders and Hugging Face, not here."""
+    return JSONResponse({"error": f"{request.url.path} is not supported by GGUF Studio: add GGUF files to a "
+                                  "models folder, or pull owner/repo[:VARIANT] from Hugging Face"}, 501)
+
+
+# -- generation --------------------------------------------------------------------------------------
+
+@router.post("/api/chat")
+async def chat(request: Request) -> Response:
+    """Ollama's chat: NDJSON chunks, then one with ``done``, counts and durations."""
+    return await _generate(request, "chat")
+
+
+@router.post("/api/generate")
+async def generate(request: Request) -> Response:
+    """Ollama's completion of a prompt (a chat turn where the model has a template; infill with ``suffix``)."""
+    return await _generate(request, "generate")
+
+
+async def _generate(request: Request, kind: ollama.Kind) -> Response:
+    began = time.perf_counter()
+    body = await _body(request)
+    name = ollama.model_name(body)
+    ttl = _ttl(body)
+    manager = _manager(request)
+    await check_model_path(request, name)
+    if not (body.get("messages") if kind == "chat" else body.get("prompt") or body.get("images")):
+        return await _load_or_unload(manager, kind, name, ttl)
+    if kind == "chat":
+        route, payload = ollama.CHAT, ollama.chat_request(body)
+    loaded, lease = await manager.acquire(name)
+    acquired = time.perf_counter()
+    try:
+        _keep_alive(manager, loaded.name, ttl)
+        _unload_when_done(manager, loaded.name, ttl)
+        if kind == "generate":
+            route, payload = ollama.generate_request(body, has_chat_template=loaded.template is not None)
+        payload["model"] = loaded.name
+        FORWARDED[route].prepare(payload, loaded)
+        reply = ollama.Reply(kind, loaded.name)
+        count = _counter(_metrics(request), request.url.path, loaded.name)
+        if not payload.get("stream"):
+            def finish(status: int, content: bytes, headers: dict[str, str]) -> Response:
+                if status != 200:
+                    return JSONResponse(ollama_shape(upstream_answer(status, content)), status)
+                reply.add(ollama.piece_of(route, json.loads(content)))
+                final = reply.final(_durations(began, acquired), streamed=False)
+                count(None, final, reply)
+                return JSONResponse(final)
+
+            return await answer_unless_client_leaves(request, loaded, route, payload, lease, finish)
+        resp = await send_upstream(request, loaded, route, payload, lease)
+    except BaseException:
+        await lease()
+        raise
+    if resp.status_code == 200:
+        return StreamingResponse(_stream(resp, lease, loaded, route, reply, began, acquired, count),
+                                 media_type=_NDJSON)
+    status, content = await _read(resp, lease, loaded)
+    return JSONResponse(ollama_shape(upstream_answer(status, content)), status)
+
+
+async def _load_or_unload(manager: ModelManager, kind: ollama.Kind, name: str, ttl: Any) -> JSONResponse:
+    """A request without a prompt: ``keep_alive`` 0 unloads the model now (as ``/api/unload``), else it is loaded."""
+    if ttl == 0:
+        entry = manager.catalog.resolve(name)  # an alias or a path unloads the model it names
+        try:
+            await manager.unload(entry.name)
+        except ModelNotResidentError:
+            pass  # not loaded: nothing to do, as Ollama answers
+        return JSONResponse(ollama.load_reply(kind, entry.name, "unload"))
+    loaded, lease = await manager.acquire(name)
+    try:
+        _keep_alive(manager, loaded.name, ttl)
+    finally:
+        await lease()
+    return JSONResponse(ollama.load_reply(kind, loaded.name, "load"))
+
+
+def _counter(metrics: StudioMetrics, route: str, model: str
+             ) -> Callable[[float | None, dict[str, Any], ollama.Reply], None]:
+    """How one answer is counted for ``/metrics``, from its final chunk and llama-server's timings."""
+    def count(first_token_s: float | None, final: dict[str, Any], reply: ollama.Reply) -> None:
+        rate = (reply.timings or {}).get("predicted_per_second")
+        metrics.observe_counts(route, model, first_token_s=first_token_s, tokens=final.get("eval_count"), rate=rate)
+
+    return count
+
+
+async def _stream(resp: httpx.Response, lease: Lease, loaded: LoadedModel, route: str, reply: ollama.Reply,
+                  began: float, acquired: float,
+                  count: Callable[[float | None, dict[str, Any], ollama.Reply], None]) -> AsyncIterator[bytes]:
+    """llama-server's server-sent events as Ollama's NDJSON chunks; the client leaving cancels the request."""
+    first_at: float | None = None
+    final: dict[str, Any] = {}
+    try:
+        async for line in resp.aiter_lines():
+            if not line.startswith("data: ") or line == "data: [DONE]":
+                continue
+            data = json.loads(line[6:])
+            if "error" in data:
+                yield _line({"error": (data["error"] or {}).get("message", "llama-server failed")})
+                return
+            chunk = reply.add(ollama.piece_of(route, data))
+            if chunk is not None:
+                first_at = first_at or time.perf_counter()
+                yield _line(chunk)
+        final = reply.final(_durations(began, acquired), streamed=True)
+        yield _line(final)
+    except httpx.HTTPError as exc:
+        cut = lease.interruption
+        if cut:
+            yield _line({"error": cut.message})
+        else:
+            message, _ = await broke_off(loaded, "llama-server went away mid-stream", exc)
+            yield _line({"error": message})
+    finally:
+        await close_upstream(resp, lease)
+        count(None if first_at is None else first_at - began, final, reply)
+
+
+async def _read(resp: httpx.Response, lease: Lease, loaded: LoadedModel) -> tuple[int, bytes]:
+    try:
+        return resp.status_code, await resp.aread()
+    except httpx.HTTPError as exc:
+        if lease.interruption:
+            raise lease.interruption from exc
+        message, code = await broke_off(loaded, "llama-server broke off its answer", exc)
+        raise UpstreamError(message, code=code) from exc
+    finally:
+        await close_upstream(resp, lease)
+
+
+# -- embeddings --------------------------------------------------------------------------------------
+
+@router.post("/api/embed")
+async def embed(request: Request) -> JSONResponse:
+    """Embeddings of ``input`` (a model loaded with ``--embeddings --pooling mean``)."""
+    began = time.perf_counter()
+    body = await _body(request)
+    status, content, loaded, acquired = await _embeddings(request, body)
+    if status != 200:
+        return JSONResponse(ollama_shape(upstream_answer(status, content)), status)
+    return JSONResponse(ollama.embed_reply(loaded.name, json.loads(content), _durations(began, acquired)))
+
+
+@router.post("/api/embeddings")
+async def embeddings(request: Request) -> JSONResponse:
+    """The older embeddings route: one ``prompt``, one ``embedding``."""
+    body = await _body(request)
+    status, content, _, _ = await _embeddings(request, body)
+    if status != 200:
+        return JSONResponse(ollama_shape(upstream_answer(status, content)), status)
+    return JSONResponse(ollama.embeddings_reply(json.loads(content)))
+
+
+async def _embeddings(request: Request, body: dict[str, Any]) -> tuple[int, bytes, LoadedModel, float]:
+    name = ollama.model_name(body)
+    ttl = _ttl(body)
+    payload = ollama.embed_request(body)
+    manager = _manager(request)
+    await check_model_path(request, name)
+    loaded, lease = await manager.acquire(name)
+    acquired = time.perf_counter()
+    try:
+        _keep_alive(manager, loaded.name, ttl)
+        _unload_when_done(manager, loaded.name, ttl)
+        payload["model"] = loaded.name
+        resp = await send_upstream(request, loaded, ollama.EMBEDDINGS, payload, lease)
+    except BaseException:
+        await lease()
+        raise
+    status, content = await _read(resp, lease, loaded)
+    return status, content, loaded, acquired
