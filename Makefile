@@ -10,7 +10,7 @@ PYTEST_ARGS ?=
 # Where Debian puts chromium; the browser tests look there.
 CHROMIUM := /usr/bin/chromium
 
-.PHONY: setup venv llama model chromium run test clean-venv
+.PHONY: setup venv llama model chromium run lint test clean-venv
 
 setup: venv llama model chromium
 
@@ -49,7 +49,13 @@ chromium:
 run: venv model $(if $(LLAMA_SERVER_PATH),,llama)
 	$(BIN)/ggstudio serve
 
-test: setup
+# ruff (lint and format) and mypy (strict on gguf/ and launcher/), as configured in pyproject.toml.
+lint: venv
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+	$(BIN)/mypy
+
+test: setup lint
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
 clean-venv:

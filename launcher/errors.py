@@ -11,11 +11,19 @@
     ├── PortInUseError (+OSError)       the port asked for is taken
     ├── RpcWorkerError (+ConnectionError)  an RPC worker did not answer (launcher.rpc)
     ├── RemoteBindError (+ValueError)   a worker asked to listen beyond loopback unasked (launcher.rpc_worker)
+    ├── ProbeError                      running a tool to learn what it supports failed (launcher.capabilities)
+    ├── MemoryPlanError                 options llama-server would refuse, with llama.cpp's reason (launcher.memory)
+    ├── ExtraArgsError (+ValueError)    extra args name a managed flag or one the binary lacks (launcher.command)
+    ├── SpeculativeConfigError (+ValueError)  a speculative mode or draft length that is not valid
+    │                                   (launcher.speculative)
+    ├── PlanError (+ValueError)         a request the planner cannot plan (launcher.planner)
+    │   └── ProjectorError              the projector is not one, or does not fit the model
     └── ProcessError                    the llama-server child misbehaved
         ├── LoadError                   it exited while loading
         ├── StartTimeoutError (+TimeoutError)  it never became healthy in time
         └── StartAbortedError           a stop arrived while it was starting
 
+What each means to a user (HTTP answer, CLI exit code) is in ``studio.error_table``.
 Each carries its context as attributes (``path``, ``pid``, ``exit_code``,
 ``log_tail``...) so callers can show more than the message.
 """

@@ -1,38 +1,56 @@
-"""Errors of the studio service, and the one OpenAI-shaped body every HTTP error uses.
+"""Errors of the studio, the CLI's exit codes, and the one OpenAI-shaped body every HTTP error uses.
 
 ::
 
     StudioError
-    ├── ModelNotFoundError (+LookupError)   a model name or path the studio cannot find (404)
-    ├── BadRequestError (+ValueError)       a request the studio refuses as given (400)
-    │   └── PayloadTooLargeError            the request body is over max_body_bytes (413)
-    ├── BusyError                           too many requests waiting, or memory held by busy models (503 + Retry-After)
-    ├── DoesNotFitError                     the model does not fit even with every idle model evicted (400)
-    ├── ModelNotResidentError (+LookupError) an unload, pin or TTL names a model that is not resident (404)
-    ├── ModelUnloadedError                  the model was unloaded while the request ran (503)
-    ├── WorkTimeoutError (+TimeoutError)    a header read, plan or device query ran past its time limit (504)
-    ├── PathNotAllowedError (+PermissionError) an API client named a file outside the library (403)
-    ├── HubError                            Hugging Face Hub access or a download failed (502)
-    │   ├── HubAuthError (+PermissionError) the repo needs a token with access: set HF_TOKEN (401)
-    │   ├── DiskSpaceError (+OSError)       the download does not fit on the disk (507)
-    │   └── DownloadCancelledError          the download was cancelled; the cache stays consistent (499)
-    └── UpstreamError                       llama-server failed or went away (502)
+    ├── ModelNotFoundError (+LookupError)   a model name or path the studio cannot find
+    ├── BadRequestError (+ValueError)       a request the studio refuses as given
+    │   └── PayloadTooLargeError            the request body is over max_body_bytes
+    ├── BusyError                           too many requests waiting, or memory held by busy models (+ Retry-After)
+    ├── DoesNotFitError                     the model does not fit even with every idle model evicted
+    ├── ModelNotResidentError (+LookupError) an unload, pin or TTL names a model that is not resident
+    ├── ModelUnloadedError                  the model was unloaded while the request ran
+    ├── NotReadyError                       a resident is loading or going away (studio.residency.resident)
+    ├── WorkTimeoutError (+TimeoutError)    a header read, plan or device query ran past its time limit
+    ├── PathNotAllowedError (+PermissionError) an API client named a file outside the library
+    ├── DefaultModelError                   the embedded default model's package is missing or bad
+    │                                       (studio.library.default_model)
+    ├── HubError                            Hugging Face Hub access or a download failed
+    │   ├── HubAuthError (+PermissionError) the repo needs a token with access: set HF_TOKEN
+    │   ├── DiskSpaceError (+OSError)       the download does not fit on the disk
+    │   └── DownloadCancelledError          the download was cancelled; the cache stays consistent
+    ├── UpstreamError                       llama-server failed or went away
+    ├── AnsweredError                       another server answered with an error: its status and code, kept
+    │   └── TurnError                       llama-server, to one model call of a chat (studio.chat.model_turn)
+    └── CommandError                        a CLI command's own refusal: one line, a hint, an exit code
 
-Errors from the layers below (``gguf.GGUFError``, ``launcher.errors.*``) are
-translated in ``studio.http.app`` at one boundary; clients always receive
-``{"error": {"message", "type", "param", "code"}}``.
+What each class means to a user (HTTP status, OpenAI ``type`` and ``code``, CLI exit code) is
+in one table, ``studio.error_table``, with the errors of the layers below (``gguf.GGUFError``,
+``launcher.errors.LauncherError``); clients receive ``{"error": {"message", "type", "param", "code"}}``.
+This module imports nothing heavy, so the CLI can raise these errors without loading the service.
 """
 
 from __future__ import annotations
 
+import json
+from enum import IntEnum
 from typing import Any
 
 
-class StudioError(Exception):
-    """Base of the studio's own errors; carries the HTTP status it maps to."""
+class Exit(IntEnum):
+    """The CLI's exit codes (``studio.error_table`` says which error gets which)."""
 
-    status = 500
-    type = "server_error"
+    OK = 0
+    ERROR = 1  # any other error
+    USAGE = 2  # a bad command line (click's own code)
+    NOT_FOUND = 3  # a model, GGUF file or llama-server binary that is not there
+    DOES_NOT_FIT = 4  # the plan does not fit in memory, or a download does not fit on the disk
+    LLAMA_FAILED = 5  # llama-server could not load or start the model
+    INTERRUPTED = 130  # Ctrl-C
+
+
+class StudioError(Exception):
+    """Base of the studio's own errors; ``param`` and ``code`` narrow what the table says for the class."""
 
     def __init__(self, message: str, *, param: str | None = None, code: str | None = None) -> None:
         super().__init__(message)
@@ -44,24 +62,15 @@ class StudioError(Exception):
 class ModelNotFoundError(StudioError, LookupError):
     """The named model is neither registered nor an existing file."""
 
-    status = 404
-    type = "not_found_error"
-
 
 class BadRequestError(StudioError, ValueError):
     """The request is malformed or asks for something the studio refuses."""
-
-    status = 400
-    type = "invalid_request_error"
 
 
 class PathNotAllowedError(StudioError, PermissionError):
     """An API client named a model file outside the model folders, the Hugging Face cache and the studio home."""
 
-    status = 403
-    type = "permission_error"
-
-    def __init__(self, message: str, *, path: str, param: str = "model", code: str = "path_not_allowed") -> None:
+    def __init__(self, message: str, *, path: str, param: str = "model", code: str | None = None) -> None:
         super().__init__(message, param=param, code=code)
         self.path = path
 
@@ -69,19 +78,13 @@ class PathNotAllowedError(StudioError, PermissionError):
 class PayloadTooLargeError(BadRequestError):
     """The request body is longer than the configured ``max_body_bytes``."""
 
-    status = 413
-    type = "request_too_large"
-
     def __init__(self, message: str, *, limit: int) -> None:
-        super().__init__(message, code="request_too_large")
+        super().__init__(message)
         self.limit = limit
 
 
 class BusyError(StudioError):
     """A load is in progress and the queue of waiting requests is full."""
-
-    status = 503
-    type = "server_busy"
 
     def __init__(self, message: str, *, retry_after: int = 5) -> None:
         super().__init__(message)
@@ -91,62 +94,35 @@ class BusyError(StudioError):
 class DoesNotFitError(StudioError):
     """The plan does not fit the memory budget even with every idle, unpinned model evicted."""
 
-    status = 400
-    type = "invalid_request_error"
-
     def __init__(self, message: str, *, param: str | None = "n_ctx") -> None:
-        super().__init__(message, param=param, code="does_not_fit")
+        super().__init__(message, param=param)
 
 
 class ModelNotResidentError(StudioError, LookupError):
     """An unload, pin or TTL change names a model that is not resident."""
 
-    status = 404
-    type = "not_found_error"
-
-    def __init__(self, message: str) -> None:
-        super().__init__(message, param="model", code="model_not_resident")
 
 
 class ModelUnloadedError(StudioError):
     """The model was unloaded (by a user, a TTL or an eviction) while the request was running."""
 
-    status = 503
-    type = "model_unloaded"
-
-    def __init__(self, message: str) -> None:
-        super().__init__(message, code="model_unloaded")
 
 
 class WorkTimeoutError(StudioError, TimeoutError):
     """Blocking work (a header read, a plan, a device query) ran past its time limit."""
 
-    status = 504
-    type = "timeout_error"
-
-    def __init__(self, message: str) -> None:
-        super().__init__(message, code="timeout")
 
 
 class HubError(StudioError):
     """The Hugging Face Hub could not be reached or answered with an error."""
 
-    status = 502
-    type = "hub_error"
-
 
 class HubAuthError(HubError, PermissionError):
     """The repo is gated or private and no token with access was given (set HF_TOKEN)."""
 
-    status = 401
-    type = "authentication_error"
-
 
 class DiskSpaceError(HubError, OSError):
     """The files still to download need more space than the cache disk has free."""
-
-    status = 507
-    type = "insufficient_storage"
 
     def __init__(self, message: str, *, needed: int = 0, free: int = 0, fallback: str | None = None) -> None:
         super().__init__(message)
@@ -158,15 +134,50 @@ class DiskSpaceError(HubError, OSError):
 class DownloadCancelledError(HubError):
     """The download was cancelled; complete files stay in the cache, the partial one is gone."""
 
-    status = 499
-    type = "cancelled"
-
 
 class UpstreamError(StudioError):
     """llama-server failed to answer or went away."""
 
-    status = 502
-    type = "upstream_error"
+
+class AnsweredError(StudioError):
+    """Another server (llama-server, or a running studio asked by the CLI) answered with an error.
+
+    Its ``status``, ``type`` and ``code`` are the answer's own and pass on as they came.
+    """
+
+    def __init__(self, message: str, *, status: int, type: str | None = None, param: str | None = None,
+                 code: str | None = None, hint: str | None = None) -> None:
+        super().__init__(message, param=param, code=code)
+        self.status = status
+        self.type = type
+        self.hint = hint
+
+    @classmethod
+    def from_body(cls, status: int, body: bytes, *, server: str = "the studio") -> AnsweredError:
+        """The error inside an answer in OpenAI's shape; a body that is not one is quoted (shortened)."""
+        try:
+            error = json.loads(body).get("error")
+        except (ValueError, AttributeError):
+            error = None
+        if not isinstance(error, dict) or not error.get("message"):
+            text = body.decode("utf-8", "replace").strip()[:200]
+            return cls(f"{server} answered HTTP {status}" + (f": {text}" if text else ""), status=status)
+        code = error.get("code")
+        return cls(str(error["message"]), status=status, type=error.get("type"), param=error.get("param"),
+                   code=code if isinstance(code, str) else None)
+
+
+class CommandError(StudioError):
+    """A failure the CLI reports as it is: one line, an optional hint, an exit code."""
+
+    def __init__(self, message: str, *, exit: Exit = Exit.ERROR, hint: str | None = None) -> None:
+        super().__init__(message)
+        self.exit = exit
+        self.hint = hint
+
+
+class NotReadyError(StudioError):
+    """The model is not ready (loading, going away or gone): the manager decides what to do."""
 
 
 def error_body(message: str, type: str, param: str | None = None, code: str | None = None,

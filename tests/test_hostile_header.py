@@ -20,7 +20,7 @@ from gguf.writer import rewrite
 from launcher.capabilities import probe
 from launcher.registry import ChildRegistry
 from launcher.supervisor import owner_token
-from studio.cli.app import EXIT_ERROR
+from studio.errors import Exit
 from studio.http.app import create_app
 from studio.library.catalog import Catalog
 from studio.residency.manager import ModelManager, supervisor_factory
@@ -51,7 +51,7 @@ def timed_cli(*args: str) -> tuple[object, float, float]:
 @pytest.mark.parametrize("command", ["inspect", "plan"])
 def test_a_header_claiming_65535_blocks_is_one_line_naming_the_key_not_a_frozen_plan(hostile_model, command):
     out, wall, cpu = timed_cli(command, str(hostile_model))
-    assert_one_error_line(out, EXIT_ERROR, "error: ")
+    assert_one_error_line(out, Exit.ERROR, "error: ")
     assert KEY in out.stderr and "no real model has more than" in out.stderr, out.stderr
     assert cpu < 2.0 and wall < 20, f"{command} took {wall:.1f} s ({cpu:.2f} s of CPU)"
 

@@ -14,6 +14,7 @@ import pytest
 
 import gguf
 from gguf.writer import TensorToWrite, write_gguf
+from studio.error_table import outcome
 from studio.library import hub
 from studio.errors import (
     BadRequestError, DiskSpaceError, DownloadCancelledError, HubAuthError, HubError, ModelNotFoundError,
@@ -344,7 +345,7 @@ def test_gated_repo_asks_for_hf_token_and_never_shows_it(server, hf_env, tmp_pat
     repo.add("gated-Q4_K_M.gguf", model_bytes(tmp_path))
     with pytest.raises(HubAuthError, match="set HF_TOKEN") as info:
         hub.pull("acme/gated")
-    assert info.value.status == 401
+    assert outcome(info.value).status == 401
 
     monkeypatch.setenv("HF_TOKEN", "hf_wrong_secret")
     with pytest.raises(HubAuthError, match="HF_TOKEN has no access") as info:

@@ -14,7 +14,8 @@ import gguf
 from gguf.speech import speech_facts
 from gguf.writer import write_gguf
 from studio.chat.media import MediaCapabilities, check_chat_media, check_media_form
-from studio.errors import BadRequestError, StudioError, error_body
+from studio.errors import BadRequestError, StudioError
+from studio.http.errors import error_response
 from studio.http.limits import BodySizeLimit
 from studio.settings import Settings
 
@@ -121,9 +122,7 @@ def limited_app(limit: int) -> FastAPI:
 
     @app.exception_handler(StudioError)
     async def studio_error(request: Request, exc: StudioError):
-        from fastapi.responses import JSONResponse
-
-        return JSONResponse(error_body(exc.message, exc.type, exc.param, exc.code), exc.status)
+        return error_response(exc)
 
     @app.post("/echo")
     async def echo(request: Request) -> dict:

@@ -13,6 +13,7 @@ from fastapi.testclient import TestClient
 from launcher.capabilities import probe
 from launcher.registry import ChildRegistry
 from launcher.supervisor import owner_token
+from studio.error_table import outcome
 from studio.errors import PathNotAllowedError
 from studio.http.app import create_app
 from studio.library.catalog import Catalog
@@ -53,7 +54,7 @@ def test_files_elsewhere_are_refused_even_through_dots_and_links(disk, catalog, 
     policy = PathPolicy.for_catalog(catalog, home=disk / "home")
     with pytest.raises(PathNotAllowedError) as info:
         policy.check(str(disk / path), catalog)
-    assert info.value.status == 403 and info.value.code == "path_not_allowed"
+    assert (outcome(info.value).status, outcome(info.value).code) == (403, "path_not_allowed")
     assert "allow_any_path = true" in info.value.message and "model_dirs" in info.value.message
     assert info.value.path == str(disk / "outside/stray.gguf")
 

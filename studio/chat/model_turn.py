@@ -18,7 +18,7 @@ import httpx
 
 from studio.chat.think_split import ThinkSplitter
 from studio.chat.tool_healing import ChunkHealer
-from studio.errors import error_body
+from studio.errors import AnsweredError, error_body
 
 
 @dataclass
@@ -42,12 +42,12 @@ class Turn:
         return message
 
 
-class TurnError(Exception):
+class TurnError(AnsweredError):
     """llama-server answered with an error (``error`` in OpenAI's shape) or went away."""
 
     def __init__(self, status: int, error: dict[str, Any]) -> None:
-        super().__init__(error.get("message") or "the model call failed")
-        self.status = status
+        super().__init__(str(error.get("message") or "the model call failed"), status=status,
+                         type=error.get("type"), param=error.get("param"), code=error.get("code"))
         self.error = error
 
 

@@ -16,8 +16,8 @@ from typing import TYPE_CHECKING, Annotated, Any, Optional
 
 import typer
 
-from launcher.errors import BinaryNotFoundError, BuildError, LauncherError, ProcessError
-from studio.errors import DiskSpaceError, ModelNotFoundError, StudioError
+from launcher.errors import BuildError, LauncherError, ProcessError
+from studio.errors import AnsweredError, CommandError, Exit, StudioError
 from studio.settings import Settings
 
 if TYPE_CHECKING:  # the service's modules load only in the commands that need them
@@ -37,40 +37,16 @@ app = typer.Typer(
 
 # -- exit codes and the one place errors become a line ---------------------------------------------
 
-EXIT_ERROR = 1  # any other error
-EXIT_USAGE = 2  # a bad command line (click's own code)
-EXIT_NOT_FOUND = 3  # a model, GGUF file or llama-server binary that is not there
-EXIT_DOES_NOT_FIT = 4  # the plan does not fit in memory, or a download does not fit on the disk
-EXIT_LLAMA_FAILED = 5  # llama-server could not load or start the model
-EXIT_INTERRUPTED = 130  # Ctrl-C
-
-
-class CommandError(Exception):
-    """A failure the CLI reports as it is: one line, an optional hint, an exit code."""
-
-    def __init__(self, message: str, *, code: int = EXIT_ERROR, hint: str | None = None) -> None:
-        super().__init__(message)
-        self.code = code
-        self.hint = hint
-
-
 #: Set by the root ``--debug`` option: errors then show their traceback too.
 _debug = False
 
 
 def exit_code(exc: BaseException) -> int:
-    """Return the exit code for ``exc``: 3 not found, 4 does not fit, 5 llama-server failed, else 1."""
-    if isinstance(exc, CommandError):
-        return exc.code
-    gguf_errors = sys.modules.get("gguf.errors")  # not imported: the error cannot be one of its types
-    if isinstance(exc, (ModelNotFoundError, BinaryNotFoundError, FileNotFoundError)) or (
-            gguf_errors is not None and isinstance(exc, gguf_errors.MissingShardError)):
-        return EXIT_NOT_FOUND
-    if isinstance(exc, DiskSpaceError):
-        return EXIT_DOES_NOT_FIT
-    if isinstance(exc, ProcessError):  # LoadError, StartTimeoutError, StartAbortedError...
-        return EXIT_LLAMA_FAILED
-    return EXIT_ERROR
+    """Return the exit code ``studio.error_table`` gives ``exc`` (1 for an error that is no one's)."""
+    from studio.error_table import outcome  # loads the layers' errors: only once something failed
+
+    found = outcome(exc)
+    return found.exit if found is not None else Exit.ERROR
 
 
 def _error_lines(exc: BaseException) -> list[str]:
@@ -423,7 +399,7 @@ def run(
 def _chat(studio: LocalStudio, manager: ModelManager, *, model: str, ctx: int | None, once: str | None,
           max_tokens: int | None, force: bool) -> None:
     """Load ``model`` in the in-process studio, then answer ``once`` or chat until the user ends it."""
-    from studio.cli.terminal_chat import ChatError, answer_once, chat_loop
+    from studio.cli.terminal_chat import answer_once, chat_loop
     from studio.residency.requests import LoadRequest
 
     gguf_error = _gguf_error_type()
@@ -432,22 +408,18 @@ def _chat(studio: LocalStudio, manager: ModelManager, *, model: str, ctx: int | 
         placed = studio.call(manager.preview(request))
         if not placed.fits and not force:
             over = "; ".join(w for w in placed.plan.warnings if "over the budget" in w) or "over the memory budget"
-            raise CommandError(f"{model} does not fit here: {over}", code=EXIT_DOES_NOT_FIT,
+            raise CommandError(f"{model} does not fit here: {over}", exit=Exit.DOES_NOT_FIT,
                                hint="try a smaller --ctx (see `ggstudio plan`), or --force to load it anyway")
         loaded = studio.load(replace(request, force=force), progress=sys.stderr if sys.stderr.isatty() else None)
     except gguf_error as exc:
-        if exit_code(exc) == EXIT_NOT_FOUND:
+        if exit_code(exc) == Exit.NOT_FOUND:
             raise
-        raise CommandError(f"cannot load {model}: {exc}", code=EXIT_LLAMA_FAILED) from exc
-    try:
-        with studio.client() as client:
-            if once is not None:
-                answer_once(client, once, max_tokens=max_tokens)
-            else:
-                chat_loop(client, model=loaded.name, max_tokens=max_tokens)
-    except ChatError as exc:
-        raise CommandError(str(exc), code=EXIT_LLAMA_FAILED if exc.status in (500, 502) else EXIT_ERROR) \
-            from exc
+        raise CommandError(f"cannot load {model}: {exc}", exit=Exit.LLAMA_FAILED) from exc
+    with studio.client() as client:
+        if once is not None:
+            answer_once(client, once, max_tokens=max_tokens)
+        else:
+            chat_loop(client, model=loaded.name, max_tokens=max_tokens)
 
 
 def _gguf_error_type() -> type[Exception]:
@@ -516,21 +488,14 @@ def _api(method: str, url: str | None, path: str, *, body: dict[str, Any] | None
             from None
 
 
-def _api_error(status: int, content: bytes, base: str) -> CommandError:
-    try:
-        error = json.loads(content)["error"]
-        message, code = str(error["message"]), error.get("code")
-    except (ValueError, KeyError, TypeError):
-        return CommandError(f"{base} answered HTTP {status}: is it a GGUF Studio?")
-    if status == 401:
-        return CommandError(message, hint="set GGUF_STUDIO_API_TOKEN to the studio's token")
-    if status == 404:
-        return CommandError(message, code=EXIT_NOT_FOUND)
-    if status == 507:
-        return CommandError(message, code=EXIT_DOES_NOT_FIT)
-    if status in (500, 502) or code == "invalid_gguf":
-        return CommandError(message, code=EXIT_LLAMA_FAILED)
-    return CommandError(message)
+def _api_error(status: int, content: bytes, base: str) -> AnsweredError:
+    """A running studio's error answer; its exit code follows from its code or status (``studio.error_table``)."""
+    error = AnsweredError.from_body(status, content, server=base)
+    if error.type is None:
+        error.hint = "is it a GGUF Studio?"
+    elif status == 401:
+        error.hint = "set GGUF_STUDIO_API_TOKEN to the studio's token"
+    return error
 
 
 def _mib(n: int | None) -> str:
@@ -594,7 +559,7 @@ def load(
     if not plan.get("fits", True) and not force:
         raise CommandError(f"{model} does not fit there: " + ("; ".join(plan.get("warnings") or ()) or
                                                               "over the memory budget"),
-                           code=EXIT_DOES_NOT_FIT, hint="try a smaller --ctx, or --force to load it anyway")
+                           exit=Exit.DOES_NOT_FIT, hint="try a smaller --ctx, or --force to load it anyway")
     if plan.get("evicts"):
         typer.echo(f"evicting {', '.join(plan['evicts'])} (idle) to make room", err=True)
     body["force"] = force
@@ -628,7 +593,7 @@ def _with_load_progress(call: Callable[[], dict[str, Any]], url: str | None, mod
             break
         try:
             p = _api("GET", url, "/api/status", timeout=5).get("progress") or {}
-        except CommandError:
+        except StudioError:  # not up yet, or a passing error: the load's own answer tells
             continue
         total = p.get("bytes_total") or 0
         percent = f" {(p.get('bytes_loaded') or 0) * 100 // total:3d}%" if total else ""
@@ -652,8 +617,8 @@ def unload(
     """Unload one model of a running studio, or all of them (a load in progress is cancelled)."""
     try:
         status = _api("POST", url, "/api/unload", body={"model": model} if model else {}, timeout=120)
-    except CommandError as exc:
-        if exc.code != EXIT_NOT_FOUND:
+    except AnsweredError as exc:
+        if exit_code(exc) != Exit.NOT_FOUND:
             raise
         typer.echo(f"{exc}; nothing to do", err=True)
         return
@@ -841,7 +806,7 @@ def rpc_worker(
     try:
         check_bind(host, allow_remote=allow_remote)
     except ValueError as exc:  # RemoteBindError too: a refusal of what the command line asked
-        raise CommandError(str(exc), code=EXIT_USAGE) from None
+        raise CommandError(str(exc), exit=Exit.USAGE) from None
     settings = Settings.from_env()
     found = find_rpc_server(home=settings.home, explicit=settings.rpc_server_path,
                             llama_server=settings.llama_server_path, llama_cpp_dir=settings.llama_cpp_dir)
@@ -872,7 +837,7 @@ def rpc_worker(
                 registry.remove(worker.pid)
     if code is not None:
         raise CommandError(f"ggml-rpc-server exited with code {code}: {worker.log_tail(1) or 'no output'}",
-                           code=EXIT_LLAMA_FAILED)
+                           exit=Exit.LLAMA_FAILED)
     typer.echo("stopped", err=True)
 
 
@@ -957,13 +922,13 @@ def main() -> None:
         code = app(standalone_mode=False)  # typer turns Ctrl-C into exit code 130 itself
     except typer.Abort:
         typer.echo("aborted", err=True)
-        sys.exit(EXIT_INTERRUPTED)
+        sys.exit(Exit.INTERRUPTED)
     except typer.TyperException as exc:  # click's usage errors (typer carries its own click)
         exc.show()  # type: ignore[attr-defined]
-        sys.exit(getattr(exc, "exit_code", EXIT_USAGE))
+        sys.exit(getattr(exc, "exit_code", Exit.USAGE))
     except KeyboardInterrupt:
         typer.echo("interrupted", err=True)
-        sys.exit(EXIT_INTERRUPTED)
+        sys.exit(Exit.INTERRUPTED)
     except Exception as exc:  # every error: one line (and a hint), the traceback only with --debug
         if _debug:
             import traceback

@@ -29,6 +29,7 @@ from typing import Any, TextIO, TypeVar
 import httpx
 import uvicorn
 
+from studio.errors import AnsweredError
 from studio.http.app import create_app
 from studio.http.server import StudioServer
 from studio.residency.manager import ModelManager
@@ -42,14 +43,6 @@ PROMPT = ">>> "
 BYE = "/bye"
 HELP = f"commands: {BYE} (or Ctrl-D) ends the chat, /clear forgets the conversation; Ctrl-C stops a reply"
 DIM, RESET = "\x1b[2m", "\x1b[0m"
-
-
-class ChatError(Exception):
-    """The studio answered a chat turn with an error; ``status`` is its HTTP status."""
-
-    def __init__(self, message: str, *, status: int) -> None:
-        super().__init__(message)
-        self.status = status
 
 
 class LocalStudio:
@@ -175,7 +168,7 @@ def stream_reply(
     generation) and propagates; ``reply`` then holds what arrived.
 
     Raises:
-        ChatError: the studio or llama-server answered with an error.
+        AnsweredError: the studio or llama-server answered with an error.
     """
     reply = reply if reply is not None else Reply()
     body: dict[str, Any] = {"messages": messages}
@@ -183,7 +176,7 @@ def stream_reply(
         body["max_tokens"] = max_tokens
     with client.stream("POST", "/api/chat", json=body) as resp:
         if resp.status_code != 200:
-            raise ChatError(_error_message(resp.read()), status=resp.status_code)
+            raise AnsweredError.from_body(resp.status_code, resp.read())
         for line in resp.iter_lines():
             if not line.startswith("data: "):
                 continue
@@ -199,8 +192,9 @@ def stream_reply(
                 fn = event.get("function") or {}
                 on_reasoning(f"[tool call {fn.get('name') or ''}{fn.get('arguments') or ''}]")
             elif kind == "error":
-                raise ChatError(event.get("error", {}).get("message") or "the chat failed",
-                                status=int(event.get("status") or 500))
+                error = event.get("error") or {}
+                raise AnsweredError(str(error.get("message") or "the chat failed"), status=int(event.get("status") or 500),
+                                    type=error.get("type"), code=error.get("code"))
             elif kind == "done":
                 reply.done = event
     return reply
@@ -271,7 +265,7 @@ def chat_loop(client: httpx.Client, *, model: str, max_tokens: int | None,
                          reply=reply)
         except KeyboardInterrupt:
             _write(out, (RESET if tty else "") + "\n[stopped]\n")
-        except ChatError as exc:
+        except AnsweredError as exc:
             _write(out, (RESET if tty else "") + f"\nerror: {exc}\n")
             messages.pop()
             continue
@@ -298,11 +292,3 @@ def _stats(reply: Reply, tty: bool) -> str:
 def _write(out: TextIO, text: str) -> None:
     out.write(text)
     out.flush()
-
-
-def _error_message(body: bytes) -> str:
-    try:
-        error = json.loads(body).get("error") or {}
-        return str(error.get("message") or body.decode(errors="replace"))
-    except (ValueError, AttributeError):
-        return body.decode(errors="replace")[:200] or "no answer"

@@ -1,7 +1,7 @@
 """One translation of errors into HTTP answers, and one shape function per dialect.
 
 ``describe`` turns an error from any layer below into an ``ErrorAnswer`` (status, type, message,
-param, code) through one table, most specific entry first. A dialect's shape function then
+param, code) through the one table of ``studio.error_table``. A dialect's shape function then
 writes that answer the way its clients parse errors:
 
 - OpenAI: ``{"error": {"message", "type", "param", "code"}}`` (``studio.errors.error_body``);
@@ -19,14 +19,13 @@ from __future__ import annotations
 import json
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, overload
 
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-import gguf
-from launcher.errors import LauncherError, LoadError, StartAbortedError
+from studio.error_table import ROOTS, outcome
 from studio.errors import BusyError, StudioError, error_body
 
 Dialect = Literal["openai", "anthropic", "ollama"]
@@ -48,34 +47,22 @@ class ErrorAnswer:
     extra: Mapping[str, Any] = field(default_factory=dict)  # more OpenAI fields, e.g. ``n_ctx``
 
 
-def _from_studio(exc: StudioError) -> ErrorAnswer:
+@overload
+def describe(exc: StudioError) -> ErrorAnswer: ...
+@overload
+def describe(exc: BaseException) -> ErrorAnswer | None: ...
+def describe(exc: BaseException) -> ErrorAnswer | None:
+    """Return the answer to an error from the layers below (``studio.error_table``); ``None`` for a bug (a 500)."""
+    found = outcome(exc)
+    if found is None:
+        return None
     headers = {"Retry-After": str(exc.retry_after)} if isinstance(exc, BusyError) else None
-    return ErrorAnswer(exc.status, exc.message, exc.type, exc.param, exc.code, headers)
+    message = exc.message if isinstance(exc, StudioError) else str(exc)
+    return ErrorAnswer(found.status, message, found.type, found.param, found.code, headers)
 
-
-#: Errors of the layers below, most specific first: an entry matches an error of every class it names.
-_TABLE: tuple[tuple[tuple[type[BaseException], ...], Callable[[Any], ErrorAnswer]], ...] = (
-    ((StudioError,), _from_studio),
-    ((gguf.GGUFError,), lambda e: ErrorAnswer(400, str(e), "invalid_request_error", "model", "invalid_gguf")),
-    # a request the planner refuses: bad cache type, spec mode, extra args
-    ((LauncherError, ValueError), lambda e: ErrorAnswer(400, str(e), "invalid_request_error", None,
-                                                        type(e).__name__)),
-    ((StartAbortedError,), lambda e: ErrorAnswer(409, str(e), "load_cancelled", None, "load_cancelled")),
-    ((LoadError,), lambda e: ErrorAnswer(500, str(e), "server_error", None, e.cause or "load_failed")),
-    ((LauncherError,), lambda e: ErrorAnswer(502, str(e), "server_error", None,
-                                             getattr(e, "cause", None) or "load_failed")),
-)
 
 #: The exception classes ``describe`` answers; the app registers its handlers for these.
-HANDLED: tuple[type[Exception], ...] = (StudioError, gguf.GGUFError, LauncherError)
-
-
-def describe(exc: BaseException) -> ErrorAnswer | None:
-    """Return the answer to an error from the layers below; ``None`` for any other error (a bug: a 500)."""
-    for classes, build in _TABLE:
-        if all(isinstance(exc, c) for c in classes):
-            return build(exc)
-    return None
+HANDLED = ROOTS
 
 
 def validation_answer(exc: RequestValidationError) -> ErrorAnswer:

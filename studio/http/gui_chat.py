@@ -34,6 +34,7 @@ from studio.chat.tool_schema import check_tool_fields, tool_parameters
 from studio.chat.toolbox import Toolbox
 from studio.chat.usage import UsageTotals
 from studio.errors import BadRequestError, StudioError, error_body
+from studio.http.errors import describe, openai_shape
 from studio.http.model_paths import check_model_path
 from studio.http.openai_proxy import broke_off, prepare_chat_body, send_upstream
 from studio.residency.manager import ModelManager
@@ -108,12 +109,12 @@ async def chat(request: Request, body: ChatBody) -> StreamingResponse:
             async for item in read_turn(resp, heal or None,
                                         split_think=bool(template and template.reasoning_style == "always")):
                 yield item
-        except StudioError as exc:
-            raise TurnError(exc.status, error_body(exc.message, exc.type, exc.param, exc.code)["error"]) from exc
         except TurnError as exc:
             if not isinstance(exc.__cause__, httpx.HTTPError):
                 raise
             raise await _broken_stream(own, exc.__cause__) from exc
+        except StudioError as exc:  # refused before it reached llama-server (TurnError is one too: caught above)
+            raise _turn_error(exc) from exc
         finally:
             with anyio.CancelScope(shield=True):
                 if resp is not None:
@@ -146,7 +147,7 @@ async def _broken_stream(own: tuple[LoadedModel, Lease], exc: httpx.HTTPError) -
     """Why llama-server broke off mid-stream: the model went away under the request, or an RPC worker died."""
     cut = own[1].interruption
     if cut:
-        return TurnError(cut.status, error_body(cut.message, cut.type, code=cut.code)["error"])
+        return _turn_error(cut)
     message, code = await broke_off(own[0], "llama-server went away mid-stream", exc)
     return TurnError(502, error_body(message, "upstream_error", code=code)["error"])
 
@@ -166,10 +167,16 @@ async def _sse_events(events: AsyncIterator[dict[str, Any]],
 async def _acquire(manager: ModelManager, model: str | None) -> tuple[LoadedModel, Lease]:
     try:
         return await manager.acquire(model)
-    except StudioError as exc:
-        raise TurnError(exc.status, error_body(exc.message, exc.type, exc.param, exc.code)["error"]) from exc
-    except Exception as exc:  # a failed load mid-chat (launcher errors): an error event, not a broken stream
-        raise TurnError(502, error_body(f"the model could not be loaded: {exc}", "server_error")["error"]) from exc
+    except Exception as exc:  # a failed load mid-chat: an error event, not a broken stream
+        raise _turn_error(exc, "the model could not be loaded") from exc
+
+
+def _turn_error(exc: BaseException, doing: str | None = None) -> TurnError:
+    """``exc`` as the error event of a chat turn: the table's answer, or a 502 for an error no one's."""
+    answer = describe(exc)
+    if answer is None:
+        return TurnError(502, error_body(f"{doing or 'the model call failed'}: {exc}", "server_error")["error"])
+    return TurnError(answer.status, openai_shape(answer)["error"])
 
 
 def _toolbox(request: Request) -> Toolbox:

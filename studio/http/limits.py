@@ -12,7 +12,8 @@ import json
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from studio.errors import PayloadTooLargeError, error_body
+from studio.errors import PayloadTooLargeError
+from studio.http.errors import describe, openai_shape
 
 
 class BodySizeLimit:
@@ -60,8 +61,8 @@ class BodySizeLimit:
                 "media (downscale images, shorter audio) or raise the limit")
 
     async def _refuse(self, send: Send, size: int, *, at_least: bool = False) -> None:
-        body = json.dumps(error_body(self._message(size, at_least=at_least), PayloadTooLargeError.type, None,
-                                     "request_too_large")).encode()
+        body = json.dumps(openai_shape(describe(PayloadTooLargeError(self._message(size, at_least=at_least),
+                                                                     limit=self.max_body_bytes)))).encode()
         await send({"type": "http.response.start", "status": 413,
                     "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
                                 (b"connection", b"close")]})

@@ -62,7 +62,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from launcher.rpc import unreachable
 from studio.errors import BadRequestError, UpstreamError
-from studio.http.errors import Dialect, ErrorAnswer, reshape_upstream, stream_error_event
+from studio.http.errors import Dialect, ErrorAnswer, describe, reshape_upstream, stream_error_event
 from studio.http.model_paths import check_model_path
 from studio.residency.manager import ModelManager
 from studio.residency.resident import Lease, LoadedModel
@@ -264,7 +264,7 @@ async def _relay(resp: httpx.Response, lease: Lease, loaded: LoadedModel, relay:
             yield held  # held-back text is not lost
         cut = lease.interruption
         if cut:
-            answer = ErrorAnswer(cut.status, cut.message, cut.type, code=cut.code)
+            answer = describe(cut)
         else:
             message, code = await broke_off(loaded, "llama-server went away mid-stream", exc)
             answer = ErrorAnswer(502, message, "upstream_error", code=code)

@@ -31,6 +31,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import replace
 from pathlib import Path
 
+from studio.errors import StudioError
 from studio.settings import ModelDefaults
 
 GEMMA_FILENAME = "gemma-3-270m-Q4_K_M.gguf"
@@ -48,7 +49,7 @@ CHATML = (
 )
 
 
-class DefaultModelError(RuntimeError):
+class DefaultModelError(StudioError):
     """An embedded model's package is missing, cannot be fetched, or produced a bad file."""
 
 

@@ -36,6 +36,7 @@ from typing import Any
 
 import structlog
 
+from studio.error_table import outcome
 from studio.errors import DownloadCancelledError, HubError, ModelNotFoundError, StudioError
 from studio.library import hub
 
@@ -292,8 +293,9 @@ def _same(a: hub.Resolved, b: hub.Resolved) -> bool:
 
 
 def _error(exc: StudioError) -> dict[str, Any]:
-    return {"message": exc.message, "type": exc.type, "param": exc.param, "code": exc.code,
-            "status": exc.status}
+    found = outcome(exc)
+    return {"message": exc.message, "type": found.type, "param": found.param, "code": found.code,
+            "status": found.status}
 
 
 def _raised(download: Download) -> StudioError:

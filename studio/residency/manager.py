@@ -41,7 +41,7 @@ from launcher.registry import ChildRegistry
 from launcher.supervisor import Status, Supervisor
 from studio.blocking import run_blocking
 from studio.errors import (
-    BadRequestError, BusyError, DoesNotFitError, ModelNotFoundError, ModelNotResidentError, StudioError,
+    BadRequestError, BusyError, DoesNotFitError, ModelNotFoundError, ModelNotResidentError, NotReadyError, StudioError,
 )
 from studio.library.catalog import Catalog, CatalogEntry
 from studio.library.downloads import DownloadManager, is_repo_spec
@@ -49,7 +49,7 @@ from studio.residency import placement
 from studio.residency.lifecycle import COMING_UP, GOING_AWAY, HOLDS_MEMORY, ResidentState
 from studio.residency.placement import TOTAL, Holder
 from studio.residency.requests import LoadRequest, LoadSettings, load_settings, model_defaults_for
-from studio.residency.resident import Lease, LoadedModel, NotReadyError, ResidentModel
+from studio.residency.resident import Lease, LoadedModel, ResidentModel
 from studio.settings import ModelDefaults, ResidencySettings
 
 log = structlog.get_logger(__name__)

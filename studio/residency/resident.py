@@ -32,7 +32,7 @@ from launcher.memory import MemoryBill
 from launcher.planner import LaunchPlan
 from launcher.supervisor import LaunchSpec, State, Status, Supervisor
 from studio.blocking import run_blocking
-from studio.errors import ModelUnloadedError, StudioError
+from studio.errors import ModelUnloadedError, NotReadyError, StudioError
 from studio.residency.lifecycle import COMING_UP, TRANSITIONS, ResidentState
 from studio.residency.requests import LoadSettings
 
@@ -59,10 +59,6 @@ class LoadedModel:
     @property
     def auth_headers(self) -> dict[str, str]:
         return {"Authorization": f"Bearer {self.api_key}"}
-
-
-class NotReadyError(Exception):
-    """The model is not ready (loading, going away or gone): the manager decides what to do."""
 
 
 class Lease:
