@@ -33,6 +33,8 @@ app = typer.Typer(
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
+    # Plain click help: rendering it with rich imported rich, most of what `ggstudio --help` cost (scripts/bench_cli.py).
+    rich_markup_mode=None,
 )
 
 # -- exit codes and the one place errors become a line ---------------------------------------------
