@@ -1,8 +1,12 @@
-"""``ggstudio``: the command line. Errors become one clean message and an exit code."""
+"""``ggstudio``: the command line. Errors become one clean message and an exit code.
 
-from __future__ import annotations
+Start-up is kept short (``scripts/bench_cli.py``): the service's modules load
+only in the commands that need them, and annotations are evaluated once, here,
+not as strings (no ``from __future__ import annotations``): typer reads every
+command's signature at each start and compiled each string annotation anew,
+about 20 ms per start. Names imported only for type checking are quoted.
+"""
 
-import json
 import os
 from dataclasses import replace
 import shlex
@@ -18,7 +22,6 @@ import typer
 
 from launcher.errors import BuildError, LauncherError, ProcessError
 from studio.errors import AnsweredError, CommandError, Exit, StudioError
-from studio.settings import Settings
 
 if TYPE_CHECKING:  # the service's modules load only in the commands that need them
     from launcher.build import ProgressFn
@@ -26,6 +29,7 @@ if TYPE_CHECKING:  # the service's modules load only in the commands that need t
     from studio.library.catalog import Catalog
     from studio.residency.manager import ModelManager
     from studio.cli.terminal_chat import LocalStudio
+    from studio.settings import Settings
 
 app = typer.Typer(
     name="ggstudio",
@@ -33,7 +37,7 @@ app = typer.Typer(
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
-    # Plain click help: rendering it with rich imported rich, most of what `ggstudio --help` cost (scripts/bench_cli.py).
+    # Plain click help: rendering it with rich imports rich, most of what `ggstudio --help` cost (scripts/bench_cli.py).
     rich_markup_mode=None,
 )
 
@@ -104,17 +108,31 @@ def _root(
     _debug = debug
     from studio.logs import configure_logging  # structlog: only when a command runs, not for --help
 
-    configure_logging(json_lines=Settings.from_env().log_json)
+    configure_logging(json_lines=_settings().log_json)
 
 
-def _find_binary(settings: Settings) -> Discovered:
+def _settings() -> "Settings":
+    """The settings from the environment and the config file (imported here: ``--help`` needs none of it)."""
+    from studio.settings import Settings
+
+    return Settings.from_env()
+
+
+def _json(value: Any) -> str:
+    """``value`` as indented JSON (``json`` imported on use: commands that print none start faster)."""
+    import json
+
+    return json.dumps(value, indent=2)
+
+
+def _find_binary(settings: "Settings") -> "Discovered":
     from launcher.discovery import find_llama_server
 
     return find_llama_server(home=settings.home, explicit=settings.llama_server_path,
                              llama_cpp_dir=settings.llama_cpp_dir)
 
 
-def _catalog(settings: Settings) -> Catalog:
+def _catalog(settings: "Settings") -> "Catalog":
     """Every model the studio can serve: the models dirs and the Hugging Face cache."""
     from studio.library.catalog import Catalog
     from studio.library.hub import HubConfig
@@ -123,7 +141,7 @@ def _catalog(settings: Settings) -> Catalog:
                    aliases=settings.aliases)
 
 
-def _model_manager(settings: Settings, rpc_workers: tuple[str, ...] = ()) -> tuple[ModelManager, Discovered]:
+def _model_manager(settings: "Settings", rpc_workers: tuple[str, ...] = ()) -> tuple["ModelManager", "Discovered"]:
     """A model manager over the models dir with the llama-server found here (orphans of earlier runs reaped).
 
     With ``rpc_workers``, every plan asks them for their devices (``launcher.rpc.RpcWorkers``).
@@ -158,7 +176,7 @@ RpcOption = Annotated[Optional[str], typer.Option(
          "'' for none).")]
 
 
-def _rpc_workers(option: str | None, settings: Settings) -> tuple[str, ...]:
+def _rpc_workers(option: str | None, settings: "Settings") -> tuple[str, ...]:
     """The workers to use: ``--rpc`` when given, else the config's; the link's warning printed when there are any."""
     from launcher.rpc import LINK_WARNING, parse_endpoints
 
@@ -174,7 +192,7 @@ def _rpc_workers(option: str | None, settings: Settings) -> tuple[str, ...]:
     return workers
 
 
-def _progress_printer() -> ProgressFn:
+def _progress_printer() -> "ProgressFn":
     """Return a progress callback: phase lines, and the compile step every 5%."""
     last_shown = [-1]
 
@@ -204,7 +222,7 @@ def build_llama(
     """
     from launcher.build import ensure_built
 
-    settings = Settings.from_env()
+    settings = _settings()
     result = ensure_built(
         settings.home,
         backend=backend,
@@ -222,7 +240,7 @@ def fetch_model() -> None:
     """Fetch the embedded models into the models dir: the chat default (SmolLM2-135M-Instruct) and Gemma 3 270M."""
     from studio.library.default_model import ensure_default_model, ensure_gemma
 
-    models_dir = Settings.from_env().models_dir
+    models_dir = _settings().models_dir
     typer.echo(ensure_default_model(models_dir))
     typer.echo(ensure_gemma(models_dir))
 
@@ -237,7 +255,7 @@ def inspect(
     from studio.views.model import render, summary
 
     info = summary(gguf.read(file))
-    typer.echo(json.dumps(info, indent=2) if json_output else render(info))
+    typer.echo(_json(info) if json_output else render(info))
 
 
 @app.command()
@@ -273,7 +291,7 @@ def _serve(model: str | None, *, host: str | None, port: int | None, ctx: int | 
     from studio.http.server import run_service
     from studio.residency.requests import LoadRequest
 
-    settings = Settings.from_env()
+    settings = _settings()
     catalog = _catalog(settings)
     preload = list(settings.residency.preload)
     for name in preload:
@@ -324,7 +342,7 @@ def _serve(model: str | None, *, host: str | None, port: int | None, ctx: int | 
     typer.echo("stopped", err=True)
 
 
-def _api_token(settings: Settings, host: str, *, no_auth: bool) -> tuple[str | None, bool]:
+def _api_token(settings: "Settings", host: str, *, no_auth: bool) -> tuple[str | None, bool]:
     """The token the service requires and whether it was generated now: beyond loopback there always is one,
     unless ``--no-auth`` says otherwise."""
     import secrets
@@ -383,7 +401,7 @@ def run(
         raise typer.BadParameter("--host and --port go with --serve-only", param_hint="--host/--port")
     from studio.cli.terminal_chat import LocalStudio
 
-    settings = Settings.from_env()
+    settings = _settings()
     if not _debug:  # the chat owns the terminal: only warnings and errors may interleave with it
         import logging
 
@@ -398,7 +416,7 @@ def run(
             _chat(studio, manager, model=model, ctx=ctx, once=once, max_tokens=max_tokens, force=force)
 
 
-def _chat(studio: LocalStudio, manager: ModelManager, *, model: str, ctx: int | None, once: str | None,
+def _chat(studio: "LocalStudio", manager: "ModelManager", *, model: str, ctx: int | None, once: str | None,
           max_tokens: int | None, force: bool) -> None:
     """Load ``model`` in the in-process studio, then answer ``once`` or chat until the user ends it."""
     from studio.cli.terminal_chat import answer_once, chat_loop
@@ -458,7 +476,7 @@ UrlOption = Annotated[Optional[str], typer.Option(
 JsonOption = Annotated[bool, typer.Option("--json", help="Print JSON instead of text.")]
 
 
-def _studio_url(url: str | None, settings: Settings) -> str:
+def _studio_url(url: str | None, settings: "Settings") -> str:
     if url:
         return url.rstrip("/")
     host = "127.0.0.1" if settings.host in ("", "0.0.0.0") else "::1" if settings.host == "::" else settings.host
@@ -470,7 +488,7 @@ def _api(method: str, url: str | None, path: str, *, body: dict[str, Any] | None
     """Call a running studio and return its JSON answer; errors become ``CommandError`` with an exit code."""
     import httpx
 
-    settings = Settings.from_env()
+    settings = _settings()
     base = _studio_url(url, settings)
     headers = {"Authorization": f"Bearer {settings.api_token}"} if settings.api_token else {}
     try:
@@ -539,7 +557,7 @@ def ps(url: UrlOption = None, json_output: JsonOption = False) -> None:
         ggstudio ps --url http://127.0.0.1:8081 --json
     """
     status = _api("GET", url, "/api/status")
-    typer.echo(json.dumps(status, indent=2) if json_output else _status_text(status))
+    typer.echo(_json(status) if json_output else _status_text(status))
 
 
 @app.command()
@@ -567,7 +585,7 @@ def load(
     body["force"] = force
     status = _with_load_progress(lambda: _api("POST", url, "/api/load", body=body, timeout=None), url, model)
     if json_output:
-        typer.echo(json.dumps(status, indent=2))
+        typer.echo(_json(status))
     else:
         context = status.get("effective_context")
         typer.echo(f"loaded {status.get('model')}" + (f" (context {context:,} tokens, pid {status.get('pid')})"
@@ -624,7 +642,7 @@ def unload(
             raise
         typer.echo(f"{exc}; nothing to do", err=True)
         return
-    typer.echo(json.dumps(status, indent=2) if json_output else f"unloaded {model or 'every model'}")
+    typer.echo(_json(status) if json_output else f"unloaded {model or 'every model'}")
 
 
 # -- plan, doctor, models ------------------------------------------------------------------------
@@ -673,9 +691,9 @@ def plan_command(
         body = {"model": model, "n_ctx": ctx, "n_parallel": parallel, "spec": spec, "spec_n_max": n_max,
                 "cache_type_kv": cache_type.lower() if cache_type else None, "mmproj": mmproj}
         info = _api("POST", url, "/api/plan", body={k: v for k, v in body.items() if v is not None}, timeout=120)
-        typer.echo(json.dumps(info, indent=2) if json_output else render_plan(info))
+        typer.echo(_json(info) if json_output else render_plan(info))
         return
-    settings = Settings.from_env()
+    settings = _settings()
     workers = RpcWorkers(_rpc_workers(rpc, settings))
     found = _find_binary(settings)
     caps = probe(found.path, cache_dir=settings.home / "cache")
@@ -688,7 +706,7 @@ def plan_command(
     with build_command(launch, caps, binary=found.path) as command:
         argv = command.redacted_argv(settings.port)
     info = plan_json(launch, argv, found)
-    typer.echo(json.dumps(info, indent=2) if json_output else render_plan(info))
+    typer.echo(_json(info) if json_output else render_plan(info))
 
 
 @app.command()
@@ -703,14 +721,14 @@ def doctor(
     from launcher.rpc import RpcWorkers
     from studio.views.plan import doctor_json, render_doctor
 
-    settings = Settings.from_env()
+    settings = _settings()
     found = _find_binary(settings)
     workers = RpcWorkers(_rpc_workers(rpc, settings))
     info = doctor_json(found, probe(found.path, cache_dir=settings.home / "cache"),
                        discover(llama_server=found.path, workers=workers))
     info["checks"] = _doctor_checks(info, settings)
     if json_output:
-        typer.echo(json.dumps(info, indent=2))
+        typer.echo(_json(info))
         return
     typer.echo(render_doctor(info))
     typer.echo("checks")
@@ -720,7 +738,7 @@ def doctor(
                                                                            f"; fix: {check['fix']}"))
 
 
-def _doctor_checks(info: dict[str, Any], settings: Settings) -> list[dict[str, Any]]:
+def _doctor_checks(info: dict[str, Any], settings: "Settings") -> list[dict[str, Any]]:
     """One verdict per check: ``{"check", "ok", "detail", "fix"}``."""
     import shutil
 
@@ -809,7 +827,7 @@ def rpc_worker(
         check_bind(host, allow_remote=allow_remote)
     except ValueError as exc:  # RemoteBindError too: a refusal of what the command line asked
         raise CommandError(str(exc), exit=Exit.USAGE) from None
-    settings = Settings.from_env()
+    settings = _settings()
     found = find_rpc_server(home=settings.home, explicit=settings.rpc_server_path,
                             llama_server=settings.llama_server_path, llama_cpp_dir=settings.llama_cpp_dir)
     registry = ChildRegistry(settings.home / "run", owner_token())
@@ -892,11 +910,11 @@ def ls_command(
     from studio.library.hub import HubConfig
     from studio.library.scan import scan
 
-    settings = Settings.from_env()
+    settings = _settings()
     folders = [settings.models_dir, *settings.model_dirs]
     entries = scan(folders, HubConfig.from_env().cache_dir, index_path=settings.home / "cache" / "library.json")
     if json_output:
-        typer.echo(json.dumps([e.to_json() for e in entries], indent=2))
+        typer.echo(_json([e.to_json() for e in entries]))
         return
     if not entries:
         typer.echo("no GGUF models found in " + ", ".join(str(f) for f in folders) + " or the Hugging Face cache")
