@@ -2,14 +2,6 @@
 
 from __future__ import annotations
 
-
-def __getattr__(name: str) -> str:
-    # Looked up on first use: importlib.metadata costs ~45 ms, paid by every CLI start otherwise.
-    if name != "__version__":
-        raise AttributeError(f"module 'studio' has no attribute {name!r}")
-    from importlib.metadata import PackageNotFoundError, version
-
-    try:
-        return version("gguf-studio")
-    except PackageNotFoundError:  # running from a checkout that was never installed
-        return "0.0.0+unknown"
+#: The one place the version is written; pyproject.toml reads it (``[tool.setuptools.dynamic]``). A literal,
+#: not ``importlib.metadata.version(...)``: that import alone cost ``ggstudio --version`` ~45 ms.
+__version__ = "0.1.0"
