@@ -14,7 +14,10 @@ that drift and the other load on the machine hit both paths alike:
 At 1, 8 and 32 concurrent streams it prints, per path, the median time to first
 token (TTFT) and tokens/s per stream, and for the studio's paths the added TTFT
 (p50 and p90 of the studio's TTFTs less the direct ones), the tokens/s ratio and
-the studio process's CPU time (user + sys) per relayed chunk over its rounds.
+the studio process's CPU time (user + sys) per relayed chunk over its rounds;
+``net`` is that less what the studio process spends anyway while llama-server
+streams (its CPU rate over the direct rounds: uvicorn's ticks, the supervisor's
+threads), which dominates when a loaded machine leaves llama-server few tokens/s.
 
 CPU per chunk is the steady number on a loaded machine; the ratios need
 several runs (``--runs`` repeats the whole set and prints the medians).
@@ -128,6 +131,7 @@ class Stream:
 class Samples:
     streams: list[Stream] = field(default_factory=list)
     cpu_s: float = 0.0  # the studio process's CPU time over this path's rounds
+    wall_s: float = 0.0
     events: int = 0
 
 
@@ -172,9 +176,10 @@ def studio_cpu(pid: int) -> float:
 
 
 async def round_of(path: Route, samples: Samples, concurrency: int, tokens: int, pid: int) -> None:
-    before = studio_cpu(pid)
+    before, t0 = studio_cpu(pid), time.perf_counter()
     streams = await asyncio.gather(*(one_stream(path, tokens) for _ in range(concurrency)))
     samples.cpu_s += studio_cpu(pid) - before
+    samples.wall_s += time.perf_counter() - t0
     samples.streams += streams
     samples.events += sum(s.events for s in streams)
 
@@ -192,6 +197,8 @@ class Row:
     ttft_p90: float
     tps: float
     cpu_us_per_chunk: float | None
+    #: Less what the studio spends anyway while llama-server streams (its rate over the direct rounds).
+    net_us_per_chunk: float | None = None
 
 
 async def run_once(paths: list[Route], baseline_of: dict[str, str], streams: Sequence[int], tokens: int,
@@ -203,12 +210,16 @@ async def run_once(paths: list[Route], baseline_of: dict[str, str], streams: Seq
             order = paths if i % 2 == 0 else paths[::-1]  # interleaved both ways so drift hits every path alike
             for p in order:
                 await round_of(p, samples[p.name], concurrency, tokens, pid)
+        print(f"  {concurrency} streams done, load {psutil.getloadavg()[0]:.1f}", file=sys.stderr)
         for p in paths:
             s = samples[p.name]
-            rows[concurrency, p.name] = Row(
-                pct([x.ttft for x in s.streams], 0.5) * 1000, pct([x.ttft for x in s.streams], 0.9) * 1000,
-                statistics.median(x.tokens_per_s for x in s.streams),
-                s.cpu_s / s.events * 1e6 if p.studio and s.events else None)
+            row = Row(pct([x.ttft for x in s.streams], 0.5) * 1000, pct([x.ttft for x in s.streams], 0.9) * 1000,
+                      statistics.median(x.tokens_per_s for x in s.streams), None)
+            if p.studio:
+                base = samples[baseline_of[p.name]]
+                row.cpu_us_per_chunk = s.cpu_s / s.events * 1e6
+                row.net_us_per_chunk = (s.cpu_s - base.cpu_s / base.wall_s * s.wall_s) / s.events * 1e6
+            rows[concurrency, p.name] = row
     return rows
 
 
@@ -219,7 +230,7 @@ def report(runs: list[dict[tuple[int, str], Row]], paths: list[Route], baseline_
 
     print(f"medians of {len(runs)} run(s)")
     print(f"{'streams':>7} {'path':>14} {'TTFT p50':>9} {'TTFT p90':>9} {'tok/s':>7} | {'+TTFT p50':>9} "
-          f"{'+TTFT p90':>9} {'tok/s x':>8} {'CPU us/chunk':>12}")
+          f"{'+TTFT p90':>9} {'tok/s x':>8} {'CPU us/chunk':>12} {'net':>6}")
     for c in streams:
         for p in paths:
             line = (f"{c:>7} {p.name:>14} {med(c, p.name, 'ttft_p50'):9.2f} {med(c, p.name, 'ttft_p90'):9.2f} "
@@ -230,7 +241,8 @@ def report(runs: list[dict[tuple[int, str], Row]], paths: list[Route], baseline_
                 added90 = statistics.median(r[c, p.name].ttft_p90 - r[c, base].ttft_p90 for r in runs)
                 ratio = statistics.median(r[c, p.name].tps / r[c, base].tps for r in runs)
                 cpu = statistics.median(r[c, p.name].cpu_us_per_chunk for r in runs)
-                line += f" {added50:+9.2f} {added90:+9.2f} {ratio:7.3f}x {cpu:12.1f}"
+                net = statistics.median(r[c, p.name].net_us_per_chunk for r in runs)
+                line += f" {added50:+9.2f} {added90:+9.2f} {ratio:7.3f}x {cpu:12.1f} {net:6.1f}"
             print(line)
 
 
@@ -273,6 +285,10 @@ def main() -> int:
               f"rounds {[rounds.get(c, 2) for c in streams]}, machine load {psutil.getloadavg()[0]:.1f} "
               f"on {psutil.cpu_count()} CPUs")
         asyncio.run(warm_up(paths))
+        before, t0 = studio_cpu(service.pid), time.perf_counter()
+        time.sleep(5)
+        idle = (studio_cpu(service.pid) - before) / (time.perf_counter() - t0)
+        print(f"studio process idle, model loaded: {idle * 1000:.1f} ms CPU per second")
         runs = []
         for i in range(args.runs):
             runs.append(asyncio.run(run_once(paths, baseline_of, streams, args.tokens, service.pid, rounds)))
