@@ -15,8 +15,10 @@ from typing import Any
 
 import httpx
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from studio.http.upstream import LoopbackTransport, Upstream
+from studio.http.upstream import LoopbackTransport, Upstream, _ChunkedDecoder
 from tests.helpers import free_port
 
 Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter, int], Awaitable[bool]]
@@ -245,3 +247,24 @@ def test_requests_beyond_max_connections_wait_for_a_free_one():
             assert await second == (200, b'{"ok":true}')
 
     run(main())
+
+
+@settings(max_examples=300, deadline=None)
+@given(chunks=st.lists(st.binary(min_size=1, max_size=40), max_size=8), cuts=st.lists(st.integers(0, 400), max_size=6),
+       extension=st.sampled_from([b"", b";name=value"]), trailer=st.sampled_from([b"", b"X-Checksum: 1\r\n"]))
+def test_chunked_framing_comes_off_byte_for_byte_however_the_reads_split_it(chunks, cuts, extension, trailer):
+    """Each read's payload goes on at once, and together they are exactly the body's bytes."""
+    wire = b"".join(b"%x%s\r\n%s\r\n" % (len(c), extension, c) for c in chunks) + b"0\r\n" + trailer + b"\r\n"
+    decoder = _ChunkedDecoder()
+    got, start = b"", 0
+    for cut in sorted({min(c, len(wire)) for c in cuts}) + [len(wire)]:
+        got += decoder.feed(wire[start:cut])
+        start = cut
+    assert got == b"".join(chunks) and decoder.done
+
+
+@pytest.mark.parametrize("wire", [b"zz\r\nhello\r\n", b"5\r\nhelloXX", b"-5\r\nhello\r\n", b"1" * 9000],
+                         ids=["size not hex", "no CRLF after the data", "negative size", "endless size line"])
+def test_broken_chunked_framing_is_an_error(wire):
+    with pytest.raises(ValueError):
+        _ChunkedDecoder().feed(wire)

@@ -14,9 +14,9 @@ routing and dependency layers cost about 0.3 ms a request. The FastAPI routes
 of the same paths remain for ``/docs`` and for the methods they refuse.
 
 Streams are relayed chunk by chunk from one pooled ``studio.http.upstream.Upstream``
-with no buffering and no re-serialisation per chunk. When the client goes away the
-relay is cancelled and the upstream response closed in ``finally``, which
-closes the connection; llama-server notices and frees the slot. A non-streamed
+by ``studio.http.relay.Relay``, with no buffering and no re-serialisation per chunk.
+When the client goes away the relay is cancelled and the upstream response closed,
+which closes the connection; llama-server notices and frees the slot. A non-streamed
 answer is read while the client's side is watched: a client that leaves stops
 the generation the same way, instead of keeping the slot busy to ``max_tokens``.
 
@@ -50,14 +50,14 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 import anyio
 import httpx
 from fastapi import APIRouter, Request
-from fastapi.responses import Response, StreamingResponse
+from fastapi.responses import Response
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from launcher.rpc import unreachable
@@ -71,6 +71,7 @@ from studio.chat.reasoning import reasoning_request, with_prompt_flag
 from studio.chat.tool_healing import heal_completion
 from studio.chat.tool_schema import check_tool_fields, tool_parameters
 from studio.chat.tool_stream import HealingRelay
+from studio.http.relay import Relay
 from studio.http.upstream import Upstream
 
 router = APIRouter()
@@ -163,9 +164,12 @@ async def _forward(request: Request, path: str) -> Response:
         raise
     headers = {k: v for k, v in resp.headers.items() if k.lower() in _PASS_HEADERS}
     if resp.status_code == 200:
-        relay = HealingRelay(tools) if tools else None
-        return StreamingResponse(_relay(resp, lease, loaded, relay, route.dialect, count), status_code=200,
-                                 headers=headers)
+        async def closed(first_at: float | None, tail: bytes) -> None:
+            await close_upstream(resp, lease)
+            count(first_at, tail)
+
+        return Relay(resp, headers=headers, on_close=closed, on_break=lambda exc: _error_event(exc, lease, loaded,
+                     route.dialect), reshape=HealingRelay(tools) if tools else None)
     try:
         content = await resp.aread()
     except httpx.HTTPError as exc:
@@ -242,36 +246,15 @@ async def _disconnect(request: Request) -> None:
         pass
 
 
-async def _relay(resp: httpx.Response, lease: Lease, loaded: LoadedModel, relay: HealingRelay | None,
-                 dialect: Dialect, count: Count) -> AsyncIterator[bytes]:
-    """Yield upstream bytes as they arrive (healed when ``relay``); end with an error event if upstream dies;
-    then ``count`` the answer from llama-server's own last bytes."""
-    first_at: float | None = None
-    before_last = last = b""
-    try:
-        async for chunk in resp.aiter_raw():
-            if first_at is None:
-                first_at = time.perf_counter()
-            before_last, last = last, chunk
-            if relay is None:
-                yield chunk
-            elif out := relay.feed(chunk):
-                yield out
-        if relay is not None and (out := relay.close()):
-            yield out
-    except httpx.HTTPError as exc:
-        if relay is not None and (held := relay.close()):
-            yield held  # held-back text is not lost
-        cut = lease.interruption
-        if cut:
-            answer = describe(cut)
-        else:
-            message, code = await broke_off(loaded, "llama-server went away mid-stream", exc)
-            answer = ErrorAnswer(502, message, "upstream_error", code=code)
-        yield stream_error_event(answer, dialect)
-    finally:
-        await close_upstream(resp, lease)
-        count(first_at, before_last + last)
+async def _error_event(exc: httpx.HTTPError, lease: Lease, loaded: LoadedModel, dialect: Dialect) -> bytes:
+    """The event that ends a stream whose upstream broke off: why, in the dialect's error shape."""
+    cut = lease.interruption
+    if cut:
+        answer = describe(cut)
+    else:
+        message, code = await broke_off(loaded, "llama-server went away mid-stream", exc)
+        answer = ErrorAnswer(502, message, "upstream_error", code=code)
+    return stream_error_event(answer, dialect)
 
 
 async def broke_off(loaded: LoadedModel, what: str, exc: Exception) -> tuple[str, str | None]:

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncGenerator, AsyncIterator, Awaitable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import TypeVar
 
@@ -218,53 +218,89 @@ async def _read_head(reader: asyncio.StreamReader) -> tuple[int, list[tuple[byte
 
 
 class _Body(httpx.AsyncByteStream):
-    """The body of one response, read off its connection as the caller iterates."""
+    """The body of one response, read off its connection as the caller asks.
+
+    ``read_some`` is the relay's way in: one await per arrival, the chunked
+    framing stripped by a decoder without a generator per layer; iterating
+    (``aiter_raw``, ``aread``) goes through it too.
+    """
 
     def __init__(self, transport: LoopbackTransport, conn: _Connection, request: httpx.Request, status: int,
                  headers: list[tuple[bytes, bytes]], timeout: float | None) -> None:
         self._transport = transport
         self._conn: _Connection | None = conn
+        self._reader = conn.reader
         self._request = request
         self._timeout = timeout
         self._complete = False
         lowered = {name.lower(): value.lower() for name, value in headers}
-        self._chunked = b"chunked" in lowered.get(b"transfer-encoding", b"")
+        chunked = b"chunked" in lowered.get(b"transfer-encoding", b"")
+        self._chunked = _ChunkedDecoder() if chunked else None
         length = lowered.get(b"content-length")
         if request.method == "HEAD" or status in _NO_BODY_STATUS:
-            self._length: int | None = 0
+            self._left: int | None = 0
         else:
-            self._length = int(length) if length is not None and not self._chunked else None
-        self._reuse_for = _reuse_for(lowered) if (self._length is not None or self._chunked) else None
+            self._left = int(length) if length is not None and not chunked else None
+        self._reuse_for = _reuse_for(lowered) if (self._left is not None or chunked) else None
 
-    async def __aiter__(self) -> AsyncIterator[bytes]:
-        conn = self._conn
-        if conn is None:
+    async def read_some(self) -> bytes:
+        """Return the body bytes that have arrived (waiting for at least one); ``b""`` once the body is complete.
+
+        Raises:
+            httpx.StreamClosed: the response was closed.
+            httpx.ReadTimeout: nothing arrived within the read timeout.
+            httpx.RemoteProtocolError: the server broke off or sent a broken body.
+        """
+        if self._complete:
+            return b""
+        if self._conn is None:
             raise httpx.StreamClosed()
-        reader = _Reader(conn.reader, self._timeout)
-        if self._chunked:
-            chunks = _chunked(reader)
-        elif self._length is not None:
-            chunks = _sized(reader, self._length)
-        else:
-            chunks = _until_close(reader)
         try:
-            async for chunk in chunks:
-                yield chunk
-            self._complete = True
+            decoder = self._chunked
+            while True:
+                if self._left == 0:
+                    self._complete = True
+                    return b""
+                want = READ_SIZE if self._left is None else min(self._left, READ_SIZE)
+                if self._timeout is None:
+                    data = await self._reader.read(want)
+                else:
+                    async with asyncio.timeout(self._timeout):
+                        data = await self._reader.read(want)
+                if decoder is not None:
+                    if not data:
+                        raise asyncio.IncompleteReadError(b"", None)
+                    payload = decoder.feed(data)
+                    if decoder.done:
+                        self._complete = True
+                        return payload
+                    if payload:
+                        return payload
+                    continue  # only framing arrived
+                if not data:
+                    if self._left is not None:
+                        raise asyncio.IncompleteReadError(b"", self._left)
+                    self._complete = True  # the body ends with the connection
+                    return b""
+                if self._left is not None:
+                    self._left -= len(data)
+                return data
         except TimeoutError as exc:  # before OSError, its base
             raise httpx.ReadTimeout(f"no data from llama-server for {self._timeout} s", request=self._request) from exc
-        except (OSError, asyncio.IncompleteReadError, asyncio.LimitOverrunError, ValueError) as exc:
+        except (OSError, asyncio.IncompleteReadError, ValueError) as exc:
             raise httpx.RemoteProtocolError(f"it broke off its answer ({_plainly(exc)})",
                                             request=self._request) from exc
-        finally:
-            await chunks.aclose()
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        while data := await self.read_some():
+            yield data
 
     async def aclose(self) -> None:
         """Free the connection: back to the pool after a complete body, else closed (which cancels the work)."""
         conn, self._conn = self._conn, None
         if conn is not None:
             # A chunked answer is never reused: llama-server closes the connection after it (module docstring).
-            reuse = self._reuse_for if self._complete and not self._chunked else None
+            reuse = self._reuse_for if self._complete and self._chunked is None else None
             self._transport._finish(conn, reuse)
 
 
@@ -282,49 +318,92 @@ def _reuse_for(headers: dict[bytes, bytes]) -> float | None:
     return idle
 
 
-class _Reader:
-    """The reads a body needs, each within the read timeout (none across a ``yield``)."""
+def body_reader(resp: httpx.Response) -> Callable[[], Awaitable[bytes]]:
+    """Return a function giving ``resp``'s next body bytes as they arrive (``b""`` at the end).
 
-    def __init__(self, reader: asyncio.StreamReader, timeout: float | None) -> None:
-        self._reader = reader
-        self._timeout = timeout
+    On this transport it is the body's own ``read_some``; on any other (tests
+    may pass ``httpx.MockTransport``) it steps ``aiter_raw``.
+    """
+    stream = resp.stream
+    if isinstance(stream, _Body):
+        return stream.read_some
+    chunks = resp.aiter_raw()
 
-    async def readuntil(self, separator: bytes) -> bytes:
-        return await _timed(self._reader.readuntil(separator), self._timeout)
+    async def read() -> bytes:
+        async for chunk in chunks:
+            if chunk:
+                return chunk
+        return b""
 
-    async def readexactly(self, n: int) -> bytes:
-        return await _timed(self._reader.readexactly(n), self._timeout)
-
-    async def read(self, n: int) -> bytes:
-        return await _timed(self._reader.read(n), self._timeout)
-
-
-async def _chunked(reader: _Reader) -> AsyncGenerator[bytes, None]:
-    while True:
-        size_line = await reader.readuntil(b"\r\n")
-        size = int(size_line.split(b";", 1)[0], 16)
-        if size == 0:
-            while await reader.readuntil(b"\r\n") != b"\r\n":  # trailer fields, then the empty line
-                pass
-            return
-        data = await reader.readexactly(size + 2)
-        if data[-2:] != b"\r\n":
-            raise ValueError("a chunk does not end with CRLF")
-        yield data[:-2]
+    return read
 
 
-async def _sized(reader: _Reader, length: int) -> AsyncGenerator[bytes, None]:
-    while length > 0:
-        data = await reader.read(min(length, READ_SIZE))
-        if not data:
-            raise asyncio.IncompleteReadError(b"", length)
-        length -= len(data)
-        yield data
+#: The longest chunk-size or trailer line accepted.
+MAX_LINE = 8 * 1024
 
 
-async def _until_close(reader: _Reader) -> AsyncGenerator[bytes, None]:
-    while data := await reader.read(READ_SIZE):
-        yield data
+class _ChunkedDecoder:
+    """Strips HTTP/1.1 chunked framing off bytes as they come; payload bytes pass on as soon as they arrive.
+
+    Nothing waits for a whole chunk: a chunk split over two reads yields its
+    first part at once. ``done`` turns true after the last chunk and its trailer.
+    """
+
+    __slots__ = ("_pending", "_left", "_trailer", "done")
+
+    def __init__(self) -> None:
+        self._pending = b""  # an unfinished size or trailer line, or a chunk's unfinished CRLF
+        self._left = 0  # payload bytes of the current chunk still to come
+        self._trailer = False
+        self.done = False
+
+    def feed(self, data: bytes) -> bytes:
+        """Return the payload in ``data``. Raises ``ValueError`` on broken framing."""
+        if self._pending:
+            data = self._pending + data
+            self._pending = b""
+        if self.done:
+            return b""
+        out: list[bytes] = []
+        pos, end = 0, len(data)
+        while pos < end:
+            if self._left > 0:  # payload
+                take = min(self._left, end - pos)
+                out.append(data[pos:pos + take])
+                pos += take
+                self._left -= take
+                if self._left == 0:
+                    self._left = -1  # the CRLF after the payload is next
+                continue
+            if self._left < 0:  # the CRLF closing a chunk
+                if end - pos < 2:
+                    break
+                if data[pos:pos + 2] != b"\r\n":
+                    raise ValueError("a chunk does not end with CRLF")
+                pos += 2
+                self._left = 0
+                continue
+            eol = data.find(b"\r\n", pos)
+            if eol < 0:
+                if end - pos > MAX_LINE:
+                    raise ValueError("a chunk-size or trailer line is too long")
+                break
+            line = data[pos:eol]
+            pos = eol + 2
+            if self._trailer:
+                if not line:  # the empty line after the trailer fields
+                    self.done = True
+                    return b"".join(out)
+                continue
+            size = int(line.split(b";", 1)[0], 16)
+            if size < 0:
+                raise ValueError(f"a negative chunk size: {line[:40]!r}")
+            if size == 0:
+                self._trailer = True
+            else:
+                self._left = size
+        self._pending = data[pos:]
+        return out[0] if len(out) == 1 else b"".join(out)
 
 
 class Upstream:

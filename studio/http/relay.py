@@ -1,0 +1,119 @@
+"""Relay a streamed llama-server answer to an ASGI client: bytes as they arrive, cancelled when the client leaves.
+
+Every microsecond the relay spends per chunk is one a token waits on a
+machine whose cores llama-server keeps busy. Starlette's ``StreamingResponse``
+runs each stream in an anyio task group beside a disconnect listener and pulls
+bytes through a stack of async generators (ours, httpx's ``aiter_raw``, the
+transport's body); measured on the streaming path (``scripts/bench_proxy.py``)
+that was most of the studio's CPU per chunk. ``Relay`` sends each arrival with
+one ``send`` straight from the transport's ``read_some``: one await per arrival
+and nothing buffered (bytes that arrive together go on together, none waits for
+another). A disconnect is noticed by one watcher task per request, which
+cancels the relay; the upstream response is then closed, which tells
+llama-server to stop generating.
+
+A ``Reshape`` turns the bytes into something else on the way (a chat stream
+with tools, healed); without one they pass through byte for byte.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Protocol
+
+import anyio
+import httpx
+from starlette.responses import Response
+from starlette.types import Receive, Scope, Send
+
+from studio.http.upstream import body_reader
+
+
+class Reshape(Protocol):
+    """Turns upstream bytes into what the client gets (``studio.chat.tool_stream.HealingRelay``)."""
+
+    def feed(self, data: bytes) -> bytes:
+        """Return what the client gets for ``data`` (``b""``: nothing yet)."""
+
+    def close(self) -> bytes:
+        """Return what is still held, once the upstream body is complete or broke off."""
+
+
+class Relay(Response):
+    """An ASGI response that relays ``upstream``'s body as it arrives.
+
+    Args:
+        upstream: llama-server's response, its head read and its body still on the wire.
+        on_close: closes ``upstream`` and ends the request (the lease); awaited once, whatever happened,
+            with the time the first bytes arrived (``None``: none did) and the last two arrivals
+            (llama-server's ``timings`` and ``usage`` are in them, for ``/metrics``).
+        on_break: the last bytes for the client when the upstream breaks off (an error event).
+        reshape: what to turn the bytes into; ``None`` passes them through untouched.
+    """
+
+    def __init__(self, upstream: httpx.Response, *, on_close: Callable[[float | None, bytes], Awaitable[None]],
+                 on_break: Callable[[httpx.HTTPError], Awaitable[bytes]], reshape: Reshape | None = None,
+                 status_code: int = 200, headers: Mapping[str, str] | None = None,
+                 media_type: str | None = None) -> None:
+        self.status_code = status_code
+        self.media_type = media_type
+        self.background = None
+        self.init_headers(headers)
+        self._read = body_reader(upstream)
+        self._on_close = on_close
+        self._on_break = on_break
+        self._reshape = reshape
+        self._first_at: float | None = None
+        self._tail = b""
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        await send({"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers})
+        gone = False
+        with anyio.CancelScope() as relaying:
+
+            def left(watcher: asyncio.Future[None]) -> None:
+                nonlocal gone
+                if not watcher.cancelled():
+                    gone = True
+                    relaying.cancel()
+
+            watcher = asyncio.ensure_future(_disconnect(receive))
+            watcher.add_done_callback(left)
+            try:
+                last = await self._pump(send)
+            finally:
+                watcher.remove_done_callback(left)
+                watcher.cancel()
+                with anyio.CancelScope(shield=True):
+                    await self._on_close(self._first_at, self._tail)
+        if not gone:
+            await send({"type": "http.response.body", "body": last, "more_body": False})
+
+    async def _pump(self, send: Send) -> bytes:
+        """Send the body on as it comes; return the last bytes (``b""``, what the reshape held, or an error event)."""
+        read, reshape = self._read, self._reshape
+        before_last = last = b""
+        try:
+            data = await read()
+            if data:
+                self._first_at = time.perf_counter()
+            while data:
+                before_last, last = last, data
+                out = data if reshape is None else reshape.feed(data)
+                if out:
+                    await send({"type": "http.response.body", "body": out, "more_body": True})
+                data = await read()
+            return b"" if reshape is None else reshape.close()
+        except httpx.HTTPError as exc:
+            held = b"" if reshape is None else reshape.close()  # held-back text is not lost
+            return held + await self._on_break(exc)
+        finally:
+            self._tail = before_last + last
+
+
+async def _disconnect(receive: Receive) -> None:
+    """Return once the client's side of the connection is gone (the request body was already read)."""
+    while (await receive())["type"] != "http.disconnect":
+        pass
