@@ -50,7 +50,7 @@ from typing import TYPE_CHECKING, Literal
 import gguf
 from gguf.ggml_types import BY_NAME
 from gguf.projector import ProjectorFacts, projector_facts, width_mismatch
-from launcher import speculative
+from launcher import spec_measurements, speculative
 from launcher.capabilities import Capabilities
 from launcher.devices import Device, Inventory
 from launcher.errors import LauncherError
@@ -59,6 +59,7 @@ from launcher.memory import (
     projector_compute_bytes,
 )
 from launcher.rpc import LINK_WARNING
+from launcher.spec_measurements import SpecMeasurement
 from launcher.speculative import SpecModel, SpecPlan
 
 if TYPE_CHECKING:
@@ -158,6 +159,9 @@ class PlanRequest:
     threads: int | None = None  # None: the command builder picks the usable physical cores
     alias: str | None = None  # the model name clients see; None: the file name without .gguf
     chat_template: str | None = None  # a Jinja template overriding the model's own
+    #: Where ``ggstudio bench-spec`` stores its measurements (``launcher.spec_measurements``); with one for this
+    #: model, devices and binary, ``auto`` takes the measured winner. None: the policy alone.
+    spec_measurements: Path | None = None
 
 
 @dataclass(frozen=True)
@@ -298,6 +302,27 @@ def _mtp_engaged(spec: SpecPlan, extra: tuple[str, ...]) -> bool:
     return False
 
 
+def _gpus_of(inventory: Inventory) -> tuple[tuple[Device, ...], tuple[Device, ...]]:
+    """(the GPUs a plan may use, those of other backends it leaves out): one backend per llama-server."""
+    gpus = [d for d in inventory.gpus if d.index is not None and d.free_bytes > 0]
+    if not gpus:
+        return (), ()
+    # Vendor-tool GPUs first, since their indices are what the env pins.
+    backends = sorted({d.backend for d in gpus}, key=lambda b: (b not in _VENDOR_BACKENDS, b))
+    return (tuple(d for d in gpus if d.backend == backends[0]), tuple(d for d in gpus if d.backend != backends[0]))
+
+
+def _rpc_of(inventory: Inventory, caps: Capabilities) -> tuple[Device, ...]:
+    """The RPC devices a plan may use: none when the binary has no ``--rpc``."""
+    devices = tuple(d for d in inventory.rpc if d.free_bytes > 0)
+    return devices if caps.supports("--rpc") else ()
+
+
+def spec_devices(inventory: Inventory, caps: Capabilities) -> tuple[Device, ...]:
+    """The devices a plan on ``inventory`` may run on, which key a speculative measurement: GPUs, RPC devices, CPU."""
+    return (*_gpus_of(inventory)[0], *_rpc_of(inventory, caps), inventory.cpu)
+
+
 def round_down(n: int, step: int = CTX_STEP) -> int:
     """``n`` rounded down to a multiple of ``step``."""
     return n // step * step
@@ -325,7 +350,8 @@ class _Planner:
         self.gpus = self._usable_gpus(inventory)
         self.rpc = self._usable_rpc(inventory)
         self.spec = speculative.plan(request.spec, caps, SpecModel.from_facts(model.facts, model.path),
-                                     on_gpu=bool(self.gpus), n_max=request.spec_n_max, extra_args=extra)
+                                     on_gpu=bool(self.gpus), n_max=request.spec_n_max, extra_args=extra,
+                                     measured=self._measured_spec())
         self.mtp = _mtp_engaged(self.spec, extra)
         self.fraction = MTP_BUDGET_FRACTION if self.mtp else BUDGET_FRACTION
         self.native = self.facts.context_length
@@ -341,25 +367,30 @@ class _Planner:
 
     # -- inputs ------------------------------------------------------------------------------
     def _usable_gpus(self, inventory: Inventory) -> tuple[Device, ...]:
-        gpus = [d for d in inventory.gpus if d.index is not None and d.free_bytes > 0]
-        if not gpus:
-            return ()
-        # One backend per child: vendor-tool GPUs first, since their indices are what the env pins.
-        backends = sorted({d.backend for d in gpus}, key=lambda b: (b not in _VENDOR_BACKENDS, b))
-        chosen = [d for d in gpus if d.backend == backends[0]]
-        skipped = [d for d in gpus if d.backend != backends[0]]
+        chosen, skipped = _gpus_of(inventory)
         if skipped:
-            self.reasons.append(f"planning on the {backends[0]} GPUs only; one llama-server uses one backend "
+            self.reasons.append(f"planning on the {chosen[0].backend} GPUs only; one llama-server uses one backend "
                                 f"(ignored: {', '.join(f'{d.backend}{d.index}' for d in skipped)})")
-        return tuple(chosen)
+        return chosen
+
+    def _measured_spec(self) -> SpecMeasurement | None:
+        """What ``bench-spec`` measured for this model on the devices it will run on, when ``auto`` asks."""
+        if self.request.spec_measurements is None:
+            return None
+        try:
+            if speculative.normalize_mode(self.request.spec) != "auto":
+                return None
+        except speculative.SpeculativeConfigError:
+            return None  # speculative.plan says what is wrong with it
+        return spec_measurements.lookup(self.request.spec_measurements, self.model.path,
+                                        (*self.gpus, *self.rpc, self.cpu), self.caps)
 
     def _usable_rpc(self, inventory: Inventory) -> tuple[Device, ...]:
         devices = tuple(d for d in inventory.rpc if d.free_bytes > 0)
         if devices and not self.caps.supports("--rpc"):
             self.warnings.append("this llama-server has no --rpc flag (built without -DGGML_RPC=ON): the RPC workers "
                                  "are left out; `ggstudio build-llama` builds the pinned llama-server with RPC")
-            return ()
-        return devices
+        return _rpc_of(inventory, self.caps)
 
     def _flash_attn(self) -> FlashAttn:
         quantized = [t for t in (self.request.cache_type_k, self.request.cache_type_v)

@@ -6,6 +6,11 @@ drafts from text already seen. What pays off was measured: MTP alone on a GPU
 under 3B parameters ngram-mod alone (MTP made them slower). Models without MTP
 heads get llama-server's own ``--spec-default`` where the build has it.
 
+That policy is a guess from published numbers; the winner varies by model,
+device and workload. Where ``ggstudio bench-spec`` measured this model on these
+devices with this binary (``launcher.spec_measurements``), ``auto`` takes the
+measured winner instead, and says so.
+
 A mode that would crash llama-server is never emitted: ``draft-mtp`` on a model
 without MTP layers makes it exit while loading ("failed to create MTP context"),
 so MTP is dropped for such models, with the reason recorded.
@@ -14,7 +19,7 @@ so MTP is dropped for such models, with the reason recorded.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal, cast, get_args
 
@@ -23,6 +28,7 @@ from launcher.errors import LauncherError
 
 if TYPE_CHECKING:
     from gguf.facts import ModelFacts
+    from launcher.spec_measurements import SpecMeasurement
 
 SpecMode = Literal["auto", "mtp", "ngram", "mtp+ngram", "off", "ngram-simple"]
 ResolvedMode = Literal["mtp", "ngram", "mtp+ngram", "off", "ngram-simple", "user"]
@@ -73,6 +79,8 @@ class SpecPlan:
     #: The most tokens drafted per slot and step. llama-server sizes its logits for
     #: n_parallel x (1 + n_draft) outputs, which can dwarf the rest of the compute buffer.
     n_draft: int = 0
+    #: The measurement ``auto`` followed (``ggstudio bench-spec``); None: the policy chose.
+    measured: SpecMeasurement | None = field(default=None, compare=False)
 
 
 def normalize_mode(text: str) -> SpecMode:
@@ -107,11 +115,13 @@ def plan(
     on_gpu: bool,
     n_max: int | None = None,
     extra_args: Sequence[str] = (),
+    measured: SpecMeasurement | None = None,
 ) -> SpecPlan:
     """Return the speculative flags for serving ``model`` with ``caps``' binary.
 
     ``n_max`` overrides the drafted-token count; a ``--spec-type`` or ``--spec-default``
-    in ``extra_args`` wins and ours are left out.
+    in ``extra_args`` wins and ours are left out. ``measured`` is what ``bench-spec``
+    measured for this model, devices and binary: ``auto`` then takes its winner.
 
     Raises:
         SpeculativeConfigError: an unknown mode, or ``n_max`` below 1.
@@ -124,9 +134,13 @@ def plan(
         return SpecPlan(mode, "user", (), (f"{user_flag} in the extra arguments wins; no speculative flags added",),
                         n_draft=NGRAM_N_MAX)  # unknown: memory is planned for --spec-default's draft length
     reasons: list[str] = []
-    mtp, ngram, simple = _wanted(mode, model, on_gpu, reasons)
-    if mode == "auto" and not (mtp or ngram):
-        return _spec_default(caps, reasons, mode)
+    if mode == "auto" and measured is not None:
+        mtp, ngram, simple = _measured(measured, reasons)
+    else:
+        measured = None
+        mtp, ngram, simple = _wanted(mode, model, on_gpu, reasons)
+        if mode == "auto" and not (mtp or ngram):
+            return _spec_default(caps, reasons, mode)
     if mtp and not model.has_mtp:
         mtp = False
         reasons.append(f"{model.name} has no MTP layers; llama-server would exit with 'failed to create MTP context'")
@@ -139,7 +153,7 @@ def plan(
     if simple and "ngram-simple" not in caps.spec_types:
         simple = False
         reasons.append("this llama-server has no ngram-simple speculative type")
-    if mode == "auto" and not (mtp or ngram):
+    if mode == "auto" and measured is None and not (mtp or ngram):
         return _spec_default(caps, reasons, mode)
     default_n = GPU_MTP_N_MAX if on_gpu else CPU_MTP_N_MAX
     argv, n_draft = _flags(caps, mtp=mtp, ngram=ngram, simple=simple, n_max=n_max, default_n=default_n,
@@ -147,7 +161,14 @@ def plan(
     resolved: ResolvedMode = (
         "mtp+ngram" if mtp and ngram else "mtp" if mtp else "ngram" if ngram else "ngram-simple" if simple else "off"
     )
-    return SpecPlan(mode, resolved, argv, tuple(reasons), n_draft=n_draft)
+    return SpecPlan(mode, resolved, argv, tuple(reasons), n_draft=n_draft, measured=measured)
+
+
+def _measured(measured: SpecMeasurement, reasons: list[str]) -> tuple[bool, bool, bool]:
+    """Return (mtp, ngram-mod, ngram-simple) of the measured winner."""
+    winner = measured.winner.mode
+    reasons.append(f"auto -> {measured.summary()}")
+    return "mtp" in winner, winner in ("ngram", "mtp+ngram"), winner == "ngram-simple"
 
 
 def _wanted(mode: SpecMode, model: SpecModel, on_gpu: bool, reasons: list[str]) -> tuple[bool, bool, bool]:
