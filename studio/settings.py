@@ -253,6 +253,11 @@ class Settings:
         """One log file per llama-server launch."""
         return self.home / "logs"
 
+    @property
+    def spec_dir(self) -> Path:
+        """``ggstudio bench-spec``'s measurements, which ``auto`` follows (``launcher.spec_measurements``)."""
+        return self.home / "spec"
+
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
         """Return settings read from ``env`` (default: the process environment)."""

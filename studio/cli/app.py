@@ -164,6 +164,7 @@ def _model_manager(settings: "Settings", rpc_workers: tuple[str, ...] = ()) -> t
         make_supervisor=supervisor_factory(settings.logs_dir / "llama-server", registry),
         model_defaults=builtin_model_defaults(settings.model_defaults), residency=settings.residency,
         caps=probe(found.path, cache_dir=settings.home / "cache"), files_root=settings.home / "run",
+        spec_measurements=settings.spec_dir,
         discover_devices=(lambda: discover(llama_server=found.path, workers=workers)) if workers else None,
         downloads=DownloadManager(auto_download=settings.auto_download),
     )
@@ -701,8 +702,9 @@ def plan_command(
     asked = LoadRequest(model, n_ctx=ctx, n_parallel=parallel, spec=spec, spec_n_max=n_max,
                         cache_type=cache_type.lower() if cache_type else None, mmproj=mmproj)
     chosen = load_settings(asked, entry, settings.model_defaults)
+    request = replace(chosen.plan_request(entry.name), spec_measurements=settings.spec_dir)
     launch = plan(load_model(entry.path, mmproj=chosen.mmproj), discover(llama_server=found.path, workers=workers),
-                  caps, chosen.plan_request(entry.name))
+                  caps, request)
     with build_command(launch, caps, binary=found.path) as command:
         argv = command.redacted_argv(settings.port)
     info = plan_json(launch, argv, found)
@@ -787,6 +789,63 @@ def _doctor_checks(info: dict[str, Any], settings: "Settings") -> list[dict[str,
     check("models", bool(models), f"{len(models)} in {settings.models_dir}",
           "`ggstudio fetch-model` (the embedded models) or `ggstudio pull REPO`")
     return checks
+
+
+@app.command("bench-spec")
+def bench_spec(
+    model: Annotated[str, typer.Argument(help="A model name in the models dir, or a path to a .gguf file.")],
+    tokens: Annotated[int, typer.Option(min=4, help="Tokens generated per prompt.")] = 128,
+    rounds: Annotated[int, typer.Option(
+        min=1, help="Times every mode runs the prompts, interleaved; each prompt kind counts its median.")] = 3,
+    ctx: Annotated[int, typer.Option(min=512, help="Context of the measuring llama-server.")] = 2048,
+    json_output: JsonOption = False,
+) -> None:
+    """Measure tokens/s per speculative mode for a model on this machine; `auto` then uses the fastest.
+
+    The result is stored per model file, device set and llama-server build: `plan`, `serve` and `run` resolve
+    `auto` to the measured winner until the binary or the devices change.
+    """
+    import tempfile
+
+    from launcher.capabilities import probe
+    from launcher.devices import discover
+    from launcher.planner import PlanRequest, load_model, plan
+    from studio.spec_bench import PROMPTS, measure_and_store
+    from studio.views.plan import measured_json
+
+    settings = _settings()
+    found = _find_binary(settings)
+    caps = probe(found.path, cache_dir=settings.home / "cache")
+    entry = _catalog(settings).resolve(model)
+    info = load_model(entry.path)
+    inventory = discover(llama_server=found.path)
+    (settings.home / "run").mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix="bench-spec-", dir=settings.home / "run") as work:
+        measured, stored = measure_and_store(
+            info, inventory, caps, found.path, store=settings.spec_dir, work_dir=Path(work), tokens=tokens,
+            rounds=rounds, n_ctx=ctx, progress=None if json_output else lambda line: typer.echo(line, err=True))
+    auto = plan(info, inventory, caps, PlanRequest(n_ctx=ctx, spec="auto", spec_measurements=settings.spec_dir)).spec
+    if json_output:
+        typer.echo(_json({"model": str(entry.path), "devices": list(measured.key.devices),
+                          "binary": measured.key.binary, "tokens": tokens, "rounds": rounds,
+                          "prompts": [p.kind for p in PROMPTS], **(measured_json(measured) or {}),
+                          "results": measured.to_json()["results"], "stored": str(stored),
+                          "auto": {"resolved": auto.resolved, "argv": list(auto.argv)}}))
+        return
+    off = measured.result("off")
+    kinds = [p.kind for p in PROMPTS]
+    header = ["mode", *kinds, "score", "x off", "accepted"]
+    rows = [[r.label, *(f"{r.per_prompt[k]:.1f}" for k in kinds), f"{r.tokens_per_s:.1f}",
+             f"{r.tokens_per_s / off.tokens_per_s:.2f}x" if off else "-",
+             f"{r.draft_acceptance:.0%}" if r.draft_acceptance is not None else "-"] for r in measured.results]
+    widths = [max(len(row[i]) for row in [header, *rows]) for i in range(len(header))]
+    typer.echo(f"tokens/s of {entry.name} on {', '.join(measured.key.devices)} with {found.path} "
+               f"({tokens} tokens per prompt, {rounds} round(s))")
+    for row in [header, *rows]:
+        typer.echo("  ".join([row[0].ljust(widths[0]), *(c.rjust(w) for c, w in zip(row[1:], widths[1:]))]))
+    typer.echo(f"winner: {measured.summary()}")
+    typer.echo(f"auto now resolves to {auto.resolved}" + (f" ({' '.join(auto.argv)})" if auto.argv else "")
+               + f"; stored in {stored}")
 
 
 @app.command("rpc-worker")

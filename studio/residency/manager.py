@@ -108,6 +108,7 @@ class ModelManager:
         work_timeout: float = 30.0,
         planner: Planner = plan,
         downloads: DownloadManager | None = None,
+        spec_measurements: Path | None = None,
     ) -> None:
         self.catalog = catalog
         self.binary = binary
@@ -121,6 +122,7 @@ class ModelManager:
         self.work_timeout = work_timeout  # seconds a header read, a plan or a device query may take
         self.planner = planner  # tests pass a slow one to show the event loop stays free
         self.downloads = downloads  # fetches an uncached owner/repo:VARIANT when its auto_download is on
+        self.spec_measurements = spec_measurements  # ``bench-spec``'s results, which ``auto`` follows
         self._residents: dict[Path, ResidentModel] = {}
         self._routes: dict[str, ResidentModel] = {}  # every name a request used for a resident model
         self._default: ResidentModel | None = None  # the model a request without ``model`` uses
@@ -379,7 +381,7 @@ class ModelManager:
             base = placement.base_available(budget=budget, free=_free(inventory),
                                             holders=[h for h in holders if h.name not in loading],
                                             loading=[h for h in holders if h.name in loading])
-            plan_request = settings.plan_request(entry.name)
+            plan_request = replace(settings.plan_request(entry.name), spec_measurements=self.spec_measurements)
             first = await self._plan(info, inventory, base, plan_request, budgeted)
             cap = self.residency.max_resident
             crowded = cap is not None and len(holders) >= cap

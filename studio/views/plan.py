@@ -11,6 +11,7 @@ from launcher.devices import Device, Inventory
 from launcher.discovery import Discovered
 from launcher.planner import LaunchPlan
 from launcher.rpc import WorkerReport
+from launcher.spec_measurements import SpecMeasurement
 
 MIB = 1024 * 1024
 #: Parts shown per device; "output" is the grown size (logits rows for drafted tokens included), so rows sum.
@@ -43,6 +44,15 @@ def worker_json(r: WorkerReport) -> dict[str, Any]:
                          "total_bytes": d.total_bytes} for d in r.devices]}
 
 
+def measured_json(measured: SpecMeasurement | None) -> dict[str, Any] | None:
+    """What ``bench-spec`` measured and ``auto`` followed: the winner, its speed-up, every mode's tokens/s."""
+    if measured is None:
+        return None
+    return {"summary": measured.summary(), "winner": measured.winner.label, "speedup": measured.speedup,
+            "measured_at": measured.measured_at,
+            "tokens_per_s": {r.label: round(r.tokens_per_s, 2) for r in measured.results}}
+
+
 def plan_json(plan: LaunchPlan, argv: Sequence[str] = (), binary: Discovered | None = None) -> dict[str, Any]:
     """The plan as plain JSON-able values; ``argv`` is the (redacted) command, if built."""
     f = plan.model.facts
@@ -67,7 +77,8 @@ def plan_json(plan: LaunchPlan, argv: Sequence[str] = (), binary: Discovered | N
         "flash_attn": plan.flash_attn,
         "budget_fraction": plan.budget_fraction,
         "speculative": {"requested": plan.spec.requested, "resolved": plan.spec.resolved,
-                        "argv": list(plan.spec.argv), "reasons": list(plan.spec.reasons)},
+                        "argv": list(plan.spec.argv), "reasons": list(plan.spec.reasons),
+                        "measured": measured_json(plan.spec.measured)},
         "bill": [
             {"device": d.name, "physical": f"{d.device.backend}{'' if d.device.index is None else d.device.index}",
              "name": d.device.name, "budget_bytes": d.budget_bytes,
@@ -118,7 +129,8 @@ def render_plan(info: dict[str, Any]) -> str:
         f"offload    {where}",
         f"cache      K {info['cache_type_k']}, V {info['cache_type_v']}; flash attention {info['flash_attn']}",
         f"spec       {spec['requested']} -> {spec['resolved']}"
-        + (f" ({' '.join(spec['argv'])})" if spec["argv"] else ""),
+        + (f" ({' '.join(spec['argv'])})" if spec["argv"] else "")
+        + (f"; measured: {spec['measured']['summary']}" if spec.get("measured") else ""),
         f"budget     {round(info['budget_fraction'] * 100)} % of free memory per device",
         "",
         "predicted memory" + (" (approximate)" if info["bill_approximate"] else ""),

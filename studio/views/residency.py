@@ -9,6 +9,7 @@ from studio.chat.media import plan_capabilities
 from studio.residency.lifecycle import ResidentState
 from studio.residency.manager import ModelManager, physical
 from studio.residency.resident import ResidentModel
+from studio.views.plan import measured_json
 
 
 def status_json(manager: ModelManager) -> dict[str, Any]:
@@ -45,7 +46,8 @@ def resident_json(r: ResidentModel) -> dict[str, Any]:
         "effective_context": loaded.n_ctx if loaded else None,
         "largest_safe_context": plan.max_safe_ctx,
         "speculative": {"requested": plan.spec.requested, "resolved": plan.spec.resolved,
-                        "flags": list(plan.spec.argv)},
+                        "flags": list(plan.spec.argv), "reasons": list(plan.spec.reasons),
+                        "measured": measured_json(plan.spec.measured)},
         "cache_type_kv": r.settings.cache_type,
         "offload": {
             "gpus": [d.name for d in plan.gpus], "n_gpu_layers": plan.n_gpu_layers, "mode": plan.offload,
