@@ -24,10 +24,22 @@ several runs (``--runs`` repeats the whole set and prints the medians).
 Targets (issue 19): CPU per chunk <= 40 us at 8 streams, tokens/s >= 0.99x at
 1, 8 and 32 streams, added TTFT p50 <= 1 ms.
 
+With ``--stand-in`` a stand-in takes llama-server's place: a small asyncio
+server that answers every request the way b11434 streams (its head, one
+chunk per event with llama-server's event shapes, the timings and usage
+chunks, ``[DONE]``, then it closes the connection) at ``--stand-in-tps``
+tokens/s per stream, at next to no CPU. That measures the relay alone at the
+token rate of a fast machine, however slow the real llama-server runs here;
+the studio then routes to it through a stand-in for a ready resident model.
+It also adds the ``floor`` path: a bare byte relay (asyncio streams on uvloop,
+no HTTP parsing) in a process of its own, what one read and one write per
+chunk cost on this machine right now, to set the studio's figure beside.
+
 The client is a bare asyncio socket per stream (``Connection: close``, bytes
-counted, nothing parsed), cheap enough not to crowd the two paths it measures.
+counted, nothing parsed), cheap enough not to crowd the paths it measures.
 
     .venv/bin/python scripts/bench_proxy.py [--runs 3] [--tokens 64] [--streams 1,8,32]
+    .venv/bin/python scripts/bench_proxy.py --stand-in [--stand-in-tps 50]
 """
 
 from __future__ import annotations
@@ -66,8 +78,14 @@ EVENT = b"data: "
 LAST_CHUNK = b"\r\n0\r\n\r\n"
 
 
-def serve(port: int, conn: Connection) -> None:
-    """Run the studio service on ``port`` as ``ggstudio serve`` does; send (model, URL, auth headers) when ready."""
+def serve(port: int, conn: Connection, stand_in: int | None) -> None:
+    """Run the studio service on ``port`` as ``ggstudio serve`` does; send (model, URL, auth headers) when ready.
+
+    With ``stand_in`` (a port) its one model is the stand-in llama-server there.
+    """
+    if stand_in is not None:
+        serve_stand_in(port, conn, stand_in)
+        return
     from launcher.capabilities import probe
     from launcher.discovery import find_llama_server
     from launcher.registry import ChildRegistry
@@ -107,6 +125,114 @@ def serve(port: int, conn: Connection) -> None:
         run_service(create_app(manager, preload=[load]), host="127.0.0.1", port=port, announce=announce)
 
 
+def serve_stand_in(port: int, conn: Connection, upstream: int) -> None:
+    """The studio service in front of the stand-in llama-server on ``upstream``."""
+    import types
+
+    from studio.http.app import create_app
+    from studio.http.server import run_service
+
+    class Lease:
+        interruption = None
+
+        async def __call__(self) -> None:
+            pass
+
+    loaded = types.SimpleNamespace(  # the fields of studio.residency.resident.LoadedModel a request uses
+        name="stand-in", url=f"http://127.0.0.1:{upstream}", auth_headers={"Authorization": "Bearer stand-in"},
+        n_ctx=4096, template=None, plan=types.SimpleNamespace(rpc_workers=()))
+
+    class ReadyModel:
+        """Stands in for ``ModelManager`` with one ready resident model: acquire, and close at shutdown."""
+
+        residents: list[object] = []
+
+        async def acquire(self, model: str | None) -> tuple[object, Lease]:
+            return loaded, Lease()
+
+        async def aclose(self) -> None:
+            pass
+
+    run_service(create_app(ReadyModel()), host="127.0.0.1", port=port,  # type: ignore[arg-type]
+                announce=lambda: conn.send((loaded.name, loaded.url, loaded.auth_headers)))
+
+
+def _event(data: dict[str, object]) -> bytes:
+    payload = b"data: " + json.dumps(data, separators=(",", ":")).encode() + b"\n\n"
+    return b"%x\r\n%s\r\n" % (len(payload), payload)
+
+
+def stand_in_llama_server(port: int, tokens_per_s: float) -> None:
+    """Answer every chat completion as llama-server b11434 streams one, at ``tokens_per_s`` per stream."""
+    head = (b"HTTP/1.1 200 OK\r\nServer: llama.cpp\r\nContent-Type: text/event-stream\r\n"
+            b"Transfer-Encoding: chunked\r\nKeep-Alive: timeout=5, max=100\r\n\r\n")
+    base = {"created": 1764621234, "id": "chatcmpl-Pk9Zr1b2c3d4e5f6g7h8i9j0k1l2m3n4", "model": "stand-in",
+            "system_fingerprint": "b11434-0a1b2c3d", "object": "chat.completion.chunk"}
+
+    async def answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            request = await reader.readuntil(b"\r\n\r\n")
+            length = next(int(line.split(b":")[1]) for line in request.split(b"\r\n")
+                          if line.lower().startswith(b"content-length:"))
+            body = json.loads(await reader.readexactly(length))
+            n = int(body.get("max_tokens") or 16)
+            writer.write(head + _event({"choices": [{"finish_reason": None, "index": 0, "delta": {
+                "role": "assistant", "content": None}}], **base}))
+            for i in range(n):
+                await asyncio.sleep(1 / tokens_per_s)
+                writer.write(_event({"choices": [{"finish_reason": None, "index": 0, "delta": {
+                    "content": " sea" if i % 2 else " the"}}], **base}))
+            timings = {"prompt_n": 14, "prompt_ms": 20.1, "predicted_n": n, "predicted_ms": n / tokens_per_s * 1000,
+                       "predicted_per_second": tokens_per_s}
+            writer.write(_event({"choices": [{"finish_reason": "length", "index": 0, "delta": {}}], **base,
+                                 "timings": timings}))
+            if (body.get("stream_options") or {}).get("include_usage"):
+                writer.write(_event({"choices": [], **base, "usage": {
+                    "completion_tokens": n, "prompt_tokens": 14, "total_tokens": n + 14}, "timings": timings}))
+            done = b"data: [DONE]\n\n"
+            writer.write(b"%x\r\n%s\r\n0\r\n\r\n" % (len(done), done))
+            await writer.drain()
+        except (ConnectionError, asyncio.IncompleteReadError):
+            pass  # the client left: llama-server stops too
+        finally:
+            writer.close()  # as b11434 does after every stream
+
+    async def main() -> None:
+        server = await asyncio.start_server(answer, "127.0.0.1", port, backlog=256)
+        await server.serve_forever()
+
+    asyncio.run(main())
+
+
+def floor_relay(port: int, upstream: int) -> None:
+    """A bare byte relay to ``upstream``: one read and one write per chunk, nothing parsed past the request head."""
+    try:
+        import uvloop
+    except ImportError:
+        uvloop = None
+
+    async def relay(client_reader: asyncio.StreamReader, client_writer: asyncio.StreamWriter) -> None:
+        head = await client_reader.readuntil(b"\r\n\r\n")
+        length = next(int(line.split(b":")[1]) for line in head.split(b"\r\n")
+                      if line.lower().startswith(b"content-length:"))
+        body = await client_reader.readexactly(length)
+        reader, writer = await asyncio.open_connection("127.0.0.1", upstream)
+        writer.write(head + body)
+        while data := await reader.read(65536):
+            client_writer.write(data)
+        writer.close()
+        client_writer.close()
+
+    async def main() -> None:
+        server = await asyncio.start_server(relay, "127.0.0.1", port, backlog=256)
+        await server.serve_forever()
+
+    if uvloop is not None:
+        uvloop.run(main())
+    else:
+        asyncio.run(main())
+
+
 @dataclass
 class Route:
     """One way to the model: where to send, what to send, and how a token looks in what comes back."""
@@ -117,7 +243,8 @@ class Route:
     headers: dict[str, str]
     extra: dict[str, object]
     token: re.Pattern[bytes]
-    studio: bool
+    studio: bool  # CPU per chunk is reported (the studio's paths and the floor)
+    pid: int  # the process whose CPU time the path's rounds are charged (the studio's for direct paths too)
 
 
 @dataclass
@@ -175,10 +302,10 @@ def studio_cpu(pid: int) -> float:
     return t.user + t.system
 
 
-async def round_of(path: Route, samples: Samples, concurrency: int, tokens: int, pid: int) -> None:
-    before, t0 = studio_cpu(pid), time.perf_counter()
+async def round_of(path: Route, samples: Samples, concurrency: int, tokens: int) -> None:
+    before, t0 = studio_cpu(path.pid), time.perf_counter()
     streams = await asyncio.gather(*(one_stream(path, tokens) for _ in range(concurrency)))
-    samples.cpu_s += studio_cpu(pid) - before
+    samples.cpu_s += studio_cpu(path.pid) - before
     samples.wall_s += time.perf_counter() - t0
     samples.streams += streams
     samples.events += sum(s.events for s in streams)
@@ -202,23 +329,25 @@ class Row:
 
 
 async def run_once(paths: list[Route], baseline_of: dict[str, str], streams: Sequence[int], tokens: int,
-                   pid: int, rounds: dict[int, int]) -> dict[tuple[int, str], Row]:
+                   rounds: dict[int, int]) -> dict[tuple[int, str], Row]:
     rows: dict[tuple[int, str], Row] = {}
     for concurrency in streams:
         samples = {p.name: Samples() for p in paths}
         for i in range(rounds.get(concurrency, 2)):
             order = paths if i % 2 == 0 else paths[::-1]  # interleaved both ways so drift hits every path alike
             for p in order:
-                await round_of(p, samples[p.name], concurrency, tokens, pid)
+                await round_of(p, samples[p.name], concurrency, tokens)
         print(f"  {concurrency} streams done, load {psutil.getloadavg()[0]:.1f}", file=sys.stderr)
         for p in paths:
             s = samples[p.name]
             row = Row(pct([x.ttft for x in s.streams], 0.5) * 1000, pct([x.ttft for x in s.streams], 0.9) * 1000,
                       statistics.median(x.tokens_per_s for x in s.streams), None)
             if p.studio:
-                base = samples[baseline_of[p.name]]
+                base = next(b for b in paths if b.name == baseline_of[p.name])
                 row.cpu_us_per_chunk = s.cpu_s / s.events * 1e6
-                row.net_us_per_chunk = (s.cpu_s - base.cpu_s / base.wall_s * s.wall_s) / s.events * 1e6
+                # the background of the process charged: its rate while the baseline's rounds ran, if it is the same
+                rate = samples[base.name].cpu_s / samples[base.name].wall_s if base.pid == p.pid else 0.0
+                row.net_us_per_chunk = (s.cpu_s - rate * s.wall_s) / s.events * 1e6
             rows[concurrency, p.name] = row
     return rows
 
@@ -254,15 +383,25 @@ def main() -> int:
     parser.add_argument("--rounds", default=None,
                         help="rounds per concurrency, comma-separated like --streams (default 10,4,2 for 1,8,32)")
     parser.add_argument("--no-gui", action="store_true", help="leave out /api/chat")
+    parser.add_argument("--stand-in", action="store_true",
+                        help="a stand-in streams in llama-server's place (the relay alone); adds the floor path")
+    parser.add_argument("--stand-in-tps", type=float, default=50.0, help="the stand-in's tokens/s per stream")
     args = parser.parse_args()
     streams = [int(s) for s in args.streams.split(",")]
     if max(streams) > N_PARALLEL:
         raise SystemExit(f"at most {N_PARALLEL} streams: llama-server runs {N_PARALLEL} slots")
     rounds = dict(zip(streams, (int(r) for r in args.rounds.split(",")))) if args.rounds else ROUNDS
-    port = free_port()
+    spawn = multiprocessing.get_context("spawn")
+    port, helpers = free_port(), []
+    stand_in = floor = None
+    if args.stand_in:
+        stand_in, floor = free_port(), free_port()
+        helpers = [spawn.Process(target=stand_in_llama_server, args=(stand_in, args.stand_in_tps), daemon=True),
+                   spawn.Process(target=floor_relay, args=(floor, stand_in), daemon=True)]
     ours, theirs = multiprocessing.Pipe()
-    service = multiprocessing.get_context("spawn").Process(target=serve, args=(port, theirs), daemon=True)
-    service.start()
+    service = spawn.Process(target=serve, args=(port, theirs, stand_in), daemon=True)
+    for process in (*helpers, service):
+        process.start()
     try:
         if not ours.poll(300):
             raise SystemExit("the studio service did not start or the model did not load within 300 s")
@@ -273,33 +412,44 @@ def main() -> int:
         up_port = int(upstream.rsplit(":", 1)[1])
         usage = {"stream_options": {"include_usage": True}}
         paths = [
-            Route("direct", up_port, "/v1/chat/completions", auth, {}, V1_TOKEN, False),
-            Route("studio /v1", port, "/v1/chat/completions", {}, {}, V1_TOKEN, True),
+            Route("direct", up_port, "/v1/chat/completions", auth, {}, V1_TOKEN, False, service.pid),
+            Route("studio /v1", port, "/v1/chat/completions", {}, {}, V1_TOKEN, True, service.pid),
         ]
         baseline_of = {"studio /v1": "direct"}
+        if floor is not None:
+            paths.append(Route("floor", floor, "/v1/chat/completions", auth, {}, V1_TOKEN, True, helpers[1].pid))
+            baseline_of["floor"] = "direct"
         if not args.no_gui:
-            paths += [Route("direct+usage", up_port, "/v1/chat/completions", auth, usage, V1_TOKEN, False),
-                      Route("studio /api", port, "/api/chat", {}, {}, GUI_TOKEN, True)]
+            paths += [Route("direct+usage", up_port, "/v1/chat/completions", auth, usage, V1_TOKEN, False,
+                            service.pid),
+                      Route("studio /api", port, "/api/chat", {}, {}, GUI_TOKEN, True, service.pid)]
             baseline_of["studio /api"] = "direct+usage"
-        print(f"model {name}, {N_PARALLEL} slots, {args.tokens} tokens per stream, streams {args.streams}, "
+        what = f"stand-in at {args.stand_in_tps:g} tokens/s per stream" if args.stand_in else f"model {name}"
+        print(f"{what}, {N_PARALLEL} slots, {args.tokens} tokens per stream, streams {args.streams}, "
               f"rounds {[rounds.get(c, 2) for c in streams]}, machine load {psutil.getloadavg()[0]:.1f} "
               f"on {psutil.cpu_count()} CPUs")
-        asyncio.run(warm_up(paths))
+        for _ in range(30):  # the helpers listen a moment after the studio announces
+            try:
+                asyncio.run(warm_up(paths))
+                break
+            except OSError:
+                time.sleep(0.2)
         before, t0 = studio_cpu(service.pid), time.perf_counter()
         time.sleep(5)
         idle = (studio_cpu(service.pid) - before) / (time.perf_counter() - t0)
-        print(f"studio process idle, model loaded: {idle * 1000:.1f} ms CPU per second")
+        print(f"studio process idle: {idle * 1000:.1f} ms CPU per second")
         runs = []
         for i in range(args.runs):
-            runs.append(asyncio.run(run_once(paths, baseline_of, streams, args.tokens, service.pid, rounds)))
+            runs.append(asyncio.run(run_once(paths, baseline_of, streams, args.tokens, rounds)))
             if args.runs > 1:
                 print(f"run {i + 1}/{args.runs} done, load {psutil.getloadavg()[0]:.1f}", file=sys.stderr)
         report(runs, paths, baseline_of, streams)
     finally:
-        service.terminate()  # SIGTERM: uvicorn shuts down and the app stops llama-server
-        service.join(30)
-        if service.is_alive():
-            service.kill()
+        for process in (service, *helpers):  # SIGTERM: uvicorn shuts down and the app stops llama-server
+            process.terminate()
+            process.join(30)
+            if process.is_alive():
+                process.kill()
     return 0
 
 
