@@ -12,13 +12,16 @@ connection closed when the client leaves.
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 
 import httpx
+import pytest
 import uvicorn
 from starlette.types import Receive, Scope, Send
 
+from studio.chat.model_turn import Turn, TurnError, read_turn
 from studio.http.relay import Relay
 from studio.http.upstream import Upstream
 from tests.helpers import free_port
@@ -170,3 +173,53 @@ def test_a_client_that_leaves_while_no_token_comes_still_closes_the_upstream():
             await asyncio.wait_for(closed.wait(), 5)
 
     run(main())
+
+
+GUI_STREAM = b"".join(b"data: " + json.dumps(c).encode() + b"\n\n" for c in [
+    {"choices": [{"index": 0, "delta": {"role": "assistant", "content": None}}]},
+    {"choices": [{"index": 0, "delta": {"reasoning_content": "hm"}}]},
+    {"choices": [{"index": 0, "delta": {"content": "H\u00e9llo \"w\"\n"}}]},
+    {"choices": [{"index": 0, "delta": {"tool_calls": [{"index": 0, "id": "c1", "function": {"name": "f"}}]}}]},
+    {"choices": [{"index": 0, "finish_reason": "length", "delta": {}}],
+     "timings": {"predicted_n": 3, "predicted_per_second": 9.5, "draft_n": 4, "draft_n_accepted": 3}},
+    {"choices": [], "usage": {"prompt_tokens": 2, "completion_tokens": 3, "total_tokens": 5}},
+]) + b":\n\ndata: [DONE]\n\n"
+
+
+class _Pieces(httpx.AsyncByteStream):
+    """A response body that arrives in the given pieces."""
+
+    def __init__(self, pieces: list[bytes]) -> None:
+        self._pieces = pieces
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        for piece in self._pieces:
+            yield piece
+
+
+def _turn(pieces: list[bytes]) -> list[object]:
+    async def main() -> list[object]:
+        return [item async for item in read_turn(httpx.Response(200, stream=_Pieces(pieces)), None)]
+
+    return asyncio.run(main())
+
+
+def test_a_gui_turn_from_a_whole_stream():
+    *events, turn = _turn([GUI_STREAM])
+    assert events == [{"type": "reasoning", "text": "hm"}, {"type": "content", "text": "H\u00e9llo \"w\"\n"},
+                      {"type": "tool_call", "index": 0, "id": "c1", "function": {"name": "f"}}]
+    assert isinstance(turn, Turn) and turn.content == "H\u00e9llo \"w\"\n" and turn.finish_reason == "length"
+    assert turn.usage == {"prompt_tokens": 2, "completion_tokens": 3, "total_tokens": 5}
+    assert turn.timings["draft_n_accepted"] == 3
+
+
+@pytest.mark.parametrize("cut", range(1, len(GUI_STREAM), 7))
+def test_a_gui_turn_is_the_same_however_the_stream_is_split(cut):
+    assert _turn([GUI_STREAM[:cut], GUI_STREAM[cut:]]) == _turn([GUI_STREAM])
+
+
+def test_an_error_chunk_ends_the_turn_with_its_error():
+    with pytest.raises(TurnError) as info:
+        _turn([b'data: {"error": {"message": "boom", "type": "server_error"}}\n\n'
+               b'data: {"choices": [{"delta": {"content": "late"}}]}\n\n'])
+    assert info.value.status == 500 and info.value.error == {"message": "boom", "type": "server_error"}

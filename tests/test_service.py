@@ -190,6 +190,10 @@ def test_bad_bodies_get_openai_shaped_errors(studio):
     assert resp.status_code == 400 and resp.json()["error"]["type"] == "invalid_request_error"
     resp = httpx.post(f"{base}/api/load", json={"model": GEMMA, "n_ctx": -5}, timeout=10)
     assert resp.status_code == 422 and resp.json()["error"]["param"] == "n_ctx"
+    resp = httpx.post(f"{base}/api/chat", json={"model": TINY, "messages": []}, timeout=10)
+    assert resp.status_code == 422 and resp.json()["error"]["param"] == "messages"
+    resp = httpx.post(f"{base}/api/chat", content=b"{not json", timeout=10)
+    assert resp.status_code == 400 and resp.json()["error"]["type"] == "invalid_request_error"
 
 
 def test_gui_flow_load_progress_status_chat_unload(studio):

@@ -16,9 +16,11 @@ from typing import Any
 
 import httpx
 
+from studio.chat.sse import EventSplitter, event_json
 from studio.chat.think_split import ThinkSplitter
 from studio.chat.tool_healing import ChunkHealer
 from studio.errors import AnsweredError, error_body
+from studio.http.upstream import body_reader
 
 
 @dataclass
@@ -72,19 +74,22 @@ async def read_turn(resp: httpx.Response, tools: dict[str, dict[str, Any]] | Non
     calls: dict[int, dict[str, Any]] = {}
     healer = ChunkHealer(tools) if tools else None
     splitter = ThinkSplitter() if split_think else None
+    events, read = EventSplitter(), body_reader(resp)
     try:
-        async for line in resp.aiter_lines():
-            if not line.startswith("data: ") or line == "data: [DONE]":
-                continue
-            chunk = json.loads(line[6:])
-            if "error" in chunk:
-                raise TurnError(500, chunk["error"] if isinstance(chunk["error"], dict) else {"message": chunk["error"]})
-            if splitter is not None:
-                chunk = _split(chunk, splitter)
-            made = healer.feed(chunk) if healer else None
-            for part in [chunk] if made is None else made:  # [] when everything in it is held back
-                for event in _take(part, turn, calls):
-                    yield event
+        while data := await read():  # each event parsed once, as soon as it is whole (no line decoder)
+            for raw in events.feed(data):
+                chunk = event_json(raw)
+                if not isinstance(chunk, dict):
+                    continue  # a ping, [DONE]
+                if "error" in chunk:
+                    raise TurnError(500, chunk["error"] if isinstance(chunk["error"], dict)
+                                    else {"message": chunk["error"]})
+                if splitter is not None:
+                    chunk = _split(chunk, splitter)
+                made = healer.feed(chunk) if healer else None
+                for part in [chunk] if made is None else made:  # [] when everything in it is held back
+                    for event in _take(part, turn, calls):
+                        yield event
         for part in healer.finish() if healer else ():
             for event in _take(part, turn, calls):
                 yield event

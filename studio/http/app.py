@@ -24,6 +24,7 @@ from studio.http.gui_api import router as api_router
 from studio.http.auth import BearerTokenMiddleware
 from studio.http.browser_guard import BrowserGuard
 from studio.http.errors import HANDLED, answer_response, dialect_of, error_response, http_answer, validation_answer
+from studio.http.gui_chat import GuiChatRoute
 from studio.http.gui_chat import router as chat_router
 from studio.http.gui_pull import router as pull_router
 from studio.http.metrics import RequestMetrics, StudioMetrics
@@ -97,6 +98,7 @@ def create_app(
     app.include_router(proxy_router)
     app.include_router(page_router)
     app.add_middleware(OpenAIRoutes, on_error=error_response)
+    app.add_middleware(GuiChatRoute, on_error=error_response)
     app.add_middleware(BodySizeLimit, max_body_bytes=max_body_bytes)
     if api_token:
         app.add_middleware(BearerTokenMiddleware, token=api_token)

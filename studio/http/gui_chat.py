@@ -13,19 +13,26 @@ events, and ``done`` sums every model call. Each model call acquires the model
 for itself, so a long tool run holds no model. Without ``use_tools`` a request's
 own OpenAI ``tools`` go to the model and its calls come back as ``tool_call``
 events for the GUI to handle (healed from leaked markup).
+
+``POST /api/chat`` is answered by ``GuiChatRoute``, pure ASGI ahead of FastAPI
+(as the OpenAI routes are), and its events go out through
+``studio.http.relay.EventStream``: both cost less per request and per event
+than FastAPI's routing and ``StreamingResponse`` (``scripts/bench_proxy.py``).
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from typing import Any
 
 import anyio
 import httpx
 from fastapi import APIRouter, Request
-from fastapi.responses import StreamingResponse
-from pydantic import BaseModel, ConfigDict, Field
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import Response
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from studio.chat.media import preflight_chat
 from studio.chat.model_turn import Turn, TurnError, read_turn
@@ -34,13 +41,16 @@ from studio.chat.tool_schema import check_tool_fields, tool_parameters
 from studio.chat.toolbox import Toolbox
 from studio.chat.usage import UsageTotals
 from studio.errors import BadRequestError, StudioError, error_body
-from studio.http.errors import describe, openai_shape
+from studio.http.errors import Dialect, answer_response, describe, openai_shape, validation_answer
 from studio.http.model_paths import check_model_path
 from studio.http.openai_proxy import broke_off, prepare_chat_body, send_upstream
+from studio.http.relay import EventStream
 from studio.residency.manager import ModelManager
 from studio.residency.resident import Lease, LoadedModel
 
 router = APIRouter(prefix="/api")
+
+PATH = "/api/chat"
 
 
 class ToolLimits(BaseModel):
@@ -70,8 +80,56 @@ async def tools(request: Request) -> dict[str, Any]:
     return _toolbox(request).status()
 
 
+class GuiChatRoute:
+    """Pure ASGI middleware that answers ``POST /api/chat`` itself; everything else goes on to the app.
+
+    FastAPI's routing, body and dependency layers cost more per request than
+    relaying a whole answer's chunks (``scripts/bench_proxy.py``), as for the
+    OpenAI routes (``studio.http.openai_proxy.OpenAIRoutes``). The body is
+    validated by the same ``ChatBody`` model, and a bad one gets the app's
+    422 answer. The FastAPI route of the same path stays for ``/docs``.
+    """
+
+    def __init__(self, app: ASGIApp, on_error: Callable[[Exception, Dialect], Response | None]) -> None:
+        self.app = app
+        self.on_error = on_error
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope["method"] != "POST" or scope["path"] != PATH:
+            await self.app(scope, receive, send)
+            return
+        request = Request(scope, receive)
+        try:
+            body = await _chat_body(request)
+            response = body if isinstance(body, Response) else await _chat(request, body)
+        except Exception as exc:
+            answer = self.on_error(exc, "openai")
+            if answer is None:
+                raise
+            response = answer
+        await response(scope, receive, send)
+
+
+async def _chat_body(request: Request) -> ChatBody | Response:
+    """The validated body, or the app's 422 answer for one that does not match ``ChatBody``."""
+    try:
+        data = json.loads(await request.body())
+    except ValueError as exc:
+        raise BadRequestError(f"the request body is not valid JSON: {exc}") from None
+    try:
+        return ChatBody.model_validate(data)
+    except ValidationError as exc:  # named as FastAPI names a body's fields
+        refused = RequestValidationError([{**e, "loc": ("body", *e["loc"])} for e in exc.errors()])
+        return answer_response(validation_answer(refused), "openai")
+
+
 @router.post("/chat")
-async def chat(request: Request, body: ChatBody) -> StreamingResponse:
+async def chat(request: Request, body: ChatBody) -> Response:
+    """Served by ``GuiChatRoute``; declared here for ``/docs``."""
+    return await _chat(request, body)
+
+
+async def _chat(request: Request, body: ChatBody) -> Response:
     manager: ModelManager = request.app.state.manager
     payload = body.model_dump(exclude_none=True, exclude={"use_tools", "tool_limits"})
     check_tool_fields(payload)
@@ -126,7 +184,7 @@ async def chat(request: Request, body: ChatBody) -> StreamingResponse:
         events = run_tool_loop(payload["messages"], selected, call_model, limits)
     else:
         events = _one_turn(payload["messages"], call_model)
-    return StreamingResponse(_sse_events(events, held), media_type="text/event-stream")
+    return EventStream(_sse_events(events, held), media_type="text/event-stream")
 
 
 async def _one_turn(messages: list[dict[str, Any]], call_model: Any) -> AsyncIterator[dict[str, Any]]:
@@ -153,7 +211,7 @@ async def _broken_stream(own: tuple[LoadedModel, Lease], exc: httpx.HTTPError) -
 
 
 async def _sse_events(events: AsyncIterator[dict[str, Any]],
-                      held: list[tuple[LoadedModel, Lease]]) -> AsyncIterator[bytes]:
+                      held: list[tuple[LoadedModel, Lease]]) -> AsyncGenerator[bytes, None]:
     try:
         async for event in events:
             yield f"data: {json.dumps(event)}\n\n".encode()

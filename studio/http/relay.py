@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import AsyncGenerator, Awaitable, Callable, Mapping
 from typing import Protocol
 
 import anyio
@@ -70,25 +70,9 @@ class Relay(Response):
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         await send({"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers})
-        gone = False
-        with anyio.CancelScope() as relaying:
-
-            def left(watcher: asyncio.Future[None]) -> None:
-                nonlocal gone
-                if not watcher.cancelled():
-                    gone = True
-                    relaying.cancel()
-
-            watcher = asyncio.ensure_future(_disconnect(receive))
-            watcher.add_done_callback(left)
-            try:
-                last = await self._pump(send)
-            finally:
-                watcher.remove_done_callback(left)
-                watcher.cancel()
-                with anyio.CancelScope(shield=True):
-                    await self._on_close(self._first_at, self._tail)
-        if not gone:
+        last = await until_client_leaves(receive, lambda: self._pump(send),
+                                         lambda: self._on_close(self._first_at, self._tail))
+        if last is not None:
             await send({"type": "http.response.body", "body": last, "more_body": False})
 
     async def _pump(self, send: Send) -> bytes:
@@ -111,6 +95,61 @@ class Relay(Response):
             return held + await self._on_break(exc)
         finally:
             self._tail = before_last + last
+
+
+class EventStream(Response):
+    """An ASGI response that sends each bytes item of ``events`` as it comes, until the client leaves.
+
+    ``StreamingResponse`` without its anyio task group and disconnect listener per
+    request: one watcher task notices a client that leaves and cancels the stream,
+    and ``events`` is closed either way.
+    """
+
+    def __init__(self, events: AsyncGenerator[bytes, None], *, status_code: int = 200,
+                 headers: Mapping[str, str] | None = None, media_type: str | None = None) -> None:
+        self.status_code = status_code
+        self.media_type = media_type
+        self.background = None
+        self.init_headers(headers)
+        self._events = events
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        await send({"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers})
+
+        async def pump() -> bytes:
+            async for data in self._events:
+                await send({"type": "http.response.body", "body": data, "more_body": True})
+            return b""
+
+        if await until_client_leaves(receive, pump, self._events.aclose) is not None:
+            await send({"type": "http.response.body", "body": b"", "more_body": False})
+
+
+async def until_client_leaves(receive: Receive, work: Callable[[], Awaitable[bytes]],
+                              cleanup: Callable[[], Awaitable[None]]) -> bytes | None:
+    """Return what ``work`` returns, or ``None`` when the client left first and ``work`` was cancelled.
+
+    ``cleanup`` is awaited either way, shielded from the cancellation.
+    """
+    gone = False
+    with anyio.CancelScope() as working:
+
+        def left(watcher: asyncio.Future[None]) -> None:
+            nonlocal gone
+            if not watcher.cancelled():
+                gone = True
+                working.cancel()
+
+        watcher = asyncio.ensure_future(_disconnect(receive))
+        watcher.add_done_callback(left)
+        try:
+            result = await work()
+        finally:
+            watcher.remove_done_callback(left)
+            watcher.cancel()
+            with anyio.CancelScope(shield=True):
+                await cleanup()
+    return None if gone else result
 
 
 async def _disconnect(receive: Receive) -> None:
