@@ -22,7 +22,7 @@ import uvicorn
 from starlette.types import Receive, Scope, Send
 
 from studio.chat.model_turn import Turn, TurnError, read_turn
-from studio.http.relay import Relay
+from studio.http.relay import Relay, Reshape
 from studio.http.upstream import Upstream
 from tests.helpers import free_port
 from tests.test_upstream import CHUNKED_HEAD, StandIn
@@ -37,14 +37,20 @@ def _chunk(data: bytes, extension: bytes = b"") -> bytes:
 
 @asynccontextmanager
 async def relaying(handler: Callable[[asyncio.StreamReader, asyncio.StreamWriter, int], Awaitable[bool]],
+                   reshape: Callable[[], Reshape] | None = None, seen: list[tuple[float | None, bytes]] | None = None,
                    ) -> AsyncIterator[tuple[str, asyncio.Event]]:
-    """A stand-in answering with ``handler`` and a uvicorn app relaying it; yields (app URL, upstream closed)."""
+    """A stand-in answering with ``handler`` and a uvicorn app relaying it; yields (app URL, upstream closed).
+
+    ``reshape`` makes each request's reshape; ``seen`` gets what ``on_close`` was given.
+    """
     closed = asyncio.Event()
     async with StandIn(handler) as standin:
         upstream = Upstream()
 
-        async def close(resp: httpx.Response) -> None:
+        async def close(resp: httpx.Response, first_at: float | None, tail: bytes) -> None:
             await resp.aclose()
+            if seen is not None:
+                seen.append((first_at, tail))
             closed.set()
 
         async def on_break(exc: httpx.HTTPError) -> bytes:
@@ -54,8 +60,8 @@ async def relaying(handler: Callable[[asyncio.StreamReader, asyncio.StreamWriter
             while (await receive())["more_body"]:
                 pass
             resp = await upstream.post(standin.url, {}, {})
-            relay = Relay(resp, on_close=lambda first_at, tail: close(resp), on_break=on_break,
-                          media_type="text/event-stream")
+            relay = Relay(resp, on_close=lambda first_at, tail: close(resp, first_at, tail), on_break=on_break,
+                          reshape=reshape() if reshape else None, media_type="text/event-stream")
             await relay(scope, receive, send)
 
         port = free_port()
@@ -121,6 +127,43 @@ def test_an_upstream_that_breaks_off_mid_stream_ends_the_stream_with_the_error_e
             resp = await client.post(url, content=b"{}")
             assert resp.status_code == 200 and resp.content == PIECES[0] + BROKE
             await asyncio.wait_for(closed.wait(), 5)
+
+    run(main())
+
+
+class _HoldsTheLastEvent:
+    """A reshape that holds each event back until the next comes (as the tool-call healer holds markup)."""
+
+    def __init__(self) -> None:
+        self._held = b""
+
+    def feed(self, data: bytes) -> bytes:
+        out, self._held = self._held, data
+        return out
+
+    def close(self) -> bytes:
+        held, self._held = self._held, b""
+        return held
+
+
+def test_a_reshape_s_held_bytes_reach_the_client_before_the_error_event_when_the_upstream_breaks_off():
+    async def dies(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, n: int) -> bool:
+        writer.write(CHUNKED_HEAD + _chunk(PIECES[0]))
+        await writer.drain()
+        await asyncio.sleep(0.05)
+        writer.write(_chunk(PIECES[1]))
+        await writer.drain()
+        await asyncio.sleep(0.05)
+        return False
+
+    async def main() -> None:
+        seen: list[tuple[float | None, bytes]] = []
+        async with relaying(dies, _HoldsTheLastEvent, seen) as (url, closed), httpx.AsyncClient() as client:
+            resp = await client.post(url, content=b"{}")
+            assert resp.content == PIECES[0] + PIECES[1] + BROKE
+            await asyncio.wait_for(closed.wait(), 5)
+        [(first_at, tail)] = seen  # for /metrics: when the first bytes came, and the last upstream bytes
+        assert first_at is not None and tail == PIECES[0] + PIECES[1]
 
     run(main())
 

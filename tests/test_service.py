@@ -124,6 +124,19 @@ def test_closing_a_stream_frees_the_slot(studio, client):
     assert time.monotonic() - t0 < 1.5
 
 
+def test_leaving_a_gui_chat_stream_frees_the_slot(studio):
+    """/api/chat streams through relay.EventStream, not StreamingResponse: its watcher must still see the client go."""
+    base, manager = studio
+    with httpx.stream("POST", f"{base}/api/chat", timeout=120, json={
+            "model": GEMMA, "messages": [{"role": "user", "content": "Write a long story."}], "max_tokens": 2000}) as r:
+        for i, _ in enumerate(r.iter_lines()):
+            if i == 10:
+                break
+        assert any(s["is_processing"] for s in upstream_slots(manager))
+    wait_for(lambda: not any(s["is_processing"] for s in upstream_slots(manager)), timeout=10,
+             what="llama-server to stop generating after the GUI left")  # 2000 tokens would take minutes
+
+
 def test_back_to_back_streams_do_not_reuse_the_connection_llama_server_closed(studio):
     """llama-server closes the connection after every stream; the next request reusing it was a 502."""
     base, _ = studio
