@@ -126,34 +126,18 @@ def serve(port: int, conn: Connection, stand_in: int | None) -> None:
 
 
 def serve_stand_in(port: int, conn: Connection, upstream: int) -> None:
-    """The studio service in front of the stand-in llama-server on ``upstream``."""
-    import types
+    """The studio service in front of the stand-in llama-server on ``upstream``.
 
+    Its manager is the tests' stand-in (``tests.standin_manager``): one ready resident
+    model at the stand-in's URL, what the request path asks of the real one.
+    """
     from studio.http.app import create_app
     from studio.http.server import run_service
+    from tests.standin_manager import StandInManager, StandInModel
 
-    class Lease:
-        interruption = None
-
-        async def __call__(self) -> None:
-            pass
-
-    loaded = types.SimpleNamespace(  # the fields of studio.residency.resident.LoadedModel a request uses
-        name="stand-in", url=f"http://127.0.0.1:{upstream}", auth_headers={"Authorization": "Bearer stand-in"},
-        n_ctx=4096, template=None, plan=types.SimpleNamespace(rpc_workers=()))
-
-    class ReadyModel:
-        """Stands in for ``ModelManager`` with one ready resident model: acquire, and close at shutdown."""
-
-        residents: list[object] = []
-
-        async def acquire(self, model: str | None) -> tuple[object, Lease]:
-            return loaded, Lease()
-
-        async def aclose(self) -> None:
-            pass
-
-    run_service(create_app(ReadyModel()), host="127.0.0.1", port=port,  # type: ignore[arg-type]
+    loaded = StandInModel(name="stand-in", url=f"http://127.0.0.1:{upstream}",
+                          auth_headers={"Authorization": "Bearer stand-in"})
+    run_service(create_app(StandInManager(loaded)), host="127.0.0.1", port=port,  # type: ignore[arg-type]
                 announce=lambda: conn.send((loaded.name, loaded.url, loaded.auth_headers)))
 
 
