@@ -127,16 +127,20 @@ def test_a_bad_body_on_the_messages_route_is_anthropic_shaped(studio):
 
 def test_closing_a_messages_stream_frees_the_slot(studio):
     base, manager = studio
-    body = {"model": GEMMA, "max_tokens": 2000, "stream": True,
+    body = {"model": GEMMA, "max_tokens": 2000, "stream": True, "temperature": 0,
             "messages": [{"role": "user", "content": "Write a long story."}]}
-    with httpx.stream("POST", f"{base}/v1/messages", json=body, timeout=60) as resp:
-        for i, _ in enumerate(resp.iter_raw()):
-            if i == 5:
-                break
-        assert any(s["is_processing"] for s in _slots(manager, GEMMA))
-    wait_for(lambda: not any(s["is_processing"] for s in _slots(manager, GEMMA)), timeout=5,
-             what="llama-server to stop generating after the client left")
-    assert manager.find(GEMMA).in_flight == 0
+    for _attempt in range(3):  # base Gemma may end its answer within the first events: then try again
+        with httpx.stream("POST", f"{base}/v1/messages", json=body, timeout=60) as resp:
+            for i, _ in enumerate(resp.iter_raw()):
+                if i == 5:
+                    break
+            if not any(s["is_processing"] for s in _slots(manager, GEMMA)):
+                continue
+        wait_for(lambda: not any(s["is_processing"] for s in _slots(manager, GEMMA)), timeout=5,
+                 what="llama-server to stop generating after the client left")
+        assert manager.find(GEMMA).in_flight == 0
+        return
+    pytest.fail("Gemma finished its answer before the client could leave, three times")
 
 
 def _slots(manager: ModelManager, model: str) -> list[dict]:

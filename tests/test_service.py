@@ -112,7 +112,8 @@ def test_context_overflow_is_a_400_with_the_sizes(studio, client):
 def test_closing_a_stream_frees_the_slot(studio, client):
     _, manager = studio
     stream = client.chat.completions.create(
-        model=GEMMA, messages=[{"role": "user", "content": "Write a long story."}], max_tokens=2000, stream=True)
+        model=GEMMA, messages=[{"role": "user", "content": "Write a long story."}], max_tokens=2000, stream=True,
+        temperature=0)  # sampled, base Gemma may end after a few tokens; greedy, it runs to max_tokens
     for i, _ in enumerate(stream):
         if i == 5:
             break
@@ -128,7 +129,8 @@ def test_leaving_a_gui_chat_stream_frees_the_slot(studio):
     """/api/chat streams through relay.EventStream, not StreamingResponse: its watcher must still see the client go."""
     base, manager = studio
     with httpx.stream("POST", f"{base}/api/chat", timeout=120, json={
-            "model": GEMMA, "messages": [{"role": "user", "content": "Write a long story."}], "max_tokens": 2000}) as r:
+            "model": GEMMA, "messages": [{"role": "user", "content": "Write a long story."}], "max_tokens": 2000,
+            "temperature": 0}) as r:
         for i, _ in enumerate(r.iter_lines()):
             if i == 10:
                 break
