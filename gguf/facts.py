@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING, Any
 from gguf.consistency import (
     MAX_BLOCKS, MAX_CONTEXT, MAX_EMBEDDING, check_block_count, check_experts, check_limit, check_shapes,
 )
+from gguf.arch_traits import KNOWN_ARCHITECTURES, ArchTraits, traits_of
 from gguf.errors import GGUFError, InconsistentHeaderError
 from gguf.reader import LazyArray
 
@@ -41,29 +42,12 @@ if TYPE_CHECKING:
     from gguf.model import GGUFFile
 
 __all__ = [
-    "KNOWN_ARCHITECTURES", "KVBytesPerToken", "ModelFacts", "SSMFacts", "file_type_names", "model_facts",
+    "KVBytesPerToken", "ModelFacts", "SSMFacts", "file_type_names", "model_facts",
     "swa_layers_from_hf_config",
 ]
 
 #: llama.cpp's LLAMA_MAX_LAYERS: per-layer arrays longer than this cannot load.
 MAX_LAYERS = 512
-
-#: Every architecture name the pinned llama.cpp (b11434) knows (``llama-arch.cpp``).
-KNOWN_ARCHITECTURES: frozenset[str] = frozenset("""
-    clip llama llama4 deci falcon grok gpt2 gptj gptneox mpt baichuan starcoder refact bert modern-bert
-    nomic-bert nomic-bert-moe neo-bert jina-bert-v2 jina-bert-v3 eurobert bloom stablelm qwen qwen2 qwen2moe
-    qwen2vl qwen3 qwen3moe qwen3next qwen3vl qwen3vlmoe qwen35 qwen35moe clef qwen4exp phi2 phi3 phimoe plamo
-    plamo2 plamo3 codeshell orion internlm2 minicpm minicpm3 gemma gemma2 gemma3 gemma3n gemma4 gemma4-assistant
-    gemma-embedding starcoder2 mamba mamba2 maple jamba falcon-h1 xverse command-r cohere2 cohere2moe dbrx olmo
-    olmo2 olmoe muse-glimmer openelm arctic deepseek deepseek2 deepseek2-ocr deepseek32 deepseek4 chatglm glm4
-    glm4moe glm-dsa bitnet t5 t5encoder jais jais2 nemotron nemotron_h nemotron_h_moe exaone exaone4 exaone-moe
-    rwkv6 rwkv6qwen2 rwkv7 arwkv7 granite granitemoe granitehybrid graniteswitch granite_swa chameleon
-    wavtokenizer-dec plm bailingmoe bailingmoe2 bailingmoe3 dots1 dots3note arcee afmoe laguna ernie4_5
-    ernie4_5-moe hunyuan-moe hunyuan-dense hunyuan_vl hy_v3 hy_v4 smollm3 gpt-oss lfm2 lfm2moe dream
-    smallthinker llada llada-moe seed_oss grovemoe apertus minimax-01 hrm_text minimax-m2 minimax-m3 cogvlm rnd1
-    pangu-embedded mistral3 eagle3 dflash mistral4 paddleocr mimo2 step35 spark2_5 llama-embed maincoder
-    kimi-linear kimi-k3 glm5-next talkie mellum nanbeige qwen3tts pockettts
-""".split())
 
 #: Architectures whose every layer is recurrent (``llm_arch_is_recurrent``).
 _PURE_RECURRENT = frozenset({"mamba", "mamba2", "rwkv6", "rwkv6qwen2", "rwkv7", "arwkv7"})
@@ -271,6 +255,11 @@ class ModelFacts:
     rope_dimension_count: int = 0
 
     # -- derived ------------------------------------------------------------
+    @property
+    def traits(self) -> ArchTraits:
+        """How llama.cpp runs this architecture where the shapes do not say (``gguf.arch_traits``)."""
+        return traits_of(self.architecture)
+
     @property
     def has_mtp(self) -> bool:
         """The file carries multi-token-prediction (nextn) blocks."""

@@ -29,7 +29,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import gguf
-from gguf.facts import KNOWN_ARCHITECTURES, ModelFacts, model_facts, swa_layers_from_hf_config
+from gguf.arch_traits import KNOWN_ARCHITECTURES
+from gguf.facts import ModelFacts, model_facts, swa_layers_from_hf_config
 from gguf.model import GGUFFile
 from gguf.reader import Header, StatKey
 from gguf.writer import rewrite
