@@ -43,7 +43,7 @@ KNOWN_ARCHITECTURES: frozenset[str] = frozenset("""
 """.split())
 
 #: Which builder a recurrent layer's graph comes from (only read for models with recurrent layers).
-RecurrentGraph = Literal["generic", "mamba", "mamba2"]
+RecurrentGraph = Literal["generic", "mamba-1", "mamba-2"]
 #: The sparse-attention indexer a graph runs beside its attention cache.
 SparseAttention = Literal["none", "dsa", "msa", "kpool-lightning", "kpool-qsa", "csa"]
 
@@ -77,8 +77,8 @@ class ArchTraits:
     alive until K is concatenated from it (models/kimi-linear.cpp:398-444, kimi-k3.cpp:506-530)."""
 
     recurrent_graph: RecurrentGraph = "generic"
-    """The builder of the recurrent layers: ``"mamba"`` (``build_mamba_layer``: Mamba-1's per-channel decay, B and C
-    from ``x_proj``; models/mamba.cpp:106, jamba.cpp:128), ``"mamba2"`` (``build_mamba2_layer``: per-head scalar
+    """The builder of the recurrent layers: ``"mamba-1"`` (``build_mamba_layer``: Mamba-1's per-channel decay, B and C
+    from ``x_proj``; models/mamba.cpp:106, jamba.cpp:128), ``"mamba-2"`` (``build_mamba2_layer``: per-head scalar
     decay, B and C in ``n_group`` groups, one fused input projection; models/mamba-base.cpp, mamba.cpp:104,
     falcon-h1.cpp:161, granite-hybrid.cpp:164, nemotron-h.cpp:215), else another scan (``"generic"``: RWKV,
     linear attention, short convolutions...)."""
@@ -134,7 +134,7 @@ DEFAULT_TRAITS = ArchTraits()
 _NO_MIXED_BATCH = ArchTraits(mixed_batch_input=False)
 _PARALLEL = ArchTraits(parallel_attention_ffn=True)
 _LAST_FFN = ArchTraits(last_ffn_on_all_tokens=True)
-_MAMBA2 = ArchTraits(recurrent_graph="mamba2")
+_MAMBA2 = ArchTraits(recurrent_graph="mamba-2")
 _DSA = ArchTraits(sparse_attention="dsa")
 _ROLLBACK = ArchTraits(rs_rollback=True)
 
@@ -163,18 +163,18 @@ _TABLE: dict[str, ArchTraits] = {
     "hrm_text": ArchTraits(input_state_alive=True),
     "hy_v3": _LAST_FFN,
     "hy_v4": _DSA,
-    "jamba": ArchTraits(recurrent_graph="mamba"),
+    "jamba": ArchTraits(recurrent_graph="mamba-1"),
     "kimi-k3": ArchTraits(mla_unroped_k=True, rs_rollback=True),
     "kimi-linear": ArchTraits(mla_unroped_k=True),
     "lfm2": _ROLLBACK,
     "lfm2moe": _ROLLBACK,
     "llama4": ArchTraits(moe_weight_before_ffn=True),
-    "mamba": ArchTraits(recurrent_graph="mamba"),
+    "mamba": ArchTraits(recurrent_graph="mamba-1"),
     "mamba2": _MAMBA2,
     "minimax-01": ArchTraits(lightning_attention_decay=True),
     "minimax-m3": ArchTraits(sparse_attention="msa"),
-    "nemotron_h": ArchTraits(last_ffn_on_all_tokens=True, recurrent_graph="mamba2", rs_rollback=True),
-    "nemotron_h_moe": ArchTraits(recurrent_graph="mamba2", rs_rollback=True),
+    "nemotron_h": ArchTraits(last_ffn_on_all_tokens=True, recurrent_graph="mamba-2", rs_rollback=True),
+    "nemotron_h_moe": ArchTraits(recurrent_graph="mamba-2", rs_rollback=True),
     "phi2": _PARALLEL,
     "plamo": _PARALLEL,
     "qwen35": ArchTraits(last_ffn_on_all_tokens=True, rs_rollback=True, mtp_draft_measured=True),

@@ -29,29 +29,6 @@ if TYPE_CHECKING:
     from gguf.facts import ModelFacts
     from launcher.memory import CacheBill, ContextShape
 
-#: Graphs whose last block runs its FFN on every token of the ubatch: they gather the output rows before it only
-#: for an MTP draft context (``il == n_layer - 1 && inp_out_ids && cparams.embeddings_nextn_masked``, models/*.cpp).
-LAST_FFN_ON_ALL_TOKENS = frozenset({"bailingmoe3", "cohere2moe", "gemma4", "hy_v3", "nemotron_h", "gpt-oss",
-                                    "qwen35", "qwen35moe", "qwen3next", "step35"})
-#: Graphs whose blocks run attention and FFN side by side from the same norm, adding both to the residual
-#: (models/command-r.cpp:106-119, cohere2.cpp, cohere2moe.cpp, plamo.cpp, phi2.cpp, falcon.cpp).
-PARALLEL_BLOCK_ARCHS = frozenset({"command-r", "cohere2", "cohere2moe", "plamo", "phi2", "falcon"})
-#: Architectures without the mixed token/embedding input path (``llm_arch_supports_mixed_batch``, llama-arch.cpp):
-#: every other graph allocates an ``inp_mixed_embd`` [n_embd, n_tokens] f32 input beside the token embeddings.
-NO_MIXED_BATCH_ARCHS = frozenset({"cogvlm", "deepseek4", "graniteswitch", "eagle3", "dflash", "gemma4-assistant"})
-#: Graphs that run only the dense FFN (``build_ffn`` with ``ffn_up``/``ffn_gate``/``ffn_down``): the loader accepts
-#: expert tensors, but a MoE file's experts are never run and its FFN is skipped (models/refact.cpp).
-DENSE_FFN_GRAPH_ARCHS = frozenset({"refact"})
-#: MLA graphs that use k_pe, a view of the compressed KV projection, without RoPE (models/kimi-linear.cpp:405,
-#: kimi-k3.cpp:510): the projection stays alive until K is concatenated from it.
-MLA_UNROPED_K_ARCHS = frozenset({"kimi-linear", "kimi-k3"})
-#: Architectures whose recurrent layers run ``build_mamba2_layer`` (models/mamba-base.cpp): per-head scalar decay,
-#: B and C in ``n_group`` groups, one fused input projection.
-MAMBA2_ARCHS = frozenset({"mamba2", "falcon-h1", "granitehybrid", "nemotron_h", "nemotron_h_moe"})
-#: Architectures whose recurrent layers run ``build_mamba_layer`` (models/mamba.cpp, jamba.cpp): Mamba-1's
-#: per-channel decay, B and C from ``x_proj``.
-MAMBA1_ARCHS = frozenset({"mamba", "jamba"})
-
 #: MSA's position axis at the reserve: the cache's positions padded to 256 (llama-kv-cache-msa.cpp:262-273), with none.
 MSA_RESERVE_POSITIONS = 256
 
@@ -76,7 +53,7 @@ COMPUTE_FIT: dict[str, float] = {
     "mask": 1.0, "hidden": 2.625, "query": 0.625, "v_index": 2.125, "kq": 1.0, "ffn": 3.0, "ssm": 2.5,
     "conv": 1.125, "indexer_q": 2.25, "indexer": 1.75, "decay": 0.75, "mla": 1.0, "final_hidden": 7.25,
     "ffn_ungated": 1.375,
-    "lid_q": 2.0, "lid_kq": 1.0, "topk_zeros": 1.0, "mamba2": 1.0,
+    "lid_q": 2.0, "lid_kq": 1.0, "topk_zeros": 1.0, "mamba2_layer": 1.0,
     # below a Mamba-1 layer's tensors (counted): the input embeddings, the residual, the mixed-input copy and
     # the two hidden-sized blocks the layer's norm and the mixed-input rows freed
     "mamba1_hidden": 5.0,
@@ -102,7 +79,7 @@ def terms(facts: ModelFacts, shape: ContextShape, caches: Sequence[CacheBill],
     attention = _attention_terms(facts, shape, live, n_tokens)
     cells = sum(c.cells for c in live)
     # masks counted whole: a cache-less graph's ubatch masks, and MiniMax-M3's one mask every layer reads
-    whole_mask = not any(facts.kv_layers) or facts.architecture == "minimax-m3"
+    whole_mask = not any(facts.kv_layers) or facts.traits.sparse_attention == "msa"
     indexer = _indexer_terms(facts, shape, live, n_tokens, positions)
     # MSA's f32 copy of the (f16) mask is alive from the first sparse layer's attention to the last's, through
     # the FFNs between them (measured: a 4-layer zoo variant, 4 split slots at ubatch 256, peaks in an MoE FFN)
@@ -127,7 +104,7 @@ def terms(facts: ModelFacts, shape: ContextShape, caches: Sequence[CacheBill],
     return {
         **attention,
         "hidden": n_tokens * facts.embedding_length * facts.hyper_connections * 4,
-        "mixed_embd": 0 if facts.architecture in NO_MIXED_BATCH_ARCHS else n_tokens * facts.embedding_length * 4,
+        "mixed_embd": n_tokens * facts.embedding_length * 4 if facts.traits.mixed_batch_input else 0,
         **_ffn_terms(facts, n_tokens, shape.n_outputs_max, masks_after),
         **_recurrent_terms(facts, shape, n_tokens, attention["mask"]),
         **indexer,
@@ -157,7 +134,7 @@ def _attention_terms(facts: ModelFacts, shape: ContextShape, live: Sequence[Cach
     n_kv = n_tokens if no_cache else max((c.cells for c in live), default=0)
     mask_rows = n_tokens * (2 if facts.swa_type != "none" else 1) if no_cache else sum(c.cells for c in live)
     mask_bytes = 2 if shape.flash_attn else 4
-    if facts.architecture == "minimax-m3":
+    if facts.traits.sparse_attention == "msa":
         # build_attn_inp_kv_msa: one mask, the main cache's; the indexer cache has none. MSA's f32 copy of it
         # (msa_mf) is counted with the sparse layers (_indexer_terms)
         mask_rows = sum(c.cells for c in live if c.label != "indexer")
@@ -177,7 +154,7 @@ def _attention_terms(facts: ModelFacts, shape: ContextShape, live: Sequence[Cach
         # the FFN computed beside it (its V un-rotation and wo come after the FFN in graph order)
         "parallel_attn_out": n_tokens * max((h * facts.value_length_of(il) for il, h in enumerate(facts.head_count)),
                                             default=0) * 4
-        if facts.architecture in PARALLEL_BLOCK_ARCHS and k_rotated else 0,
+        if facts.traits.parallel_attention_ffn and k_rotated else 0,
         # A fused attn_qkv with a rotated cache: build_attn rotates Q, then V, then K (llama_mul_mat_hadamard, in
         # that expand order), each a new [n_embd_head, n_head, n_tokens] f32 product, the views into the fused
         # output first made contiguous. The fused output [n_embd_q + n_embd_k + n_embd_v, n_tokens] stays alive
@@ -199,7 +176,7 @@ def _attention_terms(facts: ModelFacts, shape: ContextShape, live: Sequence[Cach
         # heads on; with fewer (the zoo's one) the rest adds to the attention's peak (measured: deepseek2,
         # bailingmoe3 5.5 MiB, kimi-linear 6.9 MiB)
         "mla_k": n_tokens * 4 * max(0, facts.key_length + facts.kv_lora_rank
-                                    + (facts.key_length if facts.architecture in MLA_UNROPED_K_ARCHS else 0)
+                                    + (facts.key_length if facts.traits.mla_unroped_k else 0)
                                     - n_head * facts.kv_lora_rank) if facts.is_mla else 0,
         # MLA without absorbed weights (minicpm3.cpp:145, plm.cpp:111; deepseek2.cpp:595 without key_length_mla):
         # wkv_b decompresses the RMS-normed latent into kv [n_head * (n_embd_head_k - n_rot + n_embd_head_v),
@@ -211,10 +188,10 @@ def _attention_terms(facts: ModelFacts, shape: ContextShape, live: Sequence[Cach
         if facts.kv_lora_rank and not facts.is_mla else 0,
         # MiniMax-01's lightning attention: the [n_tokens, n_tokens, n_head] f32 decay input every layer reads
         # (``sched_reserve`` reserves it with one sequence, its worst case)
-        "decay": n_tokens * n_tokens * n_head * 4 if facts.architecture == "minimax-01" else 0,
+        "decay": n_tokens * n_tokens * n_head * 4 if facts.traits.lightning_attention_decay else 0,
         # HRM's high-level state zH (the input embedding) stays alive through the low-level cycles that read
         # it, one hidden state more than a plain trunk holds (models/hrm-text.cpp:174-195)
-        "hrm_zh": n_tokens * facts.embedding_length * 4 if facts.architecture == "hrm_text" else 0,
+        "hrm_zh": n_tokens * facts.embedding_length * 4 if facts.traits.input_state_alive else 0,
     }
 
 
@@ -249,14 +226,14 @@ def _ffn_terms(facts: ModelFacts, n_tokens: int, n_outputs: int, masks_after: Ca
     n_tokens]``): a gated FFN holds gate, up and their product, an ungated one only the up projection's; and the
     masks still allocated beside them (``masks_after``: those a later layer reads)."""
     moe_ff = max(facts.expert_feed_forward_length * facts.expert_used_count, facts.expert_shared_feed_forward_length)
-    experts_run = facts.architecture not in DENSE_FFN_GRAPH_ARCHS
+    experts_run = facts.traits.runs_experts
     n_layer = facts.layer_count
 
     moe = [il < len(facts.moe_layers) and facts.moe_layers[il] for il in range(n_layer)]
     widths = {il: (moe_ff if experts_run else 0) if moe[il] else _dense_ffn_width(facts, il) for il in range(n_layer)}
     # The last block keeps only the output rows (``ggml_get_rows(cur, inp_out_ids)``) before its FFN, except in
     # graphs that gather them there only for an MTP draft: one per slot, or per drafted token when speculating
-    rows = {il: n_tokens if il < n_layer - 1 or n_layer == 1 or facts.architecture in LAST_FFN_ON_ALL_TOKENS
+    rows = {il: n_tokens if il < n_layer - 1 or n_layer == 1 or facts.traits.last_ffn_on_all_tokens
             else min(n_tokens, n_outputs) for il in widths}
     acts = {il: rows[il] * w * 4 for il, w in widths.items()}
     # Hybrids: the FFN of the last attention layer and of the recurrent layers after it run once the V indices
@@ -284,7 +261,7 @@ def _ffn_terms(facts: ModelFacts, n_tokens: int, n_outputs: int, masks_after: Ca
         # input [n_embd, n_expert_used, n_tokens] f32 is freed under the gate/up activations, too small a hole
         # for the SwiGLU output, so it adds to the MoE FFN's peak (llama-graph.cpp:2210-2214)
         "moe_weighted": n_tokens * facts.embedding_length * facts.expert_used_count * 4
-        if facts.architecture == "llama4" and any(facts.moe_layers) else 0,
+        if facts.traits.moe_weight_before_ffn and any(facts.moe_layers) else 0,
         # the experts' down projections [n_embd, n_expert_used, n_tokens] f32 (build_moe_ffn's mul_mat_id), beside
         # their SwiGLU input: when the freed gate and up activations are too small a hole for them they go on top
         # (fine-grained MoE: Qwen3-30B-A3B's 8 x 768-wide experts at n_embd 2048, traced: 24 MiB of hidden states
@@ -304,13 +281,13 @@ def _dense_ffn_width(facts: ModelFacts, il: int) -> int:
 
 
 def _mamba1(facts: ModelFacts) -> bool:
-    return any(facts.recurrent_layers) and facts.architecture in MAMBA1_ARCHS
+    return any(facts.recurrent_layers) and facts.traits.recurrent_graph == "mamba-1"
 
 
 def _recurrent_terms(facts: ModelFacts, shape: ContextShape, n_tokens: int, mask: int) -> dict[str, int]:
     """The SSM layers' tensors: a generic scan, or the Mamba-1 / Mamba-2 layers' own peaks."""
     recurrent = any(facts.recurrent_layers)
-    mamba1, mamba2 = _mamba1(facts), recurrent and facts.architecture in MAMBA2_ARCHS
+    mamba1, mamba2 = _mamba1(facts), recurrent and facts.traits.recurrent_graph == "mamba-2"
     conv_k = facts.ssm.conv_kernel
     conv_ch = facts.recurrent_conv_state // max(conv_k - 1, 1)  # channels ggml_ssm_conv filters
     first_recurrent = facts.recurrent_layers.index(True) if recurrent else 0
@@ -339,13 +316,13 @@ def _recurrent_terms(facts: ModelFacts, shape: ContextShape, n_tokens: int, mask
         # freed), the convolved x [d_inner, n_tokens] (bias and SiLU in place; read again by y + x * D), x_proj's
         # dt/B/C [dt_rank + 2 d_state, n_tokens] (or, with B/C/dt norms, the normalised B and C), and the scan's
         # result: y [d_inner, n_tokens] and every sequence's final state
-        "mamba1": (4 * facts.ssm.inner_size + facts.ssm.time_step_rank + 2 * facts.ssm.state_size) * n_tokens * 4
+        "mamba1_layer": (4 * facts.ssm.inner_size + facts.ssm.time_step_rank + 2 * facts.ssm.state_size) * n_tokens * 4
         + conv_x1 + scan_states
         + (rs_extra if rs_extra > conv_x1 + rs_room else 0) if mamba1 else 0,
         # build_mamba2_layer, when z is made contiguous (models/mamba-base.cpp:192-288): the fused projection zxBCdt
         # [2 d_inner + 2 n_group d_state + n_head, n_tokens], the convolved xBC [d_inner + 2 n_group d_state,
         # n_tokens], z [d_inner, n_tokens], the scan's result and, as in Mamba-1, the other sequences' states
-        "mamba2": (facts.ssm.inner_size + conv_ch + facts.ssm.time_step_rank + conv_ch + facts.ssm.inner_size)
+        "mamba2_layer": (facts.ssm.inner_size + conv_ch + facts.ssm.time_step_rank + conv_ch + facts.ssm.inner_size)
         * n_tokens * 4 + scan_y + scan_states + (rs_extra if rs_extra > conv_x2 + rs_room else 0) if mamba2 else 0,
         # the masks still alive during a recurrent layer
         "scan_mask": mask if masks_alive else 0,
@@ -366,14 +343,14 @@ def _indexer_terms(facts: ModelFacts, shape: ContextShape, live: Sequence[CacheB
     idx_kv = sum(c.cells for c in live if c.label == "indexer")
     # MiniMax-M3 runs MSA only with flash attention and one sequence or split streams, else dense attention in
     # every layer, its indexer unused (models/minimax-m3.cpp:233-235); MSA's tensors are its own (msa_*)
-    msa = facts.architecture == "minimax-m3" and bool(idx_kv) and shape.flash_attn \
+    msa = facts.traits.sparse_attention == "msa" and bool(idx_kv) and shape.flash_attn \
         and (shape.n_seq == 1 or not shape.unified)
-    indexer = bool(idx_kv) and facts.architecture != "minimax-m3"
+    indexer = bool(idx_kv) and facts.traits.sparse_attention != "msa"
     # DeepSeek-V4's trunk CSA layers run the lightning indexer (models/deepseek4.cpp build_csa_lid_attention);
     # its MTP blocks and the draft context's caches do not
     cells = {c.label: c.cells for c in live}
     raw_kv, csa_kv, lid_kv = (cells.get(k, 0) for k in ("SWA", "DSV4 CSA compressed", "DSV4 lightning-indexer"))
-    csa = facts.architecture == "deepseek4" and bool(csa_kv and lid_kv) \
+    csa = facts.traits.sparse_attention == "csa" and bool(csa_kv and lid_kv) \
         and DSV4_CSA_RATIO in facts.compress_ratios[:facts.layer_count]
     idx_q = facts.indexer_head_count * facts.indexer_key_length * n_tokens * 4 if indexer else 0
     # DSA: the [n_kv, n_tokens] f32 scores and their top_k [n_top_k, n_tokens] i32; build_attn (llama-graph.cpp)
@@ -398,7 +375,7 @@ def _indexer_terms(facts: ModelFacts, shape: ContextShape, live: Sequence[CacheB
     streams = shape.n_seq if msa and not shape.unified else 1
     main_kv = sum(c.cells for c in live if c.label != "indexer")
     mask_f32 = main_kv * n_tokens * 4 if msa else 0
-    glm5 = facts.architecture == "glm5-next"
+    glm5 = facts.traits.sparse_attention == "kpool-lightning"
     mask_bytes = 2 if shape.flash_attn else 4
     # inputs every full k-pool layer reads: the lightning indexer's f16 pool mask [n_pool, n_tokens] and glm5-next's
     # f32 slot mask [n_sel, n_tokens] (glm5-next.cpp:307, 334; qwen4exp.cpp:709)
@@ -411,7 +388,7 @@ def _indexer_terms(facts: ModelFacts, shape: ContextShape, live: Sequence[CacheB
     # the transposed copy of K it reads as V (glm5-next.cpp:969-980)
     gather = glm5 and shape.n_ubatch <= 16 and shape.n_ctx > facts.indexer_top_k + kpool - 1
     # where glm5-next's f32 copy of its selection indices goes (see "kpool_sel")
-    holes = (0 if facts.architecture in NO_MIXED_BATCH_ARCHS else facts.embedding_length) * n_tokens * 4 \
+    holes = (facts.embedding_length if facts.traits.mixed_batch_input else 0) * n_tokens * 4 \
         + (n_pool * n_tokens * 2 if sum(facts.indexer_layers) == 1 else 0)
     q_side = max(facts.head_count, default=0) * (facts.key_length_mla + facts.kv_lora_rank) * n_tokens * 4
     sel_copy_above = not gather and (not shape.flash_attn or q_side > holes)
@@ -458,7 +435,7 @@ def _indexer_terms(facts: ModelFacts, shape: ContextShape, live: Sequence[CacheB
         # the last full layer's pool mask left (measured: c1000 3.5 rows, c2048 2.5 rows)
         "kpool_sel": n_tokens * 4 * (kpool * n_top_pool + n_sel + 2 * n_top_pool + (n_sel if sel_copy_above else 0))
         if kpool and glm5 else 0,
-        "qsa_sel": n_sel * n_tokens * 4 if kpool and facts.architecture == "qwen4exp" else 0,
+        "qsa_sel": n_sel * n_tokens * 4 if kpool and facts.traits.sparse_attention == "kpool-qsa" else 0,
         # build_lid_top_k: the indexer query [indexer_head_size, indexer_n_head, n_tokens] f32 from
         # indexer_attn_q_b, and its RoPE'd copy next to it
         "lid_q": facts.indexer_head_count * facts.indexer_key_length * n_tokens * 4 if csa else 0,
@@ -515,8 +492,9 @@ def combine_terms(t: dict[str, int], fit: dict[str, float] = COMPUTE_FIT) -> tup
     # A Mamba layer peaks on its own: the attention tensors are gone, masks and V indices only while attention
     # follows (falcon-h1 without flash attention: its V indices sit below the scan)
     scan = fit["mask"] * t["scan_mask"] + (t["v_index"] if t["scan_mask"] else 0) + (
-        fit["hidden"] * t["hidden"] + t["mixed_embd"] + fit["mamba2"] * t["mamba2"] + fit["conv"] * t["conv"]
-        if t["mamba2"] else fit["mamba1_hidden"] * t["hidden"] + t["mamba1"]) if t["mamba1"] or t["mamba2"] else 0
+        fit["hidden"] * t["hidden"] + t["mixed_embd"] + fit["mamba2_layer"] * t["mamba2_layer"]
+        + fit["conv"] * t["conv"] if t["mamba2_layer"] else fit["mamba1_hidden"] * t["hidden"] + t["mamba1_layer"]
+    ) if t["mamba1_layer"] or t["mamba2_layer"] else 0
     # The fused-QKV rotation moment: the masks, the input-embeddings leaf, the embeddings and the residual (or,
     # in a parallel block, the norm the FFN reads later) below the attention's fused output and rotated copies
     qkv_rot = fit["mask"] * t["mask"] + fit["qkv_rot_hidden"] * t["hidden"] + t["qkv_rot"] if t["qkv_rot"] else 0

@@ -43,6 +43,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Literal
 
+from gguf.arch_traits import architectures_with
 from gguf.facts import DSV4_CSA_RATIO as _DSV4_CSA
 from gguf.facts import DSV4_HCA_RATIO as _DSV4_HCA
 from gguf.ggml_types import BY_NAME
@@ -62,12 +63,6 @@ SpecMode = Literal["none", "mtp"]
 CACHE_TYPES: tuple[CacheType, ...] = ("f32", "f16", "bf16", "q8_0", "q5_1", "q5_0", "q4_1", "q4_0", "iq4_nl")
 #: Weight types the CPU backend repacks into interleaved rows (x86 with AVX2, the pinned build's common case).
 _REPACKED_TYPES = frozenset({"Q4_0", "Q4_K", "IQ4_NL"})
-#: Architectures whose recurrent state keeps rollback snapshots (llama-arch.cpp llm_arch_supports_rs_rollback);
-#: elsewhere llama_context clamps n_rs_seq to 0.
-_RS_ROLLBACK_ARCHS = frozenset({"kimi-k3", "qwen35", "qwen35moe", "qwen4exp", "deepseek4", "glm5-next", "nemotron_h",
-                                "nemotron_h_moe", "lfm2", "lfm2moe", "bailingmoe3"})
-#: Architectures whose MTP draft context was measured (``tests.support.zoo.derive_mtp_model``).
-_MTP_MEASURED_ARCHS = ("qwen35",)
 #: The MTP draft context's cache types: ``--spec-draft-type-k/-v``, f16 whatever ``-ctk``/``-ctv`` say
 #: (common.h ``common_params_speculative_draft::cache_type_k``; speculative.cpp common_base_params_to_speculative).
 _DRAFT_CACHE_TYPE: CacheType = "f16"
@@ -273,12 +268,12 @@ def context_shape(facts: ModelFacts, options: MemoryOptions) -> ContextShape:
 def _flash_attn(facts: ModelFacts, options: MemoryOptions) -> bool:
     """Whether flash attention ends up on; raises for the cache types llama.cpp refuses."""
     k, v = BY_NAME[options.cache_type_k.upper()], BY_NAME[options.cache_type_v.upper()]
-    if (facts.is_mla or facts.architecture == "deepseek4") and options.cache_type_k != options.cache_type_v:
+    if (facts.is_mla or facts.traits.kv_types_must_match) and options.cache_type_k != options.cache_type_v:
         raise MemoryPlanError(f"model does not support different K ({options.cache_type_k}) and V "
                               f"({options.cache_type_v}) cache types")
     fa = options.flash_attn
-    if facts.architecture == "grok":
-        fa = "off"  # llama.cpp: flash_attn is not compatible with Grok - forcing off
+    if not facts.traits.flash_attn:
+        fa = "off"  # llama.cpp forces it off whatever -fa says
     if v.quantized and fa != "on":
         if fa == "off":
             raise MemoryPlanError("quantized V cache requires flash_attn to be enabled")
@@ -471,7 +466,7 @@ def _rs_seq(facts: ModelFacts, options: MemoryOptions) -> int:
     ``llama_context`` unless ``llm_arch_supports_rs_rollback``; the draft context itself asks for none.
     """
     mtp = options.spec == "mtp" and facts.nextn_predict_layers > 0
-    return max(options.spec_n_max, 0) if mtp and facts.architecture in _RS_ROLLBACK_ARCHS else 0
+    return max(options.spec_n_max, 0) if mtp and facts.traits.rs_rollback else 0
 
 
 def _recurrent(facts: ModelFacts, shape: ContextShape,
@@ -526,13 +521,14 @@ def estimate(facts: ModelFacts, options: MemoryOptions = MemoryOptions()) -> Mem
     if facts.approximate:
         reasons += [f"model facts are approximate: {n}" for n in facts.notes] or ["model facts are approximate"]
     mtp = options.spec == "mtp" and facts.nextn_predict_layers > 0
-    if mtp and facts.architecture not in _MTP_MEASURED_ARCHS:
-        reasons.append(f"the MTP draft context's compute buffer was measured only on {', '.join(_MTP_MEASURED_ARCHS)} "
+    if mtp and not facts.traits.mtp_draft_measured:
+        measured = ", ".join(architectures_with(lambda t: t.mtp_draft_measured))
+        reasons.append(f"the MTP draft context's compute buffer was measured only on {measured} "
                        f"(a zoo model with an appended NextN block), not on {facts.architecture}'s NextN graph")
     shape = context_shape(facts, options)
     devices, output_device = layer_devices(facts, options)
     states: list[StateBill] = []
-    if facts.architecture == "deepseek4":
+    if facts.traits.compressed_kv_cache:
         caches, states, kv = _dsv4_memory(facts, shape, options, devices)
     else:
         caches, kv = _kv_caches(facts, shape, options, devices)

@@ -70,6 +70,6 @@ def test_every_trait_has_a_docstring_saying_what_llama_cpp_does():
     tree = ast.parse(inspect.getsource(arch_traits))
     cls = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "ArchTraits")
     documented = {a.target.id for a, doc in zip(cls.body, cls.body[1:])
-                  if isinstance(a, ast.AnnAssign) and isinstance(a.target, ast.Name)
-                  and isinstance(doc, ast.Expr) and isinstance(doc.value, ast.Constant) and isinstance(doc.value.value, str)}
+                  if isinstance(a, ast.AnnAssign) and isinstance(a.target, ast.Name) and isinstance(doc, ast.Expr)
+                  and isinstance(doc.value, ast.Constant) and isinstance(doc.value.value, str)}
     assert documented == {f.name for f in dataclasses.fields(ArchTraits)}
