@@ -2,7 +2,7 @@
 
 A model folder is untrusted input (Hub downloads, other tools' output, half-written
 files), and every estimate and plan does work in proportion to the block count, so
-``gguf.facts`` refuses a header before that work starts when:
+``gguf.facts_builder`` refuses a header before that work starts when:
 
 - a value is beyond any real model (``check_limit`` with the ``MAX_*`` limits below);
 - the block count disagrees with the ``blk.N`` tensors (``check_block_count``);

@@ -53,7 +53,7 @@ class GGUFFile:
     @cached_property
     def facts(self) -> ModelFacts:
         """The architecture-aware view the planner uses."""
-        from gguf.facts import model_facts
+        from gguf.facts_builder import model_facts
 
         return model_facts(self)
 

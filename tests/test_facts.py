@@ -30,7 +30,9 @@ from hypothesis import strategies as st
 
 import gguf
 from gguf.arch_traits import KNOWN_ARCHITECTURES
-from gguf.facts import ModelFacts, model_facts, swa_layers_from_hf_config
+from gguf.arch_rules import swa_layers_from_hf_config
+from gguf.facts import ModelFacts
+from gguf.facts_builder import model_facts
 from gguf.model import GGUFFile
 from gguf.reader import Header, StatKey
 from gguf.writer import rewrite
