@@ -33,7 +33,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from launcher.memory import MIB, CacheBill, DeviceBill, MemoryBill, ProjectorBill, RecurrentBill, StateBill
+from launcher.bill import CacheBill, DeviceBill, MemoryBill, ProjectorBill, RecurrentBill, StateBill
+from launcher.memory import MIB
 
 _NUM = r"([\d.]+)"
 _MODEL = re.compile(rf"load_tensors:\s+(\S+) model buffer size = +{_NUM} MiB")

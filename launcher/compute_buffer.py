@@ -27,7 +27,8 @@ from gguf.ggml_types import BY_NAME
 
 if TYPE_CHECKING:
     from gguf.facts import ModelFacts
-    from launcher.memory import CacheBill, ContextShape
+    from launcher.bill import CacheBill
+    from launcher.memory import ContextShape
 
 #: MSA's position axis at the reserve: the cache's positions padded to 256 (llama-kv-cache-msa.cpp:262-273), with none.
 MSA_RESERVE_POSITIONS = 256

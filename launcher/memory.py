@@ -40,7 +40,7 @@ loads); its compute buffer, reserved at warm-up, is estimated by
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Literal
 
 from gguf.arch_traits import architectures_with
@@ -48,6 +48,7 @@ from gguf.facts import DSV4_CSA_RATIO as _DSV4_CSA
 from gguf.facts import DSV4_HCA_RATIO as _DSV4_HCA
 from gguf.ggml_types import BY_NAME
 from launcher import compute_buffer
+from launcher.bill import CacheBill, DeviceBill, MemoryBill, ProjectorBill, RecurrentBill, StateBill
 from launcher.errors import LauncherError
 
 if TYPE_CHECKING:
@@ -102,118 +103,6 @@ class MemoryOptions:
     mmproj_offload: bool = True  # False: ``--no-mmproj-offload``, the projector stays on the CPU
     spec: SpecMode = "none"  # "mtp": an MTP draft context runs beside the main one (drafts are ``spec_n_max``)
     spec_n_max: int = 0  # tokens drafted per slot and step; each needs its own logits row when verified
-
-
-@dataclass(frozen=True)
-class CacheBill:
-    """One attention cache as llama.cpp prints it: ``cells`` per stream, K and V bytes over all devices."""
-
-    label: str  # "main", "non-SWA", "SWA", "indexer", or DeepSeek-V4's "DSV4 CSA compressed"...
-    cells: int
-    streams: int
-    layers: int
-    k_type: str
-    v_type: str
-    k_bytes: int
-    v_bytes: int
-
-    @property
-    def total(self) -> int:
-        return self.k_bytes + self.v_bytes
-
-
-@dataclass(frozen=True)
-class RecurrentBill:
-    """Recurrent state (conv / shift rows ``r`` and SSM / WKV state ``s``), f32, over all devices."""
-
-    cells: int
-    rows: int  # cells * (1 + rollback snapshots)
-    layers: int  # as llama.cpp prints it: the model's n_layer, whichever of them hold state
-    r_bytes: int
-    s_bytes: int
-    p_bytes: int = 0  # qwen4exp's PLE conv history ("P" in llama.cpp's line)
-
-    @property
-    def total(self) -> int:
-        return self.r_bytes + self.s_bytes + self.p_bytes
-
-
-@dataclass(frozen=True)
-class StateBill:
-    """One DeepSeek-V4 compressor state (``llama_dsv4_comp_state``): f32 ``kv`` and ``score`` tensors per layer."""
-
-    name: str  # "csa", "hca" or "lid" (lightning indexer)
-    ratio: int
-    rows: int  # state_size: rows per stream
-    width: int  # n_embd_state: floats per row
-    streams: int
-    rs_seq: int  # rollback snapshot planes per stream (0 without speculative decoding)
-    layers: int
-    nbytes: int  # kv + score, all layers and devices
-
-
-@dataclass(frozen=True)
-class DeviceBill:
-    """Bytes one device holds: ``"CPU"`` (host memory), ``"GPU<i>"``, or an RPC device, ``"RPC<i>[host:port]"``."""
-
-    device: str
-    weights: int = 0
-    kv: int = 0
-    recurrent: int = 0
-    compute: int = 0
-    output: int = 0
-    output_growth: int = 0  # logits rows for drafted tokens: allocated on the first speculative batch, not at start
-    compute_growth: int = 0  # what the compute buffer grows by once a prompt fills a slot (MiniMax-M3's MSA)
-    projector: int = 0  # the multimodal projector's weights and compute buffer (``MemoryBill.projector`` splits them)
-
-    @property
-    def total(self) -> int:
-        return (self.weights + self.kv + self.recurrent + self.compute + self.output + self.output_growth
-                + self.compute_growth + self.projector)
-
-
-@dataclass(frozen=True)
-class ProjectorBill:
-    """What the multimodal projector holds on its one device (``load_hparams: model size``, ``reserve_compute_meta``)."""
-
-    device: str
-    weights: int
-    compute: int
-
-    @property
-    def total(self) -> int:
-        return self.weights + self.compute
-
-
-@dataclass(frozen=True)
-class MemoryBill:
-    """Memory per device plus the caches behind the KV and recurrent lines."""
-
-    devices: tuple[DeviceBill, ...]
-    caches: tuple[CacheBill, ...]
-    recurrent: tuple[RecurrentBill, ...]
-    approximate: bool
-    reasons: tuple[str, ...] = field(default=())
-    states: tuple[StateBill, ...] = field(default=())  # DeepSeek-V4 compressor states (counted in ``kv``)
-    projector: ProjectorBill | None = None  # counted in its device's ``projector``
-
-    @property
-    def total(self) -> int:
-        return sum(d.total for d in self.devices)
-
-    @property
-    def startup_total(self) -> int:
-        """What llama-server has allocated once it listens (before a speculative batch grows the outputs, or a
-        long prompt the compute buffer)."""
-        return self.total - self.sum_of("output_growth") - self.sum_of("compute_growth")
-
-    def device(self, name: str) -> DeviceBill:
-        """The bill of ``name``; an all-zero bill when nothing lives there."""
-        return next((d for d in self.devices if d.device == name), DeviceBill(name))
-
-    def sum_of(self, part: Literal["weights", "kv", "recurrent", "compute", "output", "output_growth",
-                                   "compute_growth", "projector"]) -> int:
-        return sum(getattr(d, part) for d in self.devices)
 
 
 @dataclass(frozen=True)
@@ -601,3 +490,11 @@ def projector_compute_bytes(projector: ProjectorFacts) -> int:
         blocks = int(enc.warmup_positions * (enc.n_ff + _ENCODER_EMBD_ROWS * enc.n_embd) * 4)
         total += max(inputs, blocks)
     return total
+
+
+# The estimator's public face: what it takes, returns and raises (the bill's types live in ``launcher.bill``).
+__all__ = [
+    "CACHE_TYPES", "MIB", "CacheBill", "CacheType", "DeviceBill", "FlashAttn", "MemoryBill", "MemoryOptions",
+    "MemoryPlanError", "PROJECTOR_COMPUTE_NOTE", "ProjectorBill", "RecurrentBill", "SpecMode", "StateBill", "estimate",
+    "for_file", "layer_devices", "projector_compute_bytes", "split_name",
+]

@@ -43,8 +43,8 @@ import psutil
 import structlog
 
 from launcher.allocations import parse_allocations
+from launcher.bill import MemoryBill
 from launcher.errors import LoadError, PortInUseError, ProcessError, StartAbortedError
-from launcher.memory import MemoryBill
 from launcher.process import LlamaServer, free_port
 from launcher.registry import ChildRegistry
 
