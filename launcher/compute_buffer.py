@@ -28,7 +28,7 @@ from gguf.ggml_types import BY_NAME
 if TYPE_CHECKING:
     from gguf.facts import ModelFacts
     from launcher.bill import CacheBill
-    from launcher.memory import ContextShape
+    from launcher.context_shape import ContextShape
 
 #: MSA's position axis at the reserve: the cache's positions padded to 256 (llama-kv-cache-msa.cpp:262-273), with none.
 MSA_RESERVE_POSITIONS = 256

@@ -3,7 +3,8 @@
 ``estimate(facts, options)`` follows the pinned llama.cpp (b11434) step by step:
 the server's defaults (``-np`` auto = 4 slots on one unified cache), the context
 padding in ``llama_context`` (n_ctx padded to 256; per-sequence n_ctx_seq when
-the cache is split per slot), the cache layout ``llama_model::create_memory``
+the cache is split per slot; ``launcher.context_shape``, which the planner asks
+too), the cache layout ``llama_model::create_memory``
 picks (one cache, or a full plus a sliding-window cache; recurrent state for
 Mamba/RWKV and hybrid layers), the layer placement of ``-ngl N`` (the last N
 blocks, then the output layer, go to the GPUs), and the output buffer sized for
@@ -40,8 +41,8 @@ loads); its compute buffer, reserved at warm-up, is estimated by
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Literal
+from dataclasses import replace
+from typing import TYPE_CHECKING
 
 from gguf.arch_traits import architectures_with
 from gguf.facts import DSV4_CSA_RATIO as _DSV4_CSA
@@ -49,7 +50,8 @@ from gguf.facts import DSV4_HCA_RATIO as _DSV4_HCA
 from gguf.ggml_types import BY_NAME
 from launcher import compute_buffer
 from launcher.bill import CacheBill, DeviceBill, MemoryBill, ProjectorBill, RecurrentBill, StateBill
-from launcher.errors import LauncherError
+from launcher.context_shape import ContextShape, context_shape, pad
+from launcher.memory_options import CACHE_TYPES, CacheType, FlashAttn, MemoryOptions, MemoryPlanError, SpecMode
 
 if TYPE_CHECKING:
     from gguf.facts import ModelFacts
@@ -57,124 +59,11 @@ if TYPE_CHECKING:
     from gguf.projector import ProjectorFacts
 
 MIB = 1024 * 1024
-CacheType = Literal["f32", "f16", "bf16", "q8_0", "q5_1", "q5_0", "q4_1", "q4_0", "iq4_nl"]
-FlashAttn = Literal["auto", "on", "off"]
-SpecMode = Literal["none", "mtp"]
-
-CACHE_TYPES: tuple[CacheType, ...] = ("f32", "f16", "bf16", "q8_0", "q5_1", "q5_0", "q4_1", "q4_0", "iq4_nl")
 #: Weight types the CPU backend repacks into interleaved rows (x86 with AVX2, the pinned build's common case).
 _REPACKED_TYPES = frozenset({"Q4_0", "Q4_K", "IQ4_NL"})
 #: The MTP draft context's cache types: ``--spec-draft-type-k/-v``, f16 whatever ``-ctk``/``-ctv`` say
 #: (common.h ``common_params_speculative_draft::cache_type_k``; speculative.cpp common_base_params_to_speculative).
 _DRAFT_CACHE_TYPE: CacheType = "f16"
-
-
-class MemoryPlanError(LauncherError):
-    """The options are ones llama-server would refuse; the message gives llama.cpp's reason."""
-
-
-@dataclass(frozen=True)
-class MemoryOptions:
-    """The llama-server flags that change memory, with llama-server's defaults.
-
-    ``n_parallel=-1`` is the server's auto mode (4 slots, unified cache);
-    ``kv_unified=None`` means the server's choice (unified only in auto mode).
-    ``tensor_split`` gives each GPU's share of the offloaded layers (one GPU: ``(1.0,)``);
-    ``split_names`` names those devices in the bill, in the same order (default ``GPU<i>``;
-    RPC workers' devices go by their buffer names, ``RPC<i>[host:port]``).
-    """
-
-    n_ctx: int = 0  # 0: the model's n_ctx_train
-    n_parallel: int = -1
-    kv_unified: bool | None = None
-    cache_type_k: CacheType = "f16"
-    cache_type_v: CacheType = "f16"
-    swa_full: bool = False
-    n_batch: int = 2048
-    n_ubatch: int = 512
-    flash_attn: FlashAttn = "auto"
-    n_gpu_layers: int = 0
-    tensor_split: tuple[float, ...] = (1.0,)
-    split_names: tuple[str, ...] = ()
-    cpu_repack_bytes: int = 0  # weights the CPU backend copies into repacked buffers (see ``for_file``)
-    weight_padding_bytes: int = 0  # alignment gaps between tensors inside the mapped file (see ``for_file``)
-    mmproj_bytes: int = 0  # the multimodal projector's weights, loaded by the server on the first GPU or the CPU
-    mmproj_compute_bytes: int = 0  # its compute buffer (``projector_compute_bytes``)
-    mmproj_offload: bool = True  # False: ``--no-mmproj-offload``, the projector stays on the CPU
-    spec: SpecMode = "none"  # "mtp": an MTP draft context runs beside the main one (drafts are ``spec_n_max``)
-    spec_n_max: int = 0  # tokens drafted per slot and step; each needs its own logits row when verified
-
-
-@dataclass(frozen=True)
-class ContextShape:
-    """The context sizes llama.cpp derives from the options (``llama_context`` constructor)."""
-
-    n_seq: int
-    unified: bool
-    n_ctx: int
-    n_ctx_seq: int
-    n_batch: int
-    n_ubatch: int
-    flash_attn: bool
-    n_outputs_max: int  # logits rows one batch may ask for: n_seq x (1 + drafted tokens), at most n_batch
-    n_rs_seq: int = 0  # recurrent-state rollback snapshots per slot (``_rs_seq``)
-
-    @property
-    def n_stream(self) -> int:
-        return 1 if self.unified else self.n_seq
-
-
-def pad(x: int, n: int = 256) -> int:
-    """llama.cpp's GGML_PAD: ``x`` rounded up to a multiple of ``n``."""
-    return (x + n - 1) // n * n
-
-
-def context_shape(facts: ModelFacts, options: MemoryOptions) -> ContextShape:
-    """n_seq, n_ctx and batch sizes as the server and ``llama_context`` settle them."""
-    auto = options.n_parallel < 0
-    n_seq = 4 if auto else max(1, options.n_parallel)
-    unified = True if auto else bool(options.kv_unified)
-    if options.n_ctx < 0 or options.n_batch < 1 or options.n_ubatch < 1:
-        raise MemoryPlanError("n_ctx must be >= 0 and n_batch / n_ubatch >= 1")
-    n_ctx = options.n_ctx or facts.context_length
-    if n_ctx == 0:
-        raise MemoryPlanError("n_ctx and the model's n_ctx_train cannot both be zero")
-    n_ctx = pad(n_ctx)
-    if unified:
-        n_ctx_seq = n_ctx
-    else:
-        n_ctx_seq = pad(n_ctx // n_seq)
-        n_ctx = n_ctx_seq * n_seq
-    n_batch = min(n_ctx, options.n_batch)
-    n_ubatch = min(n_batch, options.n_ubatch)
-    # server_output_limits: one output per slot, plus one per drafted token when speculating
-    n_outputs_max = min(n_batch, n_seq * (1 + max(options.spec_n_max, 0)))
-    return ContextShape(n_seq=n_seq, unified=unified, n_ctx=n_ctx, n_ctx_seq=n_ctx_seq, n_batch=n_batch,
-                        n_ubatch=n_ubatch, flash_attn=_flash_attn(facts, options), n_outputs_max=n_outputs_max,
-                        n_rs_seq=_rs_seq(facts, options))
-
-
-def _flash_attn(facts: ModelFacts, options: MemoryOptions) -> bool:
-    """Whether flash attention ends up on; raises for the cache types llama.cpp refuses."""
-    k, v = BY_NAME[options.cache_type_k.upper()], BY_NAME[options.cache_type_v.upper()]
-    if (facts.is_mla or facts.traits.kv_types_must_match) and options.cache_type_k != options.cache_type_v:
-        raise MemoryPlanError(f"model does not support different K ({options.cache_type_k}) and V "
-                              f"({options.cache_type_v}) cache types")
-    fa = options.flash_attn
-    if not facts.traits.flash_attn:
-        fa = "off"  # llama.cpp forces it off whatever -fa says
-    if v.quantized and fa != "on":
-        if fa == "off":
-            raise MemoryPlanError("quantized V cache requires flash_attn to be enabled")
-        fa = "on"
-    if fa != "off":
-        layers = range(facts.layer_count)
-        for t, head, what in ((k, facts.key_length_of, "K"), (v, facts.value_length_of, "V")):
-            bad = next((head(il) for il in layers if t.quantized and head(il) % t.block_size), None)
-            if bad is not None:
-                raise MemoryPlanError(f"{what} cache type {t.name.lower()} with block size {t.block_size} does not "
-                                      f"divide n_embd_head_{what.lower()}={bad}")
-    return fa != "off"
 
 
 def layer_devices(facts: ModelFacts, options: MemoryOptions) -> tuple[tuple[str, ...], str]:
@@ -238,7 +127,8 @@ def _kv_caches(facts: ModelFacts, shape: ContextShape, options: MemoryOptions, d
         idx = [il for il, has in enumerate(facts.indexer_layers) if has]
         groups.insert(1, ("indexer", shape.n_ctx_seq, idx))
     k_type, v_type = (_DRAFT_CACHE_TYPE, _DRAFT_CACHE_TYPE) if draft else (options.cache_type_k, options.cache_type_v)
-    caches, per_device = [], {}
+    caches: list[CacheBill] = []
+    per_device: dict[str, int] = {}
     for label, cells, group in groups:
         rows = cells * shape.n_stream
         k_total = v_total = 0
@@ -314,9 +204,14 @@ def _dsv4_memory(facts: ModelFacts, shape: ContextShape, options: MemoryOptions,
     n_seq, kv_size = shape.n_seq, shape.n_ctx_seq
     layers = facts.attention_cache_layers()
     ratios = facts.compress_ratios
-    ratio = lambda il: ratios[il] if il < len(ratios) else 0  # noqa: E731
+
+    def ratio(il: int) -> int:
+        return ratios[il] if il < len(ratios) else 0
+
+    def comp_cells(r: int) -> int:
+        return pad(max(1, -(-kv_size // r)))
+
     swa_cells = kv_size if options.swa_full else pad(min(kv_size, facts.sliding_window + shape.n_ubatch))
-    comp_cells = lambda r: pad(max(1, -(-kv_size // r)))  # noqa: E731
     groups = [("non-SWA", kv_size, [il for il in layers if not facts.swa_layers[il]], facts.k_embd),
               ("SWA", swa_cells, [il for il in layers if facts.swa_layers[il]], facts.k_embd),
               ("DSV4 CSA compressed", comp_cells(_DSV4_CSA), [il for il in layers if ratio(il) == _DSV4_CSA],
@@ -346,16 +241,6 @@ def _dsv4_memory(facts: ModelFacts, shape: ContextShape, options: MemoryOptions,
         states.append(StateBill(name=name, ratio=r, rows=rows, width=width, streams=n_seq, rs_seq=0,
                                 layers=len(group), nbytes=per_layer * len(group)))
     return caches, states, per_device
-
-
-def _rs_seq(facts: ModelFacts, options: MemoryOptions) -> int:
-    """Rollback snapshots per slot: ``--spec-draft-n-max`` with an MTP draft, where the architecture keeps them.
-
-    common.h ``need_n_rs_seq`` (draft-mtp asks for ``n_max``), clamped to 0 by
-    ``llama_context`` unless ``llm_arch_supports_rs_rollback``; the draft context itself asks for none.
-    """
-    mtp = options.spec == "mtp" and facts.nextn_predict_layers > 0
-    return max(options.spec_n_max, 0) if mtp and facts.traits.rs_rollback else 0
 
 
 def _recurrent(facts: ModelFacts, shape: ContextShape,

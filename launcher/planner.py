@@ -48,10 +48,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
 import gguf
-from gguf.ggml_types import BY_NAME
 from gguf.projector import ProjectorFacts, projector_facts, width_mismatch
 from launcher import spec_measurements, speculative
 from launcher.capabilities import Capabilities
+from launcher.context_shape import needs_flash_attn, slot_context
 from launcher.devices import Device, Inventory
 from launcher.errors import LauncherError
 from launcher.memory import (
@@ -393,14 +393,13 @@ class _Planner:
         return _rpc_of(inventory, self.caps)
 
     def _flash_attn(self) -> FlashAttn:
-        quantized = [t for t in (self.request.cache_type_k, self.request.cache_type_v)
-                     if BY_NAME[t.upper()].quantized]
+        quantized = needs_flash_attn(self.request.cache_type_k, self.request.cache_type_v)
         if not quantized:
             return "auto"
         if not (self.caps.supports("--flash-attn") or self.caps.supports("-fa")):
             self.warnings.append("this llama-server has no --flash-attn flag; a quantized cache may be refused")
             return "auto"
-        self.reasons.append(f"flash attention on: the {'/'.join(sorted(set(quantized)))} cache needs it")
+        self.reasons.append(f"flash attention on: the {'/'.join(quantized)} cache needs it")
         return "on"
 
     # -- the estimator ---------------------------------------------------------------------
@@ -601,7 +600,7 @@ class _Planner:
         else:
             self.reasons.append(f"budget: {pct} % of free memory per device{why}")
         if self.request.n_parallel > 1:
-            per_slot = bill_ctx_per_slot(n_ctx, self.request.n_parallel)
+            per_slot = slot_context(n_ctx, self.request.n_parallel)
             self.reasons.append(f"{self.request.n_parallel} parallel slots share the context: {per_slot} tokens each")
         # The slider's end: the largest context an explicit request would still place fully in budget (it
         # may pin more GPUs than this plan does); failing that, the most this plan's layer split allows.
@@ -640,11 +639,6 @@ class _Planner:
             fit_target_mib=margins, bill=bill, devices=devices, spec=self.spec, extra_args=self.extra,
             reasons=tuple(self.reasons), warnings=tuple(dict.fromkeys(self.warnings)),
         )
-
-
-def bill_ctx_per_slot(n_ctx: int, n_parallel: int) -> int:
-    """Tokens each slot gets with a split (non-unified) cache, as llama.cpp pads them."""
-    return -(-(n_ctx // n_parallel) // CTX_STEP) * CTX_STEP
 
 
 def _layer_counts(facts: ModelFacts, options: MemoryOptions) -> str:

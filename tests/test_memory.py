@@ -22,9 +22,9 @@ import pytest
 
 import gguf
 from launcher.allocations import device_of, parse_allocations
+from launcher.context_shape import context_shape, pad
 from launcher.memory import (
-    MIB, MemoryBill, MemoryOptions, MemoryPlanError, _mtp_draft, context_shape, estimate, for_file, layer_devices,
-    pad,
+    MIB, MemoryBill, MemoryOptions, MemoryPlanError, _mtp_draft, estimate, for_file, layer_devices,
 )
 from tests.support.dry_run import LISTENING, load_report
 from launcher.process import LlamaServer
