@@ -54,6 +54,7 @@ from launcher.capabilities import Capabilities
 from launcher.context_shape import needs_flash_attn, slot_context
 from launcher.devices import Device, Inventory
 from launcher.errors import LauncherError
+from launcher.extra_args import validate_extra_args
 from launcher.memory import (
     CACHE_TYPES, MIB, CacheType, DeviceBill, FlashAttn, MemoryBill, MemoryOptions, estimate, for_file, layer_devices,
     projector_compute_bytes,
@@ -237,8 +238,6 @@ def plan(
         SpeculativeConfigError: an unknown speculative mode or draft length.
         MemoryPlanError: cache types llama-server would refuse for this model.
     """
-    from launcher.command import validate_extra_args  # command.py imports this module's types
-
     _check(request)
     extra = validate_extra_args(request.extra_args, caps)
     with_gpu = _Planner(model, inventory, caps, request, extra).run()

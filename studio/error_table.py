@@ -19,7 +19,7 @@ from typing import overload
 from gguf import errors as g
 from launcher import errors as l
 from launcher.capabilities import ProbeError
-from launcher.command import ExtraArgsError
+from launcher.extra_args import ExtraArgsError
 from launcher.memory import MemoryPlanError
 from launcher.planner import PlanError, ProjectorError
 from launcher.rpc import RpcWorkerError

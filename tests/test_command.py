@@ -12,10 +12,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from launcher.command import (
-    MANAGED_FLAGS, REDACTED, ExtraArgsError, LaunchCommand, Secret, build_command, chat_template_kwargs,
-    child_env, validate_extra_args,
-)
+from launcher.command import REDACTED, LaunchCommand, Secret, build_command, chat_template_kwargs, child_env
+from launcher.extra_args import MANAGED_FLAGS, ExtraArgsError, validate_extra_args
 from launcher.capabilities import capabilities_from_text, run_tool
 from launcher.devices import MIB, Device, Inventory
 from launcher.allocations import parse_allocations

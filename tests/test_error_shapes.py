@@ -14,7 +14,7 @@ from fastapi.testclient import TestClient
 import gguf
 from launcher.capabilities import ProbeError
 from launcher.errors import BinaryNotFoundError, LoadError, PortInUseError, StartAbortedError, StartTimeoutError
-from launcher.command import ExtraArgsError
+from launcher.extra_args import ExtraArgsError
 from launcher.planner import PlanError
 from launcher.speculative import SpeculativeConfigError
 from studio.errors import (

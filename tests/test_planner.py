@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from launcher.capabilities import Capabilities
-from launcher.command import ExtraArgsError
+from launcher.extra_args import ExtraArgsError
 from launcher.devices import MIB, Device, Inventory, discover
 from launcher.memory import MemoryPlanError
 from launcher.planner import (
