@@ -9,16 +9,14 @@ Hugging Face snapshot, matching width), or None.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from gguf.shards import parse_shard
 from studio.errors import BadRequestError, ModelNotFoundError
 from studio.library.projectors import is_projector_file
-
-_SHARD = re.compile(r"-(\d{5})-of-(\d{5})$")
 
 
 @dataclass(frozen=True)
@@ -32,7 +30,9 @@ class CatalogEntry:
 
 def model_name(path: Path) -> str:
     """Return the name a model file is served under."""
-    return _SHARD.sub("", path.name.removesuffix(".gguf"))
+    stem = path.name.removesuffix(".gguf")
+    shard = parse_shard(stem)
+    return shard.stem if shard else stem
 
 
 class Catalog:

@@ -54,6 +54,7 @@ from typing import Any
 
 import structlog
 
+from gguf.shards import parse_shard, shard_name
 from studio.errors import (
     BadRequestError, DiskSpaceError, DownloadCancelledError, HubAuthError, HubError, ModelNotFoundError,
 )
@@ -63,7 +64,6 @@ log = structlog.get_logger("studio.library.hub")
 
 DEFAULT_ENDPOINT = "https://huggingface.co"
 DEFAULT_VARIANT = "Q4_K_M"
-_SHARD = re.compile(r"-(?P<no>\d{5})-of-(?P<count>\d{5})$")
 _QUANT = re.compile(
     r"(?<![A-Za-z0-9])((?:UD-)?(?:I?Q\d(?:_[A-Za-z0-9]+)*|TQ\d_\d|MXFP4(?:_MOE)?|BF16|FP16|F16|FP32|F32))"
     r"(?![A-Za-z0-9])", re.IGNORECASE)
@@ -81,7 +81,9 @@ def is_mmproj(path: str) -> bool:
 
 def group_key(path: str) -> str:
     """Return the path without ``.gguf`` and the ``-0000N-of-0000M`` shard suffix."""
-    return _SHARD.sub("", path[:-5] if path.lower().endswith(".gguf") else path)
+    stem = path[:-5] if path.lower().endswith(".gguf") else path
+    shard = parse_shard(stem)
+    return shard.stem if shard else stem
 
 
 def quant_label(path: str) -> str | None:
@@ -140,8 +142,8 @@ def candidates(files: list[HubFile], *, is_projector: Callable[[str], bool] = is
     for f in files:
         if not f.path.lower().endswith(".gguf") or is_projector(f.path):
             continue
-        m = _SHARD.search(f.path[:-5])
-        no, count = (int(m["no"]), int(m["count"])) if m else (1, 1)
+        shard = parse_shard(f.path[:-5])
+        no, count = (shard.number, shard.count) if shard else (1, 1)
         groups.setdefault(group_key(f.path), []).append((no, count, f))
     out = []
     for key, members in groups.items():
@@ -151,8 +153,7 @@ def candidates(files: list[HubFile], *, is_projector: Callable[[str], bool] = is
         sample = members[0][2].path
         missing = ()
         if count > 1:
-            missing = tuple(_SHARD.sub(f"-{i:05d}-of-{count:05d}", sample[:-5]) + ".gguf"
-                            for i in range(1, count + 1) if i not in have)
+            missing = tuple(shard_name(key, i, count) for i in range(1, count + 1) if i not in have)
         label = quant_label(sample) or PurePosixPath(key).name
         out.append(Candidate(key, label, tuple(f for _, _, f in members), missing))
     return sorted(out, key=lambda c: (c.size, c.key))
