@@ -14,7 +14,6 @@ tensor's offset must be the padded size of all the tensors before it.
 from __future__ import annotations
 
 import os
-import secrets
 import struct
 from collections.abc import Mapping, Sequence
 from contextlib import ExitStack
@@ -23,6 +22,7 @@ from pathlib import Path
 from typing import Any, BinaryIO, cast
 
 from gguf.errors import GGUFError, TruncatedError
+from gguf.files import replacing
 from gguf.ggml_types import BY_NAME, GGMLType
 from gguf.model import read
 from gguf.reader import (
@@ -269,26 +269,20 @@ def write_gguf(
     header, offsets = _encode_header(metadata, tensors, value_types or {}, alignment, version)
     data_start = -(-len(header) // alignment) * alignment
 
-    tmp = path.with_name(f".{path.name}.{secrets.token_hex(4)}.partial")
-    try:
-        with tmp.open("xb") as out, ExitStack() as sources:
-            out.write(header)
-            opened: dict[tuple[Path, StatKey | None], BinaryIO] = {}
-            for tensor, offset in zip(tensors, offsets):
-                out.seek(data_start + offset)  # padding and zero tensors stay holes: they read as zeros
-                if isinstance(tensor.data, FileRegion):
-                    region = tensor.data
-                    src_key = (region.path, region.stat_key)
-                    if src_key not in opened:
-                        opened[src_key] = sources.enter_context(_open_checked(region.path, region.stat_key))
-                    _copy(opened[src_key], region, out)
-                elif tensor.data is not None:
-                    out.write(tensor.data)
-            out.truncate(data_start + offsets[-1])
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
+    with replacing(path) as tmp, tmp.open("xb") as out, ExitStack() as sources:
+        out.write(header)
+        opened: dict[tuple[Path, StatKey | None], BinaryIO] = {}
+        for tensor, offset in zip(tensors, offsets):
+            out.seek(data_start + offset)  # padding and zero tensors stay holes: they read as zeros
+            if isinstance(tensor.data, FileRegion):
+                region = tensor.data
+                src_key = (region.path, region.stat_key)
+                if src_key not in opened:
+                    opened[src_key] = sources.enter_context(_open_checked(region.path, region.stat_key))
+                _copy(opened[src_key], region, out)
+            elif tensor.data is not None:
+                out.write(tensor.data)
+        out.truncate(data_start + offsets[-1])
     return path
 
 

@@ -26,7 +26,9 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
+from gguf.files import write_atomically
 from launcher.errors import BuildError, ChecksumError, DownloadError, ToolMissingError
 from launcher.platform import child_popen_kwargs, exclusive_lock, kill_group
 
@@ -405,7 +407,5 @@ def _tail(text: str, lines: int = 20) -> str:
     return "\n".join(text.splitlines()[-lines:])
 
 
-def _write_json_atomically(path: Path, content: dict) -> None:
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(content, indent=2) + "\n")
-    os.replace(tmp, path)
+def _write_json_atomically(path: Path, content: dict[str, Any]) -> None:
+    write_atomically(path, json.dumps(content, indent=2) + "\n")

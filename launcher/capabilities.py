@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import re
 import subprocess
 from collections.abc import Mapping, Sequence
@@ -24,6 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
+from gguf.files import write_atomically
 from launcher import platform
 from launcher.errors import LauncherError
 
@@ -292,6 +292,4 @@ def _write_cache(cache_file: Path, key: tuple[str, int, int], caps: Capabilities
     cache_file.parent.mkdir(parents=True, exist_ok=True)
     data = {"schema": _CACHE_SCHEMA, "path": key[0], "size": key[1], "mtime_ns": key[2],
             "capabilities": caps.to_json()}
-    tmp = cache_file.with_name(f"{cache_file.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(data, indent=1))
-    os.replace(tmp, cache_file)  # readers never see half a file
+    write_atomically(cache_file, json.dumps(data, indent=1))  # readers never see half a file

@@ -20,6 +20,7 @@ from pathlib import Path
 import psutil
 import structlog
 
+from gguf.files import write_atomically
 from launcher import platform
 
 log = structlog.get_logger(__name__)
@@ -66,9 +67,7 @@ class ChildRegistry:
             studio_pid=me, studio_create_time=_create_time(me) or 0.0,
         )
         self.directory.mkdir(parents=True, exist_ok=True)
-        tmp = self._path(pid).with_suffix(".tmp")
-        tmp.write_text(json.dumps(asdict(record)))
-        os.replace(tmp, self._path(pid))
+        write_atomically(self._path(pid), json.dumps(asdict(record)))
         return record
 
     def remove(self, pid: int) -> None:

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import subprocess
 import sys
 import tempfile
@@ -31,6 +30,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import replace
 from pathlib import Path
 
+from gguf.files import replacing
 from studio.errors import StudioError
 from studio.settings import ModelDefaults
 
@@ -78,13 +78,9 @@ def _ensure(target: Path, make: Callable[[Path], str]) -> Path:
     except (OSError, ValueError, AttributeError):
         pass
     target.parent.mkdir(parents=True, exist_ok=True)
-    partial = target.with_suffix(".gguf.partial")
-    try:
+    # a fixed temporary name: a fetch killed half-way is overwritten by the next one, never left beside it
+    with replacing(target, temporary=target.with_suffix(".gguf.partial")) as partial:
         sha256 = make(partial)
-    except BaseException:
-        partial.unlink(missing_ok=True)
-        raise
-    os.replace(partial, target)
     marker.write_text(json.dumps({"size": target.stat().st_size, "sha256": sha256}) + "\n")
     return target
 

@@ -54,6 +54,7 @@ from typing import Any
 
 import structlog
 
+from gguf.files import write_atomically
 from gguf.shards import parse_shard, shard_name
 from studio.errors import (
     BadRequestError, DiskSpaceError, DownloadCancelledError, HubAuthError, HubError, ModelNotFoundError,
@@ -689,9 +690,7 @@ def _write_ref(folder: Path, revision: str, commit: str) -> None:
         if ref.is_file() and ref.read_text() == commit:
             return
         ref.parent.mkdir(parents=True, exist_ok=True)
-        tmp = ref.with_name(f"{ref.name}.{os.getpid()}.tmp")
-        tmp.write_text(commit)
-        os.replace(tmp, ref)
+        write_atomically(ref, commit)
     except OSError as exc:  # a read-only cache still serves the files
         log.warning("hub.ref_not_written", ref=str(ref), error=str(exc))
 

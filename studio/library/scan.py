@@ -21,6 +21,7 @@ from typing import Any, Literal
 import structlog
 
 import gguf
+from gguf.files import write_atomically
 from gguf.projector import projector_facts
 from gguf.speech import speech_facts
 from studio.library.catalog import model_name
@@ -204,9 +205,7 @@ class Library:
             return
         try:
             self.index_path.parent.mkdir(parents=True, exist_ok=True)
-            tmp = self.index_path.with_name(f".{self.index_path.name}.{os.getpid()}.tmp")
-            tmp.write_text(json.dumps({"version": INDEX_VERSION, "files": self._index}))
-            os.replace(tmp, self.index_path)
+            write_atomically(self.index_path, json.dumps({"version": INDEX_VERSION, "files": self._index}))
             self._dirty = False
         except OSError as exc:  # a read-only home only costs speed
             log.warning("library.index_not_written", path=str(self.index_path), error=str(exc))
