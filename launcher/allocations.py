@@ -34,7 +34,7 @@ import re
 from dataclasses import dataclass
 
 from launcher.bill import CacheBill, DeviceBill, MemoryBill, ProjectorBill, RecurrentBill, StateBill
-from launcher.memory import MIB
+from launcher.units import MIB
 
 _NUM = r"([\d.]+)"
 _MODEL = re.compile(rf"load_tensors:\s+(\S+) model buffer size = +{_NUM} MiB")

@@ -39,11 +39,11 @@ import psutil
 from launcher.build import built_backend
 from launcher.capabilities import ProbeError, run_tool
 from launcher.rpc import RpcWorkers, WorkerReport, report_warnings, with_worker_indices
+from launcher.units import MIB
 
 Source = Literal["nvidia-smi", "rocm-smi", "llama-server", "psutil", "rpc"]
 
 TOOL_TIMEOUT_S = 5.0
-MIB = 1024 * 1024
 NVIDIA_QUERY = (
     "--query-gpu=index,uuid,name,memory.total,memory.free", "--format=csv,noheader,nounits",
 )

@@ -58,7 +58,6 @@ if TYPE_CHECKING:
     from gguf.model import GGUFFile
     from gguf.projector import ProjectorFacts
 
-MIB = 1024 * 1024
 #: Weight types the CPU backend repacks into interleaved rows (x86 with AVX2, the pinned build's common case).
 _REPACKED_TYPES = frozenset({"Q4_0", "Q4_K", "IQ4_NL"})
 #: The MTP draft context's cache types: ``--spec-draft-type-k/-v``, f16 whatever ``-ctk``/``-ctv`` say
@@ -379,7 +378,7 @@ def projector_compute_bytes(projector: ProjectorFacts) -> int:
 
 # The estimator's public face: what it takes, returns and raises (the bill's types live in ``launcher.bill``).
 __all__ = [
-    "CACHE_TYPES", "MIB", "CacheBill", "CacheType", "DeviceBill", "FlashAttn", "MemoryBill", "MemoryOptions",
+    "CACHE_TYPES", "CacheBill", "CacheType", "DeviceBill", "FlashAttn", "MemoryBill", "MemoryOptions",
     "MemoryPlanError", "PROJECTOR_COMPUTE_NOTE", "ProjectorBill", "RecurrentBill", "SpecMode", "StateBill", "estimate",
     "for_file", "layer_devices", "projector_compute_bytes", "split_name",
 ]

@@ -56,12 +56,13 @@ from launcher.devices import Device, Inventory
 from launcher.errors import LauncherError
 from launcher.extra_args import validate_extra_args
 from launcher.memory import (
-    CACHE_TYPES, MIB, CacheType, DeviceBill, FlashAttn, MemoryBill, MemoryOptions, estimate, for_file, layer_devices,
+    CACHE_TYPES, CacheType, DeviceBill, FlashAttn, MemoryBill, MemoryOptions, estimate, for_file, layer_devices,
     projector_compute_bytes,
 )
 from launcher.rpc import LINK_WARNING
 from launcher.spec_measurements import SpecMeasurement
 from launcher.speculative import SpecModel, SpecPlan
+from launcher.units import MIB, format_size
 
 if TYPE_CHECKING:
     from gguf.facts import ModelFacts
@@ -250,8 +251,8 @@ def plan(
     lost = "the model would not fit" if not with_gpu.fits else \
         f"only {with_gpu.n_gpu_layers} of {with_gpu.model.facts.block_count + 1} layers would fit on the GPUs" \
         if _rank(with_gpu)[1] == 0 else f"the context would be {with_gpu.n_ctx} tokens, not {on_cpu.n_ctx}"
-    why = (f"projector on the CPU (--no-mmproj-offload): with its {_size(model.mmproj_bytes + model.mmproj_compute_bytes)}"
-           f" on {_device(offload[0])}, {lost}")
+    held = format_size(model.mmproj_bytes + model.mmproj_compute_bytes, fine=True)
+    why = f"projector on the CPU (--no-mmproj-offload): with its {held} on {_device(offload[0])}, {lost}"
     return replace(on_cpu, reasons=(*on_cpu.reasons, why))
 
 
@@ -325,15 +326,6 @@ def spec_devices(inventory: Inventory, caps: Capabilities) -> tuple[Device, ...]
 def round_down(n: int, step: int = CTX_STEP) -> int:
     """``n`` rounded down to a multiple of ``step``."""
     return n // step * step
-
-
-def _mib(n: int) -> str:
-    return f"{n / MIB:,.0f} MiB" if n < 10 * 1024 * MIB else f"{n / (1024 * MIB):,.1f} GiB"
-
-
-def _size(n: int) -> str:
-    """``_mib`` with a decimal below 10 MiB, where projectors' parts often are."""
-    return f"{n / MIB:.2f} MiB" if n < 10 * MIB else _mib(n)
 
 
 class _Planner:
@@ -588,14 +580,14 @@ class _Planner:
         devices = self.device_plans(bill, gpus)
         for d in devices:
             if not d.fits:
-                self.warnings.append(f"{d.name} ({d.device.name}): predicted {_mib(d.bill.total)} is over the "
-                                     f"budget {_mib(d.budget_bytes)}")
+                self.warnings.append(f"{d.name} ({d.device.name}): predicted {format_size(d.bill.total)} is over the "
+                                     f"budget {format_size(d.budget_bytes)}")
         pct = round(self.fraction * 100)
         why = " (85 %: what an MTP draft allocates after its first batch is not measured)" if self.mtp else ""
         shared = [d for d in devices if d.device.budget_bytes is not None]
         if shared:
             self.reasons.append("budget: what the studio's memory budget leaves beside the resident models: "
-                                + ", ".join(f"{_mib(d.budget_bytes)} on {d.name}" for d in shared))
+                                + ", ".join(f"{format_size(d.budget_bytes)} on {d.name}" for d in shared))
         else:
             self.reasons.append(f"budget: {pct} % of free memory per device{why}")
         if self.request.n_parallel > 1:
@@ -624,8 +616,8 @@ class _Planner:
             p = bill.projector
             where = "the CPU" if p.device == "CPU" else f"{p.device} ({_device(gpus[0])})"
             self.reasons.append(f"projector {self.model.mmproj.name if self.model.mmproj else ''} on {where}: "
-                                f"{_size(p.weights)} of weights and about {_size(p.compute)} of compute buffer, "
-                                "counted in its budget")
+                                f"{format_size(p.weights, fine=True)} of weights and about "
+                                f"{format_size(p.compute, fine=True)} of compute buffer, counted in its budget")
         self.reasons += [f"speculative: {r}" for r in self.spec.reasons]
         self.reasons += [f"estimate: {r}" for r in bill.reasons]
         return LaunchPlan(

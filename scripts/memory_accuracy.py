@@ -49,7 +49,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import gguf  # noqa: E402
 from launcher.allocations import parse_allocations  # noqa: E402
 from tests.support.dry_run import LISTENING, load_report  # noqa: E402
-from launcher.memory import MIB, MemoryBill, MemoryOptions, MemoryPlanError, estimate, for_file  # noqa: E402
+from launcher.memory import MemoryBill, MemoryOptions, MemoryPlanError, estimate, for_file  # noqa: E402
+from launcher.units import MIB  # noqa: E402
 from tests.support.wide_zoo import ensure_moe_zoo, ensure_wide_zoo  # noqa: E402
 
 SERVER_TIMEOUT_S = 60

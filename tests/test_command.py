@@ -15,7 +15,8 @@ import pytest
 from launcher.command import REDACTED, LaunchCommand, Secret, build_command, chat_template_kwargs, child_env
 from launcher.extra_args import MANAGED_FLAGS, ExtraArgsError, validate_extra_args
 from launcher.capabilities import capabilities_from_text, run_tool
-from launcher.devices import MIB, Device, Inventory
+from launcher.devices import Device, Inventory
+from launcher.units import MIB
 from launcher.allocations import parse_allocations
 from launcher.planner import LaunchPlan, PlanRequest, load_model, plan
 from launcher.process import LlamaServer

@@ -10,7 +10,8 @@ from pathlib import Path
 import psutil
 import pytest
 
-from launcher.devices import MIB, Device, discover, parse_list_devices, visible, wait_for_memory_release
+from launcher.devices import Device, discover, parse_list_devices, visible, wait_for_memory_release
+from launcher.units import MIB
 
 FIXTURES = Path(__file__).parent / "fixtures"
 H100_0 = "GPU-2f6b8c1e-7a53-4b9e-9d2c-1f0e3a4b5c6d"

@@ -26,7 +26,8 @@ import pytest
 import gguf
 from launcher.allocations import parse_allocations
 from launcher.build import SOURCE_MARKER_NAME, load_pin
-from launcher.memory import MIB, MemoryOptions, estimate, for_file
+from launcher.memory import MemoryOptions, estimate, for_file
+from launcher.units import MIB
 from scripts.memory_accuracy import CONFIGS, Config, Outcome
 from tests.support import gpu_bundle
 from tests.support.cuda_build import CudaSetupError, compute_capabilities, find_toolchain

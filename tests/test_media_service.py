@@ -14,7 +14,7 @@ import pytest
 import uvicorn
 
 from launcher.capabilities import probe
-from launcher.memory import MIB
+from launcher.units import MIB
 from launcher.registry import ChildRegistry
 from launcher.supervisor import owner_token
 from studio.http.app import create_app

@@ -23,9 +23,8 @@ import pytest
 import gguf
 from launcher.allocations import device_of, parse_allocations
 from launcher.context_shape import context_shape, pad
-from launcher.memory import (
-    MIB, MemoryBill, MemoryOptions, MemoryPlanError, _mtp_draft, estimate, for_file, layer_devices,
-)
+from launcher.memory import MemoryBill, MemoryOptions, MemoryPlanError, _mtp_draft, estimate, for_file, layer_devices
+from launcher.units import MIB
 from tests.support.dry_run import LISTENING, load_report
 from launcher.process import LlamaServer
 from tests.support.wide_zoo import REAL_MOE_SHAPES, ensure_moe_zoo, widen_model, with_experts

@@ -20,7 +20,8 @@ import pytest
 import gguf
 from gguf.consistency import MAX_BLOCKS
 from launcher import planner
-from launcher.devices import MIB, Device, Inventory
+from launcher.devices import Device, Inventory
+from launcher.units import MIB
 from launcher.memory import estimate
 from launcher.planner import MAX_ESTIMATES, ModelInfo, PlanError, PlanRequest, plan
 from tests.support.deep_zoo import deepen_model

@@ -18,7 +18,8 @@ import pytest
 
 from launcher.capabilities import Capabilities
 from launcher.extra_args import ExtraArgsError
-from launcher.devices import MIB, Device, Inventory, discover
+from launcher.devices import Device, Inventory, discover
+from launcher.units import MIB
 from launcher.memory import MemoryPlanError
 from launcher.planner import (
     BUDGET_FRACTION, MTP_BUDGET_FRACTION, LaunchPlan, ModelInfo, PlanError, PlanRequest, load_model, plan, predict,

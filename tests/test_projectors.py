@@ -17,7 +17,8 @@ from gguf.projector import projector_facts, width_mismatch
 from launcher.allocations import parse_allocations
 from launcher.capabilities import probe
 from launcher.command import build_command
-from launcher.devices import MIB, Device, Inventory
+from launcher.devices import Device, Inventory
+from launcher.units import MIB
 from launcher.memory import ProjectorBill
 from launcher.planner import PlanRequest, ProjectorError, load_model, plan
 from launcher.registry import ChildRegistry

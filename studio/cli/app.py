@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Annotated, Any, Optional
 import typer
 
 from launcher.errors import BuildError, LauncherError, ProcessError
+from launcher.units import format_size
 from studio.errors import AnsweredError, CommandError, Exit, StudioError
 
 if TYPE_CHECKING:  # the service's modules load only in the commands that need them
@@ -519,10 +520,6 @@ def _api_error(status: int, content: bytes, base: str) -> AnsweredError:
     return error
 
 
-def _mib(n: int | None) -> str:
-    return "-" if n is None else f"{n / 2**20:,.0f} MiB"
-
-
 def _status_text(status: dict[str, Any]) -> str:
     """Every resident model as a table, then load progress and errors."""
     models = status.get("models") or []
@@ -537,7 +534,8 @@ def _status_text(status: dict[str, Any]) -> str:
         default = "*" if m.get("model") == status.get("model") else ""
         rows.append({"MODEL": f"{m.get('model') or '-'}{default}", "STATE": m.get("state") or "?",
                      "CONTEXT": f"{m['effective_context']:,}" if m.get("effective_context") else "-",
-                     "MEMORY": _mib(used), "PID": str(m.get("pid") or "-"), "REQUESTS": str(m.get("in_flight", 0)),
+                     "MEMORY": "-" if used is None else format_size(used), "PID": str(m.get("pid") or "-"),
+                     "REQUESTS": str(m.get("in_flight", 0)),
                      "IDLE": f"{m.get('idle_s', 0):,.0f}s", "TTL": ttl})
         progress = m.get("progress")
         if m.get("state") == "loading" and progress and progress.get("bytes_total"):

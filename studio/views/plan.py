@@ -12,8 +12,8 @@ from launcher.discovery import Discovered
 from launcher.planner import LaunchPlan
 from launcher.rpc import WorkerReport
 from launcher.spec_measurements import SpecMeasurement
+from launcher.units import format_size
 
-MIB = 1024 * 1024
 #: Parts shown per device; "output" is the grown size (logits rows for drafted tokens included), so rows sum.
 _PARTS = ("weights", "kv", "recurrent", "compute", "output")
 #: Capabilities doctor reports by name: what the launcher relies on.
@@ -22,10 +22,6 @@ DOCTOR_FLAGS = (
     "--chat-template-file", "--jinja", "--mmproj", "--api-key", "--api-key-file", "--spec-default", "-lv",
     "--metrics", "--slots", "--kv-unified", "--swa-full", "--parallel", "--flash-attn", "--alias", "--rpc",
 )
-
-
-def _mib(n: int) -> str:
-    return f"{n / MIB:,.0f} MiB" if n < 10 * 1024 * MIB else f"{n / (1024 * MIB):,.1f} GiB"
 
 
 def device_json(d: Device) -> dict[str, Any]:
@@ -118,7 +114,7 @@ def render_plan(info: dict[str, Any]) -> str:
     lines = [
         f"model      {m['path']}",
         f"           {m['architecture']}, {m['parameters'] / 1e6:,.0f}M parameters, {m['quant']}, "
-        f"{_mib(m['file_bytes'])}" + (f", {m['mtp_layers']} MTP layer(s)" if m["mtp_layers"] else ""),
+        f"{format_size(m['file_bytes'])}" + (f", {m['mtp_layers']} MTP layer(s)" if m["mtp_layers"] else ""),
     ]
     if info["binary"]:
         lines.append(f"binary     {info['binary']['path']} ({info['binary']['source']})")
@@ -137,8 +133,9 @@ def render_plan(info: dict[str, Any]) -> str:
     ]
     parts = [*_PARTS, *(["projector"] if info.get("projector") else [])]
     header = ["device", "weights", "KV", "recurrent", "compute", "output", *parts[len(_PARTS):], "total", "budget", ""]
-    rows = [[f"{b['physical']} {b['name']}"[:40], *(_mib(b[f"{p}_bytes"]) for p in parts), _mib(b["total_bytes"]),
-             _mib(b["budget_bytes"]), "ok" if b["fits"] else "OVER"] for b in info["bill"]]
+    rows = [[f"{b['physical']} {b['name']}"[:40], *(format_size(b[f"{p}_bytes"]) for p in parts),
+             format_size(b["total_bytes"]), format_size(b["budget_bytes"]), "ok" if b["fits"] else "OVER"]
+            for b in info["bill"]]
     widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
     for row in [header, *rows]:
         cells = [row[0].ljust(widths[0]), *(c.rjust(w) for c, w in zip(row[1:-1], widths[1:-1])), row[-1]]
@@ -196,8 +193,8 @@ def render_doctor(info: dict[str, Any]) -> str:
     for d in info["devices"]:
         index = "" if d["index"] is None else str(d["index"])
         name = d.get("buffer_name") or d["name"]
-        lines.append(f"  {d['backend']}{index}  {name}  {_mib(d['free_bytes'])} free of "
-                     f"{_mib(d['total_bytes'])}  ({d['source']})")
+        lines.append(f"  {d['backend']}{index}  {name}  {format_size(d['free_bytes'])} free of "
+                     f"{format_size(d['total_bytes'])}  ({d['source']})")
     if info["rpc_workers"]:
         lines.append("rpc workers")
         for w in info["rpc_workers"]:

@@ -34,7 +34,8 @@ from pathlib import Path
 import gguf
 from launcher.capabilities import Capabilities
 from launcher.command import build_command
-from launcher.devices import MIB, Device, Inventory
+from launcher.devices import Device, Inventory
+from launcher.units import MIB
 from launcher.errors import LauncherError
 from launcher.memory import estimate, for_file
 from launcher.planner import ModelInfo, PlanRequest, plan
