@@ -2,6 +2,15 @@
 
 ``read(path)`` returns a ``GGUFFile`` (metadata, tensors, shards, ``facts``);
 ``GGUFError`` is the one exception type raised for bad files.
+
+The file: ``reader`` (headers), ``model`` (a whole model, cached), ``shards``
+(split files' names and keys), ``writer``, ``files`` (atomic writes),
+``ggml_types``, ``templates`` (chat templates). What llama.cpp makes of it:
+``facts`` (``ModelFacts``), built by ``facts_builder`` from ``metadata`` (typed
+reads), ``hparams`` and ``arch_rules`` (each architecture's loader rules),
+``tensor_layout`` and ``file_types``, checked by ``consistency``; and
+``arch_traits``, how llama.cpp runs each architecture, which the launcher asks
+instead of naming architectures.
 """
 
 from gguf.errors import (
