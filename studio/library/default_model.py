@@ -30,7 +30,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import replace
 from pathlib import Path
 
-from gguf.files import replacing
+from gguf.files import replacing, write_atomically
 from studio.errors import StudioError
 from studio.settings import ModelDefaults
 
@@ -81,7 +81,7 @@ def _ensure(target: Path, make: Callable[[Path], str]) -> Path:
     # a fixed temporary name: a fetch killed half-way is overwritten by the next one, never left beside it
     with replacing(target, temporary=target.with_suffix(".gguf.partial")) as partial:
         sha256 = make(partial)
-    marker.write_text(json.dumps({"size": target.stat().st_size, "sha256": sha256}) + "\n")
+    write_atomically(marker, json.dumps({"size": target.stat().st_size, "sha256": sha256}) + "\n")
     return target
 
 
