@@ -2,10 +2,20 @@
 
 from __future__ import annotations
 
-__all__ = ["GIB", "MIB", "format_size"]
+__all__ = ["GIB", "MIB", "format_gib", "format_mib", "format_size"]
 
 MIB = 1024 * 1024
 GIB = 1024 * MIB
+
+
+def format_mib(n: float, *, decimals: int = 0) -> str:
+    """Return ``n`` bytes in MiB with thousands separators: ``"1,234 MiB"``, or ``"3.25 MiB"`` with two decimals."""
+    return f"{n / MIB:,.{decimals}f} MiB"
+
+
+def format_gib(n: float, *, decimals: int = 1) -> str:
+    """Return ``n`` bytes in GiB with thousands separators: ``"12.5 GiB"``."""
+    return f"{n / GIB:,.{decimals}f} GiB"
 
 
 def format_size(n: int, *, fine: bool = False) -> str:
@@ -14,5 +24,5 @@ def format_size(n: int, *, fine: bool = False) -> str:
     ``fine``: two decimals below 10 MiB (``"3.25 MiB"``), for parts that small (a projector's).
     """
     if fine and n < 10 * MIB:
-        return f"{n / MIB:.2f} MiB"
-    return f"{n / MIB:,.0f} MiB" if n < 10 * GIB else f"{n / GIB:,.1f} GiB"
+        return format_mib(n, decimals=2)
+    return format_mib(n) if n < 10 * GIB else format_gib(n)

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Annotated, Any, Optional
 import typer
 
 from launcher.errors import BuildError, LauncherError, ProcessError
-from launcher.units import format_size
+from launcher.units import GIB, format_gib, format_mib, format_size
 from studio.errors import AnsweredError, CommandError, Exit, StudioError
 
 if TYPE_CHECKING:  # the service's modules load only in the commands that need them
@@ -781,7 +781,7 @@ def _doctor_checks(info: dict[str, Any], settings: "Settings") -> list[dict[str,
     free = shutil.disk_usage(existing).free
     check("studio home", writable, f"{home} ({'writable' if writable else 'not writable'})",
           "set GGUF_STUDIO_HOME to a writable folder")
-    check("disk", free >= 2 * 2**30, f"{free / 2**30:,.1f} GiB free at {existing}",
+    check("disk", free >= 2 * GIB, f"{format_gib(free)} free at {existing}",
           "free some space (models need several GiB), or set GGUF_STUDIO_HOME elsewhere")
     models = sorted(settings.models_dir.glob("*.gguf")) if settings.models_dir.is_dir() else []
     check("models", bool(models), f"{len(models)} in {settings.models_dir}",
@@ -901,8 +901,8 @@ def rpc_worker(
             registry.add(worker.pid, str(found.path))
             threads_started()
             worker.wait_ready()
-            devices = ", ".join(f"RPC device {d.index}: {d.free_bytes / 2**20:,.0f} MiB free of "
-                                f"{d.total_bytes / 2**20:,.0f}" for d in query_worker(worker.endpoint))
+            devices = ", ".join(f"RPC device {d.index}: {format_mib(d.free_bytes)} free of "
+                                f"{format_mib(d.total_bytes)}" for d in query_worker(worker.endpoint))
             typer.echo(f"RPC worker at {host}:{port} ({found.source}: {found.path}, pid {worker.pid}): {devices}; "
                        "Ctrl-C stops", err=True)
             code = worker.wait()
@@ -976,7 +976,7 @@ def ls_command(
     if not entries:
         typer.echo("no GGUF models found in " + ", ".join(str(f) for f in folders) + " or the Hugging Face cache")
         return
-    rows = [(e.name, e.variant or "?", f"{e.size / 2**20:,.1f} MiB", e.architecture or "?",
+    rows = [(e.name, e.variant or "?", format_mib(e.size, decimals=1), e.architecture or "?",
              f"{e.context_length:,}" if e.context_length else "?", _media_column(e), e.error or str(e.path))
             for e in entries]
     header = ("NAME", "QUANT", "SIZE", "ARCH", "CONTEXT", "MEDIA", "PATH")

@@ -56,6 +56,7 @@ import structlog
 
 from gguf.files import write_atomically
 from gguf.shards import parse_shard, shard_name
+from launcher.units import MIB, format_gib, format_mib
 from studio.errors import (
     BadRequestError, DiskSpaceError, DownloadCancelledError, HubAuthError, HubError, ModelNotFoundError,
 )
@@ -615,14 +616,14 @@ def fetch(resolved: Resolved, *, config: HubConfig | None = None, progress: Prog
         better = largest_that_fits(resolved, cfg, disk_free=disk_free)
         if fallback and better is not None and better is not resolved.model:
             resolved = with_variant(resolved, better, f"{better.label}: the largest variant that fits the free "
-                                                      f"disk ({_gib(check.free)})")
+                                                      f"disk ({_disk_size(check.free)})")
             check = preflight(resolved, cfg, disk_free=disk_free)
         else:
-            offer = (f"; the largest variant that fits is {better.label} ({_gib(better.size)}): "
+            offer = (f"; the largest variant that fits is {better.label} ({_disk_size(better.size)}): "
                      f"pull {resolved.repo}:{better.label}") if better else "; no variant of this repo fits"
             raise DiskSpaceError(
-                f"{resolved.repo}:{resolved.model.label} needs {_gib(check.needed)} more in {cfg.cache_dir} "
-                f"but only {_gib(check.free)} {'is' if check.free >= 2**20 else 'are'} free{offer}",
+                f"{resolved.repo}:{resolved.model.label} needs {_disk_size(check.needed)} more in {cfg.cache_dir} "
+                f"but only {_disk_size(check.free)} {'is' if check.free >= MIB else 'are'} free{offer}",
                 needed=check.needed, free=check.free, fallback=better.label if better else None)
     downloaded = _download(resolved, check, cfg, progress, cancel, file_lock)
     folder = repo_folder(cfg.cache_dir, resolved.repo)
@@ -700,7 +701,8 @@ def mmproj_mismatch(model_path: Path, mmproj_path: Path) -> str | None:
     return projector_problem(model_path, mmproj_path)
 
 
-def _gib(n: int) -> str:
-    if n >= 2**27:
-        return f"{n / 2**30:.2f} GiB"
-    return f"{n / 2**20:.1f} MiB" if n >= 2**20 else f"{n:,} bytes"
+def _disk_size(n: int) -> str:
+    """A download's or a disk's size: GiB from 128 MiB on, MiB from 1 MiB, else bytes."""
+    if n >= 128 * MIB:
+        return format_gib(n, decimals=2)
+    return format_mib(n, decimals=1) if n >= MIB else f"{n:,} bytes"

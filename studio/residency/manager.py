@@ -39,6 +39,7 @@ from launcher.memory import DeviceBill, MemoryBill
 from launcher.planner import MIN_AUTO_CTX, LaunchPlan, ModelInfo, PlanRequest, plan
 from launcher.registry import ChildRegistry
 from launcher.supervisor import Status, Supervisor
+from launcher.units import format_mib
 from studio.blocking import run_blocking
 from studio.errors import (
     BadRequestError, BusyError, DoesNotFitError, ModelNotFoundError, ModelNotResidentError, NotReadyError, StudioError,
@@ -605,5 +606,5 @@ def _inventory_for(inventory: Inventory, available: Mapping[str, int], *, budget
 
 
 def _in_words(bytes_per_device: Mapping[str, int]) -> str:
-    return ", ".join(f"{n / 2**20:,.0f} MiB on {d}" if d != TOTAL else f"{n / 2**20:,.0f} MiB in all"
+    return ", ".join(f"{format_mib(n)} on {d}" if d != TOTAL else f"{format_mib(n)} in all"
                      for d, n in bytes_per_device.items())

@@ -15,6 +15,8 @@ import itertools
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
+from launcher.units import format_mib
+
 #: The key of a budget on all devices together.
 TOTAL = "total"
 #: Past this many candidates the exact fewest-first search gives way to least-recently-used order.
@@ -125,5 +127,5 @@ def holders_in_words(holders: Sequence[Holder]) -> tuple[str, ...]:
         if h.evictable:
             continue
         why = "pinned" if h.pinned else "busy"
-        words.append(f"{h.name} ({why}, {sum(h.held.values()) / 2**20:,.0f} MiB)")
+        words.append(f"{h.name} ({why}, {format_mib(sum(h.held.values()))})")
     return tuple(words)

@@ -14,8 +14,7 @@ from gguf import GGUFFile
 from gguf.projector import projector_facts
 from gguf.speech import speech_facts
 from gguf.templates import template_capabilities
-
-MIB = 1024 * 1024
+from launcher.units import format_mib
 
 
 def summary(model: GGUFFile) -> dict[str, Any]:
@@ -97,7 +96,7 @@ def render_projector(info: dict[str, Any]) -> str:
                  else f"{e['mel_bins']} mel bins")
         rows.append((f"{e['modality']} encoder", f"{e['projector_type'] or '?'}: {e['layers']} layers of "
                                                  f"{e['embedding_length']}, {shape}, into width {e['projection_dim']}"))
-    rows.append(("weights", f"{info['weight_bytes'] / MIB:,.2f} MiB"))
+    rows.append(("weights", format_mib(info["weight_bytes"], decimals=2)))
     width = max(len(k) for k, _ in rows)
     return "\n".join([info["path"]] + [f"  {k:<{width}}  {v}" for k, v in rows])
 
@@ -116,12 +115,12 @@ def render(info: dict[str, Any]) -> str:
     rows = [
         ("architecture", f"{info['architecture']}" + (f"  ({info['name']})" if info["name"] else "")),
         ("parameters", _count(info["parameters"]) + (f"  (label {info['size_label']})" if info["size_label"] else "")),
-        ("quant", f"{info['quant']}  ({info['quant_description']}), {info['file_bytes'] / MIB:,.1f} MiB on disk"),
+        ("quant", f"{info['quant']}  ({info['quant_description']}), {format_mib(info['file_bytes'], decimals=1)} on disk"),
         ("native context", f"{info['native_context']:,} tokens"),
         ("layers", f"{info['layers']}" + (f" (+{info['blocks'] - info['layers']} extra blocks)" if info["blocks"] != info["layers"] else "")),
         ("heads", f"{info['heads']} query, {info['kv_heads']} KV; head dim K {info['head_dim_k']} / V {info['head_dim_v']}"),
-        ("KV per 1k tokens", f"{(kv['full'] + kv['swa']) / MIB:,.2f} MiB at f16"
-         + (f" ({kv['swa'] / MIB:,.2f} MiB of it in SWA layers, capped by the window)" if kv["swa"] else "")),
+        ("KV per 1k tokens", f"{format_mib(kv['full'] + kv['swa'], decimals=2)} at f16"
+         + (f" ({format_mib(kv['swa'], decimals=2)} of it in SWA layers, capped by the window)" if kv["swa"] else "")),
         ("sliding window", f"{info['sliding_window']} tokens on {info['swa_layers']} of {info['blocks']} layers"
          if info["swa_layers"] else "none"),
         ("recurrent", f"{info['recurrent_layers']} layers" if info["recurrent_layers"] else "none"),
