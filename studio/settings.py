@@ -84,6 +84,8 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
+from studio.env import env_flag
+
 if TYPE_CHECKING:
     from launcher.memory import CacheType
     from launcher.speculative import SpecMode
@@ -93,7 +95,6 @@ _TOP_KEYS = {"host", "port", "ollama_port", "api_token", "model_dirs", "aliases"
              "allowed_origins", "allowed_hosts", "allow_any_path", "max_body_bytes", "auto_download"}
 #: The largest request body by default: a photo of a few MB is ~4/3 larger in base64, a minute of WAV ~2 MB.
 DEFAULT_MAX_BODY_BYTES = 32 * 1024 * 1024
-_TRUE = {"1", "true", "yes", "on"}
 _MCP_KEYS = {"command", "args", "env", "cwd", "url"}
 _PYTHON_KEYS = {"enabled", "timeout", "cpu_seconds", "memory_mb", "max_output_kb"}
 #: MCP server names become part of tool names (``NAME__tool``), which OpenAI limits to these characters.
@@ -277,7 +278,7 @@ class Settings:
         if max_body < 1024:
             raise ValueError(f"max_body_bytes (GGUF_STUDIO_MAX_BODY_BYTES) must be a number of bytes of at least "
                              f"1024, not {body_text!r}")
-        auto = env.get("GGUF_STUDIO_AUTO_DOWNLOAD")
+        auto = env_flag(env, "GGUF_STUDIO_AUTO_DOWNLOAD")
         workers_text = env.get("GGUF_STUDIO_RPC_WORKERS")
         try:
             workers = _rpc_workers(workers_text) if workers_text else _rpc_workers(config.get("rpc_workers", []))
@@ -292,12 +293,12 @@ class Settings:
             host=env.get("GGUF_STUDIO_HOST") or config.get("host", "127.0.0.1"),
             port=port,
             ollama_port=ollama_port,
-            log_json=env.get("GGUF_STUDIO_LOG_JSON", "") in {"1", "true", "yes"},
+            log_json=env_flag(env, "GGUF_STUDIO_LOG_JSON") or False,
             cmake_args=env.get("CMAKE_ARGS", ""),
             api_token=env.get("GGUF_STUDIO_API_TOKEN") or config.get("api_token") or None,
             model_dirs=tuple(Path(p).expanduser() for p in dirs),
             max_body_bytes=max_body,
-            auto_download=auto.lower() in _TRUE if auto is not None else bool(config.get("auto_download", False)),
+            auto_download=auto if auto is not None else bool(config.get("auto_download", False)),
             aliases=MappingProxyType(dict(config.get("aliases", {}))),
             rpc_workers=workers,
             rpc_server_path=_optional_path(env.get("GGML_RPC_SERVER_PATH")),

@@ -204,3 +204,28 @@ def test_a_bad_security_key_is_one_clear_error(tmp_path, text, words):
 def test_a_bad_origin_in_the_environment_names_the_variable(tmp_path):
     with pytest.raises(ValueError, match="GGUF_STUDIO_ORIGINS: 'evil' is not an origin"):
         Settings.from_env({"GGUF_STUDIO_HOME": str(tmp_path), "GGUF_STUDIO_ORIGINS": "http://ok.example,evil"})
+
+
+@pytest.mark.parametrize("text", ["1", "true", "TRUE", "yes", "on", "On", " yes "])
+def test_every_yes_no_variable_reads_yes_the_same_way(tmp_path, text):
+    """Regression: GGUF_STUDIO_LOG_JSON took only 1/true/yes in lower case while GGUF_STUDIO_AUTO_DOWNLOAD and
+    HF_HUB_OFFLINE also took "on" in any case; one rule (``studio.env``) now reads them all."""
+    from studio.library.hub import HubConfig
+
+    env = {"GGUF_STUDIO_HOME": str(tmp_path), "GGUF_STUDIO_LOG_JSON": text, "GGUF_STUDIO_AUTO_DOWNLOAD": text,
+           "HF_HUB_OFFLINE": text}
+    s = Settings.from_env(env)
+    assert (s.log_json, s.auto_download, HubConfig.from_env(env).offline) == (True, True, True)
+
+
+@pytest.mark.parametrize("text", ["0", "false", "no", "off", "maybe"])
+def test_every_yes_no_variable_reads_no_the_same_way(tmp_path, text):
+    from studio.library.hub import HubConfig
+
+    (tmp_path / "config.toml").write_text("auto_download = true\n")
+    env = {"GGUF_STUDIO_HOME": str(tmp_path), "GGUF_STUDIO_LOG_JSON": text, "GGUF_STUDIO_AUTO_DOWNLOAD": text,
+           "HF_HUB_OFFLINE": text, "TRANSFORMERS_OFFLINE": "1"}
+    s = Settings.from_env(env)
+    assert (s.log_json, s.auto_download, HubConfig.from_env(env).offline) == (False, False, False)
+    unset = Settings.from_env({"GGUF_STUDIO_HOME": str(tmp_path), "GGUF_STUDIO_AUTO_DOWNLOAD": ""})
+    assert unset.auto_download is True  # empty is unset: the config file's value holds

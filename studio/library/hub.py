@@ -57,6 +57,7 @@ import structlog
 from gguf.files import write_atomically
 from gguf.shards import parse_shard, shard_name
 from launcher.units import MIB, format_gib, format_mib
+from studio.env import env_flag
 from studio.errors import (
     BadRequestError, DiskSpaceError, DownloadCancelledError, HubAuthError, HubError, ModelNotFoundError,
 )
@@ -70,7 +71,6 @@ _QUANT = re.compile(
     r"(?<![A-Za-z0-9])((?:UD-)?(?:I?Q\d(?:_[A-Za-z0-9]+)*|TQ\d_\d|MXFP4(?:_MOE)?|BF16|FP16|F16|FP32|F32))"
     r"(?![A-Za-z0-9])", re.IGNORECASE)
 _MMPROJ_PREFERENCE = ("F16", "BF16", "F32")
-_TRUE = {"1", "true", "yes", "on"}
 
 
 # ---------------------------------------------------------------- file names (no huggingface_hub needed)
@@ -249,7 +249,7 @@ class HubConfig:
             endpoint=(env.get("HF_ENDPOINT") or DEFAULT_ENDPOINT).rstrip("/"),
             cache_dir=Path(cache).expanduser() if cache else home / "hub",
             token=env.get("HF_TOKEN") or env.get("HUGGING_FACE_HUB_TOKEN") or None,
-            offline=(env.get("HF_HUB_OFFLINE") or env.get("TRANSFORMERS_OFFLINE") or "").lower() in _TRUE,
+            offline=env_flag(env, "HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE") or False,
         )
 
 
