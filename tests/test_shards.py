@@ -8,7 +8,7 @@ import pytest
 
 from gguf.errors import MissingShardError
 from gguf.shards import ShardName, parse_shard, shard_name, shard_paths
-from studio.library.catalog import model_name
+from studio.library.scan import model_name
 from studio.library.hub import HubFile, candidates, group_key
 
 NAMES = [

@@ -12,11 +12,10 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
-from gguf.shards import parse_shard
 from studio.errors import BadRequestError, ModelNotFoundError
 from studio.library.projectors import is_projector_file
+from studio.library.scan import Library, model_name, projector_for
 
 
 @dataclass(frozen=True)
@@ -26,13 +25,6 @@ class CatalogEntry:
     name: str
     path: Path
     mmproj: Path | None = None  # the multimodal projector found beside it, width checked
-
-
-def model_name(path: Path) -> str:
-    """Return the name a model file is served under."""
-    stem = path.name.removesuffix(".gguf")
-    shard = parse_shard(stem)
-    return shard.stem if shard else stem
 
 
 class Catalog:
@@ -46,13 +38,11 @@ class Catalog:
         self.folders = folders
         self.hf_cache = hf_cache
         self.aliases = dict(aliases or {})  # extra name -> a model name, path or repo:VARIANT
-        self._libraries: dict[Path | None, Any] = {}  # one Library per folder (None: the HF cache), kept for its facts
+        self._libraries: dict[Path | None, Library] = {}  # one Library per folder (None: the HF cache), kept for its facts
 
-    def _library(self, folder: Path | None) -> Any:
+    def _library(self, folder: Path | None) -> Library:
         """The library scanning ``folder`` (or the HF cache): kept, so a file's header facts are read once per
         version of it (stat-keyed), not on every scan."""
-        from studio.library.scan import Library  # imported here: the library names models with this module
-
         found = self._libraries.get(folder)
         if found is None:
             found = self._libraries[folder] = Library([folder]) if folder is not None else Library([], self.hf_cache)
@@ -93,8 +83,6 @@ class Catalog:
                 raise BadRequestError(f"{name_or_path!r} is a multimodal projector, not a model: load the model it "
                                       "belongs to (the library pairs the projector beside it) or pass it as `mmproj`",
                                       param="model", code="projector_not_model")
-            from studio.library.scan import projector_for
-
             # paired beside the path as given: a Hugging Face snapshot link resolves into blobs/, projector-less
             return CatalogEntry(model_name(path), path.resolve(), projector_for(path.absolute()))
         if name_or_path in self.aliases:

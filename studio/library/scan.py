@@ -23,8 +23,8 @@ import structlog
 import gguf
 from gguf.files import write_atomically
 from gguf.projector import projector_facts
+from gguf.shards import parse_shard
 from gguf.speech import speech_facts
-from studio.library.catalog import model_name
 from studio.library.hub import HubFile, candidates, pick_mmproj, snapshot_files
 from studio.library.projectors import named_like_projector
 
@@ -32,6 +32,13 @@ log = structlog.get_logger("studio.library.scan")
 
 INDEX_VERSION = 2
 Source = Literal["folder", "hf-cache"]
+
+
+def model_name(path: Path) -> str:
+    """Return the name a model file is served under: its name without ``.gguf`` and a shard's ``-0000N-of-0000M``."""
+    stem = path.name.removesuffix(".gguf")
+    shard = parse_shard(stem)
+    return shard.stem if shard else stem
 
 
 @dataclass(frozen=True)

@@ -7,7 +7,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from launcher.planner import PlanRequest
-from studio.library.catalog import CatalogEntry, model_name
+from studio.library.catalog import CatalogEntry
+from studio.library.scan import model_name
 from studio.library.projectors import chosen_projector
 from studio.settings import ModelDefaults
 
