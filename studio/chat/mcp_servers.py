@@ -28,7 +28,7 @@ import structlog
 from mcp.client.stdio import get_default_environment, stdio_client
 from mcp.types import CONNECTION_CLOSED
 
-from studio.chat.toolbox import ToolResult, ToolSpec
+from studio.chat.tool import ToolResult, ToolSpec
 from studio.settings import MCPServerConfig
 
 log = structlog.get_logger(__name__)

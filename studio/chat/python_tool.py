@@ -31,7 +31,7 @@ from typing import Any
 
 import structlog
 
-from studio.chat.toolbox import ToolResult, ToolSpec
+from studio.chat.tool import ToolResult, ToolSpec
 from studio.settings import PythonToolConfig
 
 log = structlog.get_logger(__name__)

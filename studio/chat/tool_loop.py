@@ -36,7 +36,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from studio.chat.model_turn import Turn, TurnError
-from studio.chat.toolbox import Tool, ToolResult
+from studio.chat.tool import Tool, ToolResult
 from studio.chat.usage import UsageTotals
 
 #: ``(messages, tools)`` -> one model turn: GUI events, then the ``Turn``. ``tools`` None: offer none.

@@ -11,12 +11,12 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Iterable
-from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any
 
 import structlog
 
+from studio.chat.tool import Tool
 from studio.errors import BadRequestError
 from studio.settings import ToolSettings
 
@@ -25,44 +25,6 @@ if TYPE_CHECKING:
     from studio.chat.python_tool import PythonTool
 
 log = structlog.get_logger(__name__)
-
-
-@dataclass(frozen=True)
-class ToolSpec:
-    """What the model is told about a tool: OpenAI's function fields, and where the tool comes from."""
-
-    name: str
-    description: str
-    parameters: dict[str, Any]
-    source: str  # "builtin" or "mcp:<server>"
-
-    def as_openai(self) -> dict[str, Any]:
-        """The tool as a chat request's ``tools`` entry."""
-        return {"type": "function", "function": {"name": self.name, "description": self.description,
-                                                 "parameters": self.parameters}}
-
-
-@dataclass(frozen=True)
-class ToolResult:
-    """What a call returned, as text for the model; ``is_error`` when the tool failed.
-
-    ``notice`` is for the GUI, not the model: something about the tool itself changed
-    (its MCP server died), shown as a ``status`` event.
-    """
-
-    text: str
-    is_error: bool = False
-    notice: str | None = None
-
-
-class Tool(Protocol):
-    """A tool the loop can run."""
-
-    spec: ToolSpec
-
-    async def call(self, arguments: dict[str, Any], *, timeout: float) -> ToolResult:
-        """Run the tool within ``timeout`` seconds; never raises for the tool's own failures."""
-        ...
 
 
 class Toolbox:
