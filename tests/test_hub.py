@@ -98,6 +98,16 @@ def test_candidates_group_shards_and_leave_out_mmproj():
     assert [(c.label, len(c.files)) for c in cands] == [("Q4_K_M", 1), ("Q8_0", 2)]
 
 
+def test_gemma_3_4b_mmproj_f16_is_no_candidate_on_the_hub_either():
+    """The Hub listing and the library's folder scan use one rule (``studio.library.projectors``): ``mmproj``
+    anywhere in the file name, so Unsloth's ``gemma-3-4b-mmproj-f16.gguf`` is never offered as a chat model."""
+    files = [hub.HubFile(p, 10) for p in ("gemma-3-4b-it-Q4_K_M.gguf", "gemma-3-4b-mmproj-f16.gguf",
+                                          "BF16/gemma-3-4b-mmproj-BF16.gguf")]
+    assert [c.key for c in hub.candidates(files)] == ["gemma-3-4b-it-Q4_K_M"]
+    assert [f.path for f in files if hub.is_mmproj(f.path)] == ["gemma-3-4b-mmproj-f16.gguf",
+                                                                "BF16/gemma-3-4b-mmproj-BF16.gguf"]
+
+
 # ---------------------------------------------------------------- resolve + pull
 
 def test_single_file_pull_defaults_to_q4_k_m_and_fills_the_cache(server, hf_env, tmp_path):
