@@ -212,7 +212,7 @@ def _model_facts(model: ParsedModel, hf_config: Mapping[str, Any] | None) -> Mod
 
 def _special_ids(meta: Metadata, tokenizer_model: str | None, vocab_size: int) -> tuple[int | None, int | None]:
     """BOS/EOS as llama.cpp resolves them: tokenizer defaults, then the GGUF's ids when in range."""
-    if tokenizer_model in (None, "none", "no_vocab"):
+    if tokenizer_model is None or tokenizer_model in ("none", "no_vocab"):
         return None, None
     if tokenizer_model not in _TOKENIZER_DEFAULTS:
         meta.notes.append(f"llama.cpp b11434 does not know tokenizer model {tokenizer_model!r} and will refuse "

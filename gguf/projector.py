@@ -21,6 +21,7 @@ their sum as ``load_hparams: model size``; ``weight_bytes`` is that sum.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -104,7 +105,7 @@ class ProjectorFacts:
         return tuple(e.projector_type for e in self.encoders)
 
 
-def is_projector(metadata: Any) -> bool:
+def is_projector(metadata: Mapping[str, object]) -> bool:
     """Return whether a GGUF's metadata is a multimodal projector's (``general.architecture == "clip"``)."""
     return metadata.get("general.architecture") == PROJECTOR_ARCHITECTURE
 
@@ -121,7 +122,7 @@ def projector_facts(model: GGUFFile) -> ProjectorFacts | None:
             continue
         key = f"clip.{modality}."
         encoders.append(EncoderFacts(
-            modality=modality,  # type: ignore[arg-type]
+            modality=modality,
             projector_type=shared_type or _str(md.get(f"{key}projector_type")),
             n_embd=_int(md.get(f"{key}embedding_length")), n_ff=_int(md.get(f"{key}feed_forward_length")),
             n_head=_int(md.get(f"{key}attention.head_count")), n_layer=_int(md.get(f"{key}block_count")),

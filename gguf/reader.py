@@ -16,7 +16,7 @@ import mmap
 import os
 import re
 import struct
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
@@ -66,10 +66,15 @@ _U32 = struct.Struct("<I").unpack_from
 _U64 = struct.Struct("<Q").unpack_from
 _U32U64 = struct.Struct("<IQ").unpack_from
 
-try:  # the optional C loop (gguf/_skip.c); the regex path below is the fallback
+#: The optional C loop (gguf/_skip.c): the offset after ``count`` strings, or None past the end.
+c_skip_strings: Callable[[bytes | mmap.mmap, int, int], int | None] | None
+try:  # the regex path below is the fallback
     from gguf._skip import skip_strings as c_skip_strings
 except ImportError:  # pragma: no cover - depends on the install having a compiler
     c_skip_strings = None
+
+#: A tensor's info as read: (name, shape, ggml type, data offset, where the info starts in the file).
+_TensorRecord = tuple[str, tuple[int, ...], int, int, int]
 
 _SKIP_CHUNK = 1024
 _short_strings: re.Pattern[bytes] | None = None
@@ -311,6 +316,7 @@ class _Parser:
     def u32(self, what: str) -> int:
         if self.off + 4 > self.size:
             raise self.truncated(what, self.off)
+        v: int
         (v,) = _U32(self.buf, self.off)
         self.off += 4
         return v
@@ -318,6 +324,7 @@ class _Parser:
     def u64(self, what: str) -> int:
         if self.off + 8 > self.size:
             raise self.truncated(what, self.off)
+        v: int
         (v,) = _U64(self.buf, self.off)
         self.off += 8
         return v
@@ -424,7 +431,7 @@ class _Parser:
         self.off = off
 
     # -- tensors ------------------------------------------------------------
-    def tensor_info(self) -> tuple[str, tuple[int, ...], int, int, int]:
+    def tensor_info(self) -> _TensorRecord:
         start = self.off
         name = self.string("a tensor name", MAX_NAME - 1)  # ggml's limit
         n_dims = self.u32(f"the dimension count of tensor {name!r}")
@@ -438,7 +445,7 @@ class _Parser:
         offset = self.u64(f"the offset of tensor {name!r}")
         return name, shape, ttype, offset, start
 
-    def check_tensors(self, infos: list, data_offset: int, alignment: int) -> tuple[TensorInfo, ...]:
+    def check_tensors(self, infos: list[_TensorRecord], data_offset: int, alignment: int) -> tuple[TensorInfo, ...]:
         data_size = self.size - data_offset
         out = []
         expected_offset = 0  # llama.cpp requires tensors packed in table order, each padded

@@ -187,7 +187,7 @@ def ensure_built(
 
 
 def _build_locked(
-    layout: BuildLayout, pin: Pin, args: tuple[str, ...], generator: str, expected: dict,
+    layout: BuildLayout, pin: Pin, args: tuple[str, ...], generator: str, expected: dict[str, Any],
     jobs: int | None, force: bool, report: ProgressFn,
 ) -> None:
     try:
@@ -223,7 +223,7 @@ def _result(layout: BuildLayout, pin: Pin, *, built_now: bool) -> BuildResult:
     )
 
 
-def _marker_content(pin: Pin, backend: str, args: tuple[str, ...]) -> dict:
+def _marker_content(pin: Pin, backend: str, args: tuple[str, ...]) -> dict[str, Any]:
     return {
         "build": pin.build,
         "sha256": pin.sha256,
@@ -245,7 +245,7 @@ def built_backend(llama_server: Path) -> str | None:
     return backend if isinstance(backend, str) else None
 
 
-def _marker_matches(layout: BuildLayout, expected: dict) -> bool:
+def _marker_matches(layout: BuildLayout, expected: dict[str, Any]) -> bool:
     try:
         found = json.loads(layout.marker.read_text())
     except (OSError, ValueError):

@@ -74,7 +74,8 @@ def find_rpc_server(
         if _is_executable(explicit):
             return Discovered(explicit, "GGML_RPC_SERVER_PATH")
         raise BinaryNotFoundError([f"GGML_RPC_SERVER_PATH={explicit} (not an executable file)"], binary=RPC_SERVER_NAME)
-    first = [(llama_server.parent / RPC_SERVER_NAME, "beside LLAMA_SERVER_PATH")] if llama_server is not None else []
+    first: list[tuple[Path, Source]] = \
+        [(llama_server.parent / RPC_SERVER_NAME, "beside LLAMA_SERVER_PATH")] if llama_server is not None else []
     return _search(RPC_SERVER_NAME, first, home=home, llama_cpp_dir=llama_cpp_dir, backend=backend)
 
 

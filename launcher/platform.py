@@ -51,8 +51,12 @@ def main_thread_receives(signals: frozenset[int]) -> Iterator[Callable[[], None]
     signals in the main thread alone.
     """
     previous = signal.pthread_sigmask(signal.SIG_BLOCK, signals)
+
+    def ready() -> None:
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, signals)
+
     try:
-        yield lambda: signal.pthread_sigmask(signal.SIG_UNBLOCK, signals)
+        yield ready
     finally:
         signal.pthread_sigmask(signal.SIG_SETMASK, previous)
 

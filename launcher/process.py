@@ -43,7 +43,8 @@ def free_port(host: str = "127.0.0.1") -> int:
     """Return a port on ``host`` that the OS says is free right now."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind((host, 0))
-        return sock.getsockname()[1]
+        port: int = sock.getsockname()[1]
+        return port
 
 
 class ChildProcess:
@@ -102,8 +103,8 @@ class ChildProcess:
         """The last ``TAIL_LINES`` lines the child printed, oldest first."""
         return list(self._tail)
 
-    def start(self) -> None:
-        """Start the child; returns at once (use ``wait_ready`` to wait)."""
+    def start(self) -> int:
+        """Start the child and return its pid at once (use ``wait_ready`` to wait)."""
         if self._proc is not None:
             raise RuntimeError(f"this {type(self).__name__} was already started")
         ensure_port_free(self.host, self.port)
@@ -119,6 +120,7 @@ class ChildProcess:
         name = f"{Path(self.argv[0]).name}-{self._proc.pid}"
         self._reader = threading.Thread(target=self._pump_output, name=name, daemon=True)
         self._reader.start()
+        return self._proc.pid
 
     def _pump_output(self) -> None:
         assert self._proc is not None and self._proc.stdout is not None
@@ -132,23 +134,6 @@ class ChildProcess:
                     self.on_line(line)
         if self.on_exit is not None:
             self.on_exit()
-
-    def probe_health(self, timeout: float) -> int:
-        """Return the HTTP status of ``/health`` over a plain socket, or 0 when nothing answers in time.
-
-        The watchdog asks every few seconds for as long as a model is resident: a raw request
-        costs tens of microseconds, an ``httpx`` client (pool, TLS context) about a millisecond.
-        """
-        auth = f"Authorization: Bearer {self.api_key}\r\n" if self.api_key else ""
-        request = f"GET /health HTTP/1.1\r\nHost: {self.host}:{self.port}\r\n{auth}Connection: close\r\n\r\n"
-        try:
-            with socket.create_connection((self.host, self.port), timeout=timeout) as sock:
-                sock.sendall(request.encode())
-                head = sock.recv(64)
-        except OSError:
-            return 0
-        parts = head.split(b" ", 2)
-        return int(parts[1]) if len(parts) > 1 and head.startswith(b"HTTP/") and parts[1].isdigit() else 0
 
     def stop(self, grace: float = 5.0) -> int | None:
         """Stop the child and its group; return its exit status. Safe to call twice."""
@@ -210,6 +195,23 @@ class LlamaServer(ChildProcess):
             return client.get(f"{self.url}/health", headers=headers).status_code
         except httpx.TransportError:
             return 0
+
+    def probe_health(self, timeout: float) -> int:
+        """Return the HTTP status of ``/health`` over a plain socket, or 0 when nothing answers in time.
+
+        The watchdog asks every few seconds for as long as a model is resident: a raw request
+        costs tens of microseconds, an ``httpx`` client (pool, TLS context) about a millisecond.
+        """
+        auth = f"Authorization: Bearer {self.api_key}\r\n" if self.api_key else ""
+        request = f"GET /health HTTP/1.1\r\nHost: {self.host}:{self.port}\r\n{auth}Connection: close\r\n\r\n"
+        try:
+            with socket.create_connection((self.host, self.port), timeout=timeout) as sock:
+                sock.sendall(request.encode())
+                head = sock.recv(64)
+        except OSError:
+            return 0
+        parts = head.split(b" ", 2)
+        return int(parts[1]) if len(parts) > 1 and head.startswith(b"HTTP/") and parts[1].isdigit() else 0
 
     def wait_ready(
         self,

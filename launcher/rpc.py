@@ -349,7 +349,7 @@ def explain_failure(log_lines: Sequence[str], endpoints: Sequence[str], *,
 
 def with_worker_indices(reports: Sequence[WorkerReport]) -> list[tuple[int, WorkerDevice]]:
     """Each usable worker's devices with llama-server's ordinal (``RPC<n>``) for the ``--rpc`` list of them."""
-    out = []
+    out: list[tuple[int, WorkerDevice]] = []
     for r in reports:
         for d in r.devices:
             out.append((len(out), d))

@@ -21,7 +21,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Literal, cast, get_args
+from typing import TYPE_CHECKING, Literal, get_args
 
 from launcher.capabilities import Capabilities
 from launcher.errors import LauncherError
@@ -91,7 +91,7 @@ def normalize_mode(text: str) -> SpecMode:
     """
     word = text.strip().lower()
     if word in MODES:
-        return cast(SpecMode, word)
+        return word
     if word in _LEGACY_NAMES:
         return _LEGACY_NAMES[word]
     parts = {_PARTS.get(p.strip()) for p in word.replace("+", ",").split(",")}

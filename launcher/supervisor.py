@@ -363,8 +363,7 @@ class Supervisor:
             try:
                 if spec.before_start is not None:
                     spec.before_start()
-                child.server.start()
-                self.registry.add(child.server.pid, spec.binary)
+                self.registry.add(child.server.start(), spec.binary)
                 child.server.wait_ready(
                     timeout=spec.start_timeout, poll_interval=0.05, abort=abort,
                 )

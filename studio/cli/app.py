@@ -897,8 +897,7 @@ def rpc_worker(
     code: int | None = None
     with _graceful_termination() as threads_started:
         try:
-            worker.start()
-            registry.add(worker.pid, str(found.path))
+            registry.add(worker.start(), str(found.path))
             threads_started()
             worker.wait_ready()
             devices = ", ".join(f"RPC device {d.index}: {format_mib(d.free_bytes)} free of "
