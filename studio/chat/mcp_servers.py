@@ -20,7 +20,7 @@ import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Any
+from typing import Any, TextIO
 
 import anyio
 import mcp
@@ -172,7 +172,7 @@ class MCPServer:
             _answer(call, ToolResult(f"the MCP server {self.name!r} went away during the call", True,
                                      notice=f"MCP server {self.name!r} went away"))
 
-    def _target(self, errlog: IO[str]) -> Any:
+    def _target(self, errlog: TextIO) -> Any:
         """What ``mcp.Client`` connects to: the URL, or a stdio transport whose stderr goes to ``errlog``."""
         if self.config.url:
             return self.config.url
@@ -181,7 +181,7 @@ class MCPServer:
                                            cwd=self.config.cwd)
         return stdio_client(params, errlog=errlog)
 
-    def _open_errlog(self) -> IO[str]:
+    def _open_errlog(self) -> TextIO:
         if self.config.url or self.logs_dir is None:
             return open(os.devnull, "w")
         self.logs_dir.mkdir(parents=True, exist_ok=True)

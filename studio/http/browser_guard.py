@@ -103,7 +103,7 @@ def _headers(scope: Scope) -> dict[str, str]:
 
 def _page_scheme(scope: Scope) -> str:
     """The scheme a page on this studio has: ``ws``/``wss`` requests come from ``http``/``https`` pages."""
-    scheme = scope.get("scheme", "http")
+    scheme: str = scope.get("scheme", "http")
     return {"ws": "http", "wss": "https"}.get(scheme, scheme)
 
 

@@ -153,7 +153,7 @@ def candidates(files: list[HubFile], *, is_projector: Callable[[str], bool] = is
         count = max(c for _, c, _ in members)
         have = {no for no, _, _ in members}
         sample = members[0][2].path
-        missing = ()
+        missing: tuple[str, ...] = ()
         if count > 1:
             missing = tuple(shard_name(key, i, count) for i in range(1, count + 1) if i not in have)
         label = quant_label(sample) or PurePosixPath(key).name
@@ -678,7 +678,7 @@ def _download(resolved: Resolved, check: Preflight, cfg: HubConfig, progress: Pr
         with (file_lock(resolved.repo, f) if file_lock else nullcontext()), _hub_errors(resolved.repo, cfg, f.path):
             hf_hub_download(resolved.repo, f.path, revision=resolved.commit, cache_dir=cfg.cache_dir,
                             endpoint=cfg.endpoint, token=cfg.token, etag_timeout=cfg.timeout,
-                            tqdm_class=functools.partial(_Meter, tracker))  # type: ignore[arg-type]
+                            tqdm_class=functools.partial(_Meter, tracker))  # type: ignore[call-overload]
     return tracker.done
 
 
