@@ -84,17 +84,18 @@ def speech_facts(model: GGUFFile) -> SpeechFacts | None:
     large vocabulary costs tens of milliseconds to match, and the library asks on every scan.
     """
     md = model.metadata
-    known = _ARCHITECTURES.get(md.get("general.architecture"))  # type: ignore[arg-type]
+    arch = md.get("general.architecture")
+    known = _ARCHITECTURES.get(arch) if isinstance(arch, str) else None
     if known is not None:
         return known
     vocab = _vocab_bytes(md.get("tokenizer.ggml.tokens"))
     if not vocab:
         return None
     for codec, family, pattern, companion in _NUMBERED:
-        count = len(re.findall(pattern, vocab))
-        if count >= MIN_CODEC_TOKENS and (companion is None or companion in vocab):
-            example = re.search(pattern, vocab).group().decode()  # type: ignore[union-attr]
-            return SpeechFacts(codec, family, f"its vocabulary holds {count} codec tokens like {example}")
+        tokens: list[bytes] = re.findall(pattern, vocab)  # no groups in the patterns: whole tokens
+        if len(tokens) >= MIN_CODEC_TOKENS and (companion is None or companion in vocab):
+            return SpeechFacts(codec, family,
+                               f"its vocabulary holds {len(tokens)} codec tokens like {tokens[0].decode()}")
     if b"<|AUDIO|>" in vocab and b"<|audio_eos|>" in vocab and b"<|audio_bos|>" not in vocab:
         return SpeechFacts("Mimi", "Sesame CSM", "its vocabulary has the <|AUDIO|> and <|audio_eos|> markers of CSM")
     return None
