@@ -56,7 +56,15 @@ from launcher.devices import Device, Inventory
 from launcher.errors import LauncherError
 from launcher.extra_args import validate_extra_args
 from launcher.memory import (
-    CACHE_TYPES, CacheType, DeviceBill, FlashAttn, MemoryBill, MemoryOptions, estimate, for_file, layer_devices,
+    CACHE_TYPES,
+    CacheType,
+    DeviceBill,
+    FlashAttn,
+    MemoryBill,
+    MemoryOptions,
+    estimate,
+    for_file,
+    layer_devices,
     projector_compute_bytes,
 )
 from launcher.rpc import LINK_WARNING
@@ -280,14 +288,25 @@ def predict(model: ModelInfo, caps: Capabilities, request: PlanRequest, *, n_ctx
     return planner.bill(n_ctx, ngl if gpus else 0, planner.gpus)
 
 
+def parse_cache_type(value: str, what: str = "K") -> CacheType:
+    """Return ``value`` as a KV cache type llama.cpp takes (``what`` names the cache in the message).
+
+    Raises:
+        PlanError: not one; the message lists the valid ones.
+    """
+    for known in CACHE_TYPES:
+        if value == known:
+            return known
+    raise PlanError(f"unknown {what} cache type {value!r}; valid: {', '.join(CACHE_TYPES)}")
+
+
 def _check(request: PlanRequest) -> None:
     if request.n_ctx is not None and request.n_ctx < 1:
         raise PlanError(f"the context must be a positive number of tokens, not {request.n_ctx}")
     if request.n_parallel < 1:
         raise PlanError(f"the number of parallel slots must be at least 1, not {request.n_parallel}")
     for what, value in (("K", request.cache_type_k), ("V", request.cache_type_v)):
-        if value not in CACHE_TYPES:
-            raise PlanError(f"unknown {what} cache type {value!r}; valid: {', '.join(CACHE_TYPES)}")
+        parse_cache_type(value, what)  # a request built from untyped input (a test, a script) is checked too
     if request.threads is not None and request.threads < 1:
         raise PlanError(f"threads must be at least 1, not {request.threads}")
 

@@ -681,7 +681,7 @@ def plan_command(
     from launcher.capabilities import probe
     from launcher.command import build_command
     from launcher.devices import discover
-    from launcher.planner import load_model, plan
+    from launcher.planner import load_model, parse_cache_type, plan
     from launcher.rpc import RpcWorkers
     from studio.residency.requests import LoadRequest, load_settings
     from studio.views.plan import plan_json, render_plan
@@ -698,7 +698,7 @@ def plan_command(
     caps = probe(found.path, cache_dir=settings.home / "cache")
     entry = _catalog(settings).resolve(model)
     asked = LoadRequest(model, n_ctx=ctx, n_parallel=parallel, spec=spec, spec_n_max=n_max,
-                        cache_type=cache_type.lower() if cache_type else None, mmproj=mmproj)
+                        cache_type=parse_cache_type(cache_type.lower()) if cache_type else None, mmproj=mmproj)
     chosen = load_settings(asked, entry, settings.model_defaults)
     request = replace(chosen.plan_request(entry.name), spec_measurements=settings.spec_dir)
     launch = plan(load_model(entry.path, mmproj=chosen.mmproj), discover(llama_server=found.path, workers=workers),

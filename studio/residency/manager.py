@@ -279,8 +279,7 @@ class ModelManager:
                     await existing.unload(grace=0, reason="")  # a failed one is retried; it holds nothing
                     existing = None
                 if existing is not None and existing.state not in GOING_AWAY:
-                    settings = None if request is None else self._settings(request, entry)
-                    if settings is None or settings == existing.settings:
+                    if request is None or self._settings(request, entry) == existing.settings:
                         self._route(model, existing)
                         return existing
                     self._pending[entry.path] = request

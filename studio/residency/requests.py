@@ -6,10 +6,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from launcher.memory import CacheType
 from launcher.planner import PlanRequest
 from studio.library.catalog import CatalogEntry
-from studio.library.scan import model_name
 from studio.library.projectors import chosen_projector
+from studio.library.scan import model_name
 from studio.settings import ModelDefaults
 
 
@@ -27,7 +28,7 @@ class LoadRequest:
     extra_args: tuple[str, ...] | None = None
     spec: str | None = None  # None, and none configured: "auto"
     spec_n_max: int | None = None  # None, and none configured: the speculative policy's
-    cache_type: str | None = None  # None, and none configured: "f16"
+    cache_type: CacheType | None = None  # None, and none configured: "f16"
     chat_template: str | None = None  # a Jinja chat template replacing the model's own
     ttl: float | None = None  # seconds idle before unloading; None: the model's configured one, or the global
     pinned: bool | None = None  # None: the model's configured one
@@ -45,7 +46,7 @@ class LoadSettings:
     extra_args: tuple[str, ...]
     spec: str = "auto"
     spec_n_max: int | None = None
-    cache_type: str = "f16"
+    cache_type: CacheType = "f16"
     chat_template: str | None = None
     mmproj: Path | None = None  # the multimodal projector to pass, if any
 
