@@ -40,8 +40,8 @@ from launcher import planner  # noqa: E402
 from launcher.capabilities import Capabilities, probe  # noqa: E402
 from launcher.devices import Device, Inventory  # noqa: E402
 from launcher.errors import LauncherError  # noqa: E402
-from launcher.units import MIB  # noqa: E402
 from launcher.planner import ModelInfo, PlanRequest  # noqa: E402
+from launcher.units import MIB  # noqa: E402
 
 GIB = 1024 * MIB
 CPU = Device("CPU", None, "CPU", 64 * GIB, 48 * GIB, "psutil")

@@ -30,9 +30,9 @@ import gguf  # noqa: E402
 from launcher.capabilities import Capabilities, probe  # noqa: E402
 from launcher.devices import Device, Inventory  # noqa: E402
 from launcher.errors import LauncherError  # noqa: E402
-from launcher.memory import MemoryOptions, estimate, for_file  # noqa: E402
-from launcher.units import MIB  # noqa: E402
+from launcher.memory import estimate, for_file  # noqa: E402
 from launcher.planner import ModelInfo, PlanRequest, plan  # noqa: E402
+from launcher.units import MIB  # noqa: E402
 from scripts.memory_accuracy import CONFIGS  # noqa: E402
 
 GIB = 1024 * MIB

@@ -14,9 +14,9 @@ import pytest
 import uvicorn
 
 from launcher.capabilities import probe
-from launcher.units import MIB
 from launcher.registry import ChildRegistry
 from launcher.supervisor import owner_token
+from launcher.units import MIB
 from studio.http.app import create_app
 from studio.library.catalog import Catalog
 from studio.library.default_model import ensure_default_model

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import gc
 import time
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -21,9 +20,9 @@ import gguf
 from gguf.consistency import MAX_BLOCKS
 from launcher import planner
 from launcher.devices import Device, Inventory
-from launcher.units import MIB
 from launcher.memory import estimate
 from launcher.planner import MAX_ESTIMATES, ModelInfo, PlanError, PlanRequest, plan
+from launcher.units import MIB
 from tests.support.deep_zoo import deepen_model
 
 pytestmark = pytest.mark.slow

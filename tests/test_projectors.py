@@ -18,11 +18,11 @@ from launcher.allocations import parse_allocations
 from launcher.capabilities import probe
 from launcher.command import build_command
 from launcher.devices import Device, Inventory
-from launcher.units import MIB
 from launcher.memory import ProjectorBill
 from launcher.planner import PlanRequest, ProjectorError, load_model, plan
 from launcher.registry import ChildRegistry
 from launcher.supervisor import owner_token
+from launcher.units import MIB
 from studio.errors import BadRequestError
 from studio.http.app import create_app
 from studio.library.catalog import Catalog

@@ -8,8 +8,8 @@ import pytest
 
 from gguf.errors import MissingShardError
 from gguf.shards import ShardName, parse_shard, shard_name, shard_paths
-from studio.library.scan import model_name
 from studio.library.hub import HubFile, candidates, group_key
+from studio.library.scan import model_name
 
 NAMES = [
     ("model-00001-of-00003", ShardName("model", 1, 3)),

@@ -35,10 +35,10 @@ import gguf
 from launcher.capabilities import Capabilities
 from launcher.command import build_command
 from launcher.devices import Device, Inventory
-from launcher.units import MIB
 from launcher.errors import LauncherError
 from launcher.memory import estimate, for_file
 from launcher.planner import ModelInfo, PlanRequest, plan
+from launcher.units import MIB
 
 #: The project's own error classes: anything else escaping the pipeline is a bug.
 OURS: tuple[type[BaseException], ...] = (gguf.GGUFError, LauncherError)
