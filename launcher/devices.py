@@ -346,6 +346,7 @@ def free_memory_of(uuids: Sequence[str], *, llama_server: Path | None = None) ->
     """Return a reader of the free bytes of the GPUs with ``uuids`` (for ``wait_for_memory_release``)."""
 
     def read() -> dict[str, int]:
-        return {d.uuid: d.free_bytes for d in discover(llama_server=llama_server).gpus if d.uuid is not None and d.uuid in uuids}
+        gpus = discover(llama_server=llama_server).gpus
+        return {d.uuid: d.free_bytes for d in gpus if d.uuid is not None and d.uuid in uuids}
 
     return read

@@ -26,7 +26,7 @@ def _hand_written_sizes(tree: ast.AST) -> list[int]:
     found = []
     for node in ast.walk(tree):
         if isinstance(node, ast.JoinedStr):
-            for before, after in zip(node.values, node.values[1:]):
+            for before, after in zip(node.values, node.values[1:], strict=False):
                 if (isinstance(before, ast.FormattedValue) and isinstance(after, ast.Constant)
                         and str(after.value).startswith((" MiB", " GiB"))
                         and (before.format_spec is not None or isinstance(before.value, ast.BinOp))):

@@ -38,7 +38,8 @@ class Catalog:
         self.folders = folders
         self.hf_cache = hf_cache
         self.aliases = dict(aliases or {})  # extra name -> a model name, path or repo:VARIANT
-        self._libraries: dict[Path | None, Library] = {}  # one Library per folder (None: the HF cache), kept for its facts
+        # one Library per folder (None: the HF cache), kept for its facts
+        self._libraries: dict[Path | None, Library] = {}
 
     def _library(self, folder: Path | None) -> Library:
         """The library scanning ``folder`` (or the HF cache): kept, so a file's header facts are read once per

@@ -115,7 +115,8 @@ def render(info: dict[str, Any]) -> str:
     rows = [
         ("architecture", f"{info['architecture']}" + (f"  ({info['name']})" if info["name"] else "")),
         ("parameters", _count(info["parameters"]) + (f"  (label {info['size_label']})" if info["size_label"] else "")),
-        ("quant", f"{info['quant']}  ({info['quant_description']}), {format_mib(info['file_bytes'], decimals=1)} on disk"),
+        ("quant", f"{info['quant']}  ({info['quant_description']}), "
+                  f"{format_mib(info['file_bytes'], decimals=1)} on disk"),
         ("native context", f"{info['native_context']:,} tokens"),
         ("layers", f"{info['layers']}" + (f" (+{info['blocks'] - info['layers']} extra blocks)" if info["blocks"] != info["layers"] else "")),
         ("heads", f"{info['heads']} query, {info['kv_heads']} KV; head dim K {info['head_dim_k']} / V {info['head_dim_v']}"),
