@@ -18,13 +18,12 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
-import tempfile
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from gguf.files import write_atomically
 from launcher.capabilities import Capabilities
 from launcher.devices import Device
 
@@ -139,14 +138,7 @@ def save(directory: Path, measurement: SpecMeasurement) -> Path:
     """Store ``measurement`` under its key, replacing an older one; return its file."""
     directory.mkdir(parents=True, exist_ok=True)
     target = path_for(directory, measurement.key)
-    fd, tmp = tempfile.mkstemp(dir=directory, prefix=".spec-", suffix=".json")
-    try:
-        with os.fdopen(fd, "w") as out:
-            json.dump(measurement.to_json(), out, indent=1)
-        os.replace(tmp, target)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    write_atomically(target, json.dumps(measurement.to_json(), indent=1))
     return target
 
 
