@@ -243,9 +243,11 @@ def test_non_streamed_request_whose_client_leaves_frees_the_slot(tmp_path, llama
             slots = httpx.get(f"{loaded.url}/slots", headers=loaded.auth_headers, timeout=5).json()
             return any(slot["is_processing"] for slot in slots)
 
-        # llama-server looks at a non-streamed request's connection once a second (HTTP_POLLING_SECONDS);
-        # unloaded it stops within about 1 s, the bound leaves room for a busy machine (it used to be never)
-        wait_for(lambda: not busy(), timeout=10, what="llama-server to stop decoding for a client that left")
+        # llama-server looks at a non-streamed request's connection when its 1 s wait for a result times out
+        # (HTTP_POLLING_SECONDS), and every result of any task, /slots' own too, starts that wait again: polled
+        # faster than once a second, it never looks. Unloaded it stops within about 1 s; the bound leaves room
+        # for a busy machine (it used to be never).
+        wait_for(lambda: not busy(), timeout=20, interval=1.5, what="llama-server to stop decoding for a client that left")
         assert models_of(s.url)["gemma"]["in_flight"] == 0
 
 
