@@ -28,8 +28,21 @@ from gguf.model import GGUFFile, clear_cache, read
 from gguf.reader import Header, LazyArray, TensorInfo, read_header
 
 __all__ = [
-    "CorruptHeaderError", "GGML_TYPES", "GGMLType", "GGUFError", "GGUFFile", "Header", "ImplausibleValueError",
-    "InconsistentHeaderError", "LazyArray",
-    "MissingShardError", "NotGGUFError", "TensorInfo", "TruncatedError", "UnsupportedVersionError",
-    "clear_cache", "read", "read_header",
+    "CorruptHeaderError",
+    "GGML_TYPES",
+    "GGMLType",
+    "GGUFError",
+    "GGUFFile",
+    "Header",
+    "ImplausibleValueError",
+    "InconsistentHeaderError",
+    "LazyArray",
+    "MissingShardError",
+    "NotGGUFError",
+    "TensorInfo",
+    "TruncatedError",
+    "UnsupportedVersionError",
+    "clear_cache",
+    "read",
+    "read_header",
 ]

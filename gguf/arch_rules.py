@@ -29,22 +29,68 @@ _PURE_RECURRENT = frozenset({"mamba", "mamba2", "rwkv6", "rwkv6qwen2", "rwkv7", 
 # Which SSM keys each loader reads (the rest stay 0, as in llama.cpp).
 _SSM_ALL = ("conv_kernel", "inner_size", "state_size", "time_step_rank", "group_count")
 _SSM_KEYS: dict[str, tuple[str, ...]] = {
-    **{a: _SSM_ALL for a in ("mamba2", "falcon-h1", "granitehybrid", "nemotron_h", "nemotron_h_moe", "plamo2",
-                             "qwen3next", "qwen35", "qwen35moe", "qwen4exp", "clef")},
+    **{
+        a: _SSM_ALL
+        for a in (
+            "mamba2",
+            "falcon-h1",
+            "granitehybrid",
+            "nemotron_h",
+            "nemotron_h_moe",
+            "plamo2",
+            "qwen3next",
+            "qwen35",
+            "qwen35moe",
+            "qwen4exp",
+            "clef",
+        )
+    },
     **{a: _SSM_ALL[:4] for a in ("mamba", "jamba")},
     **{a: ("conv_kernel",) for a in ("bailingmoe3", "glm5-next", "kimi-k3", "kimi-linear")},
 }
 #: Architectures llama.cpp runs without any KV cache or recurrent state (embedding, diffusion models).
-_NO_MEMORY = frozenset({
-    "bert", "jina-bert-v2", "jina-bert-v3", "nomic-bert", "nomic-bert-moe", "neo-bert", "eurobert",
-    "wavtokenizer-dec", "modern-bert", "gemma-embedding", "dream", "llada", "llada-moe", "rnd1", "clef",
-})
+_NO_MEMORY = frozenset(
+    {
+        "bert",
+        "jina-bert-v2",
+        "jina-bert-v3",
+        "nomic-bert",
+        "nomic-bert-moe",
+        "neo-bert",
+        "eurobert",
+        "wavtokenizer-dec",
+        "modern-bert",
+        "gemma-embedding",
+        "dream",
+        "llada",
+        "llada-moe",
+        "rnd1",
+        "clef",
+    }
+)
 #: ``llm_arch_is_hybrid``: attention KV cache plus recurrent state.
-_HYBRID = frozenset({
-    "jamba", "falcon-h1", "plamo2", "granitehybrid", "lfm2", "lfm2moe", "nemotron_h", "nemotron_h_moe",
-    "qwen3next", "kimi-linear", "bailingmoe3", "kimi-k3", "glm5-next", "qwen35", "qwen35moe", "qwen4exp",
-    "deepseek4", "minimax-01",
-})
+_HYBRID = frozenset(
+    {
+        "jamba",
+        "falcon-h1",
+        "plamo2",
+        "granitehybrid",
+        "lfm2",
+        "lfm2moe",
+        "nemotron_h",
+        "nemotron_h_moe",
+        "qwen3next",
+        "kimi-linear",
+        "bailingmoe3",
+        "kimi-k3",
+        "glm5-next",
+        "qwen35",
+        "qwen35moe",
+        "qwen4exp",
+        "deepseek4",
+        "minimax-01",
+    }
+)
 _KDA_ARCHS = frozenset({"bailingmoe3", "glm5-next", "kimi-k3", "kimi-linear"})
 _RWKV_ARCHS = frozenset({"rwkv6", "rwkv6qwen2", "rwkv7", "arwkv7"})
 _ROPE_SCALING_TYPES = ("none", "linear", "yarn", "longrope")
@@ -62,9 +108,11 @@ def _load_swa_pattern(meta: Metadata, hp: HParams, n_pattern: int, dense_first: 
         return
     period = meta.u32("attention.sliding_window_pattern")
     if period is None:
-        meta.notes.append(f"{meta.key('attention.sliding_window_pattern')} is absent; llama.cpp uses its built-in "
-                          f"pattern for {meta.arch}: every {n_pattern}-th layer is full attention"
-                          + (" (starting with the first)" if dense_first else ""))
+        meta.notes.append(
+            f"{meta.key('attention.sliding_window_pattern')} is absent; llama.cpp uses its built-in "
+            f"pattern for {meta.arch}: every {n_pattern}-th layer is full attention"
+            + (" (starting with the first)" if dense_first else "")
+        )
         period = n_pattern
     hp.set_swa_pattern(period, dense_first)
     hp.full_attention_interval = period if period > 0 else None
@@ -74,8 +122,11 @@ def _required_swa_array(meta: Metadata, hp: HParams, ctx: LoadContext) -> None:
     values = meta.int_array("attention.sliding_window_pattern")
     if values is None:
         if meta.has("attention.sliding_window_pattern"):
-            raise GGUFError(f"metadata key {meta.key('attention.sliding_window_pattern')!r} must be a per-layer "
-                            f"array for {meta.arch}", path=meta.path)
+            raise GGUFError(
+                f"metadata key {meta.key('attention.sliding_window_pattern')!r} must be a per-layer "
+                f"array for {meta.arch}",
+                path=meta.path,
+            )
         meta.missing_required.append(meta.key("attention.sliding_window_pattern"))
         return
     hp.is_swa = array_into(hp.is_swa, values)
@@ -83,6 +134,7 @@ def _required_swa_array(meta: Metadata, hp: HParams, ctx: LoadContext) -> None:
 
 def _swa_gated(n_pattern: int, dense_first: bool = False, kind: int = 1) -> ArchRule:
     """SWA only when the GGUF has a sliding window > 0 (gemma3, olmo2, mellum, ...)."""
+
     def rule(meta: Metadata, hp: HParams, ctx: LoadContext) -> None:
         hp.n_swa = meta.u32("attention.sliding_window", 0)
         if hp.n_swa > 0:
@@ -90,21 +142,26 @@ def _swa_gated(n_pattern: int, dense_first: bool = False, kind: int = 1) -> Arch
             _load_swa_pattern(meta, hp, n_pattern, dense_first)
         else:
             hp.swa_type = 0
+
     return rule
 
 
-def _swa_always(n_pattern: int, dense_first: bool = False, kind: int = 1,
-                default_window: int | None = None) -> ArchRule:
+def _swa_always(
+    n_pattern: int, dense_first: bool = False, kind: int = 1, default_window: int | None = None
+) -> ArchRule:
     """Always SWA; the window is required unless llama.cpp has a default for it."""
+
     def rule(meta: Metadata, hp: HParams, ctx: LoadContext) -> None:
         hp.swa_type = kind
         if default_window is not None:
             hp.n_swa = default_window
             if not meta.has("attention.sliding_window"):
-                meta.notes.append(f"{meta.key('attention.sliding_window')} is absent; llama.cpp uses "
-                                  f"{default_window} for {meta.arch}")
+                meta.notes.append(
+                    f"{meta.key('attention.sliding_window')} is absent; llama.cpp uses {default_window} for {meta.arch}"
+                )
         _load_swa_pattern(meta, hp, n_pattern, dense_first)
         hp.n_swa = meta.u32("attention.sliding_window", hp.n_swa, required=default_window is None)
+
     return rule
 
 
@@ -122,20 +179,24 @@ def _mla(required: bool, v_is_latent: bool = False) -> ArchRule:
         hp.v_mla = meta.u32("attention.value_length_mla", 0, required=required)
         if v_is_latent:  # the MLA cache holds the compressed latent
             hp.n_embd_head_v = hp.n_lora_kv
+
     return rule
 
 
 def _recr_by_kv_heads(all_layers: bool = False) -> ArchRule:
     """A layer is recurrent when it has no KV heads (Jamba, Granite hybrid, Kimi linear, ...)."""
+
     def rule(meta: Metadata, hp: HParams, ctx: LoadContext) -> None:
         n = hp.n_layer_all if all_layers else hp.n_layer
         for il in range(n):
             hp.is_recr[il] = hp.n_head_kv[il] == 0
+
     return rule
 
 
 def _recr_interval(default_interval: int) -> ArchRule:
     """Linear attention everywhere but every n-th layer (Qwen3-Next / 3.5, MiniMax-01)."""
+
     def rule(meta: Metadata, hp: HParams, ctx: LoadContext) -> None:
         values = meta.per_layer("attention.recurrent_layers", hp.n_layer_all, None)
         if values is not None:
@@ -143,13 +204,16 @@ def _recr_interval(default_interval: int) -> ArchRule:
             return
         interval = meta.u32("full_attention_interval", default_interval)
         if not meta.has("full_attention_interval"):
-            meta.notes.append(f"{meta.key('full_attention_interval')} is absent; llama.cpp uses "
-                              f"{default_interval} for {meta.arch}")
+            meta.notes.append(
+                f"{meta.key('full_attention_interval')} is absent; llama.cpp uses {default_interval} for {meta.arch}"
+            )
         if interval == 0:
-            raise GGUFError(f"metadata key {meta.key('full_attention_interval')!r} is 0; it must be at least 1",
-                            path=meta.path)
+            raise GGUFError(
+                f"metadata key {meta.key('full_attention_interval')!r} is 0; it must be at least 1", path=meta.path
+            )
         hp.full_attention_interval = interval
         hp.is_recr = [il < hp.n_layer and (il + 1) % interval != 0 for il in range(hp.n_layer_all)]
+
     return rule
 
 
@@ -157,6 +221,7 @@ def _seq(*rules: ArchRule) -> ArchRule:
     def rule(meta: Metadata, hp: HParams, ctx: LoadContext) -> None:
         for r in rules:
             r(meta, hp, ctx)
+
     return rule
 
 
@@ -225,8 +290,9 @@ def _deepseek4(meta: Metadata, hp: HParams, ctx: LoadContext) -> None:
     if hp.n_layer_nextn > 0:  # MTP blocks only count when their tensors are in the file
         probe = f"blk.{hp.n_layer_all - hp.n_layer_nextn}.nextn.eh_proj.weight"
         if not any(t.name == probe for t in ctx.tensors):
-            meta.notes.append(f"{meta.key('nextn_predict_layers')} is set but {probe} is missing; llama.cpp "
-                              "ignores the MTP blocks")
+            meta.notes.append(
+                f"{meta.key('nextn_predict_layers')} is set but {probe} is missing; llama.cpp ignores the MTP blocks"
+            )
             hp.n_layer_nextn = 0
     hp.n_swa = meta.u32("attention.sliding_window", 0, required=True)
     hp.swa_type = 1
@@ -237,8 +303,10 @@ def _deepseek4(meta: Metadata, hp: HParams, ctx: LoadContext) -> None:
     if ratios is None:
         meta.missing_required.append(meta.key("attention.compress_ratios"))
     elif len(ratios) < hp.n_layer_all:
-        ctx.guess(f"{meta.key('attention.compress_ratios')} has {len(ratios)} values for {hp.n_layer_all} layers; "
-                  "llama.cpp refuses the file")
+        ctx.guess(
+            f"{meta.key('attention.compress_ratios')} has {len(ratios)} values for {hp.n_layer_all} layers; "
+            "llama.cpp refuses the file"
+        )
     hp.compress_ratios = (list(ratios or ()) + [0] * hp.n_layer_all)[: hp.n_layer_all]
     meta.u32("attention.indexer.key_length", 0, required=True)  # the lightning-indexer cache's head size
     ctx.notes.append("deepseek4 also keeps compressed and indexer KV caches that kv_bytes_per_token() does not count")
@@ -315,8 +383,9 @@ def _nanbeige(meta: Metadata, hp: HParams, ctx: LoadContext) -> None:
     if loops > 1:  # the physical blocks run `loops` times, each pass with its own KV cache
         phys = hp.n_layer
         if phys * loops > MAX_LAYERS:
-            raise GGUFError(f"{meta.key('num_loops')} x block_count exceeds llama.cpp's {MAX_LAYERS} layers",
-                            path=meta.path)
+            raise GGUFError(
+                f"{meta.key('num_loops')} x block_count exceeds llama.cpp's {MAX_LAYERS} layers", path=meta.path
+            )
         for name in ("n_head", "n_head_kv", "n_ff", "is_swa", "is_recr", "n_expert_used"):
             setattr(hp, name, getattr(hp, name)[:phys] * loops)
         hp.n_layer_all = phys * loops
@@ -328,8 +397,14 @@ def _graniteswitch(meta: Metadata, hp: HParams, ctx: LoadContext) -> None:
     n_real = hp.n_layer
     hp.n_layer_all = n_real + 1
     hp.n_layer_nextn = 1
-    for name, value in (("n_head", 1), ("n_head_kv", 1), ("n_ff", 0), ("is_swa", False), ("is_recr", False),
-                        ("n_expert_used", hp.n_expert_used[0] if hp.n_expert_used else 0)):
+    for name, value in (
+        ("n_head", 1),
+        ("n_head_kv", 1),
+        ("n_ff", 0),
+        ("is_swa", False),
+        ("is_recr", False),
+        ("n_expert_used", hp.n_expert_used[0] if hp.n_expert_used else 0),
+    ):
         values = getattr(hp, name)[:n_real]
         setattr(hp, name, values + [value])
     ctx.notes.append("graniteswitch adds a router block after its layers; it is counted in block_count")
@@ -350,6 +425,7 @@ def _step35(meta: Metadata, hp: HParams, ctx: LoadContext) -> None:
 def _dsa_note(arch: str) -> ArchRule:
     def rule(meta: Metadata, hp: HParams, ctx: LoadContext) -> None:
         ctx.notes.append(f"{arch} also keeps an indexer key cache that kv_bytes_per_token() does not count")
+
     return rule
 
 
@@ -422,8 +498,10 @@ _ARCH_RULES: dict[str, ArchRule] = {
 
 def _generic_rules(meta: Metadata, hp: HParams, ctx: LoadContext) -> None:
     """Best effort for an architecture llama.cpp does not know: read whatever keys are there."""
-    ctx.guess(f"llama.cpp b11434 has no loader for architecture {meta.arch!r}; facts follow the generic "
-              "GGUF keys and may not match how a newer llama.cpp runs it")
+    ctx.guess(
+        f"llama.cpp b11434 has no loader for architecture {meta.arch!r}; facts follow the generic "
+        "GGUF keys and may not match how a newer llama.cpp runs it"
+    )
     hp.n_swa = meta.u32("attention.sliding_window", 0)
     values = meta.int_array("attention.sliding_window_pattern")
     if hp.n_swa > 0:
@@ -435,8 +513,10 @@ def _generic_rules(meta: Metadata, hp: HParams, ctx: LoadContext) -> None:
             hp.set_swa_pattern(period)
             hp.full_attention_interval = period or None
         else:
-            ctx.guess("a sliding window is set but no per-layer pattern; assuming every layer uses full attention "
-                      "(an upper bound for the KV cache)")
+            ctx.guess(
+                "a sliding window is set but no per-layer pattern; assuming every layer uses full attention "
+                "(an upper bound for the KV cache)"
+            )
     recr = meta.per_layer("attention.recurrent_layers", hp.n_layer_all, None)
     if recr is not None:
         hp.is_recr = [v != 0 for v in recr]
@@ -477,16 +557,22 @@ def load_hparams(meta: Metadata, ctx: LoadContext, hf_config: Mapping[str, Any] 
     highest = max_block_index(tensors)
     hp.n_layer_nextn = meta.u32("nextn_predict_layers", 0)
     if block_count is None or block_count == 0:
-        ctx.guess(f"{meta.key('block_count')} is {'missing' if block_count is None else 0}; "
-                  f"using {highest + 1} from the blk.N tensors")
+        ctx.guess(
+            f"{meta.key('block_count')} is {'missing' if block_count is None else 0}; "
+            f"using {highest + 1} from the blk.N tensors"
+        )
         block_count = highest + 1
     check_limit(meta.key("block_count"), block_count, MAX_BLOCKS, "blocks", path)
     if hp.n_layer_nextn > block_count:
         raise InconsistentHeaderError(
             f"metadata key {meta.key('nextn_predict_layers')!r} is {hp.n_layer_nextn:,} but "
             f"{meta.key('block_count')!r} is {block_count:,}; the MTP blocks are among the blocks, so llama.cpp "
-            "refuses such a file", key=meta.key("nextn_predict_layers"), value=hp.n_layer_nextn, found=block_count,
-            path=path)
+            "refuses such a file",
+            key=meta.key("nextn_predict_layers"),
+            value=hp.n_layer_nextn,
+            found=block_count,
+            path=path,
+        )
     check_block_count(meta.key("block_count"), block_count, hp.n_layer_nextn, highest, path)
     if block_count > MAX_LAYERS:
         ctx.guess(f"{meta.key('block_count')} is {block_count}; llama.cpp b11434 supports at most {MAX_LAYERS}")
@@ -508,8 +594,11 @@ def load_hparams(meta: Metadata, ctx: LoadContext, hf_config: Mapping[str, Any] 
     scaling = meta.raw_str(meta.key("rope.scaling.type"))
     if scaling is not None:
         if scaling not in _ROPE_SCALING_TYPES:
-            raise GGUFError(f"metadata key {meta.key('rope.scaling.type')!r} is {scaling!r}; llama.cpp knows "
-                            f"{', '.join(_ROPE_SCALING_TYPES)}", path=path)
+            raise GGUFError(
+                f"metadata key {meta.key('rope.scaling.type')!r} is {scaling!r}; llama.cpp knows "
+                f"{', '.join(_ROPE_SCALING_TYPES)}",
+                path=path,
+            )
         hp.rope_scaling_type = scaling
     factor = meta.f32("rope.scaling.factor")
     if factor is None:
@@ -546,8 +635,11 @@ def load_hparams(meta: Metadata, ctx: LoadContext, hf_config: Mapping[str, Any] 
                 hp.is_swa = list(from_hf) + [False] * (hp.n_layer_all - len(from_hf))
                 notes.append("sliding-window layers taken from the source repository's config.json")
     if meta.missing_required:
-        ctx.guess("llama.cpp requires " + ", ".join(dict.fromkeys(meta.missing_required))
-                  + " and will refuse this file; defaults were used")
+        ctx.guess(
+            "llama.cpp requires "
+            + ", ".join(dict.fromkeys(meta.missing_required))
+            + " and will refuse this file; defaults were used"
+        )
     if hp.full_attention_interval is None and full_interval:
         hp.full_attention_interval = full_interval
     return hp
@@ -555,8 +647,11 @@ def load_hparams(meta: Metadata, ctx: LoadContext, hf_config: Mapping[str, Any] 
 
 def kv_cache_k_only(meta: Metadata, hp: HParams) -> bool:
     """The attention cache stores K alone: an MLA latent, or DeepSeek-V4's (and a DFlash drafter's) shared K/V."""
-    return bool(hp.k_mla and hp.v_mla) or meta.arch == "deepseek4" or (
-        meta.arch == "dflash" and meta.u32("hyper_connection.count", 0) > 0)
+    return (
+        bool(hp.k_mla and hp.v_mla)
+        or meta.arch == "deepseek4"
+        or (meta.arch == "dflash" and meta.u32("hyper_connection.count", 0) > 0)
+    )
 
 
 def memory_notes(arch: str) -> list[str]:
@@ -605,8 +700,9 @@ def indexer_cache(arch: str, meta: Metadata, hp: HParams) -> tuple[int, int, tup
     if arch == "deepseek32":
         layers = trunk
     elif arch == "glm-dsa":
-        layers = padded(_indexer_types(meta, n_layer, [True] * n_layer if hp.n_ctx_train < 1048576
-                                       else _GLM52_INDEXER_TYPES))
+        layers = padded(
+            _indexer_types(meta, n_layer, [True] * n_layer if hp.n_ctx_train < 1048576 else _GLM52_INDEXER_TYPES)
+        )
     elif arch == "hy_v4":
         layers = padded(_indexer_types(meta, n_layer, [False] * n_layer)) if top_k else [False] * n
     elif arch == "dots3note":
@@ -696,7 +792,7 @@ def main_context_layers(arch: str, hp: HParams, known: bool) -> tuple[tuple[bool
     else:  # the trunk's cache leaves the MTP blocks to the draft context
         attn, state = list(main), [False] * n
     has_kv = [hp.n_layer_kv_from_start < 0 or il < hp.n_layer_kv_from_start for il in range(n)]
-    return tuple(a and k for a, k in zip(attn, has_kv)), tuple(state)
+    return tuple(a and k for a, k in zip(attn, has_kv, strict=False)), tuple(state)
 
 
 def swa_layers_from_hf_config(config: Mapping[str, Any], n_layer: int) -> tuple[bool, ...] | None:

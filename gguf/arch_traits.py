@@ -21,12 +21,19 @@ from types import MappingProxyType
 from typing import Literal
 
 __all__ = [
-    "DEFAULT_TRAITS", "KNOWN_ARCHITECTURES", "TRAITS", "ArchTraits", "RecurrentGraph", "SparseAttention",
-    "architectures_with", "traits_of",
+    "DEFAULT_TRAITS",
+    "KNOWN_ARCHITECTURES",
+    "TRAITS",
+    "ArchTraits",
+    "RecurrentGraph",
+    "SparseAttention",
+    "architectures_with",
+    "traits_of",
 ]
 
 #: Every architecture name the pinned llama.cpp (b11434) knows (``llama-arch.cpp``).
-KNOWN_ARCHITECTURES: frozenset[str] = frozenset("""
+KNOWN_ARCHITECTURES: frozenset[str] = frozenset(
+    """
     clip llama llama4 deci falcon grok gpt2 gptj gptneox mpt baichuan starcoder refact bert modern-bert
     nomic-bert nomic-bert-moe neo-bert jina-bert-v2 jina-bert-v3 eurobert bloom stablelm qwen qwen2 qwen2moe
     qwen2vl qwen3 qwen3moe qwen3next qwen3vl qwen3vlmoe qwen35 qwen35moe clef qwen4exp phi2 phi3 phimoe plamo
@@ -40,7 +47,8 @@ KNOWN_ARCHITECTURES: frozenset[str] = frozenset("""
     smallthinker llada llada-moe seed_oss grovemoe apertus minimax-01 hrm_text minimax-m2 minimax-m3 cogvlm rnd1
     pangu-embedded mistral3 eagle3 dflash mistral4 paddleocr mimo2 step35 spark2_5 llama-embed maincoder
     kimi-linear kimi-k3 glm5-next talkie mellum nanbeige qwen3tts pockettts
-""".split())
+""".split()
+)
 
 #: Which builder a recurrent layer's graph comes from (only read for models with recurrent layers).
 RecurrentGraph = Literal["generic", "mamba-1", "mamba-2"]
@@ -145,8 +153,13 @@ _TABLE: dict[str, ArchTraits] = {
     "cohere2moe": ArchTraits(parallel_attention_ffn=True, last_ffn_on_all_tokens=True),
     "command-r": _PARALLEL,
     "deepseek32": _DSA,
-    "deepseek4": ArchTraits(mixed_batch_input=False, sparse_attention="csa", rs_rollback=True,
-                            kv_types_must_match=True, compressed_kv_cache=True),
+    "deepseek4": ArchTraits(
+        mixed_batch_input=False,
+        sparse_attention="csa",
+        rs_rollback=True,
+        kv_types_must_match=True,
+        compressed_kv_cache=True,
+    ),
     "dflash": _NO_MIXED_BATCH,
     "dots3note": _DSA,
     "eagle3": _NO_MIXED_BATCH,

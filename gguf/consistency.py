@@ -59,8 +59,13 @@ _REFUSED = "llama.cpp refuses such a file"
 def check_limit(key: str, value: int, limit: int, what: str, path: Path | None) -> None:
     """Raise ``ImplausibleValueError`` when ``value`` exceeds ``limit`` (``what``: the thing it counts)."""
     if value > limit:
-        raise ImplausibleValueError(f"metadata key {key!r} is {value:,}; no real model has more than {limit:,} "
-                                    f"{what}", key=key, value=value, limit=limit, path=path)
+        raise ImplausibleValueError(
+            f"metadata key {key!r} is {value:,}; no real model has more than {limit:,} {what}",
+            key=key,
+            value=value,
+            limit=limit,
+            path=path,
+        )
 
 
 def check_block_count(key: str, claimed: int, nextn: int, highest: int, path: Path | None) -> None:
@@ -79,7 +84,12 @@ def check_block_count(key: str, claimed: int, nextn: int, highest: int, path: Pa
         mtp = f" (with {nextn} MTP block{'s' if nextn != 1 else ''} that may be left out)" if nextn else ""
         raise InconsistentHeaderError(
             f"metadata key {key!r} is {claimed:,} but the tensors describe {span:,} block{'s' if span != 1 else ''} "
-            f"(blk.0 to blk.{highest}){mtp}; {_REFUSED}", key=key, value=claimed, found=span, path=path)
+            f"(blk.0 to blk.{highest}){mtp}; {_REFUSED}",
+            key=key,
+            value=claimed,
+            found=span,
+            path=path,
+        )
 
 
 def check_experts(arch: str, n_expert: int, used: Sequence[int], path: Path | None) -> None:
@@ -90,8 +100,12 @@ def check_experts(arch: str, n_expert: int, used: Sequence[int], path: Path | No
     if most > n_expert or (n_expert > 0 and most == 0):
         raise InconsistentHeaderError(
             f"metadata key {used_key!r} is {most:,} but {key!r} is {n_expert:,}: a model routes each token to at "
-            f"least one and at most all of its experts; {_REFUSED}", key=used_key, value=most, found=n_expert,
-            path=path)
+            f"least one and at most all of its experts; {_REFUSED}",
+            key=used_key,
+            value=most,
+            found=n_expert,
+            path=path,
+        )
 
 
 def check_shapes(facts: ModelFacts, tensors: Sequence[Any], metadata: Mapping[str, Any], path: Path | None) -> None:
@@ -117,18 +131,33 @@ def check_shapes(facts: ModelFacts, tensors: Sequence[Any], metadata: Mapping[st
             key = f"{arch}.expert_count"
             raise InconsistentHeaderError(
                 f"metadata key {key!r} is {facts.expert_count:,} but {t.name} holds {t.shape[axis]:,} experts; "
-                f"{_REFUSED}", key=key, value=facts.expert_count, found=t.shape[axis], path=path)
+                f"{_REFUSED}",
+                key=key,
+                value=facts.expert_count,
+                found=t.shape[axis],
+                path=path,
+            )
     embd = by_name.get("token_embd.weight")
-    if embd is not None and arch not in _OTHER_EMBEDDING and len(embd.shape) == 2 \
-            and embd.shape[0] != facts.embedding_length:
+    if (
+        embd is not None
+        and arch not in _OTHER_EMBEDDING
+        and len(embd.shape) == 2
+        and embd.shape[0] != facts.embedding_length
+    ):
         key = f"{arch}.embedding_length"
         raise InconsistentHeaderError(
             f"metadata key {key!r} is {facts.embedding_length:,} but token_embd.weight is {embd.shape[0]:,} wide; "
-            f"{_REFUSED}", key=key, value=facts.embedding_length, found=embd.shape[0], path=path)
+            f"{_REFUSED}",
+            key=key,
+            value=facts.embedding_length,
+            found=embd.shape[0],
+            path=path,
+        )
 
 
-def _check_attention(facts: ModelFacts, by_name: Mapping[str, Any], metadata: Mapping[str, Any],
-                     path: Path | None) -> None:
+def _check_attention(
+    facts: ModelFacts, by_name: Mapping[str, Any], metadata: Mapping[str, Any], path: Path | None
+) -> None:
     arch = facts.architecture
     if facts.kv_lora_rank or facts.key_length_mla:  # MLA: Q and the latent KV have their own shapes
         return
@@ -142,8 +171,12 @@ def _check_attention(facts: ModelFacts, by_name: Mapping[str, Any], metadata: Ma
         q_terms = [(heads, n_head), (k_len, facts.key_length_of(il))] + ([("the output gate", 2)] if gate == 2 else [])
         k_terms = [(kv_heads, n_kv), (k_len, facts.key_length_of(il))]
         v_terms = [(kv_heads, n_kv), (v_len, facts.value_length_of(il))]
-        for suffix, products in (("attn_k", [k_terms]), ("attn_v", [v_terms]), ("attn_q", [q_terms]),
-                                 ("attn_qkv", [q_terms, k_terms, v_terms])):
+        for suffix, products in (
+            ("attn_k", [k_terms]),
+            ("attn_v", [v_terms]),
+            ("attn_q", [q_terms]),
+            ("attn_qkv", [q_terms, k_terms, v_terms]),
+        ):
             t = by_name.get(f"blk.{il}.{suffix}.weight")
             width = sum(_product(p) for p in products)
             if t is None or len(t.shape) != 2 or t.shape[1] == width:
@@ -153,7 +186,11 @@ def _check_attention(facts: ModelFacts, by_name: Mapping[str, Any], metadata: Ma
             key, value = products[0][0]
             raise InconsistentHeaderError(
                 f"layer {il}: {said} is {values} = {width:,} but {t.name} is {t.shape[1]:,} wide; {_REFUSED}",
-                key=key, value=value, found=t.shape[1], path=path)
+                key=key,
+                value=value,
+                found=t.shape[1],
+                path=path,
+            )
 
 
 def _head_size_key(metadata: Mapping[str, Any], arch: str, kind: str, swa: bool) -> str:

@@ -55,8 +55,7 @@ class CorruptHeaderError(GGUFError):
 class InconsistentHeaderError(CorruptHeaderError):
     """A metadata value the file's tensors (or another key) contradict, so llama.cpp refuses the file."""
 
-    def __init__(self, message: str, *, key: str, value: object, found: object, path: Path | str | None = None
-                 ) -> None:
+    def __init__(self, message: str, *, key: str, value: object, found: object, path: Path | str | None = None) -> None:
         super().__init__(message, path=path)
         self.key = key
         self.value = value
@@ -66,8 +65,7 @@ class InconsistentHeaderError(CorruptHeaderError):
 class ImplausibleValueError(CorruptHeaderError):
     """A metadata value no real model has: corrupt or hostile metadata, refused before any work scales with it."""
 
-    def __init__(self, message: str, *, key: str, value: object, limit: int, path: Path | str | None = None
-                 ) -> None:
+    def __init__(self, message: str, *, key: str, value: object, limit: int, path: Path | str | None = None) -> None:
         super().__init__(message, path=path)
         self.key = key
         self.value = value

@@ -40,8 +40,16 @@ __all__ = ["ParsedModel", "model_facts"]
 
 # Default special tokens per tokenizer model (llama-vocab.cpp), before the GGUF's own ids.
 _TOKENIZER_DEFAULTS: dict[str, tuple[int | None, int | None]] = {
-    "llama": (1, 2), "bert": (101, None), "gpt2": (11, 11), "hybriddna": (11, 11), "whitespace": (11, 11),
-    "t5": (None, 1), "rwkv": (None, None), "test": (None, None), "plamo2": (1, 2), "gemma4": (None, None),
+    "llama": (1, 2),
+    "bert": (101, None),
+    "gpt2": (11, 11),
+    "hybriddna": (11, 11),
+    "whitespace": (11, 11),
+    "t5": (None, 1),
+    "rwkv": (None, None),
+    "test": (None, None),
+    "plamo2": (1, 2),
+    "gemma4": (None, None),
 }
 
 _SWA_TYPES = ("none", "standard", "chunked", "symmetric")
@@ -75,8 +83,9 @@ def model_facts(model: ParsedModel, *, hf_config: Mapping[str, Any] | None = Non
         raise
     except (TypeError, ValueError, KeyError, IndexError, OverflowError, ZeroDivisionError, AttributeError) as exc:
         # Belt and braces: whatever odd metadata slipped past the checks is still a bad file.
-        raise GGUFError(f"cannot derive model facts from the metadata: {exc}",
-                        path=getattr(model, "path", None)) from exc
+        raise GGUFError(
+            f"cannot derive model facts from the metadata: {exc}", path=getattr(model, "path", None)
+        ) from exc
 
 
 def _model_facts(model: ParsedModel, hf_config: Mapping[str, Any] | None) -> ModelFacts:
@@ -90,8 +99,7 @@ def _model_facts(model: ParsedModel, hf_config: Mapping[str, Any] | None) -> Mod
     probe = Metadata(md, "", path, notes)
     arch = probe.raw_str("general.architecture")
     if arch is None:
-        raise GGUFError("metadata key 'general.architecture' is missing; llama.cpp cannot load the model",
-                        path=path)
+        raise GGUFError("metadata key 'general.architecture' is missing; llama.cpp cannot load the model", path=path)
     meta = Metadata(md, arch, path, notes)
     known = arch in KNOWN_ARCHITECTURES
     hp = arch_rules.load_hparams(meta, ctx, hf_config)
@@ -215,8 +223,9 @@ def _special_ids(meta: Metadata, tokenizer_model: str | None, vocab_size: int) -
     if tokenizer_model is None or tokenizer_model in ("none", "no_vocab"):
         return None, None
     if tokenizer_model not in _TOKENIZER_DEFAULTS:
-        meta.notes.append(f"llama.cpp b11434 does not know tokenizer model {tokenizer_model!r} and will refuse "
-                          "the file")
+        meta.notes.append(
+            f"llama.cpp b11434 does not know tokenizer model {tokenizer_model!r} and will refuse the file"
+        )
     bos, eos = _TOKENIZER_DEFAULTS.get(tokenizer_model, (None, None))
     out = []
     for default, key in ((bos, "tokenizer.ggml.bos_token_id"), (eos, "tokenizer.ggml.eos_token_id")):

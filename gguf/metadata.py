@@ -53,8 +53,9 @@ class Metadata:
 
     def error(self, key: str, value: Any, expected: str) -> GGUFError:
         """The error for ``key`` holding ``value`` where ``expected`` belongs."""
-        return GGUFError(f"metadata key {key!r} is {_type_name(value)} ({_short(value)}); expected {expected}",
-                         path=self.path)
+        return GGUFError(
+            f"metadata key {key!r} is {_type_name(value)} ({_short(value)}); expected {expected}", path=self.path
+        )
 
     def has(self, name: str) -> bool:
         """The architecture key ``name`` is present."""
@@ -120,8 +121,9 @@ class Metadata:
             return None
         values = list(v)
         if len(values) > MAX_LAYERS:
-            raise GGUFError(f"metadata key {key!r} has {len(values)} values; llama.cpp allows at most "
-                            f"{MAX_LAYERS}", path=self.path)
+            raise GGUFError(
+                f"metadata key {key!r} has {len(values)} values; llama.cpp allows at most {MAX_LAYERS}", path=self.path
+            )
         out: list[int] = []
         for x in values:
             if isinstance(x, bool):
@@ -145,8 +147,11 @@ class Metadata:
         v = self.md[key]
         if isinstance(v, (list, LazyArray)):
             if len(v) != n:
-                raise GGUFError(f"metadata key {key!r} has {len(v)} values but the model has {n} layers "
-                                "(block_count); llama.cpp refuses such a file", path=self.path)
+                raise GGUFError(
+                    f"metadata key {key!r} has {len(v)} values but the model has {n} layers "
+                    "(block_count); llama.cpp refuses such a file",
+                    path=self.path,
+                )
             return self.int_array(name)
         return [self.raw_u32(key, 0)] * n
 

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import os
 import threading
+from collections.abc import Mapping
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Mapping
+from typing import TYPE_CHECKING, Any
 
 from gguf.errors import GGUFError
 from gguf.reader import Header, StatKey, TensorInfo, read_header

@@ -53,7 +53,7 @@ class EncoderFacts:
 
     @property
     def warmup_positions(self) -> int:
-        """Tokens through the encoder at ``clip.cpp``'s warm-up: fixed-size patches, or a 30 s window's halved frames."""
+        """Tokens through the encoder at ``clip.cpp``'s warm-up: fixed-size patches, or a 30 s window halved."""
         if self.modality == "audio":
             return AUDIO_WINDOW_FRAMES // 2  # the second convolution has stride 2
         if self.image_size and self.patch_size:
@@ -121,20 +121,27 @@ def projector_facts(model: GGUFFile) -> ProjectorFacts | None:
         if md.get(f"clip.has_{modality}_encoder") is not True:
             continue
         key = f"clip.{modality}."
-        encoders.append(EncoderFacts(
-            modality=modality,
-            projector_type=shared_type or _str(md.get(f"{key}projector_type")),
-            n_embd=_int(md.get(f"{key}embedding_length")), n_ff=_int(md.get(f"{key}feed_forward_length")),
-            n_head=_int(md.get(f"{key}attention.head_count")), n_layer=_int(md.get(f"{key}block_count")),
-            projection_dim=_int(md.get(f"{key}projection_dim")), image_size=_int(md.get(f"{key}image_size")),
-            patch_size=_int(md.get(f"{key}patch_size")), n_mel_bins=_int(md.get(f"{key}num_mel_bins")),
-        ))
-    return ProjectorFacts(tuple(encoders), speech_out=md.get("clip.has_gen_audio_encoder") is True,
-                          weight_bytes=model.tensor_bytes)
+        encoders.append(
+            EncoderFacts(
+                modality=modality,
+                projector_type=shared_type or _str(md.get(f"{key}projector_type")),
+                n_embd=_int(md.get(f"{key}embedding_length")),
+                n_ff=_int(md.get(f"{key}feed_forward_length")),
+                n_head=_int(md.get(f"{key}attention.head_count")),
+                n_layer=_int(md.get(f"{key}block_count")),
+                projection_dim=_int(md.get(f"{key}projection_dim")),
+                image_size=_int(md.get(f"{key}image_size")),
+                patch_size=_int(md.get(f"{key}patch_size")),
+                n_mel_bins=_int(md.get(f"{key}num_mel_bins")),
+            )
+        )
+    return ProjectorFacts(
+        tuple(encoders), speech_out=md.get("clip.has_gen_audio_encoder") is True, weight_bytes=model.tensor_bytes
+    )
 
 
 def width_mismatch(projector: ProjectorFacts, model: GGUFFile) -> str | None:
-    """Return why ``projector`` cannot feed ``model`` (its output width is not the model's embedding length), or None."""
+    """Return why ``projector`` cannot feed ``model`` (its output width is not the model's embedding width), or None."""
     arch = model.metadata.get("general.architecture")
     if arch == PROJECTOR_ARCHITECTURE:
         return "the model file is itself a projector"

@@ -47,13 +47,32 @@ MAX_TENSORS = 1 << 18
 # GGUF metadata value types.
 UINT8, INT8, UINT16, INT16, UINT32, INT32, FLOAT32, BOOL, STRING, ARRAY, UINT64, INT64, FLOAT64 = range(13)
 VALUE_TYPE_NAMES = (
-    "uint8", "int8", "uint16", "int16", "uint32", "int32", "float32", "bool", "string", "array",
-    "uint64", "int64", "float64",
+    "uint8",
+    "int8",
+    "uint16",
+    "int16",
+    "uint32",
+    "int32",
+    "float32",
+    "bool",
+    "string",
+    "array",
+    "uint64",
+    "int64",
+    "float64",
 )
 #: struct format character and size of each fixed-size value type.
 FIXED: dict[int, tuple[str, int]] = {
-    UINT8: ("B", 1), INT8: ("b", 1), UINT16: ("H", 2), INT16: ("h", 2), UINT32: ("I", 4),
-    INT32: ("i", 4), FLOAT32: ("f", 4), BOOL: ("?", 1), UINT64: ("Q", 8), INT64: ("q", 8),
+    UINT8: ("B", 1),
+    INT8: ("b", 1),
+    UINT16: ("H", 2),
+    INT16: ("h", 2),
+    UINT32: ("I", 4),
+    INT32: ("i", 4),
+    FLOAT32: ("f", 4),
+    BOOL: ("?", 1),
+    UINT64: ("Q", 8),
+    INT64: ("q", 8),
     FLOAT64: ("d", 8),
 }
 
@@ -224,7 +243,8 @@ def _check_magic(magic: bytes, path: Path) -> None:
     if magic != MAGIC:
         raise NotGGUFError(
             f"not a GGUF file (it starts with {magic[:4]!r}, not b'GGUF'); is this the right file?",
-            path=path, offset=0,
+            path=path,
+            offset=0,
         )
 
 
@@ -246,7 +266,8 @@ class _Parser:
     def truncated(self, what: str, offset: int) -> TruncatedError:
         return TruncatedError(
             f"the file ends inside {what} (it is {self.size} bytes); the download may be incomplete",
-            path=self.path, offset=offset,
+            path=self.path,
+            offset=offset,
         )
 
     # -- header -------------------------------------------------------------
@@ -259,14 +280,20 @@ class _Parser:
             if as_big in SUPPORTED_VERSIONS:
                 raise UnsupportedVersionError(
                     "this is a big-endian GGUF file (made for s390x or similar); convert it to "
-                    "little-endian to use it here", path=self.path, offset=4)
+                    "little-endian to use it here",
+                    path=self.path,
+                    offset=4,
+                )
             if version == 1:
                 raise UnsupportedVersionError(
                     "GGUF version 1 (2023, 32-bit lengths) is not supported; re-convert the model "
-                    "with a current llama.cpp", path=self.path, offset=4)
+                    "with a current llama.cpp",
+                    path=self.path,
+                    offset=4,
+                )
             raise UnsupportedVersionError(
-                f"unknown GGUF version {version}; this reader handles versions 2 and 3",
-                path=self.path, offset=4)
+                f"unknown GGUF version {version}; this reader handles versions 2 and 3", path=self.path, offset=4
+            )
         n_tensors, n_kv = struct.unpack_from("<QQ", buf, 8)
         self.off = 24
         # Each key/value needs at least 13 bytes and each tensor info 28: reject
@@ -307,9 +334,15 @@ class _Parser:
         data_offset = -(-self.off // alignment) * alignment
         tensors = self.check_tensors(infos, data_offset, alignment)
         return Header(
-            path=self.path, version=version, metadata=MappingProxyType(metadata),
-            value_types=MappingProxyType(types), tensors=tensors, alignment=alignment,
-            data_offset=data_offset, file_size=self.size, stat_key=self.stat_key,
+            path=self.path,
+            version=version,
+            metadata=MappingProxyType(metadata),
+            value_types=MappingProxyType(types),
+            tensors=tensors,
+            alignment=alignment,
+            data_offset=data_offset,
+            file_size=self.size,
+            stat_key=self.stat_key,
         )
 
     # -- primitives ---------------------------------------------------------
@@ -337,11 +370,14 @@ class _Parser:
         if end > self.size:
             raise TruncatedError(
                 f"{what} claims {n} bytes but the file ends {self.size - self.off} bytes later; "
-                "the file is truncated or corrupt", path=self.path, offset=start)
+                "the file is truncated or corrupt",
+                path=self.path,
+                offset=start,
+            )
         if n > limit:
             raise self.corrupt(f"{what} claims {n} bytes; at most {limit} are allowed", start)
         try:
-            text = self.buf[self.off:end].decode("utf-8")
+            text = self.buf[self.off : end].decode("utf-8")
         except UnicodeDecodeError:
             raise self.corrupt(f"{what} is not valid UTF-8", start) from None
         self.off = end
@@ -392,8 +428,11 @@ class _Parser:
             if count * 12 > remaining:
                 raise self.truncated(f"the {count}-array array {key!r}", start)
             if count > MAX_INNER_ARRAYS:
-                raise self.corrupt(f"{key!r} holds {count} arrays; llama.cpp reads no arrays of arrays, and this "
-                                   f"reader at most {MAX_INNER_ARRAYS}", start)
+                raise self.corrupt(
+                    f"{key!r} holds {count} arrays; llama.cpp reads no arrays of arrays, and this "
+                    f"reader at most {MAX_INNER_ARRAYS}",
+                    start,
+                )
             items = []
             inner_types = set()
             for _ in range(count):
@@ -453,7 +492,8 @@ class _Parser:
             gtype = GGML_TYPES.get(ttype)
             if gtype is None:
                 raise self.corrupt(
-                    f"tensor {name!r} has unknown ggml type {ttype}; the file may need a newer llama.cpp", start)
+                    f"tensor {name!r} has unknown ggml type {ttype}; the file may need a newer llama.cpp", start
+                )
             n = 1
             for d in shape:
                 n *= d
@@ -462,17 +502,23 @@ class _Parser:
             if shape and shape[0] % gtype.block_size:
                 raise self.corrupt(
                     f"tensor {name!r} has {shape[0]} columns, not a multiple of the {gtype.name} block "
-                    f"size {gtype.block_size}", start)
+                    f"size {gtype.block_size}",
+                    start,
+                )
             nbytes = gtype.nbytes(n)
             if offset != expected_offset:
                 raise self.corrupt(
                     f"tensor {name!r} has data offset {offset}, but the tensors before it end at "
-                    f"{expected_offset}; llama.cpp refuses such files", start)
+                    f"{expected_offset}; llama.cpp refuses such files",
+                    start,
+                )
             expected_offset += -(-nbytes // alignment) * alignment
             if offset + nbytes > data_size:
                 raise TruncatedError(
                     f"tensor {name!r} needs bytes up to {data_offset + offset + nbytes}, but the file has "
                     f"{self.size}; the download is incomplete or the file is corrupt",
-                    path=self.path, offset=start)
+                    path=self.path,
+                    offset=start,
+                )
             out.append(TensorInfo(name, tuple(shape), gtype, offset, nbytes, self.shard))
         return tuple(out)

@@ -58,7 +58,8 @@ def shard_paths(path: Path) -> list[Path] | None:
         raise MissingShardError(
             f"{len(missing)} of {count} shards are missing: {', '.join(missing)}; download them into "
             f"{path.parent} (every shard is needed to load the model)",
-            path=path, missing=missing,
+            path=path,
+            missing=missing,
         )
     return paths
 

@@ -62,8 +62,7 @@ class SpeechFacts:
 _ARCHITECTURES = {
     "qwen3tts": SpeechFacts("Qwen3-TTS", "Qwen3-TTS", "its architecture is qwen3tts (it speaks through its projector)"),
     "pockettts": SpeechFacts("Mimi", "Pocket TTS", "its architecture is pockettts (it speaks through its projector)"),
-    "wavtokenizer-dec": SpeechFacts("WavTokenizer", "OuteTTS", "its architecture is wavtokenizer-dec",
-                                    vocoder=True),
+    "wavtokenizer-dec": SpeechFacts("WavTokenizer", "OuteTTS", "its architecture is wavtokenizer-dec", vocoder=True),
 }
 #: (codec, family, numbered-token pattern, companion token that must be present too, or None)
 _NUMBERED: tuple[tuple[str, str, bytes, bytes | None], ...] = (
@@ -94,8 +93,9 @@ def speech_facts(model: GGUFFile) -> SpeechFacts | None:
     for codec, family, pattern, companion in _NUMBERED:
         tokens: list[bytes] = re.findall(pattern, vocab)  # no groups in the patterns: whole tokens
         if len(tokens) >= MIN_CODEC_TOKENS and (companion is None or companion in vocab):
-            return SpeechFacts(codec, family,
-                               f"its vocabulary holds {len(tokens)} codec tokens like {tokens[0].decode()}")
+            return SpeechFacts(
+                codec, family, f"its vocabulary holds {len(tokens)} codec tokens like {tokens[0].decode()}"
+            )
     if b"<|AUDIO|>" in vocab and b"<|audio_eos|>" in vocab and b"<|audio_bos|>" not in vocab:
         return SpeechFacts("Mimi", "Sesame CSM", "its vocabulary has the <|AUDIO|> and <|audio_eos|> markers of CSM")
     return None

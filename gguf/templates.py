@@ -15,14 +15,14 @@ from dataclasses import dataclass
 from typing import Literal
 
 ReasoningStyle = Literal[
-    "none",              # no switch: no reasoning, or the model decides on its own
-    "enable_thinking",   # boolean `enable_thinking` kwarg (llama-server always passes it)
+    "none",  # no switch: no reasoning, or the model decides on its own
+    "enable_thinking",  # boolean `enable_thinking` kwarg (llama-server always passes it)
     "reasoning_effort",  # `reasoning_effort` level (llama-server also sets `reasoning_strength`)
-    "thinking",          # boolean `thinking` kwarg, passed via chat_template_kwargs
-    "thinking_mode",     # "enabled" / "disabled" / "adaptive" `thinking_mode` kwarg
-    "thinking_budget",   # token budget `thinking_budget` kwarg; 0 turns thinking off
-    "prompt_flag",       # `/think` or `/no_think` written into a system or user message
-    "always",            # the template always starts or demands reasoning; no way to stop it
+    "thinking",  # boolean `thinking` kwarg, passed via chat_template_kwargs
+    "thinking_mode",  # "enabled" / "disabled" / "adaptive" `thinking_mode` kwarg
+    "thinking_budget",  # token budget `thinking_budget` kwarg; 0 turns thinking off
+    "prompt_flag",  # `/think` or `/no_think` written into a system or user message
+    "always",  # the template always starts or demands reasoning; no way to stop it
 ]
 
 
@@ -87,9 +87,7 @@ _TOOLS = re.compile(r"\btool_calls\b|\btools\b")
 _DEFAULT_RULES = (
     re.compile(r"enable_thinking\s*\|\s*default\(\s*(\w+)"),
     re.compile(r"enable_thinking\s+if\s+enable_thinking\s+is\s+defined\s+else\s+(\w+)"),
-    re.compile(
-        r"(?:enable_thinking|elif\s+\w+)\s+is\s+not\s+defined\s*-?%\}\s*\{%-?\s*set\s+\w+\s*=\s*['\"]?(\w+)"
-    ),
+    re.compile(r"(?:enable_thinking|elif\s+\w+)\s+is\s+not\s+defined\s*-?%\}\s*\{%-?\s*set\s+\w+\s*=\s*['\"]?(\w+)"),
 )
 _ON_WHEN_DEFINED = re.compile(
     r"enable_thinking\s+is\s+defined\s+and\s+enable_thinking\b(?!\s+is\s+false)|enable_thinking\s+is\s+true"
@@ -131,7 +129,7 @@ def _style(src: str) -> ReasoningStyle:
     if _PROMPT_FLAG.search(src):
         return "prompt_flag"
     # No switch: forced when the generation prompt (the template's tail) opens a think block.
-    tail = src[src.rfind("add_generation_prompt"):] if "add_generation_prompt" in src else ""
+    tail = src[src.rfind("add_generation_prompt") :] if "add_generation_prompt" in src else ""
     if _OPEN_THINK.search(tail) or _APRIEL.search(src):
         return "always"
     if _STRIPS_PAST_THINK.search(src) and not _KEEP_THINK_SWITCH.search(src):

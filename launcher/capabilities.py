@@ -62,9 +62,7 @@ class ToolOutput:
     stderr: str
 
 
-def run_tool(
-    argv: Sequence[str], *, timeout: float, env: Mapping[str, str] | None = None
-) -> ToolOutput:
+def run_tool(argv: Sequence[str], *, timeout: float, env: Mapping[str, str] | None = None) -> ToolOutput:
     """Run ``argv`` to completion within ``timeout`` seconds, killing its whole group on overrun.
 
     Raises:
@@ -72,8 +70,12 @@ def run_tool(
     """
     try:
         proc = subprocess.Popen(
-            list(argv), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-            env=dict(env) if env is not None else None, **platform.child_popen_kwargs(),
+            list(argv),
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            env=dict(env) if env is not None else None,
+            **platform.child_popen_kwargs(),
         )
     except OSError as exc:
         raise ProbeError(f"{argv[0]} could not be started: {exc}", binary=argv[0]) from exc
@@ -85,7 +87,8 @@ def run_tool(
         out, err = proc.communicate()
         raise ProbeError(
             f"`{' '.join(argv)}` did not finish within {timeout:g} s and was killed",
-            binary=argv[0], output_tail=_tail(out + err),
+            binary=argv[0],
+            output_tail=_tail(out + err),
         ) from None
     return ToolOutput(proc.returncode, out.decode("utf-8", "replace"), err.decode("utf-8", "replace"))
 
@@ -128,10 +131,10 @@ def parse_help(text: str) -> list[FlagBlock]:
             flags = tuple(_FLAG.findall(match.group(0)))
             declaration = line
             # A declaration of up to 37 characters is padded to column 40 and followed by its help.
-            if line[_DESCRIPTION_COLUMN - 3:_DESCRIPTION_COLUMN] == "   " and line[_DESCRIPTION_COLUMN:].strip():
+            if line[_DESCRIPTION_COLUMN - 3 : _DESCRIPTION_COLUMN] == "   " and line[_DESCRIPTION_COLUMN:].strip():
                 declaration = line[:_DESCRIPTION_COLUMN]
                 description.append(line[_DESCRIPTION_COLUMN:].strip())
-            hint = declaration[match.end():].strip()
+            hint = declaration[match.end() :].strip()
     return blocks
 
 
@@ -180,10 +183,15 @@ class Capabilities:
     def to_json(self) -> dict[str, Any]:
         """A JSON-ready dict; ``from_json`` reads it back."""
         return {
-            "binary": self.binary, "version": self.version, "build": self.build,
-            "flags": sorted(self.flags), "removed_flags": sorted(self.removed_flags),
-            "spec_types": list(self.spec_types), "ngram_style": self.ngram_style,
-            "draft_n_max_flag": self.draft_n_max_flag, "spellings": [list(g) for g in self.spellings],
+            "binary": self.binary,
+            "version": self.version,
+            "build": self.build,
+            "flags": sorted(self.flags),
+            "removed_flags": sorted(self.removed_flags),
+            "spec_types": list(self.spec_types),
+            "ngram_style": self.ngram_style,
+            "draft_n_max_flag": self.draft_n_max_flag,
+            "spellings": [list(g) for g in self.spellings],
         }
 
     @classmethod
@@ -192,10 +200,13 @@ class Capabilities:
         if style not in ("new", "legacy", "none"):
             raise ValueError(f"unknown ngram_style {style!r}")
         return cls(
-            binary=str(data["binary"]), version=str(data["version"]),
+            binary=str(data["binary"]),
+            version=str(data["version"]),
             build=None if data["build"] is None else int(data["build"]),
-            flags=frozenset(map(str, data["flags"])), removed_flags=frozenset(map(str, data["removed_flags"])),
-            spec_types=tuple(map(str, data["spec_types"])), ngram_style=style,
+            flags=frozenset(map(str, data["flags"])),
+            removed_flags=frozenset(map(str, data["removed_flags"])),
+            spec_types=tuple(map(str, data["spec_types"])),
+            ngram_style=style,
             draft_n_max_flag=None if data["draft_n_max_flag"] is None else str(data["draft_n_max_flag"]),
             spellings=tuple(tuple(map(str, g)) for g in data["spellings"]),
         )
@@ -212,12 +223,16 @@ def capabilities_from_text(binary: str, version_text: str, help_text: str) -> Ca
     if "--help" not in flags:
         raise ProbeError(
             f"{binary} --help printed no llama.cpp option list; is it a llama-server binary?",
-            binary=binary, output_tail=_tail(help_text),
+            binary=binary,
+            output_tail=_tail(help_text),
         )
     version, build = parse_version(version_text)
     spec_type = next((b for b in blocks if "--spec-type" in b.flags and not b.removed), None)
     return Capabilities(
-        binary=binary, version=version, build=build, flags=flags,
+        binary=binary,
+        version=version,
+        build=build,
+        flags=flags,
         removed_flags=frozenset(f for b in blocks if b.removed for f in b.flags) - flags,
         spec_types=_choices(spec_type.value_hint) if spec_type else (),
         ngram_style=_ngram_style(flags),
@@ -256,7 +271,9 @@ def probe(binary: Path, *, cache_dir: Path | None = None, timeout: float = PROBE
     key = (str(path), stat.st_size, stat.st_mtime_ns)
     if key in _memory:
         return _memory[key]
-    cache_file = cache_dir / f"capabilities-{hashlib.sha256(key[0].encode()).hexdigest()[:16]}.json" if cache_dir else None
+    cache_file = (
+        cache_dir / f"capabilities-{hashlib.sha256(key[0].encode()).hexdigest()[:16]}.json" if cache_dir else None
+    )
     caps = _read_cache(cache_file, key) if cache_file else None
     if caps is None:
         caps = capabilities_from_text(str(path), _run_ok(path, "--version", timeout), _run_ok(path, "--help", timeout))
@@ -272,7 +289,8 @@ def _run_ok(binary: Path, flag: str, timeout: float) -> str:
     if result.exit_code != 0:
         raise ProbeError(
             f"`{binary} {flag}` exited with code {result.exit_code}; last output:\n{_tail(output, 500)}",
-            binary=binary, output_tail=_tail(output),
+            binary=binary,
+            output_tail=_tail(output),
         )
     return output
 
@@ -290,6 +308,5 @@ def _read_cache(cache_file: Path, key: tuple[str, int, int]) -> Capabilities | N
 
 def _write_cache(cache_file: Path, key: tuple[str, int, int], caps: Capabilities) -> None:
     cache_file.parent.mkdir(parents=True, exist_ok=True)
-    data = {"schema": _CACHE_SCHEMA, "path": key[0], "size": key[1], "mtime_ns": key[2],
-            "capabilities": caps.to_json()}
+    data = {"schema": _CACHE_SCHEMA, "path": key[0], "size": key[1], "mtime_ns": key[2], "capabilities": caps.to_json()}
     write_atomically(cache_file, json.dumps(data, indent=1))  # readers never see half a file

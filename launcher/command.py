@@ -75,9 +75,20 @@ def chat_template_kwargs(template: str | None) -> dict[str, object] | None:
 class LaunchCommand:
     """The argv (for any port) and environment of one launch, and the private files it needs."""
 
-    def __init__(self, *, binary: Path, head: Sequence[str], tail: Sequence[str], env: Mapping[str, str],
-                 api_key: Secret, api_key_in_argv: bool, model_bytes: int, files_dir: Path | None,
-                 notes: Sequence[str], rpc_workers: Sequence[str] = ()) -> None:
+    def __init__(
+        self,
+        *,
+        binary: Path,
+        head: Sequence[str],
+        tail: Sequence[str],
+        env: Mapping[str, str],
+        api_key: Secret,
+        api_key_in_argv: bool,
+        model_bytes: int,
+        files_dir: Path | None,
+        notes: Sequence[str],
+        rpc_workers: Sequence[str] = (),
+    ) -> None:
         self.binary = binary
         self._head = tuple(head)
         self._tail = tuple(tail)
@@ -97,25 +108,34 @@ class LaunchCommand:
     def redacted_argv(self, port: int) -> list[str]:
         """``argv(port)`` with the API key replaced: the form for logs and messages."""
         argv = self.argv(port)
-        return [REDACTED if a == self.api_key and i and argv[i - 1] == "--api-key" else a
-                for i, a in enumerate(argv)]
+        return [REDACTED if a == self.api_key and i and argv[i - 1] == "--api-key" else a for i, a in enumerate(argv)]
 
     def launch_spec(self, *, start_timeout: float = 600.0) -> LaunchSpec:
         """The supervisor's LaunchSpec for this command."""
-        return LaunchSpec(make_argv=self.argv, binary=str(self.binary), env=self.env, api_key=self.api_key,
-                          model_bytes=self.model_bytes, host=HOST, start_timeout=start_timeout,
-                          explain_exit=self._explain_exit if self.rpc_workers else None,
-                          before_start=self._workers_ready if self.rpc_workers else None)
+        return LaunchSpec(
+            make_argv=self.argv,
+            binary=str(self.binary),
+            env=self.env,
+            api_key=self.api_key,
+            model_bytes=self.model_bytes,
+            host=HOST,
+            start_timeout=start_timeout,
+            explain_exit=self._explain_exit if self.rpc_workers else None,
+            before_start=self._workers_ready if self.rpc_workers else None,
+        )
 
     def _workers_ready(self) -> None:
         """Raise LoadError unless every worker answers now: llama-server hangs on a busy one, aborts on a gone one."""
         # A worker freed by the llama-server just stopped may first drain a probe left in its one-place backlog.
         down = [r for r in RpcWorkers(self.rpc_workers, timeout=WORKER_READY_TIMEOUT_S).query() if not r.usable]
         if down:
-            raise LoadError("cannot start llama-server: " + "; ".join(f"RPC worker {r.endpoint} is not ready "
-                                                                       f"({r.problem})" for r in down),
-                            cause="rpc_worker_failed", failed_workers=tuple(r.endpoint for r in down),
-                            hint="a worker serves one llama-server at a time; `ggstudio doctor` shows which answer")
+            raise LoadError(
+                "cannot start llama-server: "
+                + "; ".join(f"RPC worker {r.endpoint} is not ready ({r.problem})" for r in down),
+                cause="rpc_worker_failed",
+                failed_workers=tuple(r.endpoint for r in down),
+                hint="a worker serves one llama-server at a time; `ggstudio doctor` shows which answer",
+            )
 
     def _explain_exit(self, log_lines: Sequence[str]) -> ExitExplanation | None:
         """Which RPC worker took llama-server down, if one did."""
@@ -161,10 +181,18 @@ def build_command(
     except BaseException:
         out.discard_files()  # nothing will own the files written so far
         raise
-    return LaunchCommand(binary=binary, head=[str(binary), "-m", str(plan.model.path), "--host", HOST],
-                         tail=out.argv, env=child_env(plan, binary, base_env), api_key=key,
-                         api_key_in_argv="--api-key" in out.argv, model_bytes=plan.model.file_bytes,
-                         files_dir=out.files_dir, notes=out.notes, rpc_workers=plan.rpc_workers)
+    return LaunchCommand(
+        binary=binary,
+        head=[str(binary), "-m", str(plan.model.path), "--host", HOST],
+        tail=out.argv,
+        env=child_env(plan, binary, base_env),
+        api_key=key,
+        api_key_in_argv="--api-key" in out.argv,
+        model_bytes=plan.model.file_bytes,
+        files_dir=out.files_dir,
+        notes=out.notes,
+        rpc_workers=plan.rpc_workers,
+    )
 
 
 class _Argv:
@@ -223,12 +251,17 @@ def _add_flags(out: _Argv, plan: LaunchPlan, key: Secret, threads: int | None) -
         out.add(("--tensor-split", "-ts"), ",".join(map(str, plan.tensor_split)), why="llama.cpp splits by itself")
     if plan.gpus and plan.gpu_backend not in ("CUDA", "ROCm", "HIP"):  # those are pinned through the env
         # --device replaces llama-server's own device list: the RPC devices lead it, as they would by default
-        out.add(("--device", "-dev"), ",".join(f"{d.backend}{d.index}" for d in (*plan.rpc_devices, *plan.gpus)),
-                why="GPUs cannot be pinned")
+        out.add(
+            ("--device", "-dev"),
+            ",".join(f"{d.backend}{d.index}" for d in (*plan.rpc_devices, *plan.gpus)),
+            why="GPUs cannot be pinned",
+        )
     if plan.flash_attn == "on":
         out.add(("--flash-attn", "-fa"), "on", why="a quantized V cache may be refused")
-    for flags, value in ((("--cache-type-k", "-ctk"), plan.cache_type_k), (("--cache-type-v", "-ctv"),
-                                                                          plan.cache_type_v)):
+    for flags, value in (
+        (("--cache-type-k", "-ctk"), plan.cache_type_k),
+        (("--cache-type-v", "-ctv"), plan.cache_type_v),
+    ):
         out.add(flags, value, why=f"its default f16 cache is used, not {value}" if value != "f16" else "")
     out.add(("--threads", "-t"), str(threads or request.threads or default_threads()))
     out.add(("--no-context-shift",), why="it may shift the context instead of reporting an overflow")
@@ -245,23 +278,28 @@ def _add_flags(out: _Argv, plan: LaunchPlan, key: Secret, threads: int | None) -
     if plan.model.mmproj is not None:
         out.add(("--mmproj", "-mm"), str(plan.model.mmproj), why="images and audio cannot be used")
         if plan.gpus and not plan.mmproj_offload:
-            out.add(("--no-mmproj-offload",), why="the projector goes on the first GPU, where the plan has no room for it")
+            out.add(
+                ("--no-mmproj-offload",), why="the projector goes on the first GPU, where the plan has no room for it"
+            )
     if out.has("--api-key-file"):
         out.argv += ["--api-key-file", str(out.private_file("api-key", f"{key}\n"))]
     else:
         out.argv += ["--api-key", key]
-    out.add(("-lv", "--verbosity", "--log-verbosity"), ALLOCATION_VERBOSITY,
-            why="allocations cannot be read from its log")
+    out.add(
+        ("-lv", "--verbosity", "--log-verbosity"), ALLOCATION_VERBOSITY, why="allocations cannot be read from its log"
+    )
     out.add(("--metrics",), why="no /metrics")
-    out.add(("--alias", "-a"), request.alias or plan.model.path.name.removesuffix(".gguf"),
-            why="clients see the file path as the model name")
+    out.add(
+        ("--alias", "-a"),
+        request.alias or plan.model.path.name.removesuffix(".gguf"),
+        why="clients see the file path as the model name",
+    )
     out.argv += [*plan.spec.argv, *plan.extra_args]
 
 
 def child_env(plan: LaunchPlan, binary: Path, base_env: Mapping[str, str] | None = None) -> dict[str, str]:
     """The child's environment: pinned GPUs, the binary's libraries, no LLAMA_ARG_* overrides."""
-    env = {k: v for k, v in (os.environ if base_env is None else base_env).items()
-           if not k.startswith(_ENV_OVERRIDES)}
+    env = {k: v for k, v in (os.environ if base_env is None else base_env).items() if not k.startswith(_ENV_OVERRIDES)}
     lib = str(binary.resolve().parent)
     env["LD_LIBRARY_PATH"] = os.pathsep.join([lib, *filter(None, [env.get("LD_LIBRARY_PATH")])])
     if plan.rpc_workers:
@@ -273,8 +311,9 @@ def child_env(plan: LaunchPlan, binary: Path, base_env: Mapping[str, str] | None
         env["CUDA_VISIBLE_DEVICES"] = env["HIP_VISIBLE_DEVICES"] = ""
         return env
     # UUIDs pin the same GPU whatever the enumeration order; indices are nvidia-smi's / rocm-smi's.
-    ids = ",".join(d.uuid for d in gpus if d.uuid) if all(d.uuid for d in gpus) else \
-        ",".join(str(d.index) for d in gpus)
+    ids = (
+        ",".join(d.uuid for d in gpus if d.uuid) if all(d.uuid for d in gpus) else ",".join(str(d.index) for d in gpus)
+    )
     if plan.gpu_backend == "CUDA":
         env["CUDA_VISIBLE_DEVICES"] = ids
         env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"  # index pins then mean what nvidia-smi numbered
@@ -284,4 +323,3 @@ def child_env(plan: LaunchPlan, binary: Path, base_env: Mapping[str, str] | None
         env["HIP_VISIBLE_DEVICES"] = ",".join(str(i) for i in range(len(gpus)))
         env.pop("CUDA_VISIBLE_DEVICES", None)  # HIP reads it too; the parent's mask must not apply on top
     return env
-

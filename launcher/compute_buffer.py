@@ -51,28 +51,46 @@ MSA_RESERVE_POSITIONS = 256
 #: and one top-k zeros leaf; one of each Mamba-2 and Mamba-1 tensor.
 COMPUTE_FIT: dict[str, float] = {
     # "hidden" leaves out the mixed-input copy of the embeddings, counted apart (``mixed_embd``): cogvlm has none
-    "mask": 1.0, "hidden": 2.625, "query": 0.625, "v_index": 2.125, "kq": 1.0, "ffn": 3.0, "ssm": 2.5,
-    "conv": 1.125, "indexer_q": 2.25, "indexer": 1.75, "decay": 0.75, "mla": 1.0, "final_hidden": 7.25,
+    "mask": 1.0,
+    "hidden": 2.625,
+    "query": 0.625,
+    "v_index": 2.125,
+    "kq": 1.0,
+    "ffn": 3.0,
+    "ssm": 2.5,
+    "conv": 1.125,
+    "indexer_q": 2.25,
+    "indexer": 1.75,
+    "decay": 0.75,
+    "mla": 1.0,
+    "final_hidden": 7.25,
     "ffn_ungated": 1.375,
-    "lid_q": 2.0, "lid_kq": 1.0, "topk_zeros": 1.0, "mamba2_layer": 1.0,
+    "lid_q": 2.0,
+    "lid_kq": 1.0,
+    "topk_zeros": 1.0,
+    "mamba2_layer": 1.0,
     # below a Mamba-1 layer's tensors (counted): the input embeddings, the residual, the mixed-input copy and
     # the two hidden-sized blocks the layer's norm and the mixed-input rows freed
     "mamba1_hidden": 5.0,
     # DSA indexers: the queries twice (projected and Hadamard-rotated). qwen4exp's k-pool selection rows
     # [n_sel, n_tokens] (index, slot-liveness and dump rows) above its inputs and the layer's queries are measured
-    "topk_q": 2.0, "qsa_sel": 5.5,
+    "topk_q": 2.0,
+    "qsa_sel": 5.5,
     # counted: the hidden-sized tensors below a fused-QKV attention's rotations (see combine_terms)
     "qkv_rot_hidden": 3.0,
     # counted (see combine_terms): MSA's block mask expanded to cells and its transposed copy, and the hidden
     # states and Q copies below them
-    "msa_block": 2.0, "msa_hidden": 3.0, "msa_query": 2.0,
+    "msa_block": 2.0,
+    "msa_hidden": 3.0,
+    "msa_query": 2.0,
 }
 #: The MTP draft graph's attention moment beyond the mask and KQ scores, in ``n_embd`` rows per token (measured).
 DRAFT_COMPUTE_FIT: dict[str, float] = {"attention_hidden": 7.0}
 
 
-def terms(facts: ModelFacts, shape: ContextShape, caches: Sequence[CacheBill],
-          positions: int = MSA_RESERVE_POSITIONS) -> dict[str, int]:
+def terms(
+    facts: ModelFacts, shape: ContextShape, caches: Sequence[CacheBill], positions: int = MSA_RESERVE_POSITIONS
+) -> dict[str, int]:
     """The tensor sizes (bytes) that drive the compute buffer of ``sched_reserve``'s prompt graph (``positions``:
     MSA's position axis, at the reserve the empty cache's)."""
     n_tokens = min(shape.n_ctx, shape.n_ubatch)
@@ -84,7 +102,7 @@ def terms(facts: ModelFacts, shape: ContextShape, caches: Sequence[CacheBill],
     indexer = _indexer_terms(facts, shape, live, n_tokens, positions)
     # MSA's f32 copy of the (f16) mask is alive from the first sparse layer's attention to the last's, through
     # the FFNs between them (measured: a 4-layer zoo variant, 4 split slots at ubatch 256, peaks in an MoE FFN)
-    sparse = [il for il, s in enumerate(facts.indexer_layers[:facts.layer_count]) if s]
+    sparse = [il for il, s in enumerate(facts.indexer_layers[: facts.layer_count]) if s]
     msa_copy = 2 * attention["mask"] if indexer["msa_block"] else 0
     last_reader = _last_readers(facts)
 
@@ -113,8 +131,9 @@ def terms(facts: ModelFacts, shape: ContextShape, caches: Sequence[CacheBill],
     }
 
 
-def _attention_terms(facts: ModelFacts, shape: ContextShape, live: Sequence[CacheBill], n_tokens: int
-                     ) -> dict[str, int]:
+def _attention_terms(
+    facts: ModelFacts, shape: ContextShape, live: Sequence[CacheBill], n_tokens: int
+) -> dict[str, int]:
     """Masks, scores and the attention's own copies (``llama-graph.cpp`` ``build_attn``).
 
     One mask per cache of ``[n_kv, n_tokens / n_stream, 1, n_stream]`` (f16 with
@@ -145,48 +164,77 @@ def _attention_terms(facts: ModelFacts, shape: ContextShape, live: Sequence[Cach
         # no cache, no flash attention: the ubatch's K [n_embd_k_gqa, n_tokens] and build_attn_mha's v_cont
         # [n_tokens, n_embd_v_gqa] (f32) are still alive when kq is allocated (llama-graph.cpp:2763, 2802)
         "ubatch_kv": n_tokens * max((facts.k_embd(il) + facts.v_embd(il) for il in layers), default=0) * 4
-        if no_cache and not shape.flash_attn else 0,
+        if no_cache and not shape.flash_attn
+        else 0,
         # a K-only cache (MLA latent, build_attn_inp_k: llama-graph.cpp:3027) stores no V, so it has no V index
-        "v_index": 0 if shape.flash_attn or not live or facts.kv_cache_k_only
+        "v_index": 0
+        if shape.flash_attn or not live or facts.kv_cache_k_only
         else n_tokens * max((facts.v_embd(il) for il in layers), default=0) * 8,
         "query": n_tokens * max((h * facts.key_length_of(il) for il, h in enumerate(facts.head_count)), default=0) * 4,
         # Parallel blocks with a Hadamard-rotated (quantized) K cache: the rotated Q copy holds the hole the
         # attention output [n_head * n_embd_head_v, n_tokens] would reuse, and that output stays alive through
         # the FFN computed beside it (its V un-rotation and wo come after the FFN in graph order)
-        "parallel_attn_out": n_tokens * max((h * facts.value_length_of(il) for il, h in enumerate(facts.head_count)),
-                                            default=0) * 4
-        if facts.traits.parallel_attention_ffn and k_rotated else 0,
+        "parallel_attn_out": n_tokens
+        * max((h * facts.value_length_of(il) for il, h in enumerate(facts.head_count)), default=0)
+        * 4
+        if facts.traits.parallel_attention_ffn and k_rotated
+        else 0,
         # A fused attn_qkv with a rotated cache: build_attn rotates Q, then V, then K (llama_mul_mat_hadamard, in
         # that expand order), each a new [n_embd_head, n_head, n_tokens] f32 product, the views into the fused
         # output first made contiguous. The fused output [n_embd_q + n_embd_k + n_embd_v, n_tokens] stays alive
         # until K's copy, so the attention peaks at V's rotation with it, rotated Q, V's contiguous copy and
         # rotated V (at Q's: Q's copy and rotated Q) -- measured with the allocator-debug build on gpt2, bloom
         # and falcon. An attention moment of its own: none of these is alive at the FFN
-        "qkv_rot": n_tokens * 4 * max(
-            (_fused_qkv_rotation(h * facts.key_length_of(il), facts.k_embd(il), facts.v_embd(il), k_rotated, v_rotated)
-             for il, h in enumerate(facts.head_count) if il < len(facts.kv_layers) and facts.kv_layers[il]),
-            default=0) if facts.fused_qkv and (k_rotated or v_rotated) and live else 0,
+        "qkv_rot": n_tokens
+        * 4
+        * max(
+            (
+                _fused_qkv_rotation(
+                    h * facts.key_length_of(il), facts.k_embd(il), facts.v_embd(il), k_rotated, v_rotated
+                )
+                for il, h in enumerate(facts.head_count)
+                if il < len(facts.kv_layers) and facts.kv_layers[il]
+            ),
+            default=0,
+        )
+        if facts.fused_qkv and (k_rotated or v_rotated) and live
+        else 0,
         # MLA with absorbed weights: q_nope x wk_b [kv_lora_rank, n_head, n_tokens], concatenated with the rope
         # part into Qcur [kv_lora_rank + n_rot, n_head, n_tokens] (models/deepseek2.cpp); a nope-only MLA attends
         # with the product itself (glm5-next.cpp:939-943, 956)
         "mla": n_tokens * n_head * (facts.kv_lora_rank + (facts.key_length if facts.rope_dimension_count else 0)) * 4
-        if facts.is_mla else 0,
+        if facts.is_mla
+        else 0,
         # Its K path after Qcur: the KV projection [kv_lora_rank + n_rot, n_tokens], the normed latent
         # [kv_lora_rank, n_tokens] and K, their concatenation (in the projection's place once RoPE has copied k_pe
         # out of it, beside it where k_pe is used as is). The hole of the freed q_nope x wk_b holds it from 3-4
         # heads on; with fewer (the zoo's one) the rest adds to the attention's peak (measured: deepseek2,
         # bailingmoe3 5.5 MiB, kimi-linear 6.9 MiB)
-        "mla_k": n_tokens * 4 * max(0, facts.key_length + facts.kv_lora_rank
-                                    + (facts.key_length if facts.traits.mla_unroped_k else 0)
-                                    - n_head * facts.kv_lora_rank) if facts.is_mla else 0,
+        "mla_k": n_tokens
+        * 4
+        * max(
+            0,
+            facts.key_length
+            + facts.kv_lora_rank
+            + (facts.key_length if facts.traits.mla_unroped_k else 0)
+            - n_head * facts.kv_lora_rank,
+        )
+        if facts.is_mla
+        else 0,
         # MLA without absorbed weights (minicpm3.cpp:145, plm.cpp:111; deepseek2.cpp:595 without key_length_mla):
         # wkv_b decompresses the RMS-normed latent into kv [n_head * (n_embd_head_k - n_rot + n_embd_head_v),
         # n_tokens] while wkv_a_mqa's output [kv_lora_rank + n_rot, n_tokens] and the normed latent [kv_lora_rank,
         # n_tokens] (a new block: the norm reads a view of it) are still alive; all are freed before KQ. The
         # absorbed path's latent is smaller than its Q copies ("mla")
-        "mla_latent": n_tokens * 4 * (2 * facts.kv_lora_rank + facts.rope_dimension_count + n_head * (
-            facts.key_length - facts.rope_dimension_count + facts.value_length))
-        if facts.kv_lora_rank and not facts.is_mla else 0,
+        "mla_latent": n_tokens
+        * 4
+        * (
+            2 * facts.kv_lora_rank
+            + facts.rope_dimension_count
+            + n_head * (facts.key_length - facts.rope_dimension_count + facts.value_length)
+        )
+        if facts.kv_lora_rank and not facts.is_mla
+        else 0,
         # MiniMax-01's lightning attention: the [n_tokens, n_tokens, n_head] f32 decay input every layer reads
         # (``sched_reserve`` reserves it with one sequence, its worst case)
         "decay": n_tokens * n_tokens * n_head * 4 if facts.traits.lightning_attention_decay else 0,
@@ -234,42 +282,56 @@ def _ffn_terms(facts: ModelFacts, n_tokens: int, n_outputs: int, masks_after: Ca
     widths = {il: (moe_ff if experts_run else 0) if moe[il] else _dense_ffn_width(facts, il) for il in range(n_layer)}
     # The last block keeps only the output rows (``ggml_get_rows(cur, inp_out_ids)``) before its FFN, except in
     # graphs that gather them there only for an MTP draft: one per slot, or per drafted token when speculating
-    rows = {il: n_tokens if il < n_layer - 1 or n_layer == 1 or facts.traits.last_ffn_on_all_tokens
-            else min(n_tokens, n_outputs) for il in widths}
+    rows = {
+        il: n_tokens
+        if il < n_layer - 1 or n_layer == 1 or facts.traits.last_ffn_on_all_tokens
+        else min(n_tokens, n_outputs)
+        for il in widths
+    }
     acts = {il: rows[il] * w * 4 for il, w in widths.items()}
     # Hybrids: the FFN of the last attention layer and of the recurrent layers after it run once the V indices
     # are freed and with the masks only as holes (an input lives until its last reader), none of the attention's
     # tensors alive (measured: the widened lfm2 without flash attention peaks at 57.5 MiB at its KQ, 53.5 at its FFN)
-    last_attn = max((il for il, kv in enumerate(facts.kv_layers[:n_layer]) if kv), default=-1) \
-        if any(facts.recurrent_layers) else n_layer
+    last_attn = (
+        max((il for il, kv in enumerate(facts.kv_layers[:n_layer]) if kv), default=-1)
+        if any(facts.recurrent_layers)
+        else n_layer
+    )
     act = max((a for il, a in acts.items() if il < last_attn), default=0)
     widest = next((il for il, a in acts.items() if il < last_attn and a == act), None)
     late = max((a for il, a in acts.items() if il >= last_attn), default=0)
     return {
         # (beside the output-rows block's FFN every mask counts: measured on bailingmoe2 and laguna drafting 64
         # tokens)
-        "ffn_mask": max((masks_after(il, act, reuse=rows[il] == n_tokens)
-                         for il, a in acts.items() if il < last_attn and a == act), default=0),
+        "ffn_mask": max(
+            (masks_after(il, act, reuse=rows[il] == n_tokens) for il, a in acts.items() if il < last_attn and a == act),
+            default=0,
+        ),
         "ffn": 0 if facts.ffn_ungated else act,
         "ffn_ungated": act if facts.ffn_ungated else 0,
         # the (SwiGLU) FFN activations after the last attention layer, and what of the masks and V indices they
         # do not fill (measured: granitehybrid at n_embd 1024 without flash attention, 6.75 MiB activations over a
         # 5.5 MiB hole)
         "ffn_late": late,
-        "ffn_late_mask": max((masks_after(il, late, last=True) for il, a in acts.items()
-                              if il >= last_attn and a == late), default=0) if late else 0,
+        "ffn_late_mask": max(
+            (masks_after(il, late, last=True) for il, a in acts.items() if il >= last_attn and a == late), default=0
+        )
+        if late
+        else 0,
         # Llama 4 weighs the experts' input before their FFN (build_moe_ffn, weight_before_ffn): the repeated
         # input [n_embd, n_expert_used, n_tokens] f32 is freed under the gate/up activations, too small a hole
         # for the SwiGLU output, so it adds to the MoE FFN's peak (llama-graph.cpp:2210-2214)
         "moe_weighted": n_tokens * facts.embedding_length * facts.expert_used_count * 4
-        if facts.traits.moe_weight_before_ffn and any(facts.moe_layers) else 0,
+        if facts.traits.moe_weight_before_ffn and any(facts.moe_layers)
+        else 0,
         # the experts' down projections [n_embd, n_expert_used, n_tokens] f32 (build_moe_ffn's mul_mat_id), beside
         # their SwiGLU input: when the freed gate and up activations are too small a hole for them they go on top
         # (fine-grained MoE: Qwen3-30B-A3B's 8 x 768-wide experts at n_embd 2048, traced: 24 MiB of hidden states
         # and inputs, gate, up and SwiGLU 12 MiB each, then 32 MiB of down projections; DeepSeek's are 8 x 2048
         # at 7168)
         "moe_down": rows[widest] * facts.embedding_length * facts.expert_used_count * 4
-        if widest is not None and experts_run and moe[widest] and widths[widest] == moe_ff else 0,
+        if widest is not None and experts_run and moe[widest] and widths[widest] == moe_ff
+        else 0,
         "moe_shared_input": n_tokens * facts.embedding_length * 4 if facts.expert_shared_feed_forward_length else 0,
     }
 
@@ -311,20 +373,30 @@ def _recurrent_terms(facts: ModelFacts, shape: ContextShape, n_tokens: int, mask
     return {
         # ggml_ssm_scan's result: y [d_inner, n_tokens] followed by the final states of every sequence
         "ssm": (n_tokens * facts.ssm.inner_size + facts.recurrent_state * shape.n_seq) * 4
-        if recurrent and not (mamba1 or mamba2) else 0,
+        if recurrent and not (mamba1 or mamba2)
+        else 0,
         # build_mamba_layer's peak (models/mamba-base.cpp:44-150), at ggml_ssm_scan: xz [2 d_inner, n_tokens]
         # (its ssm_in scale multiplied in place), ssm_conv's input (where dt [d_inner, n_tokens] goes once it is
         # freed), the convolved x [d_inner, n_tokens] (bias and SiLU in place; read again by y + x * D), x_proj's
         # dt/B/C [dt_rank + 2 d_state, n_tokens] (or, with B/C/dt norms, the normalised B and C), and the scan's
         # result: y [d_inner, n_tokens] and every sequence's final state
         "mamba1_layer": (4 * facts.ssm.inner_size + facts.ssm.time_step_rank + 2 * facts.ssm.state_size) * n_tokens * 4
-        + conv_x1 + scan_states
-        + (rs_extra if rs_extra > conv_x1 + rs_room else 0) if mamba1 else 0,
+        + conv_x1
+        + scan_states
+        + (rs_extra if rs_extra > conv_x1 + rs_room else 0)
+        if mamba1
+        else 0,
         # build_mamba2_layer, when z is made contiguous (models/mamba-base.cpp:192-288): the fused projection zxBCdt
         # [2 d_inner + 2 n_group d_state + n_head, n_tokens], the convolved xBC [d_inner + 2 n_group d_state,
         # n_tokens], z [d_inner, n_tokens], the scan's result and, as in Mamba-1, the other sequences' states
         "mamba2_layer": (facts.ssm.inner_size + conv_ch + facts.ssm.time_step_rank + conv_ch + facts.ssm.inner_size)
-        * n_tokens * 4 + scan_y + scan_states + (rs_extra if rs_extra > conv_x2 + rs_room else 0) if mamba2 else 0,
+        * n_tokens
+        * 4
+        + scan_y
+        + scan_states
+        + (rs_extra if rs_extra > conv_x2 + rs_room else 0)
+        if mamba2
+        else 0,
         # the masks still alive during a recurrent layer
         "scan_mask": mask if masks_alive else 0,
         # the rollback snapshots' states, written by the same scan (measured: once, beside the layer's peak)
@@ -334,8 +406,9 @@ def _recurrent_terms(facts: ModelFacts, shape: ContextShape, n_tokens: int, mask
     }
 
 
-def _indexer_terms(facts: ModelFacts, shape: ContextShape, live: Sequence[CacheBill], n_tokens: int,
-                   positions: int) -> dict[str, int]:
+def _indexer_terms(
+    facts: ModelFacts, shape: ContextShape, live: Sequence[CacheBill], n_tokens: int, positions: int
+) -> dict[str, int]:
     """Sparse-attention indexers: queries and ``[n_kv, n_tokens]`` scores, a top-k selection (DSA, k-pool), or
     DeepSeek-V4's lightning indexer and top-k mask inputs.
 
@@ -344,15 +417,22 @@ def _indexer_terms(facts: ModelFacts, shape: ContextShape, live: Sequence[CacheB
     idx_kv = sum(c.cells for c in live if c.label == "indexer")
     # MiniMax-M3 runs MSA only with flash attention and one sequence or split streams, else dense attention in
     # every layer, its indexer unused (models/minimax-m3.cpp:233-235); MSA's tensors are its own (msa_*)
-    msa = facts.traits.sparse_attention == "msa" and bool(idx_kv) and shape.flash_attn \
+    msa = (
+        facts.traits.sparse_attention == "msa"
+        and bool(idx_kv)
+        and shape.flash_attn
         and (shape.n_seq == 1 or not shape.unified)
+    )
     indexer = bool(idx_kv) and facts.traits.sparse_attention != "msa"
     # DeepSeek-V4's trunk CSA layers run the lightning indexer (models/deepseek4.cpp build_csa_lid_attention);
     # its MTP blocks and the draft context's caches do not
     cells = {c.label: c.cells for c in live}
     raw_kv, csa_kv, lid_kv = (cells.get(k, 0) for k in ("SWA", "DSV4 CSA compressed", "DSV4 lightning-indexer"))
-    csa = facts.traits.sparse_attention == "csa" and bool(csa_kv and lid_kv) \
-        and DSV4_CSA_RATIO in facts.compress_ratios[:facts.layer_count]
+    csa = (
+        facts.traits.sparse_attention == "csa"
+        and bool(csa_kv and lid_kv)
+        and DSV4_CSA_RATIO in facts.compress_ratios[: facts.layer_count]
+    )
     idx_q = facts.indexer_head_count * facts.indexer_key_length * n_tokens * 4 if indexer else 0
     # DSA: the [n_kv, n_tokens] f32 scores and their top_k [n_top_k, n_tokens] i32; build_attn (llama-graph.cpp)
     # scatters the top-k into the mask from a [1, n_top_k, n_tokens] f32 zeros leaf per layer, and ggml-alloc
@@ -389,12 +469,13 @@ def _indexer_terms(facts: ModelFacts, shape: ContextShape, live: Sequence[CacheB
     # the transposed copy of K it reads as V (glm5-next.cpp:969-980)
     gather = glm5 and shape.n_ubatch <= 16 and shape.n_ctx > facts.indexer_top_k + kpool - 1
     # where glm5-next's f32 copy of its selection indices goes (see "kpool_sel")
-    holes = (facts.embedding_length if facts.traits.mixed_batch_input else 0) * n_tokens * 4 \
-        + (n_pool * n_tokens * 2 if sum(facts.indexer_layers) == 1 else 0)
+    holes = (facts.embedding_length if facts.traits.mixed_batch_input else 0) * n_tokens * 4 + (
+        n_pool * n_tokens * 2 if sum(facts.indexer_layers) == 1 else 0
+    )
     q_side = max(facts.head_count, default=0) * (facts.key_length_mla + facts.kv_lora_rank) * n_tokens * 4
     sel_copy_above = not gather and (not shape.flash_attn or q_side > holes)
     return {
-        "msa_mask": mask_f32 if sum(facts.indexer_layers[:facts.layer_count]) > 1 or streams > 1 else 0,
+        "msa_mask": mask_f32 if sum(facts.indexer_layers[: facts.layer_count]) > 1 or streams > 1 else 0,
         "msa_block": facts.indexer_head_count * mask_f32 // streams,
         # the indexer query [n_idx_dim, Hd, n_tokens], read by every stream's scores: alive at all streams' but the
         # last's block masks
@@ -410,13 +491,15 @@ def _indexer_terms(facts: ModelFacts, shape: ContextShape, live: Sequence[CacheB
         # k-pool, before its layer's attention: the queries. glm5-next's fused lightning indexer reads the projected
         # query (glm5-next.cpp:777, 832), qwen4exp's RMS-normed copy of it (qwen4exp.cpp:798-809); the scores
         # [n_pool, n_tokens] f32 and the gathered pooled keys [head_size, n_pool] f32 beside the one the indexer reads
-        "kpool_q": max(idx_q * (1 if glm5 else 2),
-                       idx_q + (n_tokens + facts.indexer_key_length) * n_pool * 4) if kpool else 0,
+        "kpool_q": max(idx_q * (1 if glm5 else 2), idx_q + (n_tokens + facts.indexer_key_length) * n_pool * 4)
+        if kpool
+        else 0,
         # the pooling of every pool: glm5-next gathers key | gate [2 head_size, kpool, n_new] f32 and adds the pool
         # position bias into a new block that is then made contiguous (glm5-next.cpp:799-806), qwen4exp gathers the
         # keys [head_size, kpool, n_new] and sums their slices into a contiguous one (qwen4exp.cpp:771-778)
         "kpool_pool": facts.indexer_key_length * 4 * (4 * pool_cells if glm5 else pool_cells + pool_cells // kpool)
-        if kpool else 0,
+        if kpool
+        else 0,
         # the inputs below them: the main cache's mask (the indexer cache has none) and the pool and slot masks
         "kpool_inputs": cells.get("main", 0) * mask_bytes * n_tokens + kpool_reads if kpool else 0,
         # the attention's selection mask: scattered into -inf rows [n_kv + n_sel, n_tokens] of the kq mask's type,
@@ -424,9 +507,14 @@ def _indexer_terms(facts: ModelFacts, shape: ContextShape, live: Sequence[CacheB
         # the indexer cache's row) read by the attention (glm5-next.cpp:881-905, qwen4exp.cpp:833-867); without
         # flash attention after KQ, which soft_max_ext reads with it (llama-graph.cpp:2763, 2797). The pool and slot
         # masks are still alive while a later layer reads them
-        "kpool_scatter": (n_sel * n_tokens * 4 * (2 * facts.kv_lora_rank + max(facts.head_count, default=0))
-                          if gather else (idx_kv + n_sel) * n_tokens * mask_bytes)
-        + (kpool_reads if sum(facts.indexer_layers) > 1 else 0) if kpool else 0,
+        "kpool_scatter": (
+            n_sel * n_tokens * 4 * (2 * facts.kv_lora_rank + max(facts.head_count, default=0))
+            if gather
+            else (idx_kv + n_sel) * n_tokens * mask_bytes
+        )
+        + (kpool_reads if sum(facts.indexer_layers) > 1 else 0)
+        if kpool
+        else 0,
         # glm5-next's selection rows (i32, f32 per value): the pools' member indices [kpool * n_top_pool, n_tokens]
         # above the two top-k blocks [n_top_pool, n_tokens], then the tail appended in a new block [n_sel, n_tokens]
         # (glm5-next.cpp:849-867). The block of the first is freed, but the scatter's repeated zeros and f32 copy
@@ -435,7 +523,8 @@ def _indexer_terms(facts: ModelFacts, shape: ContextShape, live: Sequence[CacheB
         # [n_head * (n_embd_head_k_mla + kv_lora_rank), n_tokens] fit in the holes the mixed-input embeddings and
         # the last full layer's pool mask left (measured: c1000 3.5 rows, c2048 2.5 rows)
         "kpool_sel": n_tokens * 4 * (kpool * n_top_pool + n_sel + 2 * n_top_pool + (n_sel if sel_copy_above else 0))
-        if kpool and glm5 else 0,
+        if kpool and glm5
+        else 0,
         "qsa_sel": n_sel * n_tokens * 4 if kpool and facts.traits.sparse_attention == "kpool-qsa" else 0,
         # build_lid_top_k: the indexer query [indexer_head_size, indexer_n_head, n_tokens] f32 from
         # indexer_attn_q_b, and its RoPE'd copy next to it
@@ -443,12 +532,16 @@ def _indexer_terms(facts: ModelFacts, shape: ContextShape, live: Sequence[CacheB
         # without flash attention, the CSA layer's KQ scores over the raw window and the compressed keys: ggml
         # computes them (soft_max's first source) before the top-k mask the indexer's scores lead to
         "lid_kq": (raw_kv + csa_kv) * n_tokens * max(facts.head_count, default=0) * 4
-        if csa and not shape.flash_attn else 0,
+        if csa and not shape.flash_attn
+        else 0,
         # build_top_k_mask's zeros [1, n_top_k, n_tokens] (f16 with flash attention, f32 without), a leaf that,
         # like the masks, stays allocated all graph long; n_top_k = min(lightning-indexer cells, indexer_top_k);
         # DSA: the f32 zeros leaf of every top-k layer
-        "topk_zeros": min(lid_kv, facts.indexer_top_k) * n_tokens * (2 if shape.flash_attn else 4) if csa
-        else sum(facts.topk_mask_layers) * n_top_k * n_tokens * 4 if dsa else 0,
+        "topk_zeros": min(lid_kv, facts.indexer_top_k) * n_tokens * (2 if shape.flash_attn else 4)
+        if csa
+        else sum(facts.topk_mask_layers) * n_top_k * n_tokens * 4
+        if dsa
+        else 0,
     }
 
 
@@ -470,32 +563,69 @@ def combine_terms(t: dict[str, int], fit: dict[str, float] = COMPUTE_FIT) -> tup
     """
     # the attention's transients beside every mask, a scan's beside the masks while attention follows, the FFN's
     # beside the masks later layers read
-    transient = max(fit["mask"] * t["mask"] + t["kpool_scatter"] + max(
-        fit["kq"] * t["kq"] + t["ubatch_kv"], t["mla_k"], t["mla_latent"],
-        fit["lid_q"] * t["lid_q"] + fit["lid_kq"] * t["lid_kq"]),
+    transient = max(
+        fit["mask"] * t["mask"]
+        + t["kpool_scatter"]
+        + max(
+            fit["kq"] * t["kq"] + t["ubatch_kv"],
+            t["mla_k"],
+            t["mla_latent"],
+            fit["lid_q"] * t["lid_q"] + fit["lid_kq"] * t["lid_kq"],
+        ),
         fit["mask"] * t["scan_mask"] + fit["ssm"] * t["ssm"] + fit["conv"] * t["conv"],
-        fit["mask"] * t["ffn_mask"] + max(fit["ffn"] * t["ffn"] + t["moe_weighted"], _moe_down_moment(t, fit),
-                                          fit["ffn_ungated"] * t["ffn_ungated"]))
+        fit["mask"] * t["ffn_mask"]
+        + max(
+            fit["ffn"] * t["ffn"] + t["moe_weighted"], _moe_down_moment(t, fit), fit["ffn_ungated"] * t["ffn_ungated"]
+        ),
+    )
     # A DSA indexer peaks at its queries or at its scores with their top-k (the queries' block still below them)
     selection = max(fit["topk_q"] * t["topk_q"], t["topk_q"] + t["topk_score"] + t["topk_index"])
-    below = (fit["hidden"] * t["hidden"] + t["mixed_embd"] + fit["query"] * t["query"]
-             + fit["v_index"] * t["v_index"] + fit["indexer_q"] * t["indexer_q"] + fit["indexer"] * t["indexer"]
-             + fit["decay"] * t["decay"] + fit["mla"] * t["mla"] + fit["topk_zeros"] * t["topk_zeros"]
-             + t["rs_snapshots"] + t["hrm_zh"] + t["parallel_attn_out"])
+    below = (
+        fit["hidden"] * t["hidden"]
+        + t["mixed_embd"]
+        + fit["query"] * t["query"]
+        + fit["v_index"] * t["v_index"]
+        + fit["indexer_q"] * t["indexer_q"]
+        + fit["indexer"] * t["indexer"]
+        + fit["decay"] * t["decay"]
+        + fit["mla"] * t["mla"]
+        + fit["topk_zeros"] * t["topk_zeros"]
+        + t["rs_snapshots"]
+        + t["hrm_zh"]
+        + t["parallel_attn_out"]
+    )
     layer = below + transient + selection
     # A k-pool indexer peaks before its layer's attention, on its inputs: first at its queries or at the pooling,
     # with only the hidden states and inputs below (no projection of the layer has been made), then at the
     # selection's index rows, beside the layer's queries
-    kpool = max(fit["hidden"] * t["hidden"] + t["mixed_embd"] + fit["v_index"] * t["v_index"]
-                + max(t["kpool_q"], t["kpool_pool"]),
-                below + t["kpool_sel"] + fit["qsa_sel"] * t["qsa_sel"]) + t["kpool_inputs"] \
-        if t["kpool_inputs"] else 0
+    kpool = (
+        max(
+            fit["hidden"] * t["hidden"]
+            + t["mixed_embd"]
+            + fit["v_index"] * t["v_index"]
+            + max(t["kpool_q"], t["kpool_pool"]),
+            below + t["kpool_sel"] + fit["qsa_sel"] * t["qsa_sel"],
+        )
+        + t["kpool_inputs"]
+        if t["kpool_inputs"]
+        else 0
+    )
     # A Mamba layer peaks on its own: the attention tensors are gone, masks and V indices only while attention
     # follows (falcon-h1 without flash attention: its V indices sit below the scan)
-    scan = fit["mask"] * t["scan_mask"] + (t["v_index"] if t["scan_mask"] else 0) + (
-        fit["hidden"] * t["hidden"] + t["mixed_embd"] + fit["mamba2_layer"] * t["mamba2_layer"]
-        + fit["conv"] * t["conv"] if t["mamba2_layer"] else fit["mamba1_hidden"] * t["hidden"] + t["mamba1_layer"]
-    ) if t["mamba1_layer"] or t["mamba2_layer"] else 0
+    scan = (
+        fit["mask"] * t["scan_mask"]
+        + (t["v_index"] if t["scan_mask"] else 0)
+        + (
+            fit["hidden"] * t["hidden"]
+            + t["mixed_embd"]
+            + fit["mamba2_layer"] * t["mamba2_layer"]
+            + fit["conv"] * t["conv"]
+            if t["mamba2_layer"]
+            else fit["mamba1_hidden"] * t["hidden"] + t["mamba1_layer"]
+        )
+        if t["mamba1_layer"] or t["mamba2_layer"]
+        else 0
+    )
     # The fused-QKV rotation moment: the masks, the input-embeddings leaf, the embeddings and the residual (or,
     # in a parallel block, the norm the FFN reads later) below the attention's fused output and rotated copies
     qkv_rot = fit["mask"] * t["mask"] + fit["qkv_rot_hidden"] * t["hidden"] + t["qkv_rot"] if t["qkv_rot"] else 0
@@ -503,11 +633,25 @@ def combine_terms(t: dict[str, int], fit: dict[str, float] = COMPUTE_FIT) -> tup
     # of the layer's Q/K projections, too small a hole for them: the embeddings, the residual, the attention norm's
     # output, the mixed-input copy and Q, raw and RMS-normed (the norm of a reshaped view gets a block of its own:
     # models/minimax-m3.cpp:315)
-    msa = (fit["mask"] * t["mask"] + t["msa_pos"] + fit["msa_hidden"] * t["hidden"] + t["mixed_embd"]
-           + fit["msa_query"] * t["query"] + t["msa_mask"] + fit["msa_block"] * t["msa_block"] + t["msa_q"]
-           if t["msa_block"] else 0)
-    late_ffn = (fit["hidden"] * t["hidden"] + t["mixed_embd"] + fit["query"] * t["query"]
-                + fit["ffn"] * t["ffn_late"] + fit["mask"] * t["ffn_late_mask"])
+    msa = (
+        fit["mask"] * t["mask"]
+        + t["msa_pos"]
+        + fit["msa_hidden"] * t["hidden"]
+        + t["mixed_embd"]
+        + fit["msa_query"] * t["query"]
+        + t["msa_mask"]
+        + fit["msa_block"] * t["msa_block"]
+        + t["msa_q"]
+        if t["msa_block"]
+        else 0
+    )
+    late_ffn = (
+        fit["hidden"] * t["hidden"]
+        + t["mixed_embd"]
+        + fit["query"] * t["query"]
+        + fit["ffn"] * t["ffn_late"]
+        + fit["mask"] * t["ffn_late_mask"]
+    )
     final = t["logits"] + t["mask"] + fit["final_hidden"] * t["hidden"]
     return int(max(layer, kpool, scan, late_ffn, qkv_rot, msa)), int(final)
 
@@ -524,8 +668,9 @@ def _moe_down_moment(t: dict[str, int], fit: dict[str, float]) -> float:
     return activations + t["moe_down"] + t["moe_shared_input"]
 
 
-def per_device(facts: ModelFacts, shape: ContextShape, caches: Sequence[CacheBill],
-               devices: Sequence[str], output_device: str) -> tuple[dict[str, int], dict[str, int]]:
+def per_device(
+    facts: ModelFacts, shape: ContextShape, caches: Sequence[CacheBill], devices: Sequence[str], output_device: str
+) -> tuple[dict[str, int], dict[str, int]]:
     """Each device's compute buffer as reserved, and what it grows by past the reserve once a prompt fills a slot.
 
     A device running blocks needs the layer moment; the output layer's device
@@ -553,7 +698,7 @@ def per_device(facts: ModelFacts, shape: ContextShape, caches: Sequence[CacheBil
     full = [replace(c, cells=shape.n_ctx_seq, streams=1) for c in caches]
     # a full slot's positions: n_ctx_seq, already a multiple of 256 (get_n_pos pads to at least that)
     extra = combine_terms(terms(facts, one_slot, full, positions=shape.n_ctx_seq))[0] - layer
-    sparse = {devices[il] for il, s in enumerate(facts.indexer_layers[:len(devices)]) if s}
+    sparse = {devices[il] for il, s in enumerate(facts.indexer_layers[: len(devices)]) if s}
     return out, ({d: extra for d in sparse} if extra > 0 else {})
 
 

@@ -20,7 +20,12 @@ if TYPE_CHECKING:
     from gguf.facts import ModelFacts
 
 __all__ = [
-    "ContextShape", "context_shape", "flash_attn_enabled", "needs_flash_attn", "pad", "rollback_snapshots",
+    "ContextShape",
+    "context_shape",
+    "flash_attn_enabled",
+    "needs_flash_attn",
+    "pad",
+    "rollback_snapshots",
     "slot_context",
 ]
 
@@ -78,9 +83,17 @@ def context_shape(facts: ModelFacts, options: MemoryOptions) -> ContextShape:
     n_ubatch = min(n_batch, options.n_ubatch)
     # server_output_limits: one output per slot, plus one per drafted token when speculating
     n_outputs_max = min(n_batch, n_seq * (1 + max(options.spec_n_max, 0)))
-    return ContextShape(n_seq=n_seq, unified=unified, n_ctx=n_ctx, n_ctx_seq=n_ctx_seq, n_batch=n_batch,
-                        n_ubatch=n_ubatch, flash_attn=flash_attn_enabled(facts, options), n_outputs_max=n_outputs_max,
-                        n_rs_seq=rollback_snapshots(facts, options))
+    return ContextShape(
+        n_seq=n_seq,
+        unified=unified,
+        n_ctx=n_ctx,
+        n_ctx_seq=n_ctx_seq,
+        n_batch=n_batch,
+        n_ubatch=n_ubatch,
+        flash_attn=flash_attn_enabled(facts, options),
+        n_outputs_max=n_outputs_max,
+        n_rs_seq=rollback_snapshots(facts, options),
+    )
 
 
 def flash_attn_enabled(facts: ModelFacts, options: MemoryOptions) -> bool:
@@ -91,8 +104,9 @@ def flash_attn_enabled(facts: ModelFacts, options: MemoryOptions) -> bool:
     """
     k, v = BY_NAME[options.cache_type_k.upper()], BY_NAME[options.cache_type_v.upper()]
     if (facts.is_mla or facts.traits.kv_types_must_match) and options.cache_type_k != options.cache_type_v:
-        raise MemoryPlanError(f"model does not support different K ({options.cache_type_k}) and V "
-                              f"({options.cache_type_v}) cache types")
+        raise MemoryPlanError(
+            f"model does not support different K ({options.cache_type_k}) and V ({options.cache_type_v}) cache types"
+        )
     fa = options.flash_attn
     if not facts.traits.flash_attn:
         fa = "off"  # llama.cpp forces it off whatever -fa says
@@ -105,8 +119,10 @@ def flash_attn_enabled(facts: ModelFacts, options: MemoryOptions) -> bool:
         for t, head, what in ((k, facts.key_length_of, "K"), (v, facts.value_length_of, "V")):
             bad = next((head(il) for il in layers if t.quantized and head(il) % t.block_size), None)
             if bad is not None:
-                raise MemoryPlanError(f"{what} cache type {t.name.lower()} with block size {t.block_size} does not "
-                                      f"divide n_embd_head_{what.lower()}={bad}")
+                raise MemoryPlanError(
+                    f"{what} cache type {t.name.lower()} with block size {t.block_size} does not "
+                    f"divide n_embd_head_{what.lower()}={bad}"
+                )
     return fa != "off"
 
 

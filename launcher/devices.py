@@ -45,7 +45,8 @@ Source = Literal["nvidia-smi", "rocm-smi", "llama-server", "psutil", "rpc"]
 
 TOOL_TIMEOUT_S = 5.0
 NVIDIA_QUERY = (
-    "--query-gpu=index,uuid,name,memory.total,memory.free", "--format=csv,noheader,nounits",
+    "--query-gpu=index,uuid,name,memory.total,memory.free",
+    "--format=csv,noheader,nounits",
 )
 ROCM_QUERY = ("--showproductname", "--showmeminfo", "vram", "--showuniqueid", "--json")
 # "  CUDA0: NVIDIA H100 80GB HBM3 (81079 MiB, 80488 MiB free)" (common_print_available_devices)
@@ -112,7 +113,10 @@ class _Unreadable(Exception):
 
 
 def discover(
-    *, llama_server: Path | None = None, env: Mapping[str, str] | None = None, timeout: float = TOOL_TIMEOUT_S,
+    *,
+    llama_server: Path | None = None,
+    env: Mapping[str, str] | None = None,
+    timeout: float = TOOL_TIMEOUT_S,
     workers: RpcWorkers | None = None,
 ) -> Inventory:
     """Return the devices visible under ``env`` (default: this process's environment), and ``workers``' devices."""
@@ -133,8 +137,9 @@ def discover(
             worked.add(tool)
             found += _visible_nvidia(devices, env, warnings) if tool == "nvidia-smi" else _visible_amd(devices, env)
     if llama_server is not None:
-        listed = _read("llama-server", [str(llama_server), "--list-devices"], parse_list_devices, env, timeout,
-                       warnings)
+        listed = _read(
+            "llama-server", [str(llama_server), "--list-devices"], parse_list_devices, env, timeout, warnings
+        )
         if listed is not None:
             found = _reachable(found, listed, built_backend(llama_server), warnings)
             found += [d for d in listed if _COVERED_BY.get(d.backend) not in worked]
@@ -145,8 +150,10 @@ def discover(
 
 def rpc_devices(reports: Sequence[WorkerReport]) -> list[Device]:
     """The answering workers' devices as inventory devices, numbered as llama-server numbers them."""
-    return [Device("RPC", n, d.endpoint, d.total_bytes, d.free_bytes, "rpc", endpoint=d.endpoint,
-                   worker_index=d.index) for n, d in with_worker_indices([r for r in reports if r.usable])]
+    return [
+        Device("RPC", n, d.endpoint, d.total_bytes, d.free_bytes, "rpc", endpoint=d.endpoint, worker_index=d.index)
+        for n, d in with_worker_indices([r for r in reports if r.usable])
+    ]
 
 
 def _reachable(vendor: list[Device], listed: list[Device], built: str | None, warnings: list[str]) -> list[Device]:
@@ -166,11 +173,15 @@ def _reachable(vendor: list[Device], listed: list[Device], built: str | None, wa
 def _unreachable_warning(source: Source, backend: str, count: int, built: str | None) -> str:
     """Say which GPUs are left out and the fix: another build, or the driver when the build is right."""
     wanted = backend.lower()  # ggml's "CUDA" / "ROCm" are the pin's "cuda" / "rocm" backends
-    rebuild = (f"to use them, run `ggstudio build-llama --backend {wanted}` and set LLAMA_SERVER_PATH to the "
-               "llama-server it prints")
+    rebuild = (
+        f"to use them, run `ggstudio build-llama --backend {wanted}` and set LLAMA_SERVER_PATH to the "
+        "llama-server it prints"
+    )
     if built == wanted:
-        has, fix = (f"(a {built} build) lists no {backend} device (its {backend} runtime cannot reach the GPUs)",
-                    "check the driver; `llama-server --list-devices` shows what it sees")
+        has, fix = (
+            f"(a {built} build) lists no {backend} device (its {backend} runtime cannot reach the GPUs)",
+            "check the driver; `llama-server --list-devices` shows what it sees",
+        )
     elif built is not None:
         has, fix = f"has no {backend} backend (a {built} build)", rebuild
     else:
@@ -180,7 +191,11 @@ def _unreachable_warning(source: Source, backend: str, count: int, built: str | 
 
 
 def _read(
-    source: Source, argv: list[str], parse: Callable[[str], list[Device]], env: dict[str, str], timeout: float,
+    source: Source,
+    argv: list[str],
+    parse: Callable[[str], list[Device]],
+    env: dict[str, str],
+    timeout: float,
     warnings: list[str],
 ) -> list[Device] | None:
     """Run one source; return its devices, or None with a warning when it is broken."""
@@ -220,7 +235,7 @@ def parse_nvidia_smi(text: str) -> list[Device]:
 def parse_rocm_smi(text: str) -> list[Device]:
     """Read ``rocm-smi --showproductname --showmeminfo vram --showuniqueid --json``."""
     try:
-        data = json.loads(text[text.index("{"):])  # some versions print warnings before the JSON
+        data = json.loads(text[text.index("{") :])  # some versions print warnings before the JSON
     except ValueError as exc:
         raise _Unreadable(f"not JSON: {_first_line(text)}") from exc
     devices = []
@@ -250,12 +265,20 @@ def parse_list_devices(text: str) -> list[Device]:
     if "Available devices:" not in lines:
         raise _Unreadable(f"no device list in its output: {_first_line(text)}")
     devices = []
-    for line in lines[lines.index("Available devices:") + 1:]:
+    for line in lines[lines.index("Available devices:") + 1 :]:
         if match := _LISTED_DEVICE.match(line):
             backend = re.sub(r"\d+$", "", match["name"])
-            ordinal = match["name"][len(backend):]
-            devices.append(Device(backend, int(ordinal) if ordinal else None, match["desc"],
-                                  int(match["total"]) * MIB, int(match["free"]) * MIB, "llama-server"))
+            ordinal = match["name"][len(backend) :]
+            devices.append(
+                Device(
+                    backend,
+                    int(ordinal) if ordinal else None,
+                    match["desc"],
+                    int(match["total"]) * MIB,
+                    int(match["free"]) * MIB,
+                    "llama-server",
+                )
+            )
     return devices
 
 
@@ -290,10 +313,16 @@ def _match(entry: str, devices: Sequence[Device]) -> Device | None:
 
 def _visible_nvidia(devices: list[Device], env: Mapping[str, str], warnings: list[str]) -> list[Device]:
     mask = env.get("CUDA_VISIBLE_DEVICES")
-    if (mask and any(e.strip().isdigit() for e in mask.split(",")) and len({d.name for d in devices}) > 1
-            and env.get("CUDA_DEVICE_ORDER") != "PCI_BUS_ID"):
-        warnings.append("CUDA_VISIBLE_DEVICES uses indices but CUDA_DEVICE_ORDER is not PCI_BUS_ID: CUDA may "
-                        "number these mixed GPUs differently from nvidia-smi; pin by UUID to be sure")
+    if (
+        mask
+        and any(e.strip().isdigit() for e in mask.split(","))
+        and len({d.name for d in devices}) > 1
+        and env.get("CUDA_DEVICE_ORDER") != "PCI_BUS_ID"
+    ):
+        warnings.append(
+            "CUDA_VISIBLE_DEVICES uses indices but CUDA_DEVICE_ORDER is not PCI_BUS_ID: CUDA may "
+            "number these mixed GPUs differently from nvidia-smi; pin by UUID to be sure"
+        )
     return visible(devices, mask)
 
 

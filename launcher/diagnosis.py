@@ -12,7 +12,12 @@ from dataclasses import dataclass
 from typing import Literal
 
 Cause = Literal[
-    "out_of_memory", "unknown_architecture", "invalid_gguf", "missing_file", "unsupported_flag", "port_in_use",
+    "out_of_memory",
+    "unknown_architecture",
+    "invalid_gguf",
+    "missing_file",
+    "unsupported_flag",
+    "port_in_use",
     "rpc_worker_failed",
 ]
 
@@ -20,25 +25,51 @@ Cause = Literal[
 _PREFIX = re.compile(r"^\s*\d+\.\d+\.\d+\.\d+ [A-Z] ")
 
 _RULES: tuple[tuple[Cause, re.Pattern[str], str], ...] = (
-    ("rpc_worker_failed", re.compile(
-        r"Failed to connect to \S+|RPC handshake failed for|Remote RPC server crashed|RPC server version mismatch"),
-     "an RPC worker could not be reached or went away; `ggstudio doctor` shows which workers answer"),
-    ("port_in_use", re.compile(r"couldn't bind HTTP server socket|address already in use", re.I),
-     "another program holds the port; a new port is tried automatically"),
-    ("unsupported_flag", re.compile(r"error: (invalid|unknown) argument|the argument has been removed", re.I),
-     "this llama-server does not accept a flag we passed; check extra args or update llama-server"),
-    ("missing_file", re.compile(r"failed to open GGUF file .*\(No such file|No such file or directory", re.I),
-     "the model file does not exist (moved or deleted?); check the path"),
-    ("unknown_architecture", re.compile(r"unknown model architecture", re.I),
-     "this llama-server build does not know the model's architecture; use a newer llama.cpp"),
-    ("invalid_gguf", re.compile(
-        r"invalid magic characters|not within the file bounds|failed to read|gguf_init_from_\w+: .*(invalid|failed)"
-        r"|model is corrupted or incomplete|tensor .* has (invalid|wrong)", re.I),
-     "the file is not a valid GGUF or is incomplete; download it again"),
-    ("out_of_memory", re.compile(
-        r"out of memory|failed to allocate|cudaMalloc failed|unable to allocate|ErrorOutOfDeviceMemory"
-        r"|std::bad_alloc", re.I),
-     "not enough memory for this model and context; lower the context, offload fewer layers or use a smaller quant"),
+    (
+        "rpc_worker_failed",
+        re.compile(
+            r"Failed to connect to \S+|RPC handshake failed for|Remote RPC server crashed|RPC server version mismatch"
+        ),
+        "an RPC worker could not be reached or went away; `ggstudio doctor` shows which workers answer",
+    ),
+    (
+        "port_in_use",
+        re.compile(r"couldn't bind HTTP server socket|address already in use", re.I),
+        "another program holds the port; a new port is tried automatically",
+    ),
+    (
+        "unsupported_flag",
+        re.compile(r"error: (invalid|unknown) argument|the argument has been removed", re.I),
+        "this llama-server does not accept a flag we passed; check extra args or update llama-server",
+    ),
+    (
+        "missing_file",
+        re.compile(r"failed to open GGUF file .*\(No such file|No such file or directory", re.I),
+        "the model file does not exist (moved or deleted?); check the path",
+    ),
+    (
+        "unknown_architecture",
+        re.compile(r"unknown model architecture", re.I),
+        "this llama-server build does not know the model's architecture; use a newer llama.cpp",
+    ),
+    (
+        "invalid_gguf",
+        re.compile(
+            r"invalid magic characters|not within the file bounds|failed to read|gguf_init_from_\w+: .*(invalid|failed)"
+            r"|model is corrupted or incomplete|tensor .* has (invalid|wrong)",
+            re.I,
+        ),
+        "the file is not a valid GGUF or is incomplete; download it again",
+    ),
+    (
+        "out_of_memory",
+        re.compile(
+            r"out of memory|failed to allocate|cudaMalloc failed|unable to allocate|ErrorOutOfDeviceMemory"
+            r"|std::bad_alloc",
+            re.I,
+        ),
+        "not enough memory for this model and context; lower the context, offload fewer layers or use a smaller quant",
+    ),
 )
 
 _ERROR_LINE = re.compile(r"^\s*\d+\.\d+\.\d+\.\d+ E |^error:|error loading model", re.I)

@@ -15,11 +15,18 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from launcher.build import load_pin, layout_for
+from launcher.build import layout_for, load_pin
 from launcher.errors import BinaryNotFoundError
 
-Source = Literal["LLAMA_SERVER_PATH", "GGUF_STUDIO_LLAMA_CPP", "pinned build", "vendor tree", "PATH",
-                 "GGML_RPC_SERVER_PATH", "beside LLAMA_SERVER_PATH"]
+Source = Literal[
+    "LLAMA_SERVER_PATH",
+    "GGUF_STUDIO_LLAMA_CPP",
+    "pinned build",
+    "vendor tree",
+    "PATH",
+    "GGML_RPC_SERVER_PATH",
+    "beside LLAMA_SERVER_PATH",
+]
 
 BINARY_NAME = "llama-server"
 RPC_SERVER_NAME = "ggml-rpc-server"
@@ -74,18 +81,22 @@ def find_rpc_server(
         if _is_executable(explicit):
             return Discovered(explicit, "GGML_RPC_SERVER_PATH")
         raise BinaryNotFoundError([f"GGML_RPC_SERVER_PATH={explicit} (not an executable file)"], binary=RPC_SERVER_NAME)
-    first: list[tuple[Path, Source]] = \
+    first: list[tuple[Path, Source]] = (
         [(llama_server.parent / RPC_SERVER_NAME, "beside LLAMA_SERVER_PATH")] if llama_server is not None else []
+    )
     return _search(RPC_SERVER_NAME, first, home=home, llama_cpp_dir=llama_cpp_dir, backend=backend)
 
 
-def _search(name: str, first: list[tuple[Path, Source]], *, home: Path, llama_cpp_dir: Path | None,
-            backend: str) -> Discovered:
+def _search(
+    name: str, first: list[tuple[Path, Source]], *, home: Path, llama_cpp_dir: Path | None, backend: str
+) -> Discovered:
     searched: list[str] = []
     candidates = list(first)
     if llama_cpp_dir is not None:
-        candidates += [(llama_cpp_dir / name, "GGUF_STUDIO_LLAMA_CPP"),
-                       (llama_cpp_dir / "build" / "bin" / name, "GGUF_STUDIO_LLAMA_CPP")]
+        candidates += [
+            (llama_cpp_dir / name, "GGUF_STUDIO_LLAMA_CPP"),
+            (llama_cpp_dir / "build" / "bin" / name, "GGUF_STUDIO_LLAMA_CPP"),
+        ]
     candidates.append((layout_for(home, load_pin(), backend).binary(name), "pinned build"))
     candidates.append((_VENDOR_DIR / "build" / "bin" / name, "vendor tree"))
     for path, source in candidates:

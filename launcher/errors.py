@@ -137,4 +137,3 @@ class StartTimeoutError(ProcessError, TimeoutError):
 
 class StartAbortedError(ProcessError):
     """A stop (or another start) cancelled a start before the server was ready."""
-

@@ -100,8 +100,9 @@ def _cache_bytes(type_name: str, n_values: int) -> int:
     return n_values // t.block_size * t.type_size
 
 
-def _kv_caches(facts: ModelFacts, shape: ContextShape, options: MemoryOptions, devices: Sequence[str],
-               draft: bool = False) -> tuple[list[CacheBill], dict[str, int]]:
+def _kv_caches(
+    facts: ModelFacts, shape: ContextShape, options: MemoryOptions, devices: Sequence[str], draft: bool = False
+) -> tuple[list[CacheBill], dict[str, int]]:
     """The attention caches (``create_memory``'s choice) and their bytes per device.
 
     ``draft``: the MTP draft context's cache instead, which holds only the NextN
@@ -113,10 +114,17 @@ def _kv_caches(facts: ModelFacts, shape: ContextShape, options: MemoryOptions, d
     prefix = "MTP draft " if draft else ""
     iswa = facts.swa_type != "none" and facts.is_swa_any
     if iswa:
-        swa_cells = shape.n_ctx_seq if options.swa_full else pad(
-            min(shape.n_ctx_seq, facts.sliding_window * (shape.n_seq if shape.unified else 1) + shape.n_ubatch))
-        groups = [(prefix + "non-SWA", shape.n_ctx_seq, [il for il in layers if not facts.swa_layers[il]]),
-                  (prefix + "SWA", swa_cells, [il for il in layers if facts.swa_layers[il]])]
+        swa_cells = (
+            shape.n_ctx_seq
+            if options.swa_full
+            else pad(
+                min(shape.n_ctx_seq, facts.sliding_window * (shape.n_seq if shape.unified else 1) + shape.n_ubatch)
+            )
+        )
+        groups = [
+            (prefix + "non-SWA", shape.n_ctx_seq, [il for il in layers if not facts.swa_layers[il]]),
+            (prefix + "SWA", swa_cells, [il for il in layers if facts.swa_layers[il]]),
+        ]
     else:
         groups = [(prefix + "main", shape.n_ctx_seq, list(layers))]
     if any(facts.indexer_layers) and not draft:
@@ -140,19 +148,33 @@ def _kv_caches(facts: ModelFacts, shape: ContextShape, options: MemoryOptions, d
                 v = 0 if facts.kv_cache_k_only else _cache_bytes(v_type, facts.v_embd(il) * rows)
             per_device[devices[il]] = per_device.get(devices[il], 0) + k + v
             k_total, v_total = k_total + k, v_total + v
-        caches.append(CacheBill(label=label, cells=cells, streams=shape.n_stream, layers=len(group), k_type=k_type,
-                                v_type=v_type, k_bytes=k_total, v_bytes=v_total))
+        caches.append(
+            CacheBill(
+                label=label,
+                cells=cells,
+                streams=shape.n_stream,
+                layers=len(group),
+                k_type=k_type,
+                v_type=v_type,
+                k_bytes=k_total,
+                v_bytes=v_total,
+            )
+        )
     return caches, per_device
 
 
 def _draft_layers(facts: ModelFacts) -> tuple[int, ...]:
     """The NextN (MTP) blocks whose cache lives in the draft context, not in the main one."""
-    return tuple(il for il in range(facts.layer_count, facts.block_count)
-                 if il >= len(facts.kv_layers) or not facts.kv_layers[il])
+    return tuple(
+        il
+        for il in range(facts.layer_count, facts.block_count)
+        if il >= len(facts.kv_layers) or not facts.kv_layers[il]
+    )
 
 
-def _mtp_draft(facts: ModelFacts, shape: ContextShape, options: MemoryOptions, devices: Sequence[str],
-               output_device: str) -> tuple[list[CacheBill], dict[str, int], dict[str, int], int, int]:
+def _mtp_draft(
+    facts: ModelFacts, shape: ContextShape, options: MemoryOptions, devices: Sequence[str], output_device: str
+) -> tuple[list[CacheBill], dict[str, int], dict[str, int], int, int]:
     """The MTP draft context ``common_speculative_init_result`` creates next to the main one.
 
     Same n_ctx, slots and ubatch as the target, but one output per slot
@@ -179,13 +201,15 @@ def _draft_outputs(facts: ModelFacts, shape: ContextShape) -> tuple[int, int]:
     """
     rows = shape.n_seq
     start = facts.vocab_size * rows * 4
-    grown = (facts.vocab_size + facts.embedding_length + 2 * facts.vocab_size) * rows * 4 \
-        + (1 + facts.vocab_size) * rows * 4
+    grown = (facts.vocab_size + facts.embedding_length + 2 * facts.vocab_size) * rows * 4 + (
+        1 + facts.vocab_size
+    ) * rows * 4
     return start, grown - start
 
 
-def _dsv4_memory(facts: ModelFacts, shape: ContextShape, options: MemoryOptions, devices: Sequence[str]
-                 ) -> tuple[list[CacheBill], list[StateBill], dict[str, int]]:
+def _dsv4_memory(
+    facts: ModelFacts, shape: ContextShape, options: MemoryOptions, devices: Sequence[str]
+) -> tuple[list[CacheBill], list[StateBill], dict[str, int]]:
     """``llama_kv_cache_dsv4``: its caches, its compressor states and their bytes per device.
 
     Every part keeps one stream per slot even when the server asks for a unified
@@ -211,14 +235,18 @@ def _dsv4_memory(facts: ModelFacts, shape: ContextShape, options: MemoryOptions,
         return pad(max(1, -(-kv_size // r)))
 
     swa_cells = kv_size if options.swa_full else pad(min(kv_size, facts.sliding_window + shape.n_ubatch))
-    groups = [("non-SWA", kv_size, [il for il in layers if not facts.swa_layers[il]], facts.k_embd),
-              ("SWA", swa_cells, [il for il in layers if facts.swa_layers[il]], facts.k_embd),
-              ("DSV4 CSA compressed", comp_cells(_DSV4_CSA), [il for il in layers if ratio(il) == _DSV4_CSA],
-               facts.k_embd),
-              ("DSV4 HCA compressed", comp_cells(_DSV4_HCA), [il for il in layers if ratio(il) == _DSV4_HCA],
-               facts.k_embd),
-              ("DSV4 lightning-indexer", comp_cells(_DSV4_CSA), [il for il in layers if ratio(il) == _DSV4_CSA],
-               lambda il: facts.indexer_key_length)]
+    groups = [
+        ("non-SWA", kv_size, [il for il in layers if not facts.swa_layers[il]], facts.k_embd),
+        ("SWA", swa_cells, [il for il in layers if facts.swa_layers[il]], facts.k_embd),
+        ("DSV4 CSA compressed", comp_cells(_DSV4_CSA), [il for il in layers if ratio(il) == _DSV4_CSA], facts.k_embd),
+        ("DSV4 HCA compressed", comp_cells(_DSV4_HCA), [il for il in layers if ratio(il) == _DSV4_HCA], facts.k_embd),
+        (
+            "DSV4 lightning-indexer",
+            comp_cells(_DSV4_CSA),
+            [il for il in layers if ratio(il) == _DSV4_CSA],
+            lambda il: facts.indexer_key_length,
+        ),
+    ]
     per_device: dict[str, int] = {}
     caches = []
     for label, cells, group, k_embd in groups:
@@ -227,23 +255,47 @@ def _dsv4_memory(facts: ModelFacts, shape: ContextShape, options: MemoryOptions,
             k = _cache_bytes(options.cache_type_k, k_embd(il) * cells * n_seq)
             per_device[devices[il]] = per_device.get(devices[il], 0) + k
             k_total += k
-        caches.append(CacheBill(label=label, cells=cells, streams=n_seq, layers=len(group),
-                                k_type=options.cache_type_k, v_type=options.cache_type_v, k_bytes=k_total, v_bytes=0))
+        caches.append(
+            CacheBill(
+                label=label,
+                cells=cells,
+                streams=n_seq,
+                layers=len(group),
+                k_type=options.cache_type_k,
+                v_type=options.cache_type_v,
+                k_bytes=k_total,
+                v_bytes=0,
+            )
+        )
     head = facts.key_length_of(0)  # llama.cpp's n_embd_head_k(): layer 0's
     states = []
-    for name, r, rows, width in (("csa", _DSV4_CSA, 2 * _DSV4_CSA, 2 * head), ("hca", _DSV4_HCA, _DSV4_HCA, head),
-                                 ("lid", _DSV4_CSA, 2 * _DSV4_CSA, 2 * facts.indexer_key_length)):
+    for name, r, rows, width in (
+        ("csa", _DSV4_CSA, 2 * _DSV4_CSA, 2 * head),
+        ("hca", _DSV4_HCA, _DSV4_HCA, head),
+        ("lid", _DSV4_CSA, 2 * _DSV4_CSA, 2 * facts.indexer_key_length),
+    ):
         group = [il for il in range(facts.layer_count) if ratio(il) == r]
         per_layer = 2 * width * rows * n_seq * 4  # kv + score, f32
         for il in group:
             per_device[devices[il]] = per_device.get(devices[il], 0) + per_layer
-        states.append(StateBill(name=name, ratio=r, rows=rows, width=width, streams=n_seq, rs_seq=0,
-                                layers=len(group), nbytes=per_layer * len(group)))
+        states.append(
+            StateBill(
+                name=name,
+                ratio=r,
+                rows=rows,
+                width=width,
+                streams=n_seq,
+                rs_seq=0,
+                layers=len(group),
+                nbytes=per_layer * len(group),
+            )
+        )
     return caches, states, per_device
 
 
-def _recurrent(facts: ModelFacts, shape: ContextShape,
-               devices: Sequence[str]) -> tuple[list[RecurrentBill], dict[str, int]]:
+def _recurrent(
+    facts: ModelFacts, shape: ContextShape, devices: Sequence[str]
+) -> tuple[list[RecurrentBill], dict[str, int]]:
     """Recurrent state: f32 rows per slot and recurrent layer, one plus ``n_rs_seq`` rollback snapshots."""
     layers = [il for il, has in enumerate(facts.recurrent_state_layers) if has]
     if not layers:
@@ -255,8 +307,16 @@ def _recurrent(facts: ModelFacts, shape: ContextShape,
     per_device: dict[str, int] = {}
     for il in layers:
         per_device[devices[il]] = per_device.get(devices[il], 0) + r_row + s_row + (p_row if il in ple else 0)
-    return [RecurrentBill(cells=shape.n_seq, rows=rows, layers=facts.layer_count, r_bytes=r_row * len(layers),
-                          s_bytes=s_row * len(layers), p_bytes=p_row * len(ple))], per_device
+    return [
+        RecurrentBill(
+            cells=shape.n_seq,
+            rows=rows,
+            layers=facts.layer_count,
+            r_bytes=r_row * len(layers),
+            s_bytes=s_row * len(layers),
+            p_bytes=p_row * len(ple),
+        )
+    ], per_device
 
 
 def _output_bytes(facts: ModelFacts, shape: ContextShape) -> tuple[int, int]:
@@ -283,8 +343,14 @@ def for_file(model: GGUFFile, options: MemoryOptions = MemoryOptions()) -> Memor
         tensors = sorted(shard.tensors, key=lambda t: t.offset)
         if tensors:
             padding += tensors[-1].offset + tensors[-1].n_bytes - tensors[0].offset - sum(t.n_bytes for t in tensors)
-        repack += sum(t.n_bytes for t in tensors if t.ggml_type.name in _REPACKED_TYPES and len(t.shape) == 2
-                      and t.shape[1] % 8 == 0 and not t.name.startswith("token_embd"))
+        repack += sum(
+            t.n_bytes
+            for t in tensors
+            if t.ggml_type.name in _REPACKED_TYPES
+            and len(t.shape) == 2
+            and t.shape[1] % 8 == 0
+            and not t.name.startswith("token_embd")
+        )
     return replace(options, cpu_repack_bytes=repack, weight_padding_bytes=padding)
 
 
@@ -296,8 +362,10 @@ def estimate(facts: ModelFacts, options: MemoryOptions = MemoryOptions()) -> Mem
     mtp = options.spec == "mtp" and facts.nextn_predict_layers > 0
     if mtp and not facts.traits.mtp_draft_measured:
         measured = ", ".join(architectures_with(lambda t: t.mtp_draft_measured))
-        reasons.append(f"the MTP draft context's compute buffer was measured only on {measured} "
-                       f"(a zoo model with an appended NextN block), not on {facts.architecture}'s NextN graph")
+        reasons.append(
+            f"the MTP draft context's compute buffer was measured only on {measured} "
+            f"(a zoo model with an appended NextN block), not on {facts.architecture}'s NextN graph"
+        )
     shape = context_shape(facts, options)
     devices, output_device = layer_devices(facts, options)
     states: list[StateBill] = []
@@ -319,40 +387,62 @@ def estimate(facts: ModelFacts, options: MemoryOptions = MemoryOptions()) -> Mem
     projector = None
     if options.mmproj_bytes or options.mmproj_compute_bytes:
         on_gpu = options.mmproj_offload and options.n_gpu_layers != 0
-        projector = ProjectorBill(split_name(options, 0) if on_gpu else "CPU", options.mmproj_bytes,
-                                  options.mmproj_compute_bytes)
+        projector = ProjectorBill(
+            split_name(options, 0) if on_gpu else "CPU", options.mmproj_bytes, options.mmproj_compute_bytes
+        )
         reasons.append(PROJECTOR_COMPUTE_NOTE)
     compute, compute_growth = compute_buffer.per_device(facts, shape, caches, devices, output_device)
     draft_output = draft_growth = 0
     if mtp:
-        draft_caches, draft_kv, draft_compute, draft_output, draft_growth = _mtp_draft(facts, shape, options,
-                                                                                        devices, output_device)
+        draft_caches, draft_kv, draft_compute, draft_output, draft_growth = _mtp_draft(
+            facts, shape, options, devices, output_device
+        )
         caches = [*caches, *draft_caches]
         for d, n in draft_kv.items():
             kv[d] = kv.get(d, 0) + n
         for d, n in draft_compute.items():
             compute[d] = compute.get(d, 0) + n
     if any(d != "CPU" for d in (*devices, output_device)):
-        reasons.append("compute buffers off the CPU (GPUs, RPC workers) are estimated with the CPU formula; only "
-                       "CPU backends were measured")
+        reasons.append(
+            "compute buffers off the CPU (GPUs, RPC workers) are estimated with the CPU formula; only "
+            "CPU backends were measured"
+        )
     names = sorted({"CPU", *weights, *kv, *rs, *compute, *([projector.device] if projector else [])})
     output, growth = _output_bytes(facts, shape)
     output += draft_output
     if mtp:
         # the target hands its NextN hidden state to the draft for every batch token (unmasked embd_nextn)
         growth += draft_growth + facts.embedding_length * shape.n_batch * 4
-    bills = tuple(DeviceBill(device=d, weights=weights.get(d, 0), kv=kv.get(d, 0), recurrent=rs.get(d, 0),
-                             compute=compute.get(d, 0), output=output if d == "CPU" else 0,
-                             output_growth=growth if d == "CPU" else 0, compute_growth=compute_growth.get(d, 0),
-                             projector=projector.total if projector and projector.device == d else 0)
-                  for d in names)
-    return MemoryBill(devices=bills, caches=tuple(caches), recurrent=tuple(recurrent), approximate=bool(reasons),
-                      reasons=tuple(reasons), states=tuple(states), projector=projector)
+    bills = tuple(
+        DeviceBill(
+            device=d,
+            weights=weights.get(d, 0),
+            kv=kv.get(d, 0),
+            recurrent=rs.get(d, 0),
+            compute=compute.get(d, 0),
+            output=output if d == "CPU" else 0,
+            output_growth=growth if d == "CPU" else 0,
+            compute_growth=compute_growth.get(d, 0),
+            projector=projector.total if projector and projector.device == d else 0,
+        )
+        for d in names
+    )
+    return MemoryBill(
+        devices=bills,
+        caches=tuple(caches),
+        recurrent=tuple(recurrent),
+        approximate=bool(reasons),
+        reasons=tuple(reasons),
+        states=tuple(states),
+        projector=projector,
+    )
 
 
 #: Why a bill with a projector is approximate (its weights are exact, its compute buffer is not).
-PROJECTOR_COMPUTE_NOTE = ("the projector's compute buffer is estimated from its encoder's size (within 25 % on "
-                          "seven LLaVA- and Whisper-shaped encoders on the CPU); its weights are exact")
+PROJECTOR_COMPUTE_NOTE = (
+    "the projector's compute buffer is estimated from its encoder's size (within 25 % on "
+    "seven LLaVA- and Whisper-shaped encoders on the CPU); its weights are exact"
+)
 #: f32 activations live per encoder position at the encoder's peak, beyond the FFN's n_ff, in units of n_embd
 #: (fitted on LLaVA-style ViTs of 196-4096 patches and Whisper encoders of 384-1280 wide; flash attention on).
 _ENCODER_EMBD_ROWS = 3.5
@@ -378,7 +468,22 @@ def projector_compute_bytes(projector: ProjectorFacts) -> int:
 
 # The estimator's public face: what it takes, returns and raises (the bill's types live in ``launcher.bill``).
 __all__ = [
-    "CACHE_TYPES", "CacheBill", "CacheType", "DeviceBill", "FlashAttn", "MemoryBill", "MemoryOptions",
-    "MemoryPlanError", "PROJECTOR_COMPUTE_NOTE", "ProjectorBill", "RecurrentBill", "SpecMode", "StateBill", "estimate",
-    "for_file", "layer_devices", "projector_compute_bytes", "split_name",
+    "CACHE_TYPES",
+    "CacheBill",
+    "CacheType",
+    "DeviceBill",
+    "FlashAttn",
+    "MemoryBill",
+    "MemoryOptions",
+    "MemoryPlanError",
+    "PROJECTOR_COMPUTE_NOTE",
+    "ProjectorBill",
+    "RecurrentBill",
+    "SpecMode",
+    "StateBill",
+    "estimate",
+    "for_file",
+    "layer_devices",
+    "projector_compute_bytes",
+    "split_name",
 ]

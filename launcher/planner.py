@@ -130,19 +130,33 @@ class ModelInfo:
             PlanError: ``mmproj`` is not a projector, or projects to another width than the model's.
         """
         options = for_file(model)
-        info = cls(path=model.path, facts=model.facts, file_bytes=model.file_size,
-                   cpu_repack_bytes=options.cpu_repack_bytes, weight_padding_bytes=options.weight_padding_bytes)
+        info = cls(
+            path=model.path,
+            facts=model.facts,
+            file_bytes=model.file_size,
+            cpu_repack_bytes=options.cpu_repack_bytes,
+            weight_padding_bytes=options.weight_padding_bytes,
+        )
         if mmproj is None:
             return info
         projector = projector_facts(mmproj)
-        problem = width_mismatch(projector, model) if projector is not None else \
-            f"it is a {mmproj.metadata.get('general.architecture')!r} model, not a clip projector"
+        problem = (
+            width_mismatch(projector, model)
+            if projector is not None
+            else f"it is a {mmproj.metadata.get('general.architecture')!r} model, not a clip projector"
+        )
         if problem:
-            raise ProjectorError(f"the projector {mmproj.path} cannot be used with {model.path.name}: {problem}",
-                                 path=mmproj.path)
+            raise ProjectorError(
+                f"the projector {mmproj.path} cannot be used with {model.path.name}: {problem}", path=mmproj.path
+            )
         assert projector is not None
-        return replace(info, mmproj=mmproj.path, mmproj_bytes=projector.weight_bytes,
-                       mmproj_compute_bytes=projector_compute_bytes(projector), projector=projector)
+        return replace(
+            info,
+            mmproj=mmproj.path,
+            mmproj_bytes=projector.weight_bytes,
+            mmproj_compute_bytes=projector_compute_bytes(projector),
+            projector=projector,
+        )
 
 
 def load_model(path: Path, *, mmproj: Path | None = None) -> ModelInfo:
@@ -256,9 +270,13 @@ def plan(
     on_cpu = _Planner(model, inventory, caps, request, extra, mmproj_offload=False).run()
     if _rank(on_cpu) <= _rank(with_gpu):
         return with_gpu
-    lost = "the model would not fit" if not with_gpu.fits else \
-        f"only {with_gpu.n_gpu_layers} of {with_gpu.model.facts.block_count + 1} layers would fit on the GPUs" \
-        if _rank(with_gpu)[1] == 0 else f"the context would be {with_gpu.n_ctx} tokens, not {on_cpu.n_ctx}"
+    lost = (
+        "the model would not fit"
+        if not with_gpu.fits
+        else f"only {with_gpu.n_gpu_layers} of {with_gpu.model.facts.block_count + 1} layers would fit on the GPUs"
+        if _rank(with_gpu)[1] == 0
+        else f"the context would be {with_gpu.n_ctx} tokens, not {on_cpu.n_ctx}"
+    )
     held = format_size(model.mmproj_bytes + model.mmproj_compute_bytes, fine=True)
     why = f"projector on the CPU (--no-mmproj-offload): with its {held} on {_device(offload[0])}, {lost}"
     return replace(on_cpu, reasons=(*on_cpu.reasons, why))
@@ -275,8 +293,15 @@ def _rank(p: LaunchPlan) -> tuple[int, int, int]:
     return (int(p.fits), int(full), p.n_ctx if p.n_ctx_auto else 0)
 
 
-def predict(model: ModelInfo, caps: Capabilities, request: PlanRequest, *, n_ctx: int,
-            gpus: tuple[Device, ...] = (), n_gpu_layers: int | None = None) -> MemoryBill:
+def predict(
+    model: ModelInfo,
+    caps: Capabilities,
+    request: PlanRequest,
+    *,
+    n_ctx: int,
+    gpus: tuple[Device, ...] = (),
+    n_gpu_layers: int | None = None,
+) -> MemoryBill:
     """The bill ``plan`` would predict for ``n_ctx`` tokens on exactly ``gpus`` (all layers by default).
 
     For what-if views (a context slider, a GPU picker) and for tests; no policy is applied.
@@ -315,7 +340,7 @@ def _mtp_engaged(spec: SpecPlan, extra: tuple[str, ...]) -> bool:
     if spec.resolved in ("mtp", "mtp+ngram"):
         return True
     if spec.resolved == "user":  # the user's own --spec-type: look at its value
-        for flag, value in zip(extra, extra[1:]):
+        for flag, value in zip(extra, extra[1:], strict=False):
             if flag == "--spec-type" and any(t in ("mtp", "draft-mtp") for t in value.split(",")):
                 return True
     return False
@@ -350,8 +375,16 @@ def round_down(n: int, step: int = CTX_STEP) -> int:
 class _Planner:
     """One planning run; holds the inputs so the search helpers stay short."""
 
-    def __init__(self, model: ModelInfo, inventory: Inventory, caps: Capabilities, request: PlanRequest,
-                 extra: tuple[str, ...], *, mmproj_offload: bool = True) -> None:
+    def __init__(
+        self,
+        model: ModelInfo,
+        inventory: Inventory,
+        caps: Capabilities,
+        request: PlanRequest,
+        extra: tuple[str, ...],
+        *,
+        mmproj_offload: bool = True,
+    ) -> None:
         self.model, self.facts, self.caps, self.request, self.extra = model, model.facts, caps, request, extra
         self.mmproj_offload = mmproj_offload
         self.cpu = inventory.cpu
@@ -359,9 +392,15 @@ class _Planner:
         self.warnings: list[str] = list(inventory.warnings)
         self.gpus = self._usable_gpus(inventory)
         self.rpc = self._usable_rpc(inventory)
-        self.spec = speculative.plan(request.spec, caps, SpecModel.from_facts(model.facts, model.path),
-                                     on_gpu=bool(self.gpus), n_max=request.spec_n_max, extra_args=extra,
-                                     measured=self._measured_spec())
+        self.spec = speculative.plan(
+            request.spec,
+            caps,
+            SpecModel.from_facts(model.facts, model.path),
+            on_gpu=bool(self.gpus),
+            n_max=request.spec_n_max,
+            extra_args=extra,
+            measured=self._measured_spec(),
+        )
         self.mtp = _mtp_engaged(self.spec, extra)
         self.fraction = MTP_BUDGET_FRACTION if self.mtp else BUDGET_FRACTION
         self.native = self.facts.context_length
@@ -379,8 +418,10 @@ class _Planner:
     def _usable_gpus(self, inventory: Inventory) -> tuple[Device, ...]:
         chosen, skipped = _gpus_of(inventory)
         if skipped:
-            self.reasons.append(f"planning on the {chosen[0].backend} GPUs only; one llama-server uses one backend "
-                                f"(ignored: {', '.join(f'{d.backend}{d.index}' for d in skipped)})")
+            self.reasons.append(
+                f"planning on the {chosen[0].backend} GPUs only; one llama-server uses one backend "
+                f"(ignored: {', '.join(f'{d.backend}{d.index}' for d in skipped)})"
+            )
         return chosen
 
     def _measured_spec(self) -> SpecMeasurement | None:
@@ -392,14 +433,17 @@ class _Planner:
                 return None
         except speculative.SpeculativeConfigError:
             return None  # speculative.plan says what is wrong with it
-        return spec_measurements.lookup(self.request.spec_measurements, self.model.path,
-                                        (*self.gpus, *self.rpc, self.cpu), self.caps)
+        return spec_measurements.lookup(
+            self.request.spec_measurements, self.model.path, (*self.gpus, *self.rpc, self.cpu), self.caps
+        )
 
     def _usable_rpc(self, inventory: Inventory) -> tuple[Device, ...]:
         devices = tuple(d for d in inventory.rpc if d.free_bytes > 0)
         if devices and not self.caps.supports("--rpc"):
-            self.warnings.append("this llama-server has no --rpc flag (built without -DGGML_RPC=ON): the RPC workers "
-                                 "are left out; `ggstudio build-llama` builds the pinned llama-server with RPC")
+            self.warnings.append(
+                "this llama-server has no --rpc flag (built without -DGGML_RPC=ON): the RPC workers "
+                "are left out; `ggstudio build-llama` builds the pinned llama-server with RPC"
+            )
         return _rpc_of(inventory, self.caps)
 
     def _flash_attn(self) -> FlashAttn:
@@ -421,14 +465,21 @@ class _Planner:
             kept = min(max(facts.block_count + 1 - ngl, 0), len(facts.layer_weight_bytes))
             repack = repack * self.cpu_layer_bytes[kept] // max(self.cpu_layer_bytes[-1], 1)
         return MemoryOptions(
-            n_ctx=n_ctx, n_parallel=self.request.n_parallel, cache_type_k=self.request.cache_type_k,
-            cache_type_v=self.request.cache_type_v, flash_attn=self.flash_attn,
+            n_ctx=n_ctx,
+            n_parallel=self.request.n_parallel,
+            cache_type_k=self.request.cache_type_k,
+            cache_type_v=self.request.cache_type_v,
+            flash_attn=self.flash_attn,
             n_gpu_layers=ngl if gpus else 0,
             tensor_split=tuple(float(d.free_bytes) for d in gpus) if len(gpus) > 1 else (1.0,),
             split_names=self.names(gpus),
-            cpu_repack_bytes=repack, weight_padding_bytes=self.model.weight_padding_bytes,
-            mmproj_bytes=self.model.mmproj_bytes, mmproj_compute_bytes=self.model.mmproj_compute_bytes,
-            mmproj_offload=self.mmproj_offload, spec="mtp" if self.mtp else "none", spec_n_max=self.spec.n_draft,
+            cpu_repack_bytes=repack,
+            weight_padding_bytes=self.model.weight_padding_bytes,
+            mmproj_bytes=self.model.mmproj_bytes,
+            mmproj_compute_bytes=self.model.mmproj_compute_bytes,
+            mmproj_offload=self.mmproj_offload,
+            spec="mtp" if self.mtp else "none",
+            spec_n_max=self.spec.n_draft,
         )
 
     def bill(self, n_ctx: int, ngl: int, gpus: tuple[Device, ...]) -> MemoryBill:
@@ -440,8 +491,10 @@ class _Planner:
         key = (n_ctx, ngl, gpus)
         if key not in self.bills:
             if len(self.bills) >= MAX_ESTIMATES:
-                raise PlanError(f"planning {self.model.path.name} on {_count(self.gpus)} needs more than "
-                                f"{MAX_ESTIMATES} memory estimates; make fewer GPUs visible (CUDA_VISIBLE_DEVICES)")
+                raise PlanError(
+                    f"planning {self.model.path.name} on {_count(self.gpus)} needs more than "
+                    f"{MAX_ESTIMATES} memory estimates; make fewer GPUs visible (CUDA_VISIBLE_DEVICES)"
+                )
             self.bills[key] = estimate(self.facts, self.options(n_ctx, ngl, gpus))
         return self.bills[key]
 
@@ -457,7 +510,7 @@ class _Planner:
         return tuple(d.rpc_buffer_name or f"GPU{next(gpus)}" for d in devices)
 
     def device_plans(self, bill: MemoryBill, gpus: tuple[Device, ...]) -> tuple[DevicePlan, ...]:
-        named = [*zip(self.names(gpus), gpus), ("CPU", self.cpu)]
+        named = [*zip(self.names(gpus), gpus, strict=False), ("CPU", self.cpu)]
         return tuple(DevicePlan(name, d, bill.device(name), self.budget(d)) for name, d in named)
 
     def fits(self, n_ctx: int, ngl: int, gpus: tuple[Device, ...], *, cpu: bool = True) -> bool:
@@ -504,9 +557,11 @@ class _Planner:
         devices = (*self.rpc, *self.all_gpus)
         workers = len({d.endpoint for d in self.rpc})
         self.warnings.append(LINK_WARNING)
-        self.reasons.append(f"RPC: {len(self.rpc)} device(s) on {workers} worker(s), placed ahead of the local "
-                            "GPUs as llama-server orders them; the studio splits the layers itself, since "
-                            "llama.cpp's --fit is unreliable over RPC (llama.cpp #18175, #21801)")
+        self.reasons.append(
+            f"RPC: {len(self.rpc)} device(s) on {workers} worker(s), placed ahead of the local "
+            "GPUs as llama-server orders them; the studio splits the layers itself, since "
+            "llama.cpp's --fit is unreliable over RPC (llama.cpp #18175, #21801)"
+        )
         if self.gpus:
             ngl = self.full
         else:
@@ -518,12 +573,14 @@ class _Planner:
         else:
             n_ctx = self.largest_ctx(ngl, devices, self.floor)
             if n_ctx:
-                self.reasons.append(f"automatic context: {n_ctx} tokens, the largest that fits every device "
-                                    f"(native {self.native})")
+                self.reasons.append(
+                    f"automatic context: {n_ctx} tokens, the largest that fits every device (native {self.native})"
+                )
         if self.gpus and not self.fits(n_ctx or self.floor, ngl, devices):
             ngl = self.largest_ngl(n_ctx or self.floor, devices)
-            self.reasons.append(f"-ngl {ngl}: the most layers (of {self.full}) the workers and GPUs hold; the rest "
-                                "stay on the CPU")
+            self.reasons.append(
+                f"-ngl {ngl}: the most layers (of {self.full}) the workers and GPUs hold; the rest stay on the CPU"
+            )
             if not n_ctx:
                 n_ctx = self.largest_ctx(ngl, devices, self.floor)
         if not n_ctx:
@@ -539,8 +596,10 @@ class _Planner:
             if n_ctx == self.cap:
                 self.reasons.append(f"automatic context: the native {self.native} tokens fit in {where}")
             elif n_ctx:
-                self.reasons.append(f"automatic context: {n_ctx} tokens, the largest that fits in {where} "
-                                    f"(native {self.native}, rounded down to 256)")
+                self.reasons.append(
+                    f"automatic context: {n_ctx} tokens, the largest that fits in {where} "
+                    f"(native {self.native}, rounded down to 256)"
+                )
             else:
                 n_ctx = self.floor
                 self.warnings.append(f"even {n_ctx} tokens do not fit in {where}; the load may swap or fail")
@@ -548,8 +607,10 @@ class _Planner:
             return (), "ngl", 0, n_ctx
         native_fit = self.fewest_gpus(lambda g: self.fits(self.cap, self.full, g))
         if native_fit is not None:
-            self.reasons.append(f"automatic context: the native {self.native} tokens fit fully offloaded on "
-                                f"{_count(native_fit)}, the fewest GPUs that hold it")
+            self.reasons.append(
+                f"automatic context: the native {self.native} tokens fit fully offloaded on "
+                f"{_count(native_fit)}, the fewest GPUs that hold it"
+            )
             return native_fit, "ngl", self.full, self.cap
         best: tuple[tuple[Device, ...], int] | None = None
         for chosen in self.gpu_prefixes():
@@ -558,18 +619,23 @@ class _Planner:
                 best = (chosen, n_ctx)
         if best is not None:
             gpus, n_ctx = best
-            self.reasons.append(f"automatic context: {n_ctx} tokens, the largest that fits fully offloaded "
-                                f"(native {self.native} does not fit; rounded down to 256) on {_count(gpus)}, "
-                                "the fewest GPUs that reach it")
+            self.reasons.append(
+                f"automatic context: {n_ctx} tokens, the largest that fits fully offloaded "
+                f"(native {self.native} does not fit; rounded down to 256) on {_count(gpus)}, "
+                "the fewest GPUs that reach it"
+            )
             return gpus, "ngl", self.full, n_ctx
-        self.reasons.append(f"automatic context: even {self.floor} tokens do not fit fully offloaded on "
-                            f"{_count(self.gpus)}; using {self.floor} and splitting the layers with the CPU")
+        self.reasons.append(
+            f"automatic context: even {self.floor} tokens do not fit fully offloaded on "
+            f"{_count(self.gpus)}; using {self.floor} and splitting the layers with the CPU"
+        )
         return self.partial(self.floor)
 
     def explicit_ctx(self, n_ctx: int) -> tuple[tuple[Device, ...], Offload, int, int]:
         if self.native and n_ctx > self.native:
-            self.warnings.append(f"the context {n_ctx} is beyond the model's native {self.native} tokens; "
-                                 "quality usually drops past it")
+            self.warnings.append(
+                f"the context {n_ctx} is beyond the model's native {self.native} tokens; quality usually drops past it"
+            )
         self.reasons.append(f"context {n_ctx} tokens, as requested")
         if not self.gpus:
             self.reasons.append("no usable GPU: everything runs on the CPU (-ngl 0)")
@@ -586,11 +652,14 @@ class _Planner:
         gpus = self.all_gpus
         ngl = self.largest_ngl(n_ctx, gpus)
         if self.caps.supports("--fit"):
-            self.reasons.append(f"--fit on: llama-server places the layers itself (the estimate: about {ngl} "
-                                f"of {self.full} on the GPUs)")
+            self.reasons.append(
+                f"--fit on: llama-server places the layers itself (the estimate: about {ngl} "
+                f"of {self.full} on the GPUs)"
+            )
             return gpus, "fit", ngl, n_ctx
-        self.reasons.append(f"-ngl {ngl}: the most layers (of {self.full}) that fit the GPUs; this llama-server "
-                            "has no --fit")
+        self.reasons.append(
+            f"-ngl {ngl}: the most layers (of {self.full}) that fit the GPUs; this llama-server has no --fit"
+        )
         return gpus, "ngl", ngl, n_ctx
 
     def finish(self, gpus: tuple[Device, ...], offload: Offload, ngl: int, n_ctx: int) -> LaunchPlan:
@@ -599,14 +668,18 @@ class _Planner:
         devices = self.device_plans(bill, gpus)
         for d in devices:
             if not d.fits:
-                self.warnings.append(f"{d.name} ({d.device.name}): predicted {format_size(d.bill.total)} is over the "
-                                     f"budget {format_size(d.budget_bytes)}")
+                self.warnings.append(
+                    f"{d.name} ({d.device.name}): predicted {format_size(d.bill.total)} is over the "
+                    f"budget {format_size(d.budget_bytes)}"
+                )
         pct = round(self.fraction * 100)
         why = " (85 %: what an MTP draft allocates after its first batch is not measured)" if self.mtp else ""
         shared = [d for d in devices if d.device.budget_bytes is not None]
         if shared:
-            self.reasons.append("budget: what the studio's memory budget leaves beside the resident models: "
-                                + ", ".join(f"{format_size(d.budget_bytes)} on {d.name}" for d in shared))
+            self.reasons.append(
+                "budget: what the studio's memory budget leaves beside the resident models: "
+                + ", ".join(f"{format_size(d.budget_bytes)} on {d.name}" for d in shared)
+            )
         else:
             self.reasons.append(f"budget: {pct} % of free memory per device{why}")
         if self.request.n_parallel > 1:
@@ -627,40 +700,59 @@ class _Planner:
         split = tuple(d.free_bytes // MIB for d in gpus) if len(gpus) > 1 and offload == "ngl" else ()
         if split:
             over = ("the RPC devices and GPUs" if self.gpus else "the RPC devices") if self.rpc else "the GPUs"
-            self.reasons.append(f"layers split over {over} in proportion to free memory: "
-                                f"{','.join(map(str, split))} MiB")
-        margins = tuple(math.ceil(d.free_bytes * (1 - self.fraction) / MIB) for d in gpus) \
-            if offload == "fit" else ()
+            self.reasons.append(
+                f"layers split over {over} in proportion to free memory: {','.join(map(str, split))} MiB"
+            )
+        margins = tuple(math.ceil(d.free_bytes * (1 - self.fraction) / MIB) for d in gpus) if offload == "fit" else ()
         if bill.projector is not None:
             p = bill.projector
             where = "the CPU" if p.device == "CPU" else f"{p.device} ({_device(gpus[0])})"
-            self.reasons.append(f"projector {self.model.mmproj.name if self.model.mmproj else ''} on {where}: "
-                                f"{format_size(p.weights, fine=True)} of weights and about "
-                                f"{format_size(p.compute, fine=True)} of compute buffer, counted in its budget")
+            self.reasons.append(
+                f"projector {self.model.mmproj.name if self.model.mmproj else ''} on {where}: "
+                f"{format_size(p.weights, fine=True)} of weights and about "
+                f"{format_size(p.compute, fine=True)} of compute buffer, counted in its budget"
+            )
         self.reasons += [f"speculative: {r}" for r in self.spec.reasons]
         self.reasons += [f"estimate: {r}" for r in bill.reasons]
         return LaunchPlan(
-            model=self.model, request=self.request, gpus=tuple(d for d in gpus if d.endpoint is None), offload=offload,
-            n_gpu_layers=ngl, rpc_devices=tuple(d for d in gpus if d.endpoint is not None),
-            tensor_split=split, n_ctx=n_ctx, n_ctx_auto=self.request.n_ctx is None, max_safe_ctx=max_safe,
-            native_ctx=self.native, n_parallel=self.request.n_parallel, cache_type_k=self.request.cache_type_k,
-            cache_type_v=self.request.cache_type_v, flash_attn=self.flash_attn,
-            mmproj_offload=self.mmproj_offload or not gpus, budget_fraction=self.fraction,
-            fit_target_mib=margins, bill=bill, devices=devices, spec=self.spec, extra_args=self.extra,
-            reasons=tuple(self.reasons), warnings=tuple(dict.fromkeys(self.warnings)),
+            model=self.model,
+            request=self.request,
+            gpus=tuple(d for d in gpus if d.endpoint is None),
+            offload=offload,
+            n_gpu_layers=ngl,
+            rpc_devices=tuple(d for d in gpus if d.endpoint is not None),
+            tensor_split=split,
+            n_ctx=n_ctx,
+            n_ctx_auto=self.request.n_ctx is None,
+            max_safe_ctx=max_safe,
+            native_ctx=self.native,
+            n_parallel=self.request.n_parallel,
+            cache_type_k=self.request.cache_type_k,
+            cache_type_v=self.request.cache_type_v,
+            flash_attn=self.flash_attn,
+            mmproj_offload=self.mmproj_offload or not gpus,
+            budget_fraction=self.fraction,
+            fit_target_mib=margins,
+            bill=bill,
+            devices=devices,
+            spec=self.spec,
+            extra_args=self.extra,
+            reasons=tuple(self.reasons),
+            warnings=tuple(dict.fromkeys(self.warnings)),
         )
 
 
 def _layer_counts(facts: ModelFacts, options: MemoryOptions) -> str:
-    """"CPU 5, RPC0[10.0.0.2:50052] 7 + output" for a split: blocks per device, and where the output layer goes."""
+    """ "CPU 5, RPC0[10.0.0.2:50052] 7 + output" for a split: blocks per device, and where the output layer goes."""
     blocks, output = layer_devices(facts, options)
     counts = {name: blocks.count(name) for name in dict.fromkeys(("CPU", *blocks, output))}
-    return ", ".join(f"{name} {n}" + (" + output" if name == output else "") for name, n in counts.items()
-                     if n or name == output)
+    return ", ".join(
+        f"{name} {n}" + (" + output" if name == output else "") for name, n in counts.items() if n or name == output
+    )
 
 
 def _count(gpus: tuple[Device, ...]) -> str:
-    """"CUDA0" or "2 GPUs (CUDA0 + CUDA1)"."""
+    """ "CUDA0" or "2 GPUs (CUDA0 + CUDA1)"."""
     names = " + ".join(f"{d.backend}{d.index}" for d in gpus)
     return names if len(gpus) == 1 else f"{len(gpus)} GPUs ({names})"
 
@@ -679,6 +771,18 @@ def _largest(ok: Callable[[int], bool], low: int, high: int) -> int:
 
 
 __all__ = [
-    "BUDGET_FRACTION", "MAX_ESTIMATES", "MIN_AUTO_CTX", "MTP_BUDGET_FRACTION", "DevicePlan", "LaunchPlan", "ModelInfo",
-    "PlanError", "PlanRequest", "ProjectorError", "load_model", "plan", "predict", "round_down",
+    "BUDGET_FRACTION",
+    "MAX_ESTIMATES",
+    "MIN_AUTO_CTX",
+    "MTP_BUDGET_FRACTION",
+    "DevicePlan",
+    "LaunchPlan",
+    "ModelInfo",
+    "PlanError",
+    "PlanRequest",
+    "ProjectorError",
+    "load_model",
+    "plan",
+    "predict",
+    "round_down",
 ]

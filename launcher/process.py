@@ -247,7 +247,8 @@ class LlamaServer(ChildProcess):
                 if time.monotonic() >= deadline:
                     raise StartTimeoutError(
                         f"llama-server did not become healthy within {timeout:.0f} s; last output:\n{self.log_tail()}",
-                        pid=self._proc.pid, log_tail=self.log_tail(),
+                        pid=self._proc.pid,
+                        log_tail=self.log_tail(),
                     )
                 if abort is not None:
                     abort.wait(poll_interval)
@@ -259,5 +260,9 @@ class LlamaServer(ChildProcess):
         hint = f" ({found.hint})" if found.hint else ""
         return LoadError(
             f"llama-server exited with code {code} while loading: {found.reason}{hint}",
-            pid=self.pid, exit_code=code, log_tail=self.log_tail(), cause=found.cause, hint=found.hint,
+            pid=self.pid,
+            exit_code=code,
+            log_tail=self.log_tail(),
+            cause=found.cause,
+            hint=found.hint,
         )

@@ -63,8 +63,12 @@ class ChildRegistry:
         """Record a freshly started child."""
         me = os.getpid()
         record = ChildRecord(
-            pid=pid, create_time=_create_time(pid) or time.time(), binary=binary, owner=self.owner,
-            studio_pid=me, studio_create_time=_create_time(me) or 0.0,
+            pid=pid,
+            create_time=_create_time(pid) or time.time(),
+            binary=binary,
+            owner=self.owner,
+            studio_pid=me,
+            studio_create_time=_create_time(me) or 0.0,
         )
         self.directory.mkdir(parents=True, exist_ok=True)
         write_atomically(self._path(pid), json.dumps(asdict(record)))

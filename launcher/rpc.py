@@ -88,8 +88,9 @@ def normalize_endpoint(text: str) -> str:
     if not sep or not host:
         raise ValueError(f"RPC worker {text!r} must be host:port, e.g. 192.168.1.20:{DEFAULT_PORT}")
     if ":" in port or host.startswith("["):
-        raise ValueError(f"RPC worker {text!r}: llama.cpp's RPC backend speaks IPv4 only; use an IPv4 address "
-                         "or a host name")
+        raise ValueError(
+            f"RPC worker {text!r}: llama.cpp's RPC backend speaks IPv4 only; use an IPv4 address or a host name"
+        )
     if not port.isdigit() or not 1 <= int(port) <= 65535:
         raise ValueError(f"RPC worker {text!r}: the port must be a number from 1 to 65535")
     return f"{host}:{int(port)}"
@@ -157,33 +158,45 @@ def query_worker(endpoint: str, *, timeout: float = QUERY_TIMEOUT_S) -> tuple[Wo
     try:
         sock = socket.create_connection((host, port), timeout=timeout)
     except ConnectionRefusedError:
-        raise RpcWorkerError(endpoint, "connection refused: nothing listens there (is `ggstudio rpc-worker` "
-                                       "running on that host?)") from None
+        raise RpcWorkerError(
+            endpoint, "connection refused: nothing listens there (is `ggstudio rpc-worker` running on that host?)"
+        ) from None
     except TimeoutError:
-        raise RpcWorkerError(endpoint, f"no connection within {timeout:g} s: the host is down or cut off, or the "
-                                       "worker is busy and its one-place backlog is full", silent=True) from None
+        raise RpcWorkerError(
+            endpoint,
+            f"no connection within {timeout:g} s: the host is down or cut off, or the "
+            "worker is busy and its one-place backlog is full",
+            silent=True,
+        ) from None
     except OSError as exc:
         raise RpcWorkerError(endpoint, f"cannot connect: {exc.strerror or exc}") from None
     with sock:
         try:
             major, minor, patch = _hello(sock, deadline)
         except TimeoutError:
-            raise RpcWorkerError(endpoint, f"it accepted the connection but did not answer within {timeout:g} s: a "
-                                           "worker serves one client at a time, so another llama-server is using it",
-                                 busy=True) from None
+            raise RpcWorkerError(
+                endpoint,
+                f"it accepted the connection but did not answer within {timeout:g} s: a "
+                "worker serves one client at a time, so another llama-server is using it",
+                busy=True,
+            ) from None
         except (OSError, _Malformed) as exc:
             raise RpcWorkerError(endpoint, f"it broke off the handshake ({exc}); is it a ggml-rpc-server?") from None
         ours = PROTOCOL_VERSION
         if major != ours[0] or minor > ours[1]:
-            raise RpcWorkerError(endpoint, f"it speaks RPC protocol {major}.{minor}.{patch}, the pinned llama-server "
-                                           f"{'.'.join(map(str, ours))}: run a ggml-rpc-server of the same llama.cpp "
-                                           "release there (`ggstudio rpc-worker`)")
+            raise RpcWorkerError(
+                endpoint,
+                f"it speaks RPC protocol {major}.{minor}.{patch}, the pinned llama-server "
+                f"{'.'.join(map(str, ours))}: run a ggml-rpc-server of the same llama.cpp "
+                "release there (`ggstudio rpc-worker`)",
+            )
         try:
             (count,) = struct.unpack("<I", _call(sock, _CMD_DEVICE_COUNT, b"", 4, deadline))
             devices = []
             for index in range(count):
-                free, total = struct.unpack("<QQ", _call(sock, _CMD_GET_DEVICE_MEMORY, struct.pack("<I", index), 16,
-                                                         deadline))
+                free, total = struct.unpack(
+                    "<QQ", _call(sock, _CMD_GET_DEVICE_MEMORY, struct.pack("<I", index), 16, deadline)
+                )
                 devices.append(WorkerDevice(endpoint, index, free, total))
         except TimeoutError:
             raise RpcWorkerError(endpoint, f"it stopped answering within {timeout:g} s") from None
@@ -264,12 +277,16 @@ def report_warnings(reports: Sequence[WorkerReport]) -> list[str]:
             out.append(f"RPC worker {r.endpoint} left out: {r.problem}")
         elif r.stale_since is not None:
             when = time.strftime("%H:%M:%S", time.localtime(r.stale_since))
-            out.append(f"RPC worker {r.endpoint} did not answer, but answered before: busy, probably serving the "
-                       f"loaded model's llama-server (a worker serves one client at a time); planning with its "
-                       f"devices as it reported them at {when}")
+            out.append(
+                f"RPC worker {r.endpoint} did not answer, but answered before: busy, probably serving the "
+                f"loaded model's llama-server (a worker serves one client at a time); planning with its "
+                f"devices as it reported them at {when}"
+            )
         if any(d.reports_total_as_free for d in r.devices):
-            out.append(f"RPC worker {r.endpoint} reports all its memory as free (a CPU worker: ggml does not "
-                       "measure free RAM); its budget assumes nothing else runs there")
+            out.append(
+                f"RPC worker {r.endpoint} reports all its memory as free (a CPU worker: ggml does not "
+                "measure free RAM); its budget assumes nothing else runs there"
+            )
     hosts: dict[str, list[str]] = {}
     for r in reports:
         if r.usable:
@@ -293,9 +310,11 @@ class WorkerFailure:
     @property
     def message(self) -> str:
         if not self.workers:
-            return ("an RPC worker crashed or sent a malformed answer, yet every worker still accepts connections "
-                    "(restarted already, or a network fault?)")
-        return "; ".join(f"RPC worker {w} failed ({r})" for w, r in zip(self.workers, self.reasons))
+            return (
+                "an RPC worker crashed or sent a malformed answer, yet every worker still accepts connections "
+                "(restarted already, or a network fault?)"
+            )
+        return "; ".join(f"RPC worker {w} failed ({r})" for w, r in zip(self.workers, self.reasons, strict=False))
 
 
 def unreachable(endpoints: Sequence[str], *, timeout: float = 1.0) -> dict[str, str]:
@@ -315,12 +334,13 @@ def unreachable(endpoints: Sequence[str], *, timeout: float = 1.0) -> dict[str, 
     if not endpoints:
         return {}
     with ThreadPoolExecutor(max_workers=min(len(endpoints), 16), thread_name_prefix="rpc-probe") as pool:
-        found = dict(zip(endpoints, pool.map(probe, endpoints)))
+        found = dict(zip(endpoints, pool.map(probe, endpoints), strict=False))
     return {e: why for e, why in found.items() if why is not None}
 
 
-def explain_failure(log_lines: Sequence[str], endpoints: Sequence[str], *,
-                    timeout: float = 1.0) -> WorkerFailure | None:
+def explain_failure(
+    log_lines: Sequence[str], endpoints: Sequence[str], *, timeout: float = 1.0
+) -> WorkerFailure | None:
     """Name the workers behind a llama-server failure, or None when its log shows no RPC failure.
 
     llama-server names a worker it cannot connect to at start; mid-generation it only
@@ -357,7 +377,21 @@ def with_worker_indices(reports: Sequence[WorkerReport]) -> list[tuple[int, Work
 
 
 __all__ = [
-    "DEFAULT_PORT", "LINK_WARNING", "PROTOCOL_VERSION", "RpcWorkerError", "RpcWorkers", "WorkerDevice",
-    "WorkerFailure", "WorkerReport", "explain_failure", "is_loopback", "normalize_endpoint", "parse_endpoints",
-    "query_worker", "report_warnings", "split_endpoint", "unreachable", "with_worker_indices",
+    "DEFAULT_PORT",
+    "LINK_WARNING",
+    "PROTOCOL_VERSION",
+    "RpcWorkerError",
+    "RpcWorkers",
+    "WorkerDevice",
+    "WorkerFailure",
+    "WorkerReport",
+    "explain_failure",
+    "is_loopback",
+    "normalize_endpoint",
+    "parse_endpoints",
+    "query_worker",
+    "report_warnings",
+    "split_endpoint",
+    "unreachable",
+    "with_worker_indices",
 ]

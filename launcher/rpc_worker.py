@@ -56,8 +56,10 @@ def check_bind(host: str, *, allow_remote: bool) -> None:
     try:
         address = ipaddress.IPv4Address(host)
     except ValueError:
-        raise ValueError(f"--host {host!r}: ggml-rpc-server binds an IPv4 address only (127.0.0.1 for this machine, "
-                         "or one of its LAN addresses)") from None
+        raise ValueError(
+            f"--host {host!r}: ggml-rpc-server binds an IPv4 address only (127.0.0.1 for this machine, "
+            "or one of its LAN addresses)"
+        ) from None
     if not address.is_loopback and not allow_remote:
         raise RemoteBindError(host)
 
@@ -75,11 +77,26 @@ def worker_argv(binary: Path, *, host: str, port: int, threads: int | None = Non
 class RpcWorker(ChildProcess):
     """One ggml-rpc-server child: ready once it listens on its port."""
 
-    def __init__(self, binary: Path, *, host: str, port: int, log_path: Path, threads: int | None = None,
-                 cache: bool = False, env: Mapping[str, str] | None = None,
-                 on_line: Callable[[str], None] | None = None) -> None:
-        super().__init__(worker_argv(binary, host=host, port=port, threads=threads, cache=cache), host=host,
-                         port=port, log_path=log_path, env=env, on_line=on_line)
+    def __init__(
+        self,
+        binary: Path,
+        *,
+        host: str,
+        port: int,
+        log_path: Path,
+        threads: int | None = None,
+        cache: bool = False,
+        env: Mapping[str, str] | None = None,
+        on_line: Callable[[str], None] | None = None,
+    ) -> None:
+        super().__init__(
+            worker_argv(binary, host=host, port=port, threads=threads, cache=cache),
+            host=host,
+            port=port,
+            log_path=log_path,
+            env=env,
+            on_line=on_line,
+        )
 
     @property
     def endpoint(self) -> str:
@@ -96,8 +113,9 @@ class RpcWorker(ChildProcess):
             return False
         return any(c.status == psutil.CONN_LISTEN and c.laddr and c.laddr.port == self.port for c in conns)
 
-    def wait_ready(self, timeout: float = 30.0, poll_interval: float = 0.05, *,
-                   abort: threading.Event | None = None) -> None:
+    def wait_ready(
+        self, timeout: float = 30.0, poll_interval: float = 0.05, *, abort: threading.Event | None = None
+    ) -> None:
         """Return once the worker listens.
 
         Raises:
@@ -114,16 +132,23 @@ class RpcWorker(ChildProcess):
                 if any(_BIND_FAILED in line for line in self.log_lines()):
                     raise PortInUseError(self.host, self.port)
                 last = next((line.strip() for line in reversed(self.log_lines()) if line.strip()), "no output")
-                raise LoadError(f"ggml-rpc-server exited with code {code} before listening: {last}", pid=self.pid,
-                                exit_code=code, log_tail=self.log_tail())
+                raise LoadError(
+                    f"ggml-rpc-server exited with code {code} before listening: {last}",
+                    pid=self.pid,
+                    exit_code=code,
+                    log_tail=self.log_tail(),
+                )
             if self.listening():
                 return
             if abort is not None and abort.is_set():
                 raise StartAbortedError("the worker's start was cancelled", pid=self.pid)
             if time.monotonic() >= deadline:
-                raise StartTimeoutError(f"ggml-rpc-server did not listen on {self.host}:{self.port} within "
-                                        f"{timeout:.0f} s; last output:\n{self.log_tail()}", pid=self.pid,
-                                        log_tail=self.log_tail())
+                raise StartTimeoutError(
+                    f"ggml-rpc-server did not listen on {self.host}:{self.port} within "
+                    f"{timeout:.0f} s; last output:\n{self.log_tail()}",
+                    pid=self.pid,
+                    log_tail=self.log_tail(),
+                )
             time.sleep(poll_interval)
 
     def wait(self, timeout: float | None = None) -> int | None:

@@ -29,8 +29,13 @@ from launcher.devices import Device
 
 _SCHEMA = 1
 #: How each measured mode is named to a user: llama.cpp's type names.
-LABELS = {"off": "off", "ngram": "ngram-mod", "ngram-simple": "ngram-simple", "mtp": "mtp",
-          "mtp+ngram": "mtp+ngram-mod"}
+LABELS = {
+    "off": "off",
+    "ngram": "ngram-mod",
+    "ngram-simple": "ngram-simple",
+    "mtp": "mtp",
+    "mtp+ngram": "mtp+ngram-mod",
+}
 
 
 def _file_identity(path: Path) -> str:
@@ -54,8 +59,11 @@ class SpecKey:
         Raises:
             OSError: the model or the binary cannot be read.
         """
-        return cls(_file_identity(model), tuple(sorted(f"{d.key}={d.name}" for d in devices)),
-                   f"{_file_identity(Path(caps.binary))}|{caps.version}")
+        return cls(
+            _file_identity(model),
+            tuple(sorted(f"{d.key}={d.name}" for d in devices)),
+            f"{_file_identity(Path(caps.binary))}|{caps.version}",
+        )
 
     @property
     def digest(self) -> str:
@@ -109,9 +117,17 @@ class SpecMeasurement:
         return {
             "schema": _SCHEMA,
             "key": {"model": self.key.model, "devices": list(self.key.devices), "binary": self.key.binary},
-            "measured_at": self.measured_at, "tokens": self.tokens,
-            "results": [{"mode": r.mode, "tokens_per_s": r.tokens_per_s, "per_prompt": dict(r.per_prompt),
-                         "draft_acceptance": r.draft_acceptance} for r in self.results],
+            "measured_at": self.measured_at,
+            "tokens": self.tokens,
+            "results": [
+                {
+                    "mode": r.mode,
+                    "tokens_per_s": r.tokens_per_s,
+                    "per_prompt": dict(r.per_prompt),
+                    "draft_acceptance": r.draft_acceptance,
+                }
+                for r in self.results
+            ],
         }
 
     @classmethod
@@ -120,14 +136,23 @@ class SpecMeasurement:
         if data.get("schema") != _SCHEMA:
             raise ValueError(f"unknown schema {data.get('schema')!r}")
         key = data["key"]
-        results = tuple(ModeResult(str(r["mode"]), float(r["tokens_per_s"]),
-                                   {str(k): float(v) for k, v in r["per_prompt"].items()},
-                                   None if r["draft_acceptance"] is None else float(r["draft_acceptance"]))
-                        for r in data["results"])
+        results = tuple(
+            ModeResult(
+                str(r["mode"]),
+                float(r["tokens_per_s"]),
+                {str(k): float(v) for k, v in r["per_prompt"].items()},
+                None if r["draft_acceptance"] is None else float(r["draft_acceptance"]),
+            )
+            for r in data["results"]
+        )
         if not results:
             raise ValueError("no results")
-        return cls(SpecKey(str(key["model"]), tuple(map(str, key["devices"])), str(key["binary"])), results,
-                   str(data["measured_at"]), int(data.get("tokens", 0)))
+        return cls(
+            SpecKey(str(key["model"]), tuple(map(str, key["devices"])), str(key["binary"])),
+            results,
+            str(data["measured_at"]),
+            int(data.get("tokens", 0)),
+        )
 
 
 def path_for(directory: Path, key: SpecKey) -> Path:
@@ -142,8 +167,12 @@ def save(directory: Path, measurement: SpecMeasurement) -> Path:
     return target
 
 
-def lookup(directory: Path | None, model: Path, devices: Sequence[Device], caps: Capabilities,
-           ) -> SpecMeasurement | None:
+def lookup(
+    directory: Path | None,
+    model: Path,
+    devices: Sequence[Device],
+    caps: Capabilities,
+) -> SpecMeasurement | None:
     """The stored measurement for this model, device set and binary; None when there is none (or it is unreadable)."""
     if directory is None:
         return None

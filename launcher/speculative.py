@@ -129,10 +129,17 @@ def plan(
     mode = normalize_mode(requested)
     if n_max is not None and n_max < 1:
         raise SpeculativeConfigError(f"the draft length n_max must be at least 1, not {n_max}")
-    user_flag = next((a.split("=")[0] for a in extra_args if a.split("=")[0] in ("--spec-type", "--spec-default")), None)
+    user_flag = next(
+        (a.split("=")[0] for a in extra_args if a.split("=")[0] in ("--spec-type", "--spec-default")), None
+    )
     if user_flag:
-        return SpecPlan(mode, "user", (), (f"{user_flag} in the extra arguments wins; no speculative flags added",),
-                        n_draft=NGRAM_N_MAX)  # unknown: memory is planned for --spec-default's draft length
+        return SpecPlan(
+            mode,
+            "user",
+            (),
+            (f"{user_flag} in the extra arguments wins; no speculative flags added",),
+            n_draft=NGRAM_N_MAX,
+        )  # unknown: memory is planned for --spec-default's draft length
     reasons: list[str] = []
     if mode == "auto" and measured is not None:
         mtp, ngram, simple = _measured(measured, reasons)
@@ -156,8 +163,7 @@ def plan(
     if mode == "auto" and measured is None and not (mtp or ngram):
         return _spec_default(caps, reasons, mode)
     default_n = GPU_MTP_N_MAX if on_gpu else CPU_MTP_N_MAX
-    argv, n_draft = _flags(caps, mtp=mtp, ngram=ngram, simple=simple, n_max=n_max, default_n=default_n,
-                           reasons=reasons)
+    argv, n_draft = _flags(caps, mtp=mtp, ngram=ngram, simple=simple, n_max=n_max, default_n=default_n, reasons=reasons)
     resolved: ResolvedMode = (
         "mtp+ngram" if mtp and ngram else "mtp" if mtp else "ngram" if ngram else "ngram-simple" if simple else "off"
     )
@@ -197,7 +203,13 @@ def _spec_default(caps: Capabilities, reasons: list[str], mode: SpecMode) -> Spe
 
 
 def _flags(
-    caps: Capabilities, *, mtp: bool, ngram: bool, simple: bool, n_max: int | None, default_n: int,
+    caps: Capabilities,
+    *,
+    mtp: bool,
+    ngram: bool,
+    simple: bool,
+    n_max: int | None,
+    default_n: int,
     reasons: list[str],
 ) -> tuple[tuple[str, ...], int]:
     """Spell the chosen types and their knobs the way this build wants them; also the longest draft they allow."""
@@ -219,8 +231,14 @@ def _flags(
         drafts.append(ngram_max)
         ngram_min = min(NGRAM_N_MIN, ngram_max)
         if caps.ngram_style == "new":
-            argv += ["--spec-ngram-mod-n-match", str(NGRAM_N_MATCH), "--spec-ngram-mod-n-min", str(ngram_min),
-                     "--spec-ngram-mod-n-max", str(ngram_max)]
+            argv += [
+                "--spec-ngram-mod-n-match",
+                str(NGRAM_N_MATCH),
+                "--spec-ngram-mod-n-min",
+                str(ngram_min),
+                "--spec-ngram-mod-n-max",
+                str(ngram_max),
+            ]
         elif caps.ngram_style == "legacy":
             argv += ["--spec-ngram-size-n", str(NGRAM_N_MATCH)]
             if mtp:  # one --draft-max is shared, and MTP's draft length matters more

@@ -76,8 +76,10 @@ Phase = Literal["spawning", "reading weights", "allocating", "warming", "ready"]
 
 # Log lines of the pinned llama-server that open each load phase.
 _PHASE_LINES: tuple[tuple[re.Pattern[str], Phase], ...] = (
-    (re.compile(r"load_model: loading model|llama_model_loader: loaded meta data|load_tensors: loading"),
-     "reading weights"),
+    (
+        re.compile(r"load_model: loading model|llama_model_loader: loaded meta data|load_tensors: loading"),
+        "reading weights",
+    ),
     (re.compile(r"llama_context: constructing|llama_kv_cache|sched_reserve: reserving"), "allocating"),
     (re.compile(r"warming up the model"), "warming"),
 )
@@ -299,8 +301,14 @@ class Supervisor:
         return max(0.0, self._last_health + self.health_interval - time.monotonic())
 
     # -- state ---------------------------------------------------------------
-    def _set_state(self, new: State, *, cause: str | None = None, exit_code: int | None = None,
-                   failed_workers: tuple[str, ...] = ()) -> None:
+    def _set_state(
+        self,
+        new: State,
+        *,
+        cause: str | None = None,
+        exit_code: int | None = None,
+        failed_workers: tuple[str, ...] = (),
+    ) -> None:
         with self._changed:
             if new not in TRANSITIONS[self._state]:
                 raise RuntimeError(f"illegal supervisor transition {self._state.value} -> {new.value}")
@@ -365,7 +373,9 @@ class Supervisor:
                     spec.before_start()
                 self.registry.add(child.server.start(), spec.binary)
                 child.server.wait_ready(
-                    timeout=spec.start_timeout, poll_interval=0.05, abort=abort,
+                    timeout=spec.start_timeout,
+                    poll_interval=0.05,
+                    abort=abort,
                 )
             except (PortInUseError, LoadError) as exc:
                 self._reap(child)
@@ -375,9 +385,15 @@ class Supervisor:
                     continue
                 explained = self._explain(child)
                 if explained is not None and isinstance(exc, LoadError):
-                    error = LoadError(f"{exc}; {explained.reason}", pid=exc.pid, exit_code=exc.exit_code,
-                                      log_tail=exc.log_tail, cause=exc.cause, hint=exc.hint,
-                                      failed_workers=explained.failed_workers)
+                    error = LoadError(
+                        f"{exc}; {explained.reason}",
+                        pid=exc.pid,
+                        exit_code=exc.exit_code,
+                        log_tail=exc.log_tail,
+                        cause=exc.cause,
+                        hint=exc.hint,
+                        failed_workers=explained.failed_workers,
+                    )
                     self._fail(error)
                     raise error from exc
                 self._fail(exc)
@@ -403,7 +419,11 @@ class Supervisor:
         self._prune_logs()
         log_path = self.logs_dir / f"{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(3)}.log"
         server = LlamaServer(
-            list(spec.make_argv(port)), host=spec.host, port=port, log_path=log_path, env=spec.env,
+            list(spec.make_argv(port)),
+            host=spec.host,
+            port=port,
+            log_path=log_path,
+            env=spec.env,
             api_key=spec.api_key,
         )
         server.on_line = lambda line, s=server: self._on_line(s, line)
@@ -426,8 +446,12 @@ class Supervisor:
     def _fail(self, exc: BaseException) -> None:
         with self._changed:
             self._child = None
-        self._set_state(State.FAILED, cause=str(exc), exit_code=getattr(exc, "exit_code", None),
-                        failed_workers=getattr(exc, "failed_workers", ()))
+        self._set_state(
+            State.FAILED,
+            cause=str(exc),
+            exit_code=getattr(exc, "exit_code", None),
+            failed_workers=getattr(exc, "failed_workers", ()),
+        )
 
     def _explain(self, child: _Child) -> ExitExplanation | None:
         """The spec's explanation of a reaped child's exit (its whole output is read by now)."""
@@ -484,8 +508,9 @@ class Supervisor:
         ok = child.server.probe_health(timeout=self.health_interval) == 200
         self._health_failures = 0 if ok else self._health_failures + 1
         if self._health_failures >= self.health_failures_for_hang:
-            self._crashed(child, f"llama-server stopped answering /health ({self._health_failures} checks in a row)",
-                          None)
+            self._crashed(
+                child, f"llama-server stopped answering /health ({self._health_failures} checks in a row)", None
+            )
 
     def _crashed(self, child: _Child, reason: str, code: int | None) -> None:
         self._reap(child)
@@ -495,8 +520,12 @@ class Supervisor:
         explained = self._explain(child)
         if explained is not None:
             reason = f"{reason}: {explained.reason}"
-        self._set_state(State.CRASHED, cause=f"{reason}; last output:\n{tail}", exit_code=code,
-                        failed_workers=explained.failed_workers if explained else ())
+        self._set_state(
+            State.CRASHED,
+            cause=f"{reason}; last output:\n{tail}",
+            exit_code=code,
+            failed_workers=explained.failed_workers if explained else (),
+        )
         log.error("llama-server crashed", reason=reason, exit_code=code)
 
 

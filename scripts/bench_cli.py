@@ -25,7 +25,7 @@ from pathlib import Path
 COMMANDS = (["--help"], ["--version"], ["serve", "--help"], ["plan", "--help"])
 
 
-#: As an installed CLI runs: with its bytecode cached (a checkout run with PYTHONDONTWRITEBYTECODE compiles every start).
+#: As an installed CLI runs: with its bytecode cached (with PYTHONDONTWRITEBYTECODE a checkout compiles every start).
 ENV = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
 
 
@@ -51,11 +51,15 @@ def main() -> int:
     floor_wall, floor_cpu, floor_least = measure([sys.executable, "-c", "pass"], args.runs)
     print(f"medians of {args.runs} runs (CPU least: the best run), load {os.getloadavg()[0]:.1f}")
     print(f"{'command':24} {'wall ms':>8} {'CPU ms':>8} {'CPU least':>10} {'x floor':>8}")
-    print(f"{'python -c pass':24} {floor_wall * 1000:8.1f} {floor_cpu * 1000:8.1f} {floor_least * 1000:10.1f} {1:7.2f}x")
+    print(
+        f"{'python -c pass':24} {floor_wall * 1000:8.1f} {floor_cpu * 1000:8.1f} {floor_least * 1000:10.1f} {1:7.2f}x"
+    )
     for argv in COMMANDS:
         wall, cpu, least = measure([cli, *argv], args.runs)
-        print(f"{' '.join(['ggstudio', *argv]):24} {wall * 1000:8.1f} {cpu * 1000:8.1f} {least * 1000:10.1f} "
-              f"{least / floor_least:7.2f}x")
+        print(
+            f"{' '.join(['ggstudio', *argv]):24} {wall * 1000:8.1f} {cpu * 1000:8.1f} {least * 1000:10.1f} "
+            f"{least / floor_least:7.2f}x"
+        )
     return 0
 
 

@@ -24,9 +24,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-import gguf  # noqa: E402
-from gguf import reader  # noqa: E402
-from launcher.build import layout_for, load_pin  # noqa: E402
+import gguf
+from gguf import reader
+from launcher.build import layout_for, load_pin
 
 FIXED = {0: 1, 1: 1, 2: 2, 3: 2, 4: 4, 5: 4, 6: 4, 7: 1, 10: 8, 11: 8, 12: 8}
 
@@ -34,6 +34,7 @@ FIXED = {0: 1, 1: 1, 2: 2, 3: 2, 4: 4, 5: 4, 6: 4, 7: 1, 10: 8, 11: 8, 12: 8}
 def struct_seek_baseline(path: Path) -> int:
     """The straightforward reader: read each field with struct, seek past each string."""
     with path.open("rb") as fh:
+
         def u32() -> int:
             return struct.unpack("<I", fh.read(4))[0]
 
@@ -107,7 +108,9 @@ print(statistics.median(ts) * 1000)
 
 def reference_ms(python: str, path: Path, runs: int) -> float | None:
     # cwd="/": run outside the checkout so its own `gguf` package cannot shadow PyPI's.
-    out = subprocess.run([python, "-c", REFERENCE_SNIPPET, str(path), str(runs)], capture_output=True, text=True, cwd="/")
+    out = subprocess.run(
+        [python, "-c", REFERENCE_SNIPPET, str(path), str(runs)], capture_output=True, text=True, cwd="/"
+    )
     return float(out.stdout.strip()) if out.returncode == 0 else None
 
 
@@ -127,8 +130,10 @@ def main() -> int:
     default_ref = Path(__file__).resolve().parent.parent / ".venv-ref" / "bin" / "python"
     ref = args.reference_python or (str(default_ref) if default_ref.exists() else None)
     print(f"C string skipper: {'built' if reader.c_skip_strings else 'NOT built (cold = pure Python)'}")
-    print(f"{'file':32} {'baseline':>10} {'cold':>9} {'cold(py)':>9} {'cached':>9} {'base/cold':>10}"
-          + (f" {'pypi gguf':>10}" if ref else ""))
+    print(
+        f"{'file':32} {'baseline':>10} {'cold':>9} {'cold(py)':>9} {'cached':>9} {'base/cold':>10}"
+        + (f" {'pypi gguf':>10}" if ref else "")
+    )
     for path in files:
         base = median_ms(struct_seek_baseline, path, args.runs)
         cold = median_ms(ours_cold, path, args.runs)

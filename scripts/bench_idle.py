@@ -24,10 +24,10 @@ import psutil
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from launcher.build import ensure_built  # noqa: E402
-from launcher.process import free_port  # noqa: E402
-from studio.settings import Settings  # noqa: E402
-from tests.support.zoo import ensure_zoo  # noqa: E402
+from launcher.build import ensure_built
+from launcher.process import free_port
+from studio.settings import Settings
+from tests.support.zoo import ensure_zoo
 
 MODELS = ("llama-dense", "qwen2-dense", "mistral3-dense")
 
@@ -41,7 +41,7 @@ def main() -> None:
     scratch = Path(tempfile.mkdtemp(prefix="bench-idle-"))
     tables = "".join(f'[models."{m}"]\nn_ctx = 256\nspec = "off"\n' for m in MODELS)
     config = scratch / "config.toml"
-    config.write_text(f"model_dirs = [\"{zoo}\"]\npreload = {list(MODELS)!r}\n{tables}".replace("'", '"'))
+    config.write_text(f'model_dirs = ["{zoo}"]\npreload = {list(MODELS)!r}\n{tables}'.replace("'", '"'))
     port = free_port()
     env = {**os.environ, "GGUF_STUDIO_CONFIG": str(config), "GGUF_STUDIO_PORT": str(port)}
     cli = str(Path(sys.executable).parent / "ggstudio")
@@ -67,8 +67,10 @@ def main() -> None:
             serve.terminate()
             serve.wait(30)
     used = (after.user + after.system) - (before.user + before.system)
-    print(f"{len(MODELS)} models resident and idle for {elapsed:,.0f} s: the studio process used "
-          f"{used * 1000:,.1f} ms of CPU = {used / elapsed:.3%} of a core (target <= 0.1 %)")
+    print(
+        f"{len(MODELS)} models resident and idle for {elapsed:,.0f} s: the studio process used "
+        f"{used * 1000:,.1f} ms of CPU = {used / elapsed:.3%} of a core (target <= 0.1 %)"
+    )
 
 
 if __name__ == "__main__":

@@ -35,23 +35,30 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import gguf  # noqa: E402
-from launcher import planner  # noqa: E402
-from launcher.capabilities import Capabilities, probe  # noqa: E402
-from launcher.devices import Device, Inventory  # noqa: E402
-from launcher.errors import LauncherError  # noqa: E402
-from launcher.planner import ModelInfo, PlanRequest  # noqa: E402
-from launcher.units import MIB  # noqa: E402
+import gguf
+from launcher import planner
+from launcher.capabilities import Capabilities, probe
+from launcher.devices import Device, Inventory
+from launcher.errors import LauncherError
+from launcher.planner import ModelInfo, PlanRequest
+from launcher.units import MIB
 
 GIB = 1024 * MIB
 CPU = Device("CPU", None, "CPU", 64 * GIB, 48 * GIB, "psutil")
 MACHINES = {
     "cpu-only": Inventory((CPU,), ()),
     "one-gpu": Inventory((Device("CUDA", 0, "GPU", 24 * GIB, 20 * GIB, "nvidia-smi"), CPU), ()),
-    "two-small-gpus": Inventory((Device("CUDA", 0, "GPU A", 8 * GIB, 60 * MIB, "nvidia-smi"),
-                                 Device("CUDA", 1, "GPU B", 8 * GIB, 40 * MIB, "nvidia-smi"), CPU), ()),
-    "eight-gpus": Inventory((*(Device("CUDA", i, f"GPU {i}", 8 * GIB, (i + 1) * 100 * MIB, "nvidia-smi")
-                               for i in range(8)), CPU), ()),
+    "two-small-gpus": Inventory(
+        (
+            Device("CUDA", 0, "GPU A", 8 * GIB, 60 * MIB, "nvidia-smi"),
+            Device("CUDA", 1, "GPU B", 8 * GIB, 40 * MIB, "nvidia-smi"),
+            CPU,
+        ),
+        (),
+    ),
+    "eight-gpus": Inventory(
+        (*(Device("CUDA", i, f"GPU {i}", 8 * GIB, (i + 1) * 100 * MIB, "nvidia-smi") for i in range(8)), CPU), ()
+    ),
 }
 REQUESTS = (PlanRequest(), PlanRequest(n_ctx=4096, n_parallel=2, cache_type_k="q8_0", cache_type_v="q8_0"))
 
@@ -107,11 +114,13 @@ def bench(paths: Sequence[Path], caps: Capabilities, repeat: int) -> tuple[list[
             info = ModelInfo.from_gguf(gguf.read(path))
             for machine, inventory in MACHINES.items():
                 for request in REQUESTS:
+
                     def run() -> None:
                         try:
                             planner.plan(info, inventory, caps, request)
                         except LauncherError:  # options llama-server refuses for this model: still a plan's work
                             pass
+
                     calls[0] = 0
                     run()
                     n_calls = calls[0]
@@ -137,15 +146,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     settings = Settings.from_env()
     caps = probe(ensure_built(settings.home).llama_server, cache_dir=settings.home / "cache")
     slowest: tuple[float, int, str] = (0.0, 0, "")
-    print(f"{'set':10} {'models':>6} {'plans':>6} {'median ms':>10} {'p90 ms':>8} {'max ms':>8} {'max estimates':>14} "
-          f"{'read+facts ms (median)':>23}")
+    print(
+        f"{'set':10} {'models':>6} {'plans':>6} {'median ms':>10} {'p90 ms':>8} {'max ms':>8} {'max estimates':>14} "
+        f"{'read+facts ms (median)':>23}"
+    )
     with tempfile.TemporaryDirectory() as tmp:
         for name, paths in model_sets(args.sets.split(","), args.deep, Path(tmp)):
             plans, reads = bench(paths, caps, args.repeat)
             ms = sorted(1000 * s for s, _, _ in plans)
             p90 = ms[min(len(ms) - 1, int(0.9 * len(ms)))]
-            print(f"{name:10} {len(paths):6} {len(plans):6} {statistics.median(ms):10.2f} {p90:8.2f} {ms[-1]:8.2f} "
-                  f"{max(n for _, n, _ in plans):14} {1000 * statistics.median(reads):23.2f}", flush=True)
+            print(
+                f"{name:10} {len(paths):6} {len(plans):6} {statistics.median(ms):10.2f} {p90:8.2f} {ms[-1]:8.2f} "
+                f"{max(n for _, n, _ in plans):14} {1000 * statistics.median(reads):23.2f}",
+                flush=True,
+            )
             slowest = max(slowest, max(plans))
     print(f"slowest plan: {slowest[2]}: {1000 * slowest[0]:.2f} ms, {slowest[1]} estimates")
     return 0

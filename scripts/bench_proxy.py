@@ -63,7 +63,7 @@ import psutil
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from launcher.process import free_port  # noqa: E402
+from launcher.process import free_port
 
 PROMPT = [{"role": "user", "content": "Tell me about the sea."}]
 N_PARALLEL = 32
@@ -103,10 +103,13 @@ def serve(port: int, conn: Connection, stand_in: int | None) -> None:
     model = ensure_gemma(settings.models_dir)
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
-        manager = ModelManager(catalog=Catalog([model.parent]), binary=binary,
-                               make_supervisor=supervisor_factory(root / "logs", ChildRegistry(root / "run",
-                                                                                               owner_token())),
-                               caps=probe(binary, cache_dir=root / "cache"), files_root=root)
+        manager = ModelManager(
+            catalog=Catalog([model.parent]),
+            binary=binary,
+            make_supervisor=supervisor_factory(root / "logs", ChildRegistry(root / "run", owner_token())),
+            caps=probe(binary, cache_dir=root / "cache"),
+            files_root=root,
+        )
         load = LoadRequest(model=str(model), n_ctx=N_PARALLEL * 512, n_parallel=N_PARALLEL, spec="off")
 
         def announce() -> None:
@@ -135,10 +138,15 @@ def serve_stand_in(port: int, conn: Connection, upstream: int) -> None:
     from studio.http.server import run_service
     from tests.standin_manager import StandInManager, StandInModel
 
-    loaded = StandInModel(name="stand-in", url=f"http://127.0.0.1:{upstream}",
-                          auth_headers={"Authorization": "Bearer stand-in"})
-    run_service(create_app(StandInManager(loaded)), host="127.0.0.1", port=port,  # type: ignore[arg-type]
-                announce=lambda: conn.send((loaded.name, loaded.url, loaded.auth_headers)))
+    loaded = StandInModel(
+        name="stand-in", url=f"http://127.0.0.1:{upstream}", auth_headers={"Authorization": "Bearer stand-in"}
+    )
+    run_service(
+        create_app(StandInManager(loaded)),
+        host="127.0.0.1",
+        port=port,  # type: ignore[arg-type]
+        announce=lambda: conn.send((loaded.name, loaded.url, loaded.auth_headers)),
+    )
 
 
 def _event(data: dict[str, object]) -> bytes:
@@ -148,31 +156,72 @@ def _event(data: dict[str, object]) -> bytes:
 
 def stand_in_llama_server(port: int, tokens_per_s: float) -> None:
     """Answer every chat completion as llama-server b11434 streams one, at ``tokens_per_s`` per stream."""
-    head = (b"HTTP/1.1 200 OK\r\nServer: llama.cpp\r\nContent-Type: text/event-stream\r\n"
-            b"Transfer-Encoding: chunked\r\nKeep-Alive: timeout=5, max=100\r\n\r\n")
-    base = {"created": 1764621234, "id": "chatcmpl-Pk9Zr1b2c3d4e5f6g7h8i9j0k1l2m3n4", "model": "stand-in",
-            "system_fingerprint": "b11434-0a1b2c3d", "object": "chat.completion.chunk"}
+    head = (
+        b"HTTP/1.1 200 OK\r\nServer: llama.cpp\r\nContent-Type: text/event-stream\r\n"
+        b"Transfer-Encoding: chunked\r\nKeep-Alive: timeout=5, max=100\r\n\r\n"
+    )
+    base = {
+        "created": 1764621234,
+        "id": "chatcmpl-Pk9Zr1b2c3d4e5f6g7h8i9j0k1l2m3n4",
+        "model": "stand-in",
+        "system_fingerprint": "b11434-0a1b2c3d",
+        "object": "chat.completion.chunk",
+    }
 
     async def answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
             request = await reader.readuntil(b"\r\n\r\n")
-            length = next(int(line.split(b":")[1]) for line in request.split(b"\r\n")
-                          if line.lower().startswith(b"content-length:"))
+            length = next(
+                int(line.split(b":")[1])
+                for line in request.split(b"\r\n")
+                if line.lower().startswith(b"content-length:")
+            )
             body = json.loads(await reader.readexactly(length))
             n = int(body.get("max_tokens") or 16)
-            writer.write(head + _event({"choices": [{"finish_reason": None, "index": 0, "delta": {
-                "role": "assistant", "content": None}}], **base}))
+            writer.write(
+                head
+                + _event(
+                    {
+                        "choices": [
+                            {"finish_reason": None, "index": 0, "delta": {"role": "assistant", "content": None}}
+                        ],
+                        **base,
+                    }
+                )
+            )
             for i in range(n):
                 await asyncio.sleep(1 / tokens_per_s)
-                writer.write(_event({"choices": [{"finish_reason": None, "index": 0, "delta": {
-                    "content": " sea" if i % 2 else " the"}}], **base}))
-            timings = {"prompt_n": 14, "prompt_ms": 20.1, "predicted_n": n, "predicted_ms": n / tokens_per_s * 1000,
-                       "predicted_per_second": tokens_per_s}
-            writer.write(_event({"choices": [{"finish_reason": "length", "index": 0, "delta": {}}], **base,
-                                 "timings": timings}))
+                writer.write(
+                    _event(
+                        {
+                            "choices": [
+                                {"finish_reason": None, "index": 0, "delta": {"content": " sea" if i % 2 else " the"}}
+                            ],
+                            **base,
+                        }
+                    )
+                )
+            timings = {
+                "prompt_n": 14,
+                "prompt_ms": 20.1,
+                "predicted_n": n,
+                "predicted_ms": n / tokens_per_s * 1000,
+                "predicted_per_second": tokens_per_s,
+            }
+            writer.write(
+                _event({"choices": [{"finish_reason": "length", "index": 0, "delta": {}}], **base, "timings": timings})
+            )
             if (body.get("stream_options") or {}).get("include_usage"):
-                writer.write(_event({"choices": [], **base, "usage": {
-                    "completion_tokens": n, "prompt_tokens": 14, "total_tokens": n + 14}, "timings": timings}))
+                writer.write(
+                    _event(
+                        {
+                            "choices": [],
+                            **base,
+                            "usage": {"completion_tokens": n, "prompt_tokens": 14, "total_tokens": n + 14},
+                            "timings": timings,
+                        }
+                    )
+                )
             done = b"data: [DONE]\n\n"
             writer.write(b"%x\r\n%s\r\n0\r\n\r\n" % (len(done), done))
             await writer.drain()
@@ -197,8 +246,9 @@ def floor_relay(port: int, upstream: int) -> None:
 
     async def relay(client_reader: asyncio.StreamReader, client_writer: asyncio.StreamWriter) -> None:
         head = await client_reader.readuntil(b"\r\n\r\n")
-        length = next(int(line.split(b":")[1]) for line in head.split(b"\r\n")
-                      if line.lower().startswith(b"content-length:"))
+        length = next(
+            int(line.split(b":")[1]) for line in head.split(b"\r\n") if line.lower().startswith(b"content-length:")
+        )
         body = await client_reader.readexactly(length)
         reader, writer = await asyncio.open_connection("127.0.0.1", upstream)
         writer.write(head + body)
@@ -248,10 +298,25 @@ class Samples:
 
 async def one_stream(path: Route, tokens: int) -> Stream:
     """Stream one completion on a fresh connection; TTFT and tokens/s as the client sees them."""
-    body = json.dumps({"model": "gemma-3-270m-Q4_K_M", "messages": PROMPT, "max_tokens": tokens, "stream": True,
-                       "temperature": 0, "ignore_eos": True, **path.extra}).encode()
-    head = [f"POST {path.target} HTTP/1.1", f"Host: 127.0.0.1:{path.port}", "Content-Type: application/json",
-            f"Content-Length: {len(body)}", "Connection: close", *(f"{k}: {v}" for k, v in path.headers.items())]
+    body = json.dumps(
+        {
+            "model": "gemma-3-270m-Q4_K_M",
+            "messages": PROMPT,
+            "max_tokens": tokens,
+            "stream": True,
+            "temperature": 0,
+            "ignore_eos": True,
+            **path.extra,
+        }
+    ).encode()
+    head = [
+        f"POST {path.target} HTTP/1.1",
+        f"Host: 127.0.0.1:{path.port}",
+        "Content-Type: application/json",
+        f"Content-Length: {len(body)}",
+        "Connection: close",
+        *(f"{k}: {v}" for k, v in path.headers.items()),
+    ]
     t0 = time.perf_counter()
     reader, writer = await asyncio.open_connection("127.0.0.1", path.port)
     writer.write(("\r\n".join(head) + "\r\n\r\n").encode() + body)
@@ -312,8 +377,9 @@ class Row:
     net_us_per_chunk: float | None = None
 
 
-async def run_once(paths: list[Route], baseline_of: dict[str, str], streams: Sequence[int], tokens: int,
-                   rounds: dict[int, int]) -> dict[tuple[int, str], Row]:
+async def run_once(
+    paths: list[Route], baseline_of: dict[str, str], streams: Sequence[int], tokens: int, rounds: dict[int, int]
+) -> dict[tuple[int, str], Row]:
     rows: dict[tuple[int, str], Row] = {}
     for concurrency in streams:
         samples = {p.name: Samples() for p in paths}
@@ -324,8 +390,12 @@ async def run_once(paths: list[Route], baseline_of: dict[str, str], streams: Seq
         print(f"  {concurrency} streams done, load {psutil.getloadavg()[0]:.1f}", file=sys.stderr)
         for p in paths:
             s = samples[p.name]
-            row = Row(pct([x.ttft for x in s.streams], 0.5) * 1000, pct([x.ttft for x in s.streams], 0.9) * 1000,
-                      statistics.median(x.tokens_per_s for x in s.streams), None)
+            row = Row(
+                pct([x.ttft for x in s.streams], 0.5) * 1000,
+                pct([x.ttft for x in s.streams], 0.9) * 1000,
+                statistics.median(x.tokens_per_s for x in s.streams),
+                None,
+            )
             if p.studio:
                 base = next(b for b in paths if b.name == baseline_of[p.name])
                 row.cpu_us_per_chunk = s.cpu_s / s.events * 1e6
@@ -336,18 +406,23 @@ async def run_once(paths: list[Route], baseline_of: dict[str, str], streams: Seq
     return rows
 
 
-def report(runs: list[dict[tuple[int, str], Row]], paths: list[Route], baseline_of: dict[str, str],
-           streams: Sequence[int]) -> None:
+def report(
+    runs: list[dict[tuple[int, str], Row]], paths: list[Route], baseline_of: dict[str, str], streams: Sequence[int]
+) -> None:
     def med(c: int, name: str, attr: str) -> float:
         return statistics.median(getattr(r[c, name], attr) for r in runs)
 
     print(f"medians of {len(runs)} run(s)")
-    print(f"{'streams':>7} {'path':>14} {'TTFT p50':>9} {'TTFT p90':>9} {'tok/s':>7} | {'+TTFT p50':>9} "
-          f"{'+TTFT p90':>9} {'tok/s x':>8} {'CPU us/chunk':>12} {'net':>6}")
+    print(
+        f"{'streams':>7} {'path':>14} {'TTFT p50':>9} {'TTFT p90':>9} {'tok/s':>7} | {'+TTFT p50':>9} "
+        f"{'+TTFT p90':>9} {'tok/s x':>8} {'CPU us/chunk':>12} {'net':>6}"
+    )
     for c in streams:
         for p in paths:
-            line = (f"{c:>7} {p.name:>14} {med(c, p.name, 'ttft_p50'):9.2f} {med(c, p.name, 'ttft_p90'):9.2f} "
-                    f"{med(c, p.name, 'tps'):7.2f} |")
+            line = (
+                f"{c:>7} {p.name:>14} {med(c, p.name, 'ttft_p50'):9.2f} {med(c, p.name, 'ttft_p90'):9.2f} "
+                f"{med(c, p.name, 'tps'):7.2f} |"
+            )
             if p.studio:
                 base = baseline_of[p.name]
                 added50 = statistics.median(r[c, p.name].ttft_p50 - r[c, base].ttft_p50 for r in runs)
@@ -364,24 +439,32 @@ def main() -> int:
     parser.add_argument("--runs", type=int, default=1, help="repeat the whole set; medians are printed")
     parser.add_argument("--tokens", type=int, default=64, help="tokens per stream")
     parser.add_argument("--streams", default="1,8,32", help="concurrencies, comma-separated")
-    parser.add_argument("--rounds", default=None,
-                        help="rounds per concurrency, comma-separated like --streams (default 10,4,2 for 1,8,32)")
+    parser.add_argument(
+        "--rounds",
+        default=None,
+        help="rounds per concurrency, comma-separated like --streams (default 10,4,2 for 1,8,32)",
+    )
     parser.add_argument("--no-gui", action="store_true", help="leave out /api/chat")
-    parser.add_argument("--stand-in", action="store_true",
-                        help="a stand-in streams in llama-server's place (the relay alone); adds the floor path")
+    parser.add_argument(
+        "--stand-in",
+        action="store_true",
+        help="a stand-in streams in llama-server's place (the relay alone); adds the floor path",
+    )
     parser.add_argument("--stand-in-tps", type=float, default=50.0, help="the stand-in's tokens/s per stream")
     args = parser.parse_args()
     streams = [int(s) for s in args.streams.split(",")]
     if max(streams) > N_PARALLEL:
         raise SystemExit(f"at most {N_PARALLEL} streams: llama-server runs {N_PARALLEL} slots")
-    rounds = dict(zip(streams, (int(r) for r in args.rounds.split(",")))) if args.rounds else ROUNDS
+    rounds = dict(zip(streams, (int(r) for r in args.rounds.split(",")), strict=False)) if args.rounds else ROUNDS
     spawn = multiprocessing.get_context("spawn")
     port, helpers = free_port(), []
     stand_in = floor = None
     if args.stand_in:
         stand_in, floor = free_port(), free_port()
-        helpers = [spawn.Process(target=stand_in_llama_server, args=(stand_in, args.stand_in_tps), daemon=True),
-                   spawn.Process(target=floor_relay, args=(floor, stand_in), daemon=True)]
+        helpers = [
+            spawn.Process(target=stand_in_llama_server, args=(stand_in, args.stand_in_tps), daemon=True),
+            spawn.Process(target=floor_relay, args=(floor, stand_in), daemon=True),
+        ]
     ours, theirs = multiprocessing.Pipe()
     service = spawn.Process(target=serve, args=(port, theirs, stand_in), daemon=True)
     for process in (*helpers, service):
@@ -404,14 +487,17 @@ def main() -> int:
             paths.append(Route("floor", floor, "/v1/chat/completions", auth, {}, V1_TOKEN, True, helpers[1].pid))
             baseline_of["floor"] = "direct"
         if not args.no_gui:
-            paths += [Route("direct+usage", up_port, "/v1/chat/completions", auth, usage, V1_TOKEN, False,
-                            service.pid),
-                      Route("studio /api", port, "/api/chat", {}, {}, GUI_TOKEN, True, service.pid)]
+            paths += [
+                Route("direct+usage", up_port, "/v1/chat/completions", auth, usage, V1_TOKEN, False, service.pid),
+                Route("studio /api", port, "/api/chat", {}, {}, GUI_TOKEN, True, service.pid),
+            ]
             baseline_of["studio /api"] = "direct+usage"
         what = f"stand-in at {args.stand_in_tps:g} tokens/s per stream" if args.stand_in else f"model {name}"
-        print(f"{what}, {N_PARALLEL} slots, {args.tokens} tokens per stream, streams {args.streams}, "
-              f"rounds {[rounds.get(c, 2) for c in streams]}, machine load {psutil.getloadavg()[0]:.1f} "
-              f"on {psutil.cpu_count()} CPUs")
+        print(
+            f"{what}, {N_PARALLEL} slots, {args.tokens} tokens per stream, streams {args.streams}, "
+            f"rounds {[rounds.get(c, 2) for c in streams]}, machine load {psutil.getloadavg()[0]:.1f} "
+            f"on {psutil.cpu_count()} CPUs"
+        )
         for _ in range(30):  # the helpers listen a moment after the studio announces
             try:
                 asyncio.run(warm_up(paths))

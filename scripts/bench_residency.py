@@ -36,24 +36,25 @@ import psutil
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from launcher.build import ensure_built  # noqa: E402
-from launcher.capabilities import probe  # noqa: E402
-from launcher.devices import discover  # noqa: E402
-from launcher.planner import PlanRequest, load_model, plan  # noqa: E402
-from studio.library.default_model import ensure_gemma  # noqa: E402
-from studio.residency import manager as manager_module  # noqa: E402
-from studio.settings import MemoryBudget, ModelDefaults, ResidencySettings, Settings  # noqa: E402
-from tests.support.studio import running_studio  # noqa: E402
-from tests.support.wide_zoo import ensure_wide_zoo  # noqa: E402
-from tests.support.zoo import ensure_zoo  # noqa: E402
+from launcher.build import ensure_built
+from launcher.capabilities import probe
+from launcher.devices import discover
+from launcher.planner import PlanRequest, load_model, plan
+from studio.library.default_model import ensure_gemma
+from studio.residency import manager as manager_module
+from studio.settings import MemoryBudget, ModelDefaults, ResidencySettings, Settings
+from tests.support.studio import running_studio
+from tests.support.wide_zoo import ensure_wide_zoo
+from tests.support.zoo import ensure_zoo
 
 ZOO = ("llama-dense", "qwen2-dense", "mistral3-dense")
 WIDE = ("llama-dense-wide", "qwen2-dense-wide")
 PINNED = "qwen2-dense"
 
 
-def models_and_bills(settings: Settings, binary: Path) -> tuple[dict[str, Path], dict[str, ModelDefaults],
-                                                                  dict[str, int]]:
+def models_and_bills(
+    settings: Settings, binary: Path
+) -> tuple[dict[str, Path], dict[str, ModelDefaults], dict[str, int]]:
     build = ensure_built(settings.home)
     zoo = ensure_zoo(build, settings.home)
     wide = {p.stem: p for p in ensure_wide_zoo(zoo, binary, settings.home / "zoo" / f"{build.layout.tag}-wide8x16")}
@@ -63,9 +64,15 @@ def models_and_bills(settings: Settings, binary: Path) -> tuple[dict[str, Path],
     defaults = {name: ModelDefaults(n_ctx=256, spec="off") for name in files}
     defaults["gemma"] = ModelDefaults(n_ctx=2048, n_parallel=2, spec="off")
     caps, inventory = probe(binary), discover(llama_server=binary)
-    bills = {name: plan(load_model(path), inventory, caps, PlanRequest(
-        n_ctx=defaults[name].n_ctx, n_parallel=defaults[name].n_parallel or 1, spec="off")).bill.total
-        for name, path in files.items()}
+    bills = {
+        name: plan(
+            load_model(path),
+            inventory,
+            caps,
+            PlanRequest(n_ctx=defaults[name].n_ctx, n_parallel=defaults[name].n_parallel or 1, spec="off"),
+        ).bill.total
+        for name, path in files.items()
+    }
     return files, defaults, bills
 
 
@@ -134,8 +141,9 @@ def main() -> None:
             evictions.extend(placed.evict)
             # Would the final plan have fit the memory left without evicting? Then the eviction was needless.
             holders = [self._holder(r) for r in self.residents if r is not replacing]
-            budget_map = self._budget(await manager_module.run_blocking(
-                self.discover_devices, timeout=30, what="listing devices"))
+            budget_map = self._budget(
+                await manager_module.run_blocking(self.discover_devices, timeout=30, what="listing devices")
+            )
             base = manager_module.placement.base_available(budget=budget_map, free={}, holders=holders)
             need = manager_module.physical(placed.plan.bill, placed.plan)
             if not manager_module.placement.shortfall(need, base) and not self.residency.max_resident:
@@ -174,8 +182,12 @@ def main() -> None:
                     t0 = time.monotonic()
                     try:
                         if op in ("chat", "stream"):
-                            body = {"model": name, "messages": [{"role": "user", "content": "Hello there"}],
-                                    "max_tokens": 8, "stream": op == "stream"}
+                            body = {
+                                "model": name,
+                                "messages": [{"role": "user", "content": "Hello there"}],
+                                "max_tokens": 8,
+                                "stream": op == "stream",
+                            }
                             with http.stream("POST", "/v1/chat/completions", json=body) as resp:
                                 first, data = None, []
                                 for chunk in resp.iter_bytes():
@@ -209,8 +221,10 @@ def main() -> None:
         monitor.stop.set()
         monitor.join()
         loads = studio.manager.counters["loads"]
-    print(f"{args.ops} operations from {args.clients} clients in {elapsed:,.0f} s; {loads} loads, "
-          f"{len(evictions)} evictions")
+    print(
+        f"{args.ops} operations from {args.clients} clients in {elapsed:,.0f} s; {loads} loads, "
+        f"{len(evictions)} evictions"
+    )
     print(f"failed requests and loads:           {len(failures)}  (target 0)")
     for f in failures[:10]:
         print(f"    {f}")
@@ -219,14 +233,19 @@ def main() -> None:
     for n in needless[:10]:
         print(f"    {n}")
     print(f"moments with two instances of one model: {monitor.doubles}  (target 0)")
-    print(f"largest actual resident total:       {monitor.largest / 2**20:,.1f} MiB of a "
-          f"{budget / 2**20:,.1f} MiB budget ({monitor.largest / budget:.0%})")
+    print(
+        f"largest actual resident total:       {monitor.largest / 2**20:,.1f} MiB of a "
+        f"{budget / 2**20:,.1f} MiB budget ({monitor.largest / budget:.0%})"
+    )
     for kind in ("resident", "load"):
         values = ttft[kind]
         shown = f"{statistics.median(values) * 1000:,.0f} ms over {len(values)}" if values else "none"
         print(f"median time to first token, {'resident model' if kind == 'resident' else 'needs a load  '}: {shown}")
     if ttft["resident"] and ttft["load"]:
-        print(f"a load costs the first token {statistics.median(ttft['load']) / statistics.median(ttft['resident']):,.0f}x")
+        print(
+            f"a load costs the first token "
+            f"{statistics.median(ttft['load']) / statistics.median(ttft['resident']):,.0f}x"
+        )
 
 
 if __name__ == "__main__":

@@ -30,12 +30,19 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from tests.support.fuzz_gguf import HANG_S, Outcome, fuzz, make_base, run_case  # noqa: E402
+from tests.support.fuzz_gguf import HANG_S, Outcome, fuzz, make_base, run_case
 
 #: Zoo models next to Gemma: hybrid with arrays, MLA + MoE, SWA + MoE, Mamba + attention, chunked attention,
 #: DeepSeek-V4's compressed caches, pure SSM.
-ZOO_BASES = ("qwen35-dense", "deepseek2-moe", "gpt-oss-moe", "jamba-dense", "llama4-moe", "deepseek4-moe",
-             "mamba2-dense")
+ZOO_BASES = (
+    "qwen35-dense",
+    "deepseek2-moe",
+    "gpt-oss-moe",
+    "jamba-dense",
+    "llama4-moe",
+    "deepseek4-moe",
+    "mamba2-dense",
+)
 
 
 def summary(outcomes: Sequence[Outcome], seconds: float) -> dict:
@@ -50,12 +57,27 @@ def summary(outcomes: Sequence[Outcome], seconds: float) -> dict:
         "hangs_over_1s": len(hangs),
         "foreign_exceptions": len(foreign),
         "foreign_by_type": dict(collections.Counter(o.result for o in foreign)),
-        "slowest": {"index": slowest.index, "base": slowest.base, "cpu_s": round(slowest.cpu_s, 4),
-                    "wall_s": round(slowest.wall_s, 4), "result": slowest.result, "patches": slowest.patches},
+        "slowest": {
+            "index": slowest.index,
+            "base": slowest.base,
+            "cpu_s": round(slowest.cpu_s, 4),
+            "wall_s": round(slowest.wall_s, 4),
+            "result": slowest.result,
+            "patches": slowest.patches,
+        },
         "max_wall_s": round(max(o.wall_s for o in outcomes), 4),
         "peak_rss_mib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
-        "findings": [{"index": o.index, "base": o.base, "result": o.result, "cpu_s": round(o.cpu_s, 3),
-                      "patches": o.patches, "traceback": o.detail} for o in (hangs + foreign)[:20]],
+        "findings": [
+            {
+                "index": o.index,
+                "base": o.base,
+                "result": o.result,
+                "cpu_s": round(o.cpu_s, 3),
+                "patches": o.patches,
+                "traceback": o.detail,
+            }
+            for o in (hangs + foreign)[:20]
+        ],
     }
 
 
@@ -89,7 +111,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         (folder / "files").mkdir()
         bases = [make_base(src, folder) for src in sources]
         if args.only is not None:
-            headers = [b.path.read_bytes()[:b.header_end] for b in bases]
+            headers = [b.path.read_bytes()[: b.header_end] for b in bases]
             o = run_case(args.only, args.seed, bases, headers, caps, build.llama_server, folder / "files")
             print(f"case {o.index} ({o.base}): {'; '.join(o.patches)} -> {o.result} in {o.cpu_s:.3f} s CPU")
             print(o.detail, end="")
@@ -100,24 +122,32 @@ def main(argv: Sequence[str] | None = None) -> int:
             if args.progress and (o.index + 1) % args.progress == 0 and not args.json:
                 print(f"  {o.index + 1} cases, {time.monotonic() - start:.0f} s", flush=True)
 
-        outcomes = fuzz(bases, caps, build.llama_server, folder / "files", cases=args.cases, seed=args.seed,
-                        on_outcome=progress)
+        outcomes = fuzz(
+            bases, caps, build.llama_server, folder / "files", cases=args.cases, seed=args.seed, on_outcome=progress
+        )
     report = summary(outcomes, time.monotonic() - start)
     if args.json:
         print(json.dumps(report, indent=2))
     else:
-        print(f"cases: {report['cases']} (seed {args.seed}, bases: gemma-3-270m, {', '.join(ZOO_BASES)}) "
-              f"in {report['seconds']} s")
+        print(
+            f"cases: {report['cases']} (seed {args.seed}, bases: gemma-3-270m, {', '.join(ZOO_BASES)}) "
+            f"in {report['seconds']} s"
+        )
         print("ended: " + ", ".join(f"{k} {v}" for k, v in report["results"].items()))
         print(f"hangs over {HANG_S:.0f} s of CPU: {report['hangs_over_1s']}")
         print(f"foreign exceptions: {report['foreign_exceptions']} {report['foreign_by_type'] or ''}".rstrip())
         s = report["slowest"]
-        print(f"slowest case: #{s['index']} ({s['base']}) {s['cpu_s'] * 1000:.1f} ms CPU, "
-              f"{s['wall_s'] * 1000:.1f} ms wall -> {s['result']}: {'; '.join(s['patches'])}")
+        print(
+            f"slowest case: #{s['index']} ({s['base']}) {s['cpu_s'] * 1000:.1f} ms CPU, "
+            f"{s['wall_s'] * 1000:.1f} ms wall -> {s['result']}: {'; '.join(s['patches'])}"
+        )
         print(f"slowest wall time: {report['max_wall_s'] * 1000:.1f} ms; peak memory {report['peak_rss_mib']} MiB")
         for f in report["findings"]:
-            print(f"\n#{f['index']} ({f['base']}) {f['result']} in {f['cpu_s']} s: {'; '.join(f['patches'])}\n"
-                  f"{f['traceback']}", end="")
+            print(
+                f"\n#{f['index']} ({f['base']}) {f['result']} in {f['cpu_s']} s: {'; '.join(f['patches'])}\n"
+                f"{f['traceback']}",
+                end="",
+            )
     return int(bool(report["hangs_over_1s"] or report["foreign_exceptions"]))
 
 

@@ -46,8 +46,8 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from launcher.build import BuildError, layout_for, load_pin, recipe_args  # noqa: E402
-from tests.support import gpu_bundle  # noqa: E402
+from launcher.build import BuildError, layout_for, load_pin, recipe_args
+from tests.support import gpu_bundle
 
 MIB = 1024 * 1024
 #: The GPU machine's limit for one command is 10 minutes: what could not end by this many seconds after the
@@ -58,8 +58,15 @@ PLANNER_TIMEOUT_S = 90
 #: What one layout each (dense GQA, sliding window, MoE, MLA, two hybrids, recurrent) runs as: the tiny zoo
 #: (exact KV and state figures), the zoo widened 8x16 (compute buffers of realistic size; no MLA model widens:
 #: llama-server refuses every widened deepseek2), Qwen3-30B-A3B's expert proportions, and Gemma 3 270M itself.
-ZOO = ("llama-dense", "gemma3-dense", "qwen3moe-moe", "deepseek2-moe", "granitehybrid-dense", "qwen35-dense",
-       "mamba2-dense")
+ZOO = (
+    "llama-dense",
+    "gemma3-dense",
+    "qwen3moe-moe",
+    "deepseek2-moe",
+    "granitehybrid-dense",
+    "qwen35-dense",
+    "mamba2-dense",
+)
 WIDE = ("llama-dense", "gemma3-dense", "granitehybrid-dense")
 WIDE_FACTORS = (8, 16)
 MOE = ("qwen3moe-moe",)
@@ -104,12 +111,18 @@ def gather_models(names: Sequence[str], scratch: Path) -> list[tuple[str, Path]]
         if name == GEMMA:
             path = ensure_gemma(settings.models_dir)
         elif name.endswith("-wide"):
-            path = widen_model(zoo / f"{name.removesuffix('-wide')}.gguf", scratch / f"{name}.gguf",
-                               build.llama_server, factor=WIDE_FACTORS[0], ffn_factor=WIDE_FACTORS[1])
+            path = widen_model(
+                zoo / f"{name.removesuffix('-wide')}.gguf",
+                scratch / f"{name}.gguf",
+                build.llama_server,
+                factor=WIDE_FACTORS[0],
+                ffn_factor=WIDE_FACTORS[1],
+            )
         elif (shape := next((s for s in REAL_MOE_SHAPES if name == f"{s[0]}-{s[3]}x{s[4]}"), None)) is not None:
             base, factor, ffn, n_expert, n_used = shape
-            narrow = widen_model(zoo / f"{base}.gguf", scratch / f"{base}-narrow.gguf", build.llama_server,
-                                 factor=factor, ffn_factor=ffn)
+            narrow = widen_model(
+                zoo / f"{base}.gguf", scratch / f"{base}-narrow.gguf", build.llama_server, factor=factor, ffn_factor=ffn
+            )
             path = None if narrow is None else with_experts(narrow, scratch / f"{name}.gguf", n_expert, n_used)
         else:
             path = zoo / f"{name}.gguf"
@@ -131,8 +144,9 @@ class Case:
 
 def cases(models: dict[str, Path], offloads: Sequence[str]) -> list[Case]:
     """The grid: the first two configs for every model, plus the studio default for Gemma, each per offload."""
-    import gguf
     from memory_accuracy import CONFIGS, QUICK_CONFIGS
+
+    import gguf
 
     out = []
     for name, path in models.items():
@@ -149,8 +163,16 @@ def cases(models: dict[str, Path], offloads: Sequence[str]) -> list[Case]:
 def _part(bill: Any, startup: bool) -> dict[str, float]:
     """A device bill in MiB: weights, KV (caches and recurrent state), compute, output, total."""
     total = bill.total - (bill.output_growth + bill.compute_growth if startup else 0)
-    return {k: round(v / MIB, 2) for k, v in (("weights", bill.weights), ("kv", bill.kv + bill.recurrent),
-                                              ("compute", bill.compute), ("output", bill.output), ("total", total))}
+    return {
+        k: round(v / MIB, 2)
+        for k, v in (
+            ("weights", bill.weights),
+            ("kv", bill.kv + bill.recurrent),
+            ("compute", bill.compute),
+            ("output", bill.output),
+            ("total", total),
+        )
+    }
 
 
 def run_case(binary: Path, path: Path, case: Case) -> dict[str, Any]:
@@ -168,26 +190,39 @@ def case_row(case: Case, argv: Sequence[str], seconds: float, o: Any) -> dict[st
     """One case's report row from its ``memory_accuracy.Outcome``: the flags, and each device predicted vs actual."""
     from memory_accuracy import _close
 
-    row: dict[str, Any] = {**asdict(case), "argv": list(argv), "seconds": round(seconds, 1), "error": o.error,
-                           "rejected_alike": o.rejected_alike}
+    row: dict[str, Any] = {
+        **asdict(case),
+        "argv": list(argv),
+        "seconds": round(seconds, 1),
+        "error": o.error,
+        "rejected_alike": o.rejected_alike,
+    }
     if not o.ok:
         return row
-    row["flags"] = {"kv_exact": o.kv_exact, "kv_within_1pct": o.kv_within_1pct,
-                    "compute_within_10pct": o.compute_within_10pct, "total_within_2pct": o.total_within_2pct}
+    row["flags"] = {
+        "kv_exact": o.kv_exact,
+        "kv_within_1pct": o.kv_within_1pct,
+        "compute_within_10pct": o.compute_within_10pct,
+        "total_within_2pct": o.total_within_2pct,
+    }
     devices = {}
     for name in sorted({d.device for d in (*o.predicted.devices, *o.actual.devices)}):
         p, a = o.predicted.device(name), o.actual.device(name)
         p_total = p.total - p.output_growth - p.compute_growth
-        devices[name] = {"predicted": _part(p, True), "actual": _part(a, False),
-                         "compute_ok": _close(p.compute, a.compute, 0.10, 0.0051 * MIB),
-                         "total_ok": _close(p_total, a.total, 0.02, 32 * MIB)}
+        devices[name] = {
+            "predicted": _part(p, True),
+            "actual": _part(a, False),
+            "compute_ok": _close(p.compute, a.compute, 0.10, 0.0051 * MIB),
+            "total_ok": _close(p_total, a.total, 0.02, 32 * MIB),
+        }
     row["devices"] = devices
     row["reasons"] = list(o.predicted.reasons)
     return row
 
 
-def run_cases(binary: Path, models: dict[str, Path], grid: Sequence[Case], jobs: int, deadline: float
-              ) -> list[dict[str, Any]]:
+def run_cases(
+    binary: Path, models: dict[str, Path], grid: Sequence[Case], jobs: int, deadline: float
+) -> list[dict[str, Any]]:
     """Every case, ``jobs`` at a time; cases not started before ``deadline`` (monotonic) are marked skipped."""
     finished = itertools.count(1)
 
@@ -206,9 +241,15 @@ def run_cases(binary: Path, models: dict[str, Path], grid: Sequence[Case], jobs:
 def summarize(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
     """Counts over the compared cases (refusals both sides agree on left out), overall and per device kind."""
     compared = [r for r in rows if "flags" in r]
-    out: dict[str, Any] = {"cases": len(rows), "compared": len(compared),
-                           "errors": [f"{r['model']} {r['config']} {r['offload']}: {r['error']}" for r in rows
-                                      if "flags" not in r and not r.get("rejected_alike")]}
+    out: dict[str, Any] = {
+        "cases": len(rows),
+        "compared": len(compared),
+        "errors": [
+            f"{r['model']} {r['config']} {r['offload']}: {r['error']}"
+            for r in rows
+            if "flags" not in r and not r.get("rejected_alike")
+        ],
+    }
     for flag in ("kv_exact", "kv_within_1pct", "compute_within_10pct", "total_within_2pct"):
         out[flag] = sum(r["flags"][flag] for r in compared)
     for kind in ("CPU", "GPU"):
@@ -222,8 +263,12 @@ def summarize(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
 def gpu_memory(query: str) -> list[list[str]] | str:
     """``nvidia-smi --query-<query> --format=csv,noheader,nounits`` rows, or why it could not be read."""
     try:
-        proc = subprocess.run(["nvidia-smi", f"--query-{query}", "--format=csv,noheader,nounits"],
-                              capture_output=True, text=True, timeout=20)
+        proc = subprocess.run(
+            ["nvidia-smi", f"--query-{query}", "--format=csv,noheader,nounits"],
+            capture_output=True,
+            text=True,
+            timeout=20,
+        )
     except (OSError, subprocess.TimeoutExpired) as exc:
         return f"unavailable: {exc}"
     if proc.returncode != 0:
@@ -232,8 +277,17 @@ def gpu_memory(query: str) -> list[list[str]] | str:
 
 
 def _devices(inventory: Any) -> list[dict[str, Any]]:
-    return [{"backend": d.backend, "index": d.index, "name": d.name, "total_mib": d.total_bytes // MIB,
-             "free_mib": d.free_bytes // MIB, "source": d.source} for d in inventory.devices]
+    return [
+        {
+            "backend": d.backend,
+            "index": d.index,
+            "name": d.name,
+            "total_mib": d.total_bytes // MIB,
+            "free_mib": d.free_bytes // MIB,
+            "source": d.source,
+        }
+        for d in inventory.devices
+    ]
 
 
 def planner_check(binary: Path, model_path: Path, work: Path) -> dict[str, Any]:
@@ -251,15 +305,30 @@ def planner_check(binary: Path, model_path: Path, work: Path) -> dict[str, Any]:
     vendor, inventory = discover(), discover(llama_server=binary)
     lp = plan(load_model(model_path), inventory, caps, PlanRequest())
     out: dict[str, Any] = {
-        "inventory_vendor_tools": _devices(vendor), "inventory": _devices(inventory),
+        "inventory_vendor_tools": _devices(vendor),
+        "inventory": _devices(inventory),
         "inventory_warnings": list(inventory.warnings),
-        "plan": {"gpus": [f"{d.backend}{d.index}" for d in lp.gpus], "offload": lp.offload,
-                 "n_gpu_layers": lp.n_gpu_layers, "n_ctx": lp.n_ctx, "flash_attn": lp.flash_attn,
-                 "budget_fraction": lp.budget_fraction, "fits": lp.fits, "reasons": list(lp.reasons),
-                 "warnings": list(lp.warnings),
-                 "devices": [{"name": d.name, "device": d.device.name, "free_mib": d.device.free_bytes // MIB,
-                              "budget_mib": d.budget_bytes // MIB, "predicted": _part(d.bill, True)}
-                             for d in lp.devices]},
+        "plan": {
+            "gpus": [f"{d.backend}{d.index}" for d in lp.gpus],
+            "offload": lp.offload,
+            "n_gpu_layers": lp.n_gpu_layers,
+            "n_ctx": lp.n_ctx,
+            "flash_attn": lp.flash_attn,
+            "budget_fraction": lp.budget_fraction,
+            "fits": lp.fits,
+            "reasons": list(lp.reasons),
+            "warnings": list(lp.warnings),
+            "devices": [
+                {
+                    "name": d.name,
+                    "device": d.device.name,
+                    "free_mib": d.device.free_bytes // MIB,
+                    "budget_mib": d.budget_bytes // MIB,
+                    "predicted": _part(d.bill, True),
+                }
+                for d in lp.devices
+            ],
+        },
     }
     before = gpu_memory("gpu=memory.used")
     cmd = build_command(lp, caps, binary=binary, files_root=work / "launch")
@@ -270,13 +339,18 @@ def planner_check(binary: Path, model_path: Path, work: Path) -> dict[str, Any]:
         server.wait_ready(timeout=PLANNER_TIMEOUT_S - 30)
         loaded = gpu_memory("gpu=memory.used"), gpu_memory("compute-apps=pid,used_memory")
         with httpx.Client(timeout=60) as client:
-            answer = client.post(f"{server.url}/completion", headers={"Authorization": f"Bearer {cmd.api_key}"},
-                                 json={"prompt": "the " * PROMPT_TOKENS, "n_predict": 4})
+            answer = client.post(
+                f"{server.url}/completion",
+                headers={"Authorization": f"Bearer {cmd.api_key}"},
+                json={"prompt": "the " * PROMPT_TOKENS, "n_predict": 4},
+            )
         prompted = gpu_memory("gpu=memory.used"), gpu_memory("compute-apps=pid,used_memory")
         pid = server.pid
     actual = parse_allocations(log_path.read_text(errors="replace"))
     out["run"] = {
-        "argv": cmd.redacted_argv(port), "pid": pid, "completion_status": answer.status_code,
+        "argv": cmd.redacted_argv(port),
+        "pid": pid,
+        "completion_status": answer.status_code,
         "allocations": {d.device: _part(d, False) for d in actual.devices},
         "gpu_memory_used_mib": {"before": before, "loaded": loaded[0], "after_prompt": prompted[0]},
         "compute_apps_mib": {"loaded": loaded[1], "after_prompt": prompted[1]},
@@ -285,7 +359,8 @@ def planner_check(binary: Path, model_path: Path, work: Path) -> dict[str, Any]:
     on_gpu = round(sum(d.total for d in actual.devices if d.device != "CPU") / MIB)
     out["run"]["gpu_beyond_allocations_mib"] = {
         when: None if (used := _process_mib(rows, pid)) is None else used - on_gpu
-        for when, rows in (("loaded", loaded[1]), ("after_prompt", prompted[1]))}
+        for when, rows in (("loaded", loaded[1]), ("after_prompt", prompted[1]))
+    }
     return out
 
 
@@ -300,22 +375,34 @@ def _process_mib(rows: list[list[str]] | str, pid: int | None) -> int | None:
 def markdown(report: dict[str, Any]) -> str:
     """The report as a short text: the summary, one row per case and device, the planner's choice."""
     s = report.get("summary", {})
-    lines = [f"# GPU check ({report['mode']}, llama.cpp {report['pin']})", "",
-             f"timings (s): {json.dumps(report['timings_s'])}",
-             f"bundle: {report.get('bundle_mib')} MiB + working tree {report.get('working_tree_mib')} MiB", ""]
+    lines = [
+        f"# GPU check ({report['mode']}, llama.cpp {report['pin']})",
+        "",
+        f"timings (s): {json.dumps(report['timings_s'])}",
+        f"bundle: {report.get('bundle_mib')} MiB + working tree {report.get('working_tree_mib')} MiB",
+        "",
+    ]
     if report.get("build"):
         b = report["build"]
-        lines += [f"build: {b.get('architectures')} {'built' if b.get('built_now') else ''} "
-                  f"{b.get('error') or ''}".rstrip(), ""]
+        lines += [
+            f"build: {b.get('architectures')} {'built' if b.get('built_now') else ''} {b.get('error') or ''}".rstrip(),
+            "",
+        ]
     if s:
-        lines += [f"summary: kv_exact={s['kv_exact']}/{s['compared']} kv_within_1pct={s['kv_within_1pct']}/"
-                  f"{s['compared']} compute_within_10pct={s['compute_within_10pct']}/{s['compared']} "
-                  f"total_within_2pct={s['total_within_2pct']}/{s['compared']} (of {s['cases']} cases); per device: "
-                  f"GPU compute {s['GPU_compute_ok']}, GPU total {s['GPU_total_ok']}, CPU compute "
-                  f"{s['CPU_compute_ok']}, CPU total {s['CPU_total_ok']}", ""]
-    lines += ["MiB predicted/actual; KV = exact, C = compute within 10 %, T = total within 2 % or 32 MiB", "",
-              "| model | config | layers | device | weights | KV | compute | total | KV= | C | T |",
-              "|---|---|---|---|---|---|---|---|---|---|---|"]
+        lines += [
+            f"summary: kv_exact={s['kv_exact']}/{s['compared']} kv_within_1pct={s['kv_within_1pct']}/"
+            f"{s['compared']} compute_within_10pct={s['compute_within_10pct']}/{s['compared']} "
+            f"total_within_2pct={s['total_within_2pct']}/{s['compared']} (of {s['cases']} cases); per device: "
+            f"GPU compute {s['GPU_compute_ok']}, GPU total {s['GPU_total_ok']}, CPU compute "
+            f"{s['CPU_compute_ok']}, CPU total {s['CPU_total_ok']}",
+            "",
+        ]
+    lines += [
+        "MiB predicted/actual; KV = exact, C = compute within 10 %, T = total within 2 % or 32 MiB",
+        "",
+        "| model | config | layers | device | weights | KV | compute | total | KV= | C | T |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
     for r in report.get("cases", []):
         where = f"{r['offload']} ({r['n_gpu_layers']})"
         if "devices" not in r:
@@ -324,9 +411,11 @@ def markdown(report: dict[str, Any]) -> str:
         for name, d in r["devices"].items():
             p, a = d["predicted"], d["actual"]
             cell = lambda k: f"{p[k]:.2f}/{a[k]:.2f}"  # noqa: E731
-            lines.append(f"| {r['model']} | {r['config']} | {where} | {name} | {cell('weights')} | {cell('kv')} | "
-                         f"{cell('compute')} | {cell('total')} | {'y' if r['flags']['kv_exact'] else 'n'} | "
-                         f"{'y' if d['compute_ok'] else 'n'} | {'y' if d['total_ok'] else 'n'} |")
+            lines.append(
+                f"| {r['model']} | {r['config']} | {where} | {name} | {cell('weights')} | {cell('kv')} | "
+                f"{cell('compute')} | {cell('total')} | {'y' if r['flags']['kv_exact'] else 'n'} | "
+                f"{'y' if d['compute_ok'] else 'n'} | {'y' if d['total_ok'] else 'n'} |"
+            )
     p = report.get("planner")
     if p:
         lines += ["", "## planner", ""]
@@ -334,21 +423,28 @@ def markdown(report: dict[str, Any]) -> str:
             lines.append(f"error: {p['error']}")
         else:
             pl = p["plan"]
-            lines += [f"chose: gpus={pl['gpus'] or 'none'} offload={pl['offload']} -ngl {pl['n_gpu_layers']} "
-                      f"n_ctx={pl['n_ctx']} fits={pl['fits']}", *(f"- {r}" for r in pl["reasons"]),
-                      *(f"- warning: {w}" for w in pl["warnings"])]
+            lines += [
+                f"chose: gpus={pl['gpus'] or 'none'} offload={pl['offload']} -ngl {pl['n_gpu_layers']} "
+                f"n_ctx={pl['n_ctx']} fits={pl['fits']}",
+                *(f"- {r}" for r in pl["reasons"]),
+                *(f"- warning: {w}" for w in pl["warnings"]),
+            ]
             run = p.get("run", {})
             for d in pl["devices"]:
                 got = run.get("allocations", {}).get(d["name"])
-                parts = ", ".join(f"{k} {v:.2f}/{got[k]:.2f}" if got else f"{k} {v:.2f}"
-                                  for k, v in d["predicted"].items())
-                lines.append(f"- {d['name']} ({d['device']}), MiB predicted/allocated: {parts}; budget "
-                             f"{d['budget_mib']} of {d['free_mib']} free")
+                parts = ", ".join(
+                    f"{k} {v:.2f}/{got[k]:.2f}" if got else f"{k} {v:.2f}" for k, v in d["predicted"].items()
+                )
+                lines.append(
+                    f"- {d['name']} ({d['device']}), MiB predicted/allocated: {parts}; budget "
+                    f"{d['budget_mib']} of {d['free_mib']} free"
+                )
             if run:
-                lines += [f"- GPU memory used (MiB): {json.dumps(run['gpu_memory_used_mib'])}",
-                          f"- per process (MiB): {json.dumps(run['compute_apps_mib'])}",
-                          f"- on the GPU beyond the allocation lines (MiB): "
-                          f"{json.dumps(run['gpu_beyond_allocations_mib'])}"]
+                lines += [
+                    f"- GPU memory used (MiB): {json.dumps(run['gpu_memory_used_mib'])}",
+                    f"- per process (MiB): {json.dumps(run['compute_apps_mib'])}",
+                    f"- on the GPU beyond the allocation lines (MiB): {json.dumps(run['gpu_beyond_allocations_mib'])}",
+                ]
     return "\n".join(lines) + "\n"
 
 
@@ -413,8 +509,10 @@ def check_size(bundle: Path) -> int:
     """Print the bundle's and the working tree's sizes against the carry limit; 1 when over it."""
     size, tree = gpu_bundle.folder_bytes(bundle), _tree_bytes()
     total = size + (tree or 0)
-    say(f"bundle: {size / MIB:.1f} MiB + working tree {'?' if tree is None else f'{tree / MIB:.1f}'} MiB = "
-        f"{total / MIB:.1f} MiB of {gpu_bundle.CARRY_LIMIT // MIB} MiB")
+    say(
+        f"bundle: {size / MIB:.1f} MiB + working tree {'?' if tree is None else f'{tree / MIB:.1f}'} MiB = "
+        f"{total / MIB:.1f} MiB of {gpu_bundle.CARRY_LIMIT // MIB} MiB"
+    )
     if total > gpu_bundle.CARRY_LIMIT:
         say("bundle: OVER the device tool's limit")
         return 1
@@ -428,8 +526,17 @@ def _tree_bytes() -> int | None:
         return None  # no git there (a copied tree): nothing to add
 
 
-def run_check(bundle: Path, out: Path, work: Path, *, dry_run: bool, llama_server: Path | None, jobs: int,
-              deadline_s: float, only: Sequence[str]) -> int:
+def run_check(
+    bundle: Path,
+    out: Path,
+    work: Path,
+    *,
+    dry_run: bool,
+    llama_server: Path | None,
+    jobs: int,
+    deadline_s: float,
+    only: Sequence[str],
+) -> int:
     """Restore, build (unless ``dry_run``), plan, compare; the report goes to ``out`` after each phase.
 
     Nothing starts that could outlast ``deadline_s`` (from the start): the planner's
@@ -438,8 +545,12 @@ def run_check(bundle: Path, out: Path, work: Path, *, dry_run: bool, llama_serve
     deadline = _T0 + deadline_s
     pin = load_pin()
     timings: dict[str, float] = {}
-    report: dict[str, Any] = {"mode": "dry-run" if dry_run else "cuda", "pin": pin.tag, "timings_s": timings,
-                              "bundle_mib": round(gpu_bundle.folder_bytes(bundle) / MIB, 1)}
+    report: dict[str, Any] = {
+        "mode": "dry-run" if dry_run else "cuda",
+        "pin": pin.tag,
+        "timings_s": timings,
+        "bundle_mib": round(gpu_bundle.folder_bytes(bundle) / MIB, 1),
+    }
     tree = _tree_bytes()
     report["working_tree_mib"] = None if tree is None else round(tree / MIB, 1)
 
@@ -463,8 +574,9 @@ def run_check(bundle: Path, out: Path, work: Path, *, dry_run: bool, llama_serve
     report["build"] = build = cuda_setup(home, out, dry_run)
     phase("build", start)
     if dry_run:
-        binary = llama_server or layout_for(Path(os.environ.get("GGUF_STUDIO_HOME") or Path.home() / ".gguf-studio"),
-                                            pin).binary("llama-server")
+        binary = llama_server or layout_for(
+            Path(os.environ.get("GGUF_STUDIO_HOME") or Path.home() / ".gguf-studio"), pin
+        ).binary("llama-server")
     elif "binary" not in build:
         say(f"build: FAILED: {build.get('error')}")
         return 1
@@ -497,7 +609,11 @@ def run_check(bundle: Path, out: Path, work: Path, *, dry_run: bool, llama_serve
 def cuda_setup(home: Path, out: Path, dry_run: bool) -> dict[str, Any]:
     """Find the CUDA toolchain and the device's architecture, and build (not in a dry run); the log goes to ``out``."""
     from tests.support.cuda_build import (
-        CudaSetupError, build_args, build_cuda_server, compute_capabilities, find_toolchain,
+        CudaSetupError,
+        build_args,
+        build_cuda_server,
+        compute_capabilities,
+        find_toolchain,
     )
 
     result: dict[str, Any] = {"jobs": os.cpu_count()}
@@ -505,8 +621,9 @@ def cuda_setup(home: Path, out: Path, dry_run: bool) -> dict[str, Any]:
         result["architectures"] = arch = compute_capabilities()
         toolchain = find_toolchain()
         result["cmake_args"] = list(recipe_args(load_pin(), "cuda", build_args(toolchain, arch)))
-        os.environ["LD_LIBRARY_PATH"] = os.pathsep.join([*map(str, toolchain.library_dirs),
-                                                         *filter(None, [os.environ.get("LD_LIBRARY_PATH")])])
+        os.environ["LD_LIBRARY_PATH"] = os.pathsep.join(
+            [*map(str, toolchain.library_dirs), *filter(None, [os.environ.get("LD_LIBRARY_PATH")])]
+        )
     except CudaSetupError as exc:
         result["error"] = str(exc)
         return result
@@ -521,7 +638,7 @@ def cuda_setup(home: Path, out: Path, dry_run: bool) -> dict[str, Any]:
         result["error"] = f"{exc}\n{exc.log_tail}"
     if log.is_file():  # the whole log comes back (the device tool returns files up to 16 MiB)
         out.mkdir(parents=True, exist_ok=True)
-        (out / "build.log").write_bytes(log.read_bytes()[-8 * MIB:])
+        (out / "build.log").write_bytes(log.read_bytes()[-8 * MIB :])
     return result
 
 
@@ -547,15 +664,23 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, help="where the report goes (on the device machine: $OUT)")
     parser.add_argument("--dry-run", action="store_true", help="no build: the CPU llama-server, no layer offload")
     parser.add_argument("--llama-server", type=Path, help="the dry run's binary (default: the studio's CPU build)")
-    parser.add_argument("--work", type=Path, default=Path(tempfile.gettempdir()) / "gguf-studio-gpu-check",
-                        help="scratch folder: the restored sources and models, the build (default %(default)s)")
+    parser.add_argument(
+        "--work",
+        type=Path,
+        default=Path(tempfile.gettempdir()) / "gguf-studio-gpu-check",
+        help="scratch folder: the restored sources and models, the build (default %(default)s)",
+    )
     parser.add_argument("--models", default="", help="comma-separated subset of the subset (default: all of it)")
-    parser.add_argument("--sdist", type=Path, help="--bundle: the pinned sdist, instead of the studio's verified "
-                        "tree or a download")
+    parser.add_argument(
+        "--sdist", type=Path, help="--bundle: the pinned sdist, instead of the studio's verified tree or a download"
+    )
     parser.add_argument("--jobs", type=int, default=4, help="llama-servers at a time (default %(default)s)")
-    parser.add_argument("--deadline", type=float, default=DEFAULT_DEADLINE_S,
-                        help="seconds after the start by which the check must end: what could not is left out "
-                        "(default %(default)s)")
+    parser.add_argument(
+        "--deadline",
+        type=float,
+        default=DEFAULT_DEADLINE_S,
+        help="seconds after the start by which the check must end: what could not is left out (default %(default)s)",
+    )
     args = parser.parse_args(argv)
     only = [m for m in args.models.split(",") if m]
     if args.bundle:
@@ -564,8 +689,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error("--bundle-dir needs --out")
     if check_size(args.bundle_dir) and args.dry_run:
         return 1  # here the size decides whether the bundle can travel; there it already has
-    return run_check(args.bundle_dir, args.out, args.work, dry_run=args.dry_run, llama_server=args.llama_server,
-                     jobs=args.jobs, deadline_s=args.deadline, only=only)
+    return run_check(
+        args.bundle_dir,
+        args.out,
+        args.work,
+        dry_run=args.dry_run,
+        llama_server=args.llama_server,
+        jobs=args.jobs,
+        deadline_s=args.deadline,
+        only=only,
+    )
 
 
 if __name__ == "__main__":

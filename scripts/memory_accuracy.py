@@ -46,12 +46,12 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import gguf  # noqa: E402
-from launcher.allocations import parse_allocations  # noqa: E402
-from tests.support.dry_run import LISTENING, load_report  # noqa: E402
-from launcher.memory import MemoryBill, MemoryOptions, MemoryPlanError, estimate, for_file  # noqa: E402
-from launcher.units import MIB  # noqa: E402
-from tests.support.wide_zoo import ensure_moe_zoo, ensure_wide_zoo  # noqa: E402
+import gguf
+from launcher.allocations import parse_allocations
+from launcher.memory import MemoryBill, MemoryOptions, MemoryPlanError, estimate, for_file
+from launcher.units import MIB
+from tests.support.dry_run import LISTENING, load_report
+from tests.support.wide_zoo import ensure_moe_zoo, ensure_wide_zoo
 
 SERVER_TIMEOUT_S = 60
 #: How much wider than the zoo the realistic-width section's models are: n_embd 2048 and, to give the
@@ -70,8 +70,20 @@ class Config:
 
     def argv(self) -> list[str]:
         o = self.options
-        out = ["-c", str(o.n_ctx), "-b", str(o.n_batch), "-ub", str(o.n_ubatch), "-fa", o.flash_attn,
-               "-ctk", o.cache_type_k, "-ctv", o.cache_type_v]
+        out = [
+            "-c",
+            str(o.n_ctx),
+            "-b",
+            str(o.n_batch),
+            "-ub",
+            str(o.n_ubatch),
+            "-fa",
+            o.flash_attn,
+            "-ctk",
+            o.cache_type_k,
+            "-ctv",
+            o.cache_type_v,
+        ]
         if o.n_parallel >= 0:
             out += ["-np", str(o.n_parallel)]
         if o.kv_unified:
@@ -103,9 +115,22 @@ CONFIGS: tuple[Config, ...] = (
 QUICK_CONFIGS = 2
 #: One model per memory layout runs the whole grid (plain GQA, MQA, per-layer heads, SWA, MLA, sparse
 #: indexers, DeepSeek-V4, hybrid, recurrent, MoE).
-LAYOUT_MODELS = ("llama-dense", "gemma3-dense", "deepseek2-moe", "jamba-dense", "qwen35-dense",
-                 "granitehybrid-dense", "mamba-dense", "mamba2-dense", "qwen3moe-moe", "gpt-oss-moe", "qwen3-dense",
-                 "lfm2-dense", "deepseek32-moe", "deepseek4-moe")
+LAYOUT_MODELS = (
+    "llama-dense",
+    "gemma3-dense",
+    "deepseek2-moe",
+    "jamba-dense",
+    "qwen35-dense",
+    "granitehybrid-dense",
+    "mamba-dense",
+    "mamba2-dense",
+    "qwen3moe-moe",
+    "gpt-oss-moe",
+    "qwen3-dense",
+    "lfm2-dense",
+    "deepseek32-moe",
+    "deepseek4-moe",
+)
 
 
 @dataclass(frozen=True)
@@ -130,10 +155,11 @@ class Outcome:
         caches = [(c.label, c.cells, c.streams, c.layers, _mib(c.k_bytes), _mib(c.v_bytes)) for c in p.caches]
         states = [(r.rows, r.layers, _mib(r.r_bytes), _mib(r.s_bytes)) for r in p.recurrent]
         comp = [(s.name, s.rows, s.width, s.streams, s.rs_seq, s.layers, _mib(s.nbytes)) for s in p.states]
-        return caches == [(c.label, c.cells, c.streams, c.layers, _mib(c.k_bytes), _mib(c.v_bytes))
-                          for c in a.caches] and states == [(r.rows, r.layers, _mib(r.r_bytes), _mib(r.s_bytes))
-                                                            for r in a.recurrent] \
+        return (
+            caches == [(c.label, c.cells, c.streams, c.layers, _mib(c.k_bytes), _mib(c.v_bytes)) for c in a.caches]
+            and states == [(r.rows, r.layers, _mib(r.r_bytes), _mib(r.s_bytes)) for r in a.recurrent]
             and comp == [(s.name, s.rows, s.width, s.streams, s.rs_seq, s.layers, _mib(s.nbytes)) for s in a.states]
+        )
 
     @property
     def kv_within_1pct(self) -> bool:
@@ -147,8 +173,7 @@ class Outcome:
 
     @property
     def compute_within_10pct(self) -> bool:
-        return self.ok and _close(self.predicted.sum_of("compute"), self.actual.sum_of("compute"), 0.10,
-                                  0.0051 * MIB)
+        return self.ok and _close(self.predicted.sum_of("compute"), self.actual.sum_of("compute"), 0.10, 0.0051 * MIB)
 
     @property
     def total_within_2pct(self) -> bool:
@@ -182,13 +207,19 @@ def compare(binary: Path, name: str, path: Path, config: Config) -> Outcome:
     except ValueError as exc:
         return Outcome(name, config.name, predicted, None, f"server: {exc}: {log[-300:]!r}")
     if not actual.sum_of("compute"):
-        return Outcome(name, config.name, predicted, None, f"llama-server stopped before reserving its compute "
-                                                            f"buffer: {log.strip().splitlines()[-1][:200]!r}")
+        return Outcome(
+            name,
+            config.name,
+            predicted,
+            None,
+            f"llama-server stopped before reserving its compute buffer: {log.strip().splitlines()[-1][:200]!r}",
+        )
     return Outcome(name, config.name, predicted, actual)
 
 
-def plan(zoo: Path, gemma: Path, quick: bool, models: Sequence[str] = (), every: bool = False
-         ) -> list[tuple[str, Path, Config]]:
+def plan(
+    zoo: Path, gemma: Path, quick: bool, models: Sequence[str] = (), every: bool = False
+) -> list[tuple[str, Path, Config]]:
     """The (model, file, config) runs; ``models`` names the only ones to run, each over the whole grid; ``every``
     runs every zoo model over the whole grid."""
     if models:
@@ -206,22 +237,36 @@ def plan(zoo: Path, gemma: Path, quick: bool, models: Sequence[str] = (), every:
 
 def main(argv: Sequence[str] | None = None) -> int:
     from launcher.build import ensure_built
-    from tests.support.zoo import ensure_zoo
     from studio.library.default_model import ensure_gemma
     from studio.settings import Settings
+    from tests.support.zoo import ensure_zoo
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="only the first two configs for every model")
     parser.add_argument("--jobs", type=int, default=2)
-    parser.add_argument("--models", default="", help="comma-separated zoo names (or gemma-3-270m) to run over the "
-                        "whole grid, e.g. deepseek4-moe")
-    parser.add_argument("--no-wide", action="store_true", help="skip the widened zoo and the real-proportion MoE "
-                        "models (tests.support.wide_zoo)")
-    parser.add_argument("--widen", default=f"{WIDE}x{WIDE_FFN}", metavar="FxG",
-                        help="widen the zoo F times (n_embd) and its FFNs G times, e.g. 4x9 or 8x2 to check "
-                        "proportions the weights were not fitted on (default %(default)s)")
-    parser.add_argument("--every", action="store_true", help="every zoo model over the whole grid (about 1150 "
-                        "runs, a minute more), not only one model per memory layout")
+    parser.add_argument(
+        "--models",
+        default="",
+        help="comma-separated zoo names (or gemma-3-270m) to run over the whole grid, e.g. deepseek4-moe",
+    )
+    parser.add_argument(
+        "--no-wide",
+        action="store_true",
+        help="skip the widened zoo and the real-proportion MoE models (tests.support.wide_zoo)",
+    )
+    parser.add_argument(
+        "--widen",
+        default=f"{WIDE}x{WIDE_FFN}",
+        metavar="FxG",
+        help="widen the zoo F times (n_embd) and its FFNs G times, e.g. 4x9 or 8x2 to check "
+        "proportions the weights were not fitted on (default %(default)s)",
+    )
+    parser.add_argument(
+        "--every",
+        action="store_true",
+        help="every zoo model over the whole grid (about 1150 "
+        "runs, a minute more), not only one model per memory layout",
+    )
     args = parser.parse_args(argv)
     try:
         factor, ffn_factor = (int(x) for x in args.widen.split("x"))
@@ -232,15 +277,32 @@ def main(argv: Sequence[str] | None = None) -> int:
     zoo, gemma = ensure_zoo(build, settings.home), ensure_gemma(settings.models_dir)
     models = [m for m in args.models.split(",") if m]
     runs = plan(zoo, gemma, args.quick, models, args.every)
-    wide_runs = [] if args.no_wide or models else [
-        (p.stem, p, c) for p in ensure_wide_zoo(zoo, build.llama_server,
-                                                zoo.with_name(f"{zoo.name}-wide{factor}x{ffn_factor}"),
-                                                factor=factor, ffn_factor=ffn_factor)
-        for c in (CONFIGS if p.stem.removesuffix("-wide") in LAYOUT_MODELS and not args.quick
-                  else CONFIGS[:QUICK_CONFIGS])]
-    moe_runs = [] if args.no_wide or models else [
-        (p.stem, p, c) for p in ensure_moe_zoo(zoo, build.llama_server, zoo.with_name(f"{zoo.name}-moe"))
-        for c in (CONFIGS[:QUICK_CONFIGS] if args.quick else CONFIGS)]
+    wide_runs = (
+        []
+        if args.no_wide or models
+        else [
+            (p.stem, p, c)
+            for p in ensure_wide_zoo(
+                zoo,
+                build.llama_server,
+                zoo.with_name(f"{zoo.name}-wide{factor}x{ffn_factor}"),
+                factor=factor,
+                ffn_factor=ffn_factor,
+            )
+            for c in (
+                CONFIGS if p.stem.removesuffix("-wide") in LAYOUT_MODELS and not args.quick else CONFIGS[:QUICK_CONFIGS]
+            )
+        ]
+    )
+    moe_runs = (
+        []
+        if args.no_wide or models
+        else [
+            (p.stem, p, c)
+            for p in ensure_moe_zoo(zoo, build.llama_server, zoo.with_name(f"{zoo.name}-moe"))
+            for c in (CONFIGS[:QUICK_CONFIGS] if args.quick else CONFIGS)
+        ]
+    )
     with ThreadPoolExecutor(max_workers=args.jobs) as pool:
         outcomes = list(pool.map(lambda r: compare(build.llama_server, *r), runs))
         wide = list(pool.map(lambda r: compare(build.llama_server, *r), wide_runs))
@@ -252,15 +314,19 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"moe: {_summary(moe)}")
         print()
     if wide:
-        print(f"zoo widened (n_embd {256 * factor}, n_ff {384 * ffn_factor}: compute buffers of realistic size), "
-              f"{len(wide)} runs:")
+        print(
+            f"zoo widened (n_embd {256 * factor}, n_ff {384 * ffn_factor}: compute buffers of realistic size), "
+            f"{len(wide)} runs:"
+        )
         _table(wide)
         print(f"wide: {_summary(wide)}")
         print()
     _table(outcomes)
     m = len([o for o in outcomes if not o.error.startswith("refused")])
-    print(f"refusals matching llama-server: {sum(o.rejected_alike for o in outcomes)}/{len(outcomes) - m} "
-          "(left out of the counts below)")
+    print(
+        f"refusals matching llama-server: {sum(o.rejected_alike for o in outcomes)}/{len(outcomes) - m} "
+        "(left out of the counts below)"
+    )
     print(_summary(outcomes))
     return 0
 
@@ -270,20 +336,29 @@ def _table(outcomes: Sequence[Outcome]) -> None:
     rejected = [o for o in outcomes if o.error.startswith("refused")]
     outcomes = [o for o in outcomes if not o.error.startswith("refused")]
     for o in rejected:
-        print(f"{o.model:28} {o.config:26} {'same refusal as llama-server' if o.rejected_alike else 'MISMATCH'}: "
-              f"{o.error}")
+        print(
+            f"{o.model:28} {o.config:26} {'same refusal as llama-server' if o.rejected_alike else 'MISMATCH'}: "
+            f"{o.error}"
+        )
     for o in outcomes:
         if not o.ok:
             print(f"{o.model:28} {o.config:26} ERROR {o.error}")
             continue
         p, a = o.predicted, o.actual
-        flags = "".join(("K" if o.kv_exact else ("k" if o.kv_within_1pct else "-"),
-                         "C" if o.compute_within_10pct else "-", "T" if o.total_within_2pct else "-"))
+        flags = "".join(
+            (
+                "K" if o.kv_exact else ("k" if o.kv_within_1pct else "-"),
+                "C" if o.compute_within_10pct else "-",
+                "T" if o.total_within_2pct else "-",
+            )
+        )
         note = "; ".join(p.reasons) if p.approximate else ""
-        print(f"{o.model:28} {o.config:26} "
-              f"{_mib(o._kv(p)):>10}/{_mib(o._kv(a)):<10} "
-              f"{_mib(p.sum_of('compute')):>9}/{_mib(a.sum_of('compute')):<9} "
-              f"{_mib(p.startup_total):>9}/{_mib(a.total):<9}  {flags} {note}")
+        print(
+            f"{o.model:28} {o.config:26} "
+            f"{_mib(o._kv(p)):>10}/{_mib(o._kv(a)):<10} "
+            f"{_mib(p.sum_of('compute')):>9}/{_mib(a.sum_of('compute')):<9} "
+            f"{_mib(p.startup_total):>9}/{_mib(a.total):<9}  {flags} {note}"
+        )
 
 
 def _summary(outcomes: Sequence[Outcome]) -> str:
@@ -291,8 +366,10 @@ def _summary(outcomes: Sequence[Outcome]) -> str:
     counted = [o for o in outcomes if not o.error.startswith("refused")]
     m = len(counted)
     count = lambda attr: sum(getattr(o, attr) for o in counted)  # noqa: E731
-    return (f"kv_exact={count('kv_exact')}/{m} kv_within_1pct={count('kv_within_1pct')}/{m} "
-            f"compute_within_10pct={count('compute_within_10pct')}/{m} total_within_2pct={count('total_within_2pct')}/{m}")
+    return (
+        f"kv_exact={count('kv_exact')}/{m} kv_within_1pct={count('kv_within_1pct')}/{m} "
+        f"compute_within_10pct={count('compute_within_10pct')}/{m} total_within_2pct={count('total_within_2pct')}/{m}"
+    )
 
 
 if __name__ == "__main__":

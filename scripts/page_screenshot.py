@@ -21,14 +21,21 @@ from playwright.sync_api import sync_playwright
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from launcher.build import ensure_built  # noqa: E402
-from studio.library.default_model import CHAT_FILENAME, builtin_model_defaults, ensure_default_model  # noqa: E402
-from studio.settings import Settings  # noqa: E402
-from tests.support.studio import running_studio  # noqa: E402
-from tests.support.zoo import ensure_zoo  # noqa: E402
+from launcher.build import ensure_built
+from studio.library.default_model import CHAT_FILENAME, builtin_model_defaults, ensure_default_model
+from studio.settings import Settings
+from tests.support.studio import running_studio
+from tests.support.zoo import ensure_zoo
 
-FLAGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",
-         "--disable-component-update", "--disable-sync"]
+FLAGS = [
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
 SMOL = CHAT_FILENAME.removesuffix(".gguf")
 
 
@@ -38,16 +45,26 @@ def main() -> None:
     out = parser.parse_args().out
     settings = Settings.from_env()
     build = ensure_built(settings.home)
-    models = {SMOL: ensure_default_model(settings.models_dir),
-              "llama-dense": ensure_zoo(build, settings.home) / "llama-dense.gguf"}
-    with tempfile.TemporaryDirectory(prefix="ggstudio-shot-") as scratch, \
-            running_studio(Path(scratch) / "studio", build.llama_server, models,
-                           defaults=builtin_model_defaults({})) as studio, sync_playwright() as pw:
+    models = {
+        SMOL: ensure_default_model(settings.models_dir),
+        "llama-dense": ensure_zoo(build, settings.home) / "llama-dense.gguf",
+    }
+    with (
+        tempfile.TemporaryDirectory(prefix="ggstudio-shot-") as scratch,
+        running_studio(
+            Path(scratch) / "studio", build.llama_server, models, defaults=builtin_model_defaults({})
+        ) as studio,
+        sync_playwright() as pw,
+    ):
         loaded = httpx.post(f"{studio.url}/api/load", json={"model": SMOL, "n_ctx": 2048}, timeout=600)
         loaded.raise_for_status()
         browser = pw.chromium.launch_persistent_context(
-            str(Path(scratch) / "profile"), executable_path="/usr/bin/chromium", headless=True, args=FLAGS,
-            viewport={"width": 1280, "height": 800})
+            str(Path(scratch) / "profile"),
+            executable_path="/usr/bin/chromium",
+            headless=True,
+            args=FLAGS,
+            viewport={"width": 1280, "height": 800},
+        )
         try:
             page = browser.new_page()
             page.goto(f"{studio.url}/")

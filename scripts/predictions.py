@@ -21,19 +21,19 @@ import argparse
 import dataclasses
 import sys
 import tempfile
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import gguf  # noqa: E402
-from launcher.capabilities import Capabilities, probe  # noqa: E402
-from launcher.devices import Device, Inventory  # noqa: E402
-from launcher.errors import LauncherError  # noqa: E402
-from launcher.memory import estimate, for_file  # noqa: E402
-from launcher.planner import ModelInfo, PlanRequest, plan  # noqa: E402
-from launcher.units import MIB  # noqa: E402
-from scripts.memory_accuracy import CONFIGS  # noqa: E402
+import gguf
+from launcher.capabilities import Capabilities, probe
+from launcher.devices import Device, Inventory
+from launcher.errors import LauncherError
+from launcher.memory import estimate, for_file
+from launcher.planner import ModelInfo, PlanRequest, plan
+from launcher.units import MIB
+from scripts.memory_accuracy import CONFIGS
 
 GIB = 1024 * MIB
 #: Blocks of the deepened zoo (``tests.support.deep_zoo``): every layer pattern repeats, and the old quadratic
@@ -45,11 +45,19 @@ CPU = Device("CPU", None, "CPU", 64 * GIB, 48 * GIB, "psutil")
 MACHINES = {
     "cpu-only": Inventory((CPU,), ()),
     "one-gpu": Inventory((Device("CUDA", 0, "GPU A", 24 * GIB, 20 * GIB, "nvidia-smi"), CPU), ()),
-    "two-gpus": Inventory((Device("CUDA", 0, "GPU A", 8 * GIB, 60 * MIB, "nvidia-smi"),
-                           Device("CUDA", 1, "GPU B", 8 * GIB, 40 * MIB, "nvidia-smi"), CPU), ()),
+    "two-gpus": Inventory(
+        (
+            Device("CUDA", 0, "GPU A", 8 * GIB, 60 * MIB, "nvidia-smi"),
+            Device("CUDA", 1, "GPU B", 8 * GIB, 40 * MIB, "nvidia-smi"),
+            CPU,
+        ),
+        (),
+    ),
 }
-REQUESTS = (("auto", PlanRequest()), ("c4096-np2-q8", PlanRequest(n_ctx=4096, n_parallel=2, cache_type_k="q8_0",
-                                                                  cache_type_v="q8_0")))
+REQUESTS = (
+    ("auto", PlanRequest()),
+    ("c4096-np2-q8", PlanRequest(n_ctx=4096, n_parallel=2, cache_type_k="q8_0", cache_type_v="q8_0")),
+)
 
 
 def models(no_wide: bool, tmp: Path) -> Iterator[tuple[str, Path]]:
@@ -74,8 +82,9 @@ def models(no_wide: bool, tmp: Path) -> Iterator[tuple[str, Path]]:
             yield deep.stem, deep
     if no_wide:
         return
-    for path in ensure_wide_zoo(zoo, build.llama_server, zoo.with_name(f"{zoo.name}-wide8x16"), factor=8,
-                                ffn_factor=16):
+    for path in ensure_wide_zoo(
+        zoo, build.llama_server, zoo.with_name(f"{zoo.name}-wide8x16"), factor=8, ffn_factor=16
+    ):
         yield path.stem, path
     for path in ensure_moe_zoo(zoo, build.llama_server, zoo.with_name(f"{zoo.name}-moe")):
         yield path.stem, path
@@ -88,10 +97,27 @@ def lines(name: str, path: Path, caps: Capabilities) -> Iterator[str]:
     base = for_file(model)
     for config in CONFIGS:
         for where, ngl, split in PLACEMENTS:
-            options = dataclasses.replace(base, **{k: getattr(config.options, k) for k in (
-                "n_ctx", "n_parallel", "kv_unified", "cache_type_k", "cache_type_v", "swa_full", "n_batch",
-                "n_ubatch", "flash_attn", "spec", "spec_n_max")},
-                n_gpu_layers=facts.block_count // 2 if ngl is None else ngl, tensor_split=split)
+            options = dataclasses.replace(
+                base,
+                **{
+                    k: getattr(config.options, k)
+                    for k in (
+                        "n_ctx",
+                        "n_parallel",
+                        "kv_unified",
+                        "cache_type_k",
+                        "cache_type_v",
+                        "swa_full",
+                        "n_batch",
+                        "n_ubatch",
+                        "flash_attn",
+                        "spec",
+                        "spec_n_max",
+                    )
+                },
+                n_gpu_layers=facts.block_count // 2 if ngl is None else ngl,
+                tensor_split=split,
+            )
             variants = [("none", options)]
             if facts.nextn_predict_layers:
                 variants.append(("mtp", dataclasses.replace(options, spec="mtp", spec_n_max=options.spec_n_max or 3)))
@@ -104,12 +130,23 @@ def lines(name: str, path: Path, caps: Capabilities) -> Iterator[str]:
 
 
 def _plan_line(p: object) -> str:
-    fields = ("gpus", "offload", "n_gpu_layers", "tensor_split", "n_ctx", "max_safe_ctx", "flash_attn",
-              "fit_target_mib", "spec", "reasons", "warnings")
-    return repr({f: getattr(p, f) for f in fields} | {"bill": getattr(p, "bill")})
+    fields = (
+        "gpus",
+        "offload",
+        "n_gpu_layers",
+        "tensor_split",
+        "n_ctx",
+        "max_safe_ctx",
+        "flash_attn",
+        "fit_target_mib",
+        "spec",
+        "reasons",
+        "warnings",
+    )
+    return repr({f: getattr(p, f) for f in fields} | {"bill": p.bill})
 
 
-def _outcome(make) -> str:  # noqa: ANN001 - a thunk
+def _outcome(make: Callable[[], object]) -> str:
     try:
         return repr(make())
     except (LauncherError, gguf.GGUFError) as exc:

@@ -50,5 +50,6 @@ async def run_blocking(fn: Callable[..., T], *args: object, timeout: float | Non
     try:
         return await asyncio.wait_for(asyncio.shield(future), timeout)
     except TimeoutError:
-        raise WorkTimeoutError(f"{what} took longer than {timeout:g} s and was given up; "
-                               "the file or the device tools may be broken") from None
+        raise WorkTimeoutError(
+            f"{what} took longer than {timeout:g} s and was given up; the file or the device tools may be broken"
+        ) from None

@@ -123,8 +123,7 @@ def outcome(exc: BaseException) -> Outcome | None:
     if found is None:
         return None
     if isinstance(exc, s.AnsweredError):
-        return Outcome(exc.status, exc.type or found.type, exc.code, exit_for_answer(exc.status, exc.code),
-                       exc.param)
+        return Outcome(exc.status, exc.type or found.type, exc.code, exit_for_answer(exc.status, exc.code), exc.param)
     if isinstance(exc, s.CommandError):
         return replace(found, exit=exc.exit)
     if isinstance(exc, s.StudioError):

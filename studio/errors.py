@@ -102,15 +102,12 @@ class ModelNotResidentError(StudioError, LookupError):
     """An unload, pin or TTL change names a model that is not resident."""
 
 
-
 class ModelUnloadedError(StudioError):
     """The model was unloaded (by a user, a TTL or an eviction) while the request was running."""
 
 
-
 class WorkTimeoutError(StudioError, TimeoutError):
     """Blocking work (a header read, a plan, a device query) ran past its time limit."""
-
 
 
 class HubError(StudioError):
@@ -145,8 +142,16 @@ class AnsweredError(StudioError):
     Its ``status``, ``type`` and ``code`` are the answer's own and pass on as they came.
     """
 
-    def __init__(self, message: str, *, status: int, type: str | None = None, param: str | None = None,
-                 code: str | None = None, hint: str | None = None) -> None:
+    def __init__(
+        self,
+        message: str,
+        *,
+        status: int,
+        type: str | None = None,
+        param: str | None = None,
+        code: str | None = None,
+        hint: str | None = None,
+    ) -> None:
         super().__init__(message, param=param, code=code)
         self.status = status
         self.type = type
@@ -163,8 +168,13 @@ class AnsweredError(StudioError):
             text = body.decode("utf-8", "replace").strip()[:200]
             return cls(f"{server} answered HTTP {status}" + (f": {text}" if text else ""), status=status)
         code = error.get("code")
-        return cls(str(error["message"]), status=status, type=error.get("type"), param=error.get("param"),
-                   code=code if isinstance(code, str) else None)
+        return cls(
+            str(error["message"]),
+            status=status,
+            type=error.get("type"),
+            param=error.get("param"),
+            code=code if isinstance(code, str) else None,
+        )
 
 
 class CommandError(StudioError):
@@ -180,7 +190,8 @@ class NotReadyError(StudioError):
     """The model is not ready (loading, going away or gone): the manager decides what to do."""
 
 
-def error_body(message: str, type: str, param: str | None = None, code: str | None = None,
-               **extra: Any) -> dict[str, Any]:
+def error_body(
+    message: str, type: str, param: str | None = None, code: str | None = None, **extra: Any
+) -> dict[str, Any]:
     """Return OpenAI's error shape; ``extra`` adds fields such as ``n_ctx``."""
     return {"error": {"message": message, "type": type, "param": param, "code": code, **extra}}

@@ -10,7 +10,9 @@ import structlog
 
 def configure_logging(*, json_lines: bool = False, level: int = logging.INFO) -> None:
     """Route structlog to stderr as console or JSON lines."""
-    renderer = structlog.processors.JSONRenderer() if json_lines else structlog.dev.ConsoleRenderer(colors=sys.stderr.isatty())
+    renderer = (
+        structlog.processors.JSONRenderer() if json_lines else structlog.dev.ConsoleRenderer(colors=sys.stderr.isatty())
+    )
     structlog.configure(
         processors=[
             structlog.processors.add_log_level,

@@ -62,7 +62,7 @@ Precedence: environment variables, then the optional TOML file
 | ``GGUF_STUDIO_LOG_JSON``| ``1`` for JSON log lines instead of console ones         |
 | ``CMAKE_ARGS``          | extra CMake arguments for ``ggstudio build-llama``        |
 | ``GGUF_STUDIO_MODEL_DIRS`` | more folders of GGUF files for the library (``os.pathsep``-separated) |
-| ``GGUF_STUDIO_API_TOKEN`` | bearer token every API call must send (default: none; generated when listening beyond loopback) |
+| ``GGUF_STUDIO_API_TOKEN`` | bearer token every API call must send (default: none; generated beyond loopback) |
 | ``GGUF_STUDIO_ORIGINS`` | web-page origins allowed besides the studio's own, comma-separated (``allowed_origins``) |
 | ``GGUF_STUDIO_HOSTS``   | ``Host`` names allowed besides loopback ones, comma-separated (``allowed_hosts``) |
 | ``GGUF_STUDIO_CONFIG``  | the TOML config file (default ``<home>/config.toml``)    |
@@ -90,29 +90,71 @@ if TYPE_CHECKING:
     from launcher.memory import CacheType
     from launcher.speculative import SpecMode
 
-_TOP_KEYS = {"host", "port", "ollama_port", "api_token", "model_dirs", "aliases", "models", "memory_budget", "ttl",
-             "max_resident", "preload", "unload_grace", "busy_wait", "rpc_workers", "mcp_servers", "tools",
-             "allowed_origins", "allowed_hosts", "allow_any_path", "max_body_bytes", "auto_download"}
+_TOP_KEYS = {
+    "host",
+    "port",
+    "ollama_port",
+    "api_token",
+    "model_dirs",
+    "aliases",
+    "models",
+    "memory_budget",
+    "ttl",
+    "max_resident",
+    "preload",
+    "unload_grace",
+    "busy_wait",
+    "rpc_workers",
+    "mcp_servers",
+    "tools",
+    "allowed_origins",
+    "allowed_hosts",
+    "allow_any_path",
+    "max_body_bytes",
+    "auto_download",
+}
 #: The largest request body by default: a photo of a few MB is ~4/3 larger in base64, a minute of WAV ~2 MB.
 DEFAULT_MAX_BODY_BYTES = 32 * 1024 * 1024
 _MCP_KEYS = {"command", "args", "env", "cwd", "url"}
 _PYTHON_KEYS = {"enabled", "timeout", "cpu_seconds", "memory_mb", "max_output_kb"}
 #: MCP server names become part of tool names (``NAME__tool``), which OpenAI limits to these characters.
 _SERVER_NAME = re.compile(r"[A-Za-z0-9_-]{1,32}")
-_MODEL_KEYS = {"n_ctx", "n_parallel", "extra_args", "spec", "spec_n_max", "cache_type_kv", "ttl", "pinned",
-               "mmproj"}
+_MODEL_KEYS = {"n_ctx", "n_parallel", "extra_args", "spec", "spec_n_max", "cache_type_kv", "ttl", "pinned", "mmproj"}
 #: (least, most) a load may ask for; the load API and the config file check the same bounds. No real model
 #: has a context above 16M tokens (Llama 4 Scout's 10M is the largest); a bigger one is a typo, refused
 #: before anything is planned.
-LOAD_LIMITS: Mapping[str, tuple[int, int | None]] = MappingProxyType({
-    "n_ctx": (256, 1 << 24), "n_parallel": (1, 64), "spec_n_max": (1, 64),
-})
+LOAD_LIMITS: Mapping[str, tuple[int, int | None]] = MappingProxyType(
+    {
+        "n_ctx": (256, 1 << 24),
+        "n_parallel": (1, 64),
+        "spec_n_max": (1, 64),
+    }
+)
 #: (least, most) for the residency keys, in seconds or models.
-RESIDENCY_LIMITS: Mapping[str, tuple[float, float]] = MappingProxyType({
-    "ttl": (0, 365 * 86400), "max_resident": (1, 64), "unload_grace": (0, 3600), "busy_wait": (0, 3600),
-})
-_SIZE_UNITS = {"": 1, "b": 1, "k": 1000, "kb": 1000, "kib": 1 << 10, "m": 1000**2, "mb": 1000**2, "mib": 1 << 20,
-               "g": 1000**3, "gb": 1000**3, "gib": 1 << 30, "t": 1000**4, "tb": 1000**4, "tib": 1 << 40}
+RESIDENCY_LIMITS: Mapping[str, tuple[float, float]] = MappingProxyType(
+    {
+        "ttl": (0, 365 * 86400),
+        "max_resident": (1, 64),
+        "unload_grace": (0, 3600),
+        "busy_wait": (0, 3600),
+    }
+)
+_SIZE_UNITS = {
+    "": 1,
+    "b": 1,
+    "k": 1000,
+    "kb": 1000,
+    "kib": 1 << 10,
+    "m": 1000**2,
+    "mb": 1000**2,
+    "mib": 1 << 20,
+    "g": 1000**3,
+    "gb": 1000**3,
+    "gib": 1 << 30,
+    "t": 1000**4,
+    "tb": 1000**4,
+    "tib": 1 << 40,
+}
 
 
 def parse_size(text: str | int) -> int:
@@ -154,7 +196,7 @@ class MemoryBudget:
                 return cls(total=parse_size(value))
         except ValueError as exc:
             raise ValueError(f"{where}: {exc}") from None
-        raise ValueError(f"{where} must be a size such as \"2GiB\" or a table of sizes per device")
+        raise ValueError(f'{where} must be a size such as "2GiB" or a table of sizes per device')
 
 
 @dataclass(frozen=True)
@@ -276,8 +318,10 @@ class Settings:
         except ValueError:
             max_body = 0
         if max_body < 1024:
-            raise ValueError(f"max_body_bytes (GGUF_STUDIO_MAX_BODY_BYTES) must be a number of bytes of at least "
-                             f"1024, not {body_text!r}")
+            raise ValueError(
+                f"max_body_bytes (GGUF_STUDIO_MAX_BODY_BYTES) must be a number of bytes of at least "
+                f"1024, not {body_text!r}"
+            )
         auto = env_flag(env, "GGUF_STUDIO_AUTO_DOWNLOAD")
         workers_text = env.get("GGUF_STUDIO_RPC_WORKERS")
         try:
@@ -302,17 +346,24 @@ class Settings:
             aliases=MappingProxyType(dict(config.get("aliases", {}))),
             rpc_workers=workers,
             rpc_server_path=_optional_path(env.get("GGML_RPC_SERVER_PATH")),
-            model_defaults=MappingProxyType({
-                name: ModelDefaults(
-                    n_ctx=d.get("n_ctx"), n_parallel=d.get("n_parallel"),
-                    extra_args=tuple(d["extra_args"]) if "extra_args" in d else None,
-                    spec=_spec_mode(d["spec"]) if "spec" in d else None,
-                    spec_n_max=d.get("spec_n_max"), cache_type_kv=d.get("cache_type_kv"),
-                    ttl=d.get("ttl"), pinned=bool(d.get("pinned", False)),
-                    mmproj=str(Path(d["mmproj"]).expanduser()) if d.get("mmproj") not in (None, "none") else
-                    d.get("mmproj"),
-                ) for name, d in config.get("models", {}).items()
-            }),
+            model_defaults=MappingProxyType(
+                {
+                    name: ModelDefaults(
+                        n_ctx=d.get("n_ctx"),
+                        n_parallel=d.get("n_parallel"),
+                        extra_args=tuple(d["extra_args"]) if "extra_args" in d else None,
+                        spec=_spec_mode(d["spec"]) if "spec" in d else None,
+                        spec_n_max=d.get("spec_n_max"),
+                        cache_type_kv=d.get("cache_type_kv"),
+                        ttl=d.get("ttl"),
+                        pinned=bool(d.get("pinned", False)),
+                        mmproj=str(Path(d["mmproj"]).expanduser())
+                        if d.get("mmproj") not in (None, "none")
+                        else d.get("mmproj"),
+                    )
+                    for name, d in config.get("models", {}).items()
+                }
+            ),
             residency=_residency(config, env, config_path),
             tools=_tool_settings(config),
             allowed_origins=origins,
@@ -335,7 +386,8 @@ def _read_config(path: Path, *, explicit: bool) -> dict[str, Any]:
         raise ValueError(f"{path}: not valid TOML: {exc}") from None
     problems = [f"unknown key {k!r}" for k in config if k not in _TOP_KEYS]
     if not isinstance(config.get("aliases", {}), dict) or not all(
-            isinstance(v, str) for v in config.get("aliases", {}).values()):
+        isinstance(v, str) for v in config.get("aliases", {}).values()
+    ):
         problems.append("[aliases] must map names to model names or paths (strings)")
     for name, d in (config.get("models", {}) or {}).items():
         if not isinstance(d, dict):
@@ -391,24 +443,33 @@ def _residency(config: dict[str, Any], env: Mapping[str, str], path: Path) -> Re
     else:
         budget = None
     return ResidencySettings(
-        memory_budget=budget, ttl=config.get("ttl", 0), max_resident=config.get("max_resident"),
-        preload=tuple(config.get("preload", ())), unload_grace=config.get("unload_grace", 10.0),
+        memory_budget=budget,
+        ttl=config.get("ttl", 0),
+        max_resident=config.get("max_resident"),
+        preload=tuple(config.get("preload", ())),
+        unload_grace=config.get("unload_grace", 10.0),
         busy_wait=config.get("busy_wait", 30.0),
     )
 
 
 def _number_problems(d: dict[str, Any], limits: Mapping[str, tuple[float, float]], prefix: str = "") -> list[str]:
     """Each key of ``limits`` in ``d`` that is not a number within its bounds."""
-    return [f"{prefix}{k} must be a number from {least:g} to {most:g}" for k, (least, most) in limits.items()
-            if k in d and (not isinstance(d[k], (int, float)) or isinstance(d[k], bool) or not least <= d[k] <= most)]
+    return [
+        f"{prefix}{k} must be a number from {least:g} to {most:g}"
+        for k, (least, most) in limits.items()
+        if k in d and (not isinstance(d[k], (int, float)) or isinstance(d[k], bool) or not least <= d[k] <= most)
+    ]
+
+
 def _rpc_workers(values: str | list[str]) -> tuple[str, ...]:
     from launcher.rpc import parse_endpoints  # small and import-free, but the launcher stays out of --help
 
     return parse_endpoints(values)
 
 
-def _listed(env: Mapping[str, str], var: str, config: dict[str, Any], key: str,
-            normalize: Callable[[str], str]) -> tuple[str, ...]:
+def _listed(
+    env: Mapping[str, str], var: str, config: dict[str, Any], key: str, normalize: Callable[[str], str]
+) -> tuple[str, ...]:
     """A comma-separated variable, else the config's list (checked already), each item normalized."""
     if var not in env:
         return tuple(normalize(item) for item in config.get(key, []))
@@ -448,11 +509,13 @@ def _model_problems(d: dict[str, Any]) -> list[str]:
     if "pinned" in d and not isinstance(d["pinned"], bool):
         problems.append("pinned must be true or false")
     for k, (least, most) in LOAD_LIMITS.items():
-        if k in d and (not isinstance(d[k], int) or isinstance(d[k], bool) or d[k] < least
-                       or (most is not None and d[k] > most)):
+        if k in d and (
+            not isinstance(d[k], int) or isinstance(d[k], bool) or d[k] < least or (most is not None and d[k] > most)
+        ):
             problems.append(f"{k} must be an integer from {least}" + (f" to {most}" if most else " up"))
-    if "extra_args" in d and not (isinstance(d["extra_args"], list)
-                                  and all(isinstance(a, str) for a in d["extra_args"])):
+    if "extra_args" in d and not (
+        isinstance(d["extra_args"], list) and all(isinstance(a, str) for a in d["extra_args"])
+    ):
         problems.append("extra_args must be a list of strings")
     if "spec" in d and not isinstance(d["spec"], str):
         problems.append(f"spec must be a string, one of: {', '.join(MODES)}")
@@ -481,8 +544,9 @@ def _tool_problems(config: dict[str, Any]) -> list[str]:
         if not isinstance(d, dict):
             problems.append(f"{where} must be a table")
             continue
-        problems += [f"{where}: unknown key {k!r} (known: {', '.join(sorted(_MCP_KEYS))})" for k in d
-                     if k not in _MCP_KEYS]
+        problems += [
+            f"{where}: unknown key {k!r} (known: {', '.join(sorted(_MCP_KEYS))})" for k in d if k not in _MCP_KEYS
+        ]
         if ("command" in d) == ("url" in d):
             problems.append(f"{where}: give either command (a stdio server) or url (streamable HTTP)")
         if "command" in d and (not isinstance(d["command"], str) or not d["command"]):
@@ -503,13 +567,20 @@ def _tool_problems(config: dict[str, Any]) -> list[str]:
     python = tools.get("python", {})
     if not isinstance(python, dict):
         return problems + ["[tools.python] must be a table"]
-    problems += [f"[tools.python]: unknown key {k!r} (known: {', '.join(sorted(_PYTHON_KEYS))})" for k in python
-                 if k not in _PYTHON_KEYS]
+    problems += [
+        f"[tools.python]: unknown key {k!r} (known: {', '.join(sorted(_PYTHON_KEYS))})"
+        for k in python
+        if k not in _PYTHON_KEYS
+    ]
     if "enabled" in python and not isinstance(python["enabled"], bool):
         problems.append("[tools.python]: enabled must be true or false")
     for k in ("timeout", "cpu_seconds", "memory_mb", "max_output_kb"):
-        if k in python and (isinstance(python[k], bool) or not isinstance(python[k], (int, float))
-                            or python[k] <= 0 or (k != "timeout" and not isinstance(python[k], int))):
+        if k in python and (
+            isinstance(python[k], bool)
+            or not isinstance(python[k], (int, float))
+            or python[k] <= 0
+            or (k != "timeout" and not isinstance(python[k], int))
+        ):
             problems.append(f"[tools.python]: {k} must be a positive {'number' if k == 'timeout' else 'integer'}")
     return problems
 
@@ -517,9 +588,14 @@ def _tool_problems(config: dict[str, Any]) -> list[str]:
 def _tool_settings(config: dict[str, Any]) -> ToolSettings:
     servers = {
         name: MCPServerConfig(
-            name=name, command=d.get("command"), args=tuple(d.get("args", ())),
-            env=MappingProxyType(dict(d.get("env", {}))), cwd=_optional_path(d.get("cwd")), url=d.get("url"),
-        ) for name, d in config.get("mcp_servers", {}).items()
+            name=name,
+            command=d.get("command"),
+            args=tuple(d.get("args", ())),
+            env=MappingProxyType(dict(d.get("env", {}))),
+            cwd=_optional_path(d.get("cwd")),
+            url=d.get("url"),
+        )
+        for name, d in config.get("mcp_servers", {}).items()
     }
     python = config.get("tools", {}).get("python", {})
     return ToolSettings(mcp_servers=MappingProxyType(servers), python=PythonToolConfig(**python))

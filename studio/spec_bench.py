@@ -47,7 +47,7 @@ class BenchPrompt:
     text: str
 
 
-_CODE = '''def summarize(orders):
+_CODE = """def summarize(orders):
     total = 0
     count = 0
     largest = None
@@ -60,15 +60,21 @@ _CODE = '''def summarize(orders):
             largest = order
     average = total / count if count else 0
     return {"total": total, "count": count, "average": average, "largest": largest}
-'''
+"""
 
 #: The fixed prompt set. Plain completions (no chat template), so base models and instruct models do the same work.
 PROMPTS: tuple[BenchPrompt, ...] = (
-    BenchPrompt("prose", "The sea covers most of our planet, yet we know less about its depths than about the "
-                         "surface of the moon. In this essay I want to describe"),
-    BenchPrompt("code edit", "Here is a Python function:\n\n```python\n" + _CODE + "```\n\nHere is the same "
-                             "function with `orders` renamed to `purchases`, and nothing else changed:\n\n"
-                             "```python\n"),
+    BenchPrompt(
+        "prose",
+        "The sea covers most of our planet, yet we know less about its depths than about the "
+        "surface of the moon. In this essay I want to describe",
+    ),
+    BenchPrompt(
+        "code edit",
+        "Here is a Python function:\n\n```python\n" + _CODE + "```\n\nHere is the same "
+        "function with `orders` renamed to `purchases`, and nothing else changed:\n\n"
+        "```python\n",
+    ),
     BenchPrompt("repetitive", "".join(f"- server {i:02d}: status ok, load normal, disk fine\n" for i in range(1, 9))),
 )
 
@@ -101,9 +107,20 @@ class _Run:
     draft_accepted: int
 
 
-def measure(info: ModelInfo, inventory: Inventory, caps: Capabilities, binary: Path, *, work_dir: Path,
-            tokens: int = 128, rounds: int = 1, n_ctx: int = 2048, modes: Sequence[str] | None = None,
-            prompts: Sequence[BenchPrompt] = PROMPTS, progress: Progress | None = None) -> SpecMeasurement:
+def measure(
+    info: ModelInfo,
+    inventory: Inventory,
+    caps: Capabilities,
+    binary: Path,
+    *,
+    work_dir: Path,
+    tokens: int = 128,
+    rounds: int = 1,
+    n_ctx: int = 2048,
+    modes: Sequence[str] | None = None,
+    prompts: Sequence[BenchPrompt] = PROMPTS,
+    progress: Progress | None = None,
+) -> SpecMeasurement:
     """Measure every mode on ``prompts`` and return the result (not stored; see ``measure_and_store``).
 
     Raises:
@@ -118,9 +135,13 @@ def measure(info: ModelInfo, inventory: Inventory, caps: Capabilities, binary: P
     for r in range(rounds):
         for mode in modes:
             launch = plan(info, inventory, caps, PlanRequest(n_ctx=n_ctx, n_parallel=1, spec=mode))
-            say(f"round {r + 1}/{rounds}: {spec_measurements.LABELS[mode]} ({' '.join(launch.spec.argv) or 'no flags'})")
-            with _serving(launch, caps, binary, work_dir, mode) as (url, headers), \
-                    httpx.Client(base_url=url, headers=headers, timeout=None) as client:
+            say(
+                f"round {r + 1}/{rounds}: {spec_measurements.LABELS[mode]} ({' '.join(launch.spec.argv) or 'no flags'})"
+            )
+            with (
+                _serving(launch, caps, binary, work_dir, mode) as (url, headers),
+                httpx.Client(base_url=url, headers=headers, timeout=None) as client,
+            ):
                 _complete(client, "Hello", 4)  # the first request pays for warm-up
                 for prompt in prompts:
                     run = _complete(client, prompt.text, tokens)
@@ -131,28 +152,49 @@ def measure(info: ModelInfo, inventory: Inventory, caps: Capabilities, binary: P
     for mode in modes:
         medians = {kind: statistics.median(v) for kind, v in per_prompt[mode].items()}
         drafted = sum(x.draft_n for x in runs[mode])
-        results.append(ModeResult(mode, statistics.geometric_mean(medians.values()), medians,
-                                  sum(x.draft_accepted for x in runs[mode]) / drafted if drafted else None))
+        results.append(
+            ModeResult(
+                mode,
+                statistics.geometric_mean(medians.values()),
+                medians,
+                sum(x.draft_accepted for x in runs[mode]) / drafted if drafted else None,
+            )
+        )
     key = SpecKey.of(info.path, spec_devices(inventory, caps), caps)
-    now = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+    now = datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
     return SpecMeasurement(key, tuple(results), now, tokens)
 
 
-def measure_and_store(info: ModelInfo, inventory: Inventory, caps: Capabilities, binary: Path, *, store: Path,
-                      work_dir: Path, **options: object) -> tuple[SpecMeasurement, Path]:
+def measure_and_store(
+    info: ModelInfo,
+    inventory: Inventory,
+    caps: Capabilities,
+    binary: Path,
+    *,
+    store: Path,
+    work_dir: Path,
+    **options: object,
+) -> tuple[SpecMeasurement, Path]:
     """``measure``, then store the result where the planner looks for it; return it and its file."""
     measurement = measure(info, inventory, caps, binary, work_dir=work_dir, **options)  # type: ignore[arg-type]
     return measurement, spec_measurements.save(store, measurement)
 
 
 @contextmanager
-def _serving(launch: LaunchPlan, caps: Capabilities, binary: Path, work_dir: Path,
-             mode: str) -> Iterator[tuple[str, dict[str, str]]]:
+def _serving(
+    launch: LaunchPlan, caps: Capabilities, binary: Path, work_dir: Path, mode: str
+) -> Iterator[tuple[str, dict[str, str]]]:
     """Run ``launch``'s llama-server until the block ends; yield its URL and auth headers."""
     command = build_command(launch, caps, binary=binary, files_root=work_dir)
     port = free_port(HOST)
-    server = LlamaServer(command.argv(port), host=HOST, port=port, log_path=work_dir / f"llama-server-{mode}.log",
-                         env=command.env, api_key=command.api_key)
+    server = LlamaServer(
+        command.argv(port),
+        host=HOST,
+        port=port,
+        log_path=work_dir / f"llama-server-{mode}.log",
+        env=command.env,
+        api_key=command.api_key,
+    )
     server.start()
     try:
         server.wait_ready(timeout=START_TIMEOUT)
@@ -162,9 +204,12 @@ def _serving(launch: LaunchPlan, caps: Capabilities, binary: Path, work_dir: Pat
 
 
 def _complete(client: httpx.Client, prompt: str, tokens: int) -> _Run:
-    resp = client.post("/completion", json={"prompt": prompt, "n_predict": tokens, "temperature": 0,
-                                            "ignore_eos": True, "cache_prompt": False})
+    resp = client.post(
+        "/completion",
+        json={"prompt": prompt, "n_predict": tokens, "temperature": 0, "ignore_eos": True, "cache_prompt": False},
+    )
     resp.raise_for_status()
     t = resp.json()["timings"]
-    return _Run(int(t["predicted_n"]), float(t["predicted_ms"]), int(t.get("draft_n") or 0),
-                int(t.get("draft_n_accepted") or 0))
+    return _Run(
+        int(t["predicted_n"]), float(t["predicted_ms"]), int(t.get("draft_n") or 0), int(t.get("draft_n_accepted") or 0)
+    )

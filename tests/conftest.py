@@ -13,10 +13,10 @@ from launcher import capabilities
 from launcher.build import BuildResult, ensure_built
 from launcher.capabilities import Capabilities, capabilities_from_text, probe
 from launcher.planner import ModelInfo, load_model
-from tests.support.zoo import derive_mtp_model, ensure_zoo
 from studio.library.default_model import ensure_gemma
 from studio.settings import Settings
 from tests.helpers import assert_no_children, wait_for
+from tests.support.zoo import derive_mtp_model, ensure_zoo
 
 FIXTURES = Path(__file__).parent / "fixtures"
 
@@ -101,8 +101,12 @@ def no_llama_server_outlives_the_run():
         for p in psutil.process_iter(["name", "create_time", "status", "ppid"]):
             info = p.info
             # ours, or orphaned (re-parented to init); another test run's children on this machine are not ours
-            if info["name"] == "llama-server" and info["create_time"] >= started - 1 \
-                    and info["status"] != psutil.STATUS_ZOMBIE and (p.pid in mine or info["ppid"] == 1):
+            if (
+                info["name"] == "llama-server"
+                and info["create_time"] >= started - 1
+                and info["status"] != psutil.STATUS_ZOMBIE
+                and (p.pid in mine or info["ppid"] == 1)
+            ):
                 out.append(f"{p.pid}")
         return out
 

@@ -40,8 +40,9 @@ def assert_no_children() -> None:
     wait_for(lambda: not me.children(recursive=True), timeout=10, what="child processes to exit")
 
 
-def server_argv(binary: Path, model: Path, *, host: str, port: int, n_ctx: int | None = None,
-                extra: Sequence[str] = ()) -> list[str]:
+def server_argv(
+    binary: Path, model: Path, *, host: str, port: int, n_ctx: int | None = None, extra: Sequence[str] = ()
+) -> list[str]:
     """A minimal llama-server argv without a plan: for tests of the process layers under the planner."""
     argv = [str(binary), "-m", str(model), "--host", host, "--port", str(port), "--jinja"]
     if n_ctx is not None:

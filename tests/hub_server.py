@@ -67,7 +67,11 @@ class FakeRepo:
         if not blobs:
             return {"rfilename": path}
         data = self.files[path]
-        entry: dict = {"rfilename": path, "size": len(data), "blobId": hashlib.sha1(path.encode() + data[:64]).hexdigest()}
+        entry: dict = {
+            "rfilename": path,
+            "size": len(data),
+            "blobId": hashlib.sha1(path.encode() + data[:64]).hexdigest(),
+        }
         if self.is_lfs(path):
             entry["lfs"] = {"size": len(data), "sha256": self.etag(path), "pointerSize": 134}
         return entry
@@ -93,8 +97,9 @@ class HubServer:
         self._lock = threading.Lock()
         self._httpd = ThreadingHTTPServer(("127.0.0.1", 0), _make_handler(self))
         self._httpd.daemon_threads = True
-        self._thread = threading.Thread(target=self._httpd.serve_forever, kwargs={"poll_interval": 0.05},
-                                        name="hub-server", daemon=True)
+        self._thread = threading.Thread(
+            target=self._httpd.serve_forever, kwargs={"poll_interval": 0.05}, name="hub-server", daemon=True
+        )
 
     @property
     def url(self) -> str:
@@ -145,13 +150,14 @@ def _make_handler(server: HubServer) -> type[BaseHTTPRequestHandler]:
 
         def _record(self) -> str:
             path = unquote(urlsplit(self.path).path)
-            server.record(Request(self.command, path, self.headers.get("Range"),
-                                  self.headers.get("Authorization") is not None))
+            server.record(
+                Request(self.command, path, self.headers.get("Range"), self.headers.get("Authorization") is not None)
+            )
             return path
 
         def _token(self) -> str | None:
             auth = self.headers.get("Authorization") or ""
-            return auth[len("Bearer "):] if auth.startswith("Bearer ") else None
+            return auth[len("Bearer ") :] if auth.startswith("Bearer ") else None
 
         def _error(self, status: int, code: str, message: str, commit: str | None = None) -> None:
             body = json.dumps({"error": message}).encode()
@@ -193,12 +199,21 @@ def _make_handler(server: HubServer) -> type[BaseHTTPRequestHandler]:
                 if repo is None or (m["rev"] and not self._revision_ok(repo, m["rev"])):
                     return
                 blobs = parse_qs(urlsplit(self.path).query).get("blobs", ["false"])[0].lower() == "true"
-                self._json({
-                    "_id": repo.commit[:24], "id": repo.repo_id, "modelId": repo.repo_id, "author": repo.repo_id.split("/")[0],
-                    "sha": repo.commit, "private": False, "disabled": False, "gated": "manual" if repo.gated else False,
-                    "tags": ["gguf"], "lastModified": "2025-01-01T00:00:00.000Z",
-                    "siblings": [repo.sibling(p, blobs) for p in sorted(repo.files)],
-                })
+                self._json(
+                    {
+                        "_id": repo.commit[:24],
+                        "id": repo.repo_id,
+                        "modelId": repo.repo_id,
+                        "author": repo.repo_id.split("/")[0],
+                        "sha": repo.commit,
+                        "private": False,
+                        "disabled": False,
+                        "gated": "manual" if repo.gated else False,
+                        "tags": ["gguf"],
+                        "lastModified": "2025-01-01T00:00:00.000Z",
+                        "siblings": [repo.sibling(p, blobs) for p in sorted(repo.files)],
+                    }
+                )
             elif m := _RESOLVE.match(path):
                 self._resolve(m, body=True)
             else:
@@ -237,16 +252,23 @@ def _make_handler(server: HubServer) -> type[BaseHTTPRequestHandler]:
             if repo.gated:
                 token = self._token()
                 if token is None:
-                    self._error(401, "GatedRepo", f"Access to model {repo.repo_id} is restricted. You must have "
-                                "access to it and be authenticated to access it. Please log in.")
+                    self._error(
+                        401,
+                        "GatedRepo",
+                        f"Access to model {repo.repo_id} is restricted. You must have "
+                        "access to it and be authenticated to access it. Please log in.",
+                    )
                     return
                 if token != repo.granted_token:
-                    self._error(403, "GatedRepo", f"Access to model {repo.repo_id} is restricted and you are "
-                                "not in the authorized list.")
+                    self._error(
+                        403,
+                        "GatedRepo",
+                        f"Access to model {repo.repo_id} is restricted and you are not in the authorized list.",
+                    )
                     return
             name = m["path"]
             if name not in repo.files:
-                self._error(404, "EntryNotFound", f"{name} does not exist on \"main\"", commit=repo.commit)
+                self._error(404, "EntryNotFound", f'{name} does not exist on "main"', commit=repo.commit)
                 return
             data = repo.files[name]
             start, end, status = 0, len(data) - 1, 200
@@ -272,7 +294,7 @@ def _make_handler(server: HubServer) -> type[BaseHTTPRequestHandler]:
                 return
             try:
                 for pos in range(start, end + 1, _CHUNK):
-                    self.wfile.write(data[pos:min(pos + _CHUNK, end + 1)])
+                    self.wfile.write(data[pos : min(pos + _CHUNK, end + 1)])
                     if server.chunk_delay:
                         time.sleep(server.chunk_delay)
             except (BrokenPipeError, ConnectionResetError):  # the client cancelled

@@ -35,17 +35,27 @@ from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
-WEATHER_TOOL = {"type": "function", "function": {
-    "name": "get_weather", "description": "Get the weather for a city",
-    "parameters": {"type": "object", "properties": {"city": {"type": "string"}, "days": {"type": "integer"}},
-                   "required": ["city"]}}}
+WEATHER_TOOL = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "Get the weather for a city",
+        "parameters": {
+            "type": "object",
+            "properties": {"city": {"type": "string"}, "days": {"type": "integer"}},
+            "required": ["city"],
+        },
+    },
+}
 
 #: Leaked answers (see the module docstring) and the call each one means.
 LEAKS: dict[str, str] = {
     "hermes": 'I will look that up.\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>',
     "hermes_unclosed": '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}',
-    "qwen3_coder": ("<tool_call>\n<function=get_weather>\n<parameter=city>\nParis\n</parameter>\n</parameter>\n"
-                    "<parameter=days>\n3\n</parameter>\n</function>\n</tool_call>"),
+    "qwen3_coder": (
+        "<tool_call>\n<function=get_weather>\n<parameter=city>\nParis\n</parameter>\n</parameter>\n"
+        "<parameter=days>\n3\n</parameter>\n</function>\n</tool_call>"
+    ),
     "function_unclosed": "Checking.\n<function=get_weather>\n<parameter=city>\nParis\n</parameter>\n",
     "mistral": '[TOOL_CALLS][{"name": "get_weather", "arguments": {"city": "Paris"}}]',
     "mistral_unclosed": '[TOOL_CALLS][{"name": "get_weather", "arguments": {"city": "Paris"}}',
@@ -127,9 +137,14 @@ class ReplayUpstream:
     # -- serving --------------------------------------------------------------------------
     def _serve(self, handler: BaseHTTPRequestHandler, body: dict[str, Any], answer: Answer) -> None:
         if answer.status != 200:
-            self._send_json(handler, answer.status, {"error": answer.error or {"code": answer.status,
-                                                                              "message": "scripted failure",
-                                                                              "type": "server_error"}})
+            self._send_json(
+                handler,
+                answer.status,
+                {
+                    "error": answer.error
+                    or {"code": answer.status, "message": "scripted failure", "type": "server_error"}
+                },
+            )
             return
         if body.get("stream"):
             self._send_stream(handler, body, answer)
@@ -150,12 +165,14 @@ class ReplayUpstream:
         handler.send_header("Content-Type", "text/event-stream")
         handler.send_header("Transfer-Encoding", "chunked")
         handler.end_headers()
-        events = [b"data: " + json.dumps(c, separators=(",", ":")).encode() + b"\n\n"
-                  for c in self._chunks(answer, bool((body.get("stream_options") or {}).get("include_usage")))]
+        events = [
+            b"data: " + json.dumps(c, separators=(",", ":")).encode() + b"\n\n"
+            for c in self._chunks(answer, bool((body.get("stream_options") or {}).get("include_usage")))
+        ]
         events.append(b"data: [DONE]\n\n")
         if answer.split_at is not None:
             raw = b"".join(events)
-            events = [raw[:answer.split_at], raw[answer.split_at:]]
+            events = [raw[: answer.split_at], raw[answer.split_at :]]
         try:
             for piece in events:
                 if answer.delay:
@@ -170,8 +187,13 @@ class ReplayUpstream:
 
     @staticmethod
     def _envelope() -> dict[str, Any]:
-        return {"created": int(time.time()), "id": "chatcmpl-replay", "model": "replay",
-                "system_fingerprint": "b11434-replay", "object": "chat.completion.chunk"}
+        return {
+            "created": int(time.time()),
+            "id": "chatcmpl-replay",
+            "model": "replay",
+            "system_fingerprint": "b11434-replay",
+            "object": "chat.completion.chunk",
+        }
 
     def _chunks(self, answer: Answer, include_usage: bool) -> list[dict[str, Any]]:
         env = self._envelope()
@@ -183,10 +205,24 @@ class ReplayUpstream:
         out += [chunk({"reasoning_content": r}) for r in answer.reasoning]
         out += [chunk({"content": c}) for c in answer.content]
         for i, (name, arguments) in enumerate(answer.tool_calls):
-            out.append(chunk({"tool_calls": [{"index": i, "id": f"replay{i}", "type": "function",
-                                              "function": {"name": name, "arguments": arguments[:1]}}]}))
-            out += [chunk({"tool_calls": [{"index": i, "function": {"arguments": arguments[j:j + 4]}}]})
-                    for j in range(1, len(arguments), 4)]
+            out.append(
+                chunk(
+                    {
+                        "tool_calls": [
+                            {
+                                "index": i,
+                                "id": f"replay{i}",
+                                "type": "function",
+                                "function": {"name": name, "arguments": arguments[:1]},
+                            }
+                        ]
+                    }
+                )
+            )
+            out += [
+                chunk({"tool_calls": [{"index": i, "function": {"arguments": arguments[j : j + 4]}}]})
+                for j in range(1, len(arguments), 4)
+            ]
         final = chunk({}, self._finish(answer))
         timings = self._timings(answer)
         if include_usage:
@@ -200,11 +236,17 @@ class ReplayUpstream:
         if answer.reasoning:
             message["reasoning_content"] = "".join(answer.reasoning)
         if answer.tool_calls:
-            message["tool_calls"] = [{"type": "function", "function": {"name": n, "arguments": a}, "id": f"replay{i}"}
-                                     for i, (n, a) in enumerate(answer.tool_calls)]
-        return {"choices": [{"finish_reason": self._finish(answer), "index": 0, "message": message}],
-                **self._envelope(), "object": "chat.completion", "usage": self._usage(answer),
-                "timings": self._timings(answer)}
+            message["tool_calls"] = [
+                {"type": "function", "function": {"name": n, "arguments": a}, "id": f"replay{i}"}
+                for i, (n, a) in enumerate(answer.tool_calls)
+            ]
+        return {
+            "choices": [{"finish_reason": self._finish(answer), "index": 0, "message": message}],
+            **self._envelope(),
+            "object": "chat.completion",
+            "usage": self._usage(answer),
+            "timings": self._timings(answer),
+        }
 
     @staticmethod
     def _finish(answer: Answer) -> str:
@@ -220,5 +262,11 @@ class ReplayUpstream:
 
     def _timings(self, answer: Answer) -> dict[str, float]:
         n = self._completion_tokens(answer)
-        return {"cache_n": 0, "prompt_n": answer.prompt_tokens, "prompt_ms": 10.0 * answer.prompt_tokens,
-                "predicted_n": n, "predicted_ms": 20.0 * n, "predicted_per_second": 50.0}
+        return {
+            "cache_n": 0,
+            "prompt_n": answer.prompt_tokens,
+            "prompt_ms": 10.0 * answer.prompt_tokens,
+            "predicted_n": n,
+            "predicted_ms": 20.0 * n,
+            "predicted_per_second": 50.0,
+        }

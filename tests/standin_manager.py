@@ -5,8 +5,8 @@ the ``LoadedModel`` it returns (``.name``, ``.url``, ``.auth_headers``, ``.n_ctx
 ``.template``, ``.plan.rpc_workers``, and ``.plan.model.projector`` / ``.path`` for the media
 checks) and its ``Lease`` (awaited to release; ``.interruption`` when the model went away), once
 the path rule and the media preflight have asked ``find``, ``work_timeout``, ``catalog`` and
-``model_defaults``, and ``/metrics`` has subscribed to ``listeners``; this gives them a model with those attributes that lives at
-``tests.replay_upstream.ReplayUpstream``'s URL, so the real proxy code runs against
+``model_defaults``, and ``/metrics`` has subscribed to ``listeners``; this gives them a model with
+those attributes that lives at ``tests.replay_upstream.ReplayUpstream``'s URL, so the real proxy code runs against
 recorded answers without a model load. It imitates a manager with one model resident
 that is never unloaded under a request, and counts requests in flight as the real one does.
 """

@@ -9,16 +9,42 @@ import pytest
 from studio.http.access import AccessPolicy, normalize_host, normalize_origin, origin_of, own_origin, split_host
 
 
-@pytest.mark.parametrize("header", ["127.0.0.1:8080", "127.0.0.1", "127.8.9.10:1", "localhost:8080", "LOCALHOST.",
-                                    "[::1]:8080", "[::1]", "::1", "[::ffff:127.0.0.1]:80"])
+@pytest.mark.parametrize(
+    "header",
+    [
+        "127.0.0.1:8080",
+        "127.0.0.1",
+        "127.8.9.10:1",
+        "localhost:8080",
+        "LOCALHOST.",
+        "[::1]:8080",
+        "[::1]",
+        "::1",
+        "[::ffff:127.0.0.1]:80",
+    ],
+)
 def test_loopback_hosts_are_allowed_on_a_loopback_studio(header):
     assert AccessPolicy.create().host_allowed(header)
 
 
-@pytest.mark.parametrize("header", [
-    "evil.example", "evil.example:8080", "localhost.evil.example:8080", "foo.localhost:8080", "127.0.0.1.evil.example",
-    "192.168.1.20:8080", "[fe80::1]:8080", "0.0.0.0:8080", "", "evil example", "a:b:c:8080", "[::1]x", "host:99999",
-])
+@pytest.mark.parametrize(
+    "header",
+    [
+        "evil.example",
+        "evil.example:8080",
+        "localhost.evil.example:8080",
+        "foo.localhost:8080",
+        "127.0.0.1.evil.example",
+        "192.168.1.20:8080",
+        "[fe80::1]:8080",
+        "0.0.0.0:8080",
+        "",
+        "evil example",
+        "a:b:c:8080",
+        "[::1]x",
+        "host:99999",
+    ],
+)
 def test_other_hosts_are_refused_on_a_loopback_studio(header):
     """A DNS-rebinding page's own name (and anything malformed) is refused; so are addresses we do not listen on."""
     assert not AccessPolicy.create().host_allowed(header)
@@ -66,15 +92,22 @@ def test_only_the_own_origin_and_listed_ones_are_allowed():
     own = "http://127.0.0.1:8080"
     assert policy.origin_allowed("http://127.0.0.1:8080", own)
     assert policy.origin_allowed("http://LOCALHOST:3000", own)
-    for page in ("http://localhost:8080", "http://127.0.0.1:3000", "https://localhost:3000", "null",
-                 "http://evil.example", "garbage"):
+    for page in (
+        "http://localhost:8080",
+        "http://127.0.0.1:3000",
+        "https://localhost:3000",
+        "null",
+        "http://evil.example",
+        "garbage",
+    ):
         assert not policy.origin_allowed(page, own), page
     assert not policy.origin_allowed("http://127.0.0.1:8080", None)  # no Host: no own origin
     assert AccessPolicy.create(allowed_origins=["*"]).origin_allowed("null", own)  # only when the user writes it
 
 
-@pytest.mark.parametrize("text", ["localhost:3000", "http://localhost:3000/app", "http://", "null", "http://a b",
-                                  "http://user@host"])
+@pytest.mark.parametrize(
+    "text", ["localhost:3000", "http://localhost:3000/app", "http://", "null", "http://a b", "http://user@host"]
+)
 def test_what_is_no_origin_is_refused_in_the_config(text):
     with pytest.raises(ValueError, match="not an origin|not a host"):
         normalize_origin(text)

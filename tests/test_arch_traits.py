@@ -21,8 +21,8 @@ def _arch_names(llama_src: Path) -> dict[str, str]:
 def _switch_cases(llama_src: Path, function: str) -> set[str]:
     """The architecture names a ``switch (arch)`` predicate of llama-arch.cpp lists before its first ``return``."""
     text = (llama_src / "src" / "llama-arch.cpp").read_text()
-    body = text[text.index(f"bool {function}("):]
-    listed = body[:body.index("return")]
+    body = text[text.index(f"bool {function}(") :]
+    listed = body[: body.index("return")]
     names = _arch_names(llama_src)
     return {names[e] for e in re.findall(r"case (LLM_ARCH_\w+):", listed)}
 
@@ -54,22 +54,32 @@ def test_rollback_and_mixed_batch_are_the_llama_arch_cpp_predicates(llama_src):
     assert set(architectures_with(lambda t: t.rs_rollback)) == _switch_cases(llama_src, "llm_arch_supports_rs_rollback")
     # llm_arch_supports_mixed_batch lists the architectures it returns false for
     assert set(architectures_with(lambda t: not t.mixed_batch_input)) == _switch_cases(
-        llama_src, "llm_arch_supports_mixed_batch")
+        llama_src, "llm_arch_supports_mixed_batch"
+    )
 
 
 def test_graph_and_context_checks_by_name_match_the_sources(llama_src):
     assert set(architectures_with(lambda t: t.moe_weight_before_ffn)) == _archs_in(
-        llama_src, "llama-graph.cpp", r"const bool weight_before_ffn =")
+        llama_src, "llama-graph.cpp", r"const bool weight_before_ffn ="
+    )
     assert set(architectures_with(lambda t: not t.flash_attn)) == _archs_in(
-        llama_src, "llama-context.cpp", r"flash_attn_type != LLAMA_FLASH_ATTN_TYPE_DISABLED && model->arch ==")
+        llama_src, "llama-context.cpp", r"flash_attn_type != LLAMA_FLASH_ATTN_TYPE_DISABLED && model->arch =="
+    )
     assert set(architectures_with(lambda t: t.kv_types_must_match)) == _archs_in(
-        llama_src, "llama-context.cpp", r"is_mla\(\) \|\| model->arch ==.*type_k != params.type_v")
+        llama_src, "llama-context.cpp", r"is_mla\(\) \|\| model->arch ==.*type_k != params.type_v"
+    )
 
 
 def test_every_trait_has_a_docstring_saying_what_llama_cpp_does():
     tree = ast.parse(inspect.getsource(arch_traits))
     cls = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "ArchTraits")
-    documented = {a.target.id for a, doc in zip(cls.body, cls.body[1:])
-                  if isinstance(a, ast.AnnAssign) and isinstance(a.target, ast.Name) and isinstance(doc, ast.Expr)
-                  and isinstance(doc.value, ast.Constant) and isinstance(doc.value.value, str)}
+    documented = {
+        a.target.id
+        for a, doc in zip(cls.body, cls.body[1:], strict=False)
+        if isinstance(a, ast.AnnAssign)
+        and isinstance(a.target, ast.Name)
+        and isinstance(doc, ast.Expr)
+        and isinstance(doc.value, ast.Constant)
+        and isinstance(doc.value.value, str)
+    }
     assert documented == {f.name for f in dataclasses.fields(ArchTraits)}

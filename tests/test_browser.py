@@ -47,12 +47,21 @@ TINY = "llama-dense"
 # The flags Chromium needs here: no sandbox as root, no GPU, nothing fetched from outside. Then the
 # rebinding name, and Chrome's own private-network checks off: they stop a public page's requests to
 # loopback in Chrome alone (not Firefox or Safari), and what is tested here is the studio's defence.
-FLAGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",
-         "--disable-component-update", "--disable-sync", "--host-resolver-rules=MAP evil.example 127.0.0.1",
-         "--disable-features=BlockInsecurePrivateNetworkRequests,LocalNetworkAccessChecks"]
+FLAGS = [
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--host-resolver-rules=MAP evil.example 127.0.0.1",
+    "--disable-features=BlockInsecurePrivateNetworkRequests,LocalNetworkAccessChecks",
+]
 
 pytestmark = [
-    pytest.mark.slow, pytest.mark.shared_processes,
+    pytest.mark.slow,
+    pytest.mark.shared_processes,
     pytest.mark.skipif(not CHROMIUM.exists(), reason="no /usr/bin/chromium: `make chromium` installs it"),
 ]
 
@@ -100,15 +109,21 @@ class _QuietHandler(http.server.SimpleHTTPRequestHandler):
 
 @pytest.fixture(scope="module")
 def studio(llama_server_bin, zoo_dir, elsewhere, tmp_path_factory):
-    """The studio with the tiny model loaded, allowing the page at http://localhost:<elsewhere>; yields (url, manager, spy)."""
+    """The studio with the tiny model loaded, allowing the page at http://localhost:<elsewhere>.
+
+    Yields (url, manager, spy)."""
     root = tmp_path_factory.mktemp("browser-studio")
     models = root / "models"
     models.mkdir()
     (models / f"{TINY}.gguf").symlink_to(zoo_dir / f"{TINY}.gguf")
     supervisors = supervisor_factory(root / "logs", ChildRegistry(root / "run", owner_token()))
-    manager = ModelManager(catalog=Catalog([models]), binary=llama_server_bin, make_supervisor=supervisors,
-                           caps=probe(llama_server_bin, cache_dir=root / "cache"),
-                           model_defaults={TINY: ModelDefaults(n_ctx=256, spec="off")})
+    manager = ModelManager(
+        catalog=Catalog([models]),
+        binary=llama_server_bin,
+        make_supervisor=supervisors,
+        caps=probe(llama_server_bin, cache_dir=root / "cache"),
+        model_defaults={TINY: ModelDefaults(n_ctx=256, spec="off")},
+    )
     app = create_app(manager, access=AccessPolicy.create(allowed_origins=[f"http://localhost:{elsewhere}"]))
 
     @app.get("/test-page", include_in_schema=False)
@@ -135,7 +150,8 @@ def browser(tmp_path_factory):
     profile = tmp_path_factory.mktemp("chromium-profile")
     with sync_playwright() as pw:
         context = pw.chromium.launch_persistent_context(
-            str(profile), executable_path=str(CHROMIUM), headless=True, args=FLAGS)
+            str(profile), executable_path=str(CHROMIUM), headless=True, args=FLAGS
+        )
         yield context
         context.close()
     shutil.rmtree(profile, ignore_errors=True)
@@ -152,8 +168,10 @@ def tokens(manager: ModelManager) -> tuple[int, int]:
     """(prompt tokens, generated tokens) llama-server has processed so far, from its own /metrics."""
     loaded = manager.loaded
     text = httpx.get(f"{loaded.url}/metrics", headers=loaded.auth_headers, timeout=10).text
-    counts = [int(float(re.search(rf"^llamacpp:{name} (\S+)$", text, re.M)[1]))
-              for name in ("prompt_tokens_total", "tokens_predicted_total")]
+    counts = [
+        int(float(re.search(rf"^llamacpp:{name} (\S+)$", text, re.M)[1]))
+        for name in ("prompt_tokens_total", "tokens_predicted_total")
+    ]
     return counts[0], counts[1]
 
 
@@ -187,9 +205,13 @@ def test_a_foreign_page_can_neither_run_the_model_nor_unload_it_nor_read_anythin
     # (once the form has navigated to the studio's 403, Chromium may ask it for /favicon.ico: not the page's doing)
     answered = [seen for seen in spy.since(mark) if seen[1] != "/favicon.ico"]
     assert answered == [
-        ("POST", "/v1/chat/completions", foreign, 403), ("POST", "/api/unload", foreign, 403),
-        ("POST", "/v1/completions", foreign, 403), ("OPTIONS", "/v1/chat/completions", foreign, 403),
-        ("GET", "/api/status", foreign, 403), ("GET", "/v1/models", foreign, 403), ("GET", "/api/logs", foreign, 403),
+        ("POST", "/v1/chat/completions", foreign, 403),
+        ("POST", "/api/unload", foreign, 403),
+        ("POST", "/v1/completions", foreign, 403),
+        ("OPTIONS", "/v1/chat/completions", foreign, 403),
+        ("GET", "/api/status", foreign, 403),
+        ("GET", "/v1/models", foreign, 403),
+        ("GET", "/api/logs", foreign, 403),
         ("POST", "/api/unload", foreign, 403),
     ]
     assert tokens(manager) == before  # the model did not run

@@ -39,8 +39,12 @@ CHAT = {"messages": [{"role": "user", "content": "x"}]}
 @pytest.fixture
 def manager(llama_server_bin, tmp_path):
     supervisors = supervisor_factory(tmp_path / "logs", ChildRegistry(tmp_path / "run", owner_token()))
-    return ModelManager(catalog=Catalog([tmp_path / "models"]), binary=llama_server_bin, make_supervisor=supervisors,
-                        caps=probe(llama_server_bin, cache_dir=tmp_path / "cache"))
+    return ModelManager(
+        catalog=Catalog([tmp_path / "models"]),
+        binary=llama_server_bin,
+        make_supervisor=supervisors,
+        caps=probe(llama_server_bin, cache_dir=tmp_path / "cache"),
+    )
 
 
 @pytest.fixture
@@ -56,8 +60,11 @@ def client(app):
 
 def every_route(app) -> list[tuple[str, str]]:
     """(method, path) of every route the app has (its OpenAPI, and the docs pages), path parameters filled in."""
-    out = [(method.upper(), re.sub(r"\{[^}]+\}", "x", path))
-           for path, operations in app.openapi()["paths"].items() for method in operations]
+    out = [
+        (method.upper(), re.sub(r"\{[^}]+\}", "x", path))
+        for path, operations in app.openapi()["paths"].items()
+        for method in operations
+    ]
     for route in app.routes:
         if isinstance(route, Route):
             out += [(method, route.path) for method in sorted(route.methods or ())]
@@ -84,10 +91,14 @@ def test_loopback_hosts_are_answered(client, host):
 
 def test_a_page_from_a_foreign_origin_is_refused_whatever_it_asks(client):
     for method, path, headers, body in [
-        ("GET", "/api/status", {}, {}), ("GET", "/v1/models", {}, {}), ("GET", "/api/logs", {}, {}),
-        ("POST", "/api/unload", {}, {}), ("POST", "/v1/chat/completions", {}, {"json": CHAT}),
+        ("GET", "/api/status", {}, {}),
+        ("GET", "/v1/models", {}, {}),
+        ("GET", "/api/logs", {}, {}),
+        ("POST", "/api/unload", {}, {}),
+        ("POST", "/v1/chat/completions", {}, {"json": CHAT}),
         ("POST", "/v1/chat/completions", {"content-type": "text/plain"}, {"content": b"{}"}),
-        ("POST", "/api/load", {}, {"data": {"model": "x"}}), ("GET", "/health", {}, {}),
+        ("POST", "/api/load", {}, {"data": {"model": "x"}}),
+        ("GET", "/health", {}, {}),
     ]:
         for origin in ("http://evil.example", "http://127.0.0.1:3000", "http://localhost:8080", "null"):
             resp = client.request(method, path, headers={"origin": origin, **headers}, **body)
@@ -107,8 +118,10 @@ def test_the_own_page_and_an_allowed_page_get_through(client):
 
 
 def test_preflights_are_answered_only_for_allowed_origins(client):
-    ask = {"access-control-request-method": "POST",
-           "access-control-request-headers": "content-type, authorization, x-stainless-os"}
+    ask = {
+        "access-control-request-method": "POST",
+        "access-control-request-headers": "content-type, authorization, x-stainless-os",
+    }
     ok = client.options("/v1/chat/completions", headers={"origin": "http://localhost:3000", **ask})
     assert ok.status_code == 204
     assert ok.headers["access-control-allow-origin"] == "http://localhost:3000"
@@ -117,14 +130,27 @@ def test_preflights_are_answered_only_for_allowed_origins(client):
     assert int(ok.headers["access-control-max-age"]) > 0
     refused = client.options("/v1/chat/completions", headers={"origin": "http://evil.example", **ask})
     assert refused.status_code == 403 and "access-control-allow-origin" not in refused.headers
-    private = client.options("/api/status", headers={"origin": "http://localhost:3000",
-                                                      "access-control-request-method": "GET",
-                                                      "access-control-request-private-network": "true"})
+    private = client.options(
+        "/api/status",
+        headers={
+            "origin": "http://localhost:3000",
+            "access-control-request-method": "GET",
+            "access-control-request-private-network": "true",
+        },
+    )
     assert private.headers["access-control-allow-private-network"] == "true"
 
 
-@pytest.mark.parametrize("content_type", ["text/plain", "text/plain;charset=UTF-8", "application/x-www-form-urlencoded",
-                                          "multipart/form-data; boundary=x", "application/jsonx"])
+@pytest.mark.parametrize(
+    "content_type",
+    [
+        "text/plain",
+        "text/plain;charset=UTF-8",
+        "application/x-www-form-urlencoded",
+        "multipart/form-data; boundary=x",
+        "application/jsonx",
+    ],
+)
 def test_a_body_that_is_not_declared_json_is_a_415(client, content_type):
     """What a browser sends cross-site without a preflight never reaches a JSON route, Origin or not."""
     for path in ("/v1/chat/completions", "/api/load", "/api/unload", "/api/chat", "/api/plan"):
@@ -135,8 +161,9 @@ def test_a_body_that_is_not_declared_json_is_a_415(client, content_type):
 
 
 def test_json_with_parameters_and_untyped_bodies_still_work(client):
-    typed = client.post("/v1/chat/completions", content=b'{"messages": []}',
-                        headers={"content-type": "Application/JSON; charset=utf-8"})
+    typed = client.post(
+        "/v1/chat/completions", content=b'{"messages": []}', headers={"content-type": "Application/JSON; charset=utf-8"}
+    )
     assert typed.status_code == 400 and typed.json()["error"]["param"] == "model"
     assert client.post("/api/unload").json()["state"] == "unloaded"  # no body, no type: as before
 
@@ -145,16 +172,19 @@ def test_a_route_named_as_taking_other_bodies_is_left_to_itself():
     async def upload(request):
         return JSONResponse({"got": (await request.body()).decode()})
 
-    app = Starlette(routes=[Route("/v1/upload", upload, methods=["POST"]),
-                            Route("/v1/other", upload, methods=["POST"])])
+    app = Starlette(
+        routes=[Route("/v1/upload", upload, methods=["POST"]), Route("/v1/other", upload, methods=["POST"])]
+    )
     guarded = BrowserGuard(app, AccessPolicy.create(), other_bodies=frozenset({"/v1/upload"}))
     with TestClient(guarded, base_url=BASE) as client:
         form = {"content-type": "multipart/form-data; boundary=x"}
         assert client.post("/v1/upload", content=b"--x--", headers=form).json() == {"got": "--x--"}
         assert client.post("/v1/other", content=b"--x--", headers=form).status_code == 415
         # the origin rule still holds there: a foreign page's form cannot upload
-        assert client.post("/v1/upload", content=b"--x--", headers={**form, "origin": "http://evil.example"}
-                           ).status_code == 403
+        assert (
+            client.post("/v1/upload", content=b"--x--", headers={**form, "origin": "http://evil.example"}).status_code
+            == 403
+        )
 
 
 def test_api_token_by_bearer_or_x_api_key_and_preflights_need_none(manager):
@@ -167,9 +197,14 @@ def test_api_token_by_bearer_or_x_api_key_and_preflights_need_none(manager):
         assert client.get("/api/status", headers={"x-api-key": "s3cre"}).status_code == 401
         assert client.get("/api/status", headers={"authorization": "Basic s3cret"}).status_code == 401
         assert client.post("/v1/messages", json=CHAT, headers={"x-api-key": "wrong"}).status_code == 401
-        preflight = client.options("/v1/chat/completions", headers={
-            "origin": "http://localhost:3000", "access-control-request-method": "POST",
-            "access-control-request-headers": "authorization"})
+        preflight = client.options(
+            "/v1/chat/completions",
+            headers={
+                "origin": "http://localhost:3000",
+                "access-control-request-method": "POST",
+                "access-control-request-headers": "authorization",
+            },
+        )
         assert preflight.status_code == 204  # a browser sends no token with a preflight
         # a foreign Host learns nothing else, not even that a token is needed
         assert client.get("/api/status", headers={"host": "evil.example"}).status_code == 403
@@ -187,8 +222,10 @@ def test_a_websocket_from_a_foreign_page_or_host_never_opens(manager):
     with TestClient(app, base_url=BASE) as client:
         with client.websocket_connect("ws://127.0.0.1:8080/ws-probe", headers={"origin": BASE}) as ws:
             assert ws.receive_text() == "open"
-        for url, origin in [("ws://127.0.0.1:8080/ws-probe", "http://evil.example"),
-                            ("ws://evil.example:8080/ws-probe", "http://evil.example:8080")]:
+        for url, origin in [
+            ("ws://127.0.0.1:8080/ws-probe", "http://evil.example"),
+            ("ws://evil.example:8080/ws-probe", "http://evil.example:8080"),
+        ]:
             with pytest.raises(WebSocketDisconnect) as info:
                 with client.websocket_connect(url, headers={"origin": origin}) as ws:
                     ws.receive_text()
@@ -205,6 +242,7 @@ def test_an_allowed_cross_origin_stream_is_not_buffered():
             while not release.is_set():
                 await asyncio.sleep(0.02)
             yield b"data: last\n\n"
+
         await StreamingResponse(chunks(), media_type="text/event-stream")(scope, receive, send)
 
     guarded = BrowserGuard(stream_app, AccessPolicy.create(allowed_origins=["http://localhost:3000"]))
@@ -214,8 +252,9 @@ def test_an_allowed_cross_origin_stream_is_not_buffered():
     thread.start()
     try:
         wait_for(lambda: server.started, timeout=30, what="uvicorn to start")
-        with httpx.stream("GET", f"http://127.0.0.1:{port}/events", headers={"origin": "http://localhost:3000"},
-                          timeout=30) as resp:
+        with httpx.stream(
+            "GET", f"http://127.0.0.1:{port}/events", headers={"origin": "http://localhost:3000"}, timeout=30
+        ) as resp:
             assert resp.headers["access-control-allow-origin"] == "http://localhost:3000"
             lines = resp.iter_lines()
             t0 = time.monotonic()

@@ -151,7 +151,9 @@ def test_build_reports_steps_and_a_second_call_does_nothing(fake_toolchain):
     assert (1, 2) in steps and (2, 2) in steps
     calls = log.read_text().splitlines()
     assert calls[0].startswith("-S ") and "-DLLAMA_BUILD_NUMBER=11434" in calls[0]
-    assert calls[1].startswith("--build") and calls[1].endswith("--target llama-server test-llama-archs ggml-rpc-server")
+    assert calls[1].startswith("--build") and calls[1].endswith(
+        "--target llama-server test-llama-archs ggml-rpc-server"
+    )
     again = ensure_built(home)
     assert again.built_now is False
     assert len(log.read_text().splitlines()) == 2

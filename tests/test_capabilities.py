@@ -72,12 +72,34 @@ def test_real_build_removed_stubs_are_not_flags(real):
         assert not real.supports(stub)
 
 
-@pytest.mark.parametrize("flag", [
-    "--fit", "-fit", "--fit-target", "--fit-ctx", "--list-devices", "--no-context-shift", "--context-shift",
-    "--chat-template-kwargs", "--jinja", "--mmproj", "--api-key", "--spec-default", "-lv", "--verbosity",
-    "--metrics", "--slots", "--kv-unified", "--swa-full", "--spec-type", "--spec-draft-n-max",
-    "--spec-ngram-mod-n-match", "--spec-ngram-mod-n-min", "--spec-ngram-mod-n-max",
-])
+@pytest.mark.parametrize(
+    "flag",
+    [
+        "--fit",
+        "-fit",
+        "--fit-target",
+        "--fit-ctx",
+        "--list-devices",
+        "--no-context-shift",
+        "--context-shift",
+        "--chat-template-kwargs",
+        "--jinja",
+        "--mmproj",
+        "--api-key",
+        "--spec-default",
+        "-lv",
+        "--verbosity",
+        "--metrics",
+        "--slots",
+        "--kv-unified",
+        "--swa-full",
+        "--spec-type",
+        "--spec-draft-n-max",
+        "--spec-ngram-mod-n-match",
+        "--spec-ngram-mod-n-min",
+        "--spec-ngram-mod-n-max",
+    ],
+)
 def test_real_build_supports(real, flag):
     assert real.supports(flag)
 

@@ -57,8 +57,9 @@ def assert_no_llama_server(env: dict[str, str]) -> None:
 
 
 def cli(*args: str, env: dict[str, str] | None = None, timeout: float = 120) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([CLI, *args], capture_output=True, text=True, timeout=timeout,
-                          env=env if env is not None else tagged_env())
+    return subprocess.run(
+        [CLI, *args], capture_output=True, text=True, timeout=timeout, env=env if env is not None else tagged_env()
+    )
 
 
 def assert_one_error_line(out: subprocess.CompletedProcess[str], code: int, start: str) -> None:
@@ -256,8 +257,13 @@ def test_ps_load_unload_against_a_running_serve(gemma_model, llama_server_bin):
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     env = tagged_env()
-    with subprocess.Popen([CLI, "serve", "--port", str(port), "--ctx", "2048"], stdout=subprocess.PIPE,
-                          stderr=subprocess.PIPE, text=True, env=env) as serve:
+    with subprocess.Popen(
+        [CLI, "serve", "--port", str(port), "--ctx", "2048"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+    ) as serve:
         try:
             line = serve.stdout.readline()
             assert url in line, line + (serve.stderr.read() if serve.poll() is not None else "")

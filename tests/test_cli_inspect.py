@@ -53,11 +53,14 @@ def test_inspect_bad_file_is_one_line(tmp_path):
 def test_inspect_reports_an_r1_distill_template_as_always_reasoning(llama_src, tmp_path):
     """The distills' template strips past thinking and never names it; it was reported as ``reasoning no``."""
     from gguf.writer import rewrite
-    from tests.test_templates import _r1_distill_as_shipped
     from studio.settings import Settings
+    from tests.test_templates import _r1_distill_as_shipped
 
-    model = rewrite(llama_src / "models" / "ggml-vocab-qwen2.gguf", tmp_path / "r1-distill.gguf",
-                    metadata_updates={"tokenizer.chat_template": _r1_distill_as_shipped(Settings.from_env())})
+    model = rewrite(
+        llama_src / "models" / "ggml-vocab-qwen2.gguf",
+        tmp_path / "r1-distill.gguf",
+        metadata_updates={"tokenizer.chat_template": _r1_distill_as_shipped(Settings.from_env())},
+    )
     out = run("inspect", str(model))
     assert out.returncode == 0, out.stderr
     assert "reasoning always on" in out.stdout

@@ -12,17 +12,17 @@ from pathlib import Path
 import httpx
 import pytest
 
-from launcher.command import REDACTED, LaunchCommand, Secret, build_command, chat_template_kwargs, child_env
-from launcher.extra_args import MANAGED_FLAGS, ExtraArgsError, validate_extra_args
-from launcher.capabilities import capabilities_from_text, run_tool
-from launcher.devices import Device, Inventory
-from launcher.units import MIB
 from launcher.allocations import parse_allocations
+from launcher.capabilities import capabilities_from_text, run_tool
+from launcher.command import REDACTED, LaunchCommand, Secret, build_command, chat_template_kwargs, child_env
+from launcher.devices import Device, Inventory
+from launcher.extra_args import MANAGED_FLAGS, ExtraArgsError, validate_extra_args
 from launcher.planner import LaunchPlan, PlanRequest, load_model, plan
 from launcher.process import LlamaServer
 from launcher.registry import ChildRegistry
 from launcher.speculative import MODES
 from launcher.supervisor import State, Supervisor, owner_token
+from launcher.units import MIB
 from tests.helpers import free_port
 
 FIXTURES = Path(__file__).parent / "fixtures"
@@ -32,17 +32,15 @@ THINK_OFF = "{% if enable_thinking is defined and enable_thinking %}<think>{% en
 THINK_ON = "{% set t = enable_thinking | default(true) %}{% if t %}<think>{% endif %}{{ messages }}"
 
 
-
-
-
-
 def cpu_only() -> Inventory:
     return Inventory((Device("CPU", None, "Test CPU", 64 * GIB, 60 * GIB, "psutil"),), ())
 
 
 def gpus(*free: int, backend: str = "CUDA", uuids: bool = True) -> Inventory:
-    devices = tuple(Device(backend, i, f"GPU {i}", 80 * GIB, f, "nvidia-smi", f"GPU-{i:04d}" if uuids else None)
-                    for i, f in enumerate(free))
+    devices = tuple(
+        Device(backend, i, f"GPU {i}", 80 * GIB, f, "nvidia-smi", f"GPU-{i:04d}" if uuids else None)
+        for i, f in enumerate(free)
+    )
     return Inventory((*devices, Device("CPU", None, "Test CPU", 64 * GIB, 60 * GIB, "psutil")), ())
 
 
@@ -146,10 +144,16 @@ def test_mmproj_and_alias(gemma, real, build, tmp_path):
 # --- chat templates -----------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize(("template", "kwargs"), [
-    (None, None), ("", None), ("{{ messages }}", None), (THINK_OFF, {"enable_thinking": False}),
-    (THINK_ON, {"enable_thinking": True}),
-])
+@pytest.mark.parametrize(
+    ("template", "kwargs"),
+    [
+        (None, None),
+        ("", None),
+        ("{{ messages }}", None),
+        (THINK_OFF, {"enable_thinking": False}),
+        (THINK_ON, {"enable_thinking": True}),
+    ],
+)
 def test_chat_template_kwargs_keep_the_templates_reasoning_default(template, kwargs):
     assert chat_template_kwargs(template) == kwargs
 
@@ -204,8 +208,17 @@ def test_secret_behaves_as_its_value():
 
 def test_cuda_gpus_are_pinned_by_uuid(gemma, real):
     p = plan(gemma, gpus(10 * GIB, 70 * GIB), real)
-    env = child_env(p, BIN, {"PATH": "/bin", "LD_LIBRARY_PATH": "/usr/lib/x", "CUDA_VISIBLE_DEVICES": "0",
-                             "LLAMA_ARG_N_GPU_LAYERS": "99", "LLAMA_API_KEY": "leak"})
+    env = child_env(
+        p,
+        BIN,
+        {
+            "PATH": "/bin",
+            "LD_LIBRARY_PATH": "/usr/lib/x",
+            "CUDA_VISIBLE_DEVICES": "0",
+            "LLAMA_ARG_N_GPU_LAYERS": "99",
+            "LLAMA_API_KEY": "leak",
+        },
+    )
     assert env["CUDA_VISIBLE_DEVICES"] == "GPU-0001" and env["CUDA_DEVICE_ORDER"] == "PCI_BUS_ID"
     assert env["LD_LIBRARY_PATH"] == f"{BIN.parent}:/usr/lib/x" and env["PATH"] == "/bin"
     assert "LLAMA_ARG_N_GPU_LAYERS" not in env and "LLAMA_API_KEY" not in env
@@ -263,8 +276,21 @@ def test_a_managed_flags_alias_this_list_lacks_is_refused_through_the_probed_hel
 
 
 def test_each_offending_flag_is_named(real):
-    args = ["--temp", "0.7", "--port", "1", "--api_key", "k", "-a", "x", "--frobnicate", "--draft-max", "3",
-            "--top-k", "5"]
+    args = [
+        "--temp",
+        "0.7",
+        "--port",
+        "1",
+        "--api_key",
+        "k",
+        "-a",
+        "x",
+        "--frobnicate",
+        "--draft-max",
+        "3",
+        "--top-k",
+        "5",
+    ]
     with pytest.raises(ExtraArgsError) as err:
         validate_extra_args(args, real)
     assert err.value.flags == ("--port", "--api_key", "-a", "--frobnicate", "--draft-max")
@@ -275,10 +301,18 @@ def test_each_offending_flag_is_named(real):
     assert "--temp" not in message and "--top-k" not in message
 
 
-@pytest.mark.parametrize("args", [
-    (), ("--temp", "0.7"), ("--seed", "-1"), ("--top-p", "-0.5"), ("--spec-type", "ngram-simple"),
-    ("-s", "42", "--repeat-penalty", "1.1"), ("--slot-save-path", "/tmp/slots"),
-])
+@pytest.mark.parametrize(
+    "args",
+    [
+        (),
+        ("--temp", "0.7"),
+        ("--seed", "-1"),
+        ("--top-p", "-0.5"),
+        ("--spec-type", "ngram-simple"),
+        ("-s", "42", "--repeat-penalty", "1.1"),
+        ("--slot-save-path", "/tmp/slots"),
+    ],
+)
 def test_allowed_extra_args_pass(real, args):
     assert validate_extra_args(args, real) == args
 
@@ -327,8 +361,14 @@ def _serving(p: LaunchPlan, caps, binary: Path, tmp_path: Path) -> Iterator[tupl
     """llama-server started from ``p``'s argv (2 threads, log in tmp_path), ready and answering, stopped after."""
     port = free_port()
     with build_command(p, caps, binary=binary, files_root=tmp_path / "run", threads=2) as command:
-        server = LlamaServer(command.argv(port), host="127.0.0.1", port=port, env=command.env,
-                             api_key=command.api_key, log_path=tmp_path / "llama-server.log")
+        server = LlamaServer(
+            command.argv(port),
+            host="127.0.0.1",
+            port=port,
+            env=command.env,
+            api_key=command.api_key,
+            log_path=tmp_path / "llama-server.log",
+        )
         server.start()
         try:
             server.wait_ready(timeout=120)
@@ -354,9 +394,14 @@ def test_the_planner_engages_mtp_on_a_model_with_a_nextn_block(qwen35_mtp_model,
     assert p.mtp_engaged and p.spec.argv[:2] == ("--spec-type", "draft-mtp")
     assert any(c.label == "MTP draft main" for c in p.bill.caches)
     with _serving(p, real, llama_server_bin, tmp_path) as (server, command):
-        done = httpx.post(f"{server.url}/completion", json={"prompt": "hello world", "n_predict": 8},
-                          headers={"Authorization": f"Bearer {command.api_key}"}, timeout=60).json()
+        done = httpx.post(
+            f"{server.url}/completion",
+            json={"prompt": "hello world", "n_predict": 8},
+            headers={"Authorization": f"Bearer {command.api_key}"},
+            timeout=60,
+        ).json()
         assert done["tokens_predicted"] == 8 and done["timings"]["draft_n"] > 0
     actual = parse_allocations((tmp_path / "llama-server.log").read_text())
-    assert [(c.label, c.cells, c.k_bytes) for c in actual.caches] == [(c.label, c.cells, c.k_bytes)
-                                                                       for c in p.bill.caches]
+    assert [(c.label, c.cells, c.k_bytes) for c in actual.caches] == [
+        (c.label, c.cells, c.k_bytes) for c in p.bill.caches
+    ]

@@ -35,38 +35,74 @@ def facts_of(header: Header, *, tensors: tuple[TensorInfo, ...] | None = None, *
     """The facts of ``header`` with metadata ``edits`` (``gemma3__block_count`` for ``gemma3.block_count``)."""
     metadata = dict(header.metadata)
     metadata.update({k.replace("__", "."): v for k, v in edits.items()})
-    edited = dataclasses.replace(header, metadata=MappingProxyType(metadata),
-                                 tensors=header.tensors if tensors is None else tensors)
+    edited = dataclasses.replace(
+        header, metadata=MappingProxyType(metadata), tensors=header.tensors if tensors is None else tensors
+    )
     return GGUFFile(shards=(edited,)).facts
 
 
-@pytest.mark.parametrize(("edits", "error", "key", "says"), [
-    # the defect of issue 15: 65535 blocks claimed, 18 present, and the plan ran for minutes
-    ({"gemma3__block_count": 65535}, ImplausibleValueError, "gemma3.block_count", "65,535"),
-    ({"gemma3__block_count": MAX_BLOCKS + 1}, ImplausibleValueError, "gemma3.block_count", f"{MAX_BLOCKS:,}"),
-    ({"gemma3__block_count": 19}, InconsistentHeaderError, "gemma3.block_count", "describe 18 blocks"),
-    ({"gemma3__block_count": 17}, InconsistentHeaderError, "gemma3.block_count", "describe 18 blocks"),
-    ({"gemma3__nextn_predict_layers": 19}, InconsistentHeaderError, "gemma3.nextn_predict_layers", "is 18"),
-    ({"gemma3__context_length": 2**32 - 1}, ImplausibleValueError, "gemma3.context_length", f"{MAX_CONTEXT:,}"),
-    ({"gemma3__embedding_length": 2**31}, ImplausibleValueError, "gemma3.embedding_length", "2,147,483,648"),
-    ({"gemma3__embedding_length": 1280}, InconsistentHeaderError, "gemma3.embedding_length", "640 wide"),
-    ({"gemma3__attention__head_count_kv": 2}, InconsistentHeaderError, "gemma3.attention.head_count_kv",
-     "2 x 256 = 512 but blk.0.attn_k.weight is 256 wide"),
-    ({"gemma3__attention__head_count_kv": 2**31}, InconsistentHeaderError, "gemma3.attention.head_count_kv",
-     "blk.0.attn_k.weight"),
-    ({"gemma3__attention__head_count": 16}, InconsistentHeaderError, "gemma3.attention.head_count",
-     "blk.0.attn_q.weight is 1,024 wide"),
-    ({"gemma3__attention__key_length": 64}, InconsistentHeaderError, "gemma3.attention.head_count_kv",
-     "gemma3.attention.key_length is 1 x 64"),
-    ({"gemma3__attention__value_length": 512}, InconsistentHeaderError, "gemma3.attention.head_count_kv",
-     "gemma3.attention.value_length is 1 x 512"),
-    ({"gemma3__expert_count": MAX_EXPERTS + 1, "gemma3__expert_used_count": 1}, ImplausibleValueError,
-     "gemma3.expert_count", "LLAMA_MAX_EXPERTS"),
-    ({"gemma3__expert_used_count": 2}, InconsistentHeaderError, "gemma3.expert_used_count",
-     "'gemma3.expert_count' is 0"),
-    ({"gemma3__expert_count": 4, "gemma3__expert_used_count": 8}, InconsistentHeaderError, "gemma3.expert_used_count",
-     "is 8"),
-])
+@pytest.mark.parametrize(
+    ("edits", "error", "key", "says"),
+    [
+        # the defect of issue 15: 65535 blocks claimed, 18 present, and the plan ran for minutes
+        ({"gemma3__block_count": 65535}, ImplausibleValueError, "gemma3.block_count", "65,535"),
+        ({"gemma3__block_count": MAX_BLOCKS + 1}, ImplausibleValueError, "gemma3.block_count", f"{MAX_BLOCKS:,}"),
+        ({"gemma3__block_count": 19}, InconsistentHeaderError, "gemma3.block_count", "describe 18 blocks"),
+        ({"gemma3__block_count": 17}, InconsistentHeaderError, "gemma3.block_count", "describe 18 blocks"),
+        ({"gemma3__nextn_predict_layers": 19}, InconsistentHeaderError, "gemma3.nextn_predict_layers", "is 18"),
+        ({"gemma3__context_length": 2**32 - 1}, ImplausibleValueError, "gemma3.context_length", f"{MAX_CONTEXT:,}"),
+        ({"gemma3__embedding_length": 2**31}, ImplausibleValueError, "gemma3.embedding_length", "2,147,483,648"),
+        ({"gemma3__embedding_length": 1280}, InconsistentHeaderError, "gemma3.embedding_length", "640 wide"),
+        (
+            {"gemma3__attention__head_count_kv": 2},
+            InconsistentHeaderError,
+            "gemma3.attention.head_count_kv",
+            "2 x 256 = 512 but blk.0.attn_k.weight is 256 wide",
+        ),
+        (
+            {"gemma3__attention__head_count_kv": 2**31},
+            InconsistentHeaderError,
+            "gemma3.attention.head_count_kv",
+            "blk.0.attn_k.weight",
+        ),
+        (
+            {"gemma3__attention__head_count": 16},
+            InconsistentHeaderError,
+            "gemma3.attention.head_count",
+            "blk.0.attn_q.weight is 1,024 wide",
+        ),
+        (
+            {"gemma3__attention__key_length": 64},
+            InconsistentHeaderError,
+            "gemma3.attention.head_count_kv",
+            "gemma3.attention.key_length is 1 x 64",
+        ),
+        (
+            {"gemma3__attention__value_length": 512},
+            InconsistentHeaderError,
+            "gemma3.attention.head_count_kv",
+            "gemma3.attention.value_length is 1 x 512",
+        ),
+        (
+            {"gemma3__expert_count": MAX_EXPERTS + 1, "gemma3__expert_used_count": 1},
+            ImplausibleValueError,
+            "gemma3.expert_count",
+            "LLAMA_MAX_EXPERTS",
+        ),
+        (
+            {"gemma3__expert_used_count": 2},
+            InconsistentHeaderError,
+            "gemma3.expert_used_count",
+            "'gemma3.expert_count' is 0",
+        ),
+        (
+            {"gemma3__expert_count": 4, "gemma3__expert_used_count": 8},
+            InconsistentHeaderError,
+            "gemma3.expert_used_count",
+            "is 8",
+        ),
+    ],
+)
 def test_a_header_its_tensors_contradict_is_refused_naming_the_key(gemma_header, edits, error, key, says):
     with pytest.raises(error) as info:
         facts_of(gemma_header, **edits)
@@ -108,9 +144,12 @@ def test_an_mtp_model_passes_with_and_without_its_mtp_tensors(qwen35_mtp_model, 
     # a trunk-only file: the NextN block's tensors left out, block_count and nextn_predict_layers kept
     head = model.shards[0]
     last = f"blk.{facts.layer_count}."
-    trunk = write_gguf(tmp_path / "trunk-only.gguf", head.metadata,
-                       [copy_of(head, t) for t in head.tensors if not t.name.startswith(last)],
-                       value_types=head.value_types)
+    trunk = write_gguf(
+        tmp_path / "trunk-only.gguf",
+        head.metadata,
+        [copy_of(head, t) for t in head.tensors if not t.name.startswith(last)],
+        value_types=head.value_types,
+    )
     assert gguf.read(trunk).facts.block_count == facts.block_count
 
 

@@ -50,12 +50,15 @@ def test_no_tools_means_just_the_cpu(tools):
     assert 0 < cpu.free_bytes <= cpu.total_bytes
 
 
-@pytest.mark.parametrize(("mode", "names"), [
-    ("none", []),
-    ("one", ["NVIDIA H100 80GB HBM3"]),
-    ("two", ["NVIDIA H100 80GB HBM3"] * 2),
-    ("four", ["NVIDIA H100 80GB HBM3", "NVIDIA GeForce RTX 4090"] * 2),
-])
+@pytest.mark.parametrize(
+    ("mode", "names"),
+    [
+        ("none", []),
+        ("one", ["NVIDIA H100 80GB HBM3"]),
+        ("two", ["NVIDIA H100 80GB HBM3"] * 2),
+        ("four", ["NVIDIA H100 80GB HBM3", "NVIDIA GeForce RTX 4090"] * 2),
+    ],
+)
 def test_nvidia_smi_machines(tools, mode, names):
     tools(nvidia_smi=mode)
     inventory = discover()
@@ -68,25 +71,35 @@ def test_nvidia_smi_machines(tools, mode, names):
 def test_nvidia_memory_is_in_bytes_with_uuids(tools):
     tools(nvidia_smi="four")
     rtx = discover().gpus[3]
-    assert rtx == Device("CUDA", 3, "NVIDIA GeForce RTX 4090", 24564 * MIB, 1024 * MIB, "nvidia-smi",
-                         "GPU-5d8f21c9-aa10-4e2b-b7c3-0d9e8f7a6b5c")
+    assert rtx == Device(
+        "CUDA",
+        3,
+        "NVIDIA GeForce RTX 4090",
+        24564 * MIB,
+        1024 * MIB,
+        "nvidia-smi",
+        "GPU-5d8f21c9-aa10-4e2b-b7c3-0d9e8f7a6b5c",
+    )
 
 
-@pytest.mark.parametrize(("mask", "indices"), [
-    ("2,0", [2, 0]),
-    ("1,", [1]),  # trailing comma
-    ("", []),  # empty: no GPU
-    ("  ", []),
-    ("-1", []),
-    ("0,7,1", [0]),  # CUDA stops at the first invalid entry
-    ("1,1,2", [1]),  # a repeated device is not usable twice
-    (f"{H100_2},{H100_0}", [2, 0]),
-    ("GPU-9a0c7d55", [2]),  # unique UUID prefix
-    ("9a0c7d55-1e2f-4a3b-8c4d-5e6f7a8b9c0d", [2]),  # without the GPU- prefix
-    ("GPU-5d,0", []),  # ambiguous prefix (two RTX 4090s start with 5d)
-    ("GPU-ffffffff,0", []),
-    ("3,GPU-2f6b", [3, 0]),
-])
+@pytest.mark.parametrize(
+    ("mask", "indices"),
+    [
+        ("2,0", [2, 0]),
+        ("1,", [1]),  # trailing comma
+        ("", []),  # empty: no GPU
+        ("  ", []),
+        ("-1", []),
+        ("0,7,1", [0]),  # CUDA stops at the first invalid entry
+        ("1,1,2", [1]),  # a repeated device is not usable twice
+        (f"{H100_2},{H100_0}", [2, 0]),
+        ("GPU-9a0c7d55", [2]),  # unique UUID prefix
+        ("9a0c7d55-1e2f-4a3b-8c4d-5e6f7a8b9c0d", [2]),  # without the GPU- prefix
+        ("GPU-5d,0", []),  # ambiguous prefix (two RTX 4090s start with 5d)
+        ("GPU-ffffffff,0", []),
+        ("3,GPU-2f6b", [3, 0]),
+    ],
+)
 def test_cuda_visible_devices(tools, monkeypatch, mask, indices):
     tools(nvidia_smi="four")
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", mask)
@@ -104,11 +117,14 @@ def test_index_masks_on_mixed_gpus_warn_without_pci_bus_order(tools, monkeypatch
     assert "CUDA_DEVICE_ORDER" in inventory.warnings[0]
 
 
-@pytest.mark.parametrize(("mode", "why"), [
-    ("fail", "exited with code 9: NVIDIA-SMI has failed"),
-    ("garbage", "unexpected line"),
-    ("hang", "did not finish within 0.5 s"),
-])
+@pytest.mark.parametrize(
+    ("mode", "why"),
+    [
+        ("fail", "exited with code 9: NVIDIA-SMI has failed"),
+        ("garbage", "unexpected line"),
+        ("hang", "did not finish within 0.5 s"),
+    ],
+)
 def test_a_broken_nvidia_smi_is_skipped_with_a_warning(tools, mode, why):
     tools(nvidia_smi=mode)
     started = time.monotonic()
@@ -123,8 +139,9 @@ def test_a_broken_nvidia_smi_is_skipped_with_a_warning(tools, mode, why):
 def test_rocm_smi_machines(tools):
     tools(rocm_smi="one")
     (mi300,) = discover().gpus
-    assert mi300 == Device("ROCm", 0, "AMD Instinct MI300X OAM", 206141652992, 206141652992 - 293863424,
-                           "rocm-smi", "GPU-18f68e602b8a790f")
+    assert mi300 == Device(
+        "ROCm", 0, "AMD Instinct MI300X OAM", 206141652992, 206141652992 - 293863424, "rocm-smi", "GPU-18f68e602b8a790f"
+    )
     tools(rocm_smi="two")  # ROCm 5 spelling, a warning line before the JSON, a "system" entry
     inventory = discover()
     assert _summary(inventory) == [("ROCm", 0, "AMD Instinct MI210"), ("ROCm", 1, "AMD Instinct MI210")]
@@ -132,14 +149,17 @@ def test_rocm_smi_machines(tools):
     assert inventory.warnings == ()
 
 
-@pytest.mark.parametrize(("env", "indices"), [
-    ({"HIP_VISIBLE_DEVICES": "1"}, [1]),
-    ({"ROCR_VISIBLE_DEVICES": "1", "HIP_VISIBLE_DEVICES": "0"}, [1]),  # HIP indexes what ROCR left
-    ({"ROCR_VISIBLE_DEVICES": "GPU-7e8f90123a4b5c6d,0"}, [1, 0]),
-    ({"ROCR_VISIBLE_DEVICES": "1", "HIP_VISIBLE_DEVICES": "1"}, []),
-    ({"CUDA_VISIBLE_DEVICES": "1"}, [1]),  # HIP honours CUDA_VISIBLE_DEVICES when HIP_VISIBLE_DEVICES is unset
-    ({"HIP_VISIBLE_DEVICES": ""}, []),
-])
+@pytest.mark.parametrize(
+    ("env", "indices"),
+    [
+        ({"HIP_VISIBLE_DEVICES": "1"}, [1]),
+        ({"ROCR_VISIBLE_DEVICES": "1", "HIP_VISIBLE_DEVICES": "0"}, [1]),  # HIP indexes what ROCR left
+        ({"ROCR_VISIBLE_DEVICES": "GPU-7e8f90123a4b5c6d,0"}, [1, 0]),
+        ({"ROCR_VISIBLE_DEVICES": "1", "HIP_VISIBLE_DEVICES": "1"}, []),
+        ({"CUDA_VISIBLE_DEVICES": "1"}, [1]),  # HIP honours CUDA_VISIBLE_DEVICES when HIP_VISIBLE_DEVICES is unset
+        ({"HIP_VISIBLE_DEVICES": ""}, []),
+    ],
+)
 def test_rocm_visibility_masks(tools, monkeypatch, env, indices):
     tools(rocm_smi="two")
     for name, value in env.items():
@@ -147,11 +167,14 @@ def test_rocm_visibility_masks(tools, monkeypatch, env, indices):
     assert [d.index for d in discover().gpus] == indices
 
 
-@pytest.mark.parametrize(("mode", "why"), [
-    ("fail", "exited with code 2: ERROR:root:Driver not initialized"),
-    ("garbage", "not JSON"),
-    ("hang", "did not finish"),
-])
+@pytest.mark.parametrize(
+    ("mode", "why"),
+    [
+        ("fail", "exited with code 2: ERROR:root:Driver not initialized"),
+        ("garbage", "not JSON"),
+        ("hang", "did not finish"),
+    ],
+)
 def test_a_broken_rocm_smi_is_skipped_with_a_warning(tools, mode, why):
     tools(rocm_smi=mode, nvidia_smi="one")
     inventory = discover(timeout=0.5)
@@ -176,8 +199,10 @@ def test_list_devices_adds_backends_no_vendor_tool_covers(tools, monkeypatch):
     monkeypatch.setenv("FAKE_LLAMA_FIXTURES", str(FIXTURES))
     fake = FIXTURES / "bin" / "llama-server"
     alone = discover(llama_server=fake)
-    assert _summary(alone) == [("Vulkan", 0, "AMD Radeon RX 7900 XTX (RADV NAVI31)"),
-                               ("CUDA", 0, "NVIDIA H100 80GB HBM3")]
+    assert _summary(alone) == [
+        ("Vulkan", 0, "AMD Radeon RX 7900 XTX (RADV NAVI31)"),
+        ("CUDA", 0, "NVIDIA H100 80GB HBM3"),
+    ]
     assert alone.gpus[0].total_bytes == 24560 * MIB and alone.gpus[0].source == "llama-server"
     tools(nvidia_smi="one")  # nvidia-smi reports CUDA itself, with physical indices and UUIDs
     both = discover(llama_server=fake)
@@ -205,8 +230,10 @@ def test_a_cuda_build_keeps_nvidia_smis_gpus(tools, monkeypatch):
     monkeypatch.setenv("FAKE_LLAMA_DEVICES", "cuda")
     tools(nvidia_smi="two")
     inventory = discover(llama_server=FIXTURES / "bin" / "llama-server")
-    assert [(d.index, d.source, d.uuid) for d in inventory.gpus] == [(0, "nvidia-smi", H100_0),
-                                                                     (1, "nvidia-smi", H100_2)]
+    assert [(d.index, d.source, d.uuid) for d in inventory.gpus] == [
+        (0, "nvidia-smi", H100_0),
+        (1, "nvidia-smi", H100_2),
+    ]
     assert inventory.warnings == ()
 
 
@@ -270,8 +297,9 @@ def test_memory_release_wait_returns_once_free_memory_stops_rising():
     reads = iter([{"GPU-a": 10}, {"GPU-a": 50}, {"GPU-a": 80}, {"GPU-a": 80}])
     clock = iter(range(100))
     slept = []
-    assert wait_for_memory_release(lambda: next(reads), timeout=10, clock=lambda: next(clock),
-                                   sleep=slept.append) is True
+    assert (
+        wait_for_memory_release(lambda: next(reads), timeout=10, clock=lambda: next(clock), sleep=slept.append) is True
+    )
     assert len(slept) == 3
 
 
@@ -282,6 +310,10 @@ def test_memory_release_wait_gives_up_at_the_deadline():
     def sleep(s: float) -> None:
         now[0] += s
 
-    assert wait_for_memory_release(lambda: {"GPU-a": next(rising)}, timeout=1.0, interval=0.25,
-                                   clock=lambda: now[0], sleep=sleep) is False
+    assert (
+        wait_for_memory_release(
+            lambda: {"GPU-a": next(rising)}, timeout=1.0, interval=0.25, clock=lambda: now[0], sleep=sleep
+        )
+        is False
+    )
     assert now[0] == 1.0

@@ -52,10 +52,13 @@ def studio(llama_server_bin, gemma_model, settings, tmp_path_factory):
     (models / gemma_model.name).symlink_to(gemma_model)
     smol = ensure_default_model(settings.models_dir)
     (models / smol.name).symlink_to(smol)
-    manager = ModelManager(catalog=Catalog([models]), binary=llama_server_bin, caps=probe(llama_server_bin,
-                                                                                          cache_dir=root / "cache"),
-                           make_supervisor=supervisor_factory(root / "logs", ChildRegistry(root / "run", owner_token())),
-                           model_defaults={GEMMA: ModelDefaults(n_ctx=1024), SMOL: ModelDefaults(n_ctx=1024)})
+    manager = ModelManager(
+        catalog=Catalog([models]),
+        binary=llama_server_bin,
+        caps=probe(llama_server_bin, cache_dir=root / "cache"),
+        make_supervisor=supervisor_factory(root / "logs", ChildRegistry(root / "run", owner_token())),
+        model_defaults={GEMMA: ModelDefaults(n_ctx=1024), SMOL: ModelDefaults(n_ctx=1024)},
+    )
     port = free_port()
     listeners, thread = serve(create_app(manager), port=port)
     yield f"http://127.0.0.1:{port}", manager
@@ -79,6 +82,7 @@ def oai(studio):
 
 
 # -- Anthropic Messages ------------------------------------------------------------------------------
+
 
 def test_a_message(claude):
     message = claude.messages.create(model=GEMMA, max_tokens=8, messages=HI)
@@ -105,8 +109,10 @@ def test_count_tokens_is_what_the_message_then_takes(claude):
 def test_an_unknown_model_is_anthropics_not_found_error(claude, studio):
     with pytest.raises(anthropic.NotFoundError) as info:
         claude.messages.create(model="no-such-model", max_tokens=8, messages=HI)
-    assert info.value.body == {"type": "error", "error": {"type": "not_found_error",
-                                                          "message": info.value.body["error"]["message"]}}
+    assert info.value.body == {
+        "type": "error",
+        "error": {"type": "not_found_error", "message": info.value.body["error"]["message"]},
+    }
     assert "no-such-model" in info.value.body["error"]["message"]
 
 
@@ -127,8 +133,13 @@ def test_a_bad_body_on_the_messages_route_is_anthropic_shaped(studio):
 
 def test_closing_a_messages_stream_frees_the_slot(studio):
     base, manager = studio
-    body = {"model": GEMMA, "max_tokens": 2000, "stream": True, "temperature": 0,
-            "messages": [{"role": "user", "content": "Write a long story."}]}
+    body = {
+        "model": GEMMA,
+        "max_tokens": 2000,
+        "stream": True,
+        "temperature": 0,
+        "messages": [{"role": "user", "content": "Write a long story."}],
+    }
     for _attempt in range(3):  # base Gemma may end its answer within the first events: then try again
         with httpx.stream("POST", f"{base}/v1/messages", json=body, timeout=60) as resp:
             for i, _ in enumerate(resp.iter_raw()):
@@ -136,8 +147,11 @@ def test_closing_a_messages_stream_frees_the_slot(studio):
                     break
             if not any(s["is_processing"] for s in _slots(manager, GEMMA)):
                 continue
-        wait_for(lambda: not any(s["is_processing"] for s in _slots(manager, GEMMA)), timeout=5,
-                 what="llama-server to stop generating after the client left")
+        wait_for(
+            lambda: not any(s["is_processing"] for s in _slots(manager, GEMMA)),
+            timeout=5,
+            what="llama-server to stop generating after the client left",
+        )
         assert manager.find(GEMMA).in_flight == 0
         return
     pytest.fail("Gemma finished its answer before the client could leave, three times")
@@ -149,6 +163,7 @@ def _slots(manager: ModelManager, model: str) -> list[dict]:
 
 
 # -- OpenAI Responses and the other forwarded routes -----------------------------------------------
+
 
 def test_responses_plain(oai):
     response = oai.responses.create(model=SMOL, input="Say hi.", max_output_tokens=8)
@@ -163,23 +178,31 @@ def test_responses_streamed(oai):
     assert deltas and deltas == events[-1].response.output_text
 
 
-@pytest.mark.parametrize("path, body", [
-    ("/v1/responses/input_tokens", {"input": "Say hi."}),
-    ("/responses/input_tokens", {"input": "Say hi."}),
-    ("/v1/chat/completions/input_tokens", {"messages": HI}),
-    ("/chat/completions/input_tokens", {"messages": HI}),
-])
+@pytest.mark.parametrize(
+    "path, body",
+    [
+        ("/v1/responses/input_tokens", {"input": "Say hi."}),
+        ("/responses/input_tokens", {"input": "Say hi."}),
+        ("/v1/chat/completions/input_tokens", {"messages": HI}),
+        ("/chat/completions/input_tokens", {"messages": HI}),
+    ],
+)
 def test_input_token_counts_in_every_spelling(studio, path, body):
     base, _ = studio
     resp = httpx.post(f"{base}{path}", json={"model": SMOL, **body}, timeout=120)
     assert resp.status_code == 200 and resp.json()["input_tokens"] > 0
 
 
-@pytest.mark.parametrize("path, body", [
-    ("/v1/rerank", {"query": "a", "documents": ["b"]}), ("/rerank", {"query": "a", "documents": ["b"]}),
-    ("/v1/reranking", {"query": "a", "documents": ["b"]}), ("/reranking", {"query": "a", "documents": ["b"]}),
-    ("/infill", {"input_prefix": "def f(", "input_suffix": "    return 1"}),
-])
+@pytest.mark.parametrize(
+    "path, body",
+    [
+        ("/v1/rerank", {"query": "a", "documents": ["b"]}),
+        ("/rerank", {"query": "a", "documents": ["b"]}),
+        ("/v1/reranking", {"query": "a", "documents": ["b"]}),
+        ("/reranking", {"query": "a", "documents": ["b"]}),
+        ("/infill", {"input_prefix": "def f(", "input_suffix": "    return 1"}),
+    ],
+)
 def test_rerank_and_infill_are_routed_by_model(studio, path, body):
     """Neither model here reranks or has FIM tokens: llama-server's own refusal comes back unchanged."""
     base, manager = studio
@@ -192,10 +215,12 @@ def test_rerank_and_infill_are_routed_by_model(studio, path, body):
 
 # -- /metrics ----------------------------------------------------------------------------------------
 
+
 def scrape(base: str) -> dict[tuple[str, frozenset], float]:
     text = httpx.get(f"{base}/metrics", timeout=30).text
-    return {(s.name, frozenset(s.labels.items())): s.value
-            for f in text_string_to_metric_families(text) for s in f.samples}
+    return {
+        (s.name, frozenset(s.labels.items())): s.value for f in text_string_to_metric_families(text) for s in f.samples
+    }
 
 
 def value(metrics: dict, name: str, **labels: str) -> float:
@@ -241,8 +266,10 @@ def test_metrics_move_by_what_was_served(studio, claude, oai):
     loaded = manager.find(GEMMA).loaded  # the speculative counters are llama-server's own
     own = httpx.get(f"{loaded.url}/metrics", headers=loaded.auth_headers, timeout=10).text
     drafted = {s.name: s.value for f in text_string_to_metric_families(own) for s in f.samples}
-    assert value(after, "ggstudio_speculative_draft_tokens_total", model=GEMMA) == \
-        drafted["llamacpp:spec_decode_num_draft_tokens_total"]
+    assert (
+        value(after, "ggstudio_speculative_draft_tokens_total", model=GEMMA)
+        == drafted["llamacpp:spec_decode_num_draft_tokens_total"]
+    )
 
 
 def test_metrics_count_loads_and_unloads_with_their_durations(studio, claude, oai):
@@ -274,24 +301,31 @@ def test_metrics_count_a_crash_and_the_restart_after_it(studio, claude):
     before = scrape(base)
     resident = manager.find(GEMMA)
     os.kill(resident.supervisor.status().pid, signal.SIGKILL)
-    wait_for(lambda: resident.restarts == 1 and resident.state.value == "ready", timeout=120,
-             what="the automatic restart")
+    wait_for(
+        lambda: resident.restarts == 1 and resident.state.value == "ready", timeout=120, what="the automatic restart"
+    )
     after = scrape(base)
     for name in ("ggstudio_llama_server_crashes_total", "ggstudio_llama_server_restarts_total"):
         assert value(after, name, model=GEMMA) - value(before, name, model=GEMMA) == 1
-    assert value(after, "ggstudio_model_loads_total", model=GEMMA, outcome="ok") - \
-        value(before, "ggstudio_model_loads_total", model=GEMMA, outcome="ok") == 1  # the restart's start
+    assert (
+        value(after, "ggstudio_model_loads_total", model=GEMMA, outcome="ok")
+        - value(before, "ggstudio_model_loads_total", model=GEMMA, outcome="ok")
+        == 1
+    )  # the restart's start
     assert claude.messages.create(model=GEMMA, max_tokens=2, messages=HI).content  # and it serves again
 
 
 # -- the token, as Anthropic and OpenAI clients send it -----------------------------------------------
 
+
 def test_the_token_as_each_official_sdk_sends_it(llama_server_bin, tmp_path):
     """No model is loaded: an accepted token gets as far as the unknown model, a wrong one no further."""
-    manager = ModelManager(catalog=Catalog([tmp_path]), binary=llama_server_bin,
-                           make_supervisor=supervisor_factory(tmp_path / "logs",
-                                                              ChildRegistry(tmp_path / "run", owner_token())),
-                           caps=probe(llama_server_bin, cache_dir=tmp_path / "cache"))
+    manager = ModelManager(
+        catalog=Catalog([tmp_path]),
+        binary=llama_server_bin,
+        make_supervisor=supervisor_factory(tmp_path / "logs", ChildRegistry(tmp_path / "run", owner_token())),
+        caps=probe(llama_server_bin, cache_dir=tmp_path / "cache"),
+    )
     port = free_port()
     listeners, thread = serve(create_app(manager, api_token="s3cret"), port=port)
     base = f"http://127.0.0.1:{port}"

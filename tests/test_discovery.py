@@ -114,8 +114,11 @@ def test_other_backends_have_their_own_pinned_build(tmp_path, monkeypatch):
 
 
 def clean_env(**extra: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items()
-           if k not in ("LLAMA_SERVER_PATH", "GGUF_STUDIO_LLAMA_CPP", "CUDA_VISIBLE_DEVICES")}
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in ("LLAMA_SERVER_PATH", "GGUF_STUDIO_LLAMA_CPP", "CUDA_VISIBLE_DEVICES")
+    }
     return {**env, **extra}
 
 
@@ -142,9 +145,13 @@ def test_doctor_reports_an_explicit_legacy_binary_and_fake_gpus(tmp_path, settin
     binary = tmp_path / "old" / "llama-server"
     binary.parent.mkdir()
     shutil.copy2(FIXTURES / "bin" / "llama-server", binary)
-    env = clean_env(LLAMA_SERVER_PATH=str(binary), GGUF_STUDIO_HOME=str(tmp_path / "home"),
-                    FAKE_LLAMA_FIXTURES=str(FIXTURES), FAKE_NVIDIA_SMI="two",
-                    PATH=f"{tools}{os.pathsep}/usr/bin{os.pathsep}/bin")
+    env = clean_env(
+        LLAMA_SERVER_PATH=str(binary),
+        GGUF_STUDIO_HOME=str(tmp_path / "home"),
+        FAKE_LLAMA_FIXTURES=str(FIXTURES),
+        FAKE_NVIDIA_SMI="two",
+        PATH=f"{tools}{os.pathsep}/usr/bin{os.pathsep}/bin",
+    )
     out = doctor("--json", env=env)
     assert out.returncode == 0, out.stderr
     info = json.loads(out.stdout)
@@ -165,8 +172,12 @@ def test_doctor_says_why_a_cpu_build_leaves_the_gpus_unused(tmp_path, llama_serv
     tools = tmp_path / "tools"
     tools.mkdir()
     shutil.copy2(FIXTURES / "gpu-tools" / "nvidia-smi", tools / "nvidia-smi")
-    env = clean_env(LLAMA_SERVER_PATH=str(llama_server_bin), GGUF_STUDIO_HOME=str(tmp_path / "home"),
-                    FAKE_NVIDIA_SMI="two", PATH=f"{tools}{os.pathsep}/usr/bin{os.pathsep}/bin")
+    env = clean_env(
+        LLAMA_SERVER_PATH=str(llama_server_bin),
+        GGUF_STUDIO_HOME=str(tmp_path / "home"),
+        FAKE_NVIDIA_SMI="two",
+        PATH=f"{tools}{os.pathsep}/usr/bin{os.pathsep}/bin",
+    )
     out = doctor("--json", env=env)
     assert out.returncode == 0, out.stderr
     info = json.loads(out.stdout)

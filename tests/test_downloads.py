@@ -37,7 +37,7 @@ def big_model(tmp_path: Path, mib: int) -> bytes:
 
 
 @pytest.fixture
-def vision_repo(server, tmp_path):  # noqa: F811
+def vision_repo(server, tmp_path):
     """A vision repo: two variants of 24 MiB and 12 MiB and one projector (F16) of their width."""
     repo = server.repo(REPO)
     repo.add("eye-Q8_0.gguf", big_model(tmp_path, 24))
@@ -48,14 +48,15 @@ def vision_repo(server, tmp_path):  # noqa: F811
 
 
 @pytest.fixture
-def studio(llama_server_bin, hf_env, tmp_path):  # noqa: F811
+def studio(llama_server_bin, hf_env, tmp_path):
     """A real uvicorn studio whose downloads go to the stand-in (HF_ENDPOINT) and its cache."""
-    manager = ModelManager(catalog=Catalog([tmp_path / "models"], hf_cache=hf_env.cache_dir),
-                           binary=llama_server_bin,
-                           make_supervisor=supervisor_factory(tmp_path / "logs",
-                                                              ChildRegistry(tmp_path / "run", owner_token())),
-                           caps=probe(llama_server_bin, cache_dir=tmp_path / "cache"),
-                           model_defaults={f"{REAL}:Q4_1": ModelDefaults(n_ctx=1024, spec="off")})
+    manager = ModelManager(
+        catalog=Catalog([tmp_path / "models"], hf_cache=hf_env.cache_dir),
+        binary=llama_server_bin,
+        make_supervisor=supervisor_factory(tmp_path / "logs", ChildRegistry(tmp_path / "run", owner_token())),
+        caps=probe(llama_server_bin, cache_dir=tmp_path / "cache"),
+        model_defaults={f"{REAL}:Q4_1": ModelDefaults(n_ctx=1024, spec="off")},
+    )
     port = free_port()
     service = uvicorn.Server(uvicorn.Config(create_app(manager), host="127.0.0.1", port=port, log_level="warning"))
     thread = threading.Thread(target=service.run, daemon=True)
@@ -72,7 +73,7 @@ def stream_pull(base: str, spec: str) -> list[dict]:
         return [json.loads(line[6:]) for line in r.iter_lines() if line.startswith("data: ")]
 
 
-def test_a_pull_streams_progress_per_file_and_fetches_the_projector(studio, server, vision_repo):  # noqa: F811
+def test_a_pull_streams_progress_per_file_and_fetches_the_projector(studio, server, vision_repo):
     base, _ = studio
     events = stream_pull(base, f"{REPO}:Q8_0")
     progress, last = events[:-1], events[-1]
@@ -90,14 +91,17 @@ def test_a_pull_streams_progress_per_file_and_fetches_the_projector(studio, serv
     assert [(d["id"], d["state"]) for d in listed] == [(last["id"], "done")]
 
 
-def test_two_clients_asking_for_the_same_files_share_one_download(studio, server, vision_repo):  # noqa: F811
+def test_two_clients_asking_for_the_same_files_share_one_download(studio, server, vision_repo):
     base, _ = studio
     server.chunk_delay = 0.08
     first: list[dict] = []
     worker = threading.Thread(target=lambda: first.extend(stream_pull(base, f"{REPO}:Q8_0")))
     worker.start()
-    wait_for(lambda: first or httpx.get(f"{base}/api/pulls", timeout=10).json(), timeout=30,
-             what="the first download to start")
+    wait_for(
+        lambda: first or httpx.get(f"{base}/api/pulls", timeout=10).json(),
+        timeout=30,
+        what="the first download to start",
+    )
     second = stream_pull(base, f"{REPO}:Q8_0")
     worker.join(60)
     assert second[0]["joined"] is True and second[-1]["id"] == first[-1]["id"]
@@ -106,15 +110,18 @@ def test_two_clients_asking_for_the_same_files_share_one_download(studio, server
     assert sorted(gets) == ["eye-Q8_0.gguf", "mmproj-eye-F16.gguf"]  # each file fetched once
 
 
-def test_a_cancelled_pull_stops_and_leaves_no_partial_file(studio, server, hf_env, vision_repo):  # noqa: F811
+def test_a_cancelled_pull_stops_and_leaves_no_partial_file(studio, server, hf_env, vision_repo):
     base, _ = studio
     server.chunk_delay = 0.1  # 2.4 s for the model file
     started = httpx.post(f"{base}/api/pull", json={"model": f"{REPO}:Q8_0", "stream": False}, timeout=30)
     assert started.status_code == 202 and started.json()["state"] == "running"
     pull_id = started.json()["id"]
     assert httpx.delete(f"{base}/api/pulls/{pull_id}", timeout=10).status_code == 200
-    ended = wait_for(lambda: (d := httpx.get(f"{base}/api/pulls/{pull_id}", timeout=10).json())["state"] != "running"
-                     and d, timeout=30, what="the download to stop")
+    ended = wait_for(
+        lambda: (d := httpx.get(f"{base}/api/pulls/{pull_id}", timeout=10).json())["state"] != "running" and d,
+        timeout=30,
+        what="the download to stop",
+    )
     assert ended["state"] == "cancelled" and "cancelled" in ended["error"]["message"]
     assert ended["files"][0]["state"] == "downloading" and ended["done_bytes"] < ended["total_bytes"]
     sizes = {len(data) for data in vision_repo.files.values()}
@@ -125,7 +132,7 @@ def test_a_cancelled_pull_stops_and_leaves_no_partial_file(studio, server, hf_en
     assert events[-1]["type"] == "cancelled"
 
 
-def test_errors_come_before_any_event(studio, server, vision_repo, monkeypatch):  # noqa: F811
+def test_errors_come_before_any_event(studio, server, vision_repo, monkeypatch):
     base, _ = studio
     unknown = httpx.post(f"{base}/api/pull", json={"model": "acme/nothing-here"}, timeout=30)
     assert unknown.status_code == 404 and unknown.json()["error"]["code"] == "repo_not_found"
@@ -137,7 +144,7 @@ def test_errors_come_before_any_event(studio, server, vision_repo, monkeypatch):
     assert httpx.delete(f"{base}/api/pulls/pull-999", timeout=10).status_code == 404
 
 
-def test_ensure_available_downloads_only_when_allowed_and_only_once(server, hf_env, vision_repo):  # noqa: F811
+def test_ensure_available_downloads_only_when_allowed_and_only_once(server, hf_env, vision_repo):
     spec = f"{REPO}:Q4_K_M"
     with pytest.raises(ModelNotFoundError, match="POST /api/pull") as info:
         asyncio.run(DownloadManager().ensure_available(spec))
@@ -149,12 +156,14 @@ def test_ensure_available_downloads_only_when_allowed_and_only_once(server, hf_e
     assert server.downloads() == []
 
 
-def test_the_largest_variant_that_fits_is_suggested(server, hf_env, vision_repo):  # noqa: F811
+def test_the_largest_variant_that_fits_is_suggested(server, hf_env, vision_repo):
     downloads = DownloadManager()
     assert downloads.suggest_variant(REPO, lambda size, label: True) == f"{REPO}:Q8_0"
     asked = []
-    assert downloads.suggest_variant(REPO, lambda size, label: asked.append((label, size)) or size < 20 * MIB) == \
-        f"{REPO}:Q4_K_M"
+    assert (
+        downloads.suggest_variant(REPO, lambda size, label: asked.append((label, size)) or size < 20 * MIB)
+        == f"{REPO}:Q4_K_M"
+    )
     projector = len(vision_repo.files["mmproj-eye-F16.gguf"])
     assert dict(asked)["Q4_K_M"] == len(vision_repo.files["eye-Q4_K_M.gguf"]) + projector  # the projector counts
     assert downloads.suggest_variant(REPO, lambda size, label: False) is None
@@ -166,8 +175,13 @@ REAL = "acme/SmolLM2-135M-Instruct-GGUF"
 
 
 @pytest.mark.slow
-def test_a_pulled_vision_repo_loads_offline_from_the_cache(studio, server, settings, tmp_path,  # noqa: F811
-                                                           monkeypatch):
+def test_a_pulled_vision_repo_loads_offline_from_the_cache(
+    studio,
+    server,
+    settings,
+    tmp_path,
+    monkeypatch,
+):
     base, manager = studio
     repo = server.repo(REAL)
     repo.add("SmolLM2-135M-Instruct-Q4_1.gguf", ensure_default_model(settings.models_dir))
@@ -186,16 +200,19 @@ def test_a_pulled_vision_repo_loads_offline_from_the_cache(studio, server, setti
 
 @pytest.mark.parametrize("auto", [False, True])
 def test_a_load_of_an_uncached_repo_downloads_it_first_only_with_auto_download(
-        llama_server_bin, server, hf_env, settings, tmp_path, auto):  # noqa: F811
+    llama_server_bin, server, hf_env, settings, tmp_path, auto
+):
     repo = server.repo(REAL)
     repo.add("SmolLM2-135M-Instruct-Q4_1.gguf", ensure_default_model(settings.models_dir))
     repo.add("mmproj-SmolLM2-F32.gguf", write_vision_projector(tmp_path / "mmproj.gguf"))
     downloads = DownloadManager(auto_download=auto)
-    manager = ModelManager(catalog=Catalog([tmp_path / "models"], hf_cache=hf_env.cache_dir),
-                           binary=llama_server_bin, caps=probe(llama_server_bin, cache_dir=tmp_path / "cache"),
-                           make_supervisor=supervisor_factory(tmp_path / "logs",
-                                                              ChildRegistry(tmp_path / "run", owner_token())),
-                           downloads=downloads)
+    manager = ModelManager(
+        catalog=Catalog([tmp_path / "models"], hf_cache=hf_env.cache_dir),
+        binary=llama_server_bin,
+        caps=probe(llama_server_bin, cache_dir=tmp_path / "cache"),
+        make_supervisor=supervisor_factory(tmp_path / "logs", ChildRegistry(tmp_path / "run", owner_token())),
+        downloads=downloads,
+    )
     with TestClient(create_app(manager), base_url="http://127.0.0.1") as client:
         resp = client.post("/api/plan", json={"model": f"{REAL}:Q4_1", "n_ctx": 1024})  # plans; starts nothing
         pulls = client.get("/api/pulls").json()

@@ -18,41 +18,64 @@ from launcher.extra_args import ExtraArgsError
 from launcher.planner import PlanError
 from launcher.speculative import SpeculativeConfigError
 from studio.errors import (
-    BadRequestError, BusyError, DiskSpaceError, DoesNotFitError, DownloadCancelledError, HubAuthError, HubError,
-    ModelNotFoundError, ModelNotResidentError, ModelUnloadedError, UpstreamError, WorkTimeoutError,
+    BadRequestError,
+    BusyError,
+    DiskSpaceError,
+    DoesNotFitError,
+    DownloadCancelledError,
+    HubAuthError,
+    HubError,
+    ModelNotFoundError,
+    ModelNotResidentError,
+    ModelUnloadedError,
+    UpstreamError,
+    WorkTimeoutError,
 )
 from studio.http.auth import BearerTokenMiddleware
 from studio.http.errors import (
-    ErrorAnswer, anthropic_type, describe, dialect_of, error_response, reshape_upstream, stream_error_event,
+    ErrorAnswer,
+    anthropic_type,
+    describe,
+    dialect_of,
+    error_response,
+    reshape_upstream,
+    stream_error_event,
 )
 
 
-@pytest.mark.parametrize("exc, status, type_, code", [
-    (ModelNotFoundError("no such model", param="model", code="model_not_found"), 404, "not_found_error",
-     "model_not_found"),
-    (BadRequestError("bad"), 400, "invalid_request_error", None),
-    (BusyError("full"), 503, "server_busy", None),
-    (DoesNotFitError("too big"), 400, "invalid_request_error", "does_not_fit"),
-    (ModelNotResidentError("not resident"), 404, "not_found_error", "model_not_resident"),
-    (ModelUnloadedError("unloaded meanwhile"), 503, "model_unloaded", "model_unloaded"),
-    (WorkTimeoutError("slow header"), 504, "timeout_error", "timeout"),
-    (HubError("hub down"), 502, "hub_error", None),
-    (HubAuthError("gated"), 401, "authentication_error", None),
-    (DiskSpaceError("full disk"), 507, "insufficient_storage", None),
-    (DownloadCancelledError("stop"), 499, "cancelled", None),
-    (UpstreamError("gone"), 502, "upstream_error", None),
-    (gguf.GGUFError("not a GGUF file"), 400, "invalid_request_error", "invalid_gguf"),
-    (SpeculativeConfigError("warp"), 400, "invalid_request_error", "invalid_speculative"),
-    (ExtraArgsError("--port", flags=["--port"]), 400, "invalid_request_error", "invalid_extra_args"),
-    (PlanError("does not fit"), 400, "invalid_request_error", "invalid_plan"),
-    (StartAbortedError("cancelled"), 409, "load_cancelled", "load_cancelled"),
-    (LoadError("exited", cause="out_of_memory"), 500, "server_error", "out_of_memory"),
-    (LoadError("exited"), 500, "server_error", "load_failed"),
-    (StartTimeoutError("never healthy"), 502, "server_error", "load_failed"),
-    (BinaryNotFoundError(["/usr/bin"]), 502, "server_error", "load_failed"),
-    (PortInUseError("127.0.0.1", 8080), 502, "server_error", "load_failed"),
-    (ProbeError("help unreadable", binary="/bin/llama-server"), 502, "server_error", "load_failed"),
-])
+@pytest.mark.parametrize(
+    "exc, status, type_, code",
+    [
+        (
+            ModelNotFoundError("no such model", param="model", code="model_not_found"),
+            404,
+            "not_found_error",
+            "model_not_found",
+        ),
+        (BadRequestError("bad"), 400, "invalid_request_error", None),
+        (BusyError("full"), 503, "server_busy", None),
+        (DoesNotFitError("too big"), 400, "invalid_request_error", "does_not_fit"),
+        (ModelNotResidentError("not resident"), 404, "not_found_error", "model_not_resident"),
+        (ModelUnloadedError("unloaded meanwhile"), 503, "model_unloaded", "model_unloaded"),
+        (WorkTimeoutError("slow header"), 504, "timeout_error", "timeout"),
+        (HubError("hub down"), 502, "hub_error", None),
+        (HubAuthError("gated"), 401, "authentication_error", None),
+        (DiskSpaceError("full disk"), 507, "insufficient_storage", None),
+        (DownloadCancelledError("stop"), 499, "cancelled", None),
+        (UpstreamError("gone"), 502, "upstream_error", None),
+        (gguf.GGUFError("not a GGUF file"), 400, "invalid_request_error", "invalid_gguf"),
+        (SpeculativeConfigError("warp"), 400, "invalid_request_error", "invalid_speculative"),
+        (ExtraArgsError("--port", flags=["--port"]), 400, "invalid_request_error", "invalid_extra_args"),
+        (PlanError("does not fit"), 400, "invalid_request_error", "invalid_plan"),
+        (StartAbortedError("cancelled"), 409, "load_cancelled", "load_cancelled"),
+        (LoadError("exited", cause="out_of_memory"), 500, "server_error", "out_of_memory"),
+        (LoadError("exited"), 500, "server_error", "load_failed"),
+        (StartTimeoutError("never healthy"), 502, "server_error", "load_failed"),
+        (BinaryNotFoundError(["/usr/bin"]), 502, "server_error", "load_failed"),
+        (PortInUseError("127.0.0.1", 8080), 502, "server_error", "load_failed"),
+        (ProbeError("help unreadable", binary="/bin/llama-server"), 502, "server_error", "load_failed"),
+    ],
+)
 def test_every_error_of_the_layers_below_has_one_answer(exc, status, type_, code):
     answer = describe(exc)
     assert (answer.status, answer.type, answer.code) == (status, type_, code)
@@ -70,39 +93,72 @@ def test_busy_says_when_to_retry_in_every_dialect():
 
 def test_the_three_shapes():
     exc = ModelNotFoundError("model 'x' not found", param="model", code="model_not_found")
-    assert json.loads(error_response(exc, "openai").body) == {"error": {
-        "message": "model 'x' not found", "type": "not_found_error", "param": "model", "code": "model_not_found"}}
+    assert json.loads(error_response(exc, "openai").body) == {
+        "error": {
+            "message": "model 'x' not found",
+            "type": "not_found_error",
+            "param": "model",
+            "code": "model_not_found",
+        }
+    }
     assert json.loads(error_response(exc, "anthropic").body) == {
-        "type": "error", "error": {"type": "not_found_error", "message": "model 'x' not found"}}
+        "type": "error",
+        "error": {"type": "not_found_error", "message": "model 'x' not found"},
+    }
     assert json.loads(error_response(exc, "ollama").body) == {"error": "model 'x' not found"}
 
 
-@pytest.mark.parametrize("status, type_", [
-    (400, "invalid_request_error"), (401, "authentication_error"), (403, "permission_error"),
-    (404, "not_found_error"), (409, "invalid_request_error"), (413, "request_too_large"),
-    (429, "rate_limit_error"), (500, "api_error"), (501, "api_error"), (502, "api_error"),
-    (503, "overloaded_error"), (507, "api_error"), (529, "overloaded_error"),
-])
+@pytest.mark.parametrize(
+    "status, type_",
+    [
+        (400, "invalid_request_error"),
+        (401, "authentication_error"),
+        (403, "permission_error"),
+        (404, "not_found_error"),
+        (409, "invalid_request_error"),
+        (413, "request_too_large"),
+        (429, "rate_limit_error"),
+        (500, "api_error"),
+        (501, "api_error"),
+        (502, "api_error"),
+        (503, "overloaded_error"),
+        (507, "api_error"),
+        (529, "overloaded_error"),
+    ],
+)
 def test_anthropic_type_names_by_status(status, type_):
     assert anthropic_type(status) == type_
 
 
 def test_llama_servers_own_errors_are_reshaped_for_anthropic_and_ollama():
-    upstream = json.dumps({"error": {"code": 400, "message": "the request exceeds the available context size",
-                                     "type": "exceed_context_size_error", "n_ctx": 512}}).encode()
+    upstream = json.dumps(
+        {
+            "error": {
+                "code": 400,
+                "message": "the request exceeds the available context size",
+                "type": "exceed_context_size_error",
+                "n_ctx": 512,
+            }
+        }
+    ).encode()
     assert reshape_upstream(400, upstream, "openai") == upstream  # OpenAI's own shape passes as it came
-    assert json.loads(reshape_upstream(400, upstream, "anthropic")) == {"type": "error", "error": {
-        "type": "invalid_request_error", "message": "the request exceeds the available context size"}}
+    assert json.loads(reshape_upstream(400, upstream, "anthropic")) == {
+        "type": "error",
+        "error": {"type": "invalid_request_error", "message": "the request exceeds the available context size"},
+    }
     assert json.loads(reshape_upstream(400, upstream, "ollama")) == {
-        "error": "the request exceeds the available context size"}
+        "error": "the request exceeds the available context size"
+    }
     assert json.loads(reshape_upstream(502, b"<html>bad gateway</html>", "ollama")) == {
-        "error": "<html>bad gateway</html>"}
+        "error": "<html>bad gateway</html>"
+    }
 
 
 def test_a_broken_stream_ends_with_the_dialects_error_event():
     answer = ErrorAnswer(502, "gone", "upstream_error")
     assert stream_error_event(answer, "anthropic") == (
-        b'event: error\ndata: {"type": "error", "error": {"type": "api_error", "message": "gone"}}\n\n')
+        b'event: error\ndata: {"type": "error", "error": {"type": "api_error", "message": "gone"}}\n\n'
+    )
     assert stream_error_event(answer, "openai").startswith(b'data: {"error": {"message": "gone"')
 
 

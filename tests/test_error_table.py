@@ -21,7 +21,13 @@ from studio import errors as studio_errors
 from studio.cli.app import exit_code
 from studio.error_table import ROOTS, TABLE, outcome
 from studio.errors import (
-    AnsweredError, CommandError, DiskSpaceError, DoesNotFitError, Exit, ModelNotFoundError, StudioError,
+    AnsweredError,
+    CommandError,
+    DiskSpaceError,
+    DoesNotFitError,
+    Exit,
+    ModelNotFoundError,
+    StudioError,
 )
 
 PACKAGES = {gguf: gguf_errors, launcher: launcher_errors, studio: studio_errors}
@@ -34,8 +40,12 @@ def error_classes() -> list[type[BaseException]]:
         for info in pkgutil.walk_packages(package.__path__, package.__name__ + "."):
             module = importlib.import_module(info.name)
             for name, obj in vars(module).items():
-                if (inspect.isclass(obj) and issubclass(obj, BaseException) and obj.__module__ == info.name
-                        and not name.startswith("_")):
+                if (
+                    inspect.isclass(obj)
+                    and issubclass(obj, BaseException)
+                    and obj.__module__ == info.name
+                    and not name.startswith("_")
+                ):
                     found[f"{info.name}.{name}"] = obj
     return sorted(found.values(), key=lambda c: (c.__module__, c.__name__))
 
@@ -65,8 +75,10 @@ def test_the_check_fails_on_a_class_left_unmapped():
         """An error someone added without a row."""
 
     FreshError.__module__ = "studio.errors"
-    assert unmapped([FreshError]) == ["studio.errors.FreshError has no row in studio.error_table.TABLE",
-                                      "FreshError is not in the tree drawn in studio.errors"]
+    assert unmapped([FreshError]) == [
+        "studio.errors.FreshError has no row in studio.error_table.TABLE",
+        "FreshError is not in the tree drawn in studio.errors",
+    ]
     assert unmapped([ModelNotFoundError]) == []
 
 
@@ -83,32 +95,38 @@ def test_the_most_specific_row_wins_and_an_instance_narrows_its_code():
     assert outcome(KeyError("a bug")) is None
 
 
-@pytest.mark.parametrize("exc, code", [
-    (ModelNotFoundError("no such model"), Exit.NOT_FOUND),
-    (BinaryNotFoundError(["/usr/bin"]), Exit.NOT_FOUND),
-    (gguf.MissingShardError("shard 2 of 3 is missing"), Exit.NOT_FOUND),
-    (FileNotFoundError("nothing there"), Exit.NOT_FOUND),
-    (DoesNotFitError("too big"), Exit.DOES_NOT_FIT),
-    (DiskSpaceError("full disk"), Exit.DOES_NOT_FIT),
-    (LoadError("exited"), Exit.LLAMA_FAILED),
-    (gguf.NotGGUFError("not a GGUF file"), Exit.ERROR),
-    (CommandError("--port wants a number", exit=Exit.USAGE), Exit.USAGE),
-    (KeyError("a bug"), Exit.ERROR),
-])
+@pytest.mark.parametrize(
+    "exc, code",
+    [
+        (ModelNotFoundError("no such model"), Exit.NOT_FOUND),
+        (BinaryNotFoundError(["/usr/bin"]), Exit.NOT_FOUND),
+        (gguf.MissingShardError("shard 2 of 3 is missing"), Exit.NOT_FOUND),
+        (FileNotFoundError("nothing there"), Exit.NOT_FOUND),
+        (DoesNotFitError("too big"), Exit.DOES_NOT_FIT),
+        (DiskSpaceError("full disk"), Exit.DOES_NOT_FIT),
+        (LoadError("exited"), Exit.LLAMA_FAILED),
+        (gguf.NotGGUFError("not a GGUF file"), Exit.ERROR),
+        (CommandError("--port wants a number", exit=Exit.USAGE), Exit.USAGE),
+        (KeyError("a bug"), Exit.ERROR),
+    ],
+)
 def test_the_cli_exit_code_comes_from_the_same_table(exc, code):
     assert exit_code(exc) == code
 
 
-@pytest.mark.parametrize("status, code, exit", [
-    (404, "model_not_found", Exit.NOT_FOUND),
-    (404, None, Exit.NOT_FOUND),
-    (400, "does_not_fit", Exit.DOES_NOT_FIT),
-    (507, None, Exit.DOES_NOT_FIT),
-    (500, "out_of_memory", Exit.LLAMA_FAILED),  # a code no row has: its status decides
-    (502, None, Exit.LLAMA_FAILED),
-    (400, None, Exit.ERROR),
-    (418, None, Exit.ERROR),
-])
+@pytest.mark.parametrize(
+    "status, code, exit",
+    [
+        (404, "model_not_found", Exit.NOT_FOUND),
+        (404, None, Exit.NOT_FOUND),
+        (400, "does_not_fit", Exit.DOES_NOT_FIT),
+        (507, None, Exit.DOES_NOT_FIT),
+        (500, "out_of_memory", Exit.LLAMA_FAILED),  # a code no row has: its status decides
+        (502, None, Exit.LLAMA_FAILED),
+        (400, None, Exit.ERROR),
+        (418, None, Exit.ERROR),
+    ],
+)
 def test_a_running_studios_answer_gets_the_exit_code_its_code_or_status_has_here(status, code, exit):
     answer = AnsweredError("the studio said no", status=status, code=code)
     assert exit_code(answer) == exit
@@ -118,6 +136,7 @@ def test_a_running_studios_answer_gets_the_exit_code_its_code_or_status_has_here
 def test_an_answer_that_is_not_in_openais_shape_is_quoted_not_parsed():
     error = AnsweredError.from_body(502, b"<html>Bad Gateway</html>", server="http://127.0.0.1:8080")
     assert error.message == "http://127.0.0.1:8080 answered HTTP 502: <html>Bad Gateway</html>"
-    parsed = AnsweredError.from_body(404, b'{"error": {"message": "no model x", "type": "not_found_error", '
-                                          b'"code": "model_not_found"}}')
+    parsed = AnsweredError.from_body(
+        404, b'{"error": {"message": "no model x", "type": "not_found_error", "code": "model_not_found"}}'
+    )
     assert (parsed.message, parsed.type, parsed.code) == ("no model x", "not_found_error", "model_not_found")

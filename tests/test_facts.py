@@ -29,22 +29,23 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import gguf
-from gguf.arch_traits import KNOWN_ARCHITECTURES
 from gguf.arch_rules import swa_layers_from_hf_config
+from gguf.arch_traits import KNOWN_ARCHITECTURES
 from gguf.facts import ModelFacts
 from gguf.facts_builder import model_facts
 from gguf.model import GGUFFile
 from gguf.reader import Header, StatKey
 from gguf.writer import rewrite
-from tests.support.dry_run import load_report
 from studio.library import default_model
+from tests.support.dry_run import load_report
 
 pytestmark = pytest.mark.slow
 
 GEMMA = default_model.GEMMA_FILENAME
 
 #: Every model the pinned test-llama-archs writes (checked against the real zoo below).
-ZOO_MODELS = tuple("""
+ZOO_MODELS = tuple(
+    """
     afmoe-moe arcee-dense arctic-moe baichuan-dense bailingmoe-moe bailingmoe2-moe bailingmoe3-moe bloom-dense
     chatglm-dense codeshell-dense cogvlm-dense cohere2-dense cohere2moe-moe command-r-dense dbrx-moe deci-dense
     deepseek-moe deepseek2-moe deepseek32-moe deepseek4-moe dots1-moe dots3note-moe dream-dense ernie4_5-moe-moe
@@ -62,7 +63,8 @@ ZOO_MODELS = tuple("""
     qwen35-dense qwen35moe-moe qwen3moe-moe qwen3next-moe qwen3tts-dense qwen3vl-dense qwen3vlmoe-moe
     qwen4exp-moe refact-dense refact-moe rnd1-moe seed_oss-dense smallthinker-moe smollm3-dense spark2_5-dense
     stablelm-dense starcoder-dense starcoder2-dense talkie-dense xverse-dense
-""".split())
+""".split()
+)
 
 #: Models whose print_info llama-server does not print, with the reason. Empty at b11434:
 #: every zoo model and Gemma get through hyper-parameter loading.
@@ -72,18 +74,41 @@ LOAD_FAILURES: dict[str, str] = {}
 #: facts must come from the rules llama.cpp hard-codes per family (as for most real GGUFs):
 #: name -> (zoo model, keys dropped, keys set as (GGUF value type, value)).
 BUILTIN_RULE_VARIANTS: dict[str, tuple[str, tuple[str, ...], dict[str, tuple[int, Any]]]] = {
-    **{f"{m}-builtin-swa.gguf": (m, (f"{m.rsplit('-', 1)[0]}.attention.sliding_window_pattern",), {})
-       for m in ("gemma3-dense", "cohere2-dense", "cohere2moe-moe", "gpt-oss-moe", "afmoe-moe", "mellum-moe",
-                 "olmo2-dense", "plamo3-dense", "exaone-moe-moe", "muse-glimmer-dense", "smallthinker-moe",
-                 "laguna-moe")},
+    **{
+        f"{m}-builtin-swa.gguf": (m, (f"{m.rsplit('-', 1)[0]}.attention.sliding_window_pattern",), {})
+        for m in (
+            "gemma3-dense",
+            "cohere2-dense",
+            "cohere2moe-moe",
+            "gpt-oss-moe",
+            "afmoe-moe",
+            "mellum-moe",
+            "olmo2-dense",
+            "plamo3-dense",
+            "exaone-moe-moe",
+            "muse-glimmer-dense",
+            "smallthinker-moe",
+            "laguna-moe",
+        )
+    },
     # no window either: gemma2 falls back to 4096, llama4 to 8192-token chunks
-    **{f"{m}-builtin-swa.gguf": (m, tuple(f"{m.rsplit('-', 1)[0]}.attention.{k}"
-                                          for k in ("sliding_window_pattern", "sliding_window")), {})
-       for m in ("gemma2-dense", "llama4-moe")},
+    **{
+        f"{m}-builtin-swa.gguf": (
+            m,
+            tuple(f"{m.rsplit('-', 1)[0]}.attention.{k}" for k in ("sliding_window_pattern", "sliding_window")),
+            {},
+        )
+        for m in ("gemma2-dense", "llama4-moe")
+    },
     # no recurrent-layer list: full_attention_interval decides which layers are linear attention
-    **{f"{m}-builtin-interval.gguf": (m, (f"{m.rsplit('-', 1)[0]}.attention.recurrent_layers",),
-                                      {f"{m.rsplit('-', 1)[0]}.full_attention_interval": (4, 2)})
-       for m in ("qwen35-dense", "qwen35moe-moe", "qwen3next-moe", "minimax-01-moe")},
+    **{
+        f"{m}-builtin-interval.gguf": (
+            m,
+            (f"{m.rsplit('-', 1)[0]}.attention.recurrent_layers",),
+            {f"{m.rsplit('-', 1)[0]}.full_attention_interval": (4, 2)},
+        )
+        for m in ("qwen35-dense", "qwen35moe-moe", "qwen3next-moe", "minimax-01-moe")
+    },
 }
 ALL_MODELS = [GEMMA, *(f"{m}.gguf" for m in ZOO_MODELS), *BUILTIN_RULE_VARIANTS]
 
@@ -92,10 +117,12 @@ _PRINT_INFO = re.compile(r"\bprint_info: ([^=]+?)\s+= ?(.*)$")
 _KV_CREATING = re.compile(r"creating\s+(.+?)\s+KV cache")
 _KV_SIZE = re.compile(
     r"llama_kv_cache: size = +[\d.]+ MiB \( *(\d+) cells, +(\d+) layers, +(\d+)/(\d+) seqs\), "
-    r"K \((\w+)\): +([\d.]+) MiB, V \((\w+)\): +([\d.]+) MiB")
+    r"K \((\w+)\): +([\d.]+) MiB, V \((\w+)\): +([\d.]+) MiB"
+)
 _RS_SIZE = re.compile(
     r"llama_memory_recurrent: size = +[\d.]+ MiB \( *(\d+) cells, +(\d+) layers, +(\d+) seqs +(\d+) rs_seq\), "
-    r"R \((\w+)\): +([\d.]+) MiB, S \((\w+)\): +([\d.]+) MiB")
+    r"R \((\w+)\): +([\d.]+) MiB, S \((\w+)\): +([\d.]+) MiB"
+)
 _TYPE_BYTES = {"f32": 4.0, "f16": 2.0, "bf16": 2.0, "q8_0": 34 / 32, "q4_0": 18 / 32}
 MIB = 1024 * 1024
 
@@ -160,9 +187,13 @@ def model_paths(zoo_dir: Path, gemma_model: Path, tmp_path_factory) -> dict[str,
     paths[GEMMA] = gemma_model
     variants = tmp_path_factory.mktemp("builtin-rules")
     for name, (source, drop, add) in BUILTIN_RULE_VARIANTS.items():
-        rewrite(zoo_dir / f"{source}.gguf", variants / name, drop_keys=tuple(drop),
-                metadata_updates={k: v for k, (_, v) in add.items()},
-                value_types={k: (t,) for k, (t, _) in add.items()})
+        rewrite(
+            zoo_dir / f"{source}.gguf",
+            variants / name,
+            drop_keys=tuple(drop),
+            metadata_updates={k: v for k, (_, v) in add.items()},
+            value_types={k: (t,) for k, (t, _) in add.items()},
+        )
         paths[name] = variants / name
     return paths
 
@@ -205,7 +236,7 @@ def _params_text(n: int) -> str:
 
 def _file_size_text(n_bytes: int, n_elements: int) -> str:
     bpw = n_bytes * 8.0 / n_elements
-    if n_bytes < 1024 ** 3:
+    if n_bytes < 1024**3:
         return f"{n_bytes / 1024 / 1024:.2f} MiB ({bpw:.2f} BPW)"
     return f"{n_bytes / 1024 / 1024 / 1024:.2f} GiB ({bpw:.2f} BPW)"
 
@@ -230,7 +261,7 @@ def expected_print_info(f: ModelFacts, info: dict[str, str]) -> dict[str, Any]:
         "is_swa_any": str(int(f.is_swa_any)),
         "n_embd_head_k": str(f.key_length),
         "n_embd_head_v": str(f.value_length),
-        "n_gqa": tuple(h // kv if kv else 0 for h, kv in zip(f.head_count, f.head_count_kv)),
+        "n_gqa": tuple(h // kv if kv else 0 for h, kv in zip(f.head_count, f.head_count_kv, strict=False)),
         "n_embd_k_gqa": tuple(f.k_embd(il) for il in range(n)),
         "n_embd_v_gqa": tuple(f.v_embd(il) for il in range(n)),
         "n_ff": f.feed_forward_length,
@@ -368,8 +399,9 @@ def test_kv_cache_and_recurrent_state_match_llama_server(name, server_reports, m
     if name in LOAD_FAILURES:
         pytest.skip(f"llama-server cannot load {name}: {LOAD_FAILURES[name]}")
     facts = gguf.read(model_paths[name]).facts
-    assert report.kv or report.recurrent or not facts.attention_cache_layers(), \
+    assert report.kv or report.recurrent or not facts.attention_cache_layers(), (
         f"llama-server made no cache for {name}:\n{report.log[-3000:]}"
+    )
     assert kv_mismatches(facts, report) + recurrent_mismatches(facts, report) == []
 
 
@@ -404,16 +436,24 @@ def test_gemma_facts(gemma_model):
 
 
 def _model(metadata: dict[str, Any], tensors: Iterable = (), path: str = "synthetic.gguf") -> GGUFFile:
-    header = Header(path=Path(path), version=3, metadata=MappingProxyType(dict(metadata)), value_types={},
-                    tensors=tuple(tensors), alignment=32, data_offset=0, file_size=0,
-                    stat_key=StatKey(0, 0, 0, 0))
+    header = Header(
+        path=Path(path),
+        version=3,
+        metadata=MappingProxyType(dict(metadata)),
+        value_types={},
+        tensors=tuple(tensors),
+        alignment=32,
+        data_offset=0,
+        file_size=0,
+        stat_key=StatKey(0, 0, 0, 0),
+    )
     return GGUFFile(shards=(header,))
 
 
 def _renamed(metadata: dict[str, Any], old: str, new: str) -> dict[str, Any]:
     out = {}
     for key, value in metadata.items():
-        out[new + key[len(old):] if key.startswith(old + ".") else key] = value
+        out[new + key[len(old) :] if key.startswith(old + ".") else key] = value
     out["general.architecture"] = new
     return out
 
@@ -425,8 +465,14 @@ def gemma_meta(gemma_model) -> dict[str, Any]:
 
 
 def test_known_family_rule_without_pattern_gemma2():
-    md = {"general.architecture": "gemma2", "gemma2.context_length": 8192, "gemma2.embedding_length": 256,
-          "gemma2.block_count": 6, "gemma2.attention.head_count": 4, "gemma2.attention.head_count_kv": 2}
+    md = {
+        "general.architecture": "gemma2",
+        "gemma2.context_length": 8192,
+        "gemma2.embedding_length": 256,
+        "gemma2.block_count": 6,
+        "gemma2.attention.head_count": 4,
+        "gemma2.attention.head_count_kv": 2,
+    }
     f = model_facts(_model(md))
     assert f.swa_layers == (True, False) * 3
     assert f.sliding_window == 4096 and f.full_attention_interval == 2
@@ -443,10 +489,20 @@ def test_mtp_layers_are_counted_apart(gemma_meta):
 
 
 def test_qwen35_hybrid_layout_from_the_interval():
-    md = {"general.architecture": "qwen35", "qwen35.context_length": 4096, "qwen35.embedding_length": 128,
-          "qwen35.block_count": 9, "qwen35.nextn_predict_layers": 1, "qwen35.attention.head_count": 2,
-          "qwen35.attention.head_count_kv": 1, "qwen35.ssm.conv_kernel": 4, "qwen35.ssm.inner_size": 256,
-          "qwen35.ssm.state_size": 128, "qwen35.ssm.time_step_rank": 2, "qwen35.ssm.group_count": 2}
+    md = {
+        "general.architecture": "qwen35",
+        "qwen35.context_length": 4096,
+        "qwen35.embedding_length": 128,
+        "qwen35.block_count": 9,
+        "qwen35.nextn_predict_layers": 1,
+        "qwen35.attention.head_count": 2,
+        "qwen35.attention.head_count_kv": 1,
+        "qwen35.ssm.conv_kernel": 4,
+        "qwen35.ssm.inner_size": 256,
+        "qwen35.ssm.state_size": 128,
+        "qwen35.ssm.time_step_rank": 2,
+        "qwen35.ssm.group_count": 2,
+    }
     f = model_facts(_model(md))
     assert f.recurrent_layers == (True, True, True, False, True, True, True, False, False)
     # the MTP block (layer 8) gets its cache in the draft context, not the main one
@@ -457,8 +513,14 @@ def test_qwen35_hybrid_layout_from_the_interval():
 
 
 def test_unknown_architecture_is_approximate_and_can_use_a_hf_config():
-    md = {"general.architecture": "futurelm", "futurelm.context_length": 4096, "futurelm.embedding_length": 128,
-          "futurelm.block_count": 4, "futurelm.attention.head_count": 2, "futurelm.attention.sliding_window": 128}
+    md = {
+        "general.architecture": "futurelm",
+        "futurelm.context_length": 4096,
+        "futurelm.embedding_length": 128,
+        "futurelm.block_count": 4,
+        "futurelm.attention.head_count": 2,
+        "futurelm.attention.sliding_window": 128,
+    }
     f = model_facts(_model(md))
     assert f.approximate and not f.known_architecture
     assert f.swa_layers == (False,) * 4 and f.sliding_window == 128
@@ -476,29 +538,37 @@ def test_hf_config_hook_reads_layer_types_and_periods():
 
 
 def test_missing_required_key_is_reported_not_raised():
-    md = {"general.architecture": "cohere2", "cohere2.context_length": 4096, "cohere2.embedding_length": 128,
-          "cohere2.block_count": 4, "cohere2.attention.head_count": 2}
+    md = {
+        "general.architecture": "cohere2",
+        "cohere2.context_length": 4096,
+        "cohere2.embedding_length": 128,
+        "cohere2.block_count": 4,
+        "cohere2.attention.head_count": 2,
+    }
     f = model_facts(_model(md))
     assert f.approximate and any("cohere2.attention.sliding_window" in n for n in f.notes)
 
 
-@pytest.mark.parametrize(("key", "value"), [
-    ("gemma3.block_count", "eighteen"),
-    ("gemma3.context_length", 1.5),
-    ("gemma3.embedding_length", -640),
-    ("gemma3.attention.head_count", [4, 4]),
-    ("gemma3.attention.head_count_kv", "1"),
-    ("gemma3.attention.sliding_window", [512]),
-    ("gemma3.attention.sliding_window_pattern", ["sliding"]),
-    ("gemma3.rope.freq_base", "1e6"),
-    ("gemma3.rope.scaling.type", "cubic"),
-    ("gemma3.nextn_predict_layers", True),
-    ("general.architecture", 3),
-    ("general.name", 7),
-    ("general.file_type", "Q4_K_M"),
-    ("tokenizer.ggml.bos_token_id", -1),
-    ("tokenizer.ggml.tokens", "abc"),
-])
+@pytest.mark.parametrize(
+    ("key", "value"),
+    [
+        ("gemma3.block_count", "eighteen"),
+        ("gemma3.context_length", 1.5),
+        ("gemma3.embedding_length", -640),
+        ("gemma3.attention.head_count", [4, 4]),
+        ("gemma3.attention.head_count_kv", "1"),
+        ("gemma3.attention.sliding_window", [512]),
+        ("gemma3.attention.sliding_window_pattern", ["sliding"]),
+        ("gemma3.rope.freq_base", "1e6"),
+        ("gemma3.rope.scaling.type", "cubic"),
+        ("gemma3.nextn_predict_layers", True),
+        ("general.architecture", 3),
+        ("general.name", 7),
+        ("general.file_type", "Q4_K_M"),
+        ("tokenizer.ggml.bos_token_id", -1),
+        ("tokenizer.ggml.tokens", "abc"),
+    ],
+)
 def test_wrong_metadata_types_raise_gguf_error_naming_the_key(gemma_meta, key, value):
     md = dict(gemma_meta)
     md[key] = value
@@ -508,23 +578,44 @@ def test_wrong_metadata_types_raise_gguf_error_naming_the_key(gemma_meta, key, v
 
 
 _VALUES = st.one_of(
-    st.none(), st.booleans(), st.integers(-(2 ** 40), 2 ** 40), st.floats(allow_nan=True), st.text(max_size=5),
+    st.none(),
+    st.booleans(),
+    st.integers(-(2**40), 2**40),
+    st.floats(allow_nan=True),
+    st.text(max_size=5),
     st.lists(st.one_of(st.integers(-3, 600), st.booleans(), st.text(max_size=2)), max_size=20),
 )
 _FUZZ_KEYS = [
-    "general.architecture", "block_count", "context_length", "embedding_length", "attention.head_count",
-    "attention.head_count_kv", "attention.key_length", "attention.sliding_window",
-    "attention.sliding_window_pattern", "attention.recurrent_layers", "full_attention_interval",
-    "nextn_predict_layers", "expert_count", "expert_used_count", "feed_forward_length", "rope.scaling.factor",
-    "attention.kv_lora_rank", "attention.key_length_mla", "ssm.inner_size", "num_loops",
-    "attention.shared_kv_layers", "general.file_type", "tokenizer.ggml.tokens", "tokenizer.ggml.eos_token_id",
+    "general.architecture",
+    "block_count",
+    "context_length",
+    "embedding_length",
+    "attention.head_count",
+    "attention.head_count_kv",
+    "attention.key_length",
+    "attention.sliding_window",
+    "attention.sliding_window_pattern",
+    "attention.recurrent_layers",
+    "full_attention_interval",
+    "nextn_predict_layers",
+    "expert_count",
+    "expert_used_count",
+    "feed_forward_length",
+    "rope.scaling.factor",
+    "attention.kv_lora_rank",
+    "attention.key_length_mla",
+    "ssm.inner_size",
+    "num_loops",
+    "attention.shared_kv_layers",
+    "general.file_type",
+    "tokenizer.ggml.tokens",
+    "tokenizer.ggml.eos_token_id",
 ]
 _FUZZ_ARCHS = ["gemma3", "qwen35", "nanbeige", "deepseek2", "gemma4", "graniteswitch", "lfm2", "llama4", "futurelm"]
 
 
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(arch=st.sampled_from(_FUZZ_ARCHS),
-       edits=st.dictionaries(st.sampled_from(_FUZZ_KEYS), _VALUES, max_size=4))
+@given(arch=st.sampled_from(_FUZZ_ARCHS), edits=st.dictionaries(st.sampled_from(_FUZZ_KEYS), _VALUES, max_size=4))
 def test_any_metadata_gives_facts_or_gguf_error(gemma_meta, arch, edits):
     md = _renamed(gemma_meta, "gemma3", arch)
     for key, value in edits.items():

@@ -49,16 +49,26 @@ def test_a_fixed_temporary_name_is_used_as_given(tmp_path):
 
 def _renames(tree: ast.AST) -> list[int]:
     """Lines calling ``os.replace`` / ``os.rename``: a hand-made tmp-then-rename write."""
-    return [node.lineno for node in ast.walk(tree) if isinstance(node, ast.Call)
-            and isinstance(node.func, ast.Attribute) and node.func.attr in ("replace", "rename")
-            and isinstance(node.func.value, ast.Name) and node.func.value.id == "os"]
+    return [
+        node.lineno
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Call)
+        and isinstance(node.func, ast.Attribute)
+        and node.func.attr in ("replace", "rename")
+        and isinstance(node.func.value, ast.Name)
+        and node.func.value.id == "os"
+    ]
 
 
 def test_only_gguf_files_renames_a_temporary_file_into_place():
     """Regression: seven modules each wrote a sibling and ``os.replace``d it, with their own cleanup."""
     root = Path(__file__).resolve().parents[1]
-    offenders = [f"{path.relative_to(root)}:{line}" for package in ("gguf", "launcher", "studio")
-                 for path in sorted((root / package).rglob("*.py")) if path != root / "gguf" / "files.py"
-                 for line in _renames(ast.parse(path.read_text()))]
+    offenders = [
+        f"{path.relative_to(root)}:{line}"
+        for package in ("gguf", "launcher", "studio")
+        for path in sorted((root / package).rglob("*.py"))
+        if path != root / "gguf" / "files.py"
+        for line in _renames(ast.parse(path.read_text()))
+    ]
     assert offenders == []
     assert _renames(ast.parse("import os\nos.replace(tmp, path)\n")) == [2]

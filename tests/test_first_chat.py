@@ -46,8 +46,14 @@ def test_the_chat_default_is_served_with_plain_chatml_unless_the_config_or_the_r
 def test_make_run_serves_the_default_model():
     """What the next test runs is what `make run` runs, once the set-up steps are done."""
     env = {k: v for k, v in os.environ.items() if k not in ("MAKEFLAGS", "MAKELEVEL", "MFLAGS")}
-    out = subprocess.run(["make", "--no-print-directory", "-n", "run", "LLAMA_SERVER_PATH=/bin/true"], cwd=ROOT,
-                         capture_output=True, text=True, timeout=60, env=env)
+    out = subprocess.run(
+        ["make", "--no-print-directory", "-n", "run", "LLAMA_SERVER_PATH=/bin/true"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=env,
+    )
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip().splitlines()[-1] == ".venv/bin/ggstudio serve"
 
@@ -57,8 +63,12 @@ def test_the_default_model_names_paris_at_temperature_0_and_make_run_prints_the_
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     env = tagged_env()
-    with (tmp_path / "serve.err").open("w") as err, subprocess.Popen(
-            [CLI, "serve", "--port", str(port)], stdout=subprocess.PIPE, stderr=err, text=True, env=env) as serve:
+    with (
+        (tmp_path / "serve.err").open("w") as err,
+        subprocess.Popen(
+            [CLI, "serve", "--port", str(port)], stdout=subprocess.PIPE, stderr=err, text=True, env=env
+        ) as serve,
+    ):
         try:
             line = serve.stdout.readline()
             assert line.startswith(f"GGUF Studio at {url}/ "), line + (tmp_path / "serve.err").read_text()
@@ -73,8 +83,11 @@ def test_the_default_model_names_paris_at_temperature_0_and_make_run_prints_the_
             wait_for(ready, timeout=300, interval=0.5, what="the default model to load")
             client = OpenAI(base_url=f"{url}/v1", api_key="not-needed-on-loopback", timeout=600, max_retries=0)
             reply = client.chat.completions.create(
-                model=CHAT_FILENAME.removesuffix(".gguf"), temperature=0, max_tokens=48,
-                messages=[{"role": "user", "content": QUESTION}])
+                model=CHAT_FILENAME.removesuffix(".gguf"),
+                temperature=0,
+                max_tokens=48,
+                messages=[{"role": "user", "content": QUESTION}],
+            )
             answer = reply.choices[0].message.content
             assert "Paris" in answer, answer
             assert "capital of France?" not in answer and "<|im_" not in answer, answer

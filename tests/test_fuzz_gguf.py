@@ -42,8 +42,12 @@ def test_the_header_map_finds_each_field_where_the_reader_reads_it(gemma_model):
 
 
 def test_mutated_headers_raise_only_our_errors_quickly_in_bounded_memory():
-    out = subprocess.run([sys.executable, str(SCRIPT), "--cases", "200", "--seed", "7", "--json"],
-                         capture_output=True, text=True, timeout=300)
+    out = subprocess.run(
+        [sys.executable, str(SCRIPT), "--cases", "200", "--seed", "7", "--json"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     report = json.loads(out.stdout)
     found = "\n".join(f"#{f['index']} {f['result']}: {f['patches']}\n{f['traceback']}" for f in report["findings"])
     assert report["foreign_exceptions"] == 0 and report["hangs_over_1s"] == 0, found

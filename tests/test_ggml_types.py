@@ -30,10 +30,16 @@ def test_type_table_matches_the_pinned_ggml(pinned_build, tmp_path):
     exe = tmp_path / "types"
     lib = pinned_build.layout.cmake_dir / "ggml" / "src" / "libggml-base.a"
     include = pinned_build.layout.source_dir / "ggml" / "include"
-    subprocess.run([compiler, str(src), f"-I{include}", str(lib), "-lm", "-lpthread", "-lstdc++", "-fopenmp", "-o", str(exe)],
-                   check=True, capture_output=True, timeout=120)
-    rows = [line.split(maxsplit=3) for line in subprocess.run([str(exe)], capture_output=True, text=True,
-                                                    check=True).stdout.splitlines()]
+    subprocess.run(
+        [compiler, str(src), f"-I{include}", str(lib), "-lm", "-lpthread", "-lstdc++", "-fopenmp", "-o", str(exe)],
+        check=True,
+        capture_output=True,
+        timeout=120,
+    )
+    rows = [
+        line.split(maxsplit=3)
+        for line in subprocess.run([str(exe)], capture_output=True, text=True, check=True).stdout.splitlines()
+    ]
     live = {int(t): (name, int(block), int(size)) for t, block, size, name in rows if int(block) > 0}
     ours = {t.id: (t.name.lower(), t.block_size, t.type_size) for t in GGML_TYPES.values()}
     assert {k: (n.lower(), b, s) for k, (n, b, s) in live.items()} == ours

@@ -27,15 +27,21 @@ def kv(key: str | bytes, vtype: int, payload: bytes) -> bytes:
     return s(key) + struct.pack("<I", vtype) + payload
 
 
-def header(kvs: list[bytes], tensors: list[bytes] = (), version: int = 3, n_kv: int | None = None,
-           n_tensors: int | None = None) -> bytes:
+def header(
+    kvs: list[bytes], tensors: list[bytes] = (), version: int = 3, n_kv: int | None = None, n_tensors: int | None = None
+) -> bytes:
     n_kv = len(kvs) if n_kv is None else n_kv
     n_tensors = len(tensors) if n_tensors is None else n_tensors
     return b"GGUF" + struct.pack("<IQQ", version, n_tensors, n_kv) + b"".join(kvs) + b"".join(tensors)
 
 
 def tensor(name: str, shape: tuple[int, ...], ttype: int = 0, offset: int = 0) -> bytes:
-    return s(name) + struct.pack("<I", len(shape)) + struct.pack(f"<{len(shape)}Q", *shape) + struct.pack("<IQ", ttype, offset)
+    return (
+        s(name)
+        + struct.pack("<I", len(shape))
+        + struct.pack(f"<{len(shape)}Q", *shape)
+        + struct.pack("<IQ", ttype, offset)
+    )
 
 
 def pad_to(data: bytes, alignment: int = 32) -> bytes:
@@ -57,8 +63,15 @@ EVERY_TYPE = [
     kv("t.f64", FLOAT64, struct.pack("<d", 1e300)),
     kv("t.arr", ARRAY, struct.pack("<IQ", INT32, 3) + struct.pack("<3i", 1, -2, 3)),
     kv("t.strs", ARRAY, struct.pack("<IQ", STRING, 2) + s("a") + s("bc")),
-    kv("t.nested", ARRAY, struct.pack("<IQ", ARRAY, 2)
-       + struct.pack("<IQ", UINT8, 2) + b"\x01\x02" + struct.pack("<IQ", UINT8, 1) + b"\x03"),
+    kv(
+        "t.nested",
+        ARRAY,
+        struct.pack("<IQ", ARRAY, 2)
+        + struct.pack("<IQ", UINT8, 2)
+        + b"\x01\x02"
+        + struct.pack("<IQ", UINT8, 1)
+        + b"\x03",
+    ),
 ]
 
 
@@ -177,16 +190,18 @@ def test_lazy_array_refuses_a_file_changed_underneath(tmp_path):
     tokens = gguf.read(p, cache=False).metadata["v.tokens"]
     p.write_bytes(header([big]) + b"more")
     with pytest.raises(gguf.GGUFError, match="changed"):
-        tokens.values
+        _ = tokens.values
 
 
 # --- shards ------------------------------------------------------------------------
 
 
 def shard(index: int, count: int, tensors: list[tuple[str, int]]) -> bytes:
-    kvs = [kv("general.architecture", STRING, s("llama")),
-           kv("split.no", UINT16, struct.pack("<H", index)),
-           kv("split.count", UINT16, struct.pack("<H", count))]
+    kvs = [
+        kv("general.architecture", STRING, s("llama")),
+        kv("split.no", UINT16, struct.pack("<H", index)),
+        kv("split.count", UINT16, struct.pack("<H", count)),
+    ]
     infos, off = [], 0
     for name, n in tensors:
         infos.append(tensor(name, (n,), offset=off))
@@ -235,51 +250,118 @@ BAD_FILES = {
     "array of 2^60 strings": (header([kv("k", ARRAY, struct.pack("<IQ", STRING, 2**60))]), TruncatedError, "array"),
     "array of 2^60 arrays": (header([kv("k", ARRAY, struct.pack("<IQ", ARRAY, 2**60))]), TruncatedError, "array"),
     "long string array past the end": (
-        header([kv("k", ARRAY, struct.pack("<IQ", STRING, 5000) + s("x") * 4000)]), TruncatedError, "string array"),
+        header([kv("k", ARRAY, struct.pack("<IQ", STRING, 5000) + s("x") * 4000)]),
+        TruncatedError,
+        "string array",
+    ),
     "string array with a 2^63 length inside": (
-        header([kv("k", ARRAY, struct.pack("<IQ", STRING, 3000) + s("x") * 2000 + struct.pack("<Q", 2**63)
-                   + s("y") * 1500)]), TruncatedError, "string array"),
+        header(
+            [
+                kv(
+                    "k",
+                    ARRAY,
+                    struct.pack("<IQ", STRING, 3000) + s("x") * 2000 + struct.pack("<Q", 2**63) + s("y") * 1500,
+                )
+            ]
+        ),
+        TruncatedError,
+        "string array",
+    ),
     "unknown value type": (header([kv("k", 13, b"\0" * 8)]), CorruptHeaderError, "unknown value type 13"),
     "unknown array type": (header([kv("k", ARRAY, struct.pack("<IQ", 77, 1))]), CorruptHeaderError, "element type 77"),
     "invalid utf-8 key": (header([kv(b"\xff\xfe", UINT8, b"\0")]), CorruptHeaderError, "UTF-8"),
     "invalid utf-8 value": (header([kv("k", STRING, s(b"\xc3\x28"))]), CorruptHeaderError, "UTF-8"),
     "duplicate key": (header([kv("k", UINT8, b"\0"), kv("k", UINT8, b"\1")]), CorruptHeaderError, "twice"),
     "deep nesting": (header([kv("k", ARRAY, struct.pack("<IQ", ARRAY, 1) * 20)]), CorruptHeaderError, "nested"),
-    "alignment zero": (header([kv("general.alignment", UINT32, struct.pack("<I", 0))]), CorruptHeaderError, "power of two"),
-    "alignment 2^31+1": (header([kv("general.alignment", UINT32, struct.pack("<I", 2**31 + 1))]), CorruptHeaderError, "power of two"),
-    "alignment three": (header([kv("general.alignment", UINT32, struct.pack("<I", 3))]), CorruptHeaderError, "power of two"),
+    "alignment zero": (
+        header([kv("general.alignment", UINT32, struct.pack("<I", 0))]),
+        CorruptHeaderError,
+        "power of two",
+    ),
+    "alignment 2^31+1": (
+        header([kv("general.alignment", UINT32, struct.pack("<I", 2**31 + 1))]),
+        CorruptHeaderError,
+        "power of two",
+    ),
+    "alignment three": (
+        header([kv("general.alignment", UINT32, struct.pack("<I", 3))]),
+        CorruptHeaderError,
+        "power of two",
+    ),
     "alignment as string": (header([kv("general.alignment", STRING, s("32"))]), CorruptHeaderError, "uint32"),
-    "unknown tensor type": (pad_to(header([], [tensor("w", (32,), ttype=99)])) + b"\0" * 128,
-                            CorruptHeaderError, "unknown ggml type 99"),
-    "removed tensor type": (pad_to(header([], [tensor("w", (32,), ttype=4)])) + b"\0" * 128,
-                            CorruptHeaderError, "unknown ggml type 4"),
+    "unknown tensor type": (
+        pad_to(header([], [tensor("w", (32,), ttype=99)])) + b"\0" * 128,
+        CorruptHeaderError,
+        "unknown ggml type 99",
+    ),
+    "removed tensor type": (
+        pad_to(header([], [tensor("w", (32,), ttype=4)])) + b"\0" * 128,
+        CorruptHeaderError,
+        "unknown ggml type 4",
+    ),
     "five dims": (pad_to(header([], [tensor("w", (1, 1, 1, 1, 1))])), CorruptHeaderError, "dimensions"),
     "long tensor name": (pad_to(header([], [tensor("w" * 64, (8,))])) + b"\0" * 32, CorruptHeaderError, "63"),
     "empty key": (header([kv("", UINT8, b"\0")]) + b"\0" * 16, CorruptHeaderError, "empty"),
-    "alignment as int32": (header([kv("general.alignment", INT32, struct.pack("<i", 64))]), CorruptHeaderError, "uint32"),
-    "tensors out of order": (pad_to(header([], [tensor("a", (8,), offset=32), tensor("b", (8,))])) + b"\0" * 64,
-                             CorruptHeaderError, "end at 0"),
+    "alignment as int32": (
+        header([kv("general.alignment", INT32, struct.pack("<i", 64))]),
+        CorruptHeaderError,
+        "uint32",
+    ),
+    "tensors out of order": (
+        pad_to(header([], [tensor("a", (8,), offset=32), tensor("b", (8,))])) + b"\0" * 64,
+        CorruptHeaderError,
+        "end at 0",
+    ),
     "huge dims": (pad_to(header([], [tensor("w", (2**40, 2**40))])), CorruptHeaderError, "shape"),
-    "q4_0 row not a block multiple": (pad_to(header([], [tensor("w", (33,), ttype=2)])) + b"\0" * 64,
-                                      CorruptHeaderError, "block size 32"),
+    "q4_0 row not a block multiple": (
+        pad_to(header([], [tensor("w", (33,), ttype=2)])) + b"\0" * 64,
+        CorruptHeaderError,
+        "block size 32",
+    ),
     "tensor past the end": (pad_to(header([], [tensor("w", (1024,))])) + b"\0" * 64, TruncatedError, "incomplete"),
-    "tensor offset past the end": (pad_to(header([], [tensor("w", (8,), offset=2**62)])), CorruptHeaderError, "end at 0"),
-    "misaligned tensor": (pad_to(header([], [tensor("w", (8,), offset=4)])) + b"\0" * 64, CorruptHeaderError, "end at 0"),
-    "duplicate tensor": (pad_to(header([], [tensor("w", (8,)), tensor("w", (8,), offset=32)])) + b"\0" * 64,
-                         CorruptHeaderError, "twice"),
+    "tensor offset past the end": (
+        pad_to(header([], [tensor("w", (8,), offset=2**62)])),
+        CorruptHeaderError,
+        "end at 0",
+    ),
+    "misaligned tensor": (
+        pad_to(header([], [tensor("w", (8,), offset=4)])) + b"\0" * 64,
+        CorruptHeaderError,
+        "end at 0",
+    ),
+    "duplicate tensor": (
+        pad_to(header([], [tensor("w", (8,)), tensor("w", (8,), offset=32)])) + b"\0" * 64,
+        CorruptHeaderError,
+        "twice",
+    ),
     "kv count larger than present": (header([kv("k", UINT8, b"\0")], n_kv=3) + b"\0" * 40, gguf.GGUFError, ""),
     # lengths and counts that fit in the file but no real one has: refused before they are read or looped over
     "key of 70,000 bytes": (header([kv("k" * 70_000, UINT8, b"\0")]), CorruptHeaderError, "at most 65536"),
-    "tensor name of 10,000 bytes": (pad_to(header([], [tensor("w" * 10_000, (8,))])) + b"\0" * 32,
-                                    CorruptHeaderError, "at most 63"),
-    "4097 arrays in an array": (header([kv("k", ARRAY, struct.pack("<IQ", ARRAY, 4097)
-                                          + struct.pack("<IQ", UINT8, 0) * 4097)]), CorruptHeaderError, "at most 4096"),
-    "65,537 metadata entries": (b"GGUF" + struct.pack("<IQQ", 3, 0, 65_537) + b"\0" * (13 * 65_537),
-                                CorruptHeaderError, "no model has more than 65536"),
-    "262,145 tensors": (b"GGUF" + struct.pack("<IQQ", 3, 262_145, 0) + b"\0" * (28 * 262_145),
-                        CorruptHeaderError, "no model has more than 262144"),
-    "zeros read as tensor infos": (b"GGUF" + struct.pack("<IQQ", 3, 100_000, 0) + b"\0" * (28 * 100_000),
-                                   CorruptHeaderError, "(byte 48): tensor '' appears twice"),
+    "tensor name of 10,000 bytes": (
+        pad_to(header([], [tensor("w" * 10_000, (8,))])) + b"\0" * 32,
+        CorruptHeaderError,
+        "at most 63",
+    ),
+    "4097 arrays in an array": (
+        header([kv("k", ARRAY, struct.pack("<IQ", ARRAY, 4097) + struct.pack("<IQ", UINT8, 0) * 4097)]),
+        CorruptHeaderError,
+        "at most 4096",
+    ),
+    "65,537 metadata entries": (
+        b"GGUF" + struct.pack("<IQQ", 3, 0, 65_537) + b"\0" * (13 * 65_537),
+        CorruptHeaderError,
+        "no model has more than 65536",
+    ),
+    "262,145 tensors": (
+        b"GGUF" + struct.pack("<IQQ", 3, 262_145, 0) + b"\0" * (28 * 262_145),
+        CorruptHeaderError,
+        "no model has more than 262144",
+    ),
+    "zeros read as tensor infos": (
+        b"GGUF" + struct.pack("<IQQ", 3, 100_000, 0) + b"\0" * (28 * 100_000),
+        CorruptHeaderError,
+        "(byte 48): tensor '' appears twice",
+    ),
 }
 
 
@@ -328,7 +410,8 @@ def _real_header(path: Path) -> tuple[bytes, int]:
 
 mutations = st.lists(
     st.tuples(st.one_of(st.integers(0, 4096), st.integers(0, 2**31)), st.integers(0, 255)),
-    min_size=1, max_size=8,
+    min_size=1,
+    max_size=8,
 )
 
 
@@ -348,10 +431,10 @@ def _fuzz(head: bytes, size: int, edits: list[tuple[int, int]], cut: int | None)
                 fh.truncate(size)  # a sparse hole where the tensor data was
         try:
             f = gguf.read(target, cache=False)
-            f.facts
+            _ = f.facts
             for value in f.metadata.values():
                 if isinstance(value, gguf.LazyArray):
-                    value.values
+                    _ = value.values
         except gguf.GGUFError:
             pass
 

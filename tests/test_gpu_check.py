@@ -37,7 +37,7 @@ SCRIPT = REPO / "scripts" / "gpu_check.py"
 GPU_TOOLS = REPO / "tests" / "fixtures" / "gpu-tools"
 
 sys.path.insert(0, str(REPO / "scripts"))
-import gpu_check  # noqa: E402
+import gpu_check
 
 # A partial offload of Gemma 3 270M on a CUDA build, line by line in the pinned sources' formats:
 # llama-model.cpp "%s: %12s model buffer size = %8.2f MiB", llama-context.cpp "%s: %10s  output buffer size",
@@ -72,12 +72,18 @@ def test_cuda_buffer_names_are_parsed_per_device():
     bill = parse_allocations(CUDA_PARTIAL_LOG)
     cpu, gpu = bill.device("CPU"), bill.device("GPU0")
     assert [d.device for d in bill.devices] == ["CPU", "GPU0"]
-    assert (cpu.weights, cpu.kv, cpu.compute, cpu.output) == (round(170.41 * MIB), 7 * MIB, round(9.01 * MIB),
-                                                              4 * MIB)
-    assert (gpu.weights, gpu.kv, gpu.compute, gpu.output, gpu.recurrent) == (round(77.41 * MIB), 11 * MIB,
-                                                                             round(266.5 * MIB), 0, MIB // 2)
-    assert [(c.label, c.cells, c.layers, c.k_bytes) for c in bill.caches] == \
-        [("non-SWA", 1024, 3, round(1.5 * MIB)), ("SWA", 1024, 15, round(7.5 * MIB))]
+    assert (cpu.weights, cpu.kv, cpu.compute, cpu.output) == (round(170.41 * MIB), 7 * MIB, round(9.01 * MIB), 4 * MIB)
+    assert (gpu.weights, gpu.kv, gpu.compute, gpu.output, gpu.recurrent) == (
+        round(77.41 * MIB),
+        11 * MIB,
+        round(266.5 * MIB),
+        0,
+        MIB // 2,
+    )
+    assert [(c.label, c.cells, c.layers, c.k_bytes) for c in bill.caches] == [
+        ("non-SWA", 1024, 3, round(1.5 * MIB)),
+        ("SWA", 1024, 15, round(7.5 * MIB)),
+    ]
 
 
 def test_config_argv_asks_for_the_estimators_layers():
@@ -92,13 +98,21 @@ def test_gpu_rows_of_the_report_hold_each_device(gemma_model):
     """A report row and its table lines from a CUDA log, as the GPU machine will make them."""
     model = gguf.read(gemma_model)
     options = MemoryOptions(n_ctx=1000, n_gpu_layers=9)
-    outcome = Outcome(gpu_check.GEMMA, "c1000-auto", estimate(model.facts, for_file(model, options)),
-                      parse_allocations(CUDA_PARTIAL_LOG))
-    row = gpu_check.case_row(gpu_check.Case(gpu_check.GEMMA, "c1000-auto", "partial", 9), ["-ngl", "9"], 1.0,
-                             outcome)
+    outcome = Outcome(
+        gpu_check.GEMMA,
+        "c1000-auto",
+        estimate(model.facts, for_file(model, options)),
+        parse_allocations(CUDA_PARTIAL_LOG),
+    )
+    row = gpu_check.case_row(gpu_check.Case(gpu_check.GEMMA, "c1000-auto", "partial", 9), ["-ngl", "9"], 1.0, outcome)
     assert set(row["devices"]) == {"CPU", "GPU0"}
-    assert row["devices"]["GPU0"]["actual"] == {"weights": 77.41, "kv": 11.5, "compute": 266.5, "output": 0.0,
-                                                "total": 355.41}
+    assert row["devices"]["GPU0"]["actual"] == {
+        "weights": 77.41,
+        "kv": 11.5,
+        "compute": 266.5,
+        "output": 0.0,
+        "total": 355.41,
+    }
     assert row["devices"]["GPU0"]["compute_ok"] is False  # the CPU formula's few MiB against CUDA's 266.5
     report = {"mode": "cuda", "pin": "b11434", "timings_s": {}, "cases": [row], "summary": gpu_check.summarize([row])}
     table = gpu_check.markdown(report)
@@ -155,7 +169,7 @@ def test_cublas_is_found_in_nvidias_wheel_layout(tmp_path):
     assert f"-DCMAKE_CUDA_COMPILER={root.resolve() / 'bin' / 'nvcc'}" in args
     assert "-DCMAKE_CUDA_ARCHITECTURES=90-real" in args and "-DGGML_CUDA_NCCL=OFF" in args
     assert any(a.startswith("-DCUDA_cuda_driver_LIBRARY=") and "libcuda.so" in a for a in args)
-    assert tc.library_dirs == (root.resolve() / 'lib64', lib)
+    assert tc.library_dirs == (root.resolve() / "lib64", lib)
 
 
 def test_a_missing_cublas_names_where_it_was_looked_for(tmp_path):
@@ -253,8 +267,10 @@ def _wheel(path: Path, files: dict[str, str]) -> Path:
 def test_only_wheels_this_python_lacks_are_unpacked(tmp_path, monkeypatch):
     wheels = tmp_path / "bundle" / gpu_bundle.WHEELS
     wheels.mkdir(parents=True)
-    _wheel(wheels / "gpucheck_probe-1.0-py3-none-any.whl",
-           {"gpucheck_probe/__init__.py": "VALUE = 7\n", "gpucheck_probe-1.0.dist-info/RECORD": ""})
+    _wheel(
+        wheels / "gpucheck_probe-1.0-py3-none-any.whl",
+        {"gpucheck_probe/__init__.py": "VALUE = 7\n", "gpucheck_probe-1.0.dist-info/RECORD": ""},
+    )
     _wheel(wheels / "json-9.9-py3-none-any.whl", {"json/__init__.py": "raise ImportError('shadowed')\n"})
     monkeypatch.setattr(sys, "path", list(sys.path))
     assert gpu_bundle.activate_wheels(tmp_path / "bundle", tmp_path / "site") == ["gpucheck_probe"]
@@ -268,8 +284,13 @@ def test_dry_run_in_a_bare_python_writes_the_report(tmp_path, pinned_build, zoo_
     """Bundle two zoo models, then run the check from a venv with no packages, as on the GPU machine."""
     env = {**os.environ, "PATH": f"{GPU_TOOLS}{os.pathsep}{os.environ['PATH']}", "FAKE_NVIDIA_SMI": "one"}
     bundle = tmp_path / "bundle"
-    made = subprocess.run([sys.executable, str(SCRIPT), "--bundle", str(bundle), "--models",
-                           "llama-dense,gemma3-dense"], capture_output=True, text=True, env=env, timeout=600)
+    made = subprocess.run(
+        [sys.executable, str(SCRIPT), "--bundle", str(bundle), "--models", "llama-dense,gemma3-dense"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=600,
+    )
     assert made.returncode == 0, made.stdout + made.stderr
     assert "MiB of 64 MiB" in made.stdout
     assert gpu_bundle.folder_bytes(bundle) < 16 * MIB
@@ -278,15 +299,34 @@ def test_dry_run_in_a_bare_python_writes_the_report(tmp_path, pinned_build, zoo_
     bare = tmp_path / "bare" / "bin" / "python"
     assert subprocess.run([bare, "-c", "import psutil"], capture_output=True).returncode != 0
     out = tmp_path / "out"
-    run = subprocess.run([bare, str(SCRIPT), "--bundle-dir", str(bundle), "--out", str(out), "--dry-run",
-                          "--work", str(tmp_path / "work"), "--jobs", "1", "--llama-server",
-                          str(pinned_build.llama_server)], capture_output=True, text=True, env=env, timeout=600)
+    run = subprocess.run(
+        [
+            bare,
+            str(SCRIPT),
+            "--bundle-dir",
+            str(bundle),
+            "--out",
+            str(out),
+            "--dry-run",
+            "--work",
+            str(tmp_path / "work"),
+            "--jobs",
+            "1",
+            "--llama-server",
+            str(pinned_build.llama_server),
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=600,
+    )
     assert run.returncode == 0, run.stdout + run.stderr
     report = json.loads((out / "gpu_check.json").read_text())
     assert {"psutil", "httpx", "structlog"} <= set(report["wheels_unpacked"])
     assert report["mode"] == "dry-run" and report["build"]["architectures"] == "90-real"
     assert [(r["model"], r["config"], r["offload"]) for r in report["cases"]] == [
-        (m, c, "none") for m in ("llama-dense", "gemma3-dense") for c in ("c1000-auto", "c2048-q8-fa")]
+        (m, c, "none") for m in ("llama-dense", "gemma3-dense") for c in ("c1000-auto", "c2048-q8-fa")
+    ]
     assert report["summary"]["kv_exact"] == 4 and report["summary"]["compared"] == 4
     planner = report["planner"]
     assert planner["inventory_vendor_tools"][0]["name"] == "NVIDIA H100 80GB HBM3"  # nvidia-smi sees it...

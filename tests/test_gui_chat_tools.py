@@ -33,8 +33,12 @@ ASK = [{"role": "user", "content": "What is six times seven?"}]
 @pytest.fixture(scope="module")
 def mcp_url():
     port = free_port()
-    child = subprocess.Popen([sys.executable, "-m", "tests.mcp_standin_server", "--http", str(port)], cwd=ROOT,
-                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    child = subprocess.Popen(
+        [sys.executable, "-m", "tests.mcp_standin_server", "--http", str(port)],
+        cwd=ROOT,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     try:
         wait_for(lambda: _listening(port) or child.poll() is not None, timeout=60, what="the MCP server to listen")
         assert child.poll() is None
@@ -61,13 +65,17 @@ def replay():
 
 @pytest.fixture(scope="module")
 def studio(replay, mcp_url, tmp_path_factory):
-    settings = ToolSettings(mcp_servers={"web": MCPServerConfig(name="web", url=mcp_url)},
-                            python=PythonToolConfig(enabled=True, timeout=10))
+    settings = ToolSettings(
+        mcp_servers={"web": MCPServerConfig(name="web", url=mcp_url)}, python=PythonToolConfig(enabled=True, timeout=10)
+    )
     toolbox = Toolbox(settings, scratch_dir=tmp_path_factory.mktemp("scratch"))
     app = create_app(StandInManager(StandInModel(name="replay", url=replay.url)), toolbox=toolbox)
     with serving(app) as base:
-        wait_for(lambda: httpx.get(f"{base}/api/tools").json()["mcp_servers"]["web"]["state"] != "starting",
-                 timeout=60, what="the MCP server to be listed")
+        wait_for(
+            lambda: httpx.get(f"{base}/api/tools").json()["mcp_servers"]["web"]["state"] != "starting",
+            timeout=60,
+            what="the MCP server to be listed",
+        )
         yield base
 
 
@@ -87,8 +95,10 @@ def test_api_tools_lists_what_use_tools_may_name(studio):
 
 def test_a_leaked_call_is_healed_run_and_answered(studio, replay):
     leak = '<tool_call>\n{"name": "python", "arguments": {"code": "print(6 * 7)"}}\n</tool_call>'
-    replay.script(Answer(content=["Let me compute.\n", leak[:20], leak[20:]], prompt_tokens=40),
-                  Answer(content=["It is ", "42."], prompt_tokens=60))
+    replay.script(
+        Answer(content=["Let me compute.\n", leak[:20], leak[20:]], prompt_tokens=40),
+        Answer(content=["It is ", "42."], prompt_tokens=60),
+    )
     seen = len(replay.requests)
     events = chat(studio, {"messages": ASK, "use_tools": ["python"]})
     kinds = [e["type"] for e in events]
@@ -120,19 +130,26 @@ def test_a_hanging_mcp_tool_times_out_and_the_chat_goes_on(studio, replay):
 
 
 def test_a_model_error_mid_loop_is_an_error_event(studio, replay):
-    replay.script(Answer(tool_calls=[("python", '{"code": "print(1)"}')]),
-                  Answer(status=400, error={"code": 400, "message": "the context is full",
-                                            "type": "exceed_context_size_error", "n_ctx": 512}))
+    replay.script(
+        Answer(tool_calls=[("python", '{"code": "print(1)"}')]),
+        Answer(
+            status=400,
+            error={"code": 400, "message": "the context is full", "type": "exceed_context_size_error", "n_ctx": 512},
+        ),
+    )
     events = chat(studio, {"messages": ASK, "use_tools": ["python"]})
     assert [e["type"] for e in events][-3:] == ["tool_start", "tool_end", "error"]
     assert events[-1]["status"] == 400 and events[-1]["error"]["type"] == "exceed_context_size_error"
 
 
-@pytest.mark.parametrize("body, param", [
-    ({"use_tools": ["rm_rf"]}, "use_tools"),
-    ({"use_tools": ["python"], "tools": [{"type": "function", "function": {"name": "f"}}]}, "use_tools"),
-    ({"use_tools": ["python"], "tool_limits": {"max_iterations": 0}}, "tool_limits.max_iterations"),
-])
+@pytest.mark.parametrize(
+    "body, param",
+    [
+        ({"use_tools": ["rm_rf"]}, "use_tools"),
+        ({"use_tools": ["python"], "tools": [{"type": "function", "function": {"name": "f"}}]}, "use_tools"),
+        ({"use_tools": ["python"], "tool_limits": {"max_iterations": 0}}, "tool_limits.max_iterations"),
+    ],
+)
 def test_tools_the_studio_cannot_run_are_refused(studio, replay, body, param):
     seen = len(replay.requests)
     resp = httpx.post(f"{studio}/api/chat", json={"messages": ASK, **body}, timeout=30)

@@ -59,10 +59,12 @@ def test_a_header_claiming_65535_blocks_is_one_line_naming_the_key_not_a_frozen_
 @pytest.fixture
 def service(hostile_model, llama_server_bin, tmp_path):
     """The studio app over a folder holding only the hostile file (no model loaded: plans start nothing)."""
-    manager = ModelManager(catalog=Catalog([hostile_model.parent]), binary=llama_server_bin,
-                           make_supervisor=supervisor_factory(tmp_path / "logs",
-                                                              ChildRegistry(tmp_path / "run", owner_token())),
-                           caps=probe(llama_server_bin, cache_dir=tmp_path / "cache"))
+    manager = ModelManager(
+        catalog=Catalog([hostile_model.parent]),
+        binary=llama_server_bin,
+        make_supervisor=supervisor_factory(tmp_path / "logs", ChildRegistry(tmp_path / "run", owner_token())),
+        caps=probe(llama_server_bin, cache_dir=tmp_path / "cache"),
+    )
     with TestClient(create_app(manager), base_url="http://127.0.0.1") as client:  # a loopback name passes the guard
         yield client
 

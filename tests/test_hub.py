@@ -15,15 +15,20 @@ import pytest
 import gguf
 from gguf.writer import TensorToWrite, write_gguf
 from studio.error_table import outcome
-from studio.library import hub
 from studio.errors import (
-    BadRequestError, DiskSpaceError, DownloadCancelledError, HubAuthError, HubError, ModelNotFoundError,
+    BadRequestError,
+    DiskSpaceError,
+    DownloadCancelledError,
+    HubAuthError,
+    HubError,
+    ModelNotFoundError,
 )
+from studio.library import hub
 from tests.helpers import free_port
 from tests.hub_server import HubServer
 
-
 # ---------------------------------------------------------------- fixtures and GGUF builders
+
 
 @pytest.fixture
 def server():
@@ -44,30 +49,50 @@ def hf_env(server, tmp_path, monkeypatch) -> hub.HubConfig:
     return hub.HubConfig.from_env()
 
 
-def model_bytes(tmp_path: Path, *, arch: str = "llama", n_embd: int = 64, floats: int = 64,
-                split: tuple[int, int] | None = None, name: str = "m") -> bytes:
+def model_bytes(
+    tmp_path: Path,
+    *,
+    arch: str = "llama",
+    n_embd: int = 64,
+    floats: int = 64,
+    split: tuple[int, int] | None = None,
+    name: str = "m",
+) -> bytes:
     """A tiny GGUF (one F32 tensor of ``floats`` values) as bytes."""
-    meta: dict = {"general.architecture": arch, f"{arch}.embedding_length": n_embd, f"{arch}.block_count": 1,
-                  f"{arch}.context_length": 2048, f"{arch}.attention.head_count": 4}
+    meta: dict = {
+        "general.architecture": arch,
+        f"{arch}.embedding_length": n_embd,
+        f"{arch}.block_count": 1,
+        f"{arch}.context_length": 2048,
+        f"{arch}.attention.head_count": 4,
+    }
     if split:
         meta.update({"split.no": split[0], "split.count": split[1]})
-    path = write_gguf(tmp_path / f"{name}-{os.urandom(4).hex()}.gguf", meta,
-                      [TensorToWrite(f"t{split[0] if split else 0}.weight", (floats,), "F32", os.urandom(4 * floats))])
+    path = write_gguf(
+        tmp_path / f"{name}-{os.urandom(4).hex()}.gguf",
+        meta,
+        [TensorToWrite(f"t{split[0] if split else 0}.weight", (floats,), "F32", os.urandom(4 * floats))],
+    )
     return path.read_bytes()
 
 
 def mmproj_bytes(tmp_path: Path, projection_dim: int = 64) -> bytes:
-    path = write_gguf(tmp_path / f"mmproj-{os.urandom(4).hex()}.gguf",
-                      {"general.architecture": "clip", "clip.projector_type": "gemma3",
-                       "clip.has_vision_encoder": True, "clip.vision.projection_dim": projection_dim})
+    path = write_gguf(
+        tmp_path / f"mmproj-{os.urandom(4).hex()}.gguf",
+        {
+            "general.architecture": "clip",
+            "clip.projector_type": "gemma3",
+            "clip.has_vision_encoder": True,
+            "clip.vision.projection_dim": projection_dim,
+        },
+    )
     return path.read_bytes()
 
 
 def add_shards(repo, tmp_path: Path, stem: str, count: int, floats: int = 64, only: set[int] | None = None) -> None:
     for i in range(1, count + 1):
         if only is None or i in only:
-            repo.add(f"{stem}-{i:05d}-of-{count:05d}.gguf",
-                     model_bytes(tmp_path, split=(i - 1, count), floats=floats))
+            repo.add(f"{stem}-{i:05d}-of-{count:05d}.gguf", model_bytes(tmp_path, split=(i - 1, count), floats=floats))
 
 
 def blobs(cfg: hub.HubConfig, repo: str) -> list[Path]:
@@ -77,23 +102,35 @@ def blobs(cfg: hub.HubConfig, repo: str) -> list[Path]:
 
 # ---------------------------------------------------------------- names (pure)
 
-@pytest.mark.parametrize("variant, path, expected", [
-    ("Q4_K_M", "model-Q4_K_M.gguf", True),
-    ("q4_k_m", "model-Q4_K_M.gguf", True),
-    ("Q4_K_M", "model-Q4_K_M_XL.gguf", False),
-    ("Q4_K_M", "model-IQ4_K_M.gguf", False),
-    ("Q4_K", "model-Q4_K_M.gguf", False),
-    ("Q4_K_XL", "model-UD-Q4_K_XL.gguf", True),
-    ("BF16", "BF16/model-00001-of-00002.gguf", True),
-    ("Q8_0", "model.Q8_0.gguf", True),
-])
+
+@pytest.mark.parametrize(
+    "variant, path, expected",
+    [
+        ("Q4_K_M", "model-Q4_K_M.gguf", True),
+        ("q4_k_m", "model-Q4_K_M.gguf", True),
+        ("Q4_K_M", "model-Q4_K_M_XL.gguf", False),
+        ("Q4_K_M", "model-IQ4_K_M.gguf", False),
+        ("Q4_K", "model-Q4_K_M.gguf", False),
+        ("Q4_K_XL", "model-UD-Q4_K_XL.gguf", True),
+        ("BF16", "BF16/model-00001-of-00002.gguf", True),
+        ("Q8_0", "model.Q8_0.gguf", True),
+    ],
+)
 def test_variant_is_matched_as_a_whole_token(variant, path, expected):
     assert hub.variant_matches(variant, path) is expected
 
 
 def test_candidates_group_shards_and_leave_out_mmproj():
-    files = [hub.HubFile(p, 10) for p in (
-        "m-Q8_0-00001-of-00002.gguf", "m-Q8_0-00002-of-00002.gguf", "m-Q4_K_M.gguf", "mmproj-F16.gguf", "README.md")]
+    files = [
+        hub.HubFile(p, 10)
+        for p in (
+            "m-Q8_0-00001-of-00002.gguf",
+            "m-Q8_0-00002-of-00002.gguf",
+            "m-Q4_K_M.gguf",
+            "mmproj-F16.gguf",
+            "README.md",
+        )
+    ]
     cands = hub.candidates(files)
     assert [(c.label, len(c.files)) for c in cands] == [("Q4_K_M", 1), ("Q8_0", 2)]
 
@@ -101,14 +138,19 @@ def test_candidates_group_shards_and_leave_out_mmproj():
 def test_gemma_3_4b_mmproj_f16_is_no_candidate_on_the_hub_either():
     """The Hub listing and the library's folder scan use one rule (``studio.library.projectors``): ``mmproj``
     anywhere in the file name, so Unsloth's ``gemma-3-4b-mmproj-f16.gguf`` is never offered as a chat model."""
-    files = [hub.HubFile(p, 10) for p in ("gemma-3-4b-it-Q4_K_M.gguf", "gemma-3-4b-mmproj-f16.gguf",
-                                          "BF16/gemma-3-4b-mmproj-BF16.gguf")]
+    files = [
+        hub.HubFile(p, 10)
+        for p in ("gemma-3-4b-it-Q4_K_M.gguf", "gemma-3-4b-mmproj-f16.gguf", "BF16/gemma-3-4b-mmproj-BF16.gguf")
+    ]
     assert [c.key for c in hub.candidates(files)] == ["gemma-3-4b-it-Q4_K_M"]
-    assert [f.path for f in files if hub.is_mmproj(f.path)] == ["gemma-3-4b-mmproj-f16.gguf",
-                                                                "BF16/gemma-3-4b-mmproj-BF16.gguf"]
+    assert [f.path for f in files if hub.is_mmproj(f.path)] == [
+        "gemma-3-4b-mmproj-f16.gguf",
+        "BF16/gemma-3-4b-mmproj-BF16.gguf",
+    ]
 
 
 # ---------------------------------------------------------------- resolve + pull
+
 
 def test_single_file_pull_defaults_to_q4_k_m_and_fills_the_cache(server, hf_env, tmp_path):
     repo = server.repo("acme/tiny-GGUF")
@@ -155,7 +197,9 @@ def test_subfolder_variant(server, hf_env, tmp_path):
     repo.add("Q4_K_M/folders-Q4_K_M.gguf", model_bytes(tmp_path))
     pulled = hub.pull("acme/folders:bf16")
     assert [p.relative_to(pulled.path.parents[1]).as_posix() for p in pulled.paths] == [
-        "BF16/folders-00001-of-00002.gguf", "BF16/folders-00002-of-00002.gguf"]
+        "BF16/folders-00001-of-00002.gguf",
+        "BF16/folders-00002-of-00002.gguf",
+    ]
     assert hub.resolve("acme/folders").model.key == "Q4_K_M/folders-Q4_K_M"
 
 
@@ -231,8 +275,9 @@ def tiny_disk(tmp_path):
     """A real 1 MiB file system (tmpfs) to fill up; skipped where this user may not mount one."""
     mount_point = tmp_path / "tiny-disk"
     mount_point.mkdir()
-    made = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(mount_point)],
-                          capture_output=True, text=True)
+    made = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(mount_point)], capture_output=True, text=True
+    )
     if made.returncode != 0:
         pytest.skip(f"cannot mount a tmpfs here: {made.stderr.strip()}")
     yield mount_point
@@ -241,7 +286,8 @@ def tiny_disk(tmp_path):
 
 @pytest.mark.filterwarnings("ignore:Not enough free disk space")  # huggingface_hub's own check only warns
 def test_a_disk_that_fills_up_mid_download_is_one_clear_error_and_leaves_no_partial_file(
-        server, hf_env, tmp_path, tiny_disk, monkeypatch):
+    server, hf_env, tmp_path, tiny_disk, monkeypatch
+):
     server.repo("acme/big").add("big-Q4_K_M.gguf", model_bytes(tmp_path, floats=600_000))  # ~2.3 MB > the disk
     monkeypatch.setenv("HF_HUB_CACHE", str(tiny_disk / "hub"))
     cfg = hub.HubConfig.from_env()
@@ -256,6 +302,7 @@ def test_a_disk_that_fills_up_mid_download_is_one_clear_error_and_leaves_no_part
 
 
 # ---------------------------------------------------------------- preflight
+
 
 def test_preflight_offers_the_largest_variant_that_fits(server, hf_env, tmp_path):
     repo = server.repo("acme/sizes")
@@ -284,6 +331,7 @@ def test_preflight_offers_the_largest_variant_that_fits(server, hf_env, tmp_path
 
 # ---------------------------------------------------------------- offline
 
+
 def test_offline_resolution_uses_the_cache_only(server, hf_env, tmp_path, monkeypatch):
     repo = server.repo("acme/away")
     repo.add("away-Q4_K_M.gguf", model_bytes(tmp_path))
@@ -308,6 +356,7 @@ def test_offline_resolution_uses_the_cache_only(server, hf_env, tmp_path, monkey
 
 
 # ---------------------------------------------------------------- cancellation
+
 
 def test_cancel_within_a_file_leaves_no_partial_blob(server, hf_env, tmp_path):
     repo = server.repo("acme/slow")
@@ -350,6 +399,7 @@ def test_cancel_between_files_keeps_the_complete_ones(server, hf_env, tmp_path):
 
 # ---------------------------------------------------------------- auth
 
+
 def test_gated_repo_asks_for_hf_token_and_never_shows_it(server, hf_env, tmp_path, monkeypatch, capsys):
     repo = server.repo("acme/gated", gated=True, granted_token="hf_granted_secret")
     repo.add("gated-Q4_K_M.gguf", model_bytes(tmp_path))
@@ -369,6 +419,7 @@ def test_gated_repo_asks_for_hf_token_and_never_shows_it(server, hf_env, tmp_pat
 
 
 # ---------------------------------------------------------------- CLI
+
 
 def _cli(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess:
     exe = Path(sys.executable).with_name("ggstudio")

@@ -19,8 +19,13 @@ def _sources(package: str) -> list[Path]:
 
 def _architecture_uses(tree: ast.AST) -> list[tuple[int, str]]:
     """(line, what) for every architecture name written out, and every ``.architecture`` read outside an f-string."""
-    printed = {id(v.value) for node in ast.walk(tree) if isinstance(node, ast.JoinedStr)
-               for v in node.values if isinstance(v, ast.FormattedValue)}
+    printed = {
+        id(v.value)
+        for node in ast.walk(tree)
+        if isinstance(node, ast.JoinedStr)
+        for v in node.values
+        if isinstance(v, ast.FormattedValue)
+    }
     names = KNOWN_ARCHITECTURES | set(TRAITS)
     found = []
     for node in ast.walk(tree):
@@ -33,17 +38,20 @@ def _architecture_uses(tree: ast.AST) -> list[tuple[int, str]]:
 
 def test_the_launcher_names_no_architecture():
     """The launcher asks ``ModelFacts.traits`` (``gguf.arch_traits``); it may print a model's architecture only."""
-    offenders = [f"{path.relative_to(ROOT)}:{line}: {what}" for path in _sources("launcher")
-                 for line, what in _architecture_uses(ast.parse(path.read_text()))]
+    offenders = [
+        f"{path.relative_to(ROOT)}:{line}: {what}"
+        for path in _sources("launcher")
+        for line, what in _architecture_uses(ast.parse(path.read_text()))
+    ]
     assert offenders == []
 
 
 def test_the_architecture_check_finds_names_comparisons_and_lookups():
-    code = '''
+    code = """
 if facts.architecture == "qwen35" or facts.architecture in SOME_SET or "grok" in x: pass
 table[facts.architecture]
 print(f"not on {facts.architecture}'s graph")
-'''
+"""
     assert sorted(line for line, _ in _architecture_uses(ast.parse(code))) == [2, 2, 2, 2, 3]
 
 
@@ -71,8 +79,10 @@ def _imports(tree: ast.AST, modules: Mapping[str, Path]) -> Iterator[tuple[int, 
 def import_graph() -> dict[str, dict[str, int]]:
     """Module -> {imported module: line} over gguf, launcher and studio (compiled extensions are leaves)."""
     modules = _module_names()
-    return {name: {target: line for line, target in _imports(ast.parse(path.read_text()), modules) if target != name}
-            for name, path in modules.items()}
+    return {
+        name: {target: line for line, target in _imports(ast.parse(path.read_text()), modules) if target != name}
+        for name, path in modules.items()
+    }
 
 
 def circles(graph: Mapping[str, Mapping[str, int]]) -> list[frozenset[str]]:
@@ -107,8 +117,12 @@ def circles(graph: Mapping[str, Mapping[str, int]]) -> list[frozenset[str]]:
 def test_imports_only_go_down_studio_launcher_gguf():
     rank = {package: i for i, package in enumerate(PACKAGES)}
     graph = import_graph()
-    upward = [f"{_module_names()[a].relative_to(ROOT)}:{line}: {a} imports {b}" for a, targets in graph.items()
-              for b, line in targets.items() if rank[b.split(".")[0]] > rank[a.split(".")[0]]]
+    upward = [
+        f"{_module_names()[a].relative_to(ROOT)}:{line}: {a} imports {b}"
+        for a, targets in graph.items()
+        for b, line in targets.items()
+        if rank[b.split(".")[0]] > rank[a.split(".")[0]]
+    ]
     assert upward == []
 
 

@@ -43,7 +43,7 @@ def test_folder_scan_groups_shards_pairs_mmproj_and_names_problems(tmp_path):
     assert all(e.source == "folder" and e.repo is None for e in entries.values())
 
 
-def test_hf_cache_models_are_listed_by_repo_and_variant(server, hf_env, tmp_path):  # noqa: F811
+def test_hf_cache_models_are_listed_by_repo_and_variant(server, hf_env, tmp_path):
     repo = server.repo("acme/lib-GGUF")
     repo.add("lib-Q4_K_M.gguf", model_bytes(tmp_path))
     add_shards(repo, tmp_path, "BF16/lib-BF16", 2)
@@ -81,7 +81,7 @@ def test_a_rescan_of_unchanged_files_reads_no_header(tmp_path, monkeypatch):
     assert reads == [changed]
 
 
-def test_catalog_serves_hf_cache_models_by_repo_and_variant(server, hf_env, tmp_path):  # noqa: F811
+def test_catalog_serves_hf_cache_models_by_repo_and_variant(server, hf_env, tmp_path):
     repo = server.repo("acme/cat-GGUF")
     repo.add("cat-Q4_K_M.gguf", model_bytes(tmp_path))
     hub.pull("acme/cat-GGUF")

@@ -99,7 +99,9 @@ def test_ggstudio_serve_answers_chat_and_stops_on_ctrl_c(gemma_model, llama_serv
     cli = Path(sys.executable).parent / "ggstudio"
     with subprocess.Popen(
         [str(cli), "serve", "--port", str(port), "--ctx", "2048"],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
     ) as proc:
         try:
             line = proc.stdout.readline()
@@ -122,8 +124,11 @@ def test_ggstudio_serve_answers_chat_and_stops_on_ctrl_c(gemma_model, llama_serv
             if proc.poll() is None:
                 proc.kill()
     for child in children:
-        wait_for(lambda: not child.is_running() or child.status() == psutil.STATUS_ZOMBIE, timeout=10,
-                 what=f"llama-server {child.pid} to exit")
+        wait_for(
+            lambda: not child.is_running() or child.status() == psutil.STATUS_ZOMBIE,
+            timeout=10,
+            what=f"llama-server {child.pid} to exit",
+        )
 
 
 def test_ggstudio_serve_names_a_taken_port(gemma_model, llama_server_bin):

@@ -26,8 +26,12 @@ TEXT = MediaCapabilities()
 
 
 def chat(*parts: dict) -> dict:
-    return {"messages": [{"role": "system", "content": "be brief"},
-                         {"role": "user", "content": [{"type": "text", "text": "what is it?"}, *parts]}]}
+    return {
+        "messages": [
+            {"role": "system", "content": "be brief"},
+            {"role": "user", "content": [{"type": "text", "text": "what is it?"}, *parts]},
+        ]
+    }
 
 
 def image(url: str) -> dict:
@@ -53,8 +57,15 @@ def test_a_remote_image_url_is_refused_asking_for_the_bytes(url):
     assert "data:image/png;base64" in info.value.message
 
 
-@pytest.mark.parametrize("part", [image("cat.png"), image("data:image/png,rawbytes"), {"type": "image_url"},
-                                  {"type": "input_audio", "input_audio": {"format": "wav"}}])
+@pytest.mark.parametrize(
+    "part",
+    [
+        image("cat.png"),
+        image("data:image/png,rawbytes"),
+        {"type": "image_url"},
+        {"type": "input_audio", "input_audio": {"format": "wav"}},
+    ],
+)
 def test_malformed_media_parts_are_refused(part):
     with pytest.raises(BadRequestError) as info:
         check_media_form(chat(part))
@@ -71,6 +82,7 @@ def test_media_for_a_model_without_the_projector_names_what_is_missing():
 
 # ---------------------------------------------------------------- text-to-speech vocabularies
 
+
 @pytest.fixture(scope="module")
 def llama_tokens(llama_src) -> list[str]:
     return list(gguf.read(llama_src / "models" / "ggml-vocab-llama-bpe.gguf").metadata["tokenizer.ggml.tokens"])
@@ -81,15 +93,20 @@ def vocab_model(path: Path, tokens: list[str]) -> gguf.GGUFFile:
     return gguf.read(path)
 
 
-@pytest.mark.parametrize(("added", "codec"), [
-    ([f"<custom_token_{i}>" for i in range(7 * 4096 + 10)], "SNAC"),
-    ([f"<|bicodec_semantic_{i}|>" for i in range(8192)] + [f"<|bicodec_global_{i}|>" for i in range(4096)],
-     "BiCodec"),
-    ([f"<|c1_{i}|>" for i in range(1024)] + [f"<|c2_{i}|>" for i in range(1024)] + ["<|audio_start|>"], "DAC"),
-    ([f"<|s_{i}|>" for i in range(65536)], "XCodec2"),
-    ([f"<|{i}|>" for i in range(4100)] + ["<|audio_start|>", "<|audio_end|>"], "WavTokenizer"),
-    (["<|AUDIO|>", "<|audio_eos|>"], "Mimi"),
-])
+@pytest.mark.parametrize(
+    ("added", "codec"),
+    [
+        ([f"<custom_token_{i}>" for i in range(7 * 4096 + 10)], "SNAC"),
+        (
+            [f"<|bicodec_semantic_{i}|>" for i in range(8192)] + [f"<|bicodec_global_{i}|>" for i in range(4096)],
+            "BiCodec",
+        ),
+        ([f"<|c1_{i}|>" for i in range(1024)] + [f"<|c2_{i}|>" for i in range(1024)] + ["<|audio_start|>"], "DAC"),
+        ([f"<|s_{i}|>" for i in range(65536)], "XCodec2"),
+        ([f"<|{i}|>" for i in range(4100)] + ["<|audio_start|>", "<|audio_end|>"], "WavTokenizer"),
+        (["<|AUDIO|>", "<|audio_eos|>"], "Mimi"),
+    ],
+)
 def test_a_codec_vocabulary_marks_a_tts_model(llama_tokens, tmp_path, added, codec):
     facts = speech_facts(vocab_model(tmp_path / "tts.gguf", llama_tokens + added))
     assert facts is not None and facts.codec == codec
@@ -98,11 +115,14 @@ def test_a_codec_vocabulary_marks_a_tts_model(llama_tokens, tmp_path, added, cod
     assert info.value.code == "model_is_tts"
 
 
-@pytest.mark.parametrize("added", [
-    ["<|AUDIO|>", "<|audio_bos|>", "<|audio_eos|>"],  # Qwen2-Audio hears speech: not a TTS model
-    [f"<custom_token_{i}>" for i in range(40)],  # a few stray numbered tokens are no codebook
-    [f"<|{i}|>" for i in range(4100)],  # numbered tokens without WavTokenizer's markers
-])
+@pytest.mark.parametrize(
+    "added",
+    [
+        ["<|AUDIO|>", "<|audio_bos|>", "<|audio_eos|>"],  # Qwen2-Audio hears speech: not a TTS model
+        [f"<custom_token_{i}>" for i in range(40)],  # a few stray numbered tokens are no codebook
+        [f"<|{i}|>" for i in range(4100)],  # numbered tokens without WavTokenizer's markers
+    ],
+)
 def test_audio_markers_that_are_not_a_codec_do_not_count(llama_tokens, tmp_path, added):
     assert speech_facts(vocab_model(tmp_path / "not-tts.gguf", llama_tokens + added)) is None
 
@@ -116,6 +136,7 @@ def test_no_model_here_is_taken_for_a_tts_model(llama_src, zoo_dir, gemma_model)
 
 
 # ---------------------------------------------------------------- body size limit
+
 
 def limited_app(limit: int) -> FastAPI:
     app = FastAPI()
@@ -143,7 +164,9 @@ async def _oversized_bodies() -> None:
         declared = await client.post("/echo", content=b"x" * 5000)
         assert declared.status_code == 413
         error = declared.json()["error"]
-        assert error["code"] == "request_too_large" and "5,000 bytes" in error["message"] and "1,024" in error["message"]
+        assert (
+            error["code"] == "request_too_large" and "5,000 bytes" in error["message"] and "1,024" in error["message"]
+        )
 
         async def chunks():
             for _ in range(10):
@@ -160,8 +183,14 @@ def test_body_limit_and_auto_download_settings(tmp_path):
     assert (s.max_body_bytes, s.auto_download) == (4096, True)
     defaults = Settings.from_env({"GGUF_STUDIO_HOME": str(tmp_path / "none")})
     assert (defaults.max_body_bytes, defaults.auto_download) == (32 * 1024 * 1024, False)
-    env = Settings.from_env({"GGUF_STUDIO_HOME": str(tmp_path), "GGUF_STUDIO_CONFIG": str(config),
-                             "GGUF_STUDIO_MAX_BODY_BYTES": "65536", "GGUF_STUDIO_AUTO_DOWNLOAD": "0"})
+    env = Settings.from_env(
+        {
+            "GGUF_STUDIO_HOME": str(tmp_path),
+            "GGUF_STUDIO_CONFIG": str(config),
+            "GGUF_STUDIO_MAX_BODY_BYTES": "65536",
+            "GGUF_STUDIO_AUTO_DOWNLOAD": "0",
+        }
+    )
     assert (env.max_body_bytes, env.auto_download) == (65536, False)
     with pytest.raises(ValueError, match="max_body_bytes"):
         Settings.from_env({"GGUF_STUDIO_HOME": str(tmp_path / "none"), "GGUF_STUDIO_MAX_BODY_BYTES": "lots"})

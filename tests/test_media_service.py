@@ -51,9 +51,13 @@ def studio(llama_server_bin, settings, tmp_path_factory):
     write_vision_projector(root / "text" / "wide-mmproj.gguf", projection_dim=640)  # Gemma 270M's width
     supervisors = supervisor_factory(root / "logs", ChildRegistry(root / "run", owner_token()))
     small = ModelDefaults(n_ctx=2048, n_parallel=1, spec="off")
-    manager = ModelManager(catalog=Catalog([root / "eye", root / "ear", root / "text"]), binary=llama_server_bin,
-                           make_supervisor=supervisors, caps=probe(llama_server_bin, cache_dir=root / "cache"),
-                           model_defaults={EYE: small, EAR: small, TEXT: small})
+    manager = ModelManager(
+        catalog=Catalog([root / "eye", root / "ear", root / "text"]),
+        binary=llama_server_bin,
+        make_supervisor=supervisors,
+        caps=probe(llama_server_bin, cache_dir=root / "cache"),
+        model_defaults={EYE: small, EAR: small, TEXT: small},
+    )
     port = free_port()
     app = create_app(manager, max_body_bytes=MAX_BODY)
     server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
@@ -96,9 +100,20 @@ def check_bill(status: dict) -> None:
 
 def test_an_image_through_the_openai_client_is_encoded_by_the_vision_projector(studio, client, media):
     base, manager, root = studio
-    reply = client.chat.completions.create(model=EYE, max_tokens=4, temperature=0, messages=[{"role": "user", "content": [
-        {"type": "text", "text": "What is in the picture?"},
-        {"type": "image_url", "image_url": {"url": f"data:image/jpeg;base64,{media['test-1.jpeg']}"}}]}])
+    reply = client.chat.completions.create(
+        model=EYE,
+        max_tokens=4,
+        temperature=0,
+        messages=[
+            {
+                "role": "user",
+                "content": [
+                    {"type": "text", "text": "What is in the picture?"},
+                    {"type": "image_url", "image_url": {"url": f"data:image/jpeg;base64,{media['test-1.jpeg']}"}},
+                ],
+            }
+        ],
+    )
     assert reply.choices[0].message.content is not None and reply.usage.prompt_tokens > 16  # 16 image tokens
     log = server_log(manager, EYE)
     assert "decoding image batch" in log and "image decoded" in log
@@ -110,9 +125,20 @@ def test_an_image_through_the_openai_client_is_encoded_by_the_vision_projector(s
 
 def test_a_clip_through_the_openai_client_is_encoded_by_the_audio_projector(studio, client, media):
     base, manager, _ = studio
-    reply = client.chat.completions.create(model=EAR, max_tokens=4, temperature=0, messages=[{"role": "user", "content": [
-        {"type": "text", "text": "What is said?"},
-        {"type": "input_audio", "input_audio": {"data": media["test-2.mp3"], "format": "mp3"}}]}])
+    reply = client.chat.completions.create(
+        model=EAR,
+        max_tokens=4,
+        temperature=0,
+        messages=[
+            {
+                "role": "user",
+                "content": [
+                    {"type": "text", "text": "What is said?"},
+                    {"type": "input_audio", "input_audio": {"data": media["test-2.mp3"], "format": "mp3"}},
+                ],
+            }
+        ],
+    )
     assert reply.choices[0].message.content is not None and reply.usage.prompt_tokens > 75  # 75 tokens a window
     log = server_log(manager, EAR)
     assert "decoding audio batch" in log and "audio decoded" in log
@@ -123,9 +149,24 @@ def test_a_clip_through_the_openai_client_is_encoded_by_the_audio_projector(stud
 
 def test_the_gui_chat_takes_an_image_too(studio, media):
     base, _, _ = studio
-    with httpx.stream("POST", f"{base}/api/chat", timeout=300, json={"model": EYE, "max_tokens": 3, "messages": [
-            {"role": "user", "content": [{"type": "text", "text": "Describe it."}, {
-                "type": "image_url", "image_url": {"url": f"data:image/jpeg;base64,{media['test-1.jpeg']}"}}]}]}) as r:
+    with httpx.stream(
+        "POST",
+        f"{base}/api/chat",
+        timeout=300,
+        json={
+            "model": EYE,
+            "max_tokens": 3,
+            "messages": [
+                {
+                    "role": "user",
+                    "content": [
+                        {"type": "text", "text": "Describe it."},
+                        {"type": "image_url", "image_url": {"url": f"data:image/jpeg;base64,{media['test-1.jpeg']}"}},
+                    ],
+                }
+            ],
+        },
+    ) as r:
         events = [json.loads(line[6:]) for line in r.iter_lines() if line.startswith("data: ")]
     assert r.status_code == 200 and events[-1]["type"] == "done" and events[-1]["usage"]["prompt_tokens"] > 16
 
@@ -144,8 +185,12 @@ def refused_before_start(manager: ModelManager, call) -> httpx.Response:
 
 def test_a_projector_of_another_width_is_a_400_before_anything_starts(studio):
     base, manager, root = studio
-    resp = refused_before_start(manager, lambda: httpx.post(f"{base}/api/load", timeout=60, json={
-        "model": TEXT, "mmproj": str(root / "text" / "wide-mmproj.gguf")}))
+    resp = refused_before_start(
+        manager,
+        lambda: httpx.post(
+            f"{base}/api/load", timeout=60, json={"model": TEXT, "mmproj": str(root / "text" / "wide-mmproj.gguf")}
+        ),
+    )
     assert resp.status_code == 400
     assert "projects to 640 but the llama model's embedding length is 576" in resp.json()["error"]["message"]
 
@@ -153,8 +198,9 @@ def test_a_projector_of_another_width_is_a_400_before_anything_starts(studio):
 def test_a_projector_outside_the_model_folders_is_a_403(studio, tmp_path):
     base, manager, _ = studio
     outside = write_vision_projector(tmp_path / "mmproj-elsewhere.gguf")
-    resp = refused_before_start(manager, lambda: httpx.post(f"{base}/api/load", timeout=60, json={
-        "model": TEXT, "mmproj": str(outside)}))
+    resp = refused_before_start(
+        manager, lambda: httpx.post(f"{base}/api/load", timeout=60, json={"model": TEXT, "mmproj": str(outside)})
+    )
     assert resp.status_code == 403 and resp.json()["error"]["param"] == "mmproj"
     assert "the projector file" in resp.json()["error"]["message"]
 
@@ -163,12 +209,21 @@ def test_media_for_a_model_without_its_projector_is_a_400_before_it_loads(studio
     base, manager, _ = studio
     image = {"type": "image_url", "image_url": {"url": f"data:image/jpeg;base64,{media['test-1.jpeg']}"}}
     sound = {"type": "input_audio", "input_audio": {"data": media["test-2.mp3"], "format": "mp3"}}
-    for model, part, code in ((TEXT, image, "model_has_no_vision"), (EAR, image, "model_has_no_vision"),
-                              (EYE, sound, "model_has_no_audio")):
+    for model, part, code in (
+        (TEXT, image, "model_has_no_vision"),
+        (EAR, image, "model_has_no_vision"),
+        (EYE, sound, "model_has_no_audio"),
+    ):
         if manager.find(model) is not None:
             continue  # the check of a resident model is the same function, after acquiring it
-        resp = refused_before_start(manager, lambda: httpx.post(f"{base}/v1/chat/completions", timeout=60, json={
-            "model": model, "messages": [{"role": "user", "content": [part]}]}))
+        resp = refused_before_start(
+            manager,
+            lambda: httpx.post(
+                f"{base}/v1/chat/completions",
+                timeout=60,
+                json={"model": model, "messages": [{"role": "user", "content": [part]}]},
+            ),
+        )
         assert resp.status_code == 400 and resp.json()["error"]["code"] == code, resp.text
         assert model in resp.json()["error"]["message"]
 
@@ -176,8 +231,18 @@ def test_media_for_a_model_without_its_projector_is_a_400_before_it_loads(studio
 def test_a_remote_image_url_is_a_400_asking_for_the_bytes(studio, client):
     _, manager, _ = studio
     with pytest.raises(openai.BadRequestError) as info:
-        refused_before_start(manager, lambda: client.chat.completions.create(model=EYE, messages=[{
-            "role": "user", "content": [{"type": "image_url", "image_url": {"url": "https://example.com/cat.png"}}]}]))
+        refused_before_start(
+            manager,
+            lambda: client.chat.completions.create(
+                model=EYE,
+                messages=[
+                    {
+                        "role": "user",
+                        "content": [{"type": "image_url", "image_url": {"url": "https://example.com/cat.png"}}],
+                    }
+                ],
+            ),
+        )
     assert info.value.body["code"] == "remote_image_url" and "data:image/png;base64" in info.value.body["message"]
 
 
@@ -185,6 +250,16 @@ def test_an_oversized_body_is_a_413_before_anything_starts(studio, client, media
     _, manager, _ = studio
     huge = "A" * (MAX_BODY + 1)
     with pytest.raises(openai.APIStatusError) as info:
-        refused_before_start(manager, lambda: client.chat.completions.create(model=TEXT, messages=[{
-            "role": "user", "content": [{"type": "image_url", "image_url": {"url": f"data:image/png;base64,{huge}"}}]}]))
+        refused_before_start(
+            manager,
+            lambda: client.chat.completions.create(
+                model=TEXT,
+                messages=[
+                    {
+                        "role": "user",
+                        "content": [{"type": "image_url", "image_url": {"url": f"data:image/png;base64,{huge}"}}],
+                    }
+                ],
+            ),
+        )
     assert info.value.status_code == 413 and info.value.body["code"] == "request_too_large"

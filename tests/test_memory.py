@@ -11,7 +11,6 @@ The compute buffer is a fitted estimate: it is held to 50 % here as a guard
 
 from __future__ import annotations
 
-
 import re
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
@@ -24,12 +23,12 @@ import gguf
 from launcher.allocations import device_of, parse_allocations
 from launcher.context_shape import context_shape, pad
 from launcher.memory import MemoryBill, MemoryOptions, MemoryPlanError, _mtp_draft, estimate, for_file, layer_devices
-from launcher.units import MIB
-from tests.support.dry_run import LISTENING, load_report
 from launcher.process import LlamaServer
-from tests.support.wide_zoo import REAL_MOE_SHAPES, ensure_moe_zoo, widen_model, with_experts
+from launcher.units import MIB
 from scripts.memory_accuracy import CONFIGS, DONE_MARKERS, Config
 from tests.helpers import free_port, server_argv
+from tests.support.dry_run import LISTENING, load_report
+from tests.support.wide_zoo import REAL_MOE_SHAPES, ensure_moe_zoo, widen_model, with_experts
 
 GEMMA_LOG = """\
 0.00.738.635 I load_tensors:   CPU_Mapped model buffer size =   235.16 MiB
@@ -97,8 +96,9 @@ def test_swa_cells_follow_the_window_and_swa_full(gemma_facts):
 def test_bill_matches_a_recorded_gemma_log(gemma_facts, gemma_model):
     actual = parse_allocations(GEMMA_LOG)
     predicted = estimate(gemma_facts, for_file(gguf.read(gemma_model), MemoryOptions(n_ctx=3000)))
-    assert [(c.label, c.cells, c.k_bytes, c.v_bytes) for c in actual.caches] == \
-        [(c.label, c.cells, c.k_bytes, c.v_bytes) for c in predicted.caches]
+    assert [(c.label, c.cells, c.k_bytes, c.v_bytes) for c in actual.caches] == [
+        (c.label, c.cells, c.k_bytes, c.v_bytes) for c in predicted.caches
+    ]
     cpu_p, cpu_a = predicted.device("CPU"), actual.device("CPU")
     assert (cpu_p.kv, cpu_p.output) == (cpu_a.kv, cpu_a.output)
     assert f"{cpu_p.weights / MIB:.2f}" == f"{cpu_a.weights / MIB:.2f}" == "247.82"
@@ -106,8 +106,14 @@ def test_bill_matches_a_recorded_gemma_log(gemma_facts, gemma_model):
 
 
 def test_parser_names_devices_and_needs_allocations():
-    assert [device_of(n) for n in ("CPU", "CPU_Mapped", "CUDA_Host", "CUDA0", "ROCm1", "MTL0")] == \
-        ["CPU", "CPU", "CPU", "GPU0", "GPU1", "GPU0"]
+    assert [device_of(n) for n in ("CPU", "CPU_Mapped", "CUDA_Host", "CUDA0", "ROCm1", "MTL0")] == [
+        "CPU",
+        "CPU",
+        "CPU",
+        "GPU0",
+        "GPU1",
+        "GPU0",
+    ]
     with pytest.raises(ValueError, match="-lv 4"):
         parse_allocations("llama_server: nothing here\n")
 
@@ -139,8 +145,11 @@ def test_derive_mtp_model_appends_one_dense_nextn_block(qwen35_mtp_model):
     facts = model.facts
     assert (facts.block_count, facts.layer_count, facts.nextn_predict_layers) == (3, 2, 1) and not facts.approximate
     assert model.metadata["qwen35.attention.recurrent_layers"] == [1, 0, 0]  # the MTP block is full attention
-    assert {t.name for t in model.tensors} >= {"blk.2.nextn.eh_proj.weight", "blk.2.attn_q.weight",
-                                               "blk.2.ffn_down.weight"}
+    assert {t.name for t in model.tensors} >= {
+        "blk.2.nextn.eh_proj.weight",
+        "blk.2.attn_q.weight",
+        "blk.2.ffn_down.weight",
+    }
 
 
 def test_the_parser_labels_the_mtp_draft_context_and_counts_its_compute_once():
@@ -153,16 +162,19 @@ def test_the_parser_labels_the_mtp_draft_context_and_counts_its_compute_once():
 def test_the_mtp_draft_context_caches_its_nextn_blocks(gemma_facts):
     # Gemma's last block as if it were a NextN head: the trunk's cache drops it, the draft context holds it.
     n = gemma_facts.layer_count
-    mtp = replace(gemma_facts, layer_count=n - 1, nextn_predict_layers=1,
-                  kv_layers=(*gemma_facts.kv_layers[:-1], False))
+    mtp = replace(
+        gemma_facts, layer_count=n - 1, nextn_predict_layers=1, kv_layers=(*gemma_facts.kv_layers[:-1], False)
+    )
     options = MemoryOptions(n_ctx=4096, n_parallel=1)
     plain = estimate(mtp, options)
     drafted = estimate(mtp, replace(options, spec="mtp"))
-    assert drafted.approximate and any("MTP draft context" in r and "measured only on qwen35" in r
-                                       for r in drafted.reasons)
+    assert drafted.approximate and any(
+        "MTP draft context" in r and "measured only on qwen35" in r for r in drafted.reasons
+    )
     extra = [c for c in drafted.caches if c.label.startswith("MTP draft")]
-    assert [c.layers for c in extra if c.layers] == [1] and [c.label for c in drafted.caches[:2]] == \
-        [c.label for c in plain.caches]
+    assert [c.layers for c in extra if c.layers] == [1] and [c.label for c in drafted.caches[:2]] == [
+        c.label for c in plain.caches
+    ]
     layer = mtp.k_embd(n - 1) + mtp.v_embd(n - 1)
     cells = next(c.cells for c in extra if c.layers)
     assert drafted.sum_of("kv") - plain.sum_of("kv") == layer * cells * 2  # f16
@@ -184,8 +196,10 @@ def test_deepseek4_caches_follow_the_dsv4_rules(zoo_dir):
         ("DSV4 lightning-indexer", 256, 4, 1, 256 * 4 * 128 * 2, 0),  # one head of the indexer size
     ]
     assert [(s.name, s.rows, s.width, s.streams, s.layers, s.nbytes) for s in bill.states] == [
-        ("csa", 8, 128, 4, 1, 2 * 8 * 128 * 4 * 4), ("hca", 128, 64, 4, 1, 2 * 128 * 64 * 4 * 4),
-        ("lid", 8, 256, 4, 1, 2 * 8 * 256 * 4 * 4)]
+        ("csa", 8, 128, 4, 1, 2 * 8 * 128 * 4 * 4),
+        ("hca", 128, 64, 4, 1, 2 * 128 * 64 * 4 * 4),
+        ("lid", 8, 256, 4, 1, 2 * 8 * 256 * 4 * 4),
+    ]
     assert bill.sum_of("kv") == sum(c.total for c in bill.caches) + sum(s.nbytes for s in bill.states)
     q8 = estimate(facts, MemoryOptions(n_ctx=1000, cache_type_k="q8_0", cache_type_v="q8_0"))
     assert [s.nbytes for s in q8.states] == [s.nbytes for s in bill.states]  # f32 whatever the cache type
@@ -213,10 +227,14 @@ DSV4_LOG = """\
 
 def test_parser_reads_the_dsv4_caches_and_counts_their_states_as_kv():
     bill = parse_allocations(DSV4_LOG)
-    assert [(c.label, c.cells, c.streams, c.layers) for c in bill.caches] == \
-        [("non-SWA", 1024, 4, 0), ("SWA", 768, 4, 4), ("DSV4 CSA compressed", 256, 4, 1)]
-    assert [(s.name, s.ratio, s.rows, s.width, s.streams, s.rs_seq, s.layers) for s in bill.states] == \
-        [("csa", 4, 8, 128, 4, 0, 1)]
+    assert [(c.label, c.cells, c.streams, c.layers) for c in bill.caches] == [
+        ("non-SWA", 1024, 4, 0),
+        ("SWA", 768, 4, 4),
+        ("DSV4 CSA compressed", 256, 4, 1),
+    ]
+    assert [(s.name, s.ratio, s.rows, s.width, s.streams, s.rs_seq, s.layers) for s in bill.states] == [
+        ("csa", 4, 8, 128, 4, 0, 1)
+    ]
     assert _mib(bill.device("CPU").kv) == "1.65"  # 1.50 + 0.12 KV + 0.03 state
 
 
@@ -224,8 +242,13 @@ def test_indexer_key_caches_follow_the_dsa_msa_and_idx_rules(zoo_dir):
     """One KV head of the indexer size after the main cache (K only for DSA/QSA, K+V for MSA)."""
     opts = MemoryOptions(n_ctx=1000)  # 1024 cells, 4 slots on one stream, f16
     dsa = estimate(gguf.read(zoo_dir / "deepseek32-moe.gguf").facts, opts)
-    assert [(c.label, c.cells, c.layers, c.k_bytes, c.v_bytes) for c in dsa.caches][1] == \
-        ("indexer", 1024, 2, 1024 * 2 * 128 * 2, 0)
+    assert [(c.label, c.cells, c.layers, c.k_bytes, c.v_bytes) for c in dsa.caches][1] == (
+        "indexer",
+        1024,
+        2,
+        1024 * 2 * 128 * 2,
+        0,
+    )
     assert not dsa.approximate
     dots = estimate(gguf.read(zoo_dir / "dots3note-moe.gguf").facts, opts)
     assert [c.label for c in dots.caches] == ["main", "indexer", "SWA"]
@@ -254,10 +277,19 @@ def test_gpu_layers_take_the_last_blocks_then_the_output(gemma_facts):
 
 #: One zoo model per memory layout, plus Gemma.
 LAYOUTS = {
-    "gqa": "llama-dense", "swa": "gemma3-dense", "mla": "deepseek2-moe", "hybrid-ssm": "jamba-dense",
-    "hybrid-linear": "qwen35-dense", "hybrid-granite": "granitehybrid-dense", "mamba": "mamba-dense",
-    "mamba2": "mamba2-dense", "moe": "qwen3moe-moe", "moe-swa": "gpt-oss-moe", "mqa": "qwen3-dense",
-    "per-layer-heads": "lfm2-dense", "sparse-indexer": "deepseek32-moe",
+    "gqa": "llama-dense",
+    "swa": "gemma3-dense",
+    "mla": "deepseek2-moe",
+    "hybrid-ssm": "jamba-dense",
+    "hybrid-linear": "qwen35-dense",
+    "hybrid-granite": "granitehybrid-dense",
+    "mamba": "mamba-dense",
+    "mamba2": "mamba2-dense",
+    "moe": "qwen3moe-moe",
+    "moe-swa": "gpt-oss-moe",
+    "mqa": "qwen3-dense",
+    "per-layer-heads": "lfm2-dense",
+    "sparse-indexer": "deepseek32-moe",
 }
 SERVER_CONFIGS = (CONFIGS[0], CONFIGS[1], CONFIGS[2], CONFIGS[3])
 CASES = [(m, c) for m in ("gemma", *LAYOUTS.values()) for c in SERVER_CONFIGS]
@@ -269,8 +301,13 @@ SPEC_CASES = [("gemma", c) for c in CONFIGS if c.options.spec_n_max]
 #: Two-layer models whose first block is the only reader of one of the masks: ggml-alloc frees it before that
 #: block's FFN, and the FFN reuses the hole when an activation fits in it (Gemma 2's, 0.75 MiB each, do; gpt-oss's
 #: MoE activations, 1.5 MiB, do not). Refact's graph runs no experts even when the file has them.
-FREED_MASK_CASES = [("gemma2-dense", CONFIGS[0]), ("spark2_5-dense", CONFIGS[0]), ("gpt-oss-moe", CONFIGS[0]),
-                    ("maple-moe", CONFIGS[1]), ("refact-moe", CONFIGS[0])]
+FREED_MASK_CASES = [
+    ("gemma2-dense", CONFIGS[0]),
+    ("spark2_5-dense", CONFIGS[0]),
+    ("gpt-oss-moe", CONFIGS[0]),
+    ("maple-moe", CONFIGS[1]),
+    ("refact-moe", CONFIGS[0]),
+]
 #: Tensors counted from the graphs: an MLA cache stores no V, so no V index without flash attention (deepseek2);
 #: MLA without absorbed weights decompresses its latent beside it (minicpm3); a one-head MLA's K path outgrows
 #: the q_nope hole (bailingmoe3); a scan sits beside the masks only while attention follows (plamo2); the other
@@ -278,19 +315,34 @@ FREED_MASK_CASES = [("gemma2-dense", CONFIGS[0]), ("spark2_5-dense", CONFIGS[0])
 #: the V indices stay beside a Mamba-2 scan while attention follows (falcon-h1 without flash attention);
 #: MiniMax-M3's sparse layers expand their block mask to every cell, twice (at 32k once 0.62x); a k-pool indexer
 #: peaks on its own inputs before its layer's attention (glm5-next without flash attention, once 1.76x).
-GRAPH_CASES = [("deepseek2-moe", CONFIGS[4]), ("minicpm3-dense", CONFIGS[0]), ("bailingmoe3-moe", CONFIGS[0]),
-               ("plamo2-dense", CONFIGS[1]), ("jamba-dense", CONFIGS[5]), ("falcon-h1-dense", CONFIGS[4]),
-               ("minimax-m3-moe", CONFIGS[6]), ("minimax-m3-moe", CONFIGS[4]), ("glm5-next-moe", CONFIGS[4]),
-               ("glm5-next-moe", CONFIGS[2]), ("qwen4exp-moe", CONFIGS[4])]
+GRAPH_CASES = [
+    ("deepseek2-moe", CONFIGS[4]),
+    ("minicpm3-dense", CONFIGS[0]),
+    ("bailingmoe3-moe", CONFIGS[0]),
+    ("plamo2-dense", CONFIGS[1]),
+    ("jamba-dense", CONFIGS[5]),
+    ("falcon-h1-dense", CONFIGS[4]),
+    ("minimax-m3-moe", CONFIGS[6]),
+    ("minimax-m3-moe", CONFIGS[4]),
+    ("glm5-next-moe", CONFIGS[4]),
+    ("glm5-next-moe", CONFIGS[2]),
+    ("qwen4exp-moe", CONFIGS[4]),
+]
 
 #: The zoo widened (tests.support.wide_zoo: n_embd 2048, n_ff 6144): compute buffers of tens of MiB, set by tensor sizes
 #: as in real models.
-WIDE_CASES = [(m, c) for m in ("llama-dense", "starcoder2-dense", "qwen3moe-moe", "mamba2-dense")
-              for c in (CONFIGS[0], CONFIGS[1], CONFIGS[6])] + [
+WIDE_CASES = [
+    (m, c)
+    for m in ("llama-dense", "starcoder2-dense", "qwen3moe-moe", "mamba2-dense")
+    for c in (CONFIGS[0], CONFIGS[1], CONFIGS[6])
+] + [
     # Qwen's FFN is n_ff / 2 wide (its ffn_down's width, not the metadata's); CogVLM has no mixed-batch input
-    ("qwen-dense", CONFIGS[0]), ("cogvlm-dense", CONFIGS[0]),
+    ("qwen-dense", CONFIGS[0]),
+    ("cogvlm-dense", CONFIGS[0]),
     # Mamba-2 gathers the other slots' states on top of its scan; a hybrid's last FFN runs without the V indices
-    ("granitehybrid-dense", CONFIGS[5]), ("lfm2-dense", CONFIGS[4])]
+    ("granitehybrid-dense", CONFIGS[5]),
+    ("lfm2-dense", CONFIGS[4]),
+]
 
 
 @pytest.fixture(scope="module")
@@ -299,8 +351,12 @@ def server_logs(llama_server_bin, zoo_dir, gemma_model) -> dict[tuple[str, str],
         return gemma_model if model == "gemma" else zoo_dir / f"{model}.gguf"
 
     with ThreadPoolExecutor(max_workers=2) as pool:
-        futures = {(m, c.name): pool.submit(lambda m=m, c=c: load_report(llama_server_bin, path(m), c.argv(), until=DONE_MARKERS)[0])
-                   for m, c in (*CASES, *DSV4_CASES, *SPEC_CASES, *FREED_MASK_CASES, *GRAPH_CASES)}
+        futures = {
+            (m, c.name): pool.submit(
+                lambda m=m, c=c: load_report(llama_server_bin, path(m), c.argv(), until=DONE_MARKERS)[0]
+            )
+            for m, c in (*CASES, *DSV4_CASES, *SPEC_CASES, *FREED_MASK_CASES, *GRAPH_CASES)
+        }
         return {key: (path(key[0]), f.result()) for key, f in futures.items()}
 
 
@@ -327,8 +383,10 @@ def _predicted_and_actual(server_logs, model: str, config) -> tuple[gguf.GGUFFil
 def test_estimate_matches_llama_server(model, config, server_logs):
     file, predicted, actual = _predicted_and_actual(server_logs, model, config)
     assert not predicted.approximate, predicted.reasons
-    view = lambda b: ([(c.label, c.cells, c.streams, c.layers, _mib(c.k_bytes), _mib(c.v_bytes))  # noqa: E731
-                       for c in b.caches], [(r.rows, r.layers, _mib(r.r_bytes), _mib(r.s_bytes)) for r in b.recurrent])
+    view = lambda b: (  # noqa: E731
+        [(c.label, c.cells, c.streams, c.layers, _mib(c.k_bytes), _mib(c.v_bytes)) for c in b.caches],
+        [(r.rows, r.layers, _mib(r.r_bytes), _mib(r.s_bytes)) for r in b.recurrent],
+    )
     assert view(predicted) == view(actual)
     assert _mib(predicted.sum_of("output")) == _mib(actual.sum_of("output"))
     assert _mib(predicted.sum_of("weights")) == _mib(actual.sum_of("weights"))
@@ -336,8 +394,11 @@ def test_estimate_matches_llama_server(model, config, server_logs):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize(("model", "config"), [*FREED_MASK_CASES, *GRAPH_CASES],
-                         ids=[f"{m}-{c.name}" for m, c in (*FREED_MASK_CASES, *GRAPH_CASES)])
+@pytest.mark.parametrize(
+    ("model", "config"),
+    [*FREED_MASK_CASES, *GRAPH_CASES],
+    ids=[f"{m}-{c.name}" for m, c in (*FREED_MASK_CASES, *GRAPH_CASES)],
+)
 def test_compute_counts_the_tensors_each_graph_keeps_at_its_peak(model, config, server_logs):
     """Within 10 % where a rule of FREED_MASK_CASES or GRAPH_CASES (above) decides the peak."""
     _, predicted, actual = _predicted_and_actual(server_logs, model, config)
@@ -349,9 +410,11 @@ _FINAL_COMPUTE = re.compile(r"~llama_context: +CPU compute buffer size (?:of|is)
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("options", (MemoryOptions(n_ctx=4096, n_parallel=1),
-                                     MemoryOptions(n_ctx=8192, n_parallel=2, kv_unified=False)),
-                         ids=("c4096-np1", "c8192-np2-split"))
+@pytest.mark.parametrize(
+    "options",
+    (MemoryOptions(n_ctx=4096, n_parallel=1), MemoryOptions(n_ctx=8192, n_parallel=2, kv_unified=False)),
+    ids=("c4096-np1", "c8192-np2-split"),
+)
 def test_minimax_m3s_compute_grows_with_a_long_prompt_as_predicted(options, zoo_dir, llama_server_bin, tmp_path):
     """MSA is reserved for an empty cache (a 256-wide position axis, the ubatch shared among split slots' streams);
     a 3600-token prompt in one slot grows the compute buffer past the reserve, up to what the bill's
@@ -361,15 +424,33 @@ def test_minimax_m3s_compute_grows_with_a_long_prompt_as_predicted(options, zoo_
     predicted = estimate(file.facts, for_file(file, options))
     assert predicted.sum_of("compute_growth") > 0.15 * predicted.sum_of("compute")
     port = free_port()
-    argv = server_argv(llama_server_bin, model, host="127.0.0.1", port=port, n_ctx=options.n_ctx, extra=(
-        "-np", str(options.n_parallel), "-fit", "off", "--no-warmup", "-lv", "4",
-        # the zoo model says it was trained on 256 tokens, and llama-server caps a slot there
-        "--override-kv", "minimax-m3.context_length=int:32768"))
+    argv = server_argv(
+        llama_server_bin,
+        model,
+        host="127.0.0.1",
+        port=port,
+        n_ctx=options.n_ctx,
+        extra=(
+            "-np",
+            str(options.n_parallel),
+            "-fit",
+            "off",
+            "--no-warmup",
+            "-lv",
+            "4",
+            # the zoo model says it was trained on 256 tokens, and llama-server caps a slot there
+            "--override-kv",
+            "minimax-m3.context_length=int:32768",
+        ),
+    )
     server = LlamaServer(argv, host="127.0.0.1", port=port, log_path=tmp_path / "llama-server.log")
     with server:
         server.wait_ready(timeout=60)
-        answer = httpx.post(f"{server.url}/completion", timeout=300,
-                            json={"prompt": " ".join(["hello world foo bar"] * 900), "n_predict": 2})
+        answer = httpx.post(
+            f"{server.url}/completion",
+            timeout=300,
+            json={"prompt": " ".join(["hello world foo bar"] * 900), "n_predict": 2},
+        )
         assert answer.json()["tokens_evaluated"] > 3584
     log = server.log_path.read_text(errors="replace")  # stopped: the context's exit line is in it
     reserved = parse_allocations(log).sum_of("compute")
@@ -377,8 +458,11 @@ def test_minimax_m3s_compute_grows_with_a_long_prompt_as_predicted(options, zoo_
     assert final > reserved * 1.09  # it grew, by more than the rounding of the reserve
     assert abs(predicted.sum_of("compute") - reserved) <= 0.1 * reserved
     # a 3600-token prompt fills 7 of a slot's 8 ubatches of positions: below the full slot's, within 10 %
-    assert 0.9 * (predicted.sum_of("compute") + predicted.sum_of("compute_growth")) <= final \
+    assert (
+        0.9 * (predicted.sum_of("compute") + predicted.sum_of("compute_growth"))
+        <= final
         <= predicted.sum_of("compute") + predicted.sum_of("compute_growth")
+    )
 
 
 @pytest.mark.slow
@@ -387,6 +471,7 @@ def test_deepseek4_caches_match_llama_server(model, config, server_logs):
     """Every DSV4 cache and compressor state to the log's 0.01 MiB, the compute within 10 %; not approximate."""
     file, predicted, actual = _predicted_and_actual(server_logs, model, config)
     assert not predicted.approximate, predicted.reasons
+
     def caches(b: MemoryBill) -> list[tuple]:
         return [(c.label, c.cells, c.streams, c.layers, c.k_type, _mib(c.k_bytes), _mib(c.v_bytes)) for c in b.caches]
 
@@ -421,8 +506,10 @@ def test_drafted_tokens_grow_the_logits_as_predicted(model, config, server_logs)
 MTP_CONFIGS = (
     Config("mtp-c2048-np1-n2", MemoryOptions(n_ctx=2048, n_parallel=1, spec="mtp", spec_n_max=2)),
     Config("mtp-c4096-np2-n8", MemoryOptions(n_ctx=4096, n_parallel=2, spec="mtp", spec_n_max=8)),
-    Config("mtp-c1000-auto-q8-n4", MemoryOptions(n_ctx=1000, cache_type_k="q8_0", cache_type_v="q8_0",
-                                                  flash_attn="on", spec="mtp", spec_n_max=4)),
+    Config(
+        "mtp-c1000-auto-q8-n4",
+        MemoryOptions(n_ctx=1000, cache_type_k="q8_0", cache_type_v="q8_0", flash_attn="on", spec="mtp", spec_n_max=4),
+    ),
 )
 
 
@@ -436,11 +523,13 @@ def test_the_mtp_draft_context_matches_llama_server(config, llama_server_bin, qw
     predicted = estimate(file.facts, for_file(file, config.options))
     actual = parse_allocations(log)
     assert not predicted.approximate, predicted.reasons
-    caches = lambda b: [(c.label, c.cells, c.streams, c.layers, c.k_type, _mib(c.k_bytes), _mib(c.v_bytes))  # noqa: E731
-                        for c in b.caches]
+    caches = lambda b: [  # noqa: E731
+        (c.label, c.cells, c.streams, c.layers, c.k_type, _mib(c.k_bytes), _mib(c.v_bytes)) for c in b.caches
+    ]
     assert caches(predicted) == caches(actual) and actual.caches[-1].label == "MTP draft main"
-    assert [(r.rows, _mib(r.s_bytes)) for r in predicted.recurrent] == [(r.rows, _mib(r.s_bytes))
-                                                                         for r in actual.recurrent]
+    assert [(r.rows, _mib(r.s_bytes)) for r in predicted.recurrent] == [
+        (r.rows, _mib(r.s_bytes)) for r in actual.recurrent
+    ]
     assert _mib(predicted.sum_of("output")) == _mib(actual.sum_of("output"))
     options = for_file(file, config.options)
     shape = context_shape(file.facts, options)
@@ -454,8 +543,10 @@ def test_the_mtp_draft_context_matches_llama_server(config, llama_server_bin, qw
 @pytest.fixture(scope="module")
 def wide_models(zoo_dir, llama_server_bin, tmp_path_factory) -> dict[str, Path]:
     out = tmp_path_factory.mktemp("wide")
-    made = {m: widen_model(zoo_dir / f"{m}.gguf", out / f"{m}-wide.gguf", llama_server_bin, ffn_factor=16)
-            for m in dict.fromkeys(m for m, _ in WIDE_CASES)}
+    made = {
+        m: widen_model(zoo_dir / f"{m}.gguf", out / f"{m}-wide.gguf", llama_server_bin, ffn_factor=16)
+        for m in dict.fromkeys(m for m, _ in WIDE_CASES)
+    }
     assert all(made.values()), made  # llama-server accepted every widened file
     return made  # type: ignore[return-value]
 
@@ -464,8 +555,9 @@ def wide_models(zoo_dir, llama_server_bin, tmp_path_factory) -> dict[str, Path]:
 def test_a_hybrids_last_ffn_lands_above_the_freed_v_indices_it_does_not_fit_in(zoo_dir, llama_server_bin, tmp_path):
     """lfm2 at n_embd 4096 without flash attention: after the last attention layer the 16 MiB of V indices and the
     mask are freed, but the 30 MiB FFN activations do not fit in their hole, which stays below them."""
-    wide = widen_model(zoo_dir / "lfm2-dense.gguf", tmp_path / "lfm2-wide.gguf", llama_server_bin, factor=16,
-                       ffn_factor=40)
+    wide = widen_model(
+        zoo_dir / "lfm2-dense.gguf", tmp_path / "lfm2-wide.gguf", llama_server_bin, factor=16, ffn_factor=40
+    )
     assert wide
     config = CONFIGS[4]  # c700-np1-nofa
     file = gguf.read(wide)
@@ -479,17 +571,23 @@ def real_moe(zoo_dir, llama_server_bin, tmp_path_factory) -> dict[str, Path]:
     """The zoo's MoE models at real MoE proportions (REAL_MOE_SHAPES), by zoo model."""
     made = ensure_moe_zoo(zoo_dir, llama_server_bin, tmp_path_factory.mktemp("moe"))
     assert len(made) == len(REAL_MOE_SHAPES)  # llama-server loaded every one
-    return {name: path for (name, *_), path in zip(REAL_MOE_SHAPES, made)}
+    return {name: path for (name, *_), path in zip(REAL_MOE_SHAPES, made, strict=False)}
 
 
-REAL_MOE_CASES = [("qwen3moe-moe", CONFIGS[0]), ("qwen3moe-moe", CONFIGS[4]), ("qwen3moe-moe", CONFIGS[6]),
-                  ("gpt-oss-moe", CONFIGS[0]), ("olmoe-moe", CONFIGS[1])]
+REAL_MOE_CASES = [
+    ("qwen3moe-moe", CONFIGS[0]),
+    ("qwen3moe-moe", CONFIGS[4]),
+    ("qwen3moe-moe", CONFIGS[6]),
+    ("gpt-oss-moe", CONFIGS[0]),
+    ("olmoe-moe", CONFIGS[1]),
+]
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize(("model", "config"), REAL_MOE_CASES, ids=[f"{m}-{c.name}" for m, c in REAL_MOE_CASES])
-def test_fine_grained_experts_down_projections_go_on_top_of_their_activations(model, config, real_moe,
-                                                                              llama_server_bin):
+def test_fine_grained_experts_down_projections_go_on_top_of_their_activations(
+    model, config, real_moe, llama_server_bin
+):
     """Qwen3-30B-A3B's 8 of 128 experts, 768 wide at n_embd 2048: gate, up and SwiGLU 12 MiB each per 512
     tokens, then 32 MiB of down projections that the 24 MiB the first two free cannot hold (once predicted 0.71x
     of what was allocated); GPT-OSS-20B's biased experts and OLMoE's 8 of 64 alike."""
@@ -497,8 +595,7 @@ def test_fine_grained_experts_down_projections_go_on_top_of_their_activations(mo
     n_expert, n_used = next(shape[3:] for shape in REAL_MOE_SHAPES if shape[0] == model)
     assert (file.facts.expert_count, file.facts.expert_used_count) == (n_expert, n_used)
     predicted = estimate(file.facts, for_file(file, config.options))
-    actual = parse_allocations(load_report(llama_server_bin, real_moe[model], config.argv(),
-                                           until=DONE_MARKERS)[0])
+    actual = parse_allocations(load_report(llama_server_bin, real_moe[model], config.argv(), until=DONE_MARKERS)[0])
     assert _compute_within(predicted, actual, 0.1)[1] > 80 * MIB
 
 
@@ -507,8 +604,9 @@ def test_a_last_moe_block_runs_its_experts_on_every_drafted_row(zoo_dir, llama_s
     """DeepSeek-MoE's layout in two blocks (a dense first block, then 64 experts, 6 routed): drafting 64 tokens
     on 4 slots gives the last block 260 output rows, and its experts' activations set the peak (once 0.71x; now
     1.13x, where the tiny model's holes take part of them: hence 15 %)."""
-    wide = widen_model(zoo_dir / "deepseek-moe.gguf", tmp_path / "narrow.gguf", llama_server_bin, factor=8,
-                       ffn_factor=2)
+    wide = widen_model(
+        zoo_dir / "deepseek-moe.gguf", tmp_path / "narrow.gguf", llama_server_bin, factor=8, ffn_factor=2
+    )
     assert wide
     model = with_experts(wide, tmp_path / "dsmoe.gguf", 64, 6)
     config = CONFIGS[7]  # c1000-auto-spec64
@@ -538,7 +636,6 @@ def test_compute_at_realistic_widths_within_10_percent(model, config, wide_model
     """Gated and ungated FFNs, MoE and Mamba-2 at n_embd 2048, where compute buffers are 30-90 MiB."""
     file = gguf.read(wide_models[model])
     predicted = estimate(file.facts, for_file(file, config.options))
-    actual = parse_allocations(load_report(llama_server_bin, wide_models[model], config.argv(),
-                                           until=DONE_MARKERS)[0])
+    actual = parse_allocations(load_report(llama_server_bin, wide_models[model], config.argv(), until=DONE_MARKERS)[0])
     assert [c.k_bytes for c in predicted.caches] == [c.k_bytes for c in actual.caches]
     assert _compute_within(predicted, actual, 0.1)[1] > 25 * MIB

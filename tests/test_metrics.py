@@ -26,29 +26,37 @@ CHAT_STREAM_END = (
     b'"model":"m","object":"chat.completion.chunk","timings":{"cache_n":0,"prompt_n":32,"prompt_ms":399.694,'
     b'"prompt_per_token_ms":12.49,"prompt_per_second":80.06,"predicted_n":5,"predicted_ms":111.309,'
     b'"predicted_per_token_ms":27.82,"predicted_per_second":35.935997987584116}}\n\n',
-    b"data: [DONE]\n\n")
+    b"data: [DONE]\n\n",
+)
 ANTHROPIC_STREAM_END = (
     b'event: content_block_stop\ndata: {"type":"content_block_stop","index":0}\n\n'
     b'event: message_delta\ndata: {"type":"message_delta","delta":{"stop_reason":"max_tokens","stop_sequence":null},'
     b'"usage":{"output_tokens":3}}\n\n',
-    b'event: message_stop\ndata: {"type":"message_stop"}\n\n')
+    b'event: message_stop\ndata: {"type":"message_stop"}\n\n',
+)
 RESPONSES_STREAM_END = (
     b'event: response.completed\ndata: {"type":"response.completed","response":{"id":"resp_x","usage":'
     b'{"input_tokens":32,"output_tokens":3,"total_tokens":35,"input_tokens_details":{"cached_tokens":31}}},'
-    b'"timings":{"cache_n":31,"prompt_n":1,"predicted_n":3,"predicted_ms":41.18,"predicted_per_second":48.5}}\n\n',)
-ANTHROPIC_ANSWER = (b'{"id":"chatcmpl-q","type":"message","role":"assistant","content":[{"type":"text","text":"Hi"}],'
-                    b'"usage":{"cache_read_input_tokens":31,"input_tokens":1,"output_tokens":5}}',)
+    b'"timings":{"cache_n":31,"prompt_n":1,"predicted_n":3,"predicted_ms":41.18,"predicted_per_second":48.5}}\n\n',
+)
+ANTHROPIC_ANSWER = (
+    b'{"id":"chatcmpl-q","type":"message","role":"assistant","content":[{"type":"text","text":"Hi"}],'
+    b'"usage":{"cache_read_input_tokens":31,"input_tokens":1,"output_tokens":5}}',
+)
 INFILL_ANSWER = (b'{"content":"x):","tokens_predicted":4,"tokens_evaluated":9,"stop":true}',)
 
 
-@pytest.mark.parametrize("tail, tokens, rate", [
-    (CHAT_STREAM_END, 5, 35.935997987584116),
-    (ANTHROPIC_STREAM_END, 3, None),  # the last usage wins over message_start's output_tokens 0
-    (RESPONSES_STREAM_END, 3, 48.5),
-    (ANTHROPIC_ANSWER, 5, None),
-    (INFILL_ANSWER, 4, None),
-    ((b"data: [DONE]\n\n",), None, None),
-])
+@pytest.mark.parametrize(
+    "tail, tokens, rate",
+    [
+        (CHAT_STREAM_END, 5, 35.935997987584116),
+        (ANTHROPIC_STREAM_END, 3, None),  # the last usage wins over message_start's output_tokens 0
+        (RESPONSES_STREAM_END, 3, 48.5),
+        (ANTHROPIC_ANSWER, 5, None),
+        (INFILL_ANSWER, 4, None),
+        ((b"data: [DONE]\n\n",), None, None),
+    ],
+)
 def test_generation_counts_from_the_last_bytes_of_an_answer(tail, tokens, rate):
     assert generation_counts(b"".join(tail)) == (tokens, rate)
 
@@ -56,15 +64,20 @@ def test_generation_counts_from_the_last_bytes_of_an_answer(tail, tokens, rate):
 @pytest.fixture
 def manager(llama_server_bin, tmp_path):
     """A real manager that loads nothing (an empty catalog)."""
-    return ModelManager(catalog=Catalog([tmp_path / "models"]), binary=llama_server_bin,
-                        make_supervisor=supervisor_factory(tmp_path / "logs",
-                                                           ChildRegistry(tmp_path / "run", owner_token())),
-                        caps=probe(llama_server_bin, cache_dir=tmp_path / "cache"))
+    return ModelManager(
+        catalog=Catalog([tmp_path / "models"]),
+        binary=llama_server_bin,
+        make_supervisor=supervisor_factory(tmp_path / "logs", ChildRegistry(tmp_path / "run", owner_token())),
+        caps=probe(llama_server_bin, cache_dir=tmp_path / "cache"),
+    )
 
 
 def samples(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
-    return {(s.name, tuple(sorted(s.labels.items()))): s.value
-            for f in text_string_to_metric_families(text) for s in f.samples}
+    return {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for f in text_string_to_metric_families(text)
+        for s in f.samples
+    }
 
 
 def test_two_apps_in_one_process_count_apart(manager):
@@ -84,11 +97,20 @@ def test_routes_are_labelled_by_template_and_unknown_paths_as_other(manager):
         assert client.get("/no/such/path").status_code == 404
         assert client.post("/v1/messages", json={"model": "m", "max_tokens": 1, "messages": []}).status_code == 404
         got = samples(client.get("/metrics").text)
-    assert got[("ggstudio_http_requests_total", (("listener", "studio"), ("route", "/api/models/{name}"),
-                                                 ("status", "404")))] == 1
+    assert (
+        got[
+            (
+                "ggstudio_http_requests_total",
+                (("listener", "studio"), ("route", "/api/models/{name}"), ("status", "404")),
+            )
+        ]
+        == 1
+    )
     assert got[("ggstudio_http_requests_total", (("listener", "studio"), ("route", "other"), ("status", "404")))] == 1
-    assert got[("ggstudio_http_requests_total", (("listener", "studio"), ("route", "/v1/messages"),
-                                                 ("status", "404")))] == 1
+    assert (
+        got[("ggstudio_http_requests_total", (("listener", "studio"), ("route", "/v1/messages"), ("status", "404")))]
+        == 1
+    )
     assert not any(labels and ("route", "/no/such/path") in labels for _, labels in got)
 
 
@@ -110,9 +132,13 @@ def test_each_kind_of_residency_event_has_its_counter(manager):
     """The manager's real events, from real loads and unloads: tests/test_dialects.py and test_ollama_api.py."""
     metrics = StudioMetrics(manager)
     [listener] = manager.listeners
-    for event in (ResidencyEvent("loaded", "m", 2.0), ResidencyEvent("load_failed", "m", 0.5, "error"),
-                  ResidencyEvent("evicted", "m", 0.3, "ttl"), ResidencyEvent("crashed", "m"),
-                  ResidencyEvent("restarted", "m")):
+    for event in (
+        ResidencyEvent("loaded", "m", 2.0),
+        ResidencyEvent("load_failed", "m", 0.5, "error"),
+        ResidencyEvent("evicted", "m", 0.3, "ttl"),
+        ResidencyEvent("crashed", "m"),
+        ResidencyEvent("restarted", "m"),
+    ):
         listener(event)
     assert metrics.loads.labels("m", "ok")._value.get() == 1
     assert metrics.loads.labels("m", "error")._value.get() == 1

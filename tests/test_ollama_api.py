@@ -54,16 +54,22 @@ def studio(llama_server_bin, settings, zoo_dir, tmp_path_factory):
         env.setenv("HF_HUB_DISABLE_TELEMETRY", "1")
         for name in ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN", "HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"):
             env.delenv(name, raising=False)
-        defaults = {SMOL: ModelDefaults(n_ctx=1024, extra_args=("--embeddings", "--pooling", "mean")),
-                    f"{TINY_REPO}:Q4_K_M": ModelDefaults(n_ctx=256, spec="off")}
-        manager = ModelManager(catalog=Catalog([models], hf_cache=root / "hf" / "hub"), binary=llama_server_bin,
-                               make_supervisor=supervisor_factory(root / "logs",
-                                                                  ChildRegistry(root / "run", owner_token())),
-                               caps=probe(llama_server_bin, cache_dir=root / "cache"), model_defaults=defaults)
+        defaults = {
+            SMOL: ModelDefaults(n_ctx=1024, extra_args=("--embeddings", "--pooling", "mean")),
+            f"{TINY_REPO}:Q4_K_M": ModelDefaults(n_ctx=256, spec="off"),
+        }
+        manager = ModelManager(
+            catalog=Catalog([models], hf_cache=root / "hf" / "hub"),
+            binary=llama_server_bin,
+            make_supervisor=supervisor_factory(root / "logs", ChildRegistry(root / "run", owner_token())),
+            caps=probe(llama_server_bin, cache_dir=root / "cache"),
+            model_defaults=defaults,
+        )
         app = create_app(manager)
         port, ollama_port = free_port(), free_port()
-        listeners = Listeners(app, host="127.0.0.1", port=port, ollama_app=create_ollama_app(app),
-                              ollama_port=ollama_port)
+        listeners = Listeners(
+            app, host="127.0.0.1", port=port, ollama_app=create_ollama_app(app), ollama_port=ollama_port
+        )
         thread = threading.Thread(target=listeners.run, daemon=True)
         thread.start()
         wait_for(lambda: listeners.started, timeout=30, what="both listeners")
@@ -139,8 +145,12 @@ def test_generate(client):
 
 def test_format_as_a_json_schema(client):
     schema = {"type": "object", "properties": {"answer": {"type": "integer"}}, "required": ["answer"]}
-    reply = client.chat(model=SMOL, messages=[{"role": "user", "content": "What is 2+2? Reply in JSON."}],
-                        format=schema, options={"num_predict": 40, "temperature": 0})
+    reply = client.chat(
+        model=SMOL,
+        messages=[{"role": "user", "content": "What is 2+2? Reply in JSON."}],
+        format=schema,
+        options={"num_predict": 40, "temperature": 0},
+    )
     assert isinstance(json.loads(reply.message.content)["answer"], int)
 
 
@@ -191,8 +201,11 @@ def test_the_openai_routes_answer_on_the_ollama_port_too(studio):
 
 def test_leaving_a_stream_frees_the_slot(studio):
     _, base, manager, _ = studio
-    body = {"model": SMOL, "messages": [{"role": "user", "content": "Write a long story."}],
-            "options": {"num_predict": 2000}}
+    body = {
+        "model": SMOL,
+        "messages": [{"role": "user", "content": "Write a long story."}],
+        "options": {"num_predict": 2000},
+    }
     with httpx.stream("POST", f"{base}/api/chat", json=body, timeout=60) as resp:
         for i, _ in enumerate(resp.iter_lines()):
             if i == 5:
@@ -210,8 +223,12 @@ def test_leaving_a_stream_frees_the_slot(studio):
 def test_leaving_before_a_whole_answer_frees_the_slot(studio):
     """A non-streamed answer comes only once it is done: a client that gives up must stop the generation."""
     _, base, manager, _ = studio
-    body = {"model": SMOL, "messages": [{"role": "user", "content": "Write a long story."}], "stream": False,
-            "options": {"num_predict": 2000}}
+    body = {
+        "model": SMOL,
+        "messages": [{"role": "user", "content": "Write a long story."}],
+        "stream": False,
+        "options": {"num_predict": 2000},
+    }
     httpx.post(f"{base}/api/chat", json={**body, "options": {"num_predict": 1}}, timeout=120)  # resident first
     loaded = manager.find(SMOL).loaded
 
@@ -230,8 +247,9 @@ def test_leaving_before_a_whole_answer_frees_the_slot(studio):
 
 def scrape(base: str) -> dict[tuple[str, frozenset], float]:
     text = httpx.get(f"{base}/metrics", timeout=30).text
-    return {(s.name, frozenset(s.labels.items())): s.value
-            for f in text_string_to_metric_families(text) for s in f.samples}
+    return {
+        (s.name, frozenset(s.labels.items())): s.value for f in text_string_to_metric_families(text) for s in f.samples
+    }
 
 
 def test_metrics_count_the_ollama_listener(client, studio):
@@ -247,8 +265,10 @@ def test_metrics_count_the_ollama_listener(client, studio):
         return after.get(key, 0.0) - before.get(key, 0.0)
 
     assert moved("ggstudio_http_requests_total", listener="ollama", route="/api/chat", status="200") == 2
-    assert moved("ggstudio_generated_tokens_total", model=SMOL, route="/api/chat") == \
-        plain.eval_count + streamed[-1].eval_count
+    assert (
+        moved("ggstudio_generated_tokens_total", model=SMOL, route="/api/chat")
+        == plain.eval_count + streamed[-1].eval_count
+    )
     assert moved("ggstudio_time_to_first_token_seconds_count", model=SMOL, route="/api/chat") == 1
     assert moved("ggstudio_generation_tokens_per_second_count", model=SMOL) == 2  # llama-server's timings
 

@@ -31,14 +31,22 @@ from tests.support.studio import running_studio
 ROOT = Path(__file__).resolve().parent.parent
 CHROMIUM = Path("/usr/bin/chromium")
 # What Chromium needs here: no sandbox as root, no GPU, nothing fetched from outside.
-FLAGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",
-         "--disable-component-update", "--disable-sync"]
+FLAGS = [
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
 SMOL = CHAT_FILENAME.removesuffix(".gguf")
 TINY = "llama-dense"
 WIDE = {"width": 1280, "height": 800}
 
 pytestmark = [
-    pytest.mark.slow, pytest.mark.shared_processes,
+    pytest.mark.slow,
+    pytest.mark.shared_processes,
     pytest.mark.skipif(not CHROMIUM.exists(), reason="no /usr/bin/chromium: `make chromium` installs it"),
 ]
 
@@ -47,8 +55,13 @@ pytestmark = [
 def studio(llama_server_bin, zoo_dir, settings, tmp_path_factory):
     models = {SMOL: ensure_default_model(settings.models_dir), TINY: zoo_dir / f"{TINY}.gguf"}
     # one model at a time, so that the load dialog has an eviction to show
-    with running_studio(tmp_path_factory.mktemp("page-studio"), llama_server_bin, models,
-                        defaults=builtin_model_defaults({}), residency=ResidencySettings(max_resident=1)) as s:
+    with running_studio(
+        tmp_path_factory.mktemp("page-studio"),
+        llama_server_bin,
+        models,
+        defaults=builtin_model_defaults({}),
+        residency=ResidencySettings(max_resident=1),
+    ) as s:
         yield s
     assert_no_children()
 
@@ -60,7 +73,8 @@ def browser(studio, tmp_path_factory):
     profile = tmp_path_factory.mktemp("chromium-profile")
     with sync_playwright() as pw:
         context = pw.chromium.launch_persistent_context(
-            str(profile), executable_path=str(CHROMIUM), headless=True, args=FLAGS, viewport=WIDE)
+            str(profile), executable_path=str(CHROMIUM), headless=True, args=FLAGS, viewport=WIDE
+        )
         yield context
         context.close()
     shutil.rmtree(profile, ignore_errors=True)
@@ -188,8 +202,11 @@ def test_load_chat_stop_log_and_unload_in_a_real_browser(watched, studio):
     for _ in range(3):
         page.keyboard.press("ArrowRight")  # 256 -> 1024 tokens
     assert page.locator("#load-ctx-value").inner_text() == "1,024 tokens"
-    wait_for(lambda: page.locator("#load-bill .mem-text").first.inner_text() != automatic, timeout=30,
-             what="the predicted memory to follow the slider")
+    wait_for(
+        lambda: page.locator("#load-bill .mem-text").first.inner_text() != automatic,
+        timeout=30,
+        what="the predicted memory to follow the slider",
+    )
     assert "KV" in page.locator("#load-bill .parts").first.inner_text()
     watched.shot("load-dialog")
     page.focus("#load-submit")
@@ -200,8 +217,14 @@ def test_load_chat_stop_log_and_unload_in_a_real_browser(watched, studio):
     watched.shot("loading")
     page.wait_for_selector(f"{card}[data-state='ready']", timeout=180_000)
     assert page.locator(f"{card} .progress-line").is_hidden()
-    wait_for(lambda: "actual" in page.locator(f"{card} .mem-text").inner_text()
-             and "–" not in page.locator(f"{card} .mem-text").inner_text(), timeout=30, what="the actual memory")
+    wait_for(
+        lambda: (
+            "actual" in page.locator(f"{card} .mem-text").inner_text()
+            and "–" not in page.locator(f"{card} .mem-text").inner_text()
+        ),
+        timeout=30,
+        what="the actual memory",
+    )
     assert studio.manager.find(SMOL).loaded.n_ctx == 1024
     watched.shot("ready")
 
@@ -237,8 +260,11 @@ def test_load_chat_stop_log_and_unload_in_a_real_browser(watched, studio):
     before = predicted_tokens(studio, SMOL)
     page.fill("#chat-input", "Write a long story about a dragon who learns to fly.")
     page.keyboard.press("Enter")
-    wait_for(lambda: len(page.locator("#messages .msg.assistant .body").last.inner_text()) > 20, timeout=120,
-             what="the story to start")
+    wait_for(
+        lambda: len(page.locator("#messages .msg.assistant .body").last.inner_text()) > 20,
+        timeout=120,
+        what="the story to start",
+    )
     assert slots_busy(studio, SMOL)
     watched.shot("streaming")
     page.click("#stop")
@@ -287,8 +313,9 @@ def test_a_studio_with_a_token_serves_the_page_which_asks_for_it(browser, llama_
             page.fill("#token-input", "s3cret")
             page.keyboard.press("Enter")
             page.wait_for_selector("#model-list li.note")  # the library answered: no models yet
-            wait_for(lambda: page.locator("#connection").inner_text().startswith("connected"), timeout=10,
-                     what="the status")
+            wait_for(
+                lambda: page.locator("#connection").inner_text().startswith("connected"), timeout=10, what="the status"
+            )
             assert page.locator("#load-cache option").count() > 3  # /api/load-options, with the token
             # the refused calls before the token: Chromium logs each 401 as a failed resource
             assert all("401" in e for e in w.errors), w.errors
@@ -305,8 +332,14 @@ def test_the_pull_box_shows_progress_and_says_plainly_when_the_studio_cannot_pul
     answers (its 404), once with the events the download service streams (``progress`` with the download's
     snapshot, then ``done``)."""
     page = watched.page
-    page.route(f"{studio.url}/api/pull", lambda route: route.fulfill(status=404, content_type="application/json",
-               body=json.dumps({"error": {"message": "no such route: POST /api/pull", "type": "not_found_error"}})))
+    page.route(
+        f"{studio.url}/api/pull",
+        lambda route: route.fulfill(
+            status=404,
+            content_type="application/json",
+            body=json.dumps({"error": {"message": "no such route: POST /api/pull", "type": "not_found_error"}}),
+        ),
+    )
     page.fill("#pull-input", "not a repo")
     page.keyboard.press("Enter")
     assert "owner/repo" in page.locator("#pull-status").inner_text()  # checked before anything is sent
@@ -315,18 +348,36 @@ def test_the_pull_box_shows_progress_and_says_plainly_when_the_studio_cannot_pul
     wait_for(lambda: "cannot pull" in page.locator("#pull-status").inner_text(), timeout=10, what="the message")
     watched.shot("pull-missing")
     page.unroute(f"{studio.url}/api/pull")
-    snapshot = {"id": "d1", "model": "unsloth/gemma-3-4b-it-GGUF:Q4_K_M", "variant": "Q4_K_M", "state": "running",
-                "done_bytes": 512 << 20, "total_bytes": 2 << 30, "rate_bytes_per_s": 25 << 20, "eta_s": 60}
-    page.route(f"{studio.url}/api/pull", lambda route: route.fulfill(
-        status=200, content_type="text/event-stream", body=sse(
-            {"type": "progress", **snapshot},
-            {"type": "done", **snapshot, "state": "done", "done_bytes": 2 << 30, "path": "/hf/gemma.gguf"})))
+    snapshot = {
+        "id": "d1",
+        "model": "unsloth/gemma-3-4b-it-GGUF:Q4_K_M",
+        "variant": "Q4_K_M",
+        "state": "running",
+        "done_bytes": 512 << 20,
+        "total_bytes": 2 << 30,
+        "rate_bytes_per_s": 25 << 20,
+        "eta_s": 60,
+    }
+    page.route(
+        f"{studio.url}/api/pull",
+        lambda route: route.fulfill(
+            status=200,
+            content_type="text/event-stream",
+            body=sse(
+                {"type": "progress", **snapshot},
+                {"type": "done", **snapshot, "state": "done", "done_bytes": 2 << 30, "path": "/hf/gemma.gguf"},
+            ),
+        ),
+    )
     refreshed = len([u for _, u, _ in watched.requests if u.endswith("/api/models")])
     page.click("#pull-start")
     wait_for(lambda: "is in the library" in page.locator("#pull-status").inner_text(), timeout=10, what="done")
     assert page.locator("#pull-progress").evaluate("p => p.value === p.max")
-    wait_for(lambda: len([u for _, u, _ in watched.requests if u.endswith("/api/models")]) > refreshed, timeout=10,
-             what="the library to be read again")
+    wait_for(
+        lambda: len([u for _, u, _ in watched.requests if u.endswith("/api/models")]) > refreshed,
+        timeout=10,
+        what="the library to be read again",
+    )
     watched.shot("pull-done")
     assert [e for e in watched.errors if "404" not in e] == []  # Chromium logs the stand-in's 404
 
@@ -335,18 +386,32 @@ def test_reasoning_tool_events_and_speculative_numbers_render(watched, studio):
     """A stand-in ``/api/chat`` stream with every event the studio sends (``studio.http.gui_chat`` and
     ``studio.chat.tool_loop``): no model here reasons, runs the tool loop and speculates in one answer."""
     page = watched.page
-    page.route(f"{studio.url}/api/chat", lambda route: route.fulfill(
-        status=200, content_type="text/event-stream", body=sse(
-            {"type": "reasoning", "text": "The user wants 6*7. "}, {"type": "reasoning", "text": "Use python."},
-            {"type": "tool_call", "index": 0, "id": "c1", "function": {"name": "python", "arguments": ""}},
-            {"type": "tool_call", "index": 0, "function": {"arguments": '{"code": "print(6*7)"}'}},
-            {"type": "tool_start", "id": "c1", "name": "python", "arguments": '{"code": "print(6*7)"}'},
-            {"type": "tool_end", "id": "c1", "name": "python", "ok": True, "result": "42", "seconds": 0.21},
-            {"type": "status", "reason": "repeated_call", "message": "the model repeated python; telling it so"},
-            {"type": "content", "text": "<b>42</b>"},
-            {"type": "done", "finish_reason": "stop", "usage": {"completion_tokens": 12, "prompt_tokens": 30},
-             "timings": {"draft_n": 10, "draft_n_accepted": 7}, "tokens_per_second": 31.5,
-             "draft_acceptance": 0.7, "iterations": 2})))
+    page.route(
+        f"{studio.url}/api/chat",
+        lambda route: route.fulfill(
+            status=200,
+            content_type="text/event-stream",
+            body=sse(
+                {"type": "reasoning", "text": "The user wants 6*7. "},
+                {"type": "reasoning", "text": "Use python."},
+                {"type": "tool_call", "index": 0, "id": "c1", "function": {"name": "python", "arguments": ""}},
+                {"type": "tool_call", "index": 0, "function": {"arguments": '{"code": "print(6*7)"}'}},
+                {"type": "tool_start", "id": "c1", "name": "python", "arguments": '{"code": "print(6*7)"}'},
+                {"type": "tool_end", "id": "c1", "name": "python", "ok": True, "result": "42", "seconds": 0.21},
+                {"type": "status", "reason": "repeated_call", "message": "the model repeated python; telling it so"},
+                {"type": "content", "text": "<b>42</b>"},
+                {
+                    "type": "done",
+                    "finish_reason": "stop",
+                    "usage": {"completion_tokens": 12, "prompt_tokens": 30},
+                    "timings": {"draft_n": 10, "draft_n_accepted": 7},
+                    "tokens_per_second": 31.5,
+                    "draft_acceptance": 0.7,
+                    "iterations": 2,
+                },
+            ),
+        ),
+    )
     page.fill("#chat-input", "What is 6*7?")
     page.keyboard.press("Enter")
     page.wait_for_selector("#messages .msg.assistant .stats:not(:empty)")

@@ -48,8 +48,10 @@ def test_files_under_the_folders_the_cache_and_the_home_are_allowed(disk, catalo
     policy.check(None, catalog)
 
 
-@pytest.mark.parametrize("path", ["outside/stray.gguf", "models/../outside/stray.gguf", "models/escape/stray.gguf",
-                                  "home/../outside/stray.gguf"])
+@pytest.mark.parametrize(
+    "path",
+    ["outside/stray.gguf", "models/../outside/stray.gguf", "models/escape/stray.gguf", "home/../outside/stray.gguf"],
+)
 def test_files_elsewhere_are_refused_even_through_dots_and_links(disk, catalog, path):
     policy = PathPolicy.for_catalog(catalog, home=disk / "home")
     with pytest.raises(PathNotAllowedError) as info:
@@ -74,17 +76,22 @@ def test_strings_that_are_no_file_are_left_to_the_catalog(catalog, model):
 
 def test_allow_any_path_and_files_named_on_the_command_line(disk, catalog):
     PathPolicy.for_catalog(catalog, allow_any=True).check(str(disk / "outside/stray.gguf"), catalog)
-    PathPolicy.for_catalog(catalog, files=[disk / "outside/stray.gguf"]).check(str(disk / "outside/stray.gguf"),
-                                                                               catalog)
+    PathPolicy.for_catalog(catalog, files=[disk / "outside/stray.gguf"]).check(
+        str(disk / "outside/stray.gguf"), catalog
+    )
 
 
 @pytest.fixture
 def client(llama_server_bin, disk, catalog):
-    manager = ModelManager(catalog=catalog, binary=llama_server_bin,
-                           make_supervisor=supervisor_factory(disk / "logs", ChildRegistry(disk / "run", owner_token())),
-                           caps=probe(llama_server_bin, cache_dir=disk / "cache"))
-    with TestClient(create_app(manager, paths=PathPolicy.for_catalog(catalog, home=disk / "home")),
-                    base_url="http://127.0.0.1:8080") as c:
+    manager = ModelManager(
+        catalog=catalog,
+        binary=llama_server_bin,
+        make_supervisor=supervisor_factory(disk / "logs", ChildRegistry(disk / "run", owner_token())),
+        caps=probe(llama_server_bin, cache_dir=disk / "cache"),
+    )
+    with TestClient(
+        create_app(manager, paths=PathPolicy.for_catalog(catalog, home=disk / "home")), base_url="http://127.0.0.1:8080"
+    ) as c:
         yield c
 
 
@@ -93,8 +100,10 @@ def test_every_api_route_that_takes_a_model_refuses_a_stray_path(client, disk, m
     stray, mine = str(disk / "outside/stray.gguf"), str(disk / "models/mine.gguf")
     chat = {"messages": [{"role": "user", "content": "x"}]}
     for method, path, body in [
-        ("POST", "/api/load", {"model": stray}), ("POST", "/api/plan", {"model": stray}),
-        ("POST", "/api/chat", {"model": stray, **chat}), ("POST", "/v1/chat/completions", {"model": stray, **chat}),
+        ("POST", "/api/load", {"model": stray}),
+        ("POST", "/api/plan", {"model": stray}),
+        ("POST", "/api/chat", {"model": stray, **chat}),
+        ("POST", "/v1/chat/completions", {"model": stray, **chat}),
         ("POST", "/v1/completions", {"model": stray, "prompt": "x"}),
         ("POST", "/v1/embeddings", {"model": stray, "input": "x"}),
         ("GET", "/api/models/stray.gguf", None),
@@ -102,7 +111,9 @@ def test_every_api_route_that_takes_a_model_refuses_a_stray_path(client, disk, m
         resp = client.request(method, path, json=body)
         assert resp.status_code == 403, (path, resp.text)
         error = resp.json()["error"]
-        assert error["code"] == "path_not_allowed" and error["param"] == "model" and "allow_any_path" in error["message"]
+        assert (
+            error["code"] == "path_not_allowed" and error["param"] == "model" and "allow_any_path" in error["message"]
+        )
     # the same routes with a file from a model folder go on to read it (and find it is no GGUF)
     assert client.post("/api/load", json={"model": mine}).status_code == 400
     assert client.post("/api/plan", json={"model": mine}).status_code == 400
@@ -133,8 +144,17 @@ def test_every_unsafe_flag_is_a_flag_of_the_pinned_llama_server(real):
     assert [flag for flag in UNSAFE_FLAGS if not real.supports(flag)] == []
 
 
-@pytest.mark.parametrize("args", [["--lora", "/etc/x.gguf"], ["--model_draft", "/x.gguf"], ["--tools", "all"],
-                                  ["-ag"], ["--video-ffmpeg-dir", "/tmp/bin"], ["--slot-save-path=/tmp"]])
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["--lora", "/etc/x.gguf"],
+        ["--model_draft", "/x.gguf"],
+        ["--tools", "all"],
+        ["-ag"],
+        ["--video-ffmpeg-dir", "/tmp/bin"],
+        ["--slot-save-path=/tmp"],
+    ],
+)
 def test_extra_args_that_reach_files_or_run_programs_are_refused(client, disk, args):
     for path in ("/api/load", "/api/plan"):
         resp = client.post(path, json={"model": str(disk / "models/mine.gguf"), "extra_args": args})

@@ -6,17 +6,37 @@ import pytest
 
 from studio.residency.lifecycle import TRANSITIONS, ResidentState
 from studio.residency.placement import (
-    TOTAL, Holder, base_available, choose_evictions, holders_in_words, shortfall, with_evicted,
+    TOTAL,
+    Holder,
+    base_available,
+    choose_evictions,
+    holders_in_words,
+    shortfall,
+    with_evicted,
 )
 
 MIB = 2**20
 S = ResidentState
 
 
-def h(name: str, mib: int, last_used: float, *, busy: bool = False, pinned: bool = False, reclaim: int | None = None,
-      device: str = "CPU") -> Holder:
-    return Holder(name=name, held={device: mib * MIB}, reclaim={device: (mib if reclaim is None else reclaim) * MIB},
-                  last_used=last_used, busy=busy, pinned=pinned)
+def h(
+    name: str,
+    mib: int,
+    last_used: float,
+    *,
+    busy: bool = False,
+    pinned: bool = False,
+    reclaim: int | None = None,
+    device: str = "CPU",
+) -> Holder:
+    return Holder(
+        name=name,
+        held={device: mib * MIB},
+        reclaim={device: (mib if reclaim is None else reclaim) * MIB},
+        last_used=last_used,
+        busy=busy,
+        pinned=pinned,
+    )
 
 
 def test_every_state_has_a_row_and_the_table_allows_only_the_life_of_a_model():
@@ -41,21 +61,24 @@ def _reachable(start: ResidentState) -> set[ResidentState]:
     return seen
 
 
-@pytest.mark.parametrize("need, holders, expect", [
-    # fits without evicting anything
-    (100, [h("a", 100, 1)], ()),
-    # the least recently used of two idle models goes
-    (250, [h("a", 100, 1), h("b", 100, 2)], ("a",)),
-    # one bigger model rather than two small ones: the fewest that free enough
-    (200, [h("a", 100, 1), h("b", 100, 2), h("c", 200, 3)], ("c",)),
-    # busy and pinned models are never chosen
-    (250, [h("a", 100, 1, busy=True), h("b", 100, 2)], ("b",)),
-    (250, [h("a", 100, 1, pinned=True), h("b", 100, 2)], ("b",)),
-    # nothing evictable frees enough
-    (350, [h("a", 100, 1, busy=True), h("b", 100, 2, pinned=True)], None),
-    # two must go; among pairs, the one whose latest use is oldest
-    (290, [h("a", 100, 1), h("b", 100, 2), h("c", 100, 3)], ("a", "b")),
-])
+@pytest.mark.parametrize(
+    "need, holders, expect",
+    [
+        # fits without evicting anything
+        (100, [h("a", 100, 1)], ()),
+        # the least recently used of two idle models goes
+        (250, [h("a", 100, 1), h("b", 100, 2)], ("a",)),
+        # one bigger model rather than two small ones: the fewest that free enough
+        (200, [h("a", 100, 1), h("b", 100, 2), h("c", 200, 3)], ("c",)),
+        # busy and pinned models are never chosen
+        (250, [h("a", 100, 1, busy=True), h("b", 100, 2)], ("b",)),
+        (250, [h("a", 100, 1, pinned=True), h("b", 100, 2)], ("b",)),
+        # nothing evictable frees enough
+        (350, [h("a", 100, 1, busy=True), h("b", 100, 2, pinned=True)], None),
+        # two must go; among pairs, the one whose latest use is oldest
+        (290, [h("a", 100, 1), h("b", 100, 2), h("c", 100, 3)], ("a", "b")),
+    ],
+)
 def test_choose_evictions_fewest_then_least_recently_used(need, holders, expect):
     base = base_available(budget={"CPU": 400 * MIB}, free={}, holders=holders)
     assert choose_evictions({"CPU": need * MIB}, base, holders, budgeted=True) == expect

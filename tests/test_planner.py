@@ -17,14 +17,22 @@ from pathlib import Path
 import pytest
 
 from launcher.capabilities import Capabilities
-from launcher.extra_args import ExtraArgsError
 from launcher.devices import Device, Inventory, discover
-from launcher.units import MIB
+from launcher.extra_args import ExtraArgsError
 from launcher.memory import MemoryPlanError
 from launcher.planner import (
-    BUDGET_FRACTION, MTP_BUDGET_FRACTION, LaunchPlan, ModelInfo, PlanError, PlanRequest, load_model, plan, predict,
+    BUDGET_FRACTION,
+    MTP_BUDGET_FRACTION,
+    LaunchPlan,
+    ModelInfo,
+    PlanError,
+    PlanRequest,
+    load_model,
+    plan,
+    predict,
 )
 from launcher.speculative import SpeculativeConfigError
+from launcher.units import MIB
 
 FIXTURES = Path(__file__).parent / "fixtures"
 CLI = str(Path(sys.executable).parent / "ggstudio")
@@ -35,14 +43,10 @@ GEMMA_FULL = 19  # 18 blocks + the output layer
 # --- inputs ------------------------------------------------------------------------------------
 
 
-
 @pytest.fixture(scope="module")
 def no_fit(real) -> Capabilities:
     """The real build as if it predated --fit."""
     return dataclasses.replace(real, flags=real.flags - {"--fit", "-fit"})
-
-
-
 
 
 def cpu(free: int, total: int | None = None) -> Device:
@@ -57,11 +61,17 @@ def machine(*gpus: Device, ram: int = 64 * GIB) -> Inventory:
     return Inventory((*gpus, cpu(ram)), ())
 
 
-def need(model: ModelInfo, caps: Capabilities, n_ctx: int, *, device: str = "GPU0", gpus: int = 1,
-         request: PlanRequest = PlanRequest()) -> int:
+def need(
+    model: ModelInfo,
+    caps: Capabilities,
+    n_ctx: int,
+    *,
+    device: str = "GPU0",
+    gpus: int = 1,
+    request: PlanRequest = PlanRequest(),
+) -> int:
     """Bytes ``device`` holds at ``n_ctx`` fully offloaded on ``gpus`` equal GPUs (or on the CPU with gpus=0)."""
-    return predict(model, caps, request, n_ctx=n_ctx, gpus=tuple(gpu(i, GIB) for i in range(gpus))
-                   ).device(device).total
+    return predict(model, caps, request, n_ctx=n_ctx, gpus=tuple(gpu(i, GIB) for i in range(gpus))).device(device).total
 
 
 def fitting(nbytes: int, fraction: float = BUDGET_FRACTION) -> int:
@@ -182,8 +192,10 @@ def test_auto_falls_back_to_the_largest_ngl_without_fit(gemma, no_fit):
     free = need(gemma, no_fit, 4096, request=off) * 3 // 4  # the output layer (170 MiB of tied embeddings) and more
     p = plan(gemma, machine(gpu(0, free)), no_fit, off)
     assert (p.offload, p.n_ctx) == ("ngl", 4096) and 0 < p.n_gpu_layers < GEMMA_FULL
-    assert f"-ngl {p.n_gpu_layers}: the most layers (of 19) that fit the GPUs; this llama-server has no --fit" \
+    assert (
+        f"-ngl {p.n_gpu_layers}: the most layers (of 19) that fit the GPUs; this llama-server has no --fit"
         in reasons(p)
+    )
     assert p.devices[0].fits  # the GPU share is within budget
     more = plan(gemma, machine(gpu(0, free)), no_fit, PlanRequest(n_ctx=4096, spec="off"))
     assert more.n_gpu_layers == p.n_gpu_layers
@@ -243,8 +255,10 @@ def test_an_engaged_mtp_draft_lowers_the_budget_to_85_percent(mtp_model, real):
     p = plan(mtp_model, machine(gpu(0, 80 * GIB)), real)
     assert p.spec.resolved == "mtp" and p.mtp_engaged and p.budget_fraction == MTP_BUDGET_FRACTION
     assert p.devices[0].budget_bytes == int(80 * GIB * MTP_BUDGET_FRACTION)
-    assert "budget: 85 % of free memory per device (85 %: what an MTP draft allocates after its first batch is not measured)" \
-        in reasons(p)
+    assert (
+        "budget: 85 % of free memory per device "
+        "(85 %: what an MTP draft allocates after its first batch is not measured)" in reasons(p)
+    )
     assert "speculative: auto: MTP model on GPU; MTP alone, 2 drafted tokens" in reasons(p)
     assert p.spec.argv == ("--spec-type", "draft-mtp", "--spec-draft-n-max", "2")
 
@@ -267,8 +281,12 @@ def test_a_user_spec_type_with_mtp_also_counts_as_an_mtp_draft(mtp_model, real):
 
 def test_cpu_auto_spec_for_a_big_mtp_model_chains_ngram(mtp_model, real):
     p = plan(mtp_model, machine(), real, PlanRequest(spec="auto", spec_n_max=4))
-    assert p.spec.resolved == "mtp+ngram" and p.spec.argv[:4] == ("--spec-type", "draft-mtp,ngram-mod",
-                                                                  "--spec-draft-n-max", "4")
+    assert p.spec.resolved == "mtp+ngram" and p.spec.argv[:4] == (
+        "--spec-type",
+        "draft-mtp,ngram-mod",
+        "--spec-draft-n-max",
+        "4",
+    )
 
 
 def test_parallel_slots_share_the_context(gemma, real):
@@ -286,16 +304,22 @@ def test_a_quantized_cache_turns_flash_attention_on_and_shrinks_the_kv(gemma, re
     assert "flash attention on: the q8_0 cache needs it" in reasons(p)
 
 
-@pytest.mark.parametrize(("request_", "error", "match"), [
-    (PlanRequest(n_ctx=0), PlanError, "positive number of tokens"),
-    (PlanRequest(n_parallel=0), PlanError, "at least 1"),
-    (PlanRequest(cache_type_k="q9_9"), PlanError, "unknown K cache type 'q9_9'"),  # type: ignore[arg-type]
-    (PlanRequest(threads=0), PlanError, "threads must be at least 1"),
-    (PlanRequest(spec="turbo"), SpeculativeConfigError, "unknown speculative mode"),
-    (PlanRequest(cache_type_k="f16", cache_type_v="q4_0", n_ctx=4096), None, None),
-    (PlanRequest(extra_args=("--port", "9", "-m", "x.gguf", "--api_key", "k", "-ngl", "3")), ExtraArgsError,
-     r"--port .*-m .*--api_key .*-ngl "),
-])
+@pytest.mark.parametrize(
+    ("request_", "error", "match"),
+    [
+        (PlanRequest(n_ctx=0), PlanError, "positive number of tokens"),
+        (PlanRequest(n_parallel=0), PlanError, "at least 1"),
+        (PlanRequest(cache_type_k="q9_9"), PlanError, "unknown K cache type 'q9_9'"),  # type: ignore[arg-type]
+        (PlanRequest(threads=0), PlanError, "threads must be at least 1"),
+        (PlanRequest(spec="turbo"), SpeculativeConfigError, "unknown speculative mode"),
+        (PlanRequest(cache_type_k="f16", cache_type_v="q4_0", n_ctx=4096), None, None),
+        (
+            PlanRequest(extra_args=("--port", "9", "-m", "x.gguf", "--api_key", "k", "-ngl", "3")),
+            ExtraArgsError,
+            r"--port .*-m .*--api_key .*-ngl ",
+        ),
+    ],
+)
 def test_bad_requests_are_refused_with_a_clear_error(gemma, real, request_, error, match):
     if error is None:
         assert plan(gemma, machine(), real, request_).flash_attn == "on"
@@ -358,8 +382,10 @@ def test_a_cpu_build_on_a_gpu_machine_plans_cpu_only(nvidia, gemma, real, llama_
     p = plan(gemma, nvidia("two", llama_server_bin), real)
     assert (p.gpus, p.n_gpu_layers, [d.name for d in p.devices]) == ((), 0, ["CPU"])
     assert "no usable GPU: everything runs on the CPU (-ngl 0)" in reasons(p)
-    assert any(w.startswith("nvidia-smi sees 2 GPUs, but this llama-server has no CUDA backend (a cpu build)")
-               for w in p.warnings)
+    assert any(
+        w.startswith("nvidia-smi sees 2 GPUs, but this llama-server has no CUDA backend (a cpu build)")
+        for w in p.warnings
+    )
 
 
 def test_a_cuda_build_on_a_gpu_machine_pins_as_before(nvidia, gemma, real, monkeypatch):
@@ -405,8 +431,11 @@ def test_ggstudio_plan_shows_why_the_gpus_are_unused(gemma_model, llama_server_b
     tools.mkdir()
     shutil.copy2(FIXTURES / "gpu-tools" / "nvidia-smi", tools / "nvidia-smi")
     env = {k: v for k, v in os.environ.items() if k not in ("CUDA_VISIBLE_DEVICES", "GGUF_STUDIO_LLAMA_CPP")}
-    env.update(LLAMA_SERVER_PATH=str(llama_server_bin), FAKE_NVIDIA_SMI="one",
-               PATH=f"{tools}{os.pathsep}/usr/bin{os.pathsep}/bin")
+    env.update(
+        LLAMA_SERVER_PATH=str(llama_server_bin),
+        FAKE_NVIDIA_SMI="one",
+        PATH=f"{tools}{os.pathsep}/usr/bin{os.pathsep}/bin",
+    )
     text = run_cli("plan", str(gemma_model), env=env).stdout
     assert "offload    CPU only (-ngl 0)" in text
     assert "\nwarnings\n  ! nvidia-smi sees 1 GPU, but this llama-server has no CUDA backend (a cpu build)" in text
@@ -415,7 +444,8 @@ def test_ggstudio_plan_shows_why_the_gpus_are_unused(gemma_model, llama_server_b
 def test_ggstudio_plan_takes_a_model_name_and_its_config_defaults(gemma_model, llama_server_bin, tmp_path):
     (tmp_path / "config.toml").write_text(
         f"model_dirs = [{str(gemma_model.parent)!r}]\n"
-        f'[models."{gemma_model.stem}"]\nn_ctx = 8192\nn_parallel = 2\nspec = "ngram"\ncache_type_kv = "q8_0"\n')
+        f'[models."{gemma_model.stem}"]\nn_ctx = 8192\nn_parallel = 2\nspec = "ngram"\ncache_type_kv = "q8_0"\n'
+    )
     env = {k: v for k, v in os.environ.items() if k not in ("GGUF_STUDIO_LLAMA_CPP", "GGUF_STUDIO_CONFIG")}
     env.update(GGUF_STUDIO_HOME=str(tmp_path), LLAMA_SERVER_PATH=str(llama_server_bin))
     info = json.loads(run_cli("plan", gemma_model.stem, "--json", env=env).stdout)
@@ -424,17 +454,21 @@ def test_ggstudio_plan_takes_a_model_name_and_its_config_defaults(gemma_model, l
     argv = info["argv"]
     assert argv[argv.index("--cache-type-k") + 1] == argv[argv.index("--cache-type-v") + 1] == "q8_0"
     # what the command line gives wins over the config
-    info = json.loads(run_cli("plan", str(gemma_model), "--ctx", "4096", "--cache-type", "f16", "--json",
-                              env=env).stdout)
+    info = json.loads(
+        run_cli("plan", str(gemma_model), "--ctx", "4096", "--cache-type", "f16", "--json", env=env).stdout
+    )
     argv = info["argv"]
     assert info["context"]["n_ctx"] == 4096 and argv[argv.index("--cache-type-k") + 1] == "f16"
     assert info["speculative"]["requested"] == "ngram"
 
 
-@pytest.mark.parametrize(("args", "message"), [
-    (("--ctx", "-5"), "error: the context must be a positive number of tokens, not -5"),
-    (("--spec", "turbo"), "error: unknown speculative mode 'turbo'"),
-])
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (("--ctx", "-5"), "error: the context must be a positive number of tokens, not -5"),
+        (("--spec", "turbo"), "error: unknown speculative mode 'turbo'"),
+    ],
+)
 def test_ggstudio_plan_errors_are_one_line(gemma_model, llama_server_bin, args, message):
     out = run_cli("plan", str(gemma_model), *args)
     assert out.returncode == 1 and out.stderr.startswith(message)

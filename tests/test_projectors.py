@@ -52,8 +52,12 @@ def test_projector_facts_come_from_its_own_metadata(tiny_projectors):
     assert vision.projection_dims == audio.projection_dims == (SMOLLM2_WIDTH,)
     assert vision.weight_bytes == gguf.read(tiny_projectors[0]).tensor_bytes > 100_000
     assert vision.encoders[0].warmup_positions == 16 and audio.encoders[0].warmup_positions == 1500
-    assert projector_facts(gguf.read(put(Path(tiny_projectors[0]).parent / "m.gguf", model_bytes(
-        tiny_projectors[0].parent)))) is None
+    assert (
+        projector_facts(
+            gguf.read(put(Path(tiny_projectors[0]).parent / "m.gguf", model_bytes(tiny_projectors[0].parent)))
+        )
+        is None
+    )
 
 
 def test_the_width_check_names_both_widths(tiny_projectors, tmp_path):
@@ -110,15 +114,21 @@ GIB = 1024 * MIB
 
 
 def _gpu(free: int) -> Inventory:
-    return Inventory((Device("CUDA", 0, "GPU 0", 80 * GIB, free, "nvidia-smi", "GPU-0000"),
-                      Device("CPU", None, "Test CPU", 64 * GIB, 60 * GIB, "psutil")), ())
+    return Inventory(
+        (
+            Device("CUDA", 0, "GPU 0", 80 * GIB, free, "nvidia-smi", "GPU-0000"),
+            Device("CPU", None, "Test CPU", 64 * GIB, 60 * GIB, "psutil"),
+        ),
+        (),
+    )
 
 
 @pytest.fixture
 def gemma_with_projector(gemma, tmp_path):
     """Gemma's plan inputs with a 300 MiB projector beside it (200 MiB of weights, 100 MiB of compute)."""
-    return dataclasses.replace(gemma, mmproj=tmp_path / "mmproj-F16.gguf", mmproj_bytes=200 * MIB,
-                               mmproj_compute_bytes=100 * MIB)
+    return dataclasses.replace(
+        gemma, mmproj=tmp_path / "mmproj-F16.gguf", mmproj_bytes=200 * MIB, mmproj_compute_bytes=100 * MIB
+    )
 
 
 def test_the_projector_counts_on_the_first_gpu_when_it_fits_there(gemma_with_projector, real, tmp_path):
@@ -181,8 +191,11 @@ def test_inspect_says_what_a_projector_takes(tiny_projectors):
 
 
 def test_ls_and_api_models_show_vision_audio_and_tts(media_library, tmp_path, llama_server_bin):
-    env = {"GGUF_STUDIO_HOME": str(tmp_path / "home"), "GGUF_STUDIO_MODEL_DIRS": str(media_library),
-           "HF_HUB_CACHE": str(tmp_path / "hf")}
+    env = {
+        "GGUF_STUDIO_HOME": str(tmp_path / "home"),
+        "GGUF_STUDIO_MODEL_DIRS": str(media_library),
+        "HF_HUB_CACHE": str(tmp_path / "hf"),
+    }
     listed = {e["name"]: e for e in json.loads(ggstudio("ls", "--json", env=env).stdout)}
     assert sorted(listed) == ["ear-Q4_K_M", "eye-Q4_K_M", "qwen3tts-dense"]
     assert listed["eye-Q4_K_M"]["vision"] and not listed["eye-Q4_K_M"]["audio"]
@@ -190,9 +203,12 @@ def test_ls_and_api_models_show_vision_audio_and_tts(media_library, tmp_path, ll
     text = ggstudio("ls", env=env).stdout
     assert "MEDIA" in text and " vision " in text and " audio " in text and " TTS " in text
 
-    manager = ModelManager(catalog=Catalog([media_library]), binary=llama_server_bin, caps=probe(llama_server_bin),
-                           make_supervisor=supervisor_factory(tmp_path / "logs",
-                                                              ChildRegistry(tmp_path / "run", owner_token())))
+    manager = ModelManager(
+        catalog=Catalog([media_library]),
+        binary=llama_server_bin,
+        caps=probe(llama_server_bin),
+        make_supervisor=supervisor_factory(tmp_path / "logs", ChildRegistry(tmp_path / "run", owner_token())),
+    )
     with TestClient(create_app(manager), base_url="http://127.0.0.1") as client:
         models = {m["name"]: m for m in client.get("/api/models").json()}
         one = client.get("/api/models/ear-Q4_K_M").json()
@@ -203,19 +219,21 @@ def test_ls_and_api_models_show_vision_audio_and_tts(media_library, tmp_path, ll
 
 def test_clip_lines_make_the_projector_part_of_the_actual_bill():
     """Two encoders of one file print the file's size twice: it is loaded once between them."""
-    log = "\n".join([
-        "load_tensors:   CPU_Mapped model buffer size =    92.10 MiB",
-        "sched_reserve:        CPU compute buffer size =    16.64 MiB",
-        "clip_model_loader: model name:   omni",
-        "clip_ctx: CLIP using CUDA0 backend",
-        "load_hparams: model size:         10.00 MiB",
-        "reserve_compute_meta:      CUDA0 compute buffer size =     4.00 MiB",
-        "reserve_compute_meta:      CUDA0 compute buffer size =     5.00 MiB",  # again, flash attention off
-        "reserve_compute_meta:        CPU compute buffer size =     1.00 MiB",
-        "clip_ctx: CLIP using CUDA0 backend",
-        "load_hparams: model size:         10.00 MiB",
-        "reserve_compute_meta:      CUDA0 compute buffer size =     2.00 MiB",
-    ])
+    log = "\n".join(
+        [
+            "load_tensors:   CPU_Mapped model buffer size =    92.10 MiB",
+            "sched_reserve:        CPU compute buffer size =    16.64 MiB",
+            "clip_model_loader: model name:   omni",
+            "clip_ctx: CLIP using CUDA0 backend",
+            "load_hparams: model size:         10.00 MiB",
+            "reserve_compute_meta:      CUDA0 compute buffer size =     4.00 MiB",
+            "reserve_compute_meta:      CUDA0 compute buffer size =     5.00 MiB",  # again, flash attention off
+            "reserve_compute_meta:        CPU compute buffer size =     1.00 MiB",
+            "clip_ctx: CLIP using CUDA0 backend",
+            "load_hparams: model size:         10.00 MiB",
+            "reserve_compute_meta:      CUDA0 compute buffer size =     2.00 MiB",
+        ]
+    )
     bill = parse_allocations(log)
     assert bill.projector == ProjectorBill("GPU0", 10 * MIB, 8 * MIB)
     assert bill.device("GPU0").projector == 17 * MIB and bill.device("CPU").projector == 1 * MIB

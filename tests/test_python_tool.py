@@ -14,8 +14,9 @@ from studio.settings import PythonToolConfig
 
 @pytest.fixture
 def tool(tmp_path):
-    return PythonTool(PythonToolConfig(enabled=True, timeout=3, cpu_seconds=2, memory_mb=200, max_output_kb=8),
-                      tmp_path / "scratch")
+    return PythonTool(
+        PythonToolConfig(enabled=True, timeout=3, cpu_seconds=2, memory_mb=200, max_output_kb=8), tmp_path / "scratch"
+    )
 
 
 def run(tool: PythonTool, code: str, timeout: float = 30):
@@ -73,8 +74,9 @@ def test_a_cancelled_call_kills_the_program(tool, tmp_path):
     marker = tmp_path / "still-running"
 
     async def cancel_midway() -> None:
-        task = asyncio.create_task(tool.call(
-            {"code": f"import time\ntime.sleep(1.5)\nopen({str(marker)!r}, 'w').write('x')"}, timeout=30))
+        task = asyncio.create_task(
+            tool.call({"code": f"import time\ntime.sleep(1.5)\nopen({str(marker)!r}, 'w').write('x')"}, timeout=30)
+        )
         await asyncio.sleep(0.5)
         task.cancel()
         with pytest.raises(asyncio.CancelledError):

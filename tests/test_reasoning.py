@@ -47,14 +47,19 @@ def test_enable_thinking_on_a_reasoning_effort_template_is_mapped_not_dropped(se
     gpt_oss = caps(settings, "openai-gpt-oss-120b.jinja")
     with studio_for(replay, gpt_oss) as base:
         replay.script(Answer.text("ok"))
-        httpx.post(f"{base}/v1/chat/completions", json={"messages": [{"role": "user", "content": "hi"}],
-                                                         "enable_thinking": False}, timeout=30)
+        httpx.post(
+            f"{base}/v1/chat/completions",
+            json={"messages": [{"role": "user", "content": "hi"}], "enable_thinking": False},
+            timeout=30,
+        )
     sent = replay.requests[-1]
     assert sent["reasoning_effort"] == "low" and sent["chat_template_kwargs"]["reasoning_effort"] == "low"
     assert "enable_thinking" not in sent
     # a template with its own off level gets that level, in its own words (Hy3 raises on anything else)
-    assert reasoning_request(caps(settings, "tencent-Hy3.jinja"), {"enable_thinking": False}).reasoning_effort \
+    assert (
+        reasoning_request(caps(settings, "tencent-Hy3.jinja"), {"enable_thinking": False}).reasoning_effort
         == "no_think"
+    )
     assert reasoning_request(caps(settings, "Cohere2MoE.jinja"), {"enable_thinking": False}).reasoning_effort == "none"
     assert reasoning_request(gpt_oss, {"enable_thinking": True}).template_kwargs == {}  # its default thinks
 
@@ -62,8 +67,11 @@ def test_enable_thinking_on_a_reasoning_effort_template_is_mapped_not_dropped(se
 def test_prompt_flag_style_is_applied_to_the_last_user_message(settings, replay):
     nemotron = caps(settings, "NVIDIA-Nemotron-Nano-v2.jinja")
     assert nemotron.reasoning_style == "prompt_flag"
-    messages = [{"role": "user", "content": "first"}, {"role": "assistant", "content": "a"},
-                {"role": "user", "content": "Why is the sky blue?"}]
+    messages = [
+        {"role": "user", "content": "first"},
+        {"role": "assistant", "content": "a"},
+        {"role": "user", "content": "Why is the sky blue?"},
+    ]
     with studio_for(replay, nemotron) as base:
         replay.script(Answer.text("ok"), Answer.text("ok"))
         for on in (False, True):
@@ -98,21 +106,25 @@ def test_r1_distill_thinking_in_content_reaches_api_chat_as_reasoning(settings, 
     distill = template_capabilities(_r1_distill_as_shipped(settings))
     with studio_for(replay, distill) as base:
         replay.script(Answer(content=["<th", "ink>\nThe user wants", " a number.</th", "ink>\n\n", "42"]))
-        with httpx.stream("POST", f"{base}/api/chat", json={"messages": [{"role": "user", "content": "n?"}]},
-                          timeout=30) as resp:
+        with httpx.stream(
+            "POST", f"{base}/api/chat", json={"messages": [{"role": "user", "content": "n?"}]}, timeout=30
+        ) as resp:
             events = [json.loads(line[6:]) for line in resp.iter_lines() if line.startswith("data: ")]
     reasoning = "".join(e["text"] for e in events if e["type"] == "reasoning")
     content = "".join(e["text"] for e in events if e["type"] == "content")
     assert (reasoning, content) == ("The user wants a number.", "42")
 
 
-@pytest.mark.parametrize("pieces, expected", [
-    (["<think>a</think>b"], ("a", "b")),
-    (["  <thi", "nk>a", "</thi", "nk>b"], ("a", "b")),
-    (["Hello <think>"], ("", "Hello <think>")),  # only a block that opens the answer counts
-    (["<think>cut off"], ("cut off", "")),
-    (["<"], ("", "<")),
-])
+@pytest.mark.parametrize(
+    "pieces, expected",
+    [
+        (["<think>a</think>b"], ("a", "b")),
+        (["  <thi", "nk>a", "</thi", "nk>b"], ("a", "b")),
+        (["Hello <think>"], ("", "Hello <think>")),  # only a block that opens the answer counts
+        (["<think>cut off"], ("cut off", "")),
+        (["<"], ("", "<")),
+    ],
+)
 def test_think_splitter(pieces, expected):
     splitter = ThinkSplitter()
     outs = [splitter.feed(p) for p in pieces] + [splitter.finish()]

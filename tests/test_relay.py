@@ -27,7 +27,7 @@ from studio.http.upstream import Upstream
 from tests.helpers import free_port
 from tests.test_upstream import CHUNKED_HEAD, StandIn
 
-BROKE = b"data: {\"error\": \"broke off\"}\n\n"
+BROKE = b'data: {"error": "broke off"}\n\n'
 PIECES = [b'data: {"n":1}\n\n', b'data: {"n":2}\n\n', b'data: {"n":3}\n\ndata: {"n":4}\n\n', b"data: [DONE]\n\n"]
 
 
@@ -36,9 +36,11 @@ def _chunk(data: bytes, extension: bytes = b"") -> bytes:
 
 
 @asynccontextmanager
-async def relaying(handler: Callable[[asyncio.StreamReader, asyncio.StreamWriter, int], Awaitable[bool]],
-                   reshape: Callable[[], Reshape] | None = None, seen: list[tuple[float | None, bytes]] | None = None,
-                   ) -> AsyncIterator[tuple[str, asyncio.Event]]:
+async def relaying(
+    handler: Callable[[asyncio.StreamReader, asyncio.StreamWriter, int], Awaitable[bool]],
+    reshape: Callable[[], Reshape] | None = None,
+    seen: list[tuple[float | None, bytes]] | None = None,
+) -> AsyncIterator[tuple[str, asyncio.Event]]:
     """A stand-in answering with ``handler`` and a uvicorn app relaying it; yields (app URL, upstream closed).
 
     ``reshape`` makes each request's reshape; ``seen`` gets what ``on_close`` was given.
@@ -60,8 +62,13 @@ async def relaying(handler: Callable[[asyncio.StreamReader, asyncio.StreamWriter
             while (await receive())["more_body"]:
                 pass
             resp = await upstream.post(standin.url, {}, {})
-            relay = Relay(resp, on_close=lambda first_at, tail: close(resp, first_at, tail), on_break=on_break,
-                          reshape=reshape() if reshape else None, media_type="text/event-stream")
+            relay = Relay(
+                resp,
+                on_close=lambda first_at, tail: close(resp, first_at, tail),
+                on_break=on_break,
+                reshape=reshape() if reshape else None,
+                media_type="text/event-stream",
+            )
             await relay(scope, receive, send)
 
         port = free_port()
@@ -218,15 +225,23 @@ def test_a_client_that_leaves_while_no_token_comes_still_closes_the_upstream():
     run(main())
 
 
-GUI_STREAM = b"".join(b"data: " + json.dumps(c).encode() + b"\n\n" for c in [
-    {"choices": [{"index": 0, "delta": {"role": "assistant", "content": None}}]},
-    {"choices": [{"index": 0, "delta": {"reasoning_content": "hm"}}]},
-    {"choices": [{"index": 0, "delta": {"content": "H\u00e9llo \"w\"\n"}}]},
-    {"choices": [{"index": 0, "delta": {"tool_calls": [{"index": 0, "id": "c1", "function": {"name": "f"}}]}}]},
-    {"choices": [{"index": 0, "finish_reason": "length", "delta": {}}],
-     "timings": {"predicted_n": 3, "predicted_per_second": 9.5, "draft_n": 4, "draft_n_accepted": 3}},
-    {"choices": [], "usage": {"prompt_tokens": 2, "completion_tokens": 3, "total_tokens": 5}},
-]) + b":\n\ndata: [DONE]\n\n"
+GUI_STREAM = (
+    b"".join(
+        b"data: " + json.dumps(c).encode() + b"\n\n"
+        for c in [
+            {"choices": [{"index": 0, "delta": {"role": "assistant", "content": None}}]},
+            {"choices": [{"index": 0, "delta": {"reasoning_content": "hm"}}]},
+            {"choices": [{"index": 0, "delta": {"content": 'H\u00e9llo "w"\n'}}]},
+            {"choices": [{"index": 0, "delta": {"tool_calls": [{"index": 0, "id": "c1", "function": {"name": "f"}}]}}]},
+            {
+                "choices": [{"index": 0, "finish_reason": "length", "delta": {}}],
+                "timings": {"predicted_n": 3, "predicted_per_second": 9.5, "draft_n": 4, "draft_n_accepted": 3},
+            },
+            {"choices": [], "usage": {"prompt_tokens": 2, "completion_tokens": 3, "total_tokens": 5}},
+        ]
+    )
+    + b":\n\ndata: [DONE]\n\n"
+)
 
 
 class _Pieces(httpx.AsyncByteStream):
@@ -249,9 +264,12 @@ def _turn(pieces: list[bytes]) -> list[object]:
 
 def test_a_gui_turn_from_a_whole_stream():
     *events, turn = _turn([GUI_STREAM])
-    assert events == [{"type": "reasoning", "text": "hm"}, {"type": "content", "text": "H\u00e9llo \"w\"\n"},
-                      {"type": "tool_call", "index": 0, "id": "c1", "function": {"name": "f"}}]
-    assert isinstance(turn, Turn) and turn.content == "H\u00e9llo \"w\"\n" and turn.finish_reason == "length"
+    assert events == [
+        {"type": "reasoning", "text": "hm"},
+        {"type": "content", "text": 'H\u00e9llo "w"\n'},
+        {"type": "tool_call", "index": 0, "id": "c1", "function": {"name": "f"}},
+    ]
+    assert isinstance(turn, Turn) and turn.content == 'H\u00e9llo "w"\n' and turn.finish_reason == "length"
     assert turn.usage == {"prompt_tokens": 2, "completion_tokens": 3, "total_tokens": 5}
     assert turn.timings["draft_n_accepted"] == 3
 
@@ -263,6 +281,10 @@ def test_a_gui_turn_is_the_same_however_the_stream_is_split(cut):
 
 def test_an_error_chunk_ends_the_turn_with_its_error():
     with pytest.raises(TurnError) as info:
-        _turn([b'data: {"error": {"message": "boom", "type": "server_error"}}\n\n'
-               b'data: {"choices": [{"delta": {"content": "late"}}]}\n\n'])
+        _turn(
+            [
+                b'data: {"error": {"message": "boom", "type": "server_error"}}\n\n'
+                b'data: {"choices": [{"delta": {"content": "late"}}]}\n\n'
+            ]
+        )
     assert info.value.status == 500 and info.value.error == {"message": "boom", "type": "server_error"}

@@ -18,11 +18,11 @@ import httpx
 import psutil
 import pytest
 
-from launcher.planner import PlanRequest, load_model, plan
-from launcher.devices import discover
 from launcher.capabilities import probe
-from studio.residency.resident import ResidentModel
+from launcher.devices import discover
+from launcher.planner import PlanRequest, load_model, plan
 from studio.residency.requests import LoadRequest
+from studio.residency.resident import ResidentModel
 from studio.settings import MemoryBudget, ModelDefaults, ResidencySettings
 from tests.helpers import wait_for
 from tests.support.studio import running_studio
@@ -44,8 +44,9 @@ def bill(llama_server_bin, zoo_models):
     """The predicted total of one zoo model at -c 256 (they are all within a few KiB of each other)."""
     caps = probe(llama_server_bin)
     inventory = discover(llama_server=llama_server_bin)
-    totals = [plan(load_model(p), inventory, caps, PlanRequest(n_ctx=256, spec="off")).bill.total
-              for p in zoo_models.values()]
+    totals = [
+        plan(load_model(p), inventory, caps, PlanRequest(n_ctx=256, spec="off")).bill.total for p in zoo_models.values()
+    ]
     assert max(totals) - min(totals) < 0.05 * max(totals)
     return max(totals)
 
@@ -55,8 +56,11 @@ def budget(total: float) -> ResidencySettings:
 
 
 def chat(base: str, model: str, *, max_tokens: int = 2, timeout: float = 60, **extra) -> httpx.Response:
-    return httpx.post(f"{base}/v1/chat/completions", timeout=timeout, json={
-        "model": model, "messages": [{"role": "user", "content": "Hello"}], "max_tokens": max_tokens, **extra})
+    return httpx.post(
+        f"{base}/v1/chat/completions",
+        timeout=timeout,
+        json={"model": model, "messages": [{"role": "user", "content": "Hello"}], "max_tokens": max_tokens, **extra},
+    )
 
 
 def models_of(base: str) -> dict[str, dict]:
@@ -82,10 +86,12 @@ def test_two_resident_models_answer_alternating_requests_without_a_load(tmp_path
 
 
 def test_a_third_model_over_the_budget_evicts_the_least_recently_used_idle_one(
-        tmp_path, llama_server_bin, zoo_models, bill):
+    tmp_path, llama_server_bin, zoo_models, bill
+):
     a, b, c, d = ZOO
-    with running_studio(tmp_path, llama_server_bin, zoo_models, defaults={n: SMALL for n in ZOO},
-                        residency=budget(2.5 * bill)) as s:
+    with running_studio(
+        tmp_path, llama_server_bin, zoo_models, defaults={n: SMALL for n in ZOO}, residency=budget(2.5 * bill)
+    ) as s:
         assert chat(s.url, a).status_code == 200
         assert chat(s.url, b).status_code == 200
         preview = httpx.post(f"{s.url}/api/plan", json={"model": c}, timeout=60).json()
@@ -103,20 +109,34 @@ def test_a_third_model_over_the_budget_evicts_the_least_recently_used_idle_one(
 
 
 def test_a_streaming_model_is_never_evicted_and_nothing_evictable_is_a_503_naming_the_holders(
-        tmp_path, llama_server_bin, zoo_models, gemma_model, bill):
+    tmp_path, llama_server_bin, zoo_models, gemma_model, bill
+):
     gemma = "gemma"
     caps = probe(llama_server_bin)
-    gemma_bill = plan(load_model(gemma_model), discover(llama_server=llama_server_bin), caps,
-                      PlanRequest(n_ctx=2048, spec="off")).bill.total
+    gemma_bill = plan(
+        load_model(gemma_model), discover(llama_server=llama_server_bin), caps, PlanRequest(n_ctx=2048, spec="off")
+    ).bill.total
     a, b = ZOO[:2]
-    with running_studio(tmp_path, llama_server_bin, {**zoo_models, gemma: gemma_model},
-                        defaults={**{n: SMALL for n in ZOO}, gemma: ModelDefaults(n_ctx=2048, spec="off")},
-                        residency=budget(gemma_bill + 1.5 * bill)) as s:
+    with running_studio(
+        tmp_path,
+        llama_server_bin,
+        {**zoo_models, gemma: gemma_model},
+        defaults={**{n: SMALL for n in ZOO}, gemma: ModelDefaults(n_ctx=2048, spec="off")},
+        residency=budget(gemma_bill + 1.5 * bill),
+    ) as s:
         assert chat(s.url, a).status_code == 200
         assert httpx.post(f"{s.url}/api/pin", json={"model": a}, timeout=10).status_code == 200
-        with httpx.stream("POST", f"{s.url}/v1/chat/completions", timeout=120, json={
-                "model": gemma, "messages": [{"role": "user", "content": "Write a long story."}],
-                "max_tokens": 1500, "stream": True}) as stream:
+        with httpx.stream(
+            "POST",
+            f"{s.url}/v1/chat/completions",
+            timeout=120,
+            json={
+                "model": gemma,
+                "messages": [{"role": "user", "content": "Write a long story."}],
+                "max_tokens": 1500,
+                "stream": True,
+            },
+        ) as stream:
             lines = stream.iter_lines()
             next(lines)  # streaming now
             assert models_of(s.url)[gemma]["in_flight"] == 1
@@ -134,16 +154,25 @@ def test_a_streaming_model_is_never_evicted_and_nothing_evictable_is_a_503_namin
 
 
 def test_a_load_waiting_for_a_busy_model_is_not_starved_by_new_requests_to_it(
-        tmp_path, llama_server_bin, zoo_models, gemma_model, bill):
+    tmp_path, llama_server_bin, zoo_models, gemma_model, bill
+):
     """Found with bench_residency: four clients kept Gemma busy, so a load waiting for its memory got a 503."""
     caps = probe(llama_server_bin)
-    gemma_bill = plan(load_model(gemma_model), discover(llama_server=llama_server_bin), caps,
-                      PlanRequest(n_ctx=2048, n_parallel=2, spec="off")).bill.total
+    gemma_bill = plan(
+        load_model(gemma_model),
+        discover(llama_server=llama_server_bin),
+        caps,
+        PlanRequest(n_ctx=2048, n_parallel=2, spec="off"),
+    ).bill.total
     b = ZOO[1]
     residency = ResidencySettings(memory_budget=MemoryBudget(total=int(gemma_bill + 0.5 * bill)), busy_wait=120)
-    with running_studio(tmp_path, llama_server_bin, {**zoo_models, "gemma": gemma_model},
-                        defaults={b: SMALL, "gemma": ModelDefaults(n_ctx=2048, n_parallel=2, spec="off")},
-                        residency=residency) as s:
+    with running_studio(
+        tmp_path,
+        llama_server_bin,
+        {**zoo_models, "gemma": gemma_model},
+        defaults={b: SMALL, "gemma": ModelDefaults(n_ctx=2048, n_parallel=2, spec="off")},
+        residency=residency,
+    ) as s:
         assert chat(s.url, "gemma").status_code == 200
         with ThreadPoolExecutor(3) as pool:
             first = pool.submit(chat, s.url, "gemma", max_tokens=48, timeout=300)
@@ -158,8 +187,9 @@ def test_a_load_waiting_for_a_busy_model_is_not_starved_by_new_requests_to_it(
 
 
 def test_a_model_that_cannot_fit_even_alone_is_a_400_naming_it(tmp_path, llama_server_bin, zoo_models, bill):
-    with running_studio(tmp_path, llama_server_bin, zoo_models, defaults={n: SMALL for n in ZOO},
-                        residency=budget(bill / 2)) as s:
+    with running_studio(
+        tmp_path, llama_server_bin, zoo_models, defaults={n: SMALL for n in ZOO}, residency=budget(bill / 2)
+    ) as s:
         resp = httpx.post(f"{s.url}/api/load", json={"model": ZOO[0]}, timeout=60)
         assert resp.status_code == 400, resp.text
         error = resp.json()["error"]
@@ -169,9 +199,15 @@ def test_a_model_that_cannot_fit_even_alone_is_a_400_naming_it(tmp_path, llama_s
 
 def test_ttl_unloads_an_idle_model_on_time_and_a_pinned_one_stays(tmp_path, llama_server_bin, zoo_models):
     a, b = ZOO[:2]
-    with running_studio(tmp_path, llama_server_bin, zoo_models, defaults={
-            a: ModelDefaults(n_ctx=256, spec="off", ttl=2), b: ModelDefaults(n_ctx=256, spec="off", ttl=2, pinned=True)
-    }) as s:
+    with running_studio(
+        tmp_path,
+        llama_server_bin,
+        zoo_models,
+        defaults={
+            a: ModelDefaults(n_ctx=256, spec="off", ttl=2),
+            b: ModelDefaults(n_ctx=256, spec="off", ttl=2, pinned=True),
+        },
+    ) as s:
         assert chat(s.url, b).status_code == 200
         assert chat(s.url, a).status_code == 200
         done = time.monotonic()
@@ -196,8 +232,9 @@ def test_keep_alive_style_ttl_change_and_bad_values(tmp_path, llama_server_bin, 
 
 def test_a_preloaded_model_serves_its_first_request_without_a_load(tmp_path, llama_server_bin, zoo_models):
     a = ZOO[0]
-    with running_studio(tmp_path, llama_server_bin, zoo_models, defaults={a: SMALL},
-                        preload=[LoadRequest(model=a)]) as s:
+    with running_studio(
+        tmp_path, llama_server_bin, zoo_models, defaults={a: SMALL}, preload=[LoadRequest(model=a)]
+    ) as s:
         wait_for(lambda: models_of(s.url).get(a, {}).get("state") == "ready", timeout=60, what="the preload")
         pid = models_of(s.url)[a]["pid"]
         reply = chat(s.url, a, temperature=0.5, max_tokens=3)  # per-request options do not restart it
@@ -215,7 +252,8 @@ def test_eight_concurrent_first_requests_start_exactly_one_llama_server(tmp_path
 
 
 def test_a_request_option_change_does_not_restart_but_an_explicit_new_context_does(
-        tmp_path, llama_server_bin, zoo_models):
+    tmp_path, llama_server_bin, zoo_models
+):
     a = ZOO[0]
     with running_studio(tmp_path, llama_server_bin, zoo_models, defaults={a: SMALL}) as s:
         assert chat(s.url, a, max_tokens=1, top_k=5).status_code == 200
@@ -231,13 +269,19 @@ def test_a_request_option_change_does_not_restart_but_an_explicit_new_context_do
 
 def test_non_streamed_request_whose_client_leaves_frees_the_slot(tmp_path, llama_server_bin, gemma_model):
     """The slot stayed busy 38 s after the client left: the studio kept reading the answer to max_tokens."""
-    with running_studio(tmp_path, llama_server_bin, {"gemma": gemma_model},
-                        defaults={"gemma": ModelDefaults(n_ctx=2048, spec="off")}) as s:
+    with running_studio(
+        tmp_path, llama_server_bin, {"gemma": gemma_model}, defaults={"gemma": ModelDefaults(n_ctx=2048, spec="off")}
+    ) as s:
         assert chat(s.url, "gemma").status_code == 200
         loaded = s.manager.find("gemma").loaded
         with pytest.raises(httpx.ReadTimeout):
-            chat(s.url, "gemma", max_tokens=1500, timeout=2,
-                 messages=[{"role": "user", "content": "Write a long story."}])
+            chat(
+                s.url,
+                "gemma",
+                max_tokens=1500,
+                timeout=2,
+                messages=[{"role": "user", "content": "Write a long story."}],
+            )
 
         def busy() -> bool:
             slots = httpx.get(f"{loaded.url}/slots", headers=loaded.auth_headers, timeout=5).json()
@@ -247,15 +291,22 @@ def test_non_streamed_request_whose_client_leaves_frees_the_slot(tmp_path, llama
         # (HTTP_POLLING_SECONDS), and every result of any task, /slots' own too, starts that wait again: polled
         # faster than once a second, it never looks. Unloaded it stops within about 1 s; the bound leaves room
         # for a busy machine (it used to be never).
-        wait_for(lambda: not busy(), timeout=20, interval=1.5, what="llama-server to stop decoding for a client that left")
+        wait_for(
+            lambda: not busy(), timeout=20, interval=1.5, what="llama-server to stop decoding for a client that left"
+        )
         assert models_of(s.url)["gemma"]["in_flight"] == 0
 
 
 def test_unload_with_requests_in_flight_ends_them_with_a_clear_error_after_the_grace(
-        tmp_path, llama_server_bin, gemma_model):
+    tmp_path, llama_server_bin, gemma_model
+):
     """They got 502 "llama-server did not answer: llama-server did not answer: _ClosedBeforeAnswer(...)"."""
-    with running_studio(tmp_path, llama_server_bin, {"gemma": gemma_model},
-                        defaults={"gemma": ModelDefaults(n_ctx=4096, n_parallel=2, spec="off")}) as s:
+    with running_studio(
+        tmp_path,
+        llama_server_bin,
+        {"gemma": gemma_model},
+        defaults={"gemma": ModelDefaults(n_ctx=4096, n_parallel=2, spec="off")},
+    ) as s:
         assert chat(s.url, "gemma").status_code == 200
         results: dict[str, object] = {}
 
@@ -263,9 +314,17 @@ def test_unload_with_requests_in_flight_ends_them_with_a_clear_error_after_the_g
             results["plain"] = chat(s.url, "gemma", max_tokens=1500, timeout=120)
 
         def streamed() -> None:
-            with httpx.stream("POST", f"{s.url}/v1/chat/completions", timeout=120, json={
-                    "model": "gemma", "messages": [{"role": "user", "content": "Write a long story."}],
-                    "max_tokens": 1500, "stream": True}) as resp:
+            with httpx.stream(
+                "POST",
+                f"{s.url}/v1/chat/completions",
+                timeout=120,
+                json={
+                    "model": "gemma",
+                    "messages": [{"role": "user", "content": "Write a long story."}],
+                    "max_tokens": 1500,
+                    "stream": True,
+                },
+            ) as resp:
                 results["stream"] = [line for line in resp.iter_lines() if line.startswith("data: ")]
 
         threads = [threading.Thread(target=non_streamed), threading.Thread(target=streamed)]
@@ -294,19 +353,20 @@ def test_unload_lets_a_request_within_the_grace_finish(tmp_path, llama_server_bi
         assert chat(s.url, a).status_code == 200
         with ThreadPoolExecutor(1) as pool:
             pending = pool.submit(chat, s.url, a, max_tokens=64)
-            wait_for(lambda: models_of(s.url)[a]["in_flight"] == 1 or pending.done(), timeout=30,
-                     what="the request to start")
+            wait_for(
+                lambda: models_of(s.url)[a]["in_flight"] == 1 or pending.done(), timeout=30, what="the request to start"
+            )
             assert httpx.post(f"{s.url}/api/unload", json={"model": a, "grace": 30}, timeout=60).status_code == 200
             assert pending.result().status_code == 200
         assert models_of(s.url) == {}
 
 
-def test_a_start_whose_props_cannot_be_read_stops_its_llama_server(tmp_path, llama_server_bin, zoo_models,
-                                                                     monkeypatch):
+def test_a_start_whose_props_cannot_be_read_stops_its_llama_server(tmp_path, llama_server_bin, zoo_models, monkeypatch):
     """The state became failed but the started llama-server kept running.
 
     llama-server always answers /props once healthy, so the read is made to fail here.
     """
+
     async def unreadable(self, status):
         raise RuntimeError("llama-server started but its /props could not be read: injected")
 
@@ -319,8 +379,7 @@ def test_a_start_whose_props_cannot_be_read_stops_its_llama_server(tmp_path, lla
         wait_for(lambda: not llama_servers(), timeout=10, what="the started llama-server to be stopped")
 
 
-def test_a_load_whose_key_file_cannot_be_written_fails_and_is_not_stuck_loading(tmp_path, llama_server_bin,
-                                                                                 zoo_models):
+def test_a_load_whose_key_file_cannot_be_written_fails_and_is_not_stuck_loading(tmp_path, llama_server_bin, zoo_models):
     """The state stayed "loading" forever when writing the key file failed."""
     blocker = tmp_path / "not-a-dir"
     blocker.write_text("a file where the key files' folder should be")
@@ -340,8 +399,11 @@ def test_a_crashed_model_restarts_on_a_new_port_and_requests_follow_it(tmp_path,
         assert chat(s.url, a).status_code == 200
         old = s.manager.find(a).loaded
         os.kill(models_of(s.url)[a]["pid"], signal.SIGKILL)
-        wait_for(lambda: models_of(s.url)[a]["restarts"] == 1 and models_of(s.url)[a]["state"] == "ready",
-                 timeout=30, what="the restart")
+        wait_for(
+            lambda: models_of(s.url)[a]["restarts"] == 1 and models_of(s.url)[a]["state"] == "ready",
+            timeout=30,
+            what="the restart",
+        )
         assert chat(s.url, a).status_code == 200
         new = s.manager.find(a).loaded
         assert new.url != old.url and len(llama_servers()) == 1
@@ -374,8 +436,12 @@ def test_an_absurd_context_is_refused_before_llama_server_sees_it(tmp_path, llam
 def test_unknown_routes_and_models_answer_in_the_openai_error_shape(tmp_path, llama_server_bin, zoo_models):
     """They answered FastAPI's {"detail": ...}."""
     with running_studio(tmp_path, llama_server_bin, zoo_models) as s:
-        for method, path, status in [("GET", "/no/such/route", 404), ("GET", "/api/models/unknown-model", 404),
-                                     ("GET", "/api/models/owner/repo", 404), ("DELETE", "/api/status", 405)]:
+        for method, path, status in [
+            ("GET", "/no/such/route", 404),
+            ("GET", "/api/models/unknown-model", 404),
+            ("GET", "/api/models/owner/repo", 404),
+            ("DELETE", "/api/status", 405),
+        ]:
             resp = httpx.request(method, f"{s.url}{path}", timeout=10)
             assert resp.status_code == status, (path, resp.text)
             body = resp.json()
@@ -418,8 +484,7 @@ def test_health_answers_while_a_slow_plan_runs(tmp_path, llama_server_bin, zoo_m
         assert sorted(times)[len(times) // 2] < 0.1, times
 
 
-def test_a_plan_over_its_time_limit_is_a_clear_error_and_the_studio_serves_on(tmp_path, llama_server_bin,
-                                                                               zoo_models):
+def test_a_plan_over_its_time_limit_is_a_clear_error_and_the_studio_serves_on(tmp_path, llama_server_bin, zoo_models):
     gate = threading.Event()
 
     def stuck_planner(*args):
@@ -454,6 +519,7 @@ def test_resident_transitions_go_through_the_table(tmp_path, llama_server_bin, z
 
 async def _illegal(resident: ResidentModel) -> str:
     from studio.residency.lifecycle import ResidentState
+
     try:
         resident._set(ResidentState.LOADING)
     except RuntimeError as exc:

@@ -31,7 +31,13 @@ from launcher.errors import PortInUseError
 from launcher.planner import PlanRequest, load_model, plan
 from launcher.registry import ChildRegistry
 from launcher.rpc import (
-    LINK_WARNING, RpcWorkerError, RpcWorkers, explain_failure, normalize_endpoint, parse_endpoints, query_worker,
+    LINK_WARNING,
+    RpcWorkerError,
+    RpcWorkers,
+    explain_failure,
+    normalize_endpoint,
+    parse_endpoints,
+    query_worker,
 )
 from launcher.rpc_worker import RemoteBindError, RpcWorker, check_bind
 from launcher.supervisor import Supervisor, owner_token
@@ -79,10 +85,16 @@ def dead_endpoint() -> str:
 # --- endpoints, binding, the worker process ----------------------------------------------------------------
 
 
-@pytest.mark.parametrize("text, why", [
-    ("10.0.0.2", "must be host:port"), (":50052", "must be host:port"), ("[::1]:50052", "IPv4 only"),
-    ("10.0.0.2:0", "from 1 to 65535"), ("10.0.0.2:http", "from 1 to 65535"),
-])
+@pytest.mark.parametrize(
+    "text, why",
+    [
+        ("10.0.0.2", "must be host:port"),
+        (":50052", "must be host:port"),
+        ("[::1]:50052", "IPv4 only"),
+        ("10.0.0.2:0", "from 1 to 65535"),
+        ("10.0.0.2:http", "from 1 to 65535"),
+    ],
+)
 def test_a_bad_worker_endpoint_says_what_is_wrong(text, why):
     with pytest.raises(ValueError, match=why.replace("[", r"\[")):
         normalize_endpoint(text)
@@ -119,8 +131,11 @@ def test_rpc_worker_command_refuses_a_non_loopback_address_with_the_reason(rpc_s
     env = tagged_env()
     result = cli("rpc-worker", "--host", "0.0.0.0", env=env)
     assert result.returncode == 2
-    assert "refusing to bind the RPC worker to 0.0.0.0: the RPC protocol has no authentication and no " \
-           "encryption" in result.stderr and "--allow-remote" in result.stderr
+    assert (
+        "refusing to bind the RPC worker to 0.0.0.0: the RPC protocol has no authentication and no encryption"
+        in result.stderr
+        and "--allow-remote" in result.stderr
+    )
     assert "Traceback" not in result.stderr
 
 
@@ -139,14 +154,18 @@ def test_a_taken_port_is_a_clear_error(rpc_server_bin, tmp_path):
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
 def test_rpc_worker_command_stops_its_worker_on_a_signal(rpc_server_bin, sig):
     port = free_port()
-    proc = subprocess.Popen([CLI, "rpc-worker", "--port", str(port), "--threads", "1"], env=tagged_env(),
-                            stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [CLI, "rpc-worker", "--port", str(port), "--threads", "1"], env=tagged_env(), stderr=subprocess.PIPE, text=True
+    )
     try:
         lines: list[str] = []
         reader = threading.Thread(target=lambda: lines.extend(proc.stderr), daemon=True)
         reader.start()
-        wait_for(lambda: any(f"RPC worker at 127.0.0.1:{port}" in line for line in lines), timeout=30,
-                 what="the worker to listen")
+        wait_for(
+            lambda: any(f"RPC worker at 127.0.0.1:{port}" in line for line in lines),
+            timeout=30,
+            what="the worker to listen",
+        )
         assert any(LINK_WARNING in line for line in lines)
         (worker,) = psutil.Process(proc.pid).children()
         assert query_worker(f"127.0.0.1:{port}")  # it serves
@@ -154,8 +173,11 @@ def test_rpc_worker_command_stops_its_worker_on_a_signal(rpc_server_bin, sig):
         assert proc.wait(timeout=20) == 0
         reader.join(5)
         assert lines[-1].strip() == "stopped"
-        wait_for(lambda: not worker.is_running() or worker.status() == psutil.STATUS_ZOMBIE, timeout=10,
-                 what="the worker to exit")
+        wait_for(
+            lambda: not worker.is_running() or worker.status() == psutil.STATUS_ZOMBIE,
+            timeout=10,
+            what="the worker to exit",
+        )
     finally:
         proc.kill()
         proc.wait()
@@ -203,10 +225,13 @@ def test_a_busy_worker_is_told_from_a_dead_one_and_keeps_its_last_answer(rpc_ser
 def test_the_inventory_lists_answering_workers_and_leaves_a_dead_one_out(rpc_server_bin, llama_server_bin, tmp_path):
     with running_workers(rpc_server_bin, tmp_path, 2) as pair:
         dead = dead_endpoint()
-        inventory = discover(llama_server=llama_server_bin, workers=RpcWorkers((pair[0].endpoint, dead,
-                                                                                  pair[1].endpoint)))
+        inventory = discover(
+            llama_server=llama_server_bin, workers=RpcWorkers((pair[0].endpoint, dead, pair[1].endpoint))
+        )
     assert [(d.backend, d.index, d.rpc_buffer_name) for d in inventory.rpc] == [
-        ("RPC", 0, f"RPC0[{pair[0].endpoint}]"), ("RPC", 1, f"RPC0[{pair[1].endpoint}]")]
+        ("RPC", 0, f"RPC0[{pair[0].endpoint}]"),
+        ("RPC", 1, f"RPC0[{pair[1].endpoint}]"),
+    ]
     assert inventory.cpu.backend == "CPU" and inventory.gpus == ()
     assert [r.endpoint for r in inventory.workers] == [pair[0].endpoint, dead, pair[1].endpoint]
     assert any(w.startswith(f"RPC worker {dead} left out: connection refused") for w in inventory.warnings)
@@ -226,13 +251,15 @@ def test_a_failed_worker_is_named_from_llama_servers_log_and_a_probe(rpc_server_
 
 
 def test_rpc_buffer_lines_keep_their_device_names():
-    log = "\n".join([
-        "load_tensors:   CPU_Mapped model buffer size =   170.00 MiB",
-        "load_tensors: RPC0[127.0.0.1:50911] model buffer size =    35.82 MiB",
-        "load_tensors: RPC0[127.0.0.1:50912] model buffer size =   199.34 MiB",
-        "llama_kv_cache: RPC0[127.0.0.1:50911] KV buffer size =     1.00 MiB",
-        "sched_reserve: RPC0[127.0.0.1:50912] compute buffer size =    29.57 MiB",
-    ])
+    log = "\n".join(
+        [
+            "load_tensors:   CPU_Mapped model buffer size =   170.00 MiB",
+            "load_tensors: RPC0[127.0.0.1:50911] model buffer size =    35.82 MiB",
+            "load_tensors: RPC0[127.0.0.1:50912] model buffer size =   199.34 MiB",
+            "llama_kv_cache: RPC0[127.0.0.1:50911] KV buffer size =     1.00 MiB",
+            "sched_reserve: RPC0[127.0.0.1:50912] compute buffer size =    29.57 MiB",
+        ]
+    )
     bill = parse_allocations(log)
     assert [d.device for d in bill.devices] == ["CPU", "RPC0[127.0.0.1:50911]", "RPC0[127.0.0.1:50912]"]
     assert bill.device("RPC0[127.0.0.1:50912]").weights == round(199.34 * MIB)
@@ -242,8 +269,7 @@ def test_rpc_buffer_lines_keep_their_device_names():
 # --- planning -----------------------------------------------------------------------------------------------
 
 
-def test_the_plan_spreads_layers_over_the_workers_and_the_cpu(rpc_server_bin, llama_server_bin, gemma, real,
-                                                             tmp_path):
+def test_the_plan_spreads_layers_over_the_workers_and_the_cpu(rpc_server_bin, llama_server_bin, gemma, real, tmp_path):
     with running_workers(rpc_server_bin, tmp_path, 3) as three:
         inventory = discover(llama_server=llama_server_bin, workers=RpcWorkers(endpoints(three)))
     p = plan(gemma, inventory, real, PlanRequest(n_ctx=4096))
@@ -266,7 +292,10 @@ def test_doctor_and_plan_show_the_workers(rpc_server_bin, gemma_model, tmp_path)
     assert [d["buffer_name"] for d in rpc_devices] == [f"RPC0[{e}]" for e in endpoints(pair)]
     assert all(d["free_bytes"] > 0 for d in rpc_devices)
     assert [(w["endpoint"], w["answered"]) for w in info["rpc_workers"]] == [
-        (pair[0].endpoint, True), (pair[1].endpoint, True), (dead, False)]
+        (pair[0].endpoint, True),
+        (pair[1].endpoint, True),
+        (dead, False),
+    ]
     check = next(c for c in info["checks"] if c["check"] == "rpc workers")
     assert not check["ok"] and f"not answering: {dead}" in check["detail"]
     assert LINK_WARNING in doctor.stderr
@@ -290,9 +319,13 @@ def studio_over_workers(rpc_server_bin, llama_server_bin, gemma_model, tmp_path)
     with running_workers(rpc_server_bin, tmp_path, 3) as three:
         workers = RpcWorkers((*endpoints(three), dead_endpoint()))
         supervisors = supervisor_factory(tmp_path / "logs", ChildRegistry(tmp_path / "run", owner_token()))
-        manager = ModelManager(catalog=Catalog([models]), binary=llama_server_bin, make_supervisor=supervisors,
-                               caps=probe(llama_server_bin, cache_dir=tmp_path / "cache"),
-                               discover_devices=lambda: discover(llama_server=llama_server_bin, workers=workers))
+        manager = ModelManager(
+            catalog=Catalog([models]),
+            binary=llama_server_bin,
+            make_supervisor=supervisors,
+            caps=probe(llama_server_bin, cache_dir=tmp_path / "cache"),
+            discover_devices=lambda: discover(llama_server=llama_server_bin, workers=workers),
+        )
         port = free_port()
         server = uvicorn.Server(uvicorn.Config(create_app(manager), host="127.0.0.1", port=port, log_level="warning"))
         thread = threading.Thread(target=server.run, daemon=True)
@@ -329,8 +362,7 @@ def test_a_chat_over_three_workers_and_a_worker_killed_mid_generation(studio_ove
 
         # a worker dies while tokens stream: the client's stream ends with an error naming it, within seconds
         victim = three[1]
-        body = {"model": GEMMA, "prompt": "Once upon a time", "max_tokens": 3000, "stream": True,
-                "ignore_eos": True}
+        body = {"model": GEMMA, "prompt": "Once upon a time", "max_tokens": 3000, "stream": True, "ignore_eos": True}
         events: list[dict] = []
         killed_at = 0.0
         with http.stream("POST", "/v1/completions", json=body) as stream:
@@ -350,35 +382,40 @@ def test_a_chat_over_three_workers_and_a_worker_killed_mid_generation(studio_ove
         # the status names the worker (crashed; then failed, once a restart finds the worker still gone), and
         # the model's supervisor lists it
         (resident,) = manager.residents
-        wait_for(lambda: http.get("/api/status").json()["state"] in ("crashed", "failed"), timeout=15,
-                 what="the crash")
+        wait_for(lambda: http.get("/api/status").json()["state"] in ("crashed", "failed"), timeout=15, what="the crash")
         down = http.get("/api/status").json()
         assert f"RPC worker {victim.endpoint}" in down["error"], down["error"]
         assert resident.supervisor.status().failed_workers == (victim.endpoint,)
         wait_for(lambda: http.get("/api/status").json()["state"] == "failed", timeout=30, what="the restart to fail")
-        assert f"RPC worker {victim.endpoint} is not ready (connection refused" in http.get("/api/status").json()[
-            "error"]
+        assert (
+            f"RPC worker {victim.endpoint} is not ready (connection refused" in http.get("/api/status").json()["error"]
+        )
 
         assert http.post("/api/unload", json={"model": GEMMA}).status_code == 200
-    wait_for(lambda: not [p for p in psutil.Process().children(recursive=True) if p.name() == "llama-server"],
-             timeout=15, what="llama-server to exit")
+    wait_for(
+        lambda: not [p for p in psutil.Process().children(recursive=True) if p.name() == "llama-server"],
+        timeout=15,
+        what="llama-server to exit",
+    )
 
 
 @pytest.mark.slow
-def test_predicted_matches_llama_servers_allocations_on_each_worker(rpc_server_bin, llama_server_bin, tmp_path,
-                                                                     real):
+def test_predicted_matches_llama_servers_allocations_on_each_worker(rpc_server_bin, llama_server_bin, tmp_path, real):
     """Gemma (SWA, tied embeddings) and a zoo model, over two workers and the CPU."""
     from launcher.command import build_command
 
-    models = [load_model(Path(p)) for p in (
-        Settings.from_env().models_dir / f"{GEMMA}.gguf",
-        Settings.from_env().home / "zoo" / "b11434" / "llama-dense.gguf")]
+    models = [
+        load_model(Path(p))
+        for p in (
+            Settings.from_env().models_dir / f"{GEMMA}.gguf",
+            Settings.from_env().home / "zoo" / "b11434" / "llama-dense.gguf",
+        )
+    ]
     with running_workers(rpc_server_bin, tmp_path, 2) as pair:
         for model in models:
             inventory = discover(llama_server=llama_server_bin, workers=RpcWorkers(endpoints(pair)))
             p = plan(model, inventory, real, PlanRequest(n_ctx=2048, spec="off", threads=1))
-            supervisor = Supervisor(logs_dir=tmp_path / "logs", registry=ChildRegistry(tmp_path / "run",
-                                                                                      owner_token()))
+            supervisor = Supervisor(logs_dir=tmp_path / "logs", registry=ChildRegistry(tmp_path / "run", owner_token()))
             with build_command(p, real, binary=llama_server_bin) as command, supervisor:
                 actual = supervisor.start(command.launch_spec(start_timeout=300)).allocations
             for d in p.devices:
@@ -387,8 +424,9 @@ def test_predicted_matches_llama_servers_allocations_on_each_worker(rpc_server_b
                 assert abs(d.bill.kv - got.kv) <= 0.01 * MIB, (model.path, d.name)
 
 
-def test_a_worker_that_is_gone_at_load_time_is_left_out_not_fatal(rpc_server_bin, llama_server_bin, gemma, real,
-                                                                   tmp_path):
+def test_a_worker_that_is_gone_at_load_time_is_left_out_not_fatal(
+    rpc_server_bin, llama_server_bin, gemma, real, tmp_path
+):
     dead = dead_endpoint()
     inventory = discover(llama_server=llama_server_bin, workers=RpcWorkers((dead,)))
     p = plan(gemma, inventory, real, PlanRequest(n_ctx=2048))
@@ -397,8 +435,9 @@ def test_a_worker_that_is_gone_at_load_time_is_left_out_not_fatal(rpc_server_bin
 
 
 @pytest.mark.slow
-def test_a_worker_gone_between_plan_and_start_fails_the_load_naming_it(rpc_server_bin, llama_server_bin, gemma, real,
-                                                                        tmp_path):
+def test_a_worker_gone_between_plan_and_start_fails_the_load_naming_it(
+    rpc_server_bin, llama_server_bin, gemma, real, tmp_path
+):
     from launcher.command import build_command
     from launcher.errors import LoadError
 
@@ -416,8 +455,9 @@ def test_a_worker_gone_between_plan_and_start_fails_the_load_naming_it(rpc_serve
             assert supervisor.status().pid is None  # refused before llama-server was spawned
 
 
-def test_a_busy_worker_fails_the_start_at_once_instead_of_hanging_it(rpc_server_bin, llama_server_bin, gemma, real,
-                                                                      tmp_path):
+def test_a_busy_worker_fails_the_start_at_once_instead_of_hanging_it(
+    rpc_server_bin, llama_server_bin, gemma, real, tmp_path
+):
     from launcher.command import build_command
     from launcher.errors import LoadError
 
@@ -425,8 +465,11 @@ def test_a_busy_worker_fails_the_start_at_once_instead_of_hanging_it(rpc_server_
         inventory = discover(llama_server=llama_server_bin, workers=RpcWorkers(endpoints([worker])))
         p = plan(gemma, inventory, real, PlanRequest(n_ctx=2048, spec="off"))
         supervisor = Supervisor(logs_dir=tmp_path / "logs", registry=ChildRegistry(tmp_path / "run", owner_token()))
-        with socket.create_connection(("127.0.0.1", worker.port)) as other_client, supervisor, \
-                build_command(p, real, binary=llama_server_bin) as command:
+        with (
+            socket.create_connection(("127.0.0.1", worker.port)) as other_client,
+            supervisor,
+            build_command(p, real, binary=llama_server_bin) as command,
+        ):
             hello(other_client)  # another llama-server holds the worker
             started = time.monotonic()
             with pytest.raises(LoadError, match=f"RPC worker {worker.endpoint} is not ready .*another llama-server"):

@@ -13,16 +13,27 @@ from contextlib import contextmanager
 
 import httpx
 
-from tests.test_cli import CLI, assert_no_llama_server, tagged_env
 from tests.helpers import free_port
+from tests.test_cli import CLI, assert_no_llama_server, tagged_env
 
 
 @contextmanager
 def serving(zoo_dir, *flags: str, env: dict[str, str]) -> Iterator[tuple[str, subprocess.Popen[str]]]:
     """``ggstudio serve --host 0.0.0.0`` with the tiny zoo model; yields its loopback URL and the process."""
     port = free_port()
-    argv = [CLI, "serve", "--host", "0.0.0.0", "--port", str(port), "--model", str(zoo_dir / "llama-dense.gguf"),
-            "--ctx", "256", *flags]
+    argv = [
+        CLI,
+        "serve",
+        "--host",
+        "0.0.0.0",
+        "--port",
+        str(port),
+        "--model",
+        str(zoo_dir / "llama-dense.gguf"),
+        "--ctx",
+        "256",
+        *flags,
+    ]
     with subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env) as serve:
         try:
             yield f"http://127.0.0.1:{port}", serve
@@ -46,15 +57,18 @@ def test_listening_beyond_loopback_without_a_token_prints_one_and_requires_it(zo
         token = line.split()[5]
         assert len(token) >= 32
         assert httpx.get(f"{url}/api/status", timeout=10).status_code == 401
-        assert httpx.get(f"{url}/api/status", headers={"Authorization": f"Bearer {token}"}, timeout=10).status_code \
-            == 200
+        assert (
+            httpx.get(f"{url}/api/status", headers={"Authorization": f"Bearer {token}"}, timeout=10).status_code == 200
+        )
         assert httpx.get(f"{url}/v1/models", headers={"x-api-key": token}, timeout=10).status_code == 200
         assert httpx.get(f"{url}/health", timeout=10).json() == {"status": "ok"}
         # on every interface a client may name any address of the machine, but no foreign name
         lan = httpx.get(f"{url}/api/status", headers={"Host": "10.20.30.40:1", "x-api-key": token}, timeout=10)
         assert lan.status_code == 200
-        assert httpx.get(f"{url}/api/status", headers={"Host": "evil.example", "x-api-key": token},
-                         timeout=10).status_code == 403
+        assert (
+            httpx.get(f"{url}/api/status", headers={"Host": "evil.example", "x-api-key": token}, timeout=10).status_code
+            == 403
+        )
         serve.send_signal(signal.SIGINT)
         assert serve.wait(timeout=60) == 0
         rest = serve.stdout.read()

@@ -20,20 +20,38 @@ def test_serve_answers_ollama_clients_on_their_port_from_the_same_model(gemma_mo
     port, ollama_port = free_port(), free_port()
     studio, ollama_url = f"http://127.0.0.1:{port}", f"http://127.0.0.1:{ollama_port}"
     env = tagged_env()
-    with subprocess.Popen([CLI, "serve", "--model", str(gemma_model), "--ctx", "1024", "--port", str(port),
-                           "--ollama-port", str(ollama_port)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                          text=True, env=env) as serve:
+    with subprocess.Popen(
+        [
+            CLI,
+            "serve",
+            "--model",
+            str(gemma_model),
+            "--ctx",
+            "1024",
+            "--port",
+            str(port),
+            "--ollama-port",
+            str(ollama_port),
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+    ) as serve:
         try:
             line = serve.stdout.readline()
             assert studio in line and f"Ollama API: {ollama_url}" in line, line + (
-                serve.stderr.read() if serve.poll() is not None else "")
+                serve.stderr.read() if serve.poll() is not None else ""
+            )
             assert httpx.get(ollama_url, timeout=10).text == "Ollama is running"
-            status = wait_for(lambda: (s := httpx.get(f"{studio}/api/status", timeout=10).json())["state"] == "ready"
-                              and s, timeout=120, what="the start-up load")
+            status = wait_for(
+                lambda: (s := httpx.get(f"{studio}/api/status", timeout=10).json())["state"] == "ready" and s,
+                timeout=120,
+                what="the start-up load",
+            )
             with ollama.Client(host=ollama_url, timeout=120) as client:
                 assert "gemma-3-270m-Q4_K_M" in {m.model for m in client.list().models}
-                reply = client.generate(model="gemma-3-270m-Q4_K_M", prompt="Hi", raw=True,
-                                        options={"num_predict": 2})
+                reply = client.generate(model="gemma-3-270m-Q4_K_M", prompt="Hi", raw=True, options={"num_predict": 2})
                 assert reply.eval_count == 2
             assert httpx.get(f"{studio}/api/status", timeout=10).json()["pid"] == status["pid"]  # no reload
             serve.send_signal(signal.SIGINT)
@@ -50,7 +68,11 @@ def test_serve_answers_ollama_clients_on_their_port_from_the_same_model(gemma_mo
 def test_a_taken_ollama_port_is_one_clear_error(gemma_model):
     with socket.create_server(("127.0.0.1", 0)) as other_program:
         taken = other_program.getsockname()[1]
-        out = subprocess.run([CLI, "serve", "--model", str(gemma_model), "--port", str(free_port()),
-                              "--ollama-port", str(taken)], capture_output=True, text=True, timeout=60,
-                             env=tagged_env())
+        out = subprocess.run(
+            [CLI, "serve", "--model", str(gemma_model), "--port", str(free_port()), "--ollama-port", str(taken)],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            env=tagged_env(),
+        )
     assert out.returncode != 0 and f"port {taken}" in out.stderr and "Traceback" not in out.stderr

@@ -16,12 +16,12 @@ from fastapi.testclient import TestClient
 
 from launcher.capabilities import probe
 from launcher.registry import ChildRegistry
-from launcher.supervisor import Supervisor, owner_token
+from launcher.supervisor import owner_token
 from studio.http.app import create_app
 from studio.library.catalog import Catalog
 from studio.residency.manager import ModelManager, supervisor_factory
-from studio.views.residency import status_json
 from studio.settings import ModelDefaults
+from studio.views.residency import status_json
 from tests.helpers import assert_no_children, free_port, wait_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.shared_processes]
@@ -40,9 +40,13 @@ def studio(llama_server_bin, gemma_model, zoo_dir, tmp_path_factory):
     (models / "llama-dense.gguf").symlink_to(zoo_dir / "llama-dense.gguf")
     (models / "broken.gguf").write_text("not a model")
     supervisors = supervisor_factory(root / "logs", ChildRegistry(root / "run", owner_token()))
-    manager = ModelManager(catalog=Catalog([models], aliases={"tiny-alias": TINY}), binary=llama_server_bin,
-                           make_supervisor=supervisors, caps=probe(llama_server_bin, cache_dir=root / "cache"),
-                           model_defaults={TINY: ModelDefaults(n_ctx=512, spec="off")})
+    manager = ModelManager(
+        catalog=Catalog([models], aliases={"tiny-alias": TINY}),
+        binary=llama_server_bin,
+        make_supervisor=supervisors,
+        caps=probe(llama_server_bin, cache_dir=root / "cache"),
+        model_defaults={TINY: ModelDefaults(n_ctx=512, spec="off")},
+    )
     port = free_port()
     server = uvicorn.Server(uvicorn.Config(create_app(manager), host="127.0.0.1", port=port, log_level="warning"))
     thread = threading.Thread(target=server.run, daemon=True)
@@ -73,26 +77,39 @@ def test_models_list_names_every_model(client):
 
 def test_chat_non_stream_and_stream(client):
     reply = client.chat.completions.create(
-        model=GEMMA, messages=[{"role": "user", "content": "Say hi."}], max_tokens=8, temperature=0)
+        model=GEMMA, messages=[{"role": "user", "content": "Say hi."}], max_tokens=8, temperature=0
+    )
     assert reply.choices[0].message.content and reply.usage.completion_tokens >= 1
     assert reply.model == GEMMA
-    chunks = list(client.chat.completions.create(
-        model=GEMMA, messages=[{"role": "user", "content": "Say hi."}], max_tokens=8, stream=True))
+    chunks = list(
+        client.chat.completions.create(
+            model=GEMMA, messages=[{"role": "user", "content": "Say hi."}], max_tokens=8, stream=True
+        )
+    )
     text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
     assert text and chunks[-1].choices[0].finish_reason in ("length", "stop") or chunks[-1].choices == []
 
 
 def test_a_stream_asking_for_usage_ends_with_it(client):
     """llama-server itself ends the stream with usage when asked (server-task.cpp); the relay adds nothing."""
-    chunks = list(client.chat.completions.create(
-        model=GEMMA, messages=[{"role": "user", "content": "Say hi."}], max_tokens=6, stream=True,
-        stream_options={"include_usage": True}))
+    chunks = list(
+        client.chat.completions.create(
+            model=GEMMA,
+            messages=[{"role": "user", "content": "Say hi."}],
+            max_tokens=6,
+            stream=True,
+            stream_options={"include_usage": True},
+        )
+    )
     last = chunks[-1]
     assert last.choices == [] and last.usage is not None and last.usage.completion_tokens > 0
     assert last.usage.completion_tokens == last.model_extra["timings"]["predicted_n"]
     assert all(c.usage is None for c in chunks[:-1])
-    unasked = list(client.chat.completions.create(
-        model=GEMMA, messages=[{"role": "user", "content": "Say hi."}], max_tokens=6, stream=True))
+    unasked = list(
+        client.chat.completions.create(
+            model=GEMMA, messages=[{"role": "user", "content": "Say hi."}], max_tokens=6, stream=True
+        )
+    )
     assert all(c.usage is None for c in unasked)  # OpenAI's contract: usage only for include_usage
     assert unasked[-1].model_extra["timings"]["predicted_n"] > 0
 
@@ -103,7 +120,8 @@ def test_context_overflow_is_a_400_with_the_sizes(studio, client):
     assert resp.status_code == 200 and resp.json()["effective_context"] == 512
     with pytest.raises(openai.BadRequestError) as info:
         client.chat.completions.create(
-            model=GEMMA, messages=[{"role": "user", "content": "word " * 3000}], max_tokens=4)
+            model=GEMMA, messages=[{"role": "user", "content": "word " * 3000}], max_tokens=4
+        )
     error = info.value.body
     assert info.value.status_code == 400
     assert error["type"] == "exceed_context_size_error" and error["n_ctx"] == 512 and error["n_prompt_tokens"] > 512
@@ -112,31 +130,49 @@ def test_context_overflow_is_a_400_with_the_sizes(studio, client):
 def test_closing_a_stream_frees_the_slot(studio, client):
     _, manager = studio
     stream = client.chat.completions.create(
-        model=GEMMA, messages=[{"role": "user", "content": "Write a long story."}], max_tokens=2000, stream=True,
-        temperature=0)  # sampled, base Gemma may end after a few tokens; greedy, it runs to max_tokens
+        model=GEMMA,
+        messages=[{"role": "user", "content": "Write a long story."}],
+        max_tokens=2000,
+        stream=True,
+        temperature=0,
+    )  # sampled, base Gemma may end after a few tokens; greedy, it runs to max_tokens
     for i, _ in enumerate(stream):
         if i == 5:
             break
     assert any(s["is_processing"] for s in upstream_slots(manager))
     stream.close()
     t0 = time.monotonic()
-    wait_for(lambda: not any(s["is_processing"] for s in upstream_slots(manager)), timeout=5,
-             what="llama-server to stop generating after the client left")
+    wait_for(
+        lambda: not any(s["is_processing"] for s in upstream_slots(manager)),
+        timeout=5,
+        what="llama-server to stop generating after the client left",
+    )
     assert time.monotonic() - t0 < 1.5
 
 
 def test_leaving_a_gui_chat_stream_frees_the_slot(studio):
     """/api/chat streams through relay.EventStream, not StreamingResponse: its watcher must still see the client go."""
     base, manager = studio
-    with httpx.stream("POST", f"{base}/api/chat", timeout=120, json={
-            "model": GEMMA, "messages": [{"role": "user", "content": "Write a long story."}], "max_tokens": 2000,
-            "temperature": 0}) as r:
+    with httpx.stream(
+        "POST",
+        f"{base}/api/chat",
+        timeout=120,
+        json={
+            "model": GEMMA,
+            "messages": [{"role": "user", "content": "Write a long story."}],
+            "max_tokens": 2000,
+            "temperature": 0,
+        },
+    ) as r:
         for i, _ in enumerate(r.iter_lines()):
             if i == 10:
                 break
         assert any(s["is_processing"] for s in upstream_slots(manager))
-    wait_for(lambda: not any(s["is_processing"] for s in upstream_slots(manager)), timeout=10,
-             what="llama-server to stop generating after the GUI left")  # 2000 tokens would take minutes
+    wait_for(
+        lambda: not any(s["is_processing"] for s in upstream_slots(manager)),
+        timeout=10,
+        what="llama-server to stop generating after the GUI left",
+    )  # 2000 tokens would take minutes
 
 
 def test_back_to_back_streams_do_not_reuse_the_connection_llama_server_closed(studio):
@@ -155,7 +191,8 @@ def test_back_to_back_streams_do_not_reuse_the_connection_llama_server_closed(st
 def test_eight_concurrent_streams_complete(client):
     def one(i: int) -> str:
         chunks = client.chat.completions.create(
-            model=GEMMA, messages=[{"role": "user", "content": f"Count to {i + 3}."}], max_tokens=16, stream=True)
+            model=GEMMA, messages=[{"role": "user", "content": f"Count to {i + 3}."}], max_tokens=16, stream=True
+        )
         return "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
 
     with ThreadPoolExecutor(8) as pool:
@@ -168,7 +205,8 @@ def test_swap_between_models_cuts_no_request(studio, client):
 
     def ask(model: str) -> str:
         reply = client.chat.completions.create(
-            model=model, messages=[{"role": "user", "content": "Hello"}], max_tokens=12, temperature=0)
+            model=model, messages=[{"role": "user", "content": "Hello"}], max_tokens=12, temperature=0
+        )
         return reply.model
 
     order = [GEMMA, TINY, GEMMA, TINY, GEMMA, GEMMA, TINY, TINY]
@@ -196,9 +234,16 @@ def test_non_gguf_model_is_400_and_the_live_model_keeps_serving(studio, client):
 
 def test_bad_bodies_get_openai_shaped_errors(studio):
     base, manager = studio
-    resp = httpx.post(f"{base}/v1/chat/completions", timeout=30, json={
-        "model": TINY, "messages": [{"role": "user", "content": "x"}], "enable_thinking": True,
-        "chat_template_kwargs": "not an object"})
+    resp = httpx.post(
+        f"{base}/v1/chat/completions",
+        timeout=30,
+        json={
+            "model": TINY,
+            "messages": [{"role": "user", "content": "x"}],
+            "enable_thinking": True,
+            "chat_template_kwargs": "not an object",
+        },
+    )
     assert resp.status_code == 400 and resp.json()["error"]["param"] == "chat_template_kwargs"
     assert status_json(manager)["in_flight"] == 0  # the refused request released its place (a swap would wait)
     resp = httpx.post(f"{base}/v1/chat/completions", content=b"{not json", timeout=10)
@@ -223,11 +268,12 @@ def test_gui_flow_load_progress_status_chat_unload(studio):
                     events.append(json.loads(line[6:]))
 
     loaded = threading.Thread(
-        target=lambda: events.append({"load": httpx.post(f"{base}/api/load", json={"model": GEMMA}, timeout=120)
-                                      .json()}))
+        target=lambda: events.append(
+            {"load": httpx.post(f"{base}/api/load", json={"model": GEMMA}, timeout=120).json()}
+        )
+    )
     loaded.start()
-    wait_for(lambda: httpx.get(f"{base}/api/status").json()["state"] in ("resolving", "loading", "ready"),
-             timeout=30)
+    wait_for(lambda: httpx.get(f"{base}/api/status").json()["state"] in ("resolving", "loading", "ready"), timeout=30)
     watcher = threading.Thread(target=follow_progress)
     watcher.start()
     loaded.join(120)
@@ -247,8 +293,11 @@ def test_gui_flow_load_progress_status_chat_unload(studio):
     assert actual["total"] == actual["startup_total"]
     assert abs(predicted["startup_total"] - actual["total"]) <= 0.02 * actual["total"], (predicted, actual)
     assert predicted["total"] - predicted["startup_total"] == predicted["devices"]["CPU"]["output_growth"] > 0
-    reply = httpx.post(f"{base}/v1/chat/completions", timeout=60, json={
-        "model": GEMMA, "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 4})
+    reply = httpx.post(
+        f"{base}/v1/chat/completions",
+        timeout=60,
+        json={"model": GEMMA, "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 4},
+    )
     assert reply.status_code == 200 and reply.json()["usage"]["completion_tokens"] >= 1
     logs = []
     with httpx.stream("GET", f"{base}/api/logs", params={"follow": "false"}, timeout=30) as resp:
@@ -270,8 +319,12 @@ def test_api_key_never_reaches_the_argv(studio, client):
 def test_gui_chat_stream_has_typed_events_and_a_final_summary(studio):
     base, _ = studio
     events = []
-    with httpx.stream("POST", f"{base}/api/chat", timeout=120, json={
-            "model": GEMMA, "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 6, "temperature": 0}) as r:
+    with httpx.stream(
+        "POST",
+        f"{base}/api/chat",
+        timeout=120,
+        json={"model": GEMMA, "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 6, "temperature": 0},
+    ) as r:
         assert r.status_code == 200 and r.headers["content-type"].startswith("text/event-stream")
         events = [json.loads(line[6:]) for line in r.iter_lines() if line.startswith("data: ")]
     assert {e["type"] for e in events[:-1]} <= {"content", "reasoning", "tool_call"}
@@ -285,17 +338,24 @@ def test_gui_chat_stream_has_typed_events_and_a_final_summary(studio):
 def test_gui_chat_reports_overflow_as_an_error_event(studio):
     base, _ = studio
     httpx.post(f"{base}/api/load", json={"model": GEMMA, "n_ctx": 512, "n_parallel": 1}, timeout=120)
-    with httpx.stream("POST", f"{base}/api/chat", timeout=120, json={
-            "model": GEMMA, "messages": [{"role": "user", "content": "word " * 3000}], "max_tokens": 4}) as r:
+    with httpx.stream(
+        "POST",
+        f"{base}/api/chat",
+        timeout=120,
+        json={"model": GEMMA, "messages": [{"role": "user", "content": "word " * 3000}], "max_tokens": 4},
+    ) as r:
         events = [json.loads(line[6:]) for line in r.iter_lines() if line.startswith("data: ")]
     assert events[-1]["type"] == "error" and events[-1]["status"] == 400
     assert events[-1]["error"]["type"] == "exceed_context_size_error" and events[-1]["error"]["n_ctx"] == 512
 
 
 def test_api_token_guards_everything_but_health(llama_server_bin, tmp_path):
-    manager = ModelManager(catalog=Catalog([tmp_path]), binary=llama_server_bin, caps=probe(llama_server_bin),
-                           make_supervisor=supervisor_factory(tmp_path / "logs",
-                                                              ChildRegistry(tmp_path / "run", owner_token())))
+    manager = ModelManager(
+        catalog=Catalog([tmp_path]),
+        binary=llama_server_bin,
+        caps=probe(llama_server_bin),
+        make_supervisor=supervisor_factory(tmp_path / "logs", ChildRegistry(tmp_path / "run", owner_token())),
+    )
     app = create_app(manager, api_token="s3cret")
     with TestClient(app, base_url="http://127.0.0.1") as client:  # TestClient's own "testserver" is no loopback name
         assert client.get("/health").status_code == 200
@@ -322,18 +382,25 @@ def test_plan_preview_loads_nothing(studio):
 
 def test_config_defaults_reach_the_plan_and_a_request_wins(llama_server_bin, gemma_model, tmp_path):
     defaults = ModelDefaults(spec="ngram", spec_n_max=5, cache_type_kv="q8_0")
-    manager = ModelManager(catalog=Catalog([gemma_model.parent]), binary=llama_server_bin, caps=probe(llama_server_bin),
-                           make_supervisor=supervisor_factory(tmp_path / "logs",
-                                                              ChildRegistry(tmp_path / "run", owner_token())),
-                           model_defaults={GEMMA: defaults})
+    manager = ModelManager(
+        catalog=Catalog([gemma_model.parent]),
+        binary=llama_server_bin,
+        caps=probe(llama_server_bin),
+        make_supervisor=supervisor_factory(tmp_path / "logs", ChildRegistry(tmp_path / "run", owner_token())),
+        model_defaults={GEMMA: defaults},
+    )
     with TestClient(create_app(manager), base_url="http://127.0.0.1") as client:
         plan = client.post("/api/plan", json={"model": GEMMA, "n_ctx": 4096}).json()
         assert (plan["cache_type_k"], plan["cache_type_v"]) == ("q8_0", "q8_0")
         assert plan["speculative"]["requested"] == "ngram" and "5" in plan["speculative"]["argv"]
-        plan = client.post("/api/plan", json={"model": GEMMA, "n_ctx": 4096, "cache_type_kv": "f16", "spec": "off",
-                                              "spec_n_max": 2}).json()
+        plan = client.post(
+            "/api/plan", json={"model": GEMMA, "n_ctx": 4096, "cache_type_kv": "f16", "spec": "off", "spec_n_max": 2}
+        ).json()
         assert (plan["cache_type_k"], plan["speculative"]["requested"], plan["speculative"]["argv"]) == (
-            "f16", "off", [])
+            "f16",
+            "off",
+            [],
+        )
 
 
 def test_bad_load_options_are_400s_naming_the_problem(studio):
@@ -350,10 +417,10 @@ def test_an_alias_serves_its_model_with_the_configured_defaults(studio, client):
     base, _ = studio
     assert "tiny-alias" in {m.id for m in client.models.list().data}
     reply = client.chat.completions.create(
-        model="tiny-alias", messages=[{"role": "user", "content": "x"}], max_tokens=2)
+        model="tiny-alias", messages=[{"role": "user", "content": "x"}], max_tokens=2
+    )
     assert reply.choices[0].message.content is not None
-    status = next(m for m in httpx.get(f"{base}/api/status").json()["models"]
-                  if m["path"].endswith("llama-dense.gguf"))
+    status = next(m for m in httpx.get(f"{base}/api/status").json()["models"] if m["path"].endswith("llama-dense.gguf"))
     assert studio[1].find("tiny-alias").settings.n_ctx == 512  # the configured defaults reached the launch
     assert status["speculative"]["requested"] == "off" and status["cache_type_kv"] == "f16"
     # llama-server caps a slot at the model's training context (256 for the zoo models): it says so itself.

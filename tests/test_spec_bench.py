@@ -39,24 +39,26 @@ def _auto(info: ModelInfo, caps, store: Path | None, inventory: Inventory = CPU)
 def _with_winner(measured: SpecMeasurement, mode: str) -> SpecMeasurement:
     """``measured`` with ``mode`` made the fastest, as if this machine had measured it so."""
     best = max(r.tokens_per_s for r in measured.results)
-    results = tuple(dataclasses.replace(r, tokens_per_s=best * 1.5) if r.mode == mode else r
-                    for r in measured.results)
+    results = tuple(dataclasses.replace(r, tokens_per_s=best * 1.5) if r.mode == mode else r for r in measured.results)
     return dataclasses.replace(measured, results=results)
 
 
 @pytest.mark.slow
 def test_bench_spec_on_the_mtp_zoo_model_measures_every_mode_and_auto_follows_the_stored_result(
-        qwen35_mtp_model, llama_server_bin, real, tmp_path):
+    qwen35_mtp_model, llama_server_bin, real, tmp_path
+):
     info = load_model(qwen35_mtp_model)
     store = tmp_path / "spec"
     policy = _auto(info, real, store)
     assert policy.measured is None and policy.resolved == "ngram"  # an MTP model under 3B: the policy's ngram-mod
 
-    measured, stored = measure_and_store(info, CPU, real, llama_server_bin, store=store, work_dir=tmp_path / "work",
-                                         tokens=8, rounds=1, n_ctx=2048)
+    measured, stored = measure_and_store(
+        info, CPU, real, llama_server_bin, store=store, work_dir=tmp_path / "work", tokens=8, rounds=1, n_ctx=2048
+    )
     assert [r.mode for r in measured.results] == ["off", "ngram", "ngram-simple", "mtp", "mtp+ngram"]
-    assert all(r.tokens_per_s > 0 and set(r.per_prompt) == {"prose", "code edit", "repetitive"}
-               for r in measured.results)
+    assert all(
+        r.tokens_per_s > 0 and set(r.per_prompt) == {"prose", "code edit", "repetitive"} for r in measured.results
+    )
     assert measured.result("mtp").draft_acceptance is not None  # the MTP head drafted
     assert stored.exists() and lookup(store, qwen35_mtp_model, spec_devices(CPU, real), real) == measured
 
@@ -72,7 +74,8 @@ def test_bench_spec_on_the_mtp_zoo_model_measures_every_mode_and_auto_follows_th
 
 @pytest.mark.slow
 def test_a_changed_binary_or_device_set_finds_no_measurement_and_the_policy_stands(
-        qwen35_mtp_model, llama_server_bin, real, tmp_path):
+    qwen35_mtp_model, llama_server_bin, real, tmp_path
+):
     info = load_model(qwen35_mtp_model)
     store = tmp_path / "spec"
     key = SpecKey.of(qwen35_mtp_model, spec_devices(CPU, real), real)
@@ -101,8 +104,9 @@ def test_a_changed_binary_or_device_set_finds_no_measurement_and_the_policy_stan
 def test_auto_follows_a_measurement_and_explicit_modes_ignore_it(real):
     model = SpecModel("m.gguf", 1_000_000_000, nextn_layers=1)
     key = SpecKey("m|1|1", ("CPU=x",), "b|1|1|v")
-    measured = SpecMeasurement(key, (ModeResult("off", 10.0), ModeResult("ngram", 13.1), ModeResult("mtp", 12.0)),
-                               "2026-05-04T10:00:00+00:00")
+    measured = SpecMeasurement(
+        key, (ModeResult("off", 10.0), ModeResult("ngram", 13.1), ModeResult("mtp", 12.0)), "2026-05-04T10:00:00+00:00"
+    )
     spec = spec_plan("auto", real, model, on_gpu=False, measured=measured)
     assert spec.resolved == "ngram" and spec.argv[:2] == ("--spec-type", "ngram-mod")
     assert spec.reasons == ("auto -> ngram-mod, measured 1.31x over off on this machine (2026-05-04)",)
@@ -123,25 +127,40 @@ def test_a_stored_measurement_that_is_not_ours_is_ignored(real, tmp_path, gemma_
 
 @pytest.mark.slow
 def test_bench_spec_cli_on_gemma_stores_the_winner_and_plan_says_so(gemma_model, llama_server_bin, tmp_path):
-    env = {**os.environ, "GGUF_STUDIO_HOME": str(tmp_path / "home"), "LLAMA_SERVER_PATH": str(llama_server_bin),
-           "NO_COLOR": "1"}
+    env = {
+        **os.environ,
+        "GGUF_STUDIO_HOME": str(tmp_path / "home"),
+        "LLAMA_SERVER_PATH": str(llama_server_bin),
+        "NO_COLOR": "1",
+    }
     cli = [str(Path(sys.executable).parent / "ggstudio")]
-    done = subprocess.run([*cli, "bench-spec", str(gemma_model), "--tokens", "8", "--rounds", "1", "--json"],
-                          env=env, capture_output=True, text=True, timeout=900)
+    done = subprocess.run(
+        [*cli, "bench-spec", str(gemma_model), "--tokens", "8", "--rounds", "1", "--json"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     assert done.returncode == 0, done.stderr
     out = json.loads(done.stdout)
     assert [r["mode"] for r in out["results"]] == ["off", "ngram", "ngram-simple"]  # Gemma has no MTP layers
     winner = max(out["results"], key=lambda r: r["tokens_per_s"])["mode"]
     assert out["auto"]["resolved"] == winner and Path(out["stored"]).is_file()
 
-    shown = subprocess.run([*cli, "plan", str(gemma_model), "--ctx", "2048", "--json"], env=env,
-                           capture_output=True, text=True, timeout=300)
+    shown = subprocess.run(
+        [*cli, "plan", str(gemma_model), "--ctx", "2048", "--json"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert shown.returncode == 0, shown.stderr
     spec = json.loads(shown.stdout)["speculative"]
     assert spec["resolved"] == winner and spec["measured"]["winner"] == out["winner"]
     assert spec["reasons"][0] == f"auto -> {out['summary']}"
-    text = subprocess.run([*cli, "plan", str(gemma_model), "--ctx", "2048"], env=env, capture_output=True,
-                          text=True, timeout=300).stdout
+    text = subprocess.run(
+        [*cli, "plan", str(gemma_model), "--ctx", "2048"], env=env, capture_output=True, text=True, timeout=300
+    ).stdout
     assert f"measured: {out['summary']}" in text
 
 

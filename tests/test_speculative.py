@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import dataclasses
 import subprocess
+from pathlib import Path
 
 import httpx
 import pytest
@@ -14,7 +13,14 @@ import gguf
 from launcher.capabilities import Capabilities
 from launcher.process import LlamaServer
 from launcher.speculative import (
-    GPU_MTP_N_MAX, MODES, NGRAM_N_MAX, NGRAM_SIMPLE_N_MAX, SpecModel, SpeculativeConfigError, normalize_mode, plan,
+    GPU_MTP_N_MAX,
+    MODES,
+    NGRAM_N_MAX,
+    NGRAM_SIMPLE_N_MAX,
+    SpecModel,
+    SpeculativeConfigError,
+    normalize_mode,
+    plan,
 )
 from tests.helpers import free_port, server_argv
 
@@ -28,14 +34,26 @@ NAMED_MTP = SpecModel("GLM-4.5-Air-MTP-Q4_K_M.gguf", 100_000_000_000)  # no fact
 NEW_NGRAM = ("--spec-ngram-mod-n-match", "24", "--spec-ngram-mod-n-min", "48", "--spec-ngram-mod-n-max", "64")
 
 
-
-
-@pytest.mark.parametrize(("text", "mode"), [
-    ("auto", "auto"), ("default", "auto"), ("DEFAULT", "auto"), ("mtp", "mtp"), ("draft-mtp", "mtp"),
-    ("ngram", "ngram"), ("ngram-mod", "ngram"), ("mtp+ngram", "mtp+ngram"), ("draft-mtp,ngram-mod", "mtp+ngram"),
-    ("ngram-mod,draft-mtp", "mtp+ngram"), ("mtp,ngram", "mtp+ngram"), ("off", "off"), ("none", "off"),
-    ("ngram-simple", "ngram-simple"), (" mtp ", "mtp"),
-])
+@pytest.mark.parametrize(
+    ("text", "mode"),
+    [
+        ("auto", "auto"),
+        ("default", "auto"),
+        ("DEFAULT", "auto"),
+        ("mtp", "mtp"),
+        ("draft-mtp", "mtp"),
+        ("ngram", "ngram"),
+        ("ngram-mod", "ngram"),
+        ("mtp+ngram", "mtp+ngram"),
+        ("draft-mtp,ngram-mod", "mtp+ngram"),
+        ("ngram-mod,draft-mtp", "mtp+ngram"),
+        ("mtp,ngram", "mtp+ngram"),
+        ("off", "off"),
+        ("none", "off"),
+        ("ngram-simple", "ngram-simple"),
+        (" mtp ", "mtp"),
+    ],
+)
 def test_normalize_accepts_canonical_and_llama_cpp_spellings(text, mode):
     assert normalize_mode(text) == mode
 
@@ -49,8 +67,14 @@ def test_unknown_mode_lists_the_valid_ones(text):
 # (requested, model, on_gpu, n_max, resolved, argv on the real b11434 build)
 REAL_CASES = [
     ("auto", BIG_MTP, True, None, "mtp", ("--spec-type", "draft-mtp", "--spec-draft-n-max", "2")),
-    ("auto", BIG_MTP, False, None, "mtp+ngram",
-     ("--spec-type", "draft-mtp,ngram-mod", "--spec-draft-n-max", "3", *NEW_NGRAM)),
+    (
+        "auto",
+        BIG_MTP,
+        False,
+        None,
+        "mtp+ngram",
+        ("--spec-type", "draft-mtp,ngram-mod", "--spec-draft-n-max", "3", *NEW_NGRAM),
+    ),
     ("auto", NAMED_MTP, True, None, "mtp", ("--spec-type", "draft-mtp", "--spec-draft-n-max", "2")),
     ("auto", SMALL_MTP, True, None, "ngram", ("--spec-type", "ngram-mod", *NEW_NGRAM)),
     ("auto", SMALL_MTP, False, None, "ngram", ("--spec-type", "ngram-mod", *NEW_NGRAM)),
@@ -61,11 +85,32 @@ REAL_CASES = [
     ("mtp", SMALL_MTP, True, None, "mtp", ("--spec-type", "draft-mtp", "--spec-draft-n-max", "2")),
     ("mtp", PLAIN, False, None, "off", ()),
     ("mtp+ngram", PLAIN, False, None, "ngram", ("--spec-type", "ngram-mod", *NEW_NGRAM)),
-    ("mtp+ngram", BIG_MTP, True, 4, "mtp+ngram",
-     ("--spec-type", "draft-mtp,ngram-mod", "--spec-draft-n-max", "4", *NEW_NGRAM)),
+    (
+        "mtp+ngram",
+        BIG_MTP,
+        True,
+        4,
+        "mtp+ngram",
+        ("--spec-type", "draft-mtp,ngram-mod", "--spec-draft-n-max", "4", *NEW_NGRAM),
+    ),
     ("ngram", PLAIN, False, None, "ngram", ("--spec-type", "ngram-mod", *NEW_NGRAM)),
-    ("ngram", PLAIN, False, 16, "ngram", ("--spec-type", "ngram-mod", "--spec-ngram-mod-n-match", "24",
-                                          "--spec-ngram-mod-n-min", "16", "--spec-ngram-mod-n-max", "16")),
+    (
+        "ngram",
+        PLAIN,
+        False,
+        16,
+        "ngram",
+        (
+            "--spec-type",
+            "ngram-mod",
+            "--spec-ngram-mod-n-match",
+            "24",
+            "--spec-ngram-mod-n-min",
+            "16",
+            "--spec-ngram-mod-n-max",
+            "16",
+        ),
+    ),
     ("ngram-simple", PLAIN, False, None, "ngram-simple", ("--spec-type", "ngram-simple")),
     ("off", BIG_MTP, True, None, "off", ()),
 ]
@@ -85,21 +130,40 @@ def test_every_argv_for_the_real_build_parses(real, llama_server_bin):
     for argv in emitted:
         done = subprocess.run([str(llama_server_bin), *argv, "--version"], capture_output=True, text=True, timeout=10)
         assert done.returncode == 0, (argv, done.stderr)
-    stub = subprocess.run([str(llama_server_bin), "--draft-max", "3", "--version"], capture_output=True, text=True,
-                          timeout=10)
+    stub = subprocess.run(
+        [str(llama_server_bin), "--draft-max", "3", "--version"], capture_output=True, text=True, timeout=10
+    )
     assert stub.returncode != 0 and "has been removed" in stub.stderr
 
 
 LEGACY_CASES = [
     ("auto", BIG_MTP, True, None, "mtp", ("--spec-type", "mtp", "--draft-max", "2")),
-    ("auto", BIG_MTP, False, None, "mtp+ngram",
-     ("--spec-type", "mtp,ngram-mod", "--draft-max", "3", "--spec-ngram-size-n", "24")),
-    ("auto", SMALL_MTP, False, None, "ngram",
-     ("--spec-type", "ngram-mod", "--spec-ngram-size-n", "24", "--draft-min", "48", "--draft-max", "64")),
+    (
+        "auto",
+        BIG_MTP,
+        False,
+        None,
+        "mtp+ngram",
+        ("--spec-type", "mtp,ngram-mod", "--draft-max", "3", "--spec-ngram-size-n", "24"),
+    ),
+    (
+        "auto",
+        SMALL_MTP,
+        False,
+        None,
+        "ngram",
+        ("--spec-type", "ngram-mod", "--spec-ngram-size-n", "24", "--draft-min", "48", "--draft-max", "64"),
+    ),
     ("auto", PLAIN, True, None, "off", ()),  # no --spec-default in older builds
     ("mtp", BIG_MTP, True, 7, "mtp", ("--spec-type", "mtp", "--draft-max", "7")),
-    ("ngram", PLAIN, False, 8, "ngram",
-     ("--spec-type", "ngram-mod", "--spec-ngram-size-n", "24", "--draft-min", "8", "--draft-max", "8")),
+    (
+        "ngram",
+        PLAIN,
+        False,
+        8,
+        "ngram",
+        ("--spec-type", "ngram-mod", "--spec-ngram-size-n", "24", "--draft-min", "8", "--draft-max", "8"),
+    ),
     ("ngram-simple", PLAIN, False, None, "ngram-simple", ("--spec-type", "ngram-simple")),
 ]
 
@@ -173,14 +237,17 @@ def test_every_mode_starts_the_real_server_on_gemma(real, llama_server_bin, gemm
         server.stop()
 
 
-@pytest.mark.parametrize(("requested", "model", "on_gpu", "n_max", "n_draft"), [
-    ("auto", PLAIN, False, None, NGRAM_N_MAX),  # --spec-default drafts up to 64
-    ("ngram", PLAIN, False, 16, 16),
-    ("mtp", BIG_MTP, True, None, GPU_MTP_N_MAX),
-    ("auto", BIG_MTP, False, None, NGRAM_N_MAX),  # MTP (3) chained with ngram-mod (64)
-    ("ngram-simple", PLAIN, False, None, NGRAM_SIMPLE_N_MAX),
-    ("off", PLAIN, False, None, 0),
-])
+@pytest.mark.parametrize(
+    ("requested", "model", "on_gpu", "n_max", "n_draft"),
+    [
+        ("auto", PLAIN, False, None, NGRAM_N_MAX),  # --spec-default drafts up to 64
+        ("ngram", PLAIN, False, 16, 16),
+        ("mtp", BIG_MTP, True, None, GPU_MTP_N_MAX),
+        ("auto", BIG_MTP, False, None, NGRAM_N_MAX),  # MTP (3) chained with ngram-mod (64)
+        ("ngram-simple", PLAIN, False, None, NGRAM_SIMPLE_N_MAX),
+        ("off", PLAIN, False, None, 0),
+    ],
+)
 def test_the_plan_says_how_many_tokens_a_step_may_draft(real, requested, model, on_gpu, n_max, n_draft):
     """The memory estimate sizes the logits for n_parallel x (1 + n_draft) rows."""
     assert plan(requested, real, model, on_gpu=on_gpu, n_max=n_max).n_draft == n_draft

@@ -114,10 +114,16 @@ def test_killed_child_while_streaming_is_detected_within_a_second(supervisor, ll
 
     def stream():
         try:
-            with httpx.stream("POST", f"{status.url}/v1/chat/completions", timeout=30, json={
-                "messages": [{"role": "user", "content": "Count to one thousand."}],
-                "max_tokens": 2000, "stream": True,
-            }) as resp:
+            with httpx.stream(
+                "POST",
+                f"{status.url}/v1/chat/completions",
+                timeout=30,
+                json={
+                    "messages": [{"role": "user", "content": "Count to one thousand."}],
+                    "max_tokens": 2000,
+                    "stream": True,
+                },
+            ) as resp:
                 for _ in resp.iter_lines():
                     first_chunk.set()
         except httpx.HTTPError as exc:
@@ -134,12 +140,16 @@ def test_killed_child_while_streaming_is_detected_within_a_second(supervisor, ll
     assert "error" in outcome  # the client saw the stream break, it did not hang
 
 
-@pytest.mark.parametrize("kind, reason", [
-    ("truncated", "not within the file bounds"),
-    ("not gguf", "invalid magic characters"),
-])
-def test_bad_model_fails_fast_with_the_servers_reason(supervisor, llama_server_bin, gemma_model, tmp_path, kind,
-                                                      reason):
+@pytest.mark.parametrize(
+    "kind, reason",
+    [
+        ("truncated", "not within the file bounds"),
+        ("not gguf", "invalid magic characters"),
+    ],
+)
+def test_bad_model_fails_fast_with_the_servers_reason(
+    supervisor, llama_server_bin, gemma_model, tmp_path, kind, reason
+):
     bad = tmp_path / "bad.gguf"
     if kind == "truncated":
         with gemma_model.open("rb") as src:
@@ -239,7 +249,9 @@ def test_kill_9_of_the_owner_leaves_no_llama_server(llama_server_bin, gemma_mode
     for trial in range(10):
         with subprocess.Popen(
             [sys.executable, "-c", OWNER, str(llama_server_bin), str(gemma_model), str(tmp_path)],
-            cwd=REPO, stdout=subprocess.PIPE, text=True,
+            cwd=REPO,
+            stdout=subprocess.PIPE,
+            text=True,
         ) as owner:
             pid = int(owner.stdout.readline())
             assert psutil.Process(pid).name() == "llama-server"
@@ -254,24 +266,31 @@ def test_registry_reaps_only_our_orphans(tmp_path):
     """Records for a dead studio's child, a live foreign studio's child and a recycled pid."""
     run = tmp_path / "run"
     ours = ChildRegistry(run, owner_token())
-    with subprocess.Popen(["sleep", "300"], start_new_session=True) as orphan, \
-            subprocess.Popen(["sleep", "300"], start_new_session=True) as foreign, \
-            subprocess.Popen([sys.executable, "-c", "import time; time.sleep(300)"]) as other_studio:
+    with (
+        subprocess.Popen(["sleep", "300"], start_new_session=True) as orphan,
+        subprocess.Popen(["sleep", "300"], start_new_session=True) as foreign,
+        subprocess.Popen([sys.executable, "-c", "import time; time.sleep(300)"]) as other_studio,
+    ):
         try:
             dead_studio = subprocess.Popen(["true"])
             dead_studio.wait()
             rec = ChildRegistry(run, "studio-dead").add(orphan.pid, "llama-server")
             (run / f"llama-server-{orphan.pid}.json").write_text(
-                (run / f"llama-server-{orphan.pid}.json").read_text()
-                .replace(f'"studio_pid": {os.getpid()}', f'"studio_pid": {dead_studio.pid}'))
+                (run / f"llama-server-{orphan.pid}.json")
+                .read_text()
+                .replace(f'"studio_pid": {os.getpid()}', f'"studio_pid": {dead_studio.pid}')
+            )
             foreign_rec = ChildRegistry(run, "studio-other").add(foreign.pid, "llama-server")
             (run / f"llama-server-{foreign.pid}.json").write_text(
-                (run / f"llama-server-{foreign.pid}.json").read_text()
+                (run / f"llama-server-{foreign.pid}.json")
+                .read_text()
                 .replace(f'"studio_pid": {os.getpid()}', f'"studio_pid": {other_studio.pid}')
-                .replace(str(foreign_rec.studio_create_time), str(psutil.Process(other_studio.pid).create_time())))
+                .replace(str(foreign_rec.studio_create_time), str(psutil.Process(other_studio.pid).create_time()))
+            )
             (run / "llama-server-999999.json").write_text(
                 '{"pid": 999999, "create_time": 1.0, "binary": "x", "owner": "o", "studio_pid": 1, '
-                '"studio_create_time": 1.0}')
+                '"studio_create_time": 1.0}'
+            )
             assert rec.pid == orphan.pid
 
             assert ours.reap_orphans(grace=2) == [orphan.pid]
@@ -287,8 +306,12 @@ def test_registry_reaps_only_our_orphans(tmp_path):
 def test_after_stop_runs_once_the_child_is_reaped(supervisor, llama_server_bin, zoo_dir):
     seen = []
     spec = spec_for(llama_server_bin, zoo_dir / "llama-dense.gguf", n_ctx=256)
-    spec = LaunchSpec(make_argv=spec.make_argv, binary=spec.binary, model_bytes=spec.model_bytes,
-                      after_stop=lambda: seen.append(supervisor_pid[0] is not None and gone(supervisor_pid[0])))
+    spec = LaunchSpec(
+        make_argv=spec.make_argv,
+        binary=spec.binary,
+        model_bytes=spec.model_bytes,
+        after_stop=lambda: seen.append(supervisor_pid[0] is not None and gone(supervisor_pid[0])),
+    )
     supervisor_pid = [supervisor.start(spec).pid]
     supervisor.stop()
     assert seen == [True]  # called once, after the process was gone
@@ -297,8 +320,12 @@ def test_after_stop_runs_once_the_child_is_reaped(supervisor, llama_server_bin, 
 def test_a_crash_is_reported_at_once_and_left_to_the_owner(llama_server_bin, zoo_dir, tmp_path):
     """The supervisor restarted on its own, on a new port its owner never learnt; now it reports and reaps."""
     seen: list[State] = []
-    sup = Supervisor(logs_dir=tmp_path / "logs", registry=ChildRegistry(tmp_path / "run", owner_token()),
-                     health_interval=60, on_change=lambda status: seen.append(status.state))
+    sup = Supervisor(
+        logs_dir=tmp_path / "logs",
+        registry=ChildRegistry(tmp_path / "run", owner_token()),
+        health_interval=60,
+        on_change=lambda status: seen.append(status.state),
+    )
     try:
         first = sup.start(spec_for(llama_server_bin, zoo_dir / "llama-dense.gguf", n_ctx=256)).pid
         assert sup.url is not None
@@ -307,7 +334,7 @@ def test_a_crash_is_reported_at_once_and_left_to_the_owner(llama_server_bin, zoo
         status = sup.wait_for({State.CRASHED}, timeout=5)
         assert time.monotonic() - t0 < 2  # noticed from the child's exit, not at the next health check (60 s)
         assert status.pid is None and sup.url is None and "code -9" in status.cause
-        assert seen[-1] == State.CRASHED and State.STARTING not in seen[seen.index(State.READY):]
+        assert seen[-1] == State.CRASHED and State.STARTING not in seen[seen.index(State.READY) :]
         assert gone(first)
     finally:
         sup.close()

@@ -115,8 +115,9 @@ def templates_dir(settings: Settings) -> Path:
     """The pinned tree's templates; a missing tree fails the test, it never skips it."""
     path = layout_for(settings.home, load_pin()).source_dir / "models" / "templates"
     if not path.is_dir():
-        pytest.fail(f"{path} is missing: run `make test` or `ggstudio build-llama` first "
-                    "to extract the pinned llama.cpp tree")
+        pytest.fail(
+            f"{path} is missing: run `make test` or `ggstudio build-llama` first to extract the pinned llama.cpp tree"
+        )
     return path
 
 
@@ -240,7 +241,9 @@ def test_r1_distill_template_that_strips_past_thinking_is_reported_as_always_rea
 
 def test_a_history_strip_with_a_keep_switch_is_not_a_reasoning_template():
     """LFM2.5-Instruct's shape: past ``...</think>`` dropped unless ``keep_past_thinking``; an instruct model."""
-    src = ("{% for m in messages %}{% set content = m.content %}{% if not keep_past_thinking %}"
-           "{% if '</think>' in content %}{% set content = content.split('</think>')[-1] %}{% endif %}{% endif %}"
-           "{{ content }}{% endfor %}")
+    src = (
+        "{% for m in messages %}{% set content = m.content %}{% if not keep_past_thinking %}"
+        "{% if '</think>' in content %}{% set content = content.split('</think>')[-1] %}{% endif %}{% endif %}"
+        "{{ content }}{% endfor %}"
+    )
     assert template_capabilities(src) == PLAIN

@@ -69,8 +69,9 @@ def streamed(http: httpx.Client, body: dict[str, Any]) -> tuple[str, list[dict[s
                 delta = choice["delta"]
                 content.append(delta.get("content") or "")
                 for call in delta.get("tool_calls") or ():
-                    whole = calls.setdefault(call["index"], {"id": call.get("id"), "function": {"name": "",
-                                                                                             "arguments": ""}})
+                    whole = calls.setdefault(
+                        call["index"], {"id": call.get("id"), "function": {"name": "", "arguments": ""}}
+                    )
                     whole["function"]["name"] += call.get("function", {}).get("name") or ""
                     whole["function"]["arguments"] += call.get("function", {}).get("arguments") or ""
                 finish = choice.get("finish_reason") or finish
@@ -129,12 +130,15 @@ def test_plain_text_is_not_held_back(replay, http):
     assert (content, calls, finish) == ("It is sunny in Paris.", [], "stop")
 
 
-@pytest.mark.parametrize("text", [
-    "<tool_call>I cannot call tools</tool_call> sorry",
-    '<tool_call>{"name": "launch_rockets", "arguments": {}}</tool_call>',  # not an offered tool
-    "Use <function=get_weather> like this",
-    "[TOOL_CALLS] none today",
-])
+@pytest.mark.parametrize(
+    "text",
+    [
+        "<tool_call>I cannot call tools</tool_call> sorry",
+        '<tool_call>{"name": "launch_rockets", "arguments": {}}</tool_call>',  # not an offered tool
+        "Use <function=get_weather> like this",
+        "[TOOL_CALLS] none today",
+    ],
+)
 def test_markup_that_does_not_parse_stays_text(replay, http, text):
     replay.script(Answer.text(text), Answer(content=list(text)))
     plain = http.post("/v1/chat/completions", json=ASK).json()["choices"][0]
@@ -185,13 +189,18 @@ def test_openai_client_sees_healed_calls(replay, studio):
         replay.script(Answer.text(LEAKS["qwen3_coder"]))
         reply = client.chat.completions.create(model="replay", messages=ASK["messages"], tools=[WEATHER_TOOL])
         call = reply.choices[0].message.tool_calls[0]
-        assert (call.function.name, json.loads(call.function.arguments)) == ("get_weather", {"city": "Paris", "days": 3})
+        assert (call.function.name, json.loads(call.function.arguments)) == (
+            "get_weather",
+            {"city": "Paris", "days": 3},
+        )
         assert reply.choices[0].finish_reason == "tool_calls"
         replay.script(Answer(content=list(LEAKS["mistral"])))
-        stream = client.chat.completions.create(model="replay", messages=ASK["messages"], tools=[WEATHER_TOOL],
-                                                stream=True)
+        stream = client.chat.completions.create(
+            model="replay", messages=ASK["messages"], tools=[WEATHER_TOOL], stream=True
+        )
         deltas = [c.choices[0] for c in stream if c.choices]
         calls = [t for d in deltas for t in d.delta.tool_calls or ()]
-        assert [(t.function.name, json.loads(t.function.arguments)) for t in calls] == [("get_weather",
-                                                                                          {"city": "Paris"})]
+        assert [(t.function.name, json.loads(t.function.arguments)) for t in calls] == [
+            ("get_weather", {"city": "Paris"})
+        ]
         assert deltas[-1].finish_reason == "tool_calls"

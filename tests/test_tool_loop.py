@@ -29,8 +29,13 @@ QUESTION = [{"role": "user", "content": "What is the weather in Paris?"}]
 
 
 def standin_server(name: str = "standin") -> MCPServerConfig:
-    return MCPServerConfig(name=name, command=sys.executable, args=("-m", "tests.mcp_standin_server"),
-                           env={"PYTHONPATH": str(ROOT)}, cwd=ROOT)
+    return MCPServerConfig(
+        name=name,
+        command=sys.executable,
+        args=("-m", "tests.mcp_standin_server"),
+        env={"PYTHONPATH": str(ROOT)},
+        cwd=ROOT,
+    )
 
 
 @pytest.fixture(scope="module")
@@ -42,8 +47,9 @@ def loop():
 
 @pytest.fixture(scope="module")
 def toolbox(loop, tmp_path_factory):
-    settings = ToolSettings(mcp_servers={"standin": standin_server()},
-                            python=PythonToolConfig(enabled=True, timeout=10, memory_mb=256))
+    settings = ToolSettings(
+        mcp_servers={"standin": standin_server()}, python=PythonToolConfig(enabled=True, timeout=10, memory_mb=256)
+    )
     box = Toolbox(settings, scratch_dir=tmp_path_factory.mktemp("scratch"), logs_dir=tmp_path_factory.mktemp("logs"))
     loop.run(box.start())
     assert box.status()["mcp_servers"]["standin"]["state"] == "ready", box.status()
@@ -57,9 +63,13 @@ def call(name: str, arguments: dict[str, Any], id: str = "c1") -> dict[str, Any]
 
 
 def turn(content: str = "", *calls: dict[str, Any], prompt: int = 100, completion: int = 10) -> Turn:
-    return Turn(content=content, tool_calls=list(calls), finish_reason="tool_calls" if calls else "stop",
-                usage={"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion},
-                timings={"prompt_n": prompt, "prompt_ms": 100.0, "predicted_n": completion, "predicted_ms": 200.0})
+    return Turn(
+        content=content,
+        tool_calls=list(calls),
+        finish_reason="tool_calls" if calls else "stop",
+        usage={"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion},
+        timings={"prompt_n": prompt, "prompt_ms": 100.0, "predicted_n": completion, "predicted_ms": 200.0},
+    )
 
 
 class Script:
@@ -69,8 +79,11 @@ class Script:
         self.turns = list(turns)
         self.sent: list[tuple[list[dict[str, Any]], list[dict[str, Any]] | None]] = []
 
-    async def __call__(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None,
-                       ) -> AsyncIterator[dict[str, Any] | Turn]:
+    async def __call__(
+        self,
+        messages: list[dict[str, Any]],
+        tools: list[dict[str, Any]] | None,
+    ) -> AsyncIterator[dict[str, Any] | Turn]:
         self.sent.append((copy.deepcopy(messages), tools))
         step = self.turns[min(len(self.sent), len(self.turns)) - 1]
         if isinstance(step, Exception):
@@ -113,8 +126,10 @@ def test_a_tool_call_then_an_answer_in_order_with_usage_summed(loop, toolbox):
 
 
 def test_iteration_cap_then_one_nudge_without_tools(loop, toolbox):
-    script = Script(*[turn("", call("standin__add", {"a": i, "b": 1}, id=f"c{i}")) for i in range(3)],
-                    turn("The sums were 1, 2 and 3."))
+    script = Script(
+        *[turn("", call("standin__add", {"a": i, "b": 1}, id=f"c{i}")) for i in range(3)],
+        turn("The sums were 1, 2 and 3."),
+    )
     events = run(loop, toolbox, script, ["standin__add"], max_iterations=3)
     assert kinds(events).count("tool_start") == 3
     assert kinds(events)[-3:] == ["status:iteration_cap", "content", "done"]
@@ -128,8 +143,16 @@ def test_a_repeated_call_is_told_once_then_stops(loop, toolbox):
     same = call("standin__get_weather", {"city": "Paris"})
     script = Script(turn("", same), turn("", {**same, "id": "c2"}), turn("", {**same, "id": "c3"}), turn("never"))
     events = run(loop, toolbox, script, ["standin__get_weather"])
-    assert kinds(events) == ["tool_call", "tool_start", "tool_end", "tool_call", "status:repeated_call",
-                             "tool_call", "status:repeated_call", "done"]
+    assert kinds(events) == [
+        "tool_call",
+        "tool_start",
+        "tool_end",
+        "tool_call",
+        "status:repeated_call",
+        "tool_call",
+        "status:repeated_call",
+        "done",
+    ]
     assert "already called standin__get_weather" in tool_results(script, 2)[-1]
     assert len(script.sent) == 3 and events[-1]["stop_reason"] == "repeated_call"
 
@@ -144,16 +167,23 @@ def test_a_plan_without_action_is_re_prompted_at_most_twice(loop, toolbox):
     # and a re-prompted model that then acts goes on normally
     script = Script(turn(plan), turn("", call("standin__get_weather", {"city": "Paris"})), turn("Sunny."))
     assert kinds(run(loop, toolbox, script, ["standin__get_weather"]))[-4:] == [
-        "tool_start", "tool_end", "content", "done"]
+        "tool_start",
+        "tool_end",
+        "content",
+        "done",
+    ]
 
 
-@pytest.mark.parametrize("text, plan", [
-    ("Let me look up the current weather in Paris.", True),
-    ("I will use the search tool to find it:", True),
-    ("It is sunny in Paris today.", False),
-    ("Should I check the weather for you?", False),
-    ("", False),
-])
+@pytest.mark.parametrize(
+    "text, plan",
+    [
+        ("Let me look up the current weather in Paris.", True),
+        ("I will use the search tool to find it:", True),
+        ("It is sunny in Paris today.", False),
+        ("Should I check the weather for you?", False),
+        ("", False),
+    ],
+)
 def test_announces_action(text, plan):
     assert announces_action(text) is plan
 
@@ -178,8 +208,10 @@ def test_the_whole_loop_times_out(loop, toolbox):
 
 
 def test_a_crashing_tool_and_megabytes_of_output_are_error_results(loop, toolbox):
-    script = Script(turn("", call("standin__crash", {}, id="a"), call("standin__shout", {"n": 3_000_000}, id="b")),
-                    turn("Both went wrong."))
+    script = Script(
+        turn("", call("standin__crash", {}, id="a"), call("standin__shout", {"n": 3_000_000}, id="b")),
+        turn("Both went wrong."),
+    )
     events = run(loop, toolbox, script, ["standin__crash", "standin__shout"], result_chars=1000)
     crash, shout = [e for e in events if e["type"] == "tool_end"]
     assert not crash["ok"] and "crash" in crash["error"]
@@ -191,8 +223,9 @@ def test_a_crashing_tool_and_megabytes_of_output_are_error_results(loop, toolbox
 
 def test_unknown_tools_and_bad_arguments_never_run(loop, toolbox):
     bad = {"id": "b", "type": "function", "function": {"name": "standin__add", "arguments": "{not json"}}
-    script = Script(turn("", call("standin__die", {}, id="a"), bad, call("python", {"code": "print(1)"}, id="c")),
-                    turn("ok"))
+    script = Script(
+        turn("", call("standin__die", {}, id="a"), bad, call("python", {"code": "print(1)"}, id="c")), turn("ok")
+    )
     events = run(loop, toolbox, script, ["standin__add"])
     ends = [e for e in events if e["type"] == "tool_end"]
     assert [e["ok"] for e in ends] == [False, False, False]
@@ -208,19 +241,23 @@ def test_the_python_tool_in_the_loop(loop, toolbox):
 
 
 def test_a_model_error_ends_the_loop_with_an_error_event(loop, toolbox):
-    script = Script(turn("", call("standin__add", {"a": 1, "b": 1})),
-                    TurnError(400, {"message": "context full", "type": "exceed_context_size_error"}))
+    script = Script(
+        turn("", call("standin__add", {"a": 1, "b": 1})),
+        TurnError(400, {"message": "context full", "type": "exceed_context_size_error"}),
+    )
     events = run(loop, toolbox, script, ["standin__add"])
     assert kinds(events)[-1] == "error" and events[-1]["status"] == 400
 
 
 def test_an_mcp_server_that_dies_mid_call(loop, tmp_path):
-    box = Toolbox(ToolSettings(mcp_servers={"mortal": standin_server("mortal")}), scratch_dir=tmp_path,
-                  logs_dir=tmp_path / "logs")
+    box = Toolbox(
+        ToolSettings(mcp_servers={"mortal": standin_server("mortal")}), scratch_dir=tmp_path, logs_dir=tmp_path / "logs"
+    )
     loop.run(box.start())
     try:
-        script = Script(turn("", call("mortal__die", {}), call("mortal__add", {"a": 1, "b": 2}, id="c2")),
-                        turn("The server died."))
+        script = Script(
+            turn("", call("mortal__die", {}), call("mortal__add", {"a": 1, "b": 2}, id="c2")), turn("The server died.")
+        )
         events = run(loop, box, script, ["mortal__die", "mortal__add"])
         ends = [e for e in events if e["type"] == "tool_end"]
         assert not ends[0]["ok"] and "went away" in ends[0]["error"]
@@ -236,8 +273,13 @@ def test_an_mcp_server_that_dies_mid_call(loop, tmp_path):
 
 
 def test_a_server_that_cannot_start_is_reported_not_fatal(loop, tmp_path):
-    box = Toolbox(ToolSettings(mcp_servers={"ghost": MCPServerConfig(name="ghost", command="/nonexistent/mcp")},
-                               python=PythonToolConfig(enabled=True)), scratch_dir=tmp_path)
+    box = Toolbox(
+        ToolSettings(
+            mcp_servers={"ghost": MCPServerConfig(name="ghost", command="/nonexistent/mcp")},
+            python=PythonToolConfig(enabled=True),
+        ),
+        scratch_dir=tmp_path,
+    )
     loop.run(box.start())
     try:
         status = box.status()

@@ -44,26 +44,38 @@ def test_a_forced_function_becomes_that_tool_alone_and_required(replay, http):
     """llama-server reads tool_choice as a string only; OpenAI's object form must not turn into "auto"."""
     other = {"type": "function", "function": {"name": "get_time", "parameters": {"type": "object"}}}
     replay.script(Answer.text("ok"))
-    http.post("/v1/chat/completions", json={
-        "messages": MESSAGES, "tools": [other, WEATHER_TOOL],
-        "tool_choice": {"type": "function", "function": {"name": "get_weather"}}})
+    http.post(
+        "/v1/chat/completions",
+        json={
+            "messages": MESSAGES,
+            "tools": [other, WEATHER_TOOL],
+            "tool_choice": {"type": "function", "function": {"name": "get_weather"}},
+        },
+    )
     sent = replay.requests[-1]
     assert sent["tool_choice"] == "required" and sent["tools"] == [WEATHER_TOOL]
 
 
-@pytest.mark.parametrize("tools, param", [
-    ({"type": "function"}, "tools"),
-    ([{"type": "function", "function": {"description": "no name"}}], "tools[0].function.name"),
-    ([WEATHER_TOOL, {"type": "function", "function": {"name": ""}}], "tools[1].function.name"),
-    ([{"type": "function", "function": {"name": "f", "parameters": "city: str"}}], "tools[0].function.parameters"),
-    ([{"type": "function", "function": {"name": "f", "parameters": {"type": "string"}}}],
-     "tools[0].function.parameters.type"),
-    ([{"type": "function", "function": {"name": "f", "parameters": {"type": "object", "properties": 3}}}],
-     "tools[0].function.parameters.properties"),
-    ([{"type": "retrieval"}], "tools[0].type"),
-    (["get_weather"], "tools[0]"),
-    ([WEATHER_TOOL, WEATHER_TOOL], "tools[1].function.name"),
-])
+@pytest.mark.parametrize(
+    "tools, param",
+    [
+        ({"type": "function"}, "tools"),
+        ([{"type": "function", "function": {"description": "no name"}}], "tools[0].function.name"),
+        ([WEATHER_TOOL, {"type": "function", "function": {"name": ""}}], "tools[1].function.name"),
+        ([{"type": "function", "function": {"name": "f", "parameters": "city: str"}}], "tools[0].function.parameters"),
+        (
+            [{"type": "function", "function": {"name": "f", "parameters": {"type": "string"}}}],
+            "tools[0].function.parameters.type",
+        ),
+        (
+            [{"type": "function", "function": {"name": "f", "parameters": {"type": "object", "properties": 3}}}],
+            "tools[0].function.parameters.properties",
+        ),
+        ([{"type": "retrieval"}], "tools[0].type"),
+        (["get_weather"], "tools[0]"),
+        ([WEATHER_TOOL, WEATHER_TOOL], "tools[1].function.name"),
+    ],
+)
 def test_malformed_tools_are_refused_before_llama_server_sees_them(replay, http, tools, param):
     seen = len(replay.requests)
     resp = http.post("/v1/chat/completions", json={"messages": MESSAGES, "tools": tools})
@@ -74,11 +86,14 @@ def test_malformed_tools_are_refused_before_llama_server_sees_them(replay, http,
     assert len(replay.requests) == seen
 
 
-@pytest.mark.parametrize("extra, param", [
-    ({"tool_choice": "always"}, "tool_choice"),
-    ({"tool_choice": {"type": "function", "function": {"name": "nope"}}}, "tool_choice.function.name"),
-    ({"parallel_tool_calls": "yes"}, "parallel_tool_calls"),
-])
+@pytest.mark.parametrize(
+    "extra, param",
+    [
+        ({"tool_choice": "always"}, "tool_choice"),
+        ({"tool_choice": {"type": "function", "function": {"name": "nope"}}}, "tool_choice.function.name"),
+        ({"parallel_tool_calls": "yes"}, "parallel_tool_calls"),
+    ],
+)
 def test_malformed_tool_choice_is_refused(replay, http, extra, param):
     seen = len(replay.requests)
     resp = http.post("/v1/chat/completions", json={"messages": MESSAGES, "tools": [WEATHER_TOOL], **extra})

@@ -38,10 +38,20 @@ pytestmark = [pytest.mark.slow, pytest.mark.shared_processes]
 
 
 def past_call(city: str, id: str) -> list[dict]:
-    return [{"role": "user", "content": city},
-            {"role": "assistant", "content": "", "tool_calls": [
-                {"id": id, "type": "function", "function": {"name": "get_weather",
-                                                            "arguments": json.dumps({"city": city})}}]}]
+    return [
+        {"role": "user", "content": city},
+        {
+            "role": "assistant",
+            "content": "",
+            "tool_calls": [
+                {
+                    "id": id,
+                    "type": "function",
+                    "function": {"name": "get_weather", "arguments": json.dumps({"city": city})},
+                }
+            ],
+        },
+    ]
 
 
 MESSAGES = [*past_call("London", "a"), *past_call("Rome", "b"), {"role": "user", "content": "Paris"}]
@@ -52,19 +62,32 @@ def studio(llama_server_bin, settings, tmp_path_factory):
     """SmolLM2 under the supervisor with the Qwen2.5 template, behind the studio's real app."""
     root = tmp_path_factory.mktemp("real-tools")
     path = ensure_default_model(settings.models_dir)
-    template = (layout_for(settings.home, load_pin()).source_dir / "models" / "templates"
-                / "Qwen-Qwen2.5-7B-Instruct.jinja").read_text()
+    template = (
+        layout_for(settings.home, load_pin()).source_dir / "models" / "templates" / "Qwen-Qwen2.5-7B-Instruct.jinja"
+    ).read_text()
     caps = probe(llama_server_bin, cache_dir=root / "cache")
     model = gguf.read(path)
-    launch = plan(ModelInfo.from_gguf(model), discover(llama_server=llama_server_bin), caps,
-                  PlanRequest(n_ctx=2048, spec="off", alias="smollm2", chat_template=template))
+    launch = plan(
+        ModelInfo.from_gguf(model),
+        discover(llama_server=llama_server_bin),
+        caps,
+        PlanRequest(n_ctx=2048, spec="off", alias="smollm2", chat_template=template),
+    )
     command = build_command(launch, caps, binary=llama_server_bin, files_root=root / "run", threads=1)
     supervisor = Supervisor(logs_dir=root / "logs", registry=ChildRegistry(root / "reg", owner_token()))
     try:
         status = supervisor.start(command.launch_spec(start_timeout=120))
-        loaded = LoadedModel(name="smollm2", settings=LoadSettings(path, 2048, 1, ()), url=status.url or "",
-                             api_key=command.api_key, n_ctx=launch.n_ctx, facts=model.facts,
-                             template=template_capabilities(template), plan=launch, command=command)
+        loaded = LoadedModel(
+            name="smollm2",
+            settings=LoadSettings(path, 2048, 1, ()),
+            url=status.url or "",
+            api_key=command.api_key,
+            n_ctx=launch.n_ctx,
+            facts=model.facts,
+            template=template_capabilities(template),
+            plan=launch,
+            command=command,
+        )
         with serving(create_app(StandInManager(loaded))) as base:
             yield base
     finally:
@@ -81,8 +104,9 @@ def client(studio):
 
 @pytest.mark.parametrize("choice", ["auto", "required"])
 def test_openai_client_gets_a_structured_call(client, choice):
-    reply = client.chat.completions.create(model="smollm2", messages=MESSAGES, tools=[WEATHER_TOOL],
-                                           tool_choice=choice, max_tokens=40, temperature=0)
+    reply = client.chat.completions.create(
+        model="smollm2", messages=MESSAGES, tools=[WEATHER_TOOL], tool_choice=choice, max_tokens=40, temperature=0
+    )
     call = reply.choices[0].message.tool_calls[0]
     assert call.type == "function" and call.function.name == "get_weather"
     assert json.loads(call.function.arguments) == {"city": "Paris"}
@@ -90,8 +114,15 @@ def test_openai_client_gets_a_structured_call(client, choice):
 
 
 def test_openai_client_gets_a_structured_call_streamed(client):
-    stream = client.chat.completions.create(model="smollm2", messages=MESSAGES, tools=[WEATHER_TOOL],
-                                            parallel_tool_calls=False, max_tokens=40, temperature=0, stream=True)
+    stream = client.chat.completions.create(
+        model="smollm2",
+        messages=MESSAGES,
+        tools=[WEATHER_TOOL],
+        parallel_tool_calls=False,
+        max_tokens=40,
+        temperature=0,
+        stream=True,
+    )
     chunks = [c for c in stream if c.choices]
     deltas = [t for c in chunks for t in c.choices[0].delta.tool_calls or ()]
     assert deltas and deltas[0].function.name == "get_weather" and deltas[0].id

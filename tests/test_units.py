@@ -27,17 +27,24 @@ def _hand_written_sizes(tree: ast.AST) -> list[int]:
     for node in ast.walk(tree):
         if isinstance(node, ast.JoinedStr):
             for before, after in zip(node.values, node.values[1:], strict=False):
-                if (isinstance(before, ast.FormattedValue) and isinstance(after, ast.Constant)
-                        and str(after.value).startswith((" MiB", " GiB"))
-                        and (before.format_spec is not None or isinstance(before.value, ast.BinOp))):
+                if (
+                    isinstance(before, ast.FormattedValue)
+                    and isinstance(after, ast.Constant)
+                    and str(after.value).startswith((" MiB", " GiB"))
+                    and (before.format_spec is not None or isinstance(before.value, ast.BinOp))
+                ):
                     found.append(node.lineno)
     return found
 
 
 def test_no_module_but_launcher_units_formats_mib_or_gib_itself():
-    offenders = [f"{path.relative_to(ROOT)}:{line}" for package in ("gguf", "launcher", "studio")
-                 for path in sorted((ROOT / package).rglob("*.py")) if path != ROOT / "launcher" / "units.py"
-                 for line in _hand_written_sizes(ast.parse(path.read_text()))]
+    offenders = [
+        f"{path.relative_to(ROOT)}:{line}"
+        for package in ("gguf", "launcher", "studio")
+        for path in sorted((ROOT / package).rglob("*.py"))
+        if path != ROOT / "launcher" / "units.py"
+        for line in _hand_written_sizes(ast.parse(path.read_text()))
+    ]
     assert offenders == []
 
 

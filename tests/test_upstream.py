@@ -23,10 +23,14 @@ from tests.helpers import free_port
 
 Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter, int], Awaitable[bool]]
 
-SIZED = (b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 11\r\n"
-         b"Keep-Alive: timeout=5, max=100\r\n\r\n{\"ok\":true}")
-CHUNKED_HEAD = (b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n"
-                b"Keep-Alive: timeout=5, max=100\r\n\r\n")
+SIZED = (
+    b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 11\r\n"
+    b'Keep-Alive: timeout=5, max=100\r\n\r\n{"ok":true}'
+)
+CHUNKED_HEAD = (
+    b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n"
+    b"Keep-Alive: timeout=5, max=100\r\n\r\n"
+)
 
 
 class StandIn:
@@ -64,8 +68,14 @@ class StandIn:
                     head = await reader.readuntil(b"\r\n\r\n")
                 except asyncio.IncompleteReadError:
                     return
-                length = next((int(line.split(b":")[1]) for line in head.split(b"\r\n")
-                               if line.lower().startswith(b"content-length:")), 0)
+                length = next(
+                    (
+                        int(line.split(b":")[1])
+                        for line in head.split(b"\r\n")
+                        if line.lower().startswith(b"content-length:")
+                    ),
+                    0,
+                )
                 await reader.readexactly(length)
                 self.served.append(connection)
                 n += 1
@@ -112,9 +122,14 @@ async def _once_per_connection(reader: asyncio.StreamReader, writer: asyncio.Str
     return await _sized(reader, writer, n)
 
 
-@pytest.mark.parametrize(("handler", "connections"), [(_sized, 1), (_once_per_connection, 2)],
-                         ids=["a sized answer leaves its connection for the next request",
-                              "an idle connection the server drops is retried once on a new one"])
+@pytest.mark.parametrize(
+    ("handler", "connections"),
+    [(_sized, 1), (_once_per_connection, 2)],
+    ids=[
+        "a sized answer leaves its connection for the next request",
+        "an idle connection the server drops is retried once on a new one",
+    ],
+)
 def test_two_requests_both_answered(handler, connections):
     async def main() -> None:
         async with serving(handler) as (server, upstream):
@@ -127,6 +142,7 @@ def test_two_requests_both_answered(handler, connections):
 
 def test_a_request_right_after_a_stream_does_not_reuse_the_connection_llama_server_closes():
     """b11434 closes after every chunked answer despite ``Keep-Alive``; reusing it failed the next request (502)."""
+
     async def streamed_then_closed(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, n: int) -> bool:
         writer.write(CHUNKED_HEAD + b"6\r\ndata: \r\n2\r\n\n\n\r\n0\r\n\r\n")
         await writer.drain()
@@ -250,8 +266,12 @@ def test_requests_beyond_max_connections_wait_for_a_free_one():
 
 
 @settings(max_examples=300, deadline=None)
-@given(chunks=st.lists(st.binary(min_size=1, max_size=40), max_size=8), cuts=st.lists(st.integers(0, 400), max_size=6),
-       extension=st.sampled_from([b"", b";name=value"]), trailer=st.sampled_from([b"", b"X-Checksum: 1\r\n"]))
+@given(
+    chunks=st.lists(st.binary(min_size=1, max_size=40), max_size=8),
+    cuts=st.lists(st.integers(0, 400), max_size=6),
+    extension=st.sampled_from([b"", b";name=value"]),
+    trailer=st.sampled_from([b"", b"X-Checksum: 1\r\n"]),
+)
 def test_chunked_framing_comes_off_byte_for_byte_however_the_reads_split_it(chunks, cuts, extension, trailer):
     """Each read's payload goes on at once, and together they are exactly the body's bytes."""
     wire = b"".join(b"%x%s\r\n%s\r\n" % (len(c), extension, c) for c in chunks) + b"0\r\n" + trailer + b"\r\n"
@@ -263,8 +283,11 @@ def test_chunked_framing_comes_off_byte_for_byte_however_the_reads_split_it(chun
     assert got == b"".join(chunks) and decoder.done
 
 
-@pytest.mark.parametrize("wire", [b"zz\r\nhello\r\n", b"5\r\nhelloXX", b"-5\r\nhello\r\n", b"1" * 9000],
-                         ids=["size not hex", "no CRLF after the data", "negative size", "endless size line"])
+@pytest.mark.parametrize(
+    "wire",
+    [b"zz\r\nhello\r\n", b"5\r\nhelloXX", b"-5\r\nhello\r\n", b"1" * 9000],
+    ids=["size not hex", "no CRLF after the data", "negative size", "endless size line"],
+)
 def test_broken_chunked_framing_is_an_error(wire):
     with pytest.raises(ValueError):
         _ChunkedDecoder().feed(wire)

@@ -15,17 +15,38 @@ import pytest
 
 import gguf
 from gguf.reader import (
-    ARRAY, BOOL, FLOAT32, FLOAT64, INT8, INT16, INT32, INT64, STRING, UINT8, UINT16, UINT32, UINT64,
-    VALUE_TYPE_NAMES, LazyArray,
+    ARRAY,
+    BOOL,
+    FLOAT32,
+    FLOAT64,
+    INT8,
+    INT16,
+    INT32,
+    INT64,
+    STRING,
+    UINT8,
+    UINT16,
+    UINT32,
+    UINT64,
+    VALUE_TYPE_NAMES,
+    LazyArray,
 )
 from gguf.writer import FileRegion, TensorToWrite, copy_of, infer_type, rewrite, write_gguf
 from launcher.process import LlamaServer
 from tests.helpers import free_port, server_argv
 
 EXTREMES: dict[int, tuple[Any, Any]] = {
-    UINT8: (0, 255), INT8: (-128, 127), UINT16: (0, 65535), INT16: (-32768, 32767),
-    UINT32: (0, 2**32 - 1), INT32: (-(2**31), 2**31 - 1), UINT64: (0, 2**64 - 1), INT64: (-(2**63), 2**63 - 1),
-    FLOAT32: (-1.5, 2.0**127), FLOAT64: (-1e308, 0.1), BOOL: (False, True),
+    UINT8: (0, 255),
+    INT8: (-128, 127),
+    UINT16: (0, 65535),
+    INT16: (-32768, 32767),
+    UINT32: (0, 2**32 - 1),
+    INT32: (-(2**31), 2**31 - 1),
+    UINT64: (0, 2**64 - 1),
+    INT64: (-(2**63), 2**63 - 1),
+    FLOAT32: (-1.5, 2.0**127),
+    FLOAT64: (-1e308, 0.1),
+    BOOL: (False, True),
 }
 
 
@@ -68,8 +89,14 @@ def plain(value: Any) -> Any:
 
 def some_tensors(seed: int = 0) -> list[TensorToWrite]:
     rng = random.Random(seed)
-    shapes = [("f32", (4, 3), "F32"), ("f16", (8,), "F16"), ("q4_0", (64, 2), "Q4_0"),
-              ("q8_0", (32, 3, 2), "Q8_0"), ("q4_k", (256, 2), "Q4_K"), ("blk.0.attn_q.weight", (512, 1, 1, 2), "Q6_K")]
+    shapes = [
+        ("f32", (4, 3), "F32"),
+        ("f16", (8,), "F16"),
+        ("q4_0", (64, 2), "Q4_0"),
+        ("q8_0", (32, 3, 2), "Q8_0"),
+        ("q4_k", (256, 2), "Q4_K"),
+        ("blk.0.attn_q.weight", (512, 1, 1, 2), "Q6_K"),
+    ]
     out = []
     for name, shape, kind in shapes:
         n_bytes = TensorToWrite(name, shape, kind).n_bytes
@@ -117,9 +144,10 @@ def test_every_value_type_and_tensor_round_trips(tmp_path, alignment, version):
         assert isinstance(header.metadata[key], LazyArray)
 
     assert [(t.name, t.shape, t.ggml_type.name, t.n_bytes) for t in header.tensors] == [
-        (t.name, t.shape, t.gtype.name, t.n_bytes) for t in tensors]
+        (t.name, t.shape, t.gtype.name, t.n_bytes) for t in tensors
+    ]
     check_layout(header)
-    for info, tensor in zip(header.tensors, tensors):
+    for info, tensor in zip(header.tensors, tensors, strict=False):
         assert region(header, info) == tensor.data
 
 
@@ -135,10 +163,15 @@ def test_rewriting_is_byte_identical_and_copies_lazy_arrays_raw(tmp_path):
 
 
 def test_rewrite_edits_and_drops_keys_keeping_types(tmp_path):
-    src = write_gguf(tmp_path / "a.gguf", {"general.name": "old", "n": 7, "gone": 1.5, "general.alignment": 64},
-                     some_tensors(), value_types={"n": (UINT16,)})
-    out = rewrite(src, tmp_path / "b.gguf", metadata_updates={"n": 9, "new.key": [1, 2]},
-                  drop_keys=["gone", "general.alignment"])
+    src = write_gguf(
+        tmp_path / "a.gguf",
+        {"general.name": "old", "n": 7, "gone": 1.5, "general.alignment": 64},
+        some_tensors(),
+        value_types={"n": (UINT16,)},
+    )
+    out = rewrite(
+        src, tmp_path / "b.gguf", metadata_updates={"n": 9, "new.key": [1, 2]}, drop_keys=["gone", "general.alignment"]
+    )
     header = gguf.read(out, cache=False).shards[0]
     assert dict(header.metadata) == {"general.name": "old", "n": 9, "new.key": [1, 2]}
     assert dict(header.value_types) == {"general.name": (STRING,), "n": (UINT16,), "new.key": (ARRAY, INT32)}
@@ -159,16 +192,38 @@ def test_rewrite_in_place(tmp_path):
 
 def test_inferred_types(tmp_path):
     values = {
-        "int": 1, "neg": -5, "i64": 2**40, "u64": 2**63, "float": 0.5, "bool": True, "str": "x",
-        "ints": [1, 2**40], "mixed": [1, 0.5], "bools": [True], "strs": ["a"], "empty": [], "nested": [[1], [2]],
+        "int": 1,
+        "neg": -5,
+        "i64": 2**40,
+        "u64": 2**63,
+        "float": 0.5,
+        "bool": True,
+        "str": "x",
+        "ints": [1, 2**40],
+        "mixed": [1, 0.5],
+        "bools": [True],
+        "strs": ["a"],
+        "empty": [],
+        "nested": [[1], [2]],
         "tuple": (1, 2),
     }
     path = write_gguf(tmp_path / "m.gguf", values)
     header = gguf.read(path, cache=False).shards[0]
     assert dict(header.value_types) == {
-        "int": (INT32,), "neg": (INT32,), "i64": (INT64,), "u64": (UINT64,), "float": (FLOAT32,), "bool": (BOOL,),
-        "str": (STRING,), "ints": (ARRAY, INT64), "mixed": (ARRAY, FLOAT32), "bools": (ARRAY, BOOL),
-        "strs": (ARRAY, STRING), "empty": (ARRAY, INT32), "nested": (ARRAY, ARRAY, INT32), "tuple": (ARRAY, INT32),
+        "int": (INT32,),
+        "neg": (INT32,),
+        "i64": (INT64,),
+        "u64": (UINT64,),
+        "float": (FLOAT32,),
+        "bool": (BOOL,),
+        "str": (STRING,),
+        "ints": (ARRAY, INT64),
+        "mixed": (ARRAY, FLOAT32),
+        "bools": (ARRAY, BOOL),
+        "strs": (ARRAY, STRING),
+        "empty": (ARRAY, INT32),
+        "nested": (ARRAY, ARRAY, INT32),
+        "tuple": (ARRAY, INT32),
     }
     assert plain(header.metadata["mixed"]) == [1.0, 0.5]
     assert infer_type(-(2**31)) == (INT32,) and infer_type(2**31) == (INT64,)
@@ -225,11 +280,20 @@ def test_a_changed_source_is_refused(tmp_path):
     assert not (tmp_path / "b.gguf").exists()
 
 
-@pytest.mark.parametrize(("value", "vtype", "error"), [
-    (256, (UINT8,), ValueError), (-1, (UINT64,), ValueError), (1e39, (FLOAT32,), ValueError),
-    ("x", (INT32,), ValueError), (5, (STRING,), TypeError), ([1, 2], (ARRAY, STRING), TypeError),
-    (["\ud800"], (ARRAY, STRING), ValueError), (7, (ARRAY, INT32), TypeError), (1, (13,), ValueError),
-])
+@pytest.mark.parametrize(
+    ("value", "vtype", "error"),
+    [
+        (256, (UINT8,), ValueError),
+        (-1, (UINT64,), ValueError),
+        (1e39, (FLOAT32,), ValueError),
+        ("x", (INT32,), ValueError),
+        (5, (STRING,), TypeError),
+        ([1, 2], (ARRAY, STRING), TypeError),
+        (["\ud800"], (ARRAY, STRING), ValueError),
+        (7, (ARRAY, INT32), TypeError),
+        (1, (13,), ValueError),
+    ],
+)
 def test_values_that_do_not_fit_their_type_name_the_key(tmp_path, value, vtype, error):
     with pytest.raises(error, match="'the.key'"):
         write_gguf(tmp_path / "m.gguf", {"the.key": value}, value_types={"the.key": vtype})
@@ -242,15 +306,18 @@ def test_values_without_a_gguf_type_are_refused(tmp_path, value):
         write_gguf(tmp_path / "m.gguf", {"k": value})
 
 
-@pytest.mark.parametrize(("args", "match"), [
-    (("t", (100,), "Q4_0", bytes(100)), "multiple of the Q4_0 block size 32"),
-    (("t", (32,), "Q4_0", bytes(17)), "needs 18 bytes, not 17"),
-    (("t", (), "F32"), "1 to 4 positive dims"),
-    (("t", (1, 1, 1, 1, 1), "F32"), "1 to 4 positive dims"),
-    (("t", (0,), "F32"), "1 to 4 positive dims"),
-    (("x" * 64, (1,), "F32"), "64 bytes or longer"),
-    (("t", (1,), "Q9_9"), "unknown ggml type"),
-])
+@pytest.mark.parametrize(
+    ("args", "match"),
+    [
+        (("t", (100,), "Q4_0", bytes(100)), "multiple of the Q4_0 block size 32"),
+        (("t", (32,), "Q4_0", bytes(17)), "needs 18 bytes, not 17"),
+        (("t", (), "F32"), "1 to 4 positive dims"),
+        (("t", (1, 1, 1, 1, 1), "F32"), "1 to 4 positive dims"),
+        (("t", (0,), "F32"), "1 to 4 positive dims"),
+        (("x" * 64, (1,), "F32"), "64 bytes or longer"),
+        (("t", (1,), "Q9_9"), "unknown ggml type"),
+    ],
+)
 def test_bad_tensors_are_refused(args, match):
     with pytest.raises(ValueError, match=match):
         TensorToWrite(*args)
@@ -295,7 +362,8 @@ def test_rewritten_gemma_is_identical_and_serves(gemma_model, llama_server_bin, 
     for key, value in src.metadata.items():
         assert plain(dst.metadata[key]) == plain(value), key
     assert [(t.name, t.shape, t.ggml_type, t.offset, t.n_bytes) for t in dst.tensors] == [
-        (t.name, t.shape, t.ggml_type, t.offset, t.n_bytes) for t in src.tensors]
+        (t.name, t.shape, t.ggml_type, t.offset, t.n_bytes) for t in src.tensors
+    ]
     check_layout(dst)
     assert tensor_digests(dst) == tensor_digests(src)
     # Gemma was written with ggml's layout, which is the writer's too: the whole file comes back.
@@ -307,8 +375,11 @@ def test_rewritten_gemma_is_identical_and_serves(gemma_model, llama_server_bin, 
     server.start()
     try:
         server.wait_ready(timeout=120)
-        reply = httpx.post(f"{server.url}/completion", timeout=60,
-                           json={"prompt": "The capital of France is", "n_predict": 4, "temperature": 0})
+        reply = httpx.post(
+            f"{server.url}/completion",
+            timeout=60,
+            json={"prompt": "The capital of France is", "n_predict": 4, "temperature": 0},
+        )
         assert reply.status_code == 200, reply.text
         assert reply.json()["tokens_predicted"] >= 1 and reply.json()["content"].strip()
     finally:

@@ -63,8 +63,12 @@ class MCPTool:
         self.server = server
         self.remote_name = tool.name
         schema = tool.input_schema if isinstance(tool.input_schema, dict) else {"type": "object"}
-        self.spec = ToolSpec(f"{server.name}{SEPARATOR}{tool.name}", tool.description or tool.name,
-                             {k: v for k, v in schema.items() if k != "title"}, f"mcp:{server.name}")
+        self.spec = ToolSpec(
+            f"{server.name}{SEPARATOR}{tool.name}",
+            tool.description or tool.name,
+            {k: v for k, v in schema.items() if k != "title"},
+            f"mcp:{server.name}",
+        )
 
     async def call(self, arguments: dict[str, Any], *, timeout: float) -> ToolResult:
         return await self.server.call(self.remote_name, arguments, timeout=timeout)
@@ -89,8 +93,12 @@ class MCPServer:
         return list(self._tools) if self.state == ServerState.READY else []
 
     def status(self) -> dict[str, Any]:
-        return {"state": self.state.value, "error": self.error, "transport": "http" if self.config.url else "stdio",
-                "tools": [t.spec.name for t in self.tools()]}
+        return {
+            "state": self.state.value,
+            "error": self.error,
+            "transport": "http" if self.config.url else "stdio",
+            "tools": [t.spec.name for t in self.tools()],
+        }
 
     async def start(self, *, timeout: float) -> None:
         """Connect and list the tools within ``timeout`` seconds; a failure is kept in ``error``, not raised."""
@@ -163,22 +171,35 @@ class MCPServer:
                 return
             why = self._why(exc)
             self._fail(why)  # before the answer: the caller's next call must not queue for a dead session
-            _answer(call, ToolResult(f"the MCP server {self.name!r} went away during the call: {why}", True,
-                                     notice=f"MCP server {self.name!r} went away: {why}"))
+            _answer(
+                call,
+                ToolResult(
+                    f"the MCP server {self.name!r} went away during the call: {why}",
+                    True,
+                    notice=f"MCP server {self.name!r} went away: {why}",
+                ),
+            )
             raise
         else:
             _answer(call, ToolResult(_result_text(result), bool(result.is_error)))
         finally:  # cancelled with the session (another call found the server dead)
-            _answer(call, ToolResult(f"the MCP server {self.name!r} went away during the call", True,
-                                     notice=f"MCP server {self.name!r} went away"))
+            _answer(
+                call,
+                ToolResult(
+                    f"the MCP server {self.name!r} went away during the call",
+                    True,
+                    notice=f"MCP server {self.name!r} went away",
+                ),
+            )
 
     def _target(self, errlog: TextIO) -> Any:
         """What ``mcp.Client`` connects to: the URL, or a stdio transport whose stderr goes to ``errlog``."""
         if self.config.url:
             return self.config.url
         env = {**get_default_environment(), **self.config.env}
-        params = mcp.StdioServerParameters(command=self.config.command or "", args=list(self.config.args), env=env,
-                                           cwd=self.config.cwd)
+        params = mcp.StdioServerParameters(
+            command=self.config.command or "", args=list(self.config.args), env=env, cwd=self.config.cwd
+        )
         return stdio_client(params, errlog=errlog)
 
     def _open_errlog(self) -> TextIO:
@@ -214,8 +235,14 @@ class MCPServer:
         while not self._calls.empty():
             call = self._calls.get_nowait()
             if call is not None:
-                _answer(call, ToolResult(f"the MCP server {self.name!r} went away: {why}", True,
-                                         notice=f"MCP server {self.name!r} went away: {why}"))
+                _answer(
+                    call,
+                    ToolResult(
+                        f"the MCP server {self.name!r} went away: {why}",
+                        True,
+                        notice=f"MCP server {self.name!r} went away: {why}",
+                    ),
+                )
 
 
 async def _list_tools(client: mcp.Client) -> list[Any]:

@@ -50,9 +50,13 @@ class MediaCapabilities:
 
     def to_json(self) -> dict[str, Any]:
         """The GUI's view: ``vision``, ``audio`` and, for a TTS model, ``tts`` with what it is."""
-        return {"vision": self.vision, "audio": self.audio,
-                "tts": {"codec": self.speech.codec, "family": self.speech.family,
-                        "description": self.speech.describe()} if self.speech else None}
+        return {
+            "vision": self.vision,
+            "audio": self.audio,
+            "tts": {"codec": self.speech.codec, "family": self.speech.family, "description": self.speech.describe()}
+            if self.speech
+            else None,
+        }
 
 
 @dataclass(frozen=True)
@@ -71,8 +75,11 @@ def media_capabilities(loaded: LoadedModel) -> MediaCapabilities:
 def plan_capabilities(plan: LaunchPlan) -> MediaCapabilities:
     """Return what a model launched by ``plan`` takes: from the plan's projector and the model's vocabulary."""
     projector = plan.model.projector
-    return MediaCapabilities(vision=bool(projector and projector.vision), audio=bool(projector and projector.audio),
-                             speech=model_speech(plan.model.path))
+    return MediaCapabilities(
+        vision=bool(projector and projector.vision),
+        audio=bool(projector and projector.audio),
+        speech=model_speech(plan.model.path),
+    )
 
 
 def file_capabilities(model: Path, projector: Path | None) -> MediaCapabilities:
@@ -83,8 +90,9 @@ def file_capabilities(model: Path, projector: Path | None) -> MediaCapabilities:
             facts = projector_facts(gguf.read(projector))
         except gguf.GGUFError:
             facts = None  # the load names the problem
-    return MediaCapabilities(vision=bool(facts and facts.vision), audio=bool(facts and facts.audio),
-                             speech=model_speech(model))
+    return MediaCapabilities(
+        vision=bool(facts and facts.vision), audio=bool(facts and facts.audio), speech=model_speech(model)
+    )
 
 
 async def preflight_chat(manager: ModelManager, body: Mapping[str, Any]) -> None:
@@ -152,17 +160,26 @@ def check_chat_media(body: Mapping[str, Any], capabilities: MediaCapabilities, m
     if capabilities.speech is not None:
         raise BadRequestError(
             f"{model} is {capabilities.speech.describe()}. It answers with audio codes, not text, so it cannot "
-            "chat; use a text-to-speech pipeline with its vocoder", param="model", code="model_is_tts")
+            "chat; use a text-to-speech pipeline with its vocoder",
+            param="model",
+            code="model_is_tts",
+        )
     counts = check_media_form(body)
     images, audio = counts.images, counts.audio
     if images and not capabilities.vision:
         raise BadRequestError(
             f"{model} cannot read images: it was loaded without a vision projector (mmproj). Load a vision model "
-            "with its projector, or send text only", param="messages", code="model_has_no_vision")
+            "with its projector, or send text only",
+            param="messages",
+            code="model_has_no_vision",
+        )
     if audio and not capabilities.audio:
         raise BadRequestError(
             f"{model} cannot hear audio: it was loaded without an audio projector (mmproj). Load a model with an "
-            "audio encoder, or send text only", param="messages", code="model_has_no_audio")
+            "audio encoder, or send text only",
+            param="messages",
+            code="model_has_no_audio",
+        )
     return counts
 
 
@@ -193,14 +210,24 @@ def _check_image(part: Mapping[str, Any], where: str) -> None:
     if scheme in ("http", "https", "ftp", "file"):
         raise BadRequestError(
             f"{where}: the studio does not fetch image URLs ({url[:80]}); send the image itself as a data URI, "
-            "data:image/png;base64,<the bytes in base64>", param=where, code="remote_image_url")
+            "data:image/png;base64,<the bytes in base64>",
+            param=where,
+            code="remote_image_url",
+        )
     if scheme != "data" or ";base64," not in url[:200]:
-        raise BadRequestError(f"{where}: an image must be a base64 data URI (data:image/png;base64,...)",
-                              param=where, code="invalid_image")
+        raise BadRequestError(
+            f"{where}: an image must be a base64 data URI (data:image/png;base64,...)",
+            param=where,
+            code="invalid_image",
+        )
 
 
 def _check_audio(part: Mapping[str, Any], where: str) -> None:
     audio = part.get("input_audio")
     if not isinstance(audio, Mapping) or not isinstance(audio.get("data"), str) or not audio["data"]:
-        raise BadRequestError(f"{where}: an input_audio part needs input_audio.data (the audio in base64) and "
-                              "input_audio.format (wav or mp3)", param=where, code="invalid_audio")
+        raise BadRequestError(
+            f"{where}: an input_audio part needs input_audio.data (the audio in base64) and "
+            "input_audio.format (wav or mp3)",
+            param=where,
+            code="invalid_audio",
+        )

@@ -48,13 +48,19 @@ class TurnError(AnsweredError):
     """llama-server answered with an error (``error`` in OpenAI's shape) or went away."""
 
     def __init__(self, status: int, error: dict[str, Any]) -> None:
-        super().__init__(str(error.get("message") or "the model call failed"), status=status,
-                         type=error.get("type"), param=error.get("param"), code=error.get("code"))
+        super().__init__(
+            str(error.get("message") or "the model call failed"),
+            status=status,
+            type=error.get("type"),
+            param=error.get("param"),
+            code=error.get("code"),
+        )
         self.error = error
 
 
-async def read_turn(resp: httpx.Response, tools: dict[str, dict[str, Any]] | None, *,
-                    split_think: bool = False) -> AsyncIterator[dict[str, Any] | Turn]:
+async def read_turn(
+    resp: httpx.Response, tools: dict[str, dict[str, Any]] | None, *, split_think: bool = False
+) -> AsyncIterator[dict[str, Any] | Turn]:
     """GUI events for ``resp`` (a streamed chat completion), then its ``Turn``; healed when ``tools``.
 
     ``split_think``: the template always thinks but llama-server cannot tell where
@@ -82,8 +88,9 @@ async def read_turn(resp: httpx.Response, tools: dict[str, dict[str, Any]] | Non
                 if not isinstance(chunk, dict):
                     continue  # a ping, [DONE]
                 if "error" in chunk:
-                    raise TurnError(500, chunk["error"] if isinstance(chunk["error"], dict)
-                                    else {"message": chunk["error"]})
+                    raise TurnError(
+                        500, chunk["error"] if isinstance(chunk["error"], dict) else {"message": chunk["error"]}
+                    )
                 if splitter is not None:
                     chunk = _split(chunk, splitter)
                 made = healer.feed(chunk) if healer else None
@@ -94,7 +101,9 @@ async def read_turn(resp: httpx.Response, tools: dict[str, dict[str, Any]] | Non
             for event in _take(part, turn, calls):
                 yield event
     except httpx.HTTPError as exc:
-        raise TurnError(502, error_body(f"llama-server went away mid-stream: {exc}", "upstream_error")["error"]) from exc
+        raise TurnError(
+            502, error_body(f"llama-server went away mid-stream: {exc}", "upstream_error")["error"]
+        ) from exc
     turn.tool_calls = [calls[i] for i in sorted(calls)]
     yield turn
 
@@ -131,8 +140,9 @@ def _take(chunk: dict[str, Any], turn: Turn, calls: dict[int, dict[str, Any]]) -
             events.append({"type": "content", "text": delta["content"]})
         for call in delta.get("tool_calls") or ():
             events.append({**call, "type": "tool_call"})  # the delta's own "type" is "function"
-            whole = calls.setdefault(call.get("index", 0), {"id": None, "type": "function",
-                                                             "function": {"name": "", "arguments": ""}})
+            whole = calls.setdefault(
+                call.get("index", 0), {"id": None, "type": "function", "function": {"name": "", "arguments": ""}}
+            )
             whole["id"] = call.get("id") or whole["id"]
             function = call.get("function") or {}
             whole["function"]["name"] += function.get("name") or ""

@@ -50,7 +50,10 @@ def network_isolation() -> tuple[tuple[str, ...], str | None]:
         return (), f"no network isolation on {sys.platform}: the python tool can reach the network"
     unshare = shutil.which("unshare")
     if unshare is None:
-        return (), "no network isolation: `unshare` (util-linux) is not installed; the python tool can reach the network"
+        return (
+            (),
+            "no network isolation: `unshare` (util-linux) is not installed; the python tool can reach the network",
+        )
     tried = []
     for prefix in ((unshare, "--net"), (unshare, "--net", "--map-root-user")):
         try:
@@ -75,16 +78,25 @@ class PythonTool:
         self.note = note
         if note:
             log.warning("python tool runs without network isolation", reason=note)
-        description = (f"Run a Python 3 program and return what it prints (stdout and stderr). Limits: "
-                       f"{config.timeout:g} s wall clock, {config.cpu_seconds} s CPU, {config.memory_mb} MiB memory, "
-                       f"{config.max_output_kb} KiB of output; a fresh empty working folder each call; "
-                       + ("no network." if not note else "the network is reachable."))
+        description = (
+            f"Run a Python 3 program and return what it prints (stdout and stderr). Limits: "
+            f"{config.timeout:g} s wall clock, {config.cpu_seconds} s CPU, {config.memory_mb} MiB memory, "
+            f"{config.max_output_kb} KiB of output; a fresh empty working folder each call; "
+            + ("no network." if not note else "the network is reachable.")
+        )
         self.spec = ToolSpec("python", description, PARAMETERS, "builtin")
 
     def status(self) -> dict[str, Any]:
         c = self.config
-        return {"enabled": True, "network_isolated": self.note is None, "note": self.note, "timeout": c.timeout,
-                "cpu_seconds": c.cpu_seconds, "memory_mb": c.memory_mb, "max_output_kb": c.max_output_kb}
+        return {
+            "enabled": True,
+            "network_isolated": self.note is None,
+            "note": self.note,
+            "timeout": c.timeout,
+            "cpu_seconds": c.cpu_seconds,
+            "memory_mb": c.memory_mb,
+            "max_output_kb": c.max_output_kb,
+        }
 
     async def call(self, arguments: dict[str, Any], *, timeout: float) -> ToolResult:
         """Run ``arguments["code"]``; the output, or an error result saying which limit stopped it."""
@@ -98,13 +110,27 @@ class PythonTool:
 
     async def _run(self, scratch: Path, timeout: float) -> ToolResult:
         limit = self.config.max_output_kb * 1024
-        env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(scratch), "LANG": "C.UTF-8",
-               "PYTHONIOENCODING": "utf-8", "PYTHONDONTWRITEBYTECODE": "1"}
+        env = {
+            "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
+            "HOME": str(scratch),
+            "LANG": "C.UTF-8",
+            "PYTHONIOENCODING": "utf-8",
+            "PYTHONDONTWRITEBYTECODE": "1",
+        }
         try:
             child = await asyncio.create_subprocess_exec(
-                *self._prefix, sys.executable, "-I", "main.py", cwd=scratch, env=env,
-                stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
-                start_new_session=True, preexec_fn=self._limits)
+                *self._prefix,
+                sys.executable,
+                "-I",
+                "main.py",
+                cwd=scratch,
+                env=env,
+                stdin=asyncio.subprocess.DEVNULL,
+                stdout=asyncio.subprocess.PIPE,
+                stderr=asyncio.subprocess.STDOUT,
+                start_new_session=True,
+                preexec_fn=self._limits,
+            )
         except OSError as exc:
             return ToolResult(f"the python tool could not start: {exc}", True)
         assert child.stdout is not None
@@ -130,8 +156,9 @@ class PythonTool:
         if timed_out:
             return ToolResult(_with(text, f"[stopped: the program ran longer than {timeout:g} s]"), True)
         if cut:
-            return ToolResult(_with(text, f"[stopped: output beyond {self.config.max_output_kb} KiB was cut off]"),
-                              True)
+            return ToolResult(
+                _with(text, f"[stopped: output beyond {self.config.max_output_kb} KiB was cut off]"), True
+            )
         if status != 0 and "MemoryError" in text:
             return ToolResult(_with(text, f"[stopped: memory limit of {self.config.memory_mb} MiB]"), True)
         if status in (-signal.SIGXCPU, -signal.SIGKILL):  # the soft, then the hard CPU limit

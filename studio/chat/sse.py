@@ -24,8 +24,8 @@ class EventSplitter:
         self._buf += data
         events = []
         while (end := self._buf.find(b"\n\n")) != -1:
-            events.append(self._buf[:end + 2])
-            self._buf = self._buf[end + 2:]
+            events.append(self._buf[: end + 2])
+            self._buf = self._buf[end + 2 :]
         return events
 
     def rest(self) -> bytes:

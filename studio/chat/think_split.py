@@ -32,15 +32,16 @@ class ThinkSplitter:
             if not head.startswith(OPEN):
                 self._state, out, self._buf = "answer", self._buf, ""
                 return "", out
-            self._state, self._buf = "thinking", head[len(OPEN):].lstrip("\n")
+            self._state, self._buf = "thinking", head[len(OPEN) :].lstrip("\n")
         end = self._buf.find(CLOSE)
         if end != -1:
-            reasoning, rest = self._buf[:end], self._buf[end + len(CLOSE):].lstrip("\n")
+            reasoning, rest = self._buf[:end], self._buf[end + len(CLOSE) :].lstrip("\n")
             self._state, self._buf = "answer", ""
             return reasoning, rest
-        keep = next((k for k in range(min(len(self._buf), len(CLOSE) - 1), 0, -1)
-                     if CLOSE.startswith(self._buf[-k:])), 0)
-        out, self._buf = self._buf[:len(self._buf) - keep], self._buf[len(self._buf) - keep:]
+        keep = next(
+            (k for k in range(min(len(self._buf), len(CLOSE) - 1), 0, -1) if CLOSE.startswith(self._buf[-k:])), 0
+        )
+        out, self._buf = self._buf[: len(self._buf) - keep], self._buf[len(self._buf) - keep :]
         return out, ""
 
     def finish(self) -> tuple[str, str]:

@@ -24,8 +24,10 @@ class ToolSpec:
 
     def as_openai(self) -> dict[str, Any]:
         """The tool as a chat request's ``tools`` entry."""
-        return {"type": "function", "function": {"name": self.name, "description": self.description,
-                                                 "parameters": self.parameters}}
+        return {
+            "type": "function",
+            "function": {"name": self.name, "description": self.description, "parameters": self.parameters},
+        }
 
 
 @dataclass(frozen=True)

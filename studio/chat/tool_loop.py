@@ -42,18 +42,26 @@ from studio.chat.usage import UsageTotals
 #: ``(messages, tools)`` -> one model turn: GUI events, then the ``Turn``. ``tools`` None: offer none.
 CallModel = Callable[[list[dict[str, Any]], list[dict[str, Any]] | None], AsyncIterator[dict[str, Any] | Turn]]
 
-NUDGE_FINAL = ("You have used every tool call this chat allows. Do not call any tool now; answer the user's "
-               "question with what you have found.")
-NUDGE_ACT = ("You said you would use a tool but did not call one. If a tool is needed, call it now; otherwise "
-             "give the final answer.")
-REPEATED = ("You already called {name} with exactly these arguments; its result is above. Do not repeat the "
-            "call: use that result, try something different, or answer.")
+NUDGE_FINAL = (
+    "You have used every tool call this chat allows. Do not call any tool now; answer the user's "
+    "question with what you have found."
+)
+NUDGE_ACT = (
+    "You said you would use a tool but did not call one. If a tool is needed, call it now; otherwise "
+    "give the final answer."
+)
+REPEATED = (
+    "You already called {name} with exactly these arguments; its result is above. Do not repeat the "
+    "call: use that result, try something different, or answer."
+)
 
 # "I'll check…", "Let me look up…", "I am going to call…": an announced action, not an answer.
 _INTENT = re.compile(
     r"\b(?:let me|allow me to|i(?:'ll| will| shall| am going to|'m going to| need to| should)|next,? i)\b"
     r"[^.?!\n]{0,80}?\b(?:call|use|run|check|search|look|fetch|find|get|query|calculate|compute|execute|open|"
-    r"read|try|browse|lookup)\b", re.IGNORECASE)
+    r"read|try|browse|lookup)\b",
+    re.IGNORECASE,
+)
 
 
 @dataclass(frozen=True)
@@ -74,8 +82,9 @@ def announces_action(text: str) -> bool:
     return bool(tail) and not tail.endswith("?") and bool(_INTENT.search(tail))
 
 
-async def run_tool_loop(messages: list[dict[str, Any]], tools: Sequence[Tool], call_model: CallModel,
-                        limits: LoopLimits = LoopLimits()) -> AsyncIterator[dict[str, Any]]:
+async def run_tool_loop(
+    messages: list[dict[str, Any]], tools: Sequence[Tool], call_model: CallModel, limits: LoopLimits = LoopLimits()
+) -> AsyncIterator[dict[str, Any]]:
     """The loop's events for a chat that starts with ``messages``; see the module docstring."""
     conversation = list(messages)
     by_name = {tool.spec.name: tool for tool in tools}
@@ -136,8 +145,7 @@ async def run_tool_loop(messages: list[dict[str, Any]], tools: Sequence[Tool], c
             key = (name, _canonical(raw))
             if key in seen:
                 if warned_repeat:
-                    yield _status("repeated_call", f"the model repeated {name} with the same arguments again; "
-                                                   "stopping")
+                    yield _status("repeated_call", f"the model repeated {name} with the same arguments again; stopping")
                     yield done("repeated_call")
                     return
                 warned_repeat = True
@@ -154,10 +162,15 @@ async def run_tool_loop(messages: list[dict[str, Any]], tools: Sequence[Tool], c
             started = time.monotonic()
             result = await _run(by_name.get(name), name, raw, min(limits.tool_timeout, remaining))
             text = _clip(result.text, limits.result_chars)
-            yield {"type": "tool_end", "id": call.get("id"), "name": name, "ok": not result.is_error,
-                   "result": None if result.is_error else _clip(result.text, limits.preview_chars),
-                   "error": _clip(result.text, limits.preview_chars) if result.is_error else None,
-                   "seconds": round(time.monotonic() - started, 3)}
+            yield {
+                "type": "tool_end",
+                "id": call.get("id"),
+                "name": name,
+                "ok": not result.is_error,
+                "result": None if result.is_error else _clip(result.text, limits.preview_chars),
+                "error": _clip(result.text, limits.preview_chars) if result.is_error else None,
+                "seconds": round(time.monotonic() - started, 3),
+            }
             if result.notice:
                 yield _status("tool_unavailable", result.notice)
             conversation.append(_tool_message(call, text))

@@ -98,8 +98,8 @@ class MarkupScanner:
             start = _first_opener(self._buf)
             if start == -1:
                 keep = 0 if final else _opener_prefix_len(self._buf)
-                _text(out, self._buf[:len(self._buf) - keep])
-                self._buf = self._buf[len(self._buf) - keep:]
+                _text(out, self._buf[: len(self._buf) - keep])
+                self._buf = self._buf[len(self._buf) - keep :]
                 break
             _text(out, self._buf[:start])
             self._buf = self._buf[start:]
@@ -123,7 +123,7 @@ class MarkupScanner:
         rest = self._buf.lstrip()
         for closer in _STRAY_CLOSERS:
             if rest.startswith(closer):
-                rest = rest[len(closer):].lstrip()
+                rest = rest[len(closer) :].lstrip()
                 break
             if not final and closer.startswith(rest):
                 self._buf = rest
@@ -157,7 +157,7 @@ class MarkupScanner:
         if not final:
             raise _NeedMore  # a Mistral list has no closing tag: it runs to the end of the answer
         try:
-            calls, rest = self._mistral(buf[len(MISTRAL_OPEN):])
+            calls, rest = self._mistral(buf[len(MISTRAL_OPEN) :])
         except _NotACall:
             raise _NotACall(len(buf)) from None
         return calls, len(buf) - len(rest)
@@ -195,10 +195,10 @@ class MarkupScanner:
             head_end = rest.find(">", len(FUNCTION_OPEN))
             if head_end == -1:
                 raise _NotACall
-            name = rest[len(FUNCTION_OPEN):head_end].strip()
+            name = rest[len(FUNCTION_OPEN) : head_end].strip()
             end = rest.find(FUNCTION_CLOSE, head_end)
-            body = rest[head_end + 1:end if end != -1 else len(rest)]
-            rest = rest[end + len(FUNCTION_CLOSE):].lstrip() if end != -1 else ""
+            body = rest[head_end + 1 : end if end != -1 else len(rest)]
+            rest = rest[end + len(FUNCTION_CLOSE) :].lstrip() if end != -1 else ""
             calls.append(self._function_call(name, body))
         if not calls:
             raise _NotACall
@@ -220,17 +220,17 @@ class MarkupScanner:
         rest = stripped
         while rest:
             if rest.startswith(PARAMETER_CLOSE):  # a doubled closing tag (llama.cpp #24807)
-                rest = rest[len(PARAMETER_CLOSE):].lstrip()
+                rest = rest[len(PARAMETER_CLOSE) :].lstrip()
                 continue
             if not rest.startswith(PARAMETER_OPEN):
                 raise _NotACall
             head_end = rest.find(">", len(PARAMETER_OPEN))
             if head_end == -1:
                 raise _NotACall
-            key = rest[len(PARAMETER_OPEN):head_end].strip()
+            key = rest[len(PARAMETER_OPEN) : head_end].strip()
             end = rest.find(PARAMETER_CLOSE, head_end)
-            raw = rest[head_end + 1:end if end != -1 else len(rest)]
-            rest = rest[end + len(PARAMETER_CLOSE):].lstrip() if end != -1 else ""
+            raw = rest[head_end + 1 : end if end != -1 else len(rest)]
+            rest = rest[end + len(PARAMETER_CLOSE) :].lstrip() if end != -1 else ""
             params[key] = _parameter_value(raw, schema.get(key) or {})
         return ParsedCall(name, json.dumps(params, ensure_ascii=False))
 
@@ -257,7 +257,7 @@ class MarkupScanner:
                 raise _NotACall
             calls.append(ParsedCall(match.group(1), json.dumps(arguments, ensure_ascii=False)))
             body = body[end:].lstrip()
-            body = body[len(MISTRAL_OPEN):] if body.startswith(MISTRAL_OPEN) else body
+            body = body[len(MISTRAL_OPEN) :] if body.startswith(MISTRAL_OPEN) else body
         if not calls:
             raise _NotACall
         return calls, body
@@ -292,7 +292,7 @@ def _until(buf: str, start: int, closer: str, final: bool) -> tuple[str, int, bo
             raise _NeedMore
         return buf[start:], len(buf), False
     if closer == FUNCTION_CLOSE:  # the block keeps its own tags: _functions reads them
-        return buf[start:end + len(closer)], end + len(closer), True
+        return buf[start : end + len(closer)], end + len(closer), True
     return buf[start:end], end + len(closer), True
 
 

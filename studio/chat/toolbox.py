@@ -36,8 +36,9 @@ class Toolbox:
         logs_dir: where MCP servers' stderr goes (one file per server).
     """
 
-    def __init__(self, settings: ToolSettings, *, scratch_dir: Path, logs_dir: Path | None = None,
-                 start_timeout: float = 30.0) -> None:
+    def __init__(
+        self, settings: ToolSettings, *, scratch_dir: Path, logs_dir: Path | None = None, start_timeout: float = 30.0
+    ) -> None:
         self.settings = settings
         self.start_timeout = start_timeout
         self.python: PythonTool | None = None
@@ -86,15 +87,18 @@ class Toolbox:
             (chosen.append(available[name]) if name in available else missing.append(name))
         if missing:
             known = ", ".join(sorted(available)) or "none (enable [tools.python] or add [mcp_servers.NAME])"
-            raise BadRequestError(f"no enabled tool is named {', '.join(map(repr, missing))}; available: {known}",
-                                  param="use_tools")
+            raise BadRequestError(
+                f"no enabled tool is named {', '.join(map(repr, missing))}; available: {known}", param="use_tools"
+            )
         return chosen
 
     def status(self) -> dict[str, Any]:
         """A JSON-able view for the GUI: each tool, the python tool's sandbox, each MCP server's state."""
         return {
-            "tools": [dict(name=t.spec.name, description=t.spec.description, source=t.spec.source)
-                      for t in self.tools().values()],
+            "tools": [
+                dict(name=t.spec.name, description=t.spec.description, source=t.spec.source)
+                for t in self.tools().values()
+            ],
             "python": self.python.status() if self.python is not None else {"enabled": False},
             "mcp_servers": {name: server.status() for name, server in self.servers.items()},
         }

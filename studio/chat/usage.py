@@ -35,8 +35,10 @@ class UsageTotals:
             for key in _TIMINGS:
                 if key in timings:
                     self.timings[key] = self.timings.get(key, 0) + timings[key]
-            for rate, n, ms in (("prompt_per_second", "prompt_n", "prompt_ms"),
-                                ("predicted_per_second", "predicted_n", "predicted_ms")):
+            for rate, n, ms in (
+                ("prompt_per_second", "prompt_n", "prompt_ms"),
+                ("predicted_per_second", "predicted_n", "predicted_ms"),
+            ):
                 if self.timings.get(ms):
                     self.timings[rate] = self.timings.get(n, 0) / self.timings[ms] * 1000.0
 

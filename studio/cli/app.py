@@ -8,15 +8,15 @@ about 20 ms per start. Names imported only for type checking are quoted.
 """
 
 import os
-from dataclasses import replace
 import shlex
 import signal
 import sys
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any, Optional
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
@@ -27,9 +27,9 @@ from studio.errors import AnsweredError, CommandError, Exit, StudioError
 if TYPE_CHECKING:  # the service's modules load only in the commands that need them
     from launcher.build import ProgressFn
     from launcher.discovery import Discovered
+    from studio.cli.terminal_chat import LocalStudio
     from studio.library.catalog import Catalog
     from studio.residency.manager import ModelManager
-    from studio.cli.terminal_chat import LocalStudio
     from studio.settings import Settings
 
 app = typer.Typer(
@@ -63,7 +63,8 @@ def _error_lines(exc: BaseException) -> list[str]:
     elif isinstance(exc, ProcessError):  # its message may carry the whole log tail: keep the first line
         message = str(exc).split("\n", 1)[0].removesuffix("; last output:")
     elif isinstance(exc, (CommandError, LauncherError, ValueError, OSError)) or type(exc).__module__.startswith(
-            ("studio", "launcher", "gguf")):
+        ("studio", "launcher", "gguf")
+    ):
         message = str(exc)
     else:  # not ours to explain: say what it is
         message = f"{type(exc).__name__}: {exc}"
@@ -98,8 +99,7 @@ def _root(
     version: Annotated[
         bool, typer.Option("--version", callback=_show_version, is_eager=True, help="Print versions and exit.")
     ] = False,
-    debug: Annotated[bool, typer.Option("--debug", help="Show tracebacks and llama-server output on errors.")]
-    = False,
+    debug: Annotated[bool, typer.Option("--debug", help="Show tracebacks and llama-server output on errors.")] = False,
 ) -> None:
     """GGUF Studio command line.
 
@@ -129,8 +129,9 @@ def _json(value: Any) -> str:
 def _find_binary(settings: "Settings") -> "Discovered":
     from launcher.discovery import find_llama_server
 
-    return find_llama_server(home=settings.home, explicit=settings.llama_server_path,
-                             llama_cpp_dir=settings.llama_cpp_dir)
+    return find_llama_server(
+        home=settings.home, explicit=settings.llama_server_path, llama_cpp_dir=settings.llama_cpp_dir
+    )
 
 
 def _catalog(settings: "Settings") -> "Catalog":
@@ -138,8 +139,9 @@ def _catalog(settings: "Settings") -> "Catalog":
     from studio.library.catalog import Catalog
     from studio.library.hub import HubConfig
 
-    return Catalog([settings.models_dir, *settings.model_dirs], hf_cache=HubConfig.from_env().cache_dir,
-                   aliases=settings.aliases)
+    return Catalog(
+        [settings.models_dir, *settings.model_dirs], hf_cache=HubConfig.from_env().cache_dir, aliases=settings.aliases
+    )
 
 
 def _model_manager(settings: "Settings", rpc_workers: tuple[str, ...] = ()) -> tuple["ModelManager", "Discovered"]:
@@ -161,10 +163,13 @@ def _model_manager(settings: "Settings", rpc_workers: tuple[str, ...] = ()) -> t
     registry.reap_orphans()
     workers = RpcWorkers(rpc_workers) if rpc_workers else None
     manager = ModelManager(
-        catalog=_catalog(settings), binary=found.path,
+        catalog=_catalog(settings),
+        binary=found.path,
         make_supervisor=supervisor_factory(settings.logs_dir / "llama-server", registry),
-        model_defaults=builtin_model_defaults(settings.model_defaults), residency=settings.residency,
-        caps=probe(found.path, cache_dir=settings.home / "cache"), files_root=settings.home / "run",
+        model_defaults=builtin_model_defaults(settings.model_defaults),
+        residency=settings.residency,
+        caps=probe(found.path, cache_dir=settings.home / "cache"),
+        files_root=settings.home / "run",
         spec_measurements=settings.spec_dir,
         discover_devices=(lambda: discover(llama_server=found.path, workers=workers)) if workers else None,
         downloads=DownloadManager(auto_download=settings.auto_download),
@@ -172,10 +177,15 @@ def _model_manager(settings: "Settings", rpc_workers: tuple[str, ...] = ()) -> t
     return manager, found
 
 
-RpcOption = Annotated[Optional[str], typer.Option(
-    "--rpc", metavar="HOST:PORT,...",
-    help="RPC workers (`ggstudio rpc-worker`) to split the layers over (default: rpc_workers in the config file; "
-         "'' for none).")]
+RpcOption = Annotated[
+    str | None,
+    typer.Option(
+        "--rpc",
+        metavar="HOST:PORT,...",
+        help="RPC workers (`ggstudio rpc-worker`) to split the layers over (default: rpc_workers in the config file; "
+        "'' for none).",
+    ),
+]
 
 
 def _rpc_workers(option: str | None, settings: "Settings") -> tuple[str, ...]:
@@ -215,7 +225,7 @@ def _progress_printer() -> "ProgressFn":
 @app.command("build-llama")
 def build_llama(
     backend: Annotated[str, typer.Option(help="cpu, cuda, rocm, vulkan or metal.")] = "cpu",
-    jobs: Annotated[Optional[int], typer.Option(help="Parallel compile jobs (default: all cores).")] = None,
+    jobs: Annotated[int | None, typer.Option(help="Parallel compile jobs (default: all cores).")] = None,
     force: Annotated[bool, typer.Option(help="Rebuild even if a finished build is cached.")] = False,
 ) -> None:
     """Build the pinned llama-server into the studio home (a no-op when cached).
@@ -262,35 +272,58 @@ def inspect(
 
 @app.command()
 def serve(
-    model: Annotated[Optional[str], typer.Option(
-        help="Model to load at start: a name in the models dir or a .gguf path (default: SmolLM2-135M-Instruct).")] = None,
-    host: Annotated[Optional[str], typer.Option(
-        help="Address to listen on (default 127.0.0.1). Beyond loopback an API token is required; "
-             "without GGUF_STUDIO_API_TOKEN one is generated and printed.")] = None,
-    port: Annotated[Optional[int], typer.Option(help="Port to listen on (default 8080).")] = None,
-    ctx: Annotated[Optional[int], typer.Option(help="Context size for that model (default: llama-server's).")] = None,
+    model: Annotated[
+        str | None,
+        typer.Option(
+            help="Model to load at start: a name in the models dir or a .gguf path (default: SmolLM2-135M-Instruct)."
+        ),
+    ] = None,
+    host: Annotated[
+        str | None,
+        typer.Option(
+            help="Address to listen on (default 127.0.0.1). Beyond loopback an API token is required; "
+            "without GGUF_STUDIO_API_TOKEN one is generated and printed."
+        ),
+    ] = None,
+    port: Annotated[int | None, typer.Option(help="Port to listen on (default 8080).")] = None,
+    ctx: Annotated[int | None, typer.Option(help="Context size for that model (default: llama-server's).")] = None,
     rpc: RpcOption = None,
-    no_auth: Annotated[bool, typer.Option(
-        "--no-auth", help="Require no API token, even when listening beyond loopback (anyone who reaches the "
-                          "port can use the API).")] = False,
-    ollama_port: Annotated[Optional[int], typer.Option(
-        "--ollama-port", help="Also serve the Ollama API on this port, e.g. 11434 (default: off).")] = None,
+    no_auth: Annotated[
+        bool,
+        typer.Option(
+            "--no-auth",
+            help="Require no API token, even when listening beyond loopback (anyone who reaches the "
+            "port can use the API).",
+        ),
+    ] = False,
+    ollama_port: Annotated[
+        int | None,
+        typer.Option("--ollama-port", help="Also serve the Ollama API on this port, e.g. 11434 (default: off)."),
+    ] = None,
 ) -> None:
     """Run the studio service (GUI, OpenAI, Anthropic and optionally Ollama APIs) with a model loaded, until Ctrl-C."""
     _serve(model, host=host, port=port, ctx=ctx, rpc=rpc, no_auth=no_auth, ollama_port=ollama_port)
 
 
-def _serve(model: str | None, *, host: str | None, port: int | None, ctx: int | None, rpc: str | None,
-           no_auth: bool = False, ollama_port: int | None = None) -> None:
+def _serve(
+    model: str | None,
+    *,
+    host: str | None,
+    port: int | None,
+    ctx: int | None,
+    rpc: str | None,
+    no_auth: bool = False,
+    ollama_port: int | None = None,
+) -> None:
     # The service's imports (FastAPI, uvicorn, httpx) stay here: other commands start fast without them.
     from launcher.process import ensure_port_free
     from studio.chat.toolbox import Toolbox
     from studio.http.access import AccessPolicy
     from studio.http.app import create_app
     from studio.http.ollama_app import create_ollama_app
+    from studio.http.server import run_service
     from studio.library.default_model import ensure_default_model
     from studio.library.paths import PathPolicy
-    from studio.http.server import run_service
     from studio.residency.requests import LoadRequest
 
     settings = _settings()
@@ -312,8 +345,9 @@ def _serve(model: str | None, *, host: str | None, port: int | None, ctx: int | 
         ensure_port_free(host, ollama_port)
     workers = _rpc_workers(rpc, settings)
     token, generated = _api_token(settings, host, no_auth=no_auth)
-    access = AccessPolicy.create(bind_host=host, allowed_hosts=settings.allowed_hosts,
-                                 allowed_origins=settings.allowed_origins)
+    access = AccessPolicy.create(
+        bind_host=host, allowed_hosts=settings.allowed_hosts, allowed_origins=settings.allowed_origins
+    )
     # the model named here is the user's choice: API clients may reload it by its path too
     paths = PathPolicy.for_catalog(catalog, home=settings.home, files=named, allow_any=settings.allow_any_path)
     manager, found = _model_manager(settings, workers)
@@ -323,19 +357,35 @@ def _serve(model: str | None, *, host: str | None, port: int | None, ctx: int | 
     ollama_line = f", Ollama API: {url.rsplit(':', 1)[0]}:{ollama_port}" if ollama_port is not None else ""
 
     def announce() -> None:
-        typer.echo(f"GGUF Studio at {url}/  (open it in a browser; OpenAI API: {url}/v1, Anthropic API: {url}, "
-                   f"GUI API: {url}/api{ollama_line}, metrics: {url}/metrics, docs: {url}/docs; Ctrl-C stops)")
+        typer.echo(
+            f"GGUF Studio at {url}/  (open it in a browser; OpenAI API: {url}/v1, Anthropic API: {url}, "
+            f"GUI API: {url}/api{ollama_line}, metrics: {url}/metrics, docs: {url}/docs; Ctrl-C stops)"
+        )
         if generated:  # printed once, here, and nowhere else: it is not logged
-            typer.echo(f"API token for this run: {token}  (send `Authorization: Bearer <token>` or "
-                       "`x-api-key: <token>`; set GGUF_STUDIO_API_TOKEN to choose your own)")
+            typer.echo(
+                f"API token for this run: {token}  (send `Authorization: Bearer <token>` or "
+                "`x-api-key: <token>`; set GGUF_STUDIO_API_TOKEN to choose your own)"
+            )
 
-    app = create_app(manager, preload=requests, api_token=token, access=access, paths=paths,
-                     toolbox=Toolbox(settings.tools, scratch_dir=settings.home / "scratch", logs_dir=settings.logs_dir),
-                     max_body_bytes=settings.max_body_bytes, downloads=manager.downloads)
+    app = create_app(
+        manager,
+        preload=requests,
+        api_token=token,
+        access=access,
+        paths=paths,
+        toolbox=Toolbox(settings.tools, scratch_dir=settings.home / "scratch", logs_dir=settings.logs_dir),
+        max_body_bytes=settings.max_body_bytes,
+        downloads=manager.downloads,
+    )
     ollama_app = create_ollama_app(app, api_token=token, access=access) if ollama_port is not None else None
     try:
         run_service(
-            app, host=host, port=port, ollama_app=ollama_app, ollama_port=ollama_port, announce=announce,
+            app,
+            host=host,
+            port=port,
+            ollama_app=ollama_app,
+            ollama_port=ollama_port,
+            announce=announce,
         )
     except KeyboardInterrupt:  # uvicorn re-raises Ctrl-C after a clean shutdown: that is a normal stop
         pass
@@ -354,11 +404,13 @@ def _api_token(settings: "Settings", host: str, *, no_auth: bool) -> tuple[str |
     loopback = is_loopback(host)
     if no_auth:
         if not loopback:
-            typer.echo(f"warning: --no-auth: listening on {host} with no API token: anyone who can reach this "
-                       "machine can use the API and load models", err=True)
+            typer.echo(
+                f"warning: --no-auth: listening on {host} with no API token: anyone who can reach this "
+                "machine can use the API and load models",
+                err=True,
+            )
         if settings.api_token:
-            typer.echo("warning: --no-auth: the configured API token (GGUF_STUDIO_API_TOKEN) is not required",
-                       err=True)
+            typer.echo("warning: --no-auth: the configured API token (GGUF_STUDIO_API_TOKEN) is not required", err=True)
         return None, False
     if settings.api_token or loopback:
         return settings.api_token, False
@@ -368,18 +420,19 @@ def _api_token(settings: "Settings", host: str, *, no_auth: bool) -> tuple[str |
 @app.command()
 def run(
     model: Annotated[str, typer.Argument(help="A model name in the models dir, or a path to a .gguf file.")],
-    once: Annotated[Optional[str], typer.Option(
-        "--once", metavar="PROMPT", help="Answer PROMPT on stdout as plain text and exit.")] = None,
-    serve_only: Annotated[bool, typer.Option(
-        "--serve-only", help="Only serve the model's OpenAI endpoint (like `serve --model MODEL`).")] = False,
-    ctx: Annotated[Optional[int], typer.Option(help="Context size in tokens (default: the largest that fits).")]
-    = None,
-    max_tokens: Annotated[Optional[int], typer.Option(
-        help="Most tokens per answer (default: up to the context).")] = None,
-    host: Annotated[Optional[str], typer.Option(help="With --serve-only: address to listen on.")] = None,
-    port: Annotated[Optional[int], typer.Option(help="With --serve-only: port to listen on.")] = None,
-    force: Annotated[bool, typer.Option(
-        "--force", help="Load even when the plan says the model does not fit in memory.")] = False,
+    once: Annotated[
+        str | None, typer.Option("--once", metavar="PROMPT", help="Answer PROMPT on stdout as plain text and exit.")
+    ] = None,
+    serve_only: Annotated[
+        bool, typer.Option("--serve-only", help="Only serve the model's OpenAI endpoint (like `serve --model MODEL`).")
+    ] = False,
+    ctx: Annotated[int | None, typer.Option(help="Context size in tokens (default: the largest that fits).")] = None,
+    max_tokens: Annotated[int | None, typer.Option(help="Most tokens per answer (default: up to the context).")] = None,
+    host: Annotated[str | None, typer.Option(help="With --serve-only: address to listen on.")] = None,
+    port: Annotated[int | None, typer.Option(help="With --serve-only: port to listen on.")] = None,
+    force: Annotated[
+        bool, typer.Option("--force", help="Load even when the plan says the model does not fit in memory.")
+    ] = False,
     rpc: RpcOption = None,
 ) -> None:
     """Load a model and chat with it in the terminal.
@@ -395,8 +448,9 @@ def run(
     """
     if serve_only:
         if once is not None or max_tokens is not None:
-            raise typer.BadParameter("--once and --max-tokens are for a chat, not --serve-only",
-                                     param_hint="--serve-only")
+            raise typer.BadParameter(
+                "--once and --max-tokens are for a chat, not --serve-only", param_hint="--serve-only"
+            )
         _serve(model, host=host, port=port, ctx=ctx, rpc=rpc)
         return
     if host is not None or port is not None:
@@ -418,8 +472,16 @@ def run(
             _chat(studio, manager, model=model, ctx=ctx, once=once, max_tokens=max_tokens, force=force)
 
 
-def _chat(studio: "LocalStudio", manager: "ModelManager", *, model: str, ctx: int | None, once: str | None,
-          max_tokens: int | None, force: bool) -> None:
+def _chat(
+    studio: "LocalStudio",
+    manager: "ModelManager",
+    *,
+    model: str,
+    ctx: int | None,
+    once: str | None,
+    max_tokens: int | None,
+    force: bool,
+) -> None:
     """Load ``model`` in the in-process studio, then answer ``once`` or chat until the user ends it."""
     from studio.cli.terminal_chat import answer_once, chat_loop
     from studio.residency.requests import LoadRequest
@@ -430,8 +492,11 @@ def _chat(studio: "LocalStudio", manager: "ModelManager", *, model: str, ctx: in
         placed = studio.call(manager.preview(request))
         if not placed.fits and not force:
             over = "; ".join(w for w in placed.plan.warnings if "over the budget" in w) or "over the memory budget"
-            raise CommandError(f"{model} does not fit here: {over}", exit=Exit.DOES_NOT_FIT,
-                               hint="try a smaller --ctx (see `ggstudio plan`), or --force to load it anyway")
+            raise CommandError(
+                f"{model} does not fit here: {over}",
+                exit=Exit.DOES_NOT_FIT,
+                hint="try a smaller --ctx (see `ggstudio plan`), or --force to load it anyway",
+            )
         loaded = studio.load(replace(request, force=force), progress=sys.stderr if sys.stderr.isatty() else None)
     except gguf_error as exc:
         if exit_code(exc) == Exit.NOT_FOUND:
@@ -473,8 +538,9 @@ def _graceful_termination() -> Iterator[Callable[[], None]]:
 
 # -- a running studio, over its HTTP API ----------------------------------------------------------
 
-UrlOption = Annotated[Optional[str], typer.Option(
-    help="The studio's address (default: http://GGUF_STUDIO_HOST:GGUF_STUDIO_PORT).")]
+UrlOption = Annotated[
+    str | None, typer.Option(help="The studio's address (default: http://GGUF_STUDIO_HOST:GGUF_STUDIO_PORT).")
+]
 JsonOption = Annotated[bool, typer.Option("--json", help="Print JSON instead of text.")]
 
 
@@ -485,8 +551,9 @@ def _studio_url(url: str | None, settings: "Settings") -> str:
     return f"http://{f'[{host}]' if ':' in host else host}:{settings.port}"
 
 
-def _api(method: str, url: str | None, path: str, *, body: dict[str, Any] | None = None,
-         timeout: float | None = 30) -> dict[str, Any]:
+def _api(
+    method: str, url: str | None, path: str, *, body: dict[str, Any] | None = None, timeout: float | None = 30
+) -> dict[str, Any]:
     """Call a running studio and return its JSON answer; errors become ``CommandError`` with an exit code."""
     import httpx
 
@@ -494,11 +561,11 @@ def _api(method: str, url: str | None, path: str, *, body: dict[str, Any] | None
     base = _studio_url(url, settings)
     headers = {"Authorization": f"Bearer {settings.api_token}"} if settings.api_token else {}
     try:
-        resp = httpx.request(method, base + path, json=body, headers=headers,
-                             timeout=httpx.Timeout(timeout, connect=5))
+        resp = httpx.request(method, base + path, json=body, headers=headers, timeout=httpx.Timeout(timeout, connect=5))
     except (httpx.ConnectError, httpx.ConnectTimeout) as exc:
-        raise CommandError(f"no GGUF Studio is running at {base} (start one with `ggstudio serve`, "
-                           "or pass --url)") from exc
+        raise CommandError(
+            f"no GGUF Studio is running at {base} (start one with `ggstudio serve`, or pass --url)"
+        ) from exc
     except (httpx.HTTPError, httpx.InvalidURL) as exc:
         raise CommandError(f"the studio at {base} did not answer {path}: {exc or type(exc).__name__}") from exc
     if resp.status_code >= 400:
@@ -506,8 +573,7 @@ def _api(method: str, url: str | None, path: str, *, body: dict[str, Any] | None
     try:
         return resp.json()
     except ValueError:
-        raise CommandError(f"{base} answered {path} with something that is not JSON: is it a GGUF Studio?") \
-            from None
+        raise CommandError(f"{base} answered {path} with something that is not JSON: is it a GGUF Studio?") from None
 
 
 def _api_error(status: int, content: bytes, base: str) -> AnsweredError:
@@ -532,15 +598,24 @@ def _status_text(status: dict[str, Any]) -> str:
         used = (memory.get("actual") or memory.get("predicted") or {}).get("total")
         ttl = "pinned" if m.get("pinned") else (f"{m['ttl_left']:,.0f}s" if m.get("ttl_left") is not None else "-")
         default = "*" if m.get("model") == status.get("model") else ""
-        rows.append({"MODEL": f"{m.get('model') or '-'}{default}", "STATE": m.get("state") or "?",
-                     "CONTEXT": f"{m['effective_context']:,}" if m.get("effective_context") else "-",
-                     "MEMORY": "-" if used is None else format_size(used), "PID": str(m.get("pid") or "-"),
-                     "REQUESTS": str(m.get("in_flight", 0)),
-                     "IDLE": f"{m.get('idle_s', 0):,.0f}s", "TTL": ttl})
+        rows.append(
+            {
+                "MODEL": f"{m.get('model') or '-'}{default}",
+                "STATE": m.get("state") or "?",
+                "CONTEXT": f"{m['effective_context']:,}" if m.get("effective_context") else "-",
+                "MEMORY": "-" if used is None else format_size(used),
+                "PID": str(m.get("pid") or "-"),
+                "REQUESTS": str(m.get("in_flight", 0)),
+                "IDLE": f"{m.get('idle_s', 0):,.0f}s",
+                "TTL": ttl,
+            }
+        )
         progress = m.get("progress")
         if m.get("state") == "loading" and progress and progress.get("bytes_total"):
-            notes.append(f"{m['model']} loading: {progress['phase']} "
-                         f"{progress['bytes_loaded'] * 100 // progress['bytes_total']}%")
+            notes.append(
+                f"{m['model']} loading: {progress['phase']} "
+                f"{progress['bytes_loaded'] * 100 // progress['bytes_total']}%"
+            )
         if m.get("error"):
             notes.append(f"{m['model']}: error: {m['error']}")
     widths = {k: max(len(k), *(len(r[k]) for r in rows)) for k in rows[0]}
@@ -553,7 +628,7 @@ def _status_text(status: dict[str, Any]) -> str:
 def ps(url: UrlOption = None, json_output: JsonOption = False) -> None:
     """Show the models a running studio holds: state, context, memory, pid, requests, idle time, TTL.
 
-        ggstudio ps --url http://127.0.0.1:8081 --json
+    ggstudio ps --url http://127.0.0.1:8081 --json
     """
     status = _api("GET", url, "/api/status")
     typer.echo(_json(status) if json_output else _status_text(status))
@@ -562,23 +637,25 @@ def ps(url: UrlOption = None, json_output: JsonOption = False) -> None:
 @app.command()
 def load(
     model: Annotated[str, typer.Argument(help="A model name in the studio's models dir, or a .gguf path.")],
-    ctx: Annotated[Optional[int], typer.Option(help="Context size in tokens (default: the largest that fits).")]
-    = None,
-    force: Annotated[bool, typer.Option(
-        "--force", help="Load even when the plan says the model does not fit in memory.")] = False,
+    ctx: Annotated[int | None, typer.Option(help="Context size in tokens (default: the largest that fits).")] = None,
+    force: Annotated[
+        bool, typer.Option("--force", help="Load even when the plan says the model does not fit in memory.")
+    ] = False,
     url: UrlOption = None,
     json_output: JsonOption = False,
 ) -> None:
     """Load a model into a running studio (idle models are evicted if it needs their memory).
 
-        ggstudio load gemma-3-270m-Q4_K_M --ctx 4096
+    ggstudio load gemma-3-270m-Q4_K_M --ctx 4096
     """
     body: dict[str, Any] = {"model": model, "n_ctx": ctx}
     plan = _api("POST", url, "/api/plan", body=body, timeout=120)
     if not plan.get("fits", True) and not force:
-        raise CommandError(f"{model} does not fit there: " + ("; ".join(plan.get("warnings") or ()) or
-                                                              "over the memory budget"),
-                           exit=Exit.DOES_NOT_FIT, hint="try a smaller --ctx, or --force to load it anyway")
+        raise CommandError(
+            f"{model} does not fit there: " + ("; ".join(plan.get("warnings") or ()) or "over the memory budget"),
+            exit=Exit.DOES_NOT_FIT,
+            hint="try a smaller --ctx, or --force to load it anyway",
+        )
     if plan.get("evicts"):
         typer.echo(f"evicting {', '.join(plan['evicts'])} (idle) to make room", err=True)
     body["force"] = force
@@ -587,8 +664,10 @@ def load(
         typer.echo(_json(status))
     else:
         context = status.get("effective_context")
-        typer.echo(f"loaded {status.get('model')}" + (f" (context {context:,} tokens, pid {status.get('pid')})"
-                                                      if context else ""))
+        typer.echo(
+            f"loaded {status.get('model')}"
+            + (f" (context {context:,} tokens, pid {status.get('pid')})" if context else "")
+        )
 
 
 def _with_load_progress(call: Callable[[], dict[str, Any]], url: str | None, model: str) -> dict[str, Any]:
@@ -628,8 +707,7 @@ def _with_load_progress(call: Callable[[], dict[str, Any]], url: str | None, mod
 
 @app.command()
 def unload(
-    model: Annotated[Optional[str], typer.Argument(help="The resident model to unload (default: every model).")]
-    = None,
+    model: Annotated[str | None, typer.Argument(help="The resident model to unload (default: every model).")] = None,
     url: UrlOption = None,
     json_output: JsonOption = False,
 ) -> None:
@@ -650,25 +728,38 @@ def unload(
 @app.command("plan")
 def plan_command(
     model: Annotated[str, typer.Argument(help="A model name, or a .gguf file (any shard of a split model).")],
-    ctx: Annotated[Optional[int], typer.Option(help="Context in tokens (default: the config's, or automatic).")]
-    = None,
-    parallel: Annotated[Optional[int], typer.Option(
-        help="Parallel server slots; they share the context (default: the config's, or 1).")] = None,
-    spec: Annotated[Optional[str], typer.Option(
-        help="Speculative mode: auto, mtp, ngram, mtp+ngram, off, ngram-simple (default: the config's, or auto).")]
-    = None,
-    n_max: Annotated[Optional[int], typer.Option(
-        help="Drafted tokens per step (default: the config's, or the policy's).")] = None,
-    cache_type: Annotated[Optional[str], typer.Option(
-        help="KV cache type for K and V: f16, q8_0, q4_0... (default: the config's, or f16).")] = None,
+    ctx: Annotated[int | None, typer.Option(help="Context in tokens (default: the config's, or automatic).")] = None,
+    parallel: Annotated[
+        int | None, typer.Option(help="Parallel server slots; they share the context (default: the config's, or 1).")
+    ] = None,
+    spec: Annotated[
+        str | None,
+        typer.Option(
+            help="Speculative mode: auto, mtp, ngram, mtp+ngram, off, ngram-simple (default: the config's, or auto)."
+        ),
+    ] = None,
+    n_max: Annotated[
+        int | None, typer.Option(help="Drafted tokens per step (default: the config's, or the policy's).")
+    ] = None,
+    cache_type: Annotated[
+        str | None,
+        typer.Option(help="KV cache type for K and V: f16, q8_0, q4_0... (default: the config's, or f16)."),
+    ] = None,
     rpc: RpcOption = None,
-    mmproj: Annotated[Optional[str], typer.Option(
-        help='A multimodal projector .gguf, or "none" (default: the config\'s, or the one paired beside it).')]
-    = None,
+    mmproj: Annotated[
+        str | None,
+        typer.Option(
+            help='A multimodal projector .gguf, or "none" (default: the config\'s, or the one paired beside it).'
+        ),
+    ] = None,
     json_output: Annotated[bool, typer.Option("--json", help="Print JSON instead of text.")] = False,
-    url: Annotated[Optional[str], typer.Option(
-        help="Ask a running studio instead: its plan counts what its resident models hold, and names the "
-             "models the load would evict.")] = None,
+    url: Annotated[
+        str | None,
+        typer.Option(
+            help="Ask a running studio instead: its plan counts what its resident models hold, and names the "
+            "models the load would evict."
+        ),
+    ] = None,
 ) -> None:
     """Show how a model would be launched here: GPUs, RPC workers, layers, context, speculative flags, memory, and why.
 
@@ -677,7 +768,8 @@ def plan_command(
     if model.endswith(".gguf") and Path(model).is_file():
         import gguf
 
-        gguf.read(model).facts  # a header the facts refuse is answered before the slower imports (read once: cached)
+        # a header the facts refuse is answered before the slower imports (read once: cached)
+        _ = gguf.read(model).facts
     from launcher.capabilities import probe
     from launcher.command import build_command
     from launcher.devices import discover
@@ -687,8 +779,15 @@ def plan_command(
     from studio.views.plan import plan_json, render_plan
 
     if url is not None:  # a running studio plans it against what its resident models hold
-        body = {"model": model, "n_ctx": ctx, "n_parallel": parallel, "spec": spec, "spec_n_max": n_max,
-                "cache_type_kv": cache_type.lower() if cache_type else None, "mmproj": mmproj}
+        body = {
+            "model": model,
+            "n_ctx": ctx,
+            "n_parallel": parallel,
+            "spec": spec,
+            "spec_n_max": n_max,
+            "cache_type_kv": cache_type.lower() if cache_type else None,
+            "mmproj": mmproj,
+        }
         info = _api("POST", url, "/api/plan", body={k: v for k, v in body.items() if v is not None}, timeout=120)
         typer.echo(_json(info) if json_output else render_plan(info))
         return
@@ -697,12 +796,20 @@ def plan_command(
     found = _find_binary(settings)
     caps = probe(found.path, cache_dir=settings.home / "cache")
     entry = _catalog(settings).resolve(model)
-    asked = LoadRequest(model, n_ctx=ctx, n_parallel=parallel, spec=spec, spec_n_max=n_max,
-                        cache_type=parse_cache_type(cache_type.lower()) if cache_type else None, mmproj=mmproj)
+    asked = LoadRequest(
+        model,
+        n_ctx=ctx,
+        n_parallel=parallel,
+        spec=spec,
+        spec_n_max=n_max,
+        cache_type=parse_cache_type(cache_type.lower()) if cache_type else None,
+        mmproj=mmproj,
+    )
     chosen = load_settings(asked, entry, settings.model_defaults)
     request = replace(chosen.plan_request(entry.name), spec_measurements=settings.spec_dir)
-    launch = plan(load_model(entry.path, mmproj=chosen.mmproj), discover(llama_server=found.path, workers=workers),
-                  caps, request)
+    launch = plan(
+        load_model(entry.path, mmproj=chosen.mmproj), discover(llama_server=found.path, workers=workers), caps, request
+    )
     with build_command(launch, caps, binary=found.path) as command:
         argv = command.redacted_argv(settings.port)
     info = plan_json(launch, argv, found)
@@ -724,8 +831,9 @@ def doctor(
     settings = _settings()
     found = _find_binary(settings)
     workers = RpcWorkers(_rpc_workers(rpc, settings))
-    info = doctor_json(found, probe(found.path, cache_dir=settings.home / "cache"),
-                       discover(llama_server=found.path, workers=workers))
+    info = doctor_json(
+        found, probe(found.path, cache_dir=settings.home / "cache"), discover(llama_server=found.path, workers=workers)
+    )
     info["checks"] = _doctor_checks(info, settings)
     if json_output:
         typer.echo(_json(info))
@@ -734,8 +842,9 @@ def doctor(
     typer.echo("checks")
     for check in info["checks"]:
         verdict = "ok" if check["ok"] else "PROBLEM"
-        typer.echo(f"  {verdict:7}  {check['check']}: {check['detail']}" + ("" if check["ok"] else
-                                                                           f"; fix: {check['fix']}"))
+        typer.echo(
+            f"  {verdict:7}  {check['check']}: {check['detail']}" + ("" if check["ok"] else f"; fix: {check['fix']}")
+        )
 
 
 def _doctor_checks(info: dict[str, Any], settings: "Settings") -> list[dict[str, Any]]:
@@ -753,39 +862,64 @@ def _doctor_checks(info: dict[str, Any], settings: "Settings") -> list[dict[str,
     source = info["binary"]["source"]
     check("llama-server", True, f"{info['binary']['path']} ({source})")
     build = info["build"]
-    check("version", build == pin.build,
-          f"build {build}" + (" (the pinned one)" if build == pin.build else f", the pin is {pin.build}"),
-          "run `ggstudio build-llama` and unset LLAMA_SERVER_PATH / GGUF_STUDIO_LLAMA_CPP to use the pinned build")
+    check(
+        "version",
+        build == pin.build,
+        f"build {build}" + (" (the pinned one)" if build == pin.build else f", the pin is {pin.build}"),
+        "run `ggstudio build-llama` and unset LLAMA_SERVER_PATH / GGUF_STUDIO_LLAMA_CPP to use the pinned build",
+    )
     lacking = [f for f, ok in info["capabilities"]["flags"].items() if not ok]
-    check("capabilities", not lacking, "every flag the launcher uses is there" if not lacking
-          else f"lacks {' '.join(lacking)}", "use the pinned build (`ggstudio build-llama`)")
+    check(
+        "capabilities",
+        not lacking,
+        "every flag the launcher uses is there" if not lacking else f"lacks {' '.join(lacking)}",
+        "use the pinned build (`ggstudio build-llama`)",
+    )
     gpus = [d for d in info["devices"] if d["backend"] not in ("CPU", "RPC")]
     local_warnings = [w for w in info["warnings"] if not w.startswith(("RPC worker", "RPC workers"))]
-    check("devices", not local_warnings,
-          (f"{len(gpus)} GPU(s)" if gpus else "CPU only") + ("" if not local_warnings else
-                                                              f"; {'; '.join(local_warnings)}"),
-          "see the device warnings above")
+    check(
+        "devices",
+        not local_warnings,
+        (f"{len(gpus)} GPU(s)" if gpus else "CPU only")
+        + ("" if not local_warnings else f"; {'; '.join(local_warnings)}"),
+        "see the device warnings above",
+    )
     workers = info["rpc_workers"]
     if workers:
         missing = [w for w in workers if not w["devices"]]
         rpc_flag = info["capabilities"]["flags"].get("--rpc", False)
-        check("rpc workers", not missing and rpc_flag,
-              f"{len(workers) - len(missing)} of {len(workers)} answer"
-              + (f"; not answering: {', '.join(w['endpoint'] for w in missing)}" if missing else "")
-              + ("" if rpc_flag else "; this llama-server has no --rpc"),
-              "start `ggstudio rpc-worker` on each host (or fix rpc_workers); build with `ggstudio build-llama` for "
-              "--rpc")
+        check(
+            "rpc workers",
+            not missing and rpc_flag,
+            f"{len(workers) - len(missing)} of {len(workers)} answer"
+            + (f"; not answering: {', '.join(w['endpoint'] for w in missing)}" if missing else "")
+            + ("" if rpc_flag else "; this llama-server has no --rpc"),
+            "start `ggstudio rpc-worker` on each host (or fix rpc_workers); build with `ggstudio build-llama` for "
+            "--rpc",
+        )
     home = settings.home
     existing = next((p for p in (home, *home.parents) if p.exists()), Path("/"))
     writable = os.access(existing, os.W_OK)
     free = shutil.disk_usage(existing).free
-    check("studio home", writable, f"{home} ({'writable' if writable else 'not writable'})",
-          "set GGUF_STUDIO_HOME to a writable folder")
-    check("disk", free >= 2 * GIB, f"{format_gib(free)} free at {existing}",
-          "free some space (models need several GiB), or set GGUF_STUDIO_HOME elsewhere")
+    check(
+        "studio home",
+        writable,
+        f"{home} ({'writable' if writable else 'not writable'})",
+        "set GGUF_STUDIO_HOME to a writable folder",
+    )
+    check(
+        "disk",
+        free >= 2 * GIB,
+        f"{format_gib(free)} free at {existing}",
+        "free some space (models need several GiB), or set GGUF_STUDIO_HOME elsewhere",
+    )
     models = sorted(settings.models_dir.glob("*.gguf")) if settings.models_dir.is_dir() else []
-    check("models", bool(models), f"{len(models)} in {settings.models_dir}",
-          "`ggstudio fetch-model` (the embedded models) or `ggstudio pull REPO`")
+    check(
+        "models",
+        bool(models),
+        f"{len(models)} in {settings.models_dir}",
+        "`ggstudio fetch-model` (the embedded models) or `ggstudio pull REPO`",
+    )
     return checks
 
 
@@ -793,8 +927,10 @@ def _doctor_checks(info: dict[str, Any], settings: "Settings") -> list[dict[str,
 def bench_spec(
     model: Annotated[str, typer.Argument(help="A model name in the models dir, or a path to a .gguf file.")],
     tokens: Annotated[int, typer.Option(min=4, help="Tokens generated per prompt.")] = 128,
-    rounds: Annotated[int, typer.Option(
-        min=1, help="Times every mode runs the prompts, interleaved; each prompt kind counts its median.")] = 3,
+    rounds: Annotated[
+        int,
+        typer.Option(min=1, help="Times every mode runs the prompts, interleaved; each prompt kind counts its median."),
+    ] = 3,
     ctx: Annotated[int, typer.Option(min=512, help="Context of the measuring llama-server.")] = 2048,
     json_output: JsonOption = False,
 ) -> None:
@@ -820,45 +956,86 @@ def bench_spec(
     (settings.home / "run").mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="bench-spec-", dir=settings.home / "run") as work:
         measured, stored = measure_and_store(
-            info, inventory, caps, found.path, store=settings.spec_dir, work_dir=Path(work), tokens=tokens,
-            rounds=rounds, n_ctx=ctx, progress=None if json_output else lambda line: typer.echo(line, err=True))
+            info,
+            inventory,
+            caps,
+            found.path,
+            store=settings.spec_dir,
+            work_dir=Path(work),
+            tokens=tokens,
+            rounds=rounds,
+            n_ctx=ctx,
+            progress=None if json_output else lambda line: typer.echo(line, err=True),
+        )
     auto = plan(info, inventory, caps, PlanRequest(n_ctx=ctx, spec="auto", spec_measurements=settings.spec_dir)).spec
     if json_output:
-        typer.echo(_json({"model": str(entry.path), "devices": list(measured.key.devices),
-                          "binary": measured.key.binary, "tokens": tokens, "rounds": rounds,
-                          "prompts": [p.kind for p in PROMPTS], **(measured_json(measured) or {}),
-                          "results": measured.to_json()["results"], "stored": str(stored),
-                          "auto": {"resolved": auto.resolved, "argv": list(auto.argv)}}))
+        typer.echo(
+            _json(
+                {
+                    "model": str(entry.path),
+                    "devices": list(measured.key.devices),
+                    "binary": measured.key.binary,
+                    "tokens": tokens,
+                    "rounds": rounds,
+                    "prompts": [p.kind for p in PROMPTS],
+                    **(measured_json(measured) or {}),
+                    "results": measured.to_json()["results"],
+                    "stored": str(stored),
+                    "auto": {"resolved": auto.resolved, "argv": list(auto.argv)},
+                }
+            )
+        )
         return
     off = measured.result("off")
     kinds = [p.kind for p in PROMPTS]
     header = ["mode", *kinds, "score", "x off", "accepted"]
-    rows = [[r.label, *(f"{r.per_prompt[k]:.1f}" for k in kinds), f"{r.tokens_per_s:.1f}",
-             f"{r.tokens_per_s / off.tokens_per_s:.2f}x" if off else "-",
-             f"{r.draft_acceptance:.0%}" if r.draft_acceptance is not None else "-"] for r in measured.results]
+    rows = [
+        [
+            r.label,
+            *(f"{r.per_prompt[k]:.1f}" for k in kinds),
+            f"{r.tokens_per_s:.1f}",
+            f"{r.tokens_per_s / off.tokens_per_s:.2f}x" if off else "-",
+            f"{r.draft_acceptance:.0%}" if r.draft_acceptance is not None else "-",
+        ]
+        for r in measured.results
+    ]
     widths = [max(len(row[i]) for row in [header, *rows]) for i in range(len(header))]
-    typer.echo(f"tokens/s of {entry.name} on {', '.join(measured.key.devices)} with {found.path} "
-               f"({tokens} tokens per prompt, {rounds} round(s))")
+    typer.echo(
+        f"tokens/s of {entry.name} on {', '.join(measured.key.devices)} with {found.path} "
+        f"({tokens} tokens per prompt, {rounds} round(s))"
+    )
     for row in [header, *rows]:
-        typer.echo("  ".join([row[0].ljust(widths[0]), *(c.rjust(w) for c, w in zip(row[1:], widths[1:]))]))
+        cells = (c.rjust(w) for c, w in zip(row[1:], widths[1:], strict=False))
+        typer.echo("  ".join([row[0].ljust(widths[0]), *cells]))
     typer.echo(f"winner: {measured.summary()}")
-    typer.echo(f"auto now resolves to {auto.resolved}" + (f" ({' '.join(auto.argv)})" if auto.argv else "")
-               + f"; stored in {stored}")
+    typer.echo(
+        f"auto now resolves to {auto.resolved}"
+        + (f" ({' '.join(auto.argv)})" if auto.argv else "")
+        + f"; stored in {stored}"
+    )
 
 
 @app.command("rpc-worker")
 def rpc_worker(
-    host: Annotated[str, typer.Option(help="IPv4 address to listen on; beyond loopback needs --allow-remote.")]
-    = "127.0.0.1",
+    host: Annotated[
+        str, typer.Option(help="IPv4 address to listen on; beyond loopback needs --allow-remote.")
+    ] = "127.0.0.1",
     port: Annotated[int, typer.Option(help="Port to listen on.")] = 50052,
-    threads: Annotated[Optional[int], typer.Option(help="CPU threads (default: the usable physical cores).")]
-    = None,
-    cache: Annotated[bool, typer.Option(
-        "--cache", help="Keep large tensors in a local file cache, so a reload sends them again only by hash.")]
-    = False,
-    allow_remote: Annotated[bool, typer.Option(
-        "--allow-remote", help="Listen on an address other machines can reach (the link is unauthenticated and "
-                               "unencrypted: a trusted private network only).")] = False,
+    threads: Annotated[int | None, typer.Option(help="CPU threads (default: the usable physical cores).")] = None,
+    cache: Annotated[
+        bool,
+        typer.Option(
+            "--cache", help="Keep large tensors in a local file cache, so a reload sends them again only by hash."
+        ),
+    ] = False,
+    allow_remote: Annotated[
+        bool,
+        typer.Option(
+            "--allow-remote",
+            help="Listen on an address other machines can reach (the link is unauthenticated and "
+            "unencrypted: a trusted private network only).",
+        ),
+    ] = False,
 ) -> None:
     """Run a llama.cpp RPC worker (ggml-rpc-server) that lends this machine's devices to a studio elsewhere.
 
@@ -885,14 +1062,25 @@ def rpc_worker(
     except ValueError as exc:  # RemoteBindError too: a refusal of what the command line asked
         raise CommandError(str(exc), exit=Exit.USAGE) from None
     settings = _settings()
-    found = find_rpc_server(home=settings.home, explicit=settings.rpc_server_path,
-                            llama_server=settings.llama_server_path, llama_cpp_dir=settings.llama_cpp_dir)
+    found = find_rpc_server(
+        home=settings.home,
+        explicit=settings.rpc_server_path,
+        llama_server=settings.llama_server_path,
+        llama_cpp_dir=settings.llama_cpp_dir,
+    )
     registry = ChildRegistry(settings.home / "run", owner_token())
     registry.reap_orphans()
     logs = settings.logs_dir / "rpc-worker"
     logs.mkdir(parents=True, exist_ok=True)
-    worker = RpcWorker(found.path, host=host, port=port, threads=threads or default_threads(), cache=cache,
-                       log_path=logs / f"{port}.log", on_line=lambda line: typer.echo(f"worker: {line}", err=True))
+    worker = RpcWorker(
+        found.path,
+        host=host,
+        port=port,
+        threads=threads or default_threads(),
+        cache=cache,
+        log_path=logs / f"{port}.log",
+        on_line=lambda line: typer.echo(f"worker: {line}", err=True),
+    )
     typer.echo(f"warning: {LINK_WARNING}", err=True)
     code: int | None = None
     with _graceful_termination() as threads_started:
@@ -900,10 +1088,15 @@ def rpc_worker(
             registry.add(worker.start(), str(found.path))
             threads_started()
             worker.wait_ready()
-            devices = ", ".join(f"RPC device {d.index}: {format_mib(d.free_bytes)} free of "
-                                f"{format_mib(d.total_bytes)}" for d in query_worker(worker.endpoint))
-            typer.echo(f"RPC worker at {host}:{port} ({found.source}: {found.path}, pid {worker.pid}): {devices}; "
-                       "Ctrl-C stops", err=True)
+            devices = ", ".join(
+                f"RPC device {d.index}: {format_mib(d.free_bytes)} free of {format_mib(d.total_bytes)}"
+                for d in query_worker(worker.endpoint)
+            )
+            typer.echo(
+                f"RPC worker at {host}:{port} ({found.source}: {found.path}, pid {worker.pid}): {devices}; "
+                "Ctrl-C stops",
+                err=True,
+            )
             code = worker.wait()
         except (KeyboardInterrupt, SystemExit):  # Ctrl-C, or SIGTERM / SIGHUP turned into SystemExit
             pass
@@ -912,8 +1105,9 @@ def rpc_worker(
             if worker.pid is not None:
                 registry.remove(worker.pid)
     if code is not None:
-        raise CommandError(f"ggml-rpc-server exited with code {code}: {worker.log_tail(1) or 'no output'}",
-                           exit=Exit.LLAMA_FAILED)
+        raise CommandError(
+            f"ggml-rpc-server exited with code {code}: {worker.log_tail(1) or 'no output'}", exit=Exit.LLAMA_FAILED
+        )
     typer.echo("stopped", err=True)
 
 
@@ -921,13 +1115,13 @@ def rpc_worker(
 def pull(
     model: Annotated[str, typer.Argument(help="owner/repo[:VARIANT], e.g. unsloth/gemma-3-4b-it-GGUF:Q4_K_M.")],
     revision: Annotated[str, typer.Option(help="Branch, tag or commit of the repo.")] = "main",
-    fallback: Annotated[bool, typer.Option(
-        "--fallback", help="If the variant does not fit on the disk, take the largest that does.")] = False,
+    fallback: Annotated[
+        bool, typer.Option("--fallback", help="If the variant does not fit on the disk, take the largest that does.")
+    ] = False,
 ) -> None:
     """Download a GGUF model from Hugging Face into the shared cache (nothing is fetched twice)."""
     from rich.console import Console
-    from rich.progress import (BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn,
-                               TransferSpeedColumn)
+    from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn, TransferSpeedColumn
 
     from studio.library import hub
 
@@ -935,12 +1129,22 @@ def pull(
 
     def show(p: hub.DownloadProgress) -> None:
         if "bar" not in shown:
-            shown["bar"] = Progress(TextColumn("{task.description}"), BarColumn(), DownloadColumn(),
-                                    TransferSpeedColumn(), TimeRemainingColumn(), console=Console(stderr=True))
+            shown["bar"] = Progress(
+                TextColumn("{task.description}"),
+                BarColumn(),
+                DownloadColumn(),
+                TransferSpeedColumn(),
+                TimeRemainingColumn(),
+                console=Console(stderr=True),
+            )
             shown["bar"].start()
             shown["task"] = shown["bar"].add_task("", total=p.total)
-        shown["bar"].update(shown["task"], completed=p.done, total=p.total,
-                            description=f"[{p.file_index}/{p.file_count}] {p.file.rsplit('/', 1)[-1][:40]}")
+        shown["bar"].update(
+            shown["task"],
+            completed=p.done,
+            total=p.total,
+            description=f"[{p.file_index}/{p.file_count}] {p.file.rsplit('/', 1)[-1][:40]}",
+        )
 
     try:
         pulled = hub.pull(model, revision=revision, progress=show, fallback=fallback)
@@ -948,8 +1152,11 @@ def pull(
         if "bar" in shown:
             shown["bar"].stop()
     resolved = pulled.resolved
-    typer.echo(f"{resolved.repo}:{resolved.model.label} ({resolved.reason})"
-               + (f"; offline: {resolved.offline_reason}" if resolved.offline_reason else ""), err=True)
+    typer.echo(
+        f"{resolved.repo}:{resolved.model.label} ({resolved.reason})"
+        + (f"; offline: {resolved.offline_reason}" if resolved.offline_reason else ""),
+        err=True,
+    )
     typer.echo(f"downloaded {pulled.downloaded:,} bytes" if pulled.downloaded else "already in the cache", err=True)
     for note in pulled.notes:
         typer.echo(f"note: {note}", err=True)
@@ -975,21 +1182,31 @@ def ls_command(
     if not entries:
         typer.echo("no GGUF models found in " + ", ".join(str(f) for f in folders) + " or the Hugging Face cache")
         return
-    rows = [(e.name, e.variant or "?", format_mib(e.size, decimals=1), e.architecture or "?",
-             f"{e.context_length:,}" if e.context_length else "?", _media_column(e), e.error or str(e.path))
-            for e in entries]
+    rows = [
+        (
+            e.name,
+            e.variant or "?",
+            format_mib(e.size, decimals=1),
+            e.architecture or "?",
+            f"{e.context_length:,}" if e.context_length else "?",
+            _media_column(e),
+            e.error or str(e.path),
+        )
+        for e in entries
+    ]
     header = ("NAME", "QUANT", "SIZE", "ARCH", "CONTEXT", "MEDIA", "PATH")
     widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header) - 1)]
     for row in [header, *rows]:
-        typer.echo("  ".join(c.ljust(w) for c, w in zip(row, widths)) + "  " + row[-1])
+        typer.echo("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=False)) + "  " + row[-1])
 
 
 def _media_column(entry: Any) -> str:
     """What a library entry takes besides text (its paired projector's ``vision``/``audio``), or ``TTS``."""
     if entry.tts:
         return "TTS"
-    return "+".join(m for m, on in (("vision", entry.vision), ("audio", entry.audio)) if on) or \
-        ("mmproj" if entry.mmproj else "")
+    return "+".join(m for m, on in (("vision", entry.vision), ("audio", entry.audio)) if on) or (
+        "mmproj" if entry.mmproj else ""
+    )
 
 
 def main() -> None:

@@ -136,8 +136,9 @@ class LocalStudio:
 
     def client(self) -> httpx.Client:
         """An HTTP client for this service (no read timeout: a reply takes as long as it takes)."""
-        return httpx.Client(base_url=self.url, timeout=httpx.Timeout(None, connect=5),
-                            headers={"Authorization": f"Bearer {self.token}"})
+        return httpx.Client(
+            base_url=self.url, timeout=httpx.Timeout(None, connect=5), headers={"Authorization": f"Bearer {self.token}"}
+        )
 
 
 @dataclass
@@ -193,15 +194,20 @@ def stream_reply(
                 on_reasoning(f"[tool call {fn.get('name') or ''}{fn.get('arguments') or ''}]")
             elif kind == "error":
                 error = event.get("error") or {}
-                raise AnsweredError(str(error.get("message") or "the chat failed"), status=int(event.get("status") or 500),
-                                    type=error.get("type"), code=error.get("code"))
+                raise AnsweredError(
+                    str(error.get("message") or "the chat failed"),
+                    status=int(event.get("status") or 500),
+                    type=error.get("type"),
+                    code=error.get("code"),
+                )
             elif kind == "done":
                 reply.done = event
     return reply
 
 
-def answer_once(client: httpx.Client, prompt: str, *, max_tokens: int | None,
-                out: TextIO = sys.stdout, err: TextIO = sys.stderr) -> Reply:
+def answer_once(
+    client: httpx.Client, prompt: str, *, max_tokens: int | None, out: TextIO = sys.stdout, err: TextIO = sys.stderr
+) -> Reply:
     """Answer ``prompt`` as plain text on ``out`` (reasoning, dimmed, on ``err`` if it is a terminal)."""
     dim = err.isatty()
 
@@ -210,15 +216,26 @@ def answer_once(client: httpx.Client, prompt: str, *, max_tokens: int | None,
             err.write(f"{DIM}{text}{RESET}")
             err.flush()
 
-    reply = stream_reply(client, [{"role": "user", "content": prompt}], max_tokens=max_tokens,
-                         on_content=lambda text: _write(out, text), on_reasoning=reasoning)
+    reply = stream_reply(
+        client,
+        [{"role": "user", "content": prompt}],
+        max_tokens=max_tokens,
+        on_content=lambda text: _write(out, text),
+        on_reasoning=reasoning,
+    )
     out.write("\n")
     out.flush()
     return reply
 
 
-def chat_loop(client: httpx.Client, *, model: str, max_tokens: int | None,
-              read: Callable[[str], str] = input, out: TextIO = sys.stdout) -> None:
+def chat_loop(
+    client: httpx.Client,
+    *,
+    model: str,
+    max_tokens: int | None,
+    read: Callable[[str], str] = input,
+    out: TextIO = sys.stdout,
+) -> None:
     """Chat until ``/bye``, end of input, or Ctrl-C at the prompt; Ctrl-C during a reply stops that reply."""
     # No `import readline` here: GNU readline installs its own SIGTERM handling while it
     # waits for a line, and a SIGTERM at the prompt then left the chat hanging (seen under
@@ -261,8 +278,9 @@ def chat_loop(client: httpx.Client, *, model: str, max_tokens: int | None,
             _write(out, text)
 
         try:
-            stream_reply(client, messages, max_tokens=max_tokens, on_content=content, on_reasoning=reasoning,
-                         reply=reply)
+            stream_reply(
+                client, messages, max_tokens=max_tokens, on_content=content, on_reasoning=reasoning, reply=reply
+            )
         except KeyboardInterrupt:
             _write(out, (RESET if tty else "") + "\n[stopped]\n")
         except AnsweredError as exc:

@@ -61,17 +61,41 @@ OLLAMA_API_VERSION = "0.12.0"
 
 #: Ollama's sampling options and the llama-server fields they set (``tools/server/server-schema.cpp``).
 OPTION_FIELDS: Mapping[str, str] = {
-    "temperature": "temperature", "top_k": "top_k", "top_p": "top_p", "min_p": "min_p",
-    "typical_p": "typical_p", "repeat_last_n": "repeat_last_n", "repeat_penalty": "repeat_penalty",
-    "presence_penalty": "presence_penalty", "frequency_penalty": "frequency_penalty",
-    "mirostat": "mirostat", "mirostat_tau": "mirostat_tau", "mirostat_eta": "mirostat_eta",
-    "seed": "seed", "stop": "stop", "num_predict": "n_predict", "num_keep": "n_keep",
+    "temperature": "temperature",
+    "top_k": "top_k",
+    "top_p": "top_p",
+    "min_p": "min_p",
+    "typical_p": "typical_p",
+    "repeat_last_n": "repeat_last_n",
+    "repeat_penalty": "repeat_penalty",
+    "presence_penalty": "presence_penalty",
+    "frequency_penalty": "frequency_penalty",
+    "mirostat": "mirostat",
+    "mirostat_tau": "mirostat_tau",
+    "mirostat_eta": "mirostat_eta",
+    "seed": "seed",
+    "stop": "stop",
+    "num_predict": "n_predict",
+    "num_keep": "n_keep",
 }
 #: Options that set how a model is loaded, not how a request samples: ignored (module docstring).
-LOAD_OPTIONS = frozenset({
-    "num_ctx", "num_batch", "num_gpu", "main_gpu", "low_vram", "f16_kv", "logits_all", "vocab_only",
-    "use_mmap", "use_mlock", "embedding_only", "num_thread", "numa",
-})
+LOAD_OPTIONS = frozenset(
+    {
+        "num_ctx",
+        "num_batch",
+        "num_gpu",
+        "main_gpu",
+        "low_vram",
+        "f16_kv",
+        "logits_all",
+        "vocab_only",
+        "use_mmap",
+        "use_mlock",
+        "embedding_only",
+        "num_thread",
+        "numa",
+    }
+)
 #: Options llama.cpp has removed: ignored.
 REMOVED_OPTIONS = frozenset({"tfs_z", "penalize_newline"})
 
@@ -86,6 +110,7 @@ _FOREVER = timedelta(days=365 * 292)
 
 
 # -- requests ----------------------------------------------------------------------------------------
+
 
 def model_name(body: Mapping[str, Any]) -> str:
     """The studio model a request names (``model``, or the older ``name``), without Ollama's ``:latest``.
@@ -122,8 +147,9 @@ def keep_alive_seconds(value: Any) -> float | None:
             if parts and "".join(n + u for n, u in parts) == text:
                 seconds = sign * sum(float(n) * _UNIT_SECONDS[u] for n, u in parts)
     if seconds is None or math.isnan(seconds):
-        raise BadRequestError(f"keep_alive must be seconds or a duration such as \"5m\", not {value!r}",
-                              param="keep_alive")
+        raise BadRequestError(
+            f'keep_alive must be seconds or a duration such as "5m", not {value!r}', param="keep_alive"
+        )
     return None if seconds < 0 else seconds
 
 
@@ -237,8 +263,10 @@ def openai_messages(messages: Any) -> list[dict[str, Any]]:
     for i, message in enumerate(messages):
         if not isinstance(message, Mapping) or not isinstance(message.get("role"), str):
             raise BadRequestError(f"messages[{i}] must be an object with a `role`", param=f"messages.{i}")
-        item: dict[str, Any] = {"role": message["role"], "content": _content(message.get("content"),
-                                                                             message.get("images"))}
+        item: dict[str, Any] = {
+            "role": message["role"],
+            "content": _content(message.get("content"), message.get("images")),
+        }
         if message.get("thinking"):
             item["reasoning_content"] = message["thinking"]
         calls = message.get("tool_calls") or []
@@ -250,10 +278,16 @@ def openai_messages(messages: Any) -> list[dict[str, Any]]:
                 call_id = call.get("id") or f"call_{i}_{n}"
                 call_ids[str(function.get("name"))] = call_id
                 arguments = function.get("arguments", {})
-                item["tool_calls"].append({"id": call_id, "type": "function", "function": {
-                    "name": function.get("name"),
-                    "arguments": arguments if isinstance(arguments, str) else json.dumps(arguments),
-                }})
+                item["tool_calls"].append(
+                    {
+                        "id": call_id,
+                        "type": "function",
+                        "function": {
+                            "name": function.get("name"),
+                            "arguments": arguments if isinstance(arguments, str) else json.dumps(arguments),
+                        },
+                    }
+                )
         if message["role"] == "tool":
             name = message.get("tool_name") or message.get("name")
             if name:
@@ -318,6 +352,7 @@ def embed_request(body: Mapping[str, Any]) -> dict[str, Any]:
 
 # -- answers -----------------------------------------------------------------------------------------
 
+
 @dataclass(frozen=True)
 class Piece:
     """What one llama-server answer or stream chunk says, whichever route it came from."""
@@ -337,18 +372,27 @@ def piece_of(route: str, data: Mapping[str, Any]) -> Piece:
         finish = None
         if data.get("stop"):
             finish = "length" if data.get("stop_type") == "limit" else "stop"
-        return Piece(content=data.get("content") or "", finish=finish, timings=timings,
-                     usage={"prompt_tokens": data["tokens_evaluated"], "completion_tokens": data["tokens_predicted"]}
-                     if "tokens_predicted" in data and "tokens_evaluated" in data else None)
+        return Piece(
+            content=data.get("content") or "",
+            finish=finish,
+            timings=timings,
+            usage={"prompt_tokens": data["tokens_evaluated"], "completion_tokens": data["tokens_predicted"]}
+            if "tokens_predicted" in data and "tokens_evaluated" in data
+            else None,
+        )
     choices = data.get("choices") or [{}]
     choice = choices[0]
     if route == COMPLETIONS:
-        return Piece(content=choice.get("text") or "", finish=choice.get("finish_reason"), usage=usage,
-                     timings=timings)
+        return Piece(content=choice.get("text") or "", finish=choice.get("finish_reason"), usage=usage, timings=timings)
     message = choice.get("delta") or choice.get("message") or {}
-    return Piece(content=message.get("content") or "", thinking=message.get("reasoning_content") or "",
-                 tool_calls=tuple(message.get("tool_calls") or ()), finish=choice.get("finish_reason"),
-                 usage=usage, timings=timings)
+    return Piece(
+        content=message.get("content") or "",
+        thinking=message.get("reasoning_content") or "",
+        tool_calls=tuple(message.get("tool_calls") or ()),
+        finish=choice.get("finish_reason"),
+        usage=usage,
+        timings=timings,
+    )
 
 
 @dataclass(frozen=True)
@@ -406,9 +450,14 @@ class Reply:
         """The last chunk (streamed) or the whole answer (not streamed)."""
         text = "" if streamed else "".join(self.content)
         thinking = "" if streamed else "".join(self.thinking)
-        out = {**self._head(), **self._body(text, thinking, self.tool_calls()), "done": True,
-               "done_reason": "length" if self.finish == "length" else "stop",
-               "total_duration": durations.total_ns, "load_duration": durations.load_ns}
+        out = {
+            **self._head(),
+            **self._body(text, thinking, self.tool_calls()),
+            "done": True,
+            "done_reason": "length" if self.finish == "length" else "stop",
+            "total_duration": durations.total_ns,
+            "load_duration": durations.load_ns,
+        }
         return {**out, **counts(self.usage, self.timings)}
 
     def tool_calls(self) -> list[dict[str, Any]]:
@@ -419,8 +468,14 @@ class Reply:
                 arguments = json.loads(call["arguments"] or "{}")
             except ValueError:
                 arguments = None
-            out.append({"function": {"name": call["name"], "arguments": arguments if isinstance(arguments, dict)
-                                     else {"raw": call["arguments"]}}})
+            out.append(
+                {
+                    "function": {
+                        "name": call["name"],
+                        "arguments": arguments if isinstance(arguments, dict) else {"raw": call["arguments"]},
+                    }
+                }
+            )
         return out
 
     def _head(self) -> dict[str, Any]:
@@ -458,16 +513,19 @@ def counts(usage: Mapping[str, Any] | None, timings: Mapping[str, Any] | None) -
 
 def load_reply(kind: Kind, model: str, reason: Literal["load", "unload"]) -> dict[str, Any]:
     """The answer to a request without a prompt (or messages): the model was loaded, or unloaded."""
-    body: dict[str, Any] = {"response": ""} if kind == "generate" else {"message": {"role": "assistant",
-                                                                                      "content": ""}}
+    body: dict[str, Any] = {"response": ""} if kind == "generate" else {"message": {"role": "assistant", "content": ""}}
     return {"model": model, "created_at": created_at(), **body, "done": True, "done_reason": reason}
 
 
 def embed_reply(model: str, answer: Mapping[str, Any], durations: Durations) -> dict[str, Any]:
     """``/api/embed``'s answer from llama-server's ``/v1/embeddings`` answer."""
     data = sorted(answer.get("data") or [], key=lambda d: d.get("index", 0))
-    out = {"model": model, "embeddings": [d["embedding"] for d in data],
-           "total_duration": durations.total_ns, "load_duration": durations.load_ns}
+    out = {
+        "model": model,
+        "embeddings": [d["embedding"] for d in data],
+        "total_duration": durations.total_ns,
+        "load_duration": durations.load_ns,
+    }
     prompt = (answer.get("usage") or {}).get("prompt_tokens")
     return {**out, "prompt_eval_count": prompt} if prompt is not None else out
 
@@ -480,6 +538,7 @@ def embeddings_reply(answer: Mapping[str, Any]) -> dict[str, Any]:
 
 # -- models ------------------------------------------------------------------------------------------
 
+
 def parameter_size(count: int) -> str:
     """Ollama's ``parameter_size``: ``8.0B``, ``134.52M``, ``900K``."""
     if count >= 1_000_000_000:
@@ -491,8 +550,14 @@ def parameter_size(count: int) -> str:
 
 def details(architecture: str, parameter_count: int, quant: str | None) -> dict[str, Any]:
     """Ollama's ``details`` of a model."""
-    return {"parent_model": "", "format": "gguf", "family": architecture, "families": [architecture],
-            "parameter_size": parameter_size(parameter_count), "quantization_level": quant or ""}
+    return {
+        "parent_model": "",
+        "format": "gguf",
+        "family": architecture,
+        "families": [architecture],
+        "parameter_size": parameter_size(parameter_count),
+        "quantization_level": quant or "",
+    }
 
 
 def digest(path: Path, size: int, mtime_ns: int) -> str:
@@ -508,8 +573,14 @@ def modified_at(mtime_ns: int) -> str:
 
 def tags_entry(name: str, path: Path, size: int, mtime_ns: int, details_: Mapping[str, Any]) -> dict[str, Any]:
     """One model of ``/api/tags``."""
-    return {"name": name, "model": name, "modified_at": modified_at(mtime_ns), "size": size,
-            "digest": digest(path, size, mtime_ns), "details": dict(details_)}
+    return {
+        "name": name,
+        "model": name,
+        "modified_at": modified_at(mtime_ns),
+        "size": size,
+        "digest": digest(path, size, mtime_ns),
+        "details": dict(details_),
+    }
 
 
 def model_info(metadata: Mapping[str, Any], parameter_count: int, *, verbose: bool = False) -> dict[str, Any]:
@@ -552,8 +623,9 @@ def pull_lines(snapshot: Mapping[str, Any], shown: dict[str, int]) -> list[dict[
         if shown.get(f["path"]) != f["done"] and (f["done"] or f["state"] != "pending"):
             shown[f["path"]] = f["done"]
             completed = f["size"] if f["state"] == "cached" else f["done"]
-            out.append({"status": f"pulling {f['path']}", "digest": f["path"], "total": f["size"],
-                        "completed": completed})
+            out.append(
+                {"status": f"pulling {f['path']}", "digest": f["path"], "total": f["size"], "completed": completed}
+            )
     state = snapshot.get("state")
     if state == "done":
         out.append({"status": "success"})
@@ -572,7 +644,9 @@ def pull_spec(name: str) -> str:
     spec = re.sub(r"^(?:https?://)?(?:hf\.co|huggingface\.co)/", "", name.strip())
     repo = spec.partition(":")[0]
     if repo.count("/") != 1 or not all(repo.split("/")):
-        raise BadRequestError(f"{name!r} is not a Hugging Face model: pull takes owner/repo[:VARIANT] "
-                              "(or hf.co/owner/repo[:VARIANT]); the studio does not read the Ollama library",
-                              param="model")
+        raise BadRequestError(
+            f"{name!r} is not a Hugging Face model: pull takes owner/repo[:VARIANT] "
+            "(or hf.co/owner/repo[:VARIANT]); the studio does not read the Ollama library",
+            param="model",
+        )
     return spec

@@ -131,8 +131,9 @@ class AccessPolicy:
     machine_names: frozenset[str] = field(default_factory=frozenset)  # this machine's own names
 
     @classmethod
-    def create(cls, *, bind_host: str = "127.0.0.1", allowed_hosts: Iterable[str] = (),
-               allowed_origins: Iterable[str] = ()) -> AccessPolicy:
+    def create(
+        cls, *, bind_host: str = "127.0.0.1", allowed_hosts: Iterable[str] = (), allowed_origins: Iterable[str] = ()
+    ) -> AccessPolicy:
         """The policy for a studio listening on ``bind_host``; host names and origins are normalized here.
 
         Listening beyond loopback, the machine's host name (and its ``.local`` mDNS name) is allowed too.
@@ -147,7 +148,8 @@ class AccessPolicy:
         return cls(
             allowed_hosts=frozenset(normalize_host(h) for h in allowed_hosts),
             allowed_origins=frozenset(normalize_origin(o) for o in allowed_origins),
-            bind_host=bind_host, machine_names=names,
+            bind_host=bind_host,
+            machine_names=names,
         )
 
     def host_allowed(self, header: str) -> bool:

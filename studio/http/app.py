@@ -20,23 +20,23 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from studio import __version__
 from studio.chat.toolbox import Toolbox
 from studio.http.access import AccessPolicy
-from studio.http.gui_api import router as api_router
 from studio.http.auth import BearerTokenMiddleware
 from studio.http.browser_guard import BrowserGuard
 from studio.http.errors import HANDLED, answer_response, dialect_of, error_response, http_answer, validation_answer
+from studio.http.gui_api import router as api_router
 from studio.http.gui_chat import GuiChatRoute
 from studio.http.gui_chat import router as chat_router
 from studio.http.gui_pull import router as pull_router
+from studio.http.limits import BodySizeLimit
 from studio.http.metrics import RequestMetrics, StudioMetrics
+from studio.http.openai_proxy import FORWARDED, OpenAIRoutes
+from studio.http.openai_proxy import router as proxy_router
 from studio.http.page import router as page_router
+from studio.http.upstream import Upstream
+from studio.library.downloads import DownloadManager
 from studio.library.paths import PathPolicy
 from studio.residency.manager import ModelManager
 from studio.residency.requests import LoadRequest
-from studio.http.openai_proxy import FORWARDED, OpenAIRoutes
-from studio.http.openai_proxy import router as proxy_router
-from studio.http.limits import BodySizeLimit
-from studio.library.downloads import DownloadManager
-from studio.http.upstream import Upstream
 from studio.settings import DEFAULT_MAX_BODY_BYTES
 
 log = structlog.get_logger(__name__)
@@ -135,4 +135,3 @@ def create_app(
         return Response(await metrics.render(request.app.state.upstream), media_type=CONTENT_TYPE_LATEST)
 
     return app
-

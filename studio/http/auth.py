@@ -37,12 +37,22 @@ class BearerTokenMiddleware:
         if scope["type"] == "websocket":
             await send({"type": "websocket.close", "code": 1008})
             return
-        answer = ErrorAnswer(401, "missing or wrong API token; send `Authorization: Bearer <token>` or "
-                             "`x-api-key: <token>` (the token `ggstudio serve` printed, or GGUF_STUDIO_API_TOKEN)",
-                             "authentication_error", None, "invalid_api_key")
+        answer = ErrorAnswer(
+            401,
+            "missing or wrong API token; send `Authorization: Bearer <token>` or "
+            "`x-api-key: <token>` (the token `ggstudio serve` printed, or GGUF_STUDIO_API_TOKEN)",
+            "authentication_error",
+            None,
+            "invalid_api_key",
+        )
         body = json.dumps(SHAPES[self._dialect(scope["path"])](answer)).encode()
-        await send({"type": "http.response.start", "status": 401,
-                    "headers": [(b"content-type", b"application/json"), (b"www-authenticate", b"Bearer")]})
+        await send(
+            {
+                "type": "http.response.start",
+                "status": 401,
+                "headers": [(b"content-type", b"application/json"), (b"www-authenticate", b"Bearer")],
+            }
+        )
         await send({"type": "http.response.body", "body": body})
 
     def _authorized(self, scope: Scope) -> bool:

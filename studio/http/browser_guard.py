@@ -46,10 +46,18 @@ class BrowserGuard:
         headers = _headers(scope)
         host = headers.get("host")
         if host is not None and not self.policy.host_allowed(host):
-            await _refuse(scope, send, 403, error_body(
-                f"the Host header {host!r} names neither a loopback address nor a host the studio is allowed to "
-                "answer to; add the name to `allowed_hosts` in the config file (or GGUF_STUDIO_HOSTS)",
-                "permission_error", None, "host_not_allowed"))
+            await _refuse(
+                scope,
+                send,
+                403,
+                error_body(
+                    f"the Host header {host!r} names neither a loopback address nor a host the studio is allowed to "
+                    "answer to; add the name to `allowed_hosts` in the config file (or GGUF_STUDIO_HOSTS)",
+                    "permission_error",
+                    None,
+                    "host_not_allowed",
+                ),
+            )
             return
         origin = headers.get("origin")
         if origin is None:
@@ -64,10 +72,18 @@ class BrowserGuard:
             await _preflight(send, origin, headers, allowed)
             return
         if not allowed:
-            await _refuse(scope, send, 403, error_body(
-                f"requests from web pages at {origin} are not allowed; to let that page use the studio, add "
-                "its origin to `allowed_origins` in the config file (or GGUF_STUDIO_ORIGINS)",
-                "permission_error", None, "origin_not_allowed"))
+            await _refuse(
+                scope,
+                send,
+                403,
+                error_body(
+                    f"requests from web pages at {origin} are not allowed; to let that page use the studio, add "
+                    "its origin to `allowed_origins` in the config file (or GGUF_STUDIO_ORIGINS)",
+                    "permission_error",
+                    None,
+                    "origin_not_allowed",
+                ),
+            )
             return
         if self._needs_json(scope, headers):
             await _refuse(scope, send, 415, _not_json(headers), cors_origin=origin)
@@ -88,8 +104,16 @@ class BrowserGuard:
 
 
 #: The request headers the guard reads; only these are decoded (all of them cost ~10 µs a request).
-_READ = frozenset({b"host", b"origin", b"content-type", b"access-control-request-method",
-                   b"access-control-request-headers", b"access-control-request-private-network"})
+_READ = frozenset(
+    {
+        b"host",
+        b"origin",
+        b"content-type",
+        b"access-control-request-method",
+        b"access-control-request-headers",
+        b"access-control-request-private-network",
+    }
+)
 
 
 def _headers(scope: Scope) -> dict[str, str]:
@@ -110,15 +134,24 @@ def _page_scheme(scope: Scope) -> str:
 def _not_json(headers: dict[str, str]) -> dict[str, object]:
     return error_body(
         f"this route takes a JSON body, not {headers.get('content-type')!r}; send `Content-Type: application/json`",
-        "invalid_request_error", None, "unsupported_media_type")
+        "invalid_request_error",
+        None,
+        "unsupported_media_type",
+    )
 
 
 async def _preflight(send: Send, origin: str, headers: dict[str, str], allowed: bool) -> None:
     """Answer a CORS preflight: 204 with what the page may send for an allowed origin, 403 for any other."""
     if not allowed:
-        body = json.dumps(error_body(
-            f"web pages at {origin} may not use the studio; add the origin to `allowed_origins` in the config "
-            "file (or GGUF_STUDIO_ORIGINS)", "permission_error", None, "origin_not_allowed")).encode()
+        body = json.dumps(
+            error_body(
+                f"web pages at {origin} may not use the studio; add the origin to `allowed_origins` in the config "
+                "file (or GGUF_STUDIO_ORIGINS)",
+                "permission_error",
+                None,
+                "origin_not_allowed",
+            )
+        ).encode()
         await _send(send, 403, body, [(b"content-type", b"application/json")])
         return
     answer = [
@@ -146,8 +179,9 @@ def _with_cors(send: Send, origin: str) -> Send:
     return sending
 
 
-async def _refuse(scope: Scope, send: Send, status: int, body: dict[str, object], *,
-                  cors_origin: str | None = None) -> None:
+async def _refuse(
+    scope: Scope, send: Send, status: int, body: dict[str, object], *, cors_origin: str | None = None
+) -> None:
     """Answer ``status`` with an OpenAI-shaped error; a WebSocket is closed before it opens (the server sends 403)."""
     if scope["type"] == "websocket":
         await send({"type": "websocket.close", "code": 1008})

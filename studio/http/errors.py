@@ -75,8 +75,9 @@ def validation_answer(exc: RequestValidationError) -> ErrorAnswer:
 def http_answer(exc: StarletteHTTPException, method: str, path: str) -> ErrorAnswer:
     """The router's own refusals (an unknown route, a method a route does not take), not FastAPI's ``detail``."""
     kind = "not_found_error" if exc.status_code == 404 else "invalid_request_error"
-    message = {404: f"no such route: {method} {path}",
-               405: f"{method} is not allowed on {path}"}.get(exc.status_code, str(exc.detail))
+    message = {404: f"no such route: {method} {path}", 405: f"{method} is not allowed on {path}"}.get(
+        exc.status_code, str(exc.detail)
+    )
     return ErrorAnswer(exc.status_code, message, kind, headers=exc.headers)
 
 
@@ -84,9 +85,15 @@ def http_answer(exc: StarletteHTTPException, method: str, path: str) -> ErrorAns
 
 #: Anthropic's error type for each status (https://docs.anthropic.com/en/api/errors).
 ANTHROPIC_TYPES: Mapping[int, str] = {
-    400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
-    404: "not_found_error", 413: "request_too_large", 422: "invalid_request_error",
-    429: "rate_limit_error", 503: "overloaded_error", 529: "overloaded_error",
+    400: "invalid_request_error",
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    413: "request_too_large",
+    422: "invalid_request_error",
+    429: "rate_limit_error",
+    503: "overloaded_error",
+    529: "overloaded_error",
 }
 
 
@@ -108,7 +115,9 @@ def ollama_shape(answer: ErrorAnswer) -> dict[str, Any]:
 
 
 SHAPES: Mapping[Dialect, Callable[[ErrorAnswer], dict[str, Any]]] = {
-    "openai": openai_shape, "anthropic": anthropic_shape, "ollama": ollama_shape,
+    "openai": openai_shape,
+    "anthropic": anthropic_shape,
+    "ollama": ollama_shape,
 }
 
 
@@ -135,8 +144,9 @@ def upstream_answer(status: int, content: bytes) -> ErrorAnswer:
     except (ValueError, AttributeError):
         error = None
     if not isinstance(error, dict):
-        return ErrorAnswer(status, content.decode("utf-8", "replace")[:2000] or f"llama-server answered {status}",
-                           "upstream_error")
+        return ErrorAnswer(
+            status, content.decode("utf-8", "replace")[:2000] or f"llama-server answered {status}", "upstream_error"
+        )
     return ErrorAnswer(status, str(error.get("message", "")), str(error.get("type", "upstream_error")))
 
 

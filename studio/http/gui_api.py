@@ -8,11 +8,11 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
-import gguf
 from fastapi import APIRouter, Request
 from fastapi.responses import StreamingResponse
 from pydantic import BaseModel, Field
 
+import gguf
 from launcher.memory import CacheType
 from launcher.speculative import MODES
 from studio.chat.media import file_capabilities
@@ -36,34 +36,64 @@ class LoadBody(BaseModel):
     """A load (or plan preview) request from the GUI."""
 
     model: str = Field(description="A registered model name or a path to a .gguf file.")
-    n_ctx: int | None = Field(default=None, ge=LOAD_LIMITS["n_ctx"][0], le=LOAD_LIMITS["n_ctx"][1],
-                              description="Context size; default: the config's, or the largest that fits.")
-    n_parallel: int | None = Field(default=None, ge=LOAD_LIMITS["n_parallel"][0], le=LOAD_LIMITS["n_parallel"][1],
-                                   description="Server slots; default: the config's, or 1.")
+    n_ctx: int | None = Field(
+        default=None,
+        ge=LOAD_LIMITS["n_ctx"][0],
+        le=LOAD_LIMITS["n_ctx"][1],
+        description="Context size; default: the config's, or the largest that fits.",
+    )
+    n_parallel: int | None = Field(
+        default=None,
+        ge=LOAD_LIMITS["n_parallel"][0],
+        le=LOAD_LIMITS["n_parallel"][1],
+        description="Server slots; default: the config's, or 1.",
+    )
     cache_type_kv: CacheType | None = Field(
-        default=None, description="KV cache type (quantized types need flash attention); default: the config's, or f16.")
+        default=None, description="KV cache type (quantized types need flash attention); default: the config's, or f16."
+    )
     spec: str | None = Field(
-        default=None, description=f"Speculative mode: {', '.join(MODES)}; default: the config's, or auto.")
+        default=None, description=f"Speculative mode: {', '.join(MODES)}; default: the config's, or auto."
+    )
     spec_n_max: int | None = Field(
-        default=None, ge=LOAD_LIMITS["spec_n_max"][0], le=LOAD_LIMITS["spec_n_max"][1],
-        description="Drafted tokens per step; default: the config's, or the policy's.")
-    extra_args: list[str] | None = Field(default=None, description="Extra llama-server flags; default: the last ones, or the config's.")
-    ttl: float | None = Field(default=None, ge=RESIDENCY_LIMITS["ttl"][0], le=RESIDENCY_LIMITS["ttl"][1],
-                              description="Seconds idle before the model is unloaded (0: never); default: the config's.")
+        default=None,
+        ge=LOAD_LIMITS["spec_n_max"][0],
+        le=LOAD_LIMITS["spec_n_max"][1],
+        description="Drafted tokens per step; default: the config's, or the policy's.",
+    )
+    extra_args: list[str] | None = Field(
+        default=None, description="Extra llama-server flags; default: the last ones, or the config's."
+    )
+    ttl: float | None = Field(
+        default=None,
+        ge=RESIDENCY_LIMITS["ttl"][0],
+        le=RESIDENCY_LIMITS["ttl"][1],
+        description="Seconds idle before the model is unloaded (0: never); default: the config's.",
+    )
     pinned: bool | None = Field(default=None, description="Never evict this model; default: the config's.")
-    chat_template: str | None = Field(default=None, max_length=256 * 1024,
-                                      description="A Jinja chat template to use instead of the model's own.")
+    chat_template: str | None = Field(
+        default=None, max_length=256 * 1024, description="A Jinja chat template to use instead of the model's own."
+    )
     force: bool = Field(default=False, description="Load even when the plan says it does not fit.")
     mmproj: str | None = Field(
-        default=None, description='A multimodal projector .gguf to load with the model, or "none"; default: the '
-                                  "config's, or the projector the library pairs with the model.")
+        default=None,
+        description='A multimodal projector .gguf to load with the model, or "none"; default: the '
+        "config's, or the projector the library pairs with the model.",
+    )
 
     def request(self) -> LoadRequest:
         return LoadRequest(
-            model=self.model, n_ctx=self.n_ctx, n_parallel=self.n_parallel, spec=self.spec,
-            spec_n_max=self.spec_n_max, cache_type=self.cache_type_kv,
+            model=self.model,
+            n_ctx=self.n_ctx,
+            n_parallel=self.n_parallel,
+            spec=self.spec,
+            spec_n_max=self.spec_n_max,
+            cache_type=self.cache_type_kv,
             extra_args=tuple(self.extra_args) if self.extra_args is not None else None,
-            ttl=self.ttl, pinned=self.pinned, force=self.force, chat_template=self.chat_template, mmproj=self.mmproj,
+            ttl=self.ttl,
+            pinned=self.pinned,
+            force=self.force,
+            chat_template=self.chat_template,
+            mmproj=self.mmproj,
         )
 
 
@@ -71,8 +101,12 @@ class UnloadBody(BaseModel):
     """Which model to unload; none: every model."""
 
     model: str | None = Field(default=None, description="A resident model's name; omit to unload all.")
-    grace: float | None = Field(default=None, ge=0, le=RESIDENCY_LIMITS["unload_grace"][1],
-                                description="Seconds requests in flight may finish; default: the config's.")
+    grace: float | None = Field(
+        default=None,
+        ge=0,
+        le=RESIDENCY_LIMITS["unload_grace"][1],
+        description="Seconds requests in flight may finish; default: the config's.",
+    )
 
 
 class PinBody(BaseModel):
@@ -82,8 +116,11 @@ class PinBody(BaseModel):
 
 class TtlBody(BaseModel):
     model: str = Field(description="A resident model's name.")
-    ttl: float = Field(ge=RESIDENCY_LIMITS["ttl"][0], le=RESIDENCY_LIMITS["ttl"][1],
-                       description="Seconds idle before the model is unloaded; 0: never.")
+    ttl: float = Field(
+        ge=RESIDENCY_LIMITS["ttl"][0],
+        le=RESIDENCY_LIMITS["ttl"][1],
+        description="Seconds idle before the model is unloaded; 0: never.",
+    )
 
 
 def _manager(request: Request) -> ModelManager:
@@ -100,8 +137,15 @@ async def models(request: Request) -> list[dict[str, Any]]:
         except gguf.GGUFError as exc:
             info = {"error": str(exc)}
         # ``name`` is what a load takes; the file's own general.name is ``general_name`` (it overwrote ``name``)
-        out.append({**info, "name": entry.name, "general_name": info.get("name"), "path": str(entry.path),
-                    **await _media(entry)})
+        out.append(
+            {
+                **info,
+                "name": entry.name,
+                "general_name": info.get("name"),
+                "path": str(entry.path),
+                **await _media(entry),
+            }
+        )
     return out
 
 
@@ -139,8 +183,12 @@ async def plan_preview(request: Request, body: LoadBody) -> dict[str, Any]:
     await check_projector_path(request, body.mmproj)
     check_extra_args(request, body.extra_args)
     placed = await _manager(request).preview(body.request())
-    return {**plan_json(placed.plan), "fits": placed.fits or body.force, "evicts": list(placed.evict),
-            "blocked_by": list(placed.blocked_by)}
+    return {
+        **plan_json(placed.plan),
+        "fits": placed.fits or body.force,
+        "evicts": list(placed.evict),
+        "blocked_by": list(placed.blocked_by),
+    }
 
 
 @router.post("/unload")

@@ -136,8 +136,9 @@ async def _chat(request: Request, body: ChatBody) -> Response:
     selected = []
     if body.use_tools is not None:
         if payload.get("tools"):
-            raise BadRequestError("send either `tools` (the GUI runs them) or `use_tools` (the studio runs them)",
-                                  param="use_tools")
+            raise BadRequestError(
+                "send either `tools` (the GUI runs them) or `use_tools` (the studio runs them)", param="use_tools"
+            )
         selected = _toolbox(request).select(body.use_tools)
     await check_model_path(request, body.model)
     await preflight_chat(manager, payload)
@@ -149,8 +150,10 @@ async def _chat(request: Request, body: ChatBody) -> Response:
         raise
     held: list[tuple[LoadedModel, Lease]] = [(loaded, lease)]
 
-    async def call_model(messages: list[dict[str, Any]], offer: list[dict[str, Any]] | None,
-                         ) -> AsyncIterator[dict[str, Any] | Turn]:
+    async def call_model(
+        messages: list[dict[str, Any]],
+        offer: list[dict[str, Any]] | None,
+    ) -> AsyncIterator[dict[str, Any] | Turn]:
         """One streamed model call; the first uses the model acquired above, later ones acquire their own."""
         own = held.pop() if held else await _acquire(manager, body.model)
         turn_body = {**payload, "messages": messages, "stream": True, "stream_options": {"include_usage": True}}
@@ -164,8 +167,9 @@ async def _chat(request: Request, body: ChatBody) -> Response:
             resp = await send_upstream(request, own[0], "/v1/chat/completions", turn_body, own[1])
             heal = tool_parameters(turn_body) if turn_body.get("tool_choice") != "none" else None
             template = own[0].template
-            async for item in read_turn(resp, heal or None,
-                                        split_think=bool(template and template.reasoning_style == "always")):
+            async for item in read_turn(
+                resp, heal or None, split_think=bool(template and template.reasoning_style == "always")
+            ):
                 yield item
         except TurnError as exc:
             if not isinstance(exc.__cause__, httpx.HTTPError):
@@ -210,8 +214,9 @@ async def _broken_stream(own: tuple[LoadedModel, Lease], exc: httpx.HTTPError) -
     return TurnError(502, error_body(message, "upstream_error", code=code)["error"])
 
 
-async def _sse_events(events: AsyncIterator[dict[str, Any]],
-                      held: list[tuple[LoadedModel, Lease]]) -> AsyncGenerator[bytes, None]:
+async def _sse_events(
+    events: AsyncIterator[dict[str, Any]], held: list[tuple[LoadedModel, Lease]]
+) -> AsyncGenerator[bytes, None]:
     try:
         async for event in events:
             yield f"data: {json.dumps(event)}\n\n".encode()

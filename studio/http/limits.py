@@ -56,14 +56,27 @@ class BodySizeLimit:
             await self._refuse(send, seen, at_least=True)
 
     def _message(self, size: int, *, at_least: bool = False) -> str:
-        return (f"the request body is {'more than ' if at_least else ''}{size:,} bytes, over the limit of "
-                f"{self.max_body_bytes:,} (max_body_bytes in the config, GGUF_STUDIO_MAX_BODY_BYTES); send smaller "
-                "media (downscale images, shorter audio) or raise the limit")
+        return (
+            f"the request body is {'more than ' if at_least else ''}{size:,} bytes, over the limit of "
+            f"{self.max_body_bytes:,} (max_body_bytes in the config, GGUF_STUDIO_MAX_BODY_BYTES); send smaller "
+            "media (downscale images, shorter audio) or raise the limit"
+        )
 
     async def _refuse(self, send: Send, size: int, *, at_least: bool = False) -> None:
-        body = json.dumps(openai_shape(describe(PayloadTooLargeError(self._message(size, at_least=at_least),
-                                                                     limit=self.max_body_bytes)))).encode()
-        await send({"type": "http.response.start", "status": 413,
-                    "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
-                                (b"connection", b"close")]})
+        body = json.dumps(
+            openai_shape(
+                describe(PayloadTooLargeError(self._message(size, at_least=at_least), limit=self.max_body_bytes))
+            )
+        ).encode()
+        await send(
+            {
+                "type": "http.response.start",
+                "status": 413,
+                "headers": [
+                    (b"content-type", b"application/json"),
+                    (b"content-length", str(len(body)).encode()),
+                    (b"connection", b"close"),
+                ],
+            }
+        )
         await send({"type": "http.response.body", "body": body})

@@ -54,8 +54,10 @@ _STOP_BUCKETS = (0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 #: llama-server's speculative counters, and the names they are re-exported under (without ``_total``).
 _SPECULATIVE = {
     "llamacpp:spec_decode_num_draft_tokens": ("ggstudio_speculative_draft_tokens", "Draft tokens proposed"),
-    "llamacpp:spec_decode_num_accepted_tokens": ("ggstudio_speculative_accepted_tokens",
-                                                 "Draft tokens the model accepted"),
+    "llamacpp:spec_decode_num_accepted_tokens": (
+        "ggstudio_speculative_accepted_tokens",
+        "Draft tokens the model accepted",
+    ),
     "llamacpp:spec_decode_num_drafts": ("ggstudio_speculative_drafts", "Speculative verification steps"),
 }
 
@@ -97,35 +99,69 @@ class StudioMetrics:
     def __init__(self, manager: ModelManager) -> None:
         self.registry = CollectorRegistry()
         r = self.registry
-        self.requests = Counter("ggstudio_http_requests", "HTTP requests answered, by listener, route and status",
-                                ["listener", "route", "status"], registry=r)
-        self.request_seconds = Histogram("ggstudio_http_request_duration_seconds",
-                                         "Seconds from a request's arrival to the end of its answer",
-                                         ["listener", "route"], buckets=_LATENCY_BUCKETS, registry=r)
+        self.requests = Counter(
+            "ggstudio_http_requests",
+            "HTTP requests answered, by listener, route and status",
+            ["listener", "route", "status"],
+            registry=r,
+        )
+        self.request_seconds = Histogram(
+            "ggstudio_http_request_duration_seconds",
+            "Seconds from a request's arrival to the end of its answer",
+            ["listener", "route"],
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
         self.first_token_seconds = Histogram(
             "ggstudio_time_to_first_token_seconds",
             "Seconds from a streamed request's arrival (a model load included) to its first generated chunk",
-            ["model", "route"], buckets=_LATENCY_BUCKETS, registry=r)
-        self.tokens = Counter("ggstudio_generated_tokens", "Tokens generated, by model and route",
-                              ["model", "route"], registry=r)
-        self.tokens_per_second = Histogram("ggstudio_generation_tokens_per_second",
-                                           "Generation speed of each answer (llama-server's own figure where given)",
-                                           ["model"], buckets=_RATE_BUCKETS, registry=r)
-        self.loads = Counter("ggstudio_model_loads", "Model loads, by outcome (ok, error, cancelled)",
-                             ["model", "outcome"], registry=r)
-        self.load_seconds = Histogram("ggstudio_model_load_duration_seconds",
-                                      "Seconds from starting llama-server to the model serving",
-                                      ["model"], buckets=_LOAD_BUCKETS, registry=r)
-        self.evictions = Counter("ggstudio_model_evictions",
-                                 "Serving models stopped, by reason (evicted: room for another model; unload; ttl; "
-                                 "restart: new settings; shutdown)", ["model", "reason"], registry=r)
-        self.eviction_seconds = Histogram("ggstudio_model_eviction_duration_seconds",
-                                          "Seconds to stop a model's llama-server",
-                                          ["model"], buckets=_STOP_BUCKETS, registry=r)
-        self.crashes = Counter("ggstudio_llama_server_crashes", "Times a model's llama-server died or hung after "
-                               "it was ready", ["model"], registry=r)
-        self.restarts = Counter("ggstudio_llama_server_restarts", "Automatic restarts after a crash", ["model"],
-                                registry=r)
+            ["model", "route"],
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.tokens = Counter(
+            "ggstudio_generated_tokens", "Tokens generated, by model and route", ["model", "route"], registry=r
+        )
+        self.tokens_per_second = Histogram(
+            "ggstudio_generation_tokens_per_second",
+            "Generation speed of each answer (llama-server's own figure where given)",
+            ["model"],
+            buckets=_RATE_BUCKETS,
+            registry=r,
+        )
+        self.loads = Counter(
+            "ggstudio_model_loads", "Model loads, by outcome (ok, error, cancelled)", ["model", "outcome"], registry=r
+        )
+        self.load_seconds = Histogram(
+            "ggstudio_model_load_duration_seconds",
+            "Seconds from starting llama-server to the model serving",
+            ["model"],
+            buckets=_LOAD_BUCKETS,
+            registry=r,
+        )
+        self.evictions = Counter(
+            "ggstudio_model_evictions",
+            "Serving models stopped, by reason (evicted: room for another model; unload; ttl; "
+            "restart: new settings; shutdown)",
+            ["model", "reason"],
+            registry=r,
+        )
+        self.eviction_seconds = Histogram(
+            "ggstudio_model_eviction_duration_seconds",
+            "Seconds to stop a model's llama-server",
+            ["model"],
+            buckets=_STOP_BUCKETS,
+            registry=r,
+        )
+        self.crashes = Counter(
+            "ggstudio_llama_server_crashes",
+            "Times a model's llama-server died or hung after it was ready",
+            ["model"],
+            registry=r,
+        )
+        self.restarts = Counter(
+            "ggstudio_llama_server_restarts", "Automatic restarts after a crash", ["model"], registry=r
+        )
         self.status = StatusCollector(manager)
         r.register(self.status)
         manager.listeners.append(self.on_residency)
@@ -145,18 +181,21 @@ class StudioMetrics:
         else:
             self.restarts.labels(event.model).inc()
 
-    def observe_generation(self, route: str, model: str, *, began: float, first_at: float | None, tail: bytes,
-                           ended: float | None = None) -> None:
+    def observe_generation(
+        self, route: str, model: str, *, began: float, first_at: float | None, tail: bytes, ended: float | None = None
+    ) -> None:
         """Count one finished answer from its timing and its last bytes (``perf_counter`` times)."""
         tokens, rate = generation_counts(tail)
         ended = time.perf_counter() if ended is None else ended
         if rate is None and tokens and first_at is not None and ended > first_at:
             rate = tokens / (ended - first_at)
-        self.observe_counts(route, model, first_token_s=None if first_at is None else first_at - began,
-                            tokens=tokens, rate=rate)
+        self.observe_counts(
+            route, model, first_token_s=None if first_at is None else first_at - began, tokens=tokens, rate=rate
+        )
 
-    def observe_counts(self, route: str, model: str, *, first_token_s: float | None, tokens: int | None,
-                       rate: float | None) -> None:
+    def observe_counts(
+        self, route: str, model: str, *, first_token_s: float | None, tokens: int | None, rate: float | None
+    ) -> None:
         """Count one answer whose figures the caller already has (the Ollama dialect parses its stream)."""
         if first_token_s is not None:
             self.first_token_seconds.labels(model, route).observe(first_token_s)
@@ -186,10 +225,14 @@ class StatusCollector(Collector):
             if r.state is not ResidentState.READY or loaded is None:
                 continue
             try:
-                text = (await upstream.get(loaded.url + "/metrics", loaded.auth_headers,
-                                           timeout=UPSTREAM_SCRAPE_TIMEOUT)).decode()
-                found[r.name] = {f.name: f.samples[0].value for f in text_string_to_metric_families(text)
-                                 if f.name in _SPECULATIVE and f.samples}
+                text = (
+                    await upstream.get(loaded.url + "/metrics", loaded.auth_headers, timeout=UPSTREAM_SCRAPE_TIMEOUT)
+                ).decode()
+                found[r.name] = {
+                    f.name: f.samples[0].value
+                    for f in text_string_to_metric_families(text)
+                    if f.name in _SPECULATIVE and f.samples
+                }
             except (httpx.HTTPError, ValueError) as exc:
                 log.warning("llama-server /metrics unreadable", model=r.name, error=str(exc))
         self._speculative = found
@@ -197,14 +240,19 @@ class StatusCollector(Collector):
     def collect(self) -> Iterable[Metric]:
         status = status_json(self.manager)
         resident = GaugeMetricFamily("ggstudio_model_resident", "1 for each model serving requests", labels=["model"])
-        in_flight = GaugeMetricFamily("ggstudio_requests_in_flight", "Requests a model is answering now",
-                                      labels=["model"])
-        waiting = GaugeMetricFamily("ggstudio_requests_waiting", "Requests queued for a model to be placed and "
-                                    "started (one queue for all models)")
-        memory = GaugeMetricFamily("ggstudio_model_memory_bytes",
-                                   "Memory per model and device: the plan's bill (predicted) and what llama-server "
-                                   "reported allocating (actual), as /api/status's by_device",
-                                   labels=["model", "device", "kind"])
+        in_flight = GaugeMetricFamily(
+            "ggstudio_requests_in_flight", "Requests a model is answering now", labels=["model"]
+        )
+        waiting = GaugeMetricFamily(
+            "ggstudio_requests_waiting",
+            "Requests queued for a model to be placed and started (one queue for all models)",
+        )
+        memory = GaugeMetricFamily(
+            "ggstudio_model_memory_bytes",
+            "Memory per model and device: the plan's bill (predicted) and what llama-server "
+            "reported allocating (actual), as /api/status's by_device",
+            labels=["model", "device", "kind"],
+        )
         waiting.add_metric([], status.get("waiting", 0))
         for model in status["models"]:
             name = model["model"]
@@ -219,11 +267,14 @@ class StatusCollector(Collector):
         yield from self._speculative_families()
 
     def _speculative_families(self) -> Iterator[Metric]:
-        families = {source: CounterMetricFamily(name, help, labels=["model"])
-                    for source, (name, help) in _SPECULATIVE.items()}
-        ratio = GaugeMetricFamily("ggstudio_speculative_acceptance_ratio",
-                                  "Accepted over proposed draft tokens since the model's llama-server started",
-                                  labels=["model"])
+        families = {
+            source: CounterMetricFamily(name, help, labels=["model"]) for source, (name, help) in _SPECULATIVE.items()
+        }
+        ratio = GaugeMetricFamily(
+            "ggstudio_speculative_acceptance_ratio",
+            "Accepted over proposed draft tokens since the model's llama-server started",
+            labels=["model"],
+        )
         for model, values in self._speculative.items():
             for source, value in values.items():
                 families[source].add_metric([model], value)
@@ -241,8 +292,7 @@ class RequestMetrics:
     (routes served ahead of the router), or ``other``, so unknown paths cannot grow the label set.
     """
 
-    def __init__(self, app: ASGIApp, metrics: StudioMetrics, listener: Listener,
-                 known: Iterable[str] = ()) -> None:
+    def __init__(self, app: ASGIApp, metrics: StudioMetrics, listener: Listener, known: Iterable[str] = ()) -> None:
         self.app = app
         self.metrics = metrics
         self.listener = listener

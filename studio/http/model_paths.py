@@ -21,8 +21,13 @@ async def check_model_path(request: Request, model: str | None) -> None:
     manager = request.app.state.manager
     if model is None or manager.find(model) is not None:
         return
-    await run_blocking(request.app.state.paths.check, model, manager.catalog, timeout=manager.work_timeout,
-                       what=f"checking the path of {model}")
+    await run_blocking(
+        request.app.state.paths.check,
+        model,
+        manager.catalog,
+        timeout=manager.work_timeout,
+        what=f"checking the path of {model}",
+    )
 
 
 async def check_projector_path(request: Request, mmproj: str | None) -> None:
@@ -35,11 +40,17 @@ async def check_projector_path(request: Request, mmproj: str | None) -> None:
         return
     manager = request.app.state.manager
     try:
-        await run_blocking(request.app.state.paths.check, mmproj, manager.catalog, timeout=manager.work_timeout,
-                           what=f"checking the path of {mmproj}")
+        await run_blocking(
+            request.app.state.paths.check,
+            mmproj,
+            manager.catalog,
+            timeout=manager.work_timeout,
+            what=f"checking the path of {mmproj}",
+        )
     except PathNotAllowedError as exc:
-        raise PathNotAllowedError(exc.message.replace("the model file", "the projector file", 1), path=exc.path,
-                                  param="mmproj") from None
+        raise PathNotAllowedError(
+            exc.message.replace("the model file", "the projector file", 1), path=exc.path, param="mmproj"
+        ) from None
 
 
 def check_extra_args(request: Request, args: list[str] | None) -> None:

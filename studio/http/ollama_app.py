@@ -32,13 +32,25 @@ from studio.http.access import AccessPolicy
 from studio.http.auth import BearerTokenMiddleware
 from studio.http.browser_guard import BrowserGuard
 from studio.http.errors import (
-    HANDLED, Dialect, answer_response, dialect_of, error_response, http_answer, ollama_shape,
-    upstream_answer, validation_answer,
+    HANDLED,
+    Dialect,
+    answer_response,
+    dialect_of,
+    error_response,
+    http_answer,
+    ollama_shape,
+    upstream_answer,
+    validation_answer,
 )
 from studio.http.metrics import RequestMetrics, StudioMetrics
 from studio.http.model_paths import check_model_path
 from studio.http.openai_proxy import (
-    FORWARDED, OpenAIRoutes, answer_unless_client_leaves, broke_off, close_upstream, send_upstream,
+    FORWARDED,
+    OpenAIRoutes,
+    answer_unless_client_leaves,
+    broke_off,
+    close_upstream,
+    send_upstream,
 )
 from studio.http.openai_proxy import router as proxy_router
 from studio.library.downloads import DownloadManager
@@ -56,8 +68,7 @@ _UNCHANGED = object()
 _unloading: set[asyncio.Task[None]] = set()
 
 
-def create_ollama_app(studio: FastAPI, *, api_token: str | None = None,
-                      access: AccessPolicy | None = None) -> FastAPI:
+def create_ollama_app(studio: FastAPI, *, api_token: str | None = None, access: AccessPolicy | None = None) -> FastAPI:
     """The Ollama listener's app, sharing ``studio``'s state, behind the same guards: ``api_token`` as the
     studio's, and ``access``, which ``Host`` names and page origins are let in (a page's request to a local
     Ollama port is the classic drive-by)."""
@@ -86,8 +97,9 @@ def create_ollama_app(studio: FastAPI, *, api_token: str | None = None,
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
-        return answer_response(http_answer(exc, request.method, request.url.path),
-                               dialect_on_ollama_port(request.url.path))
+        return answer_response(
+            http_answer(exc, request.method, request.url.path), dialect_on_ollama_port(request.url.path)
+        )
 
     return app
 
@@ -153,6 +165,7 @@ def _line(obj: dict[str, Any]) -> bytes:
 
 # -- the server --------------------------------------------------------------------------------------
 
+
 @router.get("/", response_class=PlainTextResponse)
 @router.head("/", response_class=PlainTextResponse)
 async def root() -> str:
@@ -167,6 +180,7 @@ async def version() -> dict[str, str]:
 
 
 # -- models ------------------------------------------------------------------------------------------
+
 
 @router.get("/api/tags")
 async def tags(request: Request) -> dict[str, Any]:
@@ -207,8 +221,10 @@ async def show(request: Request) -> dict[str, Any]:
         "details": _details(model),
         "model_info": ollama.model_info(model.metadata, f.parameter_count, verbose=bool(body.get("verbose"))),
         "capabilities": ollama.capabilities(
-            tools=bool(caps and caps.supports_tools), thinking=bool(caps and caps.supports_reasoning),
-            vision=entry.mmproj is not None),
+            tools=bool(caps and caps.supports_tools),
+            thinking=bool(caps and caps.supports_reasoning),
+            vision=entry.mmproj is not None,
+        ),
         "modified_at": ollama.modified_at(entry.path.stat().st_mtime_ns),
     }
 
@@ -225,13 +241,20 @@ async def ps(request: Request) -> dict[str, Any]:
         bill = memory.get("actual") or memory.get("predicted") or {}
         devices = bill.get("by_device") or {}
         stat = model.path.stat()
-        out.append({
-            "name": status["model"], "model": status["model"], "size": bill.get("startup_total") or model.file_size,
-            "size_vram": sum(n for device, n in devices.items() if not device.upper().startswith("CPU")),
-            "digest": ollama.digest(model.path, model.file_size, stat.st_mtime_ns), "details": _details(model),
-            "expires_at": ollama.expires_at(status.get("ttl_left"), status.get("ttl") or 0, bool(status.get("pinned"))),
-            "context_length": status.get("effective_context"),
-        })
+        out.append(
+            {
+                "name": status["model"],
+                "model": status["model"],
+                "size": bill.get("startup_total") or model.file_size,
+                "size_vram": sum(n for device, n in devices.items() if not device.upper().startswith("CPU")),
+                "digest": ollama.digest(model.path, model.file_size, stat.st_mtime_ns),
+                "details": _details(model),
+                "expires_at": ollama.expires_at(
+                    status.get("ttl_left"), status.get("ttl") or 0, bool(status.get("pinned"))
+                ),
+                "context_length": status.get("effective_context"),
+            }
+        )
     return {"models": out}
 
 
@@ -268,11 +291,17 @@ async def pull(request: Request) -> Response:
 @router.delete("/api/delete")
 async def unsupported(request: Request) -> JSONResponse:
     """Model management the studio does through its model folders and Hugging Face, not here."""
-    return JSONResponse({"error": f"{request.url.path} is not supported by GGUF Studio: add GGUF files to a "
-                                  "models folder, or pull owner/repo[:VARIANT] from Hugging Face"}, 501)
+    return JSONResponse(
+        {
+            "error": f"{request.url.path} is not supported by GGUF Studio: add GGUF files to a "
+            "models folder, or pull owner/repo[:VARIANT] from Hugging Face"
+        },
+        501,
+    )
 
 
 # -- generation --------------------------------------------------------------------------------------
+
 
 @router.post("/api/chat")
 async def chat(request: Request) -> Response:
@@ -309,6 +338,7 @@ async def _generate(request: Request, kind: ollama.Kind) -> Response:
         reply = ollama.Reply(kind, loaded.name)
         count = _counter(_metrics(request), request.url.path, loaded.name)
         if not payload.get("stream"):
+
             def finish(status: int, content: bytes, headers: dict[str, str]) -> Response:
                 if status != 200:
                     return JSONResponse(ollama_shape(upstream_answer(status, content)), status)
@@ -323,8 +353,7 @@ async def _generate(request: Request, kind: ollama.Kind) -> Response:
         await lease()
         raise
     if resp.status_code == 200:
-        return StreamingResponse(_stream(resp, lease, loaded, route, reply, began, acquired, count),
-                                 media_type=_NDJSON)
+        return StreamingResponse(_stream(resp, lease, loaded, route, reply, began, acquired, count), media_type=_NDJSON)
     status, content = await _read(resp, lease, loaded)
     return JSONResponse(ollama_shape(upstream_answer(status, content)), status)
 
@@ -346,9 +375,11 @@ async def _load_or_unload(manager: ModelManager, kind: ollama.Kind, name: str, t
     return JSONResponse(ollama.load_reply(kind, loaded.name, "load"))
 
 
-def _counter(metrics: StudioMetrics, route: str, model: str
-             ) -> Callable[[float | None, dict[str, Any], ollama.Reply], None]:
+def _counter(
+    metrics: StudioMetrics, route: str, model: str
+) -> Callable[[float | None, dict[str, Any], ollama.Reply], None]:
     """How one answer is counted for ``/metrics``, from its final chunk and llama-server's timings."""
+
     def count(first_token_s: float | None, final: dict[str, Any], reply: ollama.Reply) -> None:
         rate = (reply.timings or {}).get("predicted_per_second")
         metrics.observe_counts(route, model, first_token_s=first_token_s, tokens=final.get("eval_count"), rate=rate)
@@ -356,9 +387,16 @@ def _counter(metrics: StudioMetrics, route: str, model: str
     return count
 
 
-async def _stream(resp: httpx.Response, lease: Lease, loaded: LoadedModel, route: str, reply: ollama.Reply,
-                  began: float, acquired: float,
-                  count: Callable[[float | None, dict[str, Any], ollama.Reply], None]) -> AsyncIterator[bytes]:
+async def _stream(
+    resp: httpx.Response,
+    lease: Lease,
+    loaded: LoadedModel,
+    route: str,
+    reply: ollama.Reply,
+    began: float,
+    acquired: float,
+    count: Callable[[float | None, dict[str, Any], ollama.Reply], None],
+) -> AsyncIterator[bytes]:
     """llama-server's server-sent events as Ollama's NDJSON chunks; the client leaving cancels the request."""
     first_at: float | None = None
     final: dict[str, Any] = {}
@@ -401,6 +439,7 @@ async def _read(resp: httpx.Response, lease: Lease, loaded: LoadedModel) -> tupl
 
 
 # -- embeddings --------------------------------------------------------------------------------------
+
 
 @router.post("/api/embed")
 async def embed(request: Request) -> JSONResponse:

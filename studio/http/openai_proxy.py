@@ -61,18 +61,18 @@ from fastapi.responses import Response
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from launcher.rpc import unreachable
-from studio.errors import BadRequestError, UpstreamError
-from studio.http.errors import Dialect, ErrorAnswer, describe, reshape_upstream, stream_error_event
-from studio.http.model_paths import check_model_path
-from studio.residency.manager import ModelManager
-from studio.residency.resident import Lease, LoadedModel
 from studio.chat.media import check_chat_media, media_capabilities, preflight_chat
 from studio.chat.reasoning import reasoning_request, with_prompt_flag
 from studio.chat.tool_healing import heal_completion
 from studio.chat.tool_schema import check_tool_fields, tool_parameters
 from studio.chat.tool_stream import HealingRelay
+from studio.errors import BadRequestError, UpstreamError
+from studio.http.errors import Dialect, ErrorAnswer, describe, reshape_upstream, stream_error_event
+from studio.http.model_paths import check_model_path
 from studio.http.relay import Relay
 from studio.http.upstream import Upstream
+from studio.residency.manager import ModelManager
+from studio.residency.resident import Lease, LoadedModel
 
 router = APIRouter()
 
@@ -125,8 +125,12 @@ async def list_models(request: Request) -> dict[str, Any]:
         item: dict[str, Any] = {"id": entry.name, "object": "model", "created": 0, "owned_by": "gguf-studio"}
         r = resident.get(entry.path)
         if r is not None:
-            item["meta"] = {"n_ctx": r.loaded.n_ctx if r.loaded else None, "n_ctx_train": r.facts.context_length,
-                            "loaded": r.loaded is not None, "state": r.state.value}
+            item["meta"] = {
+                "n_ctx": r.loaded.n_ctx if r.loaded else None,
+                "n_ctx_train": r.facts.context_length,
+                "loaded": r.loaded is not None,
+                "state": r.state.value,
+            }
         data.append(item)
     return {"object": "list", "data": data}
 
@@ -156,20 +160,31 @@ async def _forward(request: Request, path: str) -> Response:
         tools = tool_parameters(body) if chat and body.get("tool_choice") != "none" else {}
         if not body.get("stream"):
             return await answer_unless_client_leaves(
-                request, loaded, route.upstream, body, lease,
-                lambda status, content, headers: _answered(route, tools, count, status, content, headers))
+                request,
+                loaded,
+                route.upstream,
+                body,
+                lease,
+                lambda status, content, headers: _answered(route, tools, count, status, content, headers),
+            )
         resp = await send_upstream(request, loaded, route.upstream, body, lease)
     except BaseException:
         await lease()
         raise
     headers = {k: v for k, v in resp.headers.items() if k.lower() in _PASS_HEADERS}
     if resp.status_code == 200:
+
         async def closed(first_at: float | None, tail: bytes) -> None:
             await close_upstream(resp, lease)
             count(first_at, tail)
 
-        return Relay(resp, headers=headers, on_close=closed, on_break=lambda exc: _error_event(exc, lease, loaded,
-                     route.dialect), reshape=HealingRelay(tools) if tools else None)
+        return Relay(
+            resp,
+            headers=headers,
+            on_close=closed,
+            on_break=lambda exc: _error_event(exc, lease, loaded, route.dialect),
+            reshape=HealingRelay(tools) if tools else None,
+        )
     try:
         content = await resp.aread()
     except httpx.HTTPError as exc:
@@ -179,8 +194,9 @@ async def _forward(request: Request, path: str) -> Response:
         raise UpstreamError(message, code=code) from exc
     finally:
         await close_upstream(resp, lease)
-    return Response(reshape_upstream(resp.status_code, content, route.dialect), status_code=resp.status_code,
-                    headers=headers)
+    return Response(
+        reshape_upstream(resp.status_code, content, route.dialect), status_code=resp.status_code, headers=headers
+    )
 
 
 def _counter(request: Request, route: Route, path: str, model: str, began: float) -> Count:
@@ -193,19 +209,24 @@ def _counter(request: Request, route: Route, path: str, model: str, began: float
     return count
 
 
-def _answered(route: Route, tools: dict[str, dict[str, Any]], count: Count, status: int, content: bytes,
-              headers: dict[str, str]) -> Response:
+def _answered(
+    route: Route, tools: dict[str, dict[str, Any]], count: Count, status: int, content: bytes, headers: dict[str, str]
+) -> Response:
     """A whole (non-streamed) answer of a forwarded route: counted, healed, or an error in the route's shape."""
     if status != 200:
         return Response(reshape_upstream(status, content, route.dialect), status_code=status, headers=headers)
     count(None, content)
-    return Response(_finished_answer(content, tools) if route.fill_usage else content, status_code=200,
-                    headers=headers)
+    return Response(_finished_answer(content, tools) if route.fill_usage else content, status_code=200, headers=headers)
 
 
-async def answer_unless_client_leaves(request: Request, loaded: LoadedModel, path: str, body: dict[str, Any],
-                                      lease: Lease,
-                                      finish: Callable[[int, bytes, dict[str, str]], Response]) -> Response:
+async def answer_unless_client_leaves(
+    request: Request,
+    loaded: LoadedModel,
+    path: str,
+    body: dict[str, Any],
+    lease: Lease,
+    finish: Callable[[int, bytes, dict[str, str]], Response],
+) -> Response:
     """``finish``'s response to the whole answer, unless the client disconnects first: then the upstream
     request is dropped, which stops llama-server (it answers a non-streamed request only once it is done,
     so the wait is the whole generation). ``finish`` takes the status, the body and the headers to pass on."""
@@ -221,8 +242,7 @@ async def answer_unless_client_leaves(request: Request, loaded: LoadedModel, pat
             raise UpstreamError(message, code=code) from exc
         finally:
             await close_upstream(resp, lease)
-        return finish(resp.status_code, content, {k: v for k, v in resp.headers.items()
-                                                  if k.lower() in _PASS_HEADERS})
+        return finish(resp.status_code, content, {k: v for k, v in resp.headers.items() if k.lower() in _PASS_HEADERS})
 
     answering = asyncio.ensure_future(exchange())
     leaving = asyncio.ensure_future(_disconnect(request))
@@ -264,8 +284,9 @@ async def broke_off(loaded: LoadedModel, what: str, exc: Exception) -> tuple[str
     return message, "rpc_worker_failed" if gone else None
 
 
-async def send_upstream(request: Request, loaded: LoadedModel, path: str, body: dict[str, Any],
-                        lease: Lease | None = None) -> httpx.Response:
+async def send_upstream(
+    request: Request, loaded: LoadedModel, path: str, body: dict[str, Any], lease: Lease | None = None
+) -> httpx.Response:
     """POST ``body`` to llama-server's ``path`` on the pooled client; the response streams.
 
     Raises:
@@ -339,39 +360,41 @@ class Route:
     fill_usage: bool = False  # an OpenAI chat or completion answer: healed, and ``usage`` filled from ``timings``
 
 
-_CHAT_TOKENS = Route("/v1/chat/completions/input_tokens", _apply_reasoning,
-                     "Tokens a chat completion request's prompt takes")
+_CHAT_TOKENS = Route(
+    "/v1/chat/completions/input_tokens", _apply_reasoning, "Tokens a chat completion request's prompt takes"
+)
 _RESPONSES = Route("/v1/responses", _apply_reasoning, "OpenAI Responses", generates=True)
-_RESPONSES_TOKENS = Route("/v1/responses/input_tokens", _apply_reasoning,
-                          "Tokens a Responses request's input takes")
+_RESPONSES_TOKENS = Route("/v1/responses/input_tokens", _apply_reasoning, "Tokens a Responses request's input takes")
 _RERANK = Route("/v1/rerank", _nothing_to_add, "Rerank documents by a query (a model loaded with --reranking)")
 
 #: Every forwarded path, in each spelling llama-server b11434 routes (``tools/server/server.cpp``).
 #: Its bare ``/completions`` and ``/chat/completions`` are left out: the first is the native
 #: (non-OpenAI) completion, and neither is an address OpenAI clients use.
 FORWARDED: dict[str, Route] = {
-    "/v1/chat/completions": Route("/v1/chat/completions", prepare_chat_body, "OpenAI chat completions",
-                                  generates=True, fill_usage=True),
-    "/v1/completions": Route("/v1/completions", _default_max_tokens, "OpenAI completions", generates=True,
-                             fill_usage=True),
-    "/v1/embeddings": Route("/v1/embeddings", _nothing_to_add, "OpenAI embeddings (a model loaded with "
-                            "--embeddings --pooling mean)"),
+    "/v1/chat/completions": Route(
+        "/v1/chat/completions", prepare_chat_body, "OpenAI chat completions", generates=True, fill_usage=True
+    ),
+    "/v1/completions": Route(
+        "/v1/completions", _default_max_tokens, "OpenAI completions", generates=True, fill_usage=True
+    ),
+    "/v1/embeddings": Route(
+        "/v1/embeddings", _nothing_to_add, "OpenAI embeddings (a model loaded with --embeddings --pooling mean)"
+    ),
     "/v1/chat/completions/input_tokens": _CHAT_TOKENS,
     "/chat/completions/input_tokens": _CHAT_TOKENS,
     "/v1/responses": _RESPONSES,
     "/responses": _RESPONSES,
     "/v1/responses/input_tokens": _RESPONSES_TOKENS,
     "/responses/input_tokens": _RESPONSES_TOKENS,
-    "/v1/messages": Route("/v1/messages", _apply_reasoning, "Anthropic Messages", dialect="anthropic",
-                          generates=True),
-    "/v1/messages/count_tokens": Route("/v1/messages/count_tokens", _apply_reasoning,
-                                       "Anthropic token counting", dialect="anthropic"),
+    "/v1/messages": Route("/v1/messages", _apply_reasoning, "Anthropic Messages", dialect="anthropic", generates=True),
+    "/v1/messages/count_tokens": Route(
+        "/v1/messages/count_tokens", _apply_reasoning, "Anthropic token counting", dialect="anthropic"
+    ),
     "/v1/rerank": _RERANK,
     "/v1/reranking": _RERANK,
     "/rerank": _RERANK,
     "/reranking": _RERANK,
-    "/infill": Route("/infill", _nothing_to_add, "Fill in the middle (llama-server's native infill)",
-                     generates=True),
+    "/infill": Route("/infill", _nothing_to_add, "Fill in the middle (llama-server's native infill)", generates=True),
 }
 
 

@@ -27,11 +27,18 @@ router = APIRouter()
 
 WEB = Path(__file__).resolve().parent.parent / "web"
 STATIC = WEB / "static"
-CSP = ("default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data: blob:; "
-       "connect-src 'self'; base-uri 'none'; form-action 'none'; frame-ancestors 'none'")
+CSP = (
+    "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data: blob:; "
+    "connect-src 'self'; base-uri 'none'; form-action 'none'; frame-ancestors 'none'"
+)
 #: Sent with the page and every file it loads.
-HEADERS = {"Content-Security-Policy": CSP, "X-Content-Type-Options": "nosniff", "Referrer-Policy": "no-referrer",
-           "X-Frame-Options": "DENY", "Cache-Control": "no-cache"}
+HEADERS = {
+    "Content-Security-Policy": CSP,
+    "X-Content-Type-Options": "nosniff",
+    "Referrer-Policy": "no-referrer",
+    "X-Frame-Options": "DENY",
+    "Cache-Control": "no-cache",
+}
 _TYPES = {".js": "text/javascript", ".css": "text/css", ".svg": "image/svg+xml", ".png": "image/png"}
 
 
@@ -52,5 +59,8 @@ async def static(name: str) -> FileResponse:
 @router.get("/api/load-options")
 async def load_options() -> dict[str, Any]:
     """What the load dialog may offer: cache types, speculative modes and the bounds of the numbers."""
-    return {"cache_types": list(get_args(CacheType)), "spec_modes": list(MODES),
-            "limits": {**{k: list(v) for k, v in LOAD_LIMITS.items()}, "ttl": list(RESIDENCY_LIMITS["ttl"])}}
+    return {
+        "cache_types": list(get_args(CacheType)),
+        "spec_modes": list(MODES),
+        "limits": {**{k: list(v) for k, v in LOAD_LIMITS.items()}, "ttl": list(RESIDENCY_LIMITS["ttl"])},
+    }

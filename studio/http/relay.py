@@ -53,10 +53,17 @@ class Relay(Response):
         reshape: what to turn the bytes into; ``None`` passes them through untouched.
     """
 
-    def __init__(self, upstream: httpx.Response, *, on_close: Callable[[float | None, bytes], Awaitable[None]],
-                 on_break: Callable[[httpx.HTTPError], Awaitable[bytes]], reshape: Reshape | None = None,
-                 status_code: int = 200, headers: Mapping[str, str] | None = None,
-                 media_type: str | None = None) -> None:
+    def __init__(
+        self,
+        upstream: httpx.Response,
+        *,
+        on_close: Callable[[float | None, bytes], Awaitable[None]],
+        on_break: Callable[[httpx.HTTPError], Awaitable[bytes]],
+        reshape: Reshape | None = None,
+        status_code: int = 200,
+        headers: Mapping[str, str] | None = None,
+        media_type: str | None = None,
+    ) -> None:
         self.status_code = status_code
         self.media_type = media_type
         self.background = None
@@ -70,8 +77,9 @@ class Relay(Response):
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         await send({"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers})
-        last = await until_client_leaves(receive, lambda: self._pump(send),
-                                         lambda: self._on_close(self._first_at, self._tail))
+        last = await until_client_leaves(
+            receive, lambda: self._pump(send), lambda: self._on_close(self._first_at, self._tail)
+        )
         if last is not None:
             await send({"type": "http.response.body", "body": last, "more_body": False})
 
@@ -105,8 +113,14 @@ class EventStream(Response):
     and ``events`` is closed either way.
     """
 
-    def __init__(self, events: AsyncGenerator[bytes, None], *, status_code: int = 200,
-                 headers: Mapping[str, str] | None = None, media_type: str | None = None) -> None:
+    def __init__(
+        self,
+        events: AsyncGenerator[bytes, None],
+        *,
+        status_code: int = 200,
+        headers: Mapping[str, str] | None = None,
+        media_type: str | None = None,
+    ) -> None:
         self.status_code = status_code
         self.media_type = media_type
         self.background = None
@@ -125,8 +139,9 @@ class EventStream(Response):
             await send({"type": "http.response.body", "body": b"", "more_body": False})
 
 
-async def until_client_leaves(receive: Receive, work: Callable[[], Awaitable[bytes]],
-                              cleanup: Callable[[], Awaitable[None]]) -> bytes | None:
+async def until_client_leaves(
+    receive: Receive, work: Callable[[], Awaitable[bytes]], cleanup: Callable[[], Awaitable[None]]
+) -> bytes | None:
     """Return what ``work`` returns, or ``None`` when the client left first and ``work`` was cancelled.
 
     ``cleanup`` is awaited either way, shielded from the cancellation.

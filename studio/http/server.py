@@ -111,15 +111,23 @@ class _MainServer(StudioServer):
 class Listeners:
     """The studio app on ``host:port`` and, when given, the Ollama app on ``host:ollama_port``."""
 
-    def __init__(self, app: FastAPI, *, host: str, port: int, ollama_app: FastAPI | None = None,
-                 ollama_port: int | None = None, announce: Callable[[], None] = lambda: None,
-                 log_level: str = "warning") -> None:
+    def __init__(
+        self,
+        app: FastAPI,
+        *,
+        host: str,
+        port: int,
+        ollama_app: FastAPI | None = None,
+        ollama_port: int | None = None,
+        announce: Callable[[], None] = lambda: None,
+        log_level: str = "warning",
+    ) -> None:
         companions = []
         if ollama_app is not None and ollama_port is not None:
-            companions.append(_Companion(uvicorn.Config(ollama_app, host=host, port=ollama_port,
-                                                        log_level=log_level, lifespan="off")))
-        self._main = _MainServer(uvicorn.Config(app, host=host, port=port, log_level=log_level),
-                                 companions, announce)
+            companions.append(
+                _Companion(uvicorn.Config(ollama_app, host=host, port=ollama_port, log_level=log_level, lifespan="off"))
+            )
+        self._main = _MainServer(uvicorn.Config(app, host=host, port=port, log_level=log_level), companions, announce)
 
     @property
     def started(self) -> bool:
@@ -136,7 +144,14 @@ class Listeners:
         self._main.wake()
 
 
-def run_service(app: FastAPI, *, host: str, port: int, announce: Callable[[], None],
-                ollama_app: FastAPI | None = None, ollama_port: int | None = None) -> None:
+def run_service(
+    app: FastAPI,
+    *,
+    host: str,
+    port: int,
+    announce: Callable[[], None],
+    ollama_app: FastAPI | None = None,
+    ollama_port: int | None = None,
+) -> None:
     """Serve ``app`` (and ``ollama_app``) until Ctrl-C or SIGTERM; the app's shutdown stops llama-server."""
     Listeners(app, host=host, port=port, ollama_app=ollama_app, ollama_port=ollama_port, announce=announce).run()

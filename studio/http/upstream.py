@@ -57,8 +57,7 @@ class _Connection:
     reusable_until: float = field(default=0.0)
 
     def alive(self) -> bool:
-        return (not self.writer.is_closing() and not self.reader.at_eof()
-                and time.monotonic() < self.reusable_until)
+        return not self.writer.is_closing() and not self.reader.at_eof() and time.monotonic() < self.reusable_until
 
     def close(self) -> None:
         self.writer.close()
@@ -85,8 +84,9 @@ class LoopbackTransport(httpx.AsyncBaseTransport):
             httpx.ReadTimeout: no answer within the read timeout.
         """
         if request.url.scheme != "http":
-            raise httpx.UnsupportedProtocol(f"LoopbackTransport speaks plain http, not {request.url.scheme!r}",
-                                            request=request)
+            raise httpx.UnsupportedProtocol(
+                f"LoopbackTransport speaks plain http, not {request.url.scheme!r}", request=request
+            )
         timeouts = request.extensions.get("timeout", {})
         read_timeout = timeouts.get("read")
         head = _request_head(request, await request.aread())
@@ -115,14 +115,19 @@ class LoopbackTransport(httpx.AsyncBaseTransport):
                 conn.close()  # mid-request: closing it is what tells llama-server to stop
             self._slots.release()
             if isinstance(exc, (asyncio.IncompleteReadError, asyncio.LimitOverrunError, ValueError)):
-                raise httpx.RemoteProtocolError(f"it sent a broken answer ({_plainly(exc)})",
-                                                request=request) from exc
+                raise httpx.RemoteProtocolError(f"it sent a broken answer ({_plainly(exc)})", request=request) from exc
             if isinstance(exc, TimeoutError):
-                raise httpx.ReadTimeout(f"no answer from llama-server within {read_timeout} s",
-                                        request=request) from exc
+                raise httpx.ReadTimeout(
+                    f"no answer from llama-server within {read_timeout} s", request=request
+                ) from exc
             raise
-        return httpx.Response(status, headers=headers, stream=stream, request=request,
-                              extensions={"http_version": b"HTTP/1.1", "reason_phrase": reason})
+        return httpx.Response(
+            status,
+            headers=headers,
+            stream=stream,
+            request=request,
+            extensions={"http_version": b"HTTP/1.1", "reason_phrase": reason},
+        )
 
     def _take_idle(self, origin: tuple[str, int]) -> _Connection | None:
         while self._idle:
@@ -176,8 +181,9 @@ async def _connect(request: httpx.Request, origin: tuple[str, int], timeout: flo
         async with asyncio.timeout(timeout):
             reader, writer = await asyncio.open_connection(*origin, limit=READ_SIZE)
     except TimeoutError as exc:
-        raise httpx.ConnectTimeout(f"no connection to {origin[0]}:{origin[1]} within {timeout} s",
-                                   request=request) from exc
+        raise httpx.ConnectTimeout(
+            f"no connection to {origin[0]}:{origin[1]} within {timeout} s", request=request
+        ) from exc
     except OSError as exc:
         raise httpx.ConnectError(f"cannot connect to {origin[0]}:{origin[1]}: {exc}", request=request) from exc
     return _Connection(origin, reader, writer)
@@ -225,8 +231,15 @@ class _Body(httpx.AsyncByteStream):
     (``aiter_raw``, ``aread``) goes through it too.
     """
 
-    def __init__(self, transport: LoopbackTransport, conn: _Connection, request: httpx.Request, status: int,
-                 headers: list[tuple[bytes, bytes]], timeout: float | None) -> None:
+    def __init__(
+        self,
+        transport: LoopbackTransport,
+        conn: _Connection,
+        request: httpx.Request,
+        status: int,
+        headers: list[tuple[bytes, bytes]],
+        timeout: float | None,
+    ) -> None:
         self._transport = transport
         self._conn: _Connection | None = conn
         self._reader = conn.reader
@@ -288,8 +301,9 @@ class _Body(httpx.AsyncByteStream):
         except TimeoutError as exc:  # before OSError, its base
             raise httpx.ReadTimeout(f"no data from llama-server for {self._timeout} s", request=self._request) from exc
         except (OSError, asyncio.IncompleteReadError, ValueError) as exc:
-            raise httpx.RemoteProtocolError(f"it broke off its answer ({_plainly(exc)})",
-                                            request=self._request) from exc
+            raise httpx.RemoteProtocolError(
+                f"it broke off its answer ({_plainly(exc)})", request=self._request
+            ) from exc
 
     async def __aiter__(self) -> AsyncIterator[bytes]:
         while data := await self.read_some():
@@ -369,7 +383,7 @@ class _ChunkedDecoder:
         while pos < end:
             if self._left > 0:  # payload
                 take = min(self._left, end - pos)
-                out.append(data[pos:pos + take])
+                out.append(data[pos : pos + take])
                 pos += take
                 self._left -= take
                 if self._left == 0:
@@ -378,7 +392,7 @@ class _ChunkedDecoder:
             if self._left < 0:  # the CRLF closing a chunk
                 if end - pos < 2:
                     break
-                if data[pos:pos + 2] != b"\r\n":
+                if data[pos : pos + 2] != b"\r\n":
                     raise ValueError("a chunk does not end with CRLF")
                 pos += 2
                 self._left = 0
@@ -422,8 +436,13 @@ class Upstream:
         connect_timeout: seconds to reach llama-server; an answer may take as long as it takes.
     """
 
-    def __init__(self, transport: httpx.AsyncBaseTransport | None = None, *, max_connections: int = 64,
-                 connect_timeout: float = 10.0) -> None:
+    def __init__(
+        self,
+        transport: httpx.AsyncBaseTransport | None = None,
+        *,
+        max_connections: int = 64,
+        connect_timeout: float = 10.0,
+    ) -> None:
         self.transport = transport or LoopbackTransport(max_connections=max_connections)
         self._timeout = {"connect": connect_timeout, "read": None, "write": None, "pool": None}
         self._urls: dict[str, httpx.URL] = {}

@@ -33,8 +33,9 @@ class Catalog:
     Scanned on every call: folders change while the studio runs.
     """
 
-    def __init__(self, folders: list[Path], *, hf_cache: Path | None = None,
-                 aliases: Mapping[str, str] | None = None) -> None:
+    def __init__(
+        self, folders: list[Path], *, hf_cache: Path | None = None, aliases: Mapping[str, str] | None = None
+    ) -> None:
         self.folders = folders
         self.hf_cache = hf_cache
         self.aliases = dict(aliases or {})  # extra name -> a model name, path or repo:VARIANT
@@ -81,18 +82,23 @@ class Catalog:
         path = Path(name_or_path).expanduser()
         if path.is_file():
             if is_projector_file(path):
-                raise BadRequestError(f"{name_or_path!r} is a multimodal projector, not a model: load the model it "
-                                      "belongs to (the library pairs the projector beside it) or pass it as `mmproj`",
-                                      param="model", code="projector_not_model")
+                raise BadRequestError(
+                    f"{name_or_path!r} is a multimodal projector, not a model: load the model it "
+                    "belongs to (the library pairs the projector beside it) or pass it as `mmproj`",
+                    param="model",
+                    code="projector_not_model",
+                )
             # paired beside the path as given: a Hugging Face snapshot link resolves into blobs/, projector-less
             return CatalogEntry(model_name(path), path.resolve(), projector_for(path.absolute()))
         if name_or_path in self.aliases:
             raise ModelNotFoundError(
                 f"alias {name_or_path!r} points at {self.aliases[name_or_path]!r}, which is not a known model or file",
-                param="model", code="model_not_found",
+                param="model",
+                code="model_not_found",
             )
         known = ", ".join(e.name for e in self.entries()) or "none"
         raise ModelNotFoundError(
             f"model {name_or_path!r} not found: not a file, and not one of the known models ({known})",
-            param="model", code="model_not_found",
+            param="model",
+            code="model_not_found",
         )

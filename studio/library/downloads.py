@@ -102,15 +102,24 @@ class Download:
     def snapshot(self) -> dict[str, Any]:
         """The download as JSON-able values (the event and list payload)."""
         return {
-            "id": self.id, "model": self.spec, "repo": self.resolved.repo, "variant": self.resolved.model.label,
-            "commit": self.resolved.commit, "reason": self.resolved.reason, "state": self.state.value,
-            "done_bytes": self.done, "total_bytes": self.total, "rate_bytes_per_s": round(self.rate, 1),
+            "id": self.id,
+            "model": self.spec,
+            "repo": self.resolved.repo,
+            "variant": self.resolved.model.label,
+            "commit": self.resolved.commit,
+            "reason": self.resolved.reason,
+            "state": self.state.value,
+            "done_bytes": self.done,
+            "total_bytes": self.total,
+            "rate_bytes_per_s": round(self.rate, 1),
             "eta_s": round(self.eta_s, 1) if self.eta_s is not None else None,
             "files": [f.to_json() for f in self.files],
             "path": str(self.result.path) if self.result else None,
             "mmproj": str(self.result.mmproj) if self.result and self.result.mmproj else None,
             "notes": list(self.result.notes) if self.result else [],
-            "error": self.error, "started": self.started, "finished": self.finished,
+            "error": self.error,
+            "started": self.started,
+            "finished": self.finished,
         }
 
     def on_progress(self, p: hub.DownloadProgress) -> None:
@@ -130,8 +139,13 @@ class Download:
 class DownloadManager:
     """Every download of this service; see the module docstring."""
 
-    def __init__(self, *, config: Callable[[], hub.HubConfig] = hub.HubConfig.from_env,
-                 disk_free: Callable[[Path], int] = hub.free_bytes, auto_download: bool = False) -> None:
+    def __init__(
+        self,
+        *,
+        config: Callable[[], hub.HubConfig] = hub.HubConfig.from_env,
+        disk_free: Callable[[Path], int] = hub.free_bytes,
+        auto_download: bool = False,
+    ) -> None:
         self.config = config  # read per download: HF_* may change while the service runs
         self.disk_free = disk_free
         self.auto_download = auto_download
@@ -156,8 +170,12 @@ class DownloadManager:
                     return d, True
             check = hub.preflight(resolved, cfg, disk_free=self.disk_free)
             fetch = {f.path for f in check.to_fetch}
-            files = [FileProgress(f.path, f.size, 0 if f.path in fetch else f.size,
-                                  "pending" if f.path in fetch else "cached") for f in resolved.files]
+            files = [
+                FileProgress(
+                    f.path, f.size, 0 if f.path in fetch else f.size, "pending" if f.path in fetch else "cached"
+                )
+                for f in resolved.files
+            ]
             download = Download(id=f"pull-{next(self._ids)}", resolved=resolved, files=files, total=check.needed)
             self._downloads[download.id] = download
             self._forget_old()
@@ -167,9 +185,14 @@ class DownloadManager:
 
     def _run(self, download: Download, cfg: hub.HubConfig) -> None:
         try:
-            download.result = hub.fetch(download.resolved, config=cfg, progress=download.on_progress,
-                                        cancel=download.cancel_event, disk_free=self.disk_free,
-                                        file_lock=self._file_lock)
+            download.result = hub.fetch(
+                download.resolved,
+                config=cfg,
+                progress=download.on_progress,
+                cancel=download.cancel_event,
+                disk_free=self.disk_free,
+                file_lock=self._file_lock,
+            )
             for f in download.files:
                 f.done, f.state = f.size, "cached" if f.state == "cached" else "done"
             download.state = DownloadState.DONE
@@ -180,8 +203,12 @@ class DownloadManager:
         except Exception as exc:  # a bug or a foreign error: shown, never raised into a thread's void
             log.exception("download.crashed", id=download.id)
             download.state = DownloadState.FAILED
-            download.error = {"message": f"download failed: {exc}", "type": "server_error", "param": None,
-                              "code": "download_failed"}
+            download.error = {
+                "message": f"download failed: {exc}",
+                "type": "server_error",
+                "param": None,
+                "code": "download_failed",
+            }
         finally:
             download.finished = time.time()
             download.version += 1
@@ -197,7 +224,7 @@ class DownloadManager:
 
     def _forget_old(self) -> None:
         finished = [d for d in self._downloads.values() if not d.active]
-        for d in sorted(finished, key=lambda d: d.finished or 0)[:max(0, len(finished) - KEEP_FINISHED)]:
+        for d in sorted(finished, key=lambda d: d.finished or 0)[: max(0, len(finished) - KEEP_FINISHED)]:
             del self._downloads[d.id]
 
     # -- reading and cancelling ----------------------------------------------------
@@ -210,8 +237,9 @@ class DownloadManager:
         with self._lock:
             found = self._downloads.get(download_id)
         if found is None:
-            raise ModelNotFoundError(f"no download {download_id!r}; GET /api/pulls lists them", param="id",
-                                     code="download_not_found")
+            raise ModelNotFoundError(
+                f"no download {download_id!r}; GET /api/pulls lists them", param="id", code="download_not_found"
+            )
         return found
 
     def list(self) -> list[Download]:
@@ -259,12 +287,16 @@ class DownloadManager:
         except ModelNotFoundError:
             cached = None
         if cached is not None and not hub.preflight(cached, cfg, disk_free=self.disk_free).to_fetch:
-            return hub.repo_folder(cfg.cache_dir, cached.repo) / "snapshots" / cached.commit / cached.model.files[0].path
+            return (
+                hub.repo_folder(cfg.cache_dir, cached.repo) / "snapshots" / cached.commit / cached.model.files[0].path
+            )
         if not self.auto_download:
             raise ModelNotFoundError(
                 f"{spec} is not in the Hugging Face cache ({cfg.cache_dir}); download it first with POST /api/pull "
                 f'{{"model": "{spec}"}} or `ggstudio pull {spec}`, or set auto_download = true in the config',
-                param="model", code="not_downloaded")
+                param="model",
+                code="not_downloaded",
+            )
         download, _ = await asyncio.to_thread(self.start, spec)
         await self.wait(download)
         if download.result is None:
@@ -294,8 +326,13 @@ def _same(a: hub.Resolved, b: hub.Resolved) -> bool:
 
 def _error(exc: StudioError) -> dict[str, Any]:
     found = outcome(exc)
-    return {"message": exc.message, "type": found.type, "param": found.param, "code": found.code,
-            "status": found.status}
+    return {
+        "message": exc.message,
+        "type": found.type,
+        "param": found.param,
+        "code": found.code,
+        "status": found.status,
+    }
 
 
 def _raised(download: Download) -> StudioError:

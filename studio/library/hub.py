@@ -59,7 +59,12 @@ from gguf.shards import parse_shard, shard_name
 from launcher.units import MIB, format_gib, format_mib
 from studio.env import env_flag
 from studio.errors import (
-    BadRequestError, DiskSpaceError, DownloadCancelledError, HubAuthError, HubError, ModelNotFoundError,
+    BadRequestError,
+    DiskSpaceError,
+    DownloadCancelledError,
+    HubAuthError,
+    HubError,
+    ModelNotFoundError,
 )
 from studio.library.projectors import named_like_projector, projector_problem
 
@@ -69,11 +74,14 @@ DEFAULT_ENDPOINT = "https://huggingface.co"
 DEFAULT_VARIANT = "Q4_K_M"
 _QUANT = re.compile(
     r"(?<![A-Za-z0-9])((?:UD-)?(?:I?Q\d(?:_[A-Za-z0-9]+)*|TQ\d_\d|MXFP4(?:_MOE)?|BF16|FP16|F16|FP32|F32))"
-    r"(?![A-Za-z0-9])", re.IGNORECASE)
+    r"(?![A-Za-z0-9])",
+    re.IGNORECASE,
+)
 _MMPROJ_PREFERENCE = ("F16", "BF16", "F32")
 
 
 # ---------------------------------------------------------------- file names (no huggingface_hub needed)
+
 
 def is_mmproj(path: str) -> bool:
     """Return whether a repo path is a multimodal projector: the Hub lists no headers, so by its name
@@ -161,8 +169,9 @@ def candidates(files: list[HubFile], *, is_projector: Callable[[str], bool] = is
     return sorted(out, key=lambda c: (c.size, c.key))
 
 
-def pick_mmproj(files: list[HubFile], model_key: str | None = None, *,
-                is_projector: Callable[[str], bool] = is_mmproj) -> HubFile | None:
+def pick_mmproj(
+    files: list[HubFile], model_key: str | None = None, *, is_projector: Callable[[str], bool] = is_mmproj
+) -> HubFile | None:
     """Return the projector to use: same folder as the model first, then F16, BF16, F32, then any."""
     projectors = [f for f in files if f.path.lower().endswith(".gguf") and is_projector(f.path)]
     if not projectors:
@@ -186,19 +195,25 @@ def choose(cands: list[Candidate], variant: str | None, repo: str, listing: list
     """
     if not cands:
         shown = ", ".join(listing[:20]) + (f", ... ({len(listing)} files)" if len(listing) > 20 else "")
-        raise ModelNotFoundError(f"{repo} has no GGUF model file; it holds: {shown or 'nothing'}",
-                                 param="model", code="no_gguf")
+        raise ModelNotFoundError(
+            f"{repo} has no GGUF model file; it holds: {shown or 'nothing'}", param="model", code="no_gguf"
+        )
     labels = ", ".join(f"{c.label} ({c.key})" for c in cands)
     if variant:
         exact = [c for c in cands if variant.lower() in (c.key.lower(), c.files[0].path.lower())]
         found = exact or [c for c in cands if variant_matches(variant, c.key)]
         if not found:
-            raise ModelNotFoundError(f"{repo} has no {variant!r} variant; it has: {labels}",
-                                     param="model", code="variant_not_found")
+            raise ModelNotFoundError(
+                f"{repo} has no {variant!r} variant; it has: {labels}", param="model", code="variant_not_found"
+            )
         if len(found) > 1:
-            raise BadRequestError(f"{variant!r} matches {len(found)} files in {repo}: "
-                                  + "; ".join(c.files[0].path for c in found) + ". Name one of them as the variant.",
-                                  param="model", code="ambiguous_variant")
+            raise BadRequestError(
+                f"{variant!r} matches {len(found)} files in {repo}: "
+                + "; ".join(c.files[0].path for c in found)
+                + ". Name one of them as the variant.",
+                param="model",
+                code="ambiguous_variant",
+            )
         chosen, reason = found[0], f"variant {variant} as asked"
     else:
         complete = [c for c in cands if c.complete] or cands
@@ -209,8 +224,12 @@ def choose(cands: list[Candidate], variant: str | None, repo: str, listing: list
             chosen = complete[0]
             reason = f"no variant given and no {DEFAULT_VARIANT}: {chosen.label} is the smallest"
     if chosen.missing:
-        raise ModelNotFoundError(f"{repo}: {chosen.label} is split in shards and {len(chosen.missing)} are missing: "
-                                 + ", ".join(chosen.missing), param="model", code="missing_shard")
+        raise ModelNotFoundError(
+            f"{repo}: {chosen.label} is split in shards and {len(chosen.missing)} are missing: "
+            + ", ".join(chosen.missing),
+            param="model",
+            code="missing_shard",
+        )
     return chosen, reason
 
 
@@ -222,12 +241,14 @@ def parse_spec(spec: str) -> tuple[str, str | None]:
     """
     repo, _, variant = spec.strip().partition(":")
     if repo.count("/") != 1 or not all(repo.split("/")):
-        raise BadRequestError(f"{spec!r} is not a Hugging Face model: expected owner/repo[:variant]",
-                              param="model", code="bad_repo")
+        raise BadRequestError(
+            f"{spec!r} is not a Hugging Face model: expected owner/repo[:variant]", param="model", code="bad_repo"
+        )
     return repo, variant or None
 
 
 # ---------------------------------------------------------------- configuration and the cache layout
+
 
 @dataclass(frozen=True)
 class HubConfig:
@@ -268,8 +289,11 @@ def cached_snapshot(cache_dir: Path, repo: str, revision: str = "main") -> tuple
         try:
             commit = ref.read_text().strip()
         except OSError:
-            snaps = sorted((p for p in (folder / "snapshots").glob("*") if p.is_dir()),
-                           key=lambda p: p.stat().st_mtime) if (folder / "snapshots").is_dir() else []
+            snaps = (
+                sorted((p for p in (folder / "snapshots").glob("*") if p.is_dir()), key=lambda p: p.stat().st_mtime)
+                if (folder / "snapshots").is_dir()
+                else []
+            )
             if revision != "main" or not snaps:
                 return None
             return snaps[-1].name, snaps[-1]
@@ -294,6 +318,7 @@ def snapshot_files(snapshot: Path) -> list[HubFile]:
 
 # ---------------------------------------------------------------- resolution
 
+
 @dataclass(frozen=True)
 class Resolved:
     """What ``resolve`` picked: the repo's commit, the model's files and the projector."""
@@ -313,8 +338,14 @@ class Resolved:
         return self.model.files + ((self.mmproj,) if self.mmproj else ())
 
 
-def resolve(spec: str, *, variant: str | None = None, revision: str = "main", config: HubConfig | None = None,
-            offline: bool | None = None) -> Resolved:
+def resolve(
+    spec: str,
+    *,
+    variant: str | None = None,
+    revision: str = "main",
+    config: HubConfig | None = None,
+    offline: bool | None = None,
+) -> Resolved:
     """Return the files ``owner/repo[:variant]`` stands for, from the Hub or, offline, from the cache.
 
     Raises:
@@ -338,22 +369,27 @@ def resolve(spec: str, *, variant: str | None = None, revision: str = "main", co
             return _pick(repo, revision, commit, files, variant, None)
     found = cached_snapshot(cfg.cache_dir, repo, revision)
     if found is None:
-        raise ModelNotFoundError(f"{repo} is not in the local cache ({cfg.cache_dir}) and cannot be downloaded: "
-                                 f"{reason}", param="model", code="not_cached")
+        raise ModelNotFoundError(
+            f"{repo} is not in the local cache ({cfg.cache_dir}) and cannot be downloaded: {reason}",
+            param="model",
+            code="not_cached",
+        )
     commit, snap = found
     return _pick(repo, revision, commit, snapshot_files(snap), variant, reason)
 
 
-def _pick(repo: str, revision: str, commit: str, files: list[HubFile], variant: str | None,
-          offline_reason: str | None) -> Resolved:
+def _pick(
+    repo: str, revision: str, commit: str, files: list[HubFile], variant: str | None, offline_reason: str | None
+) -> Resolved:
     cands = candidates(files)
     try:
         model, why = choose(cands, variant, repo, [f.path for f in files])
     except ModelNotFoundError as exc:
         if offline_reason is None:
             raise
-        raise ModelNotFoundError(f"{exc.message} (looked in the local cache only: {offline_reason})",
-                                 param=exc.param, code=exc.code) from exc
+        raise ModelNotFoundError(
+            f"{exc.message} (looked in the local cache only: {offline_reason})", param=exc.param, code=exc.code
+        ) from exc
     return Resolved(repo, revision, commit, model, pick_mmproj(files, model.key), why, tuple(cands), offline_reason)
 
 
@@ -380,11 +416,14 @@ def _list_remote(repo: str, revision: str, cfg: HubConfig) -> tuple[str, list[Hu
     with _hub_errors(repo, cfg):
         try:
             info = HfApi(endpoint=cfg.endpoint).model_info(
-                repo, revision=revision, files_metadata=True, timeout=cfg.timeout, token=cfg.token)
+                repo, revision=revision, files_metadata=True, timeout=cfg.timeout, token=cfg.token
+            )
         except _network_errors() as exc:
             raise _Unreachable(type(exc).__name__) from exc
-    files = [HubFile(s.rfilename, s.size or (s.lfs.size if s.lfs else 0),
-                     s.lfs.sha256 if s.lfs else s.blob_id) for s in info.siblings or []]
+    files = [
+        HubFile(s.rfilename, s.size or (s.lfs.size if s.lfs else 0), s.lfs.sha256 if s.lfs else s.blob_id)
+        for s in info.siblings or []
+    ]
     return info.sha or revision, files
 
 
@@ -392,12 +431,19 @@ def _list_remote(repo: str, revision: str, cfg: HubConfig) -> tuple[str, list[Hu
 def _hub_errors(repo: str, cfg: HubConfig, file: str | None = None) -> Iterator[None]:
     """Translate huggingface_hub's and the OS's errors into the studio's, at this one boundary."""
     from huggingface_hub.errors import (
-        GatedRepoError, HfHubHTTPError, LocalEntryNotFoundError, RemoteEntryNotFoundError, RepositoryNotFoundError,
+        GatedRepoError,
+        HfHubHTTPError,
+        LocalEntryNotFoundError,
+        RemoteEntryNotFoundError,
+        RepositoryNotFoundError,
         RevisionNotFoundError,
     )
 
-    token_hint = "set HF_TOKEN to a token that has access" if cfg.token is None else \
-        "the token in HF_TOKEN has no access to it: accept the repo's terms on the Hub or use another token"
+    token_hint = (
+        "set HF_TOKEN to a token that has access"
+        if cfg.token is None
+        else "the token in HF_TOKEN has no access to it: accept the repo's terms on the Hub or use another token"
+    )
     try:
         yield
     except (_Unreachable, DownloadCancelledError):
@@ -407,30 +453,37 @@ def _hub_errors(repo: str, cfg: HubConfig, file: str | None = None) -> Iterator[
     except RepositoryNotFoundError as exc:
         status = exc.response.status_code if exc.response is not None else 404
         hint = f" (if it is private, {token_hint})" if status in (401, 403) else ""
-        raise ModelNotFoundError(f"{repo} not found on {cfg.endpoint}{hint}", param="model",
-                                 code="repo_not_found") from exc
+        raise ModelNotFoundError(
+            f"{repo} not found on {cfg.endpoint}{hint}", param="model", code="repo_not_found"
+        ) from exc
     except RevisionNotFoundError as exc:
-        raise ModelNotFoundError(f"{repo} has no such revision (branch, tag or commit)", param="model",
-                                 code="revision_not_found") from exc
+        raise ModelNotFoundError(
+            f"{repo} has no such revision (branch, tag or commit)", param="model", code="revision_not_found"
+        ) from exc
     except RemoteEntryNotFoundError as exc:
         raise ModelNotFoundError(f"{repo} has no file {file}", param="model", code="file_not_found") from exc
     except LocalEntryNotFoundError as exc:
-        raise HubError(f"cannot download {file or repo}: the Hub at {cfg.endpoint} is unreachable and the file "
-                       f"is not in the cache") from exc
+        raise HubError(
+            f"cannot download {file or repo}: the Hub at {cfg.endpoint} is unreachable and the file is not in the cache"
+        ) from exc
     except HfHubHTTPError as exc:
         status = exc.response.status_code if exc.response is not None else None
         if status in (401, 403):
-            raise HubAuthError(f"{repo}: the Hub refused access ({status}): {token_hint}", param="model",
-                               code="unauthorized") from exc
+            raise HubAuthError(
+                f"{repo}: the Hub refused access ({status}): {token_hint}", param="model", code="unauthorized"
+            ) from exc
         raise HubError(f"{repo}: the Hub answered {status} for {file or 'the file list'}") from exc
     except OSError as exc:
         if exc.errno == errno.ENOSPC:
-            raise DiskSpaceError(f"the disk holding {cfg.cache_dir} is full while downloading {file}; the partial "
-                                 "file was removed (free some space and pull again)") from exc
+            raise DiskSpaceError(
+                f"the disk holding {cfg.cache_dir} is full while downloading {file}; the partial "
+                "file was removed (free some space and pull again)"
+            ) from exc
         raise
 
 
 # ---------------------------------------------------------------- preflight
+
 
 def free_bytes(path: Path) -> int:
     """Return the free bytes on the file system holding ``path`` (or its nearest existing parent)."""
@@ -465,8 +518,13 @@ def _blob_complete(cfg: HubConfig, repo: str, commit: str, f: HubFile) -> bool:
     return False
 
 
-def preflight(resolved: Resolved, config: HubConfig | None = None, *,
-              disk_free: Callable[[Path], int] = free_bytes, files: tuple[HubFile, ...] | None = None) -> Preflight:
+def preflight(
+    resolved: Resolved,
+    config: HubConfig | None = None,
+    *,
+    disk_free: Callable[[Path], int] = free_bytes,
+    files: tuple[HubFile, ...] | None = None,
+) -> Preflight:
     """Return the bytes still to download for ``resolved`` (complete blobs subtracted) against free disk."""
     cfg = config or HubConfig.from_env()
     wanted = resolved.files if files is None else files
@@ -475,16 +533,20 @@ def preflight(resolved: Resolved, config: HubConfig | None = None, *,
     return Preflight(fetch, needed, sum(f.size for f in wanted) - needed, disk_free(cfg.cache_dir))
 
 
-def largest_that_fits(resolved: Resolved, config: HubConfig | None = None, *,
-                      disk_free: Callable[[Path], int] = free_bytes) -> Candidate | None:
+def largest_that_fits(
+    resolved: Resolved, config: HubConfig | None = None, *, disk_free: Callable[[Path], int] = free_bytes
+) -> Candidate | None:
     """Return the largest complete variant whose missing bytes (projector included) fit on the disk."""
     extra = (resolved.mmproj,) if resolved.mmproj else ()
     by_label = {c.label: c for c in resolved.candidates}
-    return largest_variant(resolved, lambda _size, label: preflight(
-        resolved, config, disk_free=disk_free, files=by_label[label].files + extra).fits)
+    return largest_variant(
+        resolved,
+        lambda _size, label: preflight(resolved, config, disk_free=disk_free, files=by_label[label].files + extra).fits,
+    )
 
 
 # ---------------------------------------------------------------- download
+
 
 @dataclass(frozen=True)
 class DownloadProgress:
@@ -505,8 +567,9 @@ ProgressCallback = Callable[[DownloadProgress], None]
 class _Tracker:
     """Sums bytes over the files of one pull, reports progress and stops on cancel."""
 
-    def __init__(self, total: int, count: int, on_progress: ProgressCallback | None,
-                 cancel: threading.Event | None) -> None:
+    def __init__(
+        self, total: int, count: int, on_progress: ProgressCallback | None, cancel: threading.Event | None
+    ) -> None:
         self.total, self.count, self.done = total, count, 0
         self.file, self.index = "", 0
         self.on_progress, self.cancel = on_progress, cancel
@@ -524,8 +587,9 @@ class _Tracker:
 
     def check(self) -> None:
         if self.cancel is not None and self.cancel.is_set():
-            raise DownloadCancelledError(f"download cancelled during {self.file or 'the first file'} "
-                                         f"after {self.done} of {self.total} bytes")
+            raise DownloadCancelledError(
+                f"download cancelled during {self.file or 'the first file'} after {self.done} of {self.total} bytes"
+            )
 
     def report(self) -> None:
         if self.on_progress is None:
@@ -571,10 +635,19 @@ class Pulled:
         return self.paths[0]
 
 
-def pull(spec: str, *, variant: str | None = None, revision: str = "main", config: HubConfig | None = None,
-         offline: bool | None = None, progress: ProgressCallback | None = None,
-         cancel: threading.Event | None = None, disk_free: Callable[[Path], int] = free_bytes,
-         fallback: bool = False, check_mmproj: bool = True) -> Pulled:
+def pull(
+    spec: str,
+    *,
+    variant: str | None = None,
+    revision: str = "main",
+    config: HubConfig | None = None,
+    offline: bool | None = None,
+    progress: ProgressCallback | None = None,
+    cancel: threading.Event | None = None,
+    disk_free: Callable[[Path], int] = free_bytes,
+    fallback: bool = False,
+    check_mmproj: bool = True,
+) -> Pulled:
     """Return the model ``spec`` names with every file in the cache, downloading what is missing.
 
     ``resolve``, then ``fetch``.
@@ -590,17 +663,32 @@ def pull(spec: str, *, variant: str | None = None, revision: str = "main", confi
     """
     cfg = config or HubConfig.from_env()
     resolved = resolve(spec, variant=variant, revision=revision, config=cfg, offline=offline)
-    return fetch(resolved, config=cfg, progress=progress, cancel=cancel, disk_free=disk_free, fallback=fallback,
-                 check_mmproj=check_mmproj)
+    return fetch(
+        resolved,
+        config=cfg,
+        progress=progress,
+        cancel=cancel,
+        disk_free=disk_free,
+        fallback=fallback,
+        check_mmproj=check_mmproj,
+    )
 
 
 #: Held around each file's download: lets a caller make sure one file is fetched by one thread at a time.
 FileLock = Callable[[str, HubFile], AbstractContextManager[object]]
 
 
-def fetch(resolved: Resolved, *, config: HubConfig | None = None, progress: ProgressCallback | None = None,
-          cancel: threading.Event | None = None, disk_free: Callable[[Path], int] = free_bytes,
-          fallback: bool = False, check_mmproj: bool = True, file_lock: FileLock | None = None) -> Pulled:
+def fetch(
+    resolved: Resolved,
+    *,
+    config: HubConfig | None = None,
+    progress: ProgressCallback | None = None,
+    cancel: threading.Event | None = None,
+    disk_free: Callable[[Path], int] = free_bytes,
+    fallback: bool = False,
+    check_mmproj: bool = True,
+    file_lock: FileLock | None = None,
+) -> Pulled:
     """Return ``resolved`` with every file in the cache: the disk preflight, then the downloads still needed.
 
     ``file_lock(repo, file)`` (optional) is held while that file is fetched. See ``pull`` for the rest.
@@ -609,22 +697,35 @@ def fetch(resolved: Resolved, *, config: HubConfig | None = None, progress: Prog
     revision = resolved.revision
     check = preflight(resolved, cfg, disk_free=disk_free)
     if check.needed and resolved.offline_reason:
-        raise HubError(f"{resolved.repo}:{resolved.model.label} is not complete in the cache and cannot be "
-                       f"downloaded: {resolved.offline_reason}; missing: "
-                       + ", ".join(f.path for f in check.to_fetch))
+        raise HubError(
+            f"{resolved.repo}:{resolved.model.label} is not complete in the cache and cannot be "
+            f"downloaded: {resolved.offline_reason}; missing: " + ", ".join(f.path for f in check.to_fetch)
+        )
     if not check.fits:
         better = largest_that_fits(resolved, cfg, disk_free=disk_free)
         if fallback and better is not None and better is not resolved.model:
-            resolved = with_variant(resolved, better, f"{better.label}: the largest variant that fits the free "
-                                                      f"disk ({_disk_size(check.free)})")
+            resolved = with_variant(
+                resolved,
+                better,
+                f"{better.label}: the largest variant that fits the free disk ({_disk_size(check.free)})",
+            )
             check = preflight(resolved, cfg, disk_free=disk_free)
         else:
-            offer = (f"; the largest variant that fits is {better.label} ({_disk_size(better.size)}): "
-                     f"pull {resolved.repo}:{better.label}") if better else "; no variant of this repo fits"
+            offer = (
+                (
+                    f"; the largest variant that fits is {better.label} ({_disk_size(better.size)}): "
+                    f"pull {resolved.repo}:{better.label}"
+                )
+                if better
+                else "; no variant of this repo fits"
+            )
             raise DiskSpaceError(
                 f"{resolved.repo}:{resolved.model.label} needs {_disk_size(check.needed)} more in {cfg.cache_dir} "
                 f"but only {_disk_size(check.free)} {'is' if check.free >= MIB else 'are'} free{offer}",
-                needed=check.needed, free=check.free, fallback=better.label if better else None)
+                needed=check.needed,
+                free=check.free,
+                fallback=better.label if better else None,
+            )
     downloaded = _download(resolved, check, cfg, progress, cancel, file_lock)
     folder = repo_folder(cfg.cache_dir, resolved.repo)
     _write_ref(folder, revision, resolved.commit)
@@ -658,8 +759,14 @@ def largest_variant(resolved: Resolved, fits: Callable[[int, str], bool]) -> Can
     return max(fitting, key=lambda c: (c.size, c.key), default=None)
 
 
-def _download(resolved: Resolved, check: Preflight, cfg: HubConfig, progress: ProgressCallback | None,
-              cancel: threading.Event | None, file_lock: FileLock | None = None) -> int:
+def _download(
+    resolved: Resolved,
+    check: Preflight,
+    cfg: HubConfig,
+    progress: ProgressCallback | None,
+    cancel: threading.Event | None,
+    file_lock: FileLock | None = None,
+) -> int:
     from huggingface_hub import hf_hub_download
 
     tracker = _Tracker(check.needed, len(check.to_fetch), progress, cancel)
@@ -675,10 +782,17 @@ def _download(resolved: Resolved, check: Preflight, cfg: HubConfig, progress: Pr
             log.debug("hub.download", repo=resolved.repo, file=f.path, bytes=f.size)
         else:
             tracker.check()  # blob present: huggingface_hub only links it into this snapshot
-        with (file_lock(resolved.repo, f) if file_lock else nullcontext()), _hub_errors(resolved.repo, cfg, f.path):
-            hf_hub_download(resolved.repo, f.path, revision=resolved.commit, cache_dir=cfg.cache_dir,
-                            endpoint=cfg.endpoint, token=cfg.token, etag_timeout=cfg.timeout,
-                            tqdm_class=functools.partial(_Meter, tracker))  # type: ignore[call-overload]
+        with file_lock(resolved.repo, f) if file_lock else nullcontext(), _hub_errors(resolved.repo, cfg, f.path):
+            hf_hub_download(
+                resolved.repo,
+                f.path,
+                revision=resolved.commit,
+                cache_dir=cfg.cache_dir,
+                endpoint=cfg.endpoint,
+                token=cfg.token,
+                etag_timeout=cfg.timeout,
+                tqdm_class=functools.partial(_Meter, tracker),
+            )  # type: ignore[call-overload]
     return tracker.done
 
 

@@ -22,18 +22,44 @@ from pathlib import Path
 from studio.errors import PathNotAllowedError
 from studio.library.catalog import Catalog
 
-
 #: llama-server flags (b11434's spellings) an API client may not pass, and why. The launcher refuses the
 #: ones the studio manages itself (``--model``, ``--mmproj``, ``--log-file``...) for everyone.
-UNSAFE_FLAGS: dict[str, str] = {flag: why for flags, why in {
-    ("--lora", "--lora-scaled", "--control-vector", "--control-vector-scaled", "-md", "--model-draft",
-     "--spec-draft-model", "--grammar-file", "-jf", "--json-schema-file", "-lcs", "--lookup-cache-static",
-     "--ui-config-file", "--webui-config-file", "--media-path"): "it reads files from anywhere on the disk",
-    ("-lcd", "--lookup-cache-dynamic", "--slot-save-path", "--log-prompts-dir"): "it writes files anywhere",
-    ("--spec-draft-hf", "-hfd", "-hfrd", "--hf-repo-draft"): "it downloads files",
-    ("--video-ffmpeg-dir", "--mcp-servers-config", "--mcp-servers-json", "--tools", "--tools-runtime", "-ag",
-     "--agent", "--ui-mcp-proxy", "--webui-mcp-proxy"): "it makes llama-server run programs",
-}.items() for flag in flags}
+UNSAFE_FLAGS: dict[str, str] = {
+    flag: why
+    for flags, why in {
+        (
+            "--lora",
+            "--lora-scaled",
+            "--control-vector",
+            "--control-vector-scaled",
+            "-md",
+            "--model-draft",
+            "--spec-draft-model",
+            "--grammar-file",
+            "-jf",
+            "--json-schema-file",
+            "-lcs",
+            "--lookup-cache-static",
+            "--ui-config-file",
+            "--webui-config-file",
+            "--media-path",
+        ): "it reads files from anywhere on the disk",
+        ("-lcd", "--lookup-cache-dynamic", "--slot-save-path", "--log-prompts-dir"): "it writes files anywhere",
+        ("--spec-draft-hf", "-hfd", "-hfrd", "--hf-repo-draft"): "it downloads files",
+        (
+            "--video-ffmpeg-dir",
+            "--mcp-servers-config",
+            "--mcp-servers-json",
+            "--tools",
+            "--tools-runtime",
+            "-ag",
+            "--agent",
+            "--ui-mcp-proxy",
+            "--webui-mcp-proxy",
+        ): "it makes llama-server run programs",
+    }.items()
+    for flag in flags
+}
 
 
 @dataclass(frozen=True)
@@ -45,8 +71,9 @@ class PathPolicy:
     allow_any: bool = False
 
     @classmethod
-    def for_catalog(cls, catalog: Catalog, *, home: Path | None = None, files: Iterable[Path] = (),
-                    allow_any: bool = False) -> PathPolicy:
+    def for_catalog(
+        cls, catalog: Catalog, *, home: Path | None = None, files: Iterable[Path] = (), allow_any: bool = False
+    ) -> PathPolicy:
         """The policy for ``catalog``: its model folders and Hugging Face cache, and the studio ``home``."""
         roots = [*catalog.folders, *([catalog.hf_cache] if catalog.hf_cache else []), *([home] if home else [])]
         return cls(roots=tuple(roots), files=tuple(files), allow_any=allow_any)
@@ -79,11 +106,12 @@ class PathPolicy:
             "Hugging Face cache and the studio home); to allow it, add its folder to `model_dirs` in the studio's "
             "config file (or GGUF_STUDIO_MODEL_DIRS), or set `allow_any_path = true` there; `ggstudio run` and "
             "`ggstudio serve --model` on this machine take any path",
-            path=str(real))
+            path=str(real),
+        )
 
-
-    def check_extra_args(self, args: Sequence[str] | None,
-                         aliases_of: Callable[[str], Iterable[str]] = lambda flag: (flag,)) -> None:
+    def check_extra_args(
+        self, args: Sequence[str] | None, aliases_of: Callable[[str], Iterable[str]] = lambda flag: (flag,)
+    ) -> None:
         """Return if an API client may add ``args`` to llama-server's command line.
 
         ``aliases_of`` gives every spelling the binary declares for a flag (``Capabilities.aliases_of``),
@@ -104,7 +132,10 @@ class PathPolicy:
                 raise PathNotAllowedError(
                     f"extra_args: {token} is not for API clients: {why}; put it in the model's extra_args in the "
                     "studio's config file ([models.NAME]), or set `allow_any_path = true` there",
-                    path=token, param="extra_args", code="flag_not_allowed")
+                    path=token,
+                    param="extra_args",
+                    code="flag_not_allowed",
+                )
 
 
 def _real(path: Path) -> Path:

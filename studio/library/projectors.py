@@ -73,6 +73,10 @@ def chosen_projector(requested: str | None, paired: Path | None) -> Path | None:
         return None
     path = Path(requested).expanduser()
     if not path.is_file():
-        raise BadRequestError(f"mmproj {requested!r} is not a file; give the path of a projector .gguf, or "
-                              f"{NO_PROJECTOR!r} to load without one", param="mmproj", code="mmproj_not_found")
+        raise BadRequestError(
+            f"mmproj {requested!r} is not a file; give the path of a projector .gguf, or "
+            f"{NO_PROJECTOR!r} to load without one",
+            param="mmproj",
+            code="mmproj_not_found",
+        )
     return path.resolve()

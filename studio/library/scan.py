@@ -83,8 +83,9 @@ class _Group:
 class Library:
     """Scans ``folders`` and ``hf_cache``; ``index_path`` (optional) keeps header facts between runs."""
 
-    def __init__(self, folders: Sequence[Path], hf_cache: Path | None = None, *,
-                 index_path: Path | None = None) -> None:
+    def __init__(
+        self, folders: Sequence[Path], hf_cache: Path | None = None, *, index_path: Path | None = None
+    ) -> None:
         self.folders = list(folders)
         self.hf_cache = hf_cache
         self.index_path = index_path
@@ -117,13 +118,14 @@ class Library:
                 yield from self._snapshots(repo_dir)
 
     def _snapshots(self, repo_dir: Path) -> Iterable[_Group]:
-        repo = repo_dir.name[len("models--"):].replace("--", "/")
+        repo = repo_dir.name[len("models--") :].replace("--", "/")
         try:
             current = (repo_dir / "refs" / "main").read_text().strip()
         except OSError:
             current = None
-        snaps = sorted((p for p in (repo_dir / "snapshots").glob("*") if p.is_dir()),
-                       key=lambda p: (p.name != current, p.name))
+        snaps = sorted(
+            (p for p in (repo_dir / "snapshots").glob("*") if p.is_dir()), key=lambda p: (p.name != current, p.name)
+        )
         seen: set[str] = set()
         for snap in snaps:  # the snapshot refs/main names first; older ones only add what it lacks
             files = [f for f in snapshot_files(snap) if f.path.lower().endswith(".gguf") and f.path not in seen]
@@ -152,11 +154,21 @@ class Library:
                 name = model_name(shards[0])
             projector = self._facts((mmproj,)) if mmproj is not None else {}
             yield LibraryEntry(
-                name=name, path=shards[0], shards=shards, size=cand.size, source=group.source, repo=group.repo,
+                name=name,
+                path=shards[0],
+                shards=shards,
+                size=cand.size,
+                source=group.source,
+                repo=group.repo,
                 variant=cand.label if cand.label != Path(cand.key).name else facts.get("quant"),
-                architecture=facts.get("architecture"), parameters=facts.get("parameters"),
-                context_length=facts.get("context_length"), mmproj=mmproj, error=error,
-                vision=bool(projector.get("vision")), audio=bool(projector.get("audio")), tts=facts.get("speech"),
+                architecture=facts.get("architecture"),
+                parameters=facts.get("parameters"),
+                context_length=facts.get("context_length"),
+                mmproj=mmproj,
+                error=error,
+                vision=bool(projector.get("vision")),
+                audio=bool(projector.get("audio")),
+                tts=facts.get("speech"),
             )
 
     def _pair(self, group: _Group, key: str, facts: dict[str, Any], projectors: list[HubFile]) -> Path | None:
@@ -224,19 +236,29 @@ def _read_facts(path: Path) -> dict[str, Any]:
         model = gguf.read(path)
         projector = projector_facts(model)
         if projector is not None:
-            return {"architecture": "clip", "projection_dims": list(projector.projection_dims),
-                    "vision": projector.vision, "audio": projector.audio}
+            return {
+                "architecture": "clip",
+                "projection_dims": list(projector.projection_dims),
+                "vision": projector.vision,
+                "audio": projector.audio,
+            }
         facts = model.facts
         speech = speech_facts(model)
-        return {"architecture": facts.architecture, "parameters": facts.parameter_count,
-                "context_length": facts.context_length, "embedding_length": facts.embedding_length,
-                "quant": facts.quant_label, "speech": speech.describe() if speech else None}
+        return {
+            "architecture": facts.architecture,
+            "parameters": facts.parameter_count,
+            "context_length": facts.context_length,
+            "embedding_length": facts.embedding_length,
+            "quant": facts.quant_label,
+            "speech": speech.describe() if speech else None,
+        }
     except (gguf.GGUFError, ValueError) as exc:
         return {"error": str(exc)}
 
 
-def scan(folders: Sequence[Path], hf_cache: Path | None = None, *,
-         index_path: Path | None = None) -> list[LibraryEntry]:
+def scan(
+    folders: Sequence[Path], hf_cache: Path | None = None, *, index_path: Path | None = None
+) -> list[LibraryEntry]:
     """Return every model in ``folders`` and the Hugging Face cache ``hf_cache``, sorted by name."""
     return Library(folders, hf_cache, index_path=index_path).scan()
 

@@ -24,19 +24,22 @@ class ResidentState(enum.Enum):
 
 
 #: Every allowed change; anything else is a bug and raises.
-TRANSITIONS: MappingProxyType[ResidentState, frozenset[ResidentState]] = MappingProxyType({
-    ResidentState.LOADING: frozenset({ResidentState.READY, ResidentState.FAILED, ResidentState.UNLOADING}),
-    ResidentState.READY: frozenset({ResidentState.DRAINING, ResidentState.CRASHED}),
-    ResidentState.DRAINING: frozenset({ResidentState.UNLOADING}),
-    ResidentState.CRASHED: frozenset({ResidentState.LOADING, ResidentState.FAILED, ResidentState.UNLOADING}),
-    ResidentState.FAILED: frozenset({ResidentState.UNLOADING}),
-    ResidentState.UNLOADING: frozenset({ResidentState.UNLOADED}),
-    ResidentState.UNLOADED: frozenset(),
-})
+TRANSITIONS: MappingProxyType[ResidentState, frozenset[ResidentState]] = MappingProxyType(
+    {
+        ResidentState.LOADING: frozenset({ResidentState.READY, ResidentState.FAILED, ResidentState.UNLOADING}),
+        ResidentState.READY: frozenset({ResidentState.DRAINING, ResidentState.CRASHED}),
+        ResidentState.DRAINING: frozenset({ResidentState.UNLOADING}),
+        ResidentState.CRASHED: frozenset({ResidentState.LOADING, ResidentState.FAILED, ResidentState.UNLOADING}),
+        ResidentState.FAILED: frozenset({ResidentState.UNLOADING}),
+        ResidentState.UNLOADING: frozenset({ResidentState.UNLOADED}),
+        ResidentState.UNLOADED: frozenset(),
+    }
+)
 
 #: States in which the model holds (or is about to hold) memory.
-HOLDS_MEMORY = frozenset({ResidentState.LOADING, ResidentState.READY, ResidentState.DRAINING,
-                          ResidentState.UNLOADING, ResidentState.CRASHED})
+HOLDS_MEMORY = frozenset(
+    {ResidentState.LOADING, ResidentState.READY, ResidentState.DRAINING, ResidentState.UNLOADING, ResidentState.CRASHED}
+)
 #: States a request may wait through for the model to become ready.
 COMING_UP = frozenset({ResidentState.LOADING, ResidentState.CRASHED})
 #: States of a model on its way out: a request for it waits until it is gone, then loads it anew.

@@ -42,7 +42,13 @@ from launcher.supervisor import Status, Supervisor
 from launcher.units import format_mib
 from studio.blocking import run_blocking
 from studio.errors import (
-    BadRequestError, BusyError, DoesNotFitError, ModelNotFoundError, ModelNotResidentError, NotReadyError, StudioError,
+    BadRequestError,
+    BusyError,
+    DoesNotFitError,
+    ModelNotFoundError,
+    ModelNotResidentError,
+    NotReadyError,
+    StudioError,
 )
 from studio.library.catalog import Catalog, CatalogEntry
 from studio.library.downloads import DownloadManager, is_repo_spec
@@ -266,8 +272,9 @@ class ModelManager:
             victim.resume()
         paused.clear()
 
-    async def _place_and_start(self, model: str, entry: CatalogEntry, request: LoadRequest | None,
-                               deadline: float, paused: list[ResidentModel]) -> ResidentModel:
+    async def _place_and_start(
+        self, model: str, entry: CatalogEntry, request: LoadRequest | None, deadline: float, paused: list[ResidentModel]
+    ) -> ResidentModel:
         while True:
             existing = self._residents.get(entry.path)
             if existing is not None and existing.state in GOING_AWAY:
@@ -299,12 +306,15 @@ class ModelManager:
                             f" where {placed.room or 'nothing'} could be freed; "
                             + (f"{smaller} is the largest variant of its repo that would fit, or " if smaller else "")
                             + "load it with a smaller n_ctx (see the plan's largest_safe_context) or raise "
-                            "memory_budget")
+                            "memory_budget"
+                        )
                     if time.monotonic() >= deadline:
                         self._resume(paused)
-                        raise BusyError(f"not enough memory for {entry.name} now: it needs {placed.need}; held by "
-                                        f"{', '.join(placed.blocked_by)}; retry once they are idle",
-                                        retry_after=max(1, round(self.residency.busy_wait / 6) or 1))
+                        raise BusyError(
+                            f"not enough memory for {entry.name} now: it needs {placed.need}; held by "
+                            f"{', '.join(placed.blocked_by)}; retry once they are idle",
+                            retry_after=max(1, round(self.residency.busy_wait / 6) or 1),
+                        )
                     # New requests would keep the busy models busy for ever: hold them back (in-flight ones
                     # finish) until this load got their memory or gave up.
                     for name in placed.drain:
@@ -331,8 +341,13 @@ class ModelManager:
             return size <= largest
 
         try:
-            return await run_blocking(self.downloads.suggest_variant, model, fits, timeout=self.work_timeout,
-                                      what=f"listing the variants of {model}")
+            return await run_blocking(
+                self.downloads.suggest_variant,
+                model,
+                fits,
+                timeout=self.work_timeout,
+                what=f"listing the variants of {model}",
+            )
         except (StudioError, OSError):  # offline, or the Hub is unreachable: the advice just goes without it
             return None
 
@@ -360,27 +375,37 @@ class ModelManager:
         entry = await run_blocking(self.catalog.resolve, str(path), timeout=self.work_timeout, what=f"finding {path}")
         return replace(entry, name=model)
 
-    async def _place(self, entry: CatalogEntry, request: LoadRequest, *,
-                     replacing: ResidentModel | None = None) -> Placed:
+    async def _place(
+        self, entry: CatalogEntry, request: LoadRequest, *, replacing: ResidentModel | None = None
+    ) -> Placed:
         """Plan ``entry`` against memory as it will be, and choose the fewest idle models to evict for it."""
         self._resolving = entry.name
         try:
-            model = await run_blocking(gguf.read, entry.path, timeout=self.work_timeout,
-                                       what=f"reading {entry.path.name}")
+            model = await run_blocking(
+                gguf.read, entry.path, timeout=self.work_timeout, what=f"reading {entry.path.name}"
+            )
             settings = self._settings(request, entry)
             inventory = self._without_busy_workers(
-                await run_blocking(self.discover_devices, timeout=self.work_timeout, what="listing devices"),
-                replacing)
-            projector = await run_blocking(gguf.read, settings.mmproj, timeout=self.work_timeout,
-                                           what=f"reading {settings.mmproj.name}") if settings.mmproj else None
+                await run_blocking(self.discover_devices, timeout=self.work_timeout, what="listing devices"), replacing
+            )
+            projector = (
+                await run_blocking(
+                    gguf.read, settings.mmproj, timeout=self.work_timeout, what=f"reading {settings.mmproj.name}"
+                )
+                if settings.mmproj
+                else None
+            )
             info = ModelInfo.from_gguf(model, mmproj=projector)
             holders = [self._holder(r) for r in self.residents if r.state in HOLDS_MEMORY and r is not replacing]
             loading = self._loading_names()
             budget = self._budget(inventory)
             budgeted = budget is not None
-            base = placement.base_available(budget=budget, free=_free(inventory),
-                                            holders=[h for h in holders if h.name not in loading],
-                                            loading=[h for h in holders if h.name in loading])
+            base = placement.base_available(
+                budget=budget,
+                free=_free(inventory),
+                holders=[h for h in holders if h.name not in loading],
+                loading=[h for h in holders if h.name in loading],
+            )
             plan_request = replace(settings.plan_request(entry.name), spec_measurements=self.spec_measurements)
             first = await self._plan(info, inventory, base, plan_request, budgeted)
             cap = self.residency.max_resident
@@ -390,41 +415,69 @@ class ModelManager:
             # The fewest evictions that let the model fit at its smallest context; the final plan then takes
             # whatever context the freed memory allows.
             everything = placement.with_evicted(base, [h for h in holders if h.evictable], budgeted=budgeted)
-            smallest = plan_request if plan_request.n_ctx is not None else replace(
-                plan_request, n_ctx=min(MIN_AUTO_CTX, max(first.native_ctx, 256)))
+            smallest = (
+                plan_request
+                if plan_request.n_ctx is not None
+                else replace(plan_request, n_ctx=min(MIN_AUTO_CTX, max(first.native_ctx, 256)))
+            )
             need = physical((await self._plan(info, inventory, everything, smallest, budgeted)).bill, first)
-            evict = placement.choose_evictions(need, base, holders, budgeted=budgeted,
-                                               max_count=self.residency.max_resident)
+            evict = placement.choose_evictions(
+                need, base, holders, budgeted=budgeted, max_count=self.residency.max_resident
+            )
             if evict is None:
                 ready = {r.name for r in self.residents if r.state is ResidentState.READY}
                 once_idle = [replace(h, busy=False) if h.name in ready else h for h in holders]
-                drain = placement.choose_evictions(need, base, once_idle, budgeted=budgeted,
-                                                   max_count=self.residency.max_resident) or ()
-                return Placed(first, (), placement.holders_in_words(holders), False, model, settings,
-                              need=_in_words(need), room=_in_words(everything), drain=drain,
-                              shortfall=max(placement.shortfall(need, everything).values(), default=0))
+                drain = (
+                    placement.choose_evictions(
+                        need, base, once_idle, budgeted=budgeted, max_count=self.residency.max_resident
+                    )
+                    or ()
+                )
+                return Placed(
+                    first,
+                    (),
+                    placement.holders_in_words(holders),
+                    False,
+                    model,
+                    settings,
+                    need=_in_words(need),
+                    room=_in_words(everything),
+                    drain=drain,
+                    shortfall=max(placement.shortfall(need, everything).values(), default=0),
+                )
             freed = placement.with_evicted(base, [h for h in holders if h.name in evict], budgeted=budgeted)
             final = await self._plan(info, inventory, freed, plan_request, budgeted)
             return Placed(final, evict, (), _fits(final, freed), model, settings)
         finally:
             self._resolving = None
 
-    async def _plan(self, info: ModelInfo, inventory: Inventory, available: Mapping[str, int],
-                    request: PlanRequest, budgeted: bool) -> LaunchPlan:
+    async def _plan(
+        self, info: ModelInfo, inventory: Inventory, available: Mapping[str, int], request: PlanRequest, budgeted: bool
+    ) -> LaunchPlan:
         shared = _inventory_for(inventory, available, budgeted=budgeted)
-        return await run_blocking(self.planner, info, shared, self.caps, request, timeout=self.work_timeout,
-                                  what=f"planning {info.path.name}")
+        return await run_blocking(
+            self.planner, info, shared, self.caps, request, timeout=self.work_timeout, what=f"planning {info.path.name}"
+        )
 
     def _without_busy_workers(self, inventory: Inventory, replacing: ResidentModel | None) -> Inventory:
         """An RPC worker serves one llama-server at a time: leave out the workers resident models use."""
-        taken = {w: r.name for r in self.residents if r.state in HOLDS_MEMORY and r is not replacing
-                 for w in r.plan.rpc_workers}
+        taken = {
+            w: r.name
+            for r in self.residents
+            if r.state in HOLDS_MEMORY and r is not replacing
+            for w in r.plan.rpc_workers
+        }
         if not any(d.endpoint in taken for d in inventory.rpc):
             return inventory
         left_out = sorted({f"{d.endpoint} (serving {taken[d.endpoint]})" for d in inventory.rpc if d.endpoint in taken})
-        return replace(inventory, devices=tuple(d for d in inventory.devices if d.endpoint not in taken),
-                       warnings=(*inventory.warnings, "RPC workers busy with another resident model are left out: "
-                                 + ", ".join(left_out)))
+        return replace(
+            inventory,
+            devices=tuple(d for d in inventory.devices if d.endpoint not in taken),
+            warnings=(
+                *inventory.warnings,
+                "RPC workers busy with another resident model are left out: " + ", ".join(left_out),
+            ),
+        )
 
     def _budget(self, inventory: Inventory) -> dict[str, int] | None:
         budget = self.residency.memory_budget
@@ -448,8 +501,14 @@ class ModelManager:
         # mapped weights on the CPU are page cache: free memory already counts them as available
         cpu_weights = _by_device(actual or r.plan.bill, r.plan).get("CPU")
         reclaim = {k: n - (cpu_weights.weights if k == "CPU" and cpu_weights else 0) for k, n in held.items()}
-        return Holder(name=r.name, held=held, reclaim=reclaim, last_used=r.last_used,
-                      busy=not r.idle or r.state is not ResidentState.READY, pinned=r.pinned)
+        return Holder(
+            name=r.name,
+            held=held,
+            reclaim=reclaim,
+            last_used=r.last_used,
+            busy=not r.idle or r.state is not ResidentState.READY,
+            pinned=r.pinned,
+        )
 
     async def _start(self, entry: CatalogEntry, placed: Placed, request: LoadRequest | None) -> ResidentModel:
         """Evict what the placement chose, then start the new resident model (its owner takes it from there)."""
@@ -468,10 +527,15 @@ class ModelManager:
         own = model_defaults_for(entry, self.model_defaults)
         facts = placed.model.facts
         resident = ResidentModel(
-            name=entry.name, settings=placed.settings, plan=placed.plan, command=command,
-            spec=command.launch_spec(), facts=facts,
-            template=template_capabilities(template) if (template := placed.settings.chat_template
-                                                         or facts.chat_template) else None,
+            name=entry.name,
+            settings=placed.settings,
+            plan=placed.plan,
+            command=command,
+            spec=command.launch_spec(),
+            facts=facts,
+            template=template_capabilities(template)
+            if (template := placed.settings.chat_template or facts.chat_template)
+            else None,
             make_supervisor=self.make_supervisor,
             ttl=next(t for t in ((request.ttl if request else None), own.ttl, self.residency.ttl) if t is not None),
             pinned=bool(request.pinned if request and request.pinned is not None else own.pinned),
@@ -506,8 +570,9 @@ class ModelManager:
         if state is ResidentState.LOADING and r.state is ResidentState.READY:
             event = ResidencyEvent("loaded", r.name, now - since)
         elif state is ResidentState.LOADING:
-            event = ResidencyEvent("load_failed", r.name, now - since,
-                                   "cancelled" if r.state is ResidentState.UNLOADING else "error")
+            event = ResidencyEvent(
+                "load_failed", r.name, now - since, "cancelled" if r.state is ResidentState.UNLOADING else "error"
+            )
         elif r.state is ResidentState.CRASHED:
             event = ResidencyEvent("crashed", r.name)
         elif state is ResidentState.CRASHED and r.state is ResidentState.LOADING:
@@ -532,8 +597,9 @@ class ModelManager:
         targets = list(self._residents.values()) if model is None else [self._resident_named(model)]
         for r in targets:
             self._why.setdefault(r, "unload")
-        await asyncio.gather(*(r.unload(grace=grace, reason=f"{r.name} was unloaded while this request ran")
-                               for r in targets))
+        await asyncio.gather(
+            *(r.unload(grace=grace, reason=f"{r.name} was unloaded while this request ran") for r in targets)
+        )
 
     def set_ttl(self, model: str, ttl: float) -> None:
         """Set a resident model's idle TTL in seconds (0: never)."""
@@ -556,8 +622,10 @@ class ModelManager:
         """Unload every model now (at shutdown no request waits)."""
         for r in self._residents.values():
             self._why.setdefault(r, "shutdown")
-        await asyncio.gather(*(r.unload(grace=0, reason="the studio is shutting down")
-                               for r in list(self._residents.values())), return_exceptions=True)
+        await asyncio.gather(
+            *(r.unload(grace=0, reason="the studio is shutting down") for r in list(self._residents.values())),
+            return_exceptions=True,
+        )
 
     def close_now(self) -> None:
         """Stop every llama-server from any thread, without the event loop (a last resort at exit)."""
@@ -605,5 +673,6 @@ def _inventory_for(inventory: Inventory, available: Mapping[str, int], *, budget
 
 
 def _in_words(bytes_per_device: Mapping[str, int]) -> str:
-    return ", ".join(f"{format_mib(n)} on {d}" if d != TOTAL else f"{format_mib(n)} in all"
-                     for d, n in bytes_per_device.items())
+    return ", ".join(
+        f"{format_mib(n)} on {d}" if d != TOTAL else f"{format_mib(n)} in all" for d, n in bytes_per_device.items()
+    )

@@ -48,8 +48,13 @@ class Decision:
     holders: tuple[str, ...] = field(default=())  # when it cannot fit: what holds the memory, in words
 
 
-def base_available(*, budget: Mapping[str, int] | None, free: Mapping[str, int],
-                   holders: Sequence[Holder], loading: Sequence[Holder] = ()) -> dict[str, int]:
+def base_available(
+    *,
+    budget: Mapping[str, int] | None,
+    free: Mapping[str, int],
+    holders: Sequence[Holder],
+    loading: Sequence[Holder] = (),
+) -> dict[str, int]:
     """Memory a new model can count on without evicting anything.
 
     With a budget (per device, or ``TOTAL``): the budget less what every resident model holds.
@@ -93,8 +98,14 @@ def shortfall(need: Mapping[str, int], available: Mapping[str, int]) -> dict[str
     return short
 
 
-def choose_evictions(need: Mapping[str, int], available: Mapping[str, int], holders: Sequence[Holder], *,
-                     budgeted: bool, max_count: int | None = None) -> tuple[str, ...] | None:
+def choose_evictions(
+    need: Mapping[str, int],
+    available: Mapping[str, int],
+    holders: Sequence[Holder],
+    *,
+    budgeted: bool,
+    max_count: int | None = None,
+) -> tuple[str, ...] | None:
     """The fewest evictable holders whose going makes ``need`` fit; among as few, the least recently used.
 
     ``max_count`` (a cap on resident models) forces at least ``len(holders) - max_count + 1`` to go.
@@ -111,8 +122,11 @@ def choose_evictions(need: Mapping[str, int], available: Mapping[str, int], hold
                 return tuple(h.name for h in chosen)
         return None
     for k in range(max(at_least, 1), len(candidates) + 1):
-        fitting = [combo for combo in itertools.combinations(candidates, k)
-                   if not shortfall(need, with_evicted(available, combo, budgeted=budgeted))]
+        fitting = [
+            combo
+            for combo in itertools.combinations(candidates, k)
+            if not shortfall(need, with_evicted(available, combo, budgeted=budgeted))
+        ]
         if fitting:
             # the set whose most recent use is oldest; then the one holding least (fewer bytes disturbed)
             best = min(fitting, key=lambda c: (max(h.last_used for h in c), sum(sum(h.held.values()) for h in c)))

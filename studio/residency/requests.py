@@ -53,9 +53,15 @@ class LoadSettings:
     def plan_request(self, alias: str) -> PlanRequest:
         """What the planner is asked for these settings, serving the model as ``alias``."""
         return PlanRequest(
-            n_ctx=self.n_ctx, n_parallel=self.n_parallel or 1, cache_type_k=self.cache_type,
-            cache_type_v=self.cache_type, spec=self.spec, spec_n_max=self.spec_n_max,
-            extra_args=self.extra_args, alias=alias, chat_template=self.chat_template,
+            n_ctx=self.n_ctx,
+            n_parallel=self.n_parallel or 1,
+            cache_type_k=self.cache_type,
+            cache_type_v=self.cache_type,
+            spec=self.spec,
+            spec_n_max=self.spec_n_max,
+            extra_args=self.extra_args,
+            alias=alias,
+            chat_template=self.chat_template,
         )
 
 
@@ -64,8 +70,13 @@ def model_defaults_for(entry: CatalogEntry, defaults: Mapping[str, ModelDefaults
     return defaults.get(entry.name) or defaults.get(model_name(entry.path)) or ModelDefaults()
 
 
-def load_settings(request: LoadRequest, entry: CatalogEntry, defaults: Mapping[str, ModelDefaults], *,
-                  last_extra_args: tuple[str, ...] | None = None) -> LoadSettings:
+def load_settings(
+    request: LoadRequest,
+    entry: CatalogEntry,
+    defaults: Mapping[str, ModelDefaults],
+    *,
+    last_extra_args: tuple[str, ...] | None = None,
+) -> LoadSettings:
     """``request``'s settings for ``entry``: what it leaves out comes from the model's config table
     (by name, then by file name), extra flags first from the last load, then the built-in defaults."""
     own = model_defaults_for(entry, defaults)

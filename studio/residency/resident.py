@@ -212,8 +212,9 @@ class ResidentModel:
         self._cancel_expiry()
         self._schedule_expiry()
 
-    async def wait_until(self, states: set[ResidentState] | frozenset[ResidentState],
-                         timeout: float | None = None) -> ResidentState:
+    async def wait_until(
+        self, states: set[ResidentState] | frozenset[ResidentState], timeout: float | None = None
+    ) -> ResidentState:
         """Return the state once it is one of ``states``; ``TimeoutError`` after ``timeout``."""
         async with asyncio.timeout(timeout):
             while self.state not in states:
@@ -270,26 +271,35 @@ class ResidentModel:
             await self._crashed(command.cause)
         elif self._expired():
             log.info("idle model unloaded", model=self.name, ttl=self.ttl)
-            await self._unload(_Unload(0.0, f"{self.name} was unloaded after {self.ttl:g} s idle",
-                                       self._loop.create_future()))
+            await self._unload(
+                _Unload(0.0, f"{self.name} was unloaded after {self.ttl:g} s idle", self._loop.create_future())
+            )
 
     async def _start_server(self) -> None:
         try:
-            status = await run_blocking(self.supervisor.start, self.spec, timeout=None,
-                                        what=f"starting {self.name}")
+            status = await run_blocking(self.supervisor.start, self.spec, timeout=None, what=f"starting {self.name}")
             n_ctx = await self._effective_context(status)
         except StartAbortedError:
             return  # an unload aborted it; its command is in the inbox
         except Exception as exc:  # every failure stops what was started and leaves the state true
             await run_blocking(self.supervisor.stop, timeout=None, what=f"stopping {self.name}")
-            self.failure = exc if isinstance(exc, (LauncherError, StudioError)) else StudioError(
-                f"{self.name} failed to start: {exc}", code="load_failed")
+            self.failure = (
+                exc
+                if isinstance(exc, (LauncherError, StudioError))
+                else StudioError(f"{self.name} failed to start: {exc}", code="load_failed")
+            )
             self._set(ResidentState.FAILED, error=str(exc))
             return
         self.loaded = LoadedModel(
-            name=self.name, settings=self.settings, url=self.supervisor.url or status.url or "",
-            api_key=self.command.api_key, n_ctx=n_ctx, facts=self.facts, template=self.template,
-            plan=self.plan, command=self.command,
+            name=self.name,
+            settings=self.settings,
+            url=self.supervisor.url or status.url or "",
+            api_key=self.command.api_key,
+            n_ctx=n_ctx,
+            facts=self.facts,
+            template=self.template,
+            plan=self.plan,
+            command=self.command,
         )
         self._set(ResidentState.READY)
         self._schedule_expiry()
@@ -298,8 +308,9 @@ class ResidentModel:
         """The slot size llama-server really gave each request (``/props``)."""
         try:
             async with httpx.AsyncClient(timeout=10) as client:
-                props = (await client.get(f"{status.url}/props", headers={
-                    "Authorization": f"Bearer {self.command.api_key}"})).json()
+                props = (
+                    await client.get(f"{status.url}/props", headers={"Authorization": f"Bearer {self.command.api_key}"})
+                ).json()
             return int(props["default_generation_settings"]["n_ctx"])
         except (httpx.HTTPError, ValueError, KeyError, TypeError) as exc:
             raise RuntimeError(f"llama-server started but its /props could not be read: {exc}") from exc
@@ -329,10 +340,12 @@ class ResidentModel:
         self._set(ResidentState.CRASHED, error=cause)
         if self.restarts >= self.max_restarts:
             await run_blocking(self.supervisor.stop, timeout=None, what=f"stopping {self.name}")
-            self._set(ResidentState.FAILED, error=f"llama-server crashed {self.restarts + 1} times; not restarting "
-                                                  f"it again. Last: {cause}")
+            self._set(
+                ResidentState.FAILED,
+                error=f"llama-server crashed {self.restarts + 1} times; not restarting it again. Last: {cause}",
+            )
             return
-        delay = min(BACKOFF_MAX, BACKOFF_BASE * 2 ** self.restarts)
+        delay = min(BACKOFF_MAX, BACKOFF_BASE * 2**self.restarts)
         self.restarts += 1
         deadline = self._loop.time() + delay
         while (left := deadline - self._loop.time()) > 0:
@@ -357,14 +370,23 @@ class ResidentModel:
 
     # -- idle TTL ----------------------------------------------------------------------------
     def _expired(self) -> bool:
-        return (self.state is ResidentState.READY and self.idle and not self.pinned and self.ttl > 0
-                and time.monotonic() - self.last_used >= self.ttl * 0.999)
+        return (
+            self.state is ResidentState.READY
+            and self.idle
+            and not self.pinned
+            and self.ttl > 0
+            and time.monotonic() - self.last_used >= self.ttl * 0.999
+        )
 
     def _schedule_expiry(self) -> None:
-        if self._expiry is None and self.ttl > 0 and not self.pinned and self.idle \
-                and self.state is ResidentState.READY:
-            self._expiry = self._loop.call_later(max(0.0, self.last_used + self.ttl - time.monotonic()),
-                                                 self._expire)
+        if (
+            self._expiry is None
+            and self.ttl > 0
+            and not self.pinned
+            and self.idle
+            and self.state is ResidentState.READY
+        ):
+            self._expiry = self._loop.call_later(max(0.0, self.last_used + self.ttl - time.monotonic()), self._expire)
 
     def _expire(self) -> None:
         self._expiry = None
@@ -379,6 +401,11 @@ class ResidentModel:
         """Live numbers for the status view (``studio.views.residency``)."""
         idle_s = time.monotonic() - self.last_used if self.idle else 0.0
         ttl_left = max(0.0, self.ttl - idle_s) if self.ttl > 0 and not self.pinned and self.idle else None
-        return {"in_flight": self.in_flight, "idle_s": round(idle_s, 1), "ttl": self.ttl, "ttl_left":
-                round(ttl_left, 1) if ttl_left is not None else None, "pinned": self.pinned,
-                "restarts": self.restarts}
+        return {
+            "in_flight": self.in_flight,
+            "idle_s": round(idle_s, 1),
+            "ttl": self.ttl,
+            "ttl_left": round(ttl_left, 1) if ttl_left is not None else None,
+            "pinned": self.pinned,
+            "restarts": self.restarts,
+        }

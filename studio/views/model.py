@@ -56,8 +56,14 @@ def summary(model: GGUFFile) -> dict[str, Any]:
         "vocab_size": f.vocab_size,
         "chat_template": dataclasses.asdict(caps) if caps else None,
         "shards": [str(h.path) for h in model.shards],
-        "speech": {"codec": speech.codec, "family": speech.family, "vocoder": speech.vocoder,
-                   "description": speech.describe()} if speech else None,
+        "speech": {
+            "codec": speech.codec,
+            "family": speech.family,
+            "vocoder": speech.vocoder,
+            "description": speech.describe(),
+        }
+        if speech
+        else None,
         "approximate": f.approximate,
         "notes": list(f.notes),
     }
@@ -75,10 +81,21 @@ def projector_summary(model: GGUFFile) -> dict[str, Any]:
         "vision": p.vision,
         "audio": p.audio,
         "speech_out": p.speech_out,
-        "encoders": [{"modality": e.modality, "projector_type": e.projector_type, "embedding_length": e.n_embd,
-                      "layers": e.n_layer, "projection_dim": e.projection_dim,
-                      **({"image_size": e.image_size, "patch_size": e.patch_size} if e.modality == "vision"
-                         else {"mel_bins": e.n_mel_bins})} for e in p.encoders],
+        "encoders": [
+            {
+                "modality": e.modality,
+                "projector_type": e.projector_type,
+                "embedding_length": e.n_embd,
+                "layers": e.n_layer,
+                "projection_dim": e.projection_dim,
+                **(
+                    {"image_size": e.image_size, "patch_size": e.patch_size}
+                    if e.modality == "vision"
+                    else {"mel_bins": e.n_mel_bins}
+                ),
+            }
+            for e in p.encoders
+        ],
         "projection_dims": list(p.projection_dims),
         "weight_bytes": p.weight_bytes,
         "file_bytes": model.file_size,
@@ -88,14 +105,26 @@ def projector_summary(model: GGUFFile) -> dict[str, Any]:
 def render_projector(info: dict[str, Any]) -> str:
     """Return ``projector_summary`` as aligned text lines."""
     takes = " and ".join(w for w, on in (("images", info["vision"]), ("audio (speech in)", info["audio"])) if on)
-    rows = [("kind", "multimodal projector (mmproj)" + (f"  ({info['name']})" if info["name"] else "")),
-            ("takes", (takes or "nothing it declares") + ("; speaks (an audio generation head)" if info["speech_out"]
-                                                          else ""))]
+    rows = [
+        ("kind", "multimodal projector (mmproj)" + (f"  ({info['name']})" if info["name"] else "")),
+        (
+            "takes",
+            (takes or "nothing it declares") + ("; speaks (an audio generation head)" if info["speech_out"] else ""),
+        ),
+    ]
     for e in info["encoders"]:
-        shape = (f"{e['image_size']}px images in {e['patch_size']}px patches" if e["modality"] == "vision"
-                 else f"{e['mel_bins']} mel bins")
-        rows.append((f"{e['modality']} encoder", f"{e['projector_type'] or '?'}: {e['layers']} layers of "
-                                                 f"{e['embedding_length']}, {shape}, into width {e['projection_dim']}"))
+        shape = (
+            f"{e['image_size']}px images in {e['patch_size']}px patches"
+            if e["modality"] == "vision"
+            else f"{e['mel_bins']} mel bins"
+        )
+        rows.append(
+            (
+                f"{e['modality']} encoder",
+                f"{e['projector_type'] or '?'}: {e['layers']} layers of "
+                f"{e['embedding_length']}, {shape}, into width {e['projection_dim']}",
+            )
+        )
     rows.append(("weights", format_mib(info["weight_bytes"], decimals=2)))
     width = max(len(k) for k, _ in rows)
     return "\n".join([info["path"]] + [f"  {k:<{width}}  {v}" for k, v in rows])
@@ -115,19 +144,40 @@ def render(info: dict[str, Any]) -> str:
     rows = [
         ("architecture", f"{info['architecture']}" + (f"  ({info['name']})" if info["name"] else "")),
         ("parameters", _count(info["parameters"]) + (f"  (label {info['size_label']})" if info["size_label"] else "")),
-        ("quant", f"{info['quant']}  ({info['quant_description']}), "
-                  f"{format_mib(info['file_bytes'], decimals=1)} on disk"),
+        (
+            "quant",
+            f"{info['quant']}  ({info['quant_description']}), {format_mib(info['file_bytes'], decimals=1)} on disk",
+        ),
         ("native context", f"{info['native_context']:,} tokens"),
-        ("layers", f"{info['layers']}" + (f" (+{info['blocks'] - info['layers']} extra blocks)" if info["blocks"] != info["layers"] else "")),
-        ("heads", f"{info['heads']} query, {info['kv_heads']} KV; head dim K {info['head_dim_k']} / V {info['head_dim_v']}"),
-        ("KV per 1k tokens", f"{format_mib(kv['full'] + kv['swa'], decimals=2)} at f16"
-         + (f" ({format_mib(kv['swa'], decimals=2)} of it in SWA layers, capped by the window)" if kv["swa"] else "")),
-        ("sliding window", f"{info['sliding_window']} tokens on {info['swa_layers']} of {info['blocks']} layers"
-         if info["swa_layers"] else "none"),
+        (
+            "layers",
+            f"{info['layers']}"
+            + (f" (+{info['blocks'] - info['layers']} extra blocks)" if info["blocks"] != info["layers"] else ""),
+        ),
+        (
+            "heads",
+            f"{info['heads']} query, {info['kv_heads']} KV; head dim K {info['head_dim_k']} / V {info['head_dim_v']}",
+        ),
+        (
+            "KV per 1k tokens",
+            f"{format_mib(kv['full'] + kv['swa'], decimals=2)} at f16"
+            + (
+                f" ({format_mib(kv['swa'], decimals=2)} of it in SWA layers, capped by the window)" if kv["swa"] else ""
+            ),
+        ),
+        (
+            "sliding window",
+            f"{info['sliding_window']} tokens on {info['swa_layers']} of {info['blocks']} layers"
+            if info["swa_layers"]
+            else "none",
+        ),
         ("recurrent", f"{info['recurrent_layers']} layers" if info["recurrent_layers"] else "none"),
         ("MLA", f"kv_lora_rank {info['mla_kv_lora_rank']}" if info["mla_kv_lora_rank"] else "no"),
         ("MTP", f"yes, {info['mtp_layers']} layer(s)" if info["mtp_layers"] else "no"),
-        ("experts", f"{info['experts']} ({info['experts_used']} used per token)" if info["experts"] else "none (dense)"),
+        (
+            "experts",
+            f"{info['experts']} ({info['experts_used']} used per token)" if info["experts"] else "none (dense)",
+        ),
         ("vocab", f"{info['vocab_size']:,} tokens"),
         ("chat template", _template_line(caps)),
         ("shards", f"{len(info['shards'])} file(s)"),

@@ -18,15 +18,40 @@ from launcher.units import format_size
 _PARTS = ("weights", "kv", "recurrent", "compute", "output")
 #: Capabilities doctor reports by name: what the launcher relies on.
 DOCTOR_FLAGS = (
-    "--fit", "--fit-target", "--fit-ctx", "--list-devices", "--no-context-shift", "--chat-template-kwargs",
-    "--chat-template-file", "--jinja", "--mmproj", "--api-key", "--api-key-file", "--spec-default", "-lv",
-    "--metrics", "--slots", "--kv-unified", "--swa-full", "--parallel", "--flash-attn", "--alias", "--rpc",
+    "--fit",
+    "--fit-target",
+    "--fit-ctx",
+    "--list-devices",
+    "--no-context-shift",
+    "--chat-template-kwargs",
+    "--chat-template-file",
+    "--jinja",
+    "--mmproj",
+    "--api-key",
+    "--api-key-file",
+    "--spec-default",
+    "-lv",
+    "--metrics",
+    "--slots",
+    "--kv-unified",
+    "--swa-full",
+    "--parallel",
+    "--flash-attn",
+    "--alias",
+    "--rpc",
 )
 
 
 def device_json(d: Device) -> dict[str, Any]:
-    out = {"backend": d.backend, "index": d.index, "name": d.name, "uuid": d.uuid, "source": d.source,
-           "total_bytes": d.total_bytes, "free_bytes": d.free_bytes}
+    out = {
+        "backend": d.backend,
+        "index": d.index,
+        "name": d.name,
+        "uuid": d.uuid,
+        "source": d.source,
+        "total_bytes": d.total_bytes,
+        "free_bytes": d.free_bytes,
+    }
     if d.endpoint is not None:
         out.update(endpoint=d.endpoint, worker_index=d.worker_index, buffer_name=d.rpc_buffer_name)
     return out
@@ -34,32 +59,53 @@ def device_json(d: Device) -> dict[str, Any]:
 
 def worker_json(r: WorkerReport) -> dict[str, Any]:
     """One RPC worker: its devices, or why it was left out."""
-    return {"endpoint": r.endpoint, "answered": r.problem is None and r.stale_since is None, "busy": r.busy,
-            "stale_since": r.stale_since, "problem": r.problem,
-            "devices": [{"index": d.index, "buffer_name": d.buffer_name, "free_bytes": d.free_bytes,
-                         "total_bytes": d.total_bytes} for d in r.devices]}
+    return {
+        "endpoint": r.endpoint,
+        "answered": r.problem is None and r.stale_since is None,
+        "busy": r.busy,
+        "stale_since": r.stale_since,
+        "problem": r.problem,
+        "devices": [
+            {"index": d.index, "buffer_name": d.buffer_name, "free_bytes": d.free_bytes, "total_bytes": d.total_bytes}
+            for d in r.devices
+        ],
+    }
 
 
 def measured_json(measured: SpecMeasurement | None) -> dict[str, Any] | None:
     """What ``bench-spec`` measured and ``auto`` followed: the winner, its speed-up, every mode's tokens/s."""
     if measured is None:
         return None
-    return {"summary": measured.summary(), "winner": measured.winner.label, "speedup": measured.speedup,
-            "measured_at": measured.measured_at,
-            "tokens_per_s": {r.label: round(r.tokens_per_s, 2) for r in measured.results}}
+    return {
+        "summary": measured.summary(),
+        "winner": measured.winner.label,
+        "speedup": measured.speedup,
+        "measured_at": measured.measured_at,
+        "tokens_per_s": {r.label: round(r.tokens_per_s, 2) for r in measured.results},
+    }
 
 
 def plan_json(plan: LaunchPlan, argv: Sequence[str] = (), binary: Discovered | None = None) -> dict[str, Any]:
     """The plan as plain JSON-able values; ``argv`` is the (redacted) command, if built."""
     f = plan.model.facts
     return {
-        "model": {"path": str(plan.model.path), "architecture": f.architecture, "parameters": f.parameter_count,
-                  "quant": f.quant_label, "file_bytes": plan.model.file_bytes, "native_context": plan.native_ctx,
-                  "mtp_layers": f.nextn_predict_layers,
-                  "mmproj": str(plan.model.mmproj) if plan.model.mmproj else None},
+        "model": {
+            "path": str(plan.model.path),
+            "architecture": f.architecture,
+            "parameters": f.parameter_count,
+            "quant": f.quant_label,
+            "file_bytes": plan.model.file_bytes,
+            "native_context": plan.native_ctx,
+            "mtp_layers": f.nextn_predict_layers,
+            "mmproj": str(plan.model.mmproj) if plan.model.mmproj else None,
+        },
         "binary": {"path": str(binary.path), "source": binary.source} if binary else None,
-        "context": {"n_ctx": plan.n_ctx, "automatic": plan.n_ctx_auto, "max_safe": plan.max_safe_ctx,
-                    "native": plan.native_ctx},
+        "context": {
+            "n_ctx": plan.n_ctx,
+            "automatic": plan.n_ctx_auto,
+            "max_safe": plan.max_safe_ctx,
+            "native": plan.native_ctx,
+        },
         "n_parallel": plan.n_parallel,
         "gpus": [device_json(d) for d in plan.gpus],
         "rpc_workers": list(plan.rpc_workers),
@@ -72,21 +118,37 @@ def plan_json(plan: LaunchPlan, argv: Sequence[str] = (), binary: Discovered | N
         "cache_type_v": plan.cache_type_v,
         "flash_attn": plan.flash_attn,
         "budget_fraction": plan.budget_fraction,
-        "speculative": {"requested": plan.spec.requested, "resolved": plan.spec.resolved,
-                        "argv": list(plan.spec.argv), "reasons": list(plan.spec.reasons),
-                        "measured": measured_json(plan.spec.measured)},
+        "speculative": {
+            "requested": plan.spec.requested,
+            "resolved": plan.spec.resolved,
+            "argv": list(plan.spec.argv),
+            "reasons": list(plan.spec.reasons),
+            "measured": measured_json(plan.spec.measured),
+        },
         "bill": [
-            {"device": d.name, "physical": f"{d.device.backend}{'' if d.device.index is None else d.device.index}",
-             "name": d.device.name, "budget_bytes": d.budget_bytes,
-             "free_bytes": d.device.free_bytes, "total_bytes": d.bill.total, "fits": d.fits,
-             **{f"{p}_bytes": getattr(d.bill, p) for p in _PARTS}, "projector_bytes": d.bill.projector,
-             "compute_bytes": d.bill.compute + d.bill.compute_growth,
-             "output_bytes": d.bill.output + d.bill.output_growth}
+            {
+                "device": d.name,
+                "physical": f"{d.device.backend}{'' if d.device.index is None else d.device.index}",
+                "name": d.device.name,
+                "budget_bytes": d.budget_bytes,
+                "free_bytes": d.device.free_bytes,
+                "total_bytes": d.bill.total,
+                "fits": d.fits,
+                **{f"{p}_bytes": getattr(d.bill, p) for p in _PARTS},
+                "projector_bytes": d.bill.projector,
+                "compute_bytes": d.bill.compute + d.bill.compute_growth,
+                "output_bytes": d.bill.output + d.bill.output_growth,
+            }
             for d in plan.devices
         ],
-        "projector": {"device": plan.bill.projector.device, "weights_bytes": plan.bill.projector.weights,
-                      "compute_bytes": plan.bill.projector.compute, "offload": plan.mmproj_offload}
-        if plan.bill.projector else None,
+        "projector": {
+            "device": plan.bill.projector.device,
+            "weights_bytes": plan.bill.projector.weights,
+            "compute_bytes": plan.bill.projector.compute,
+            "offload": plan.mmproj_offload,
+        }
+        if plan.bill.projector
+        else None,
         "bill_approximate": plan.bill.approximate,
         "fits": plan.fits,
         "extra_args": list(plan.extra_args),
@@ -102,14 +164,20 @@ def render_plan(info: dict[str, Any]) -> str:
     gpus = info["gpus"]
     if info["rpc_devices"]:
         names = ", ".join(d["buffer_name"] for d in info["rpc_devices"])
-        where = f"-ngl {info['n_gpu_layers']} over {names}" + "".join(
-            f", {g['backend']}{g['index']} {g['name']}" for g in gpus) + (" and the CPU" if not gpus else "")
+        where = (
+            f"-ngl {info['n_gpu_layers']} over {names}"
+            + "".join(f", {g['backend']}{g['index']} {g['name']}" for g in gpus)
+            + (" and the CPU" if not gpus else "")
+        )
     elif not gpus:
         where = "CPU only (-ngl 0)"
     else:
         names = ", ".join(f"{g['backend']}{g['index']} {g['name']}" for g in gpus)
-        how = "--fit on" + (f" (about {info['n_gpu_layers']} layers on the GPUs)" if info["n_gpu_layers"] else "") \
-            if info["offload"] == "fit" else f"-ngl {info['n_gpu_layers']}"
+        how = (
+            "--fit on" + (f" (about {info['n_gpu_layers']} layers on the GPUs)" if info["n_gpu_layers"] else "")
+            if info["offload"] == "fit"
+            else f"-ngl {info['n_gpu_layers']}"
+        )
         where = f"{how} on {names}"
     lines = [
         f"model      {m['path']}",
@@ -132,13 +200,20 @@ def render_plan(info: dict[str, Any]) -> str:
         "predicted memory" + (" (approximate)" if info["bill_approximate"] else ""),
     ]
     parts = [*_PARTS, *(["projector"] if info.get("projector") else [])]
-    header = ["device", "weights", "KV", "recurrent", "compute", "output", *parts[len(_PARTS):], "total", "budget", ""]
-    rows = [[f"{b['physical']} {b['name']}"[:40], *(format_size(b[f"{p}_bytes"]) for p in parts),
-             format_size(b["total_bytes"]), format_size(b["budget_bytes"]), "ok" if b["fits"] else "OVER"]
-            for b in info["bill"]]
+    header = ["device", "weights", "KV", "recurrent", "compute", "output", *parts[len(_PARTS) :], "total", "budget", ""]
+    rows = [
+        [
+            f"{b['physical']} {b['name']}"[:40],
+            *(format_size(b[f"{p}_bytes"]) for p in parts),
+            format_size(b["total_bytes"]),
+            format_size(b["budget_bytes"]),
+            "ok" if b["fits"] else "OVER",
+        ]
+        for b in info["bill"]
+    ]
     widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
     for row in [header, *rows]:
-        cells = [row[0].ljust(widths[0]), *(c.rjust(w) for c, w in zip(row[1:-1], widths[1:-1])), row[-1]]
+        cells = [row[0].ljust(widths[0]), *(c.rjust(w) for c, w in zip(row[1:-1], widths[1:-1], strict=False)), row[-1]]
         lines.append("  " + "  ".join(cells).rstrip())
     lines += ["", "reasons", *(f"  - {r}" for r in info["reasons"])]
     if info.get("evicts"):
@@ -193,13 +268,18 @@ def render_doctor(info: dict[str, Any]) -> str:
     for d in info["devices"]:
         index = "" if d["index"] is None else str(d["index"])
         name = d.get("buffer_name") or d["name"]
-        lines.append(f"  {d['backend']}{index}  {name}  {format_size(d['free_bytes'])} free of "
-                     f"{format_size(d['total_bytes'])}  ({d['source']})")
+        lines.append(
+            f"  {d['backend']}{index}  {name}  {format_size(d['free_bytes'])} free of "
+            f"{format_size(d['total_bytes'])}  ({d['source']})"
+        )
     if info["rpc_workers"]:
         lines.append("rpc workers")
         for w in info["rpc_workers"]:
-            state = f"{len(w['devices'])} device(s)" if w["answered"] else (
-                "busy, its last answer stands in" if w["devices"] else f"left out: {w['problem']}")
+            state = (
+                f"{len(w['devices'])} device(s)"
+                if w["answered"]
+                else ("busy, its last answer stands in" if w["devices"] else f"left out: {w['problem']}")
+            )
             lines.append(f"  {w['endpoint']}  {state}")
     lines += [f"  ! {w}" for w in info["warnings"]]
     return "\n".join(lines)

@@ -18,7 +18,7 @@ def status_json(manager: ModelManager) -> dict[str, Any]:
     models = [resident_json(r) for r in residents]
     failed = [r for r in residents if r.state is ResidentState.FAILED]
     shown = manager.default or (max(failed, key=lambda r: r.created) if failed else None)
-    top = next((m for m, r in zip(models, residents) if r is shown), None)
+    top = next((m for m, r in zip(models, residents, strict=False) if r is shown), None)
     if top is None:
         resolving = manager.resolving
         top = {**_EMPTY, "state": "resolving" if resolving else "unloaded", "model": resolving}
@@ -45,12 +45,18 @@ def resident_json(r: ResidentModel) -> dict[str, Any]:
         "native_context": r.facts.context_length,
         "effective_context": loaded.n_ctx if loaded else None,
         "largest_safe_context": plan.max_safe_ctx,
-        "speculative": {"requested": plan.spec.requested, "resolved": plan.spec.resolved,
-                        "flags": list(plan.spec.argv), "reasons": list(plan.spec.reasons),
-                        "measured": measured_json(plan.spec.measured)},
+        "speculative": {
+            "requested": plan.spec.requested,
+            "resolved": plan.spec.resolved,
+            "flags": list(plan.spec.argv),
+            "reasons": list(plan.spec.reasons),
+            "measured": measured_json(plan.spec.measured),
+        },
         "cache_type_kv": r.settings.cache_type,
         "offload": {
-            "gpus": [d.name for d in plan.gpus], "n_gpu_layers": plan.n_gpu_layers, "mode": plan.offload,
+            "gpus": [d.name for d in plan.gpus],
+            "n_gpu_layers": plan.n_gpu_layers,
+            "mode": plan.offload,
             "active_on": sorted(d.device for d in actual.devices if d.weights) if actual else None,
         },
         "reasons": list(plan.reasons),
@@ -62,9 +68,13 @@ def resident_json(r: ResidentModel) -> dict[str, Any]:
             **plan_capabilities(plan).to_json(),
         },
         "progress": {
-            "phase": progress.phase, "bytes_loaded": progress.bytes_loaded, "bytes_total": progress.bytes_total,
+            "phase": progress.phase,
+            "bytes_loaded": progress.bytes_loaded,
+            "bytes_total": progress.bytes_total,
             "phases_seen": list(progress.phases_seen),
-        } if progress else None,
+        }
+        if progress
+        else None,
         "memory": {
             "predicted": bill_json(plan.bill, physical(plan.bill, plan)),
             "actual": bill_json(actual, physical(actual, plan)) if actual else None,
@@ -80,23 +90,51 @@ def resident_json(r: ResidentModel) -> dict[str, Any]:
 def bill_json(bill: MemoryBill, per_device: dict[str, int]) -> dict[str, Any]:
     """Bytes per device and part, for the GUI; ``by_device`` names the physical devices (``CUDA0``...)."""
     return {
-        "devices": {d.device: {"weights": d.weights, "kv": d.kv, "recurrent": d.recurrent, "compute": d.compute,
-                               "output": d.output, "output_growth": d.output_growth,
-                               "compute_growth": d.compute_growth, "projector": d.projector, "total": d.total}
-                    for d in bill.devices},
+        "devices": {
+            d.device: {
+                "weights": d.weights,
+                "kv": d.kv,
+                "recurrent": d.recurrent,
+                "compute": d.compute,
+                "output": d.output,
+                "output_growth": d.output_growth,
+                "compute_growth": d.compute_growth,
+                "projector": d.projector,
+                "total": d.total,
+            }
+            for d in bill.devices
+        },
         "by_device": per_device,
         "total": bill.total,
         # what llama-server holds once it listens: the figure to set beside the actual total
         "startup_total": bill.startup_total,
         "approximate": bill.approximate,
         "reasons": list(bill.reasons),
-        "projector": {"device": bill.projector.device, "weights": bill.projector.weights,
-                      "compute": bill.projector.compute, "total": bill.projector.total} if bill.projector else None,
+        "projector": {
+            "device": bill.projector.device,
+            "weights": bill.projector.weights,
+            "compute": bill.projector.compute,
+            "total": bill.projector.total,
+        }
+        if bill.projector
+        else None,
     }
 
 
 _EMPTY: dict[str, Any] = {
-    "path": None, "mmproj": None, "native_context": None, "effective_context": None, "largest_safe_context": None,
-    "speculative": None, "cache_type_kv": None, "offload": None, "reasons": None, "capabilities": None,
-    "progress": None, "memory": None, "error": None, "pid": None, "in_flight": 0,
+    "path": None,
+    "mmproj": None,
+    "native_context": None,
+    "effective_context": None,
+    "largest_safe_context": None,
+    "speculative": None,
+    "cache_type_kv": None,
+    "offload": None,
+    "reasons": None,
+    "capabilities": None,
+    "progress": None,
+    "memory": None,
+    "error": None,
+    "pid": None,
+    "in_flight": 0,
 }

@@ -39,11 +39,19 @@ from launcher.build import BuildResult, ProgressFn, ensure_built, load_pin
 
 #: Where CUDA toolkits and NVIDIA's drivers usually live, after the environment's own hints.
 TOOLKIT_ROOTS = ("/usr/local/cuda",)
-DRIVER_DIRS = ("/usr/local/nvidia/lib64", "/usr/local/nvidia/lib", "/usr/lib/x86_64-linux-gnu", "/usr/lib64",
-               "/usr/lib/wsl/lib")
+DRIVER_DIRS = (
+    "/usr/local/nvidia/lib64",
+    "/usr/local/nvidia/lib",
+    "/usr/lib/x86_64-linux-gnu",
+    "/usr/lib64",
+    "/usr/lib/wsl/lib",
+)
 #: The build type stays Release (NDEBUG: no asserts the shipped binary lacks); only the optimisation drops.
-QUICK_BUILD_ARGS = ("-DCMAKE_C_FLAGS_RELEASE=-O1 -DNDEBUG", "-DCMAKE_CXX_FLAGS_RELEASE=-O1 -DNDEBUG",
-                    "-DCMAKE_CUDA_FLAGS_RELEASE=-O1 -DNDEBUG -Xcicc -O1 -Xptxas -O1")
+QUICK_BUILD_ARGS = (
+    "-DCMAKE_C_FLAGS_RELEASE=-O1 -DNDEBUG",
+    "-DCMAKE_CXX_FLAGS_RELEASE=-O1 -DNDEBUG",
+    "-DCMAKE_CUDA_FLAGS_RELEASE=-O1 -DNDEBUG -Xcicc -O1 -Xptxas -O1",
+)
 _LDCONFIG_LINE = re.compile(r"^\s*(\S+) \(([^)]*)\) => (\S+)$")
 
 
@@ -65,10 +73,16 @@ class CudaToolchain:
 
     def cmake_args(self, architectures: str) -> tuple[str, ...]:
         """CMake arguments for this toolchain and ``architectures`` (e.g. ``90-real``)."""
-        args = [f"-DCMAKE_CUDA_COMPILER={self.nvcc}", f"-DCUDAToolkit_ROOT={self.root}",
-                f"-DCMAKE_CUDA_ARCHITECTURES={architectures}", "-DGGML_CUDA_NCCL=OFF",
-                f"-DCUDA_cudart_LIBRARY={self.cudart}", f"-DCUDA_cublas_LIBRARY={self.cublas}", f"-DCUDA_cublasLt_LIBRARY={self.cublas_lt}",
-                f"-DCUDA_cuda_driver_LIBRARY={self.driver}"]
+        args = [
+            f"-DCMAKE_CUDA_COMPILER={self.nvcc}",
+            f"-DCUDAToolkit_ROOT={self.root}",
+            f"-DCMAKE_CUDA_ARCHITECTURES={architectures}",
+            "-DGGML_CUDA_NCCL=OFF",
+            f"-DCUDA_cudart_LIBRARY={self.cudart}",
+            f"-DCUDA_cublas_LIBRARY={self.cublas}",
+            f"-DCUDA_cublasLt_LIBRARY={self.cublas_lt}",
+            f"-DCUDA_cuda_driver_LIBRARY={self.driver}",
+        ]
         if self.cublas_include != self.root / "include":
             args.append(f"-DCMAKE_CUDA_FLAGS=-isystem {self.cublas_include}")
         return tuple(args)
@@ -82,40 +96,59 @@ class CudaToolchain:
 def compute_capabilities(nvidia_smi: str = "nvidia-smi") -> str:
     """The CMake architecture list for the visible GPUs, e.g. ``90-real`` for an H200 (``9.0``)."""
     try:
-        out = subprocess.run([nvidia_smi, "--query-gpu=compute_cap", "--format=csv,noheader"], capture_output=True,
-                             text=True, timeout=30)
+        out = subprocess.run(
+            [nvidia_smi, "--query-gpu=compute_cap", "--format=csv,noheader"], capture_output=True, text=True, timeout=30
+        )
     except (OSError, subprocess.TimeoutExpired) as exc:
         raise CudaSetupError(f"cannot run {nvidia_smi}: {exc}") from exc
     caps = [line.strip() for line in out.stdout.splitlines() if line.strip()]
     if out.returncode != 0 or not caps or not all(re.fullmatch(r"\d+\.\d+", c) for c in caps):
-        raise CudaSetupError(f"{nvidia_smi} gave no compute capability (exit {out.returncode}): "
-                             f"{(out.stdout + out.stderr).strip()[:300]!r}")
+        raise CudaSetupError(
+            f"{nvidia_smi} gave no compute capability (exit {out.returncode}): "
+            f"{(out.stdout + out.stderr).strip()[:300]!r}"
+        )
     return ";".join(f"{c.replace('.', '')}-real" for c in dict.fromkeys(caps))
 
 
-def find_toolchain(env: Mapping[str, str] | None = None,
-                   python_paths: Sequence[str] | None = None) -> CudaToolchain:
+def find_toolchain(env: Mapping[str, str] | None = None, python_paths: Sequence[str] | None = None) -> CudaToolchain:
     """Find nvcc, its toolkit, cuBLAS (toolkit or pip wheels) and the driver library.
 
     ``python_paths`` (default ``sys.path``) is searched for NVIDIA's wheels
     (``nvidia/<any>/lib``, e.g. ``nvidia/cu13`` or CUDA 12's ``nvidia/cublas``).
     """
     env = dict(os.environ if env is None else env)
-    wheel_dirs = [d for p in (sys.path if python_paths is None else python_paths) if p
-                  for d in sorted(Path(p).glob("nvidia/*")) if d.is_dir()]
+    wheel_dirs = [
+        d
+        for p in (sys.path if python_paths is None else python_paths)
+        if p
+        for d in sorted(Path(p).glob("nvidia/*"))
+        if d.is_dir()
+    ]
     root = _toolkit_root(env, wheel_dirs)
     nvcc = root / "bin" / "nvcc"
-    lib_dirs = [root / "lib64", root / "lib", root / "targets" / "x86_64-linux" / "lib", *(d / "lib" for d in wheel_dirs)]
+    lib_dirs = [
+        root / "lib64",
+        root / "lib",
+        root / "targets" / "x86_64-linux" / "lib",
+        *(d / "lib" for d in wheel_dirs),
+    ]
     cudart = _first_library("cudart", lib_dirs)
     cublas = _first_library("cublas", lib_dirs)
     cublas_lt = _first_library("cublasLt", [cublas.parent, *lib_dirs])
-    include = next((d for d in [root / "include", cublas.parent.parent / "include", *(w / "include" for w in wheel_dirs)]
-                    if (d / "cublas_v2.h").is_file()), None)
+    include = next(
+        (
+            d
+            for d in [root / "include", cublas.parent.parent / "include", *(w / "include" for w in wheel_dirs)]
+            if (d / "cublas_v2.h").is_file()
+        ),
+        None,
+    )
     if include is None:
         raise CudaSetupError(f"cublas_v2.h is not beside {cublas} nor in {root / 'include'}")
     driver = _driver_library(root)
-    return CudaToolchain(nvcc=nvcc, root=root, cudart=cudart, cublas=cublas, cublas_lt=cublas_lt, cublas_include=include,
-                         driver=driver)
+    return CudaToolchain(
+        nvcc=nvcc, root=root, cudart=cudart, cublas=cublas, cublas_lt=cublas_lt, cublas_include=include, driver=driver
+    )
 
 
 def _toolkit_root(env: dict[str, str], wheel_dirs: Sequence[Path]) -> Path:
@@ -133,8 +166,9 @@ def _toolkit_root(env: dict[str, str], wheel_dirs: Sequence[Path]) -> Path:
         root = Path(c)
         if (root / "bin" / "nvcc").is_file() and (root / "include" / "cuda_runtime.h").is_file():
             return root.resolve()
-    raise CudaSetupError(f"no CUDA toolkit (bin/nvcc with include/cuda_runtime.h) in any of: "
-                         f"{', '.join(filter(None, candidates))}")
+    raise CudaSetupError(
+        f"no CUDA toolkit (bin/nvcc with include/cuda_runtime.h) in any of: {', '.join(filter(None, candidates))}"
+    )
 
 
 def _first_library(name: str, dirs: Iterable[Path]) -> Path:
@@ -158,7 +192,10 @@ def _driver_library(root: Path) -> Path:
         m = _LDCONFIG_LINE.match(line)
         if m and m.group(1) in ("libcuda.so.1", "libcuda.so") and "x86-64" in m.group(2):
             return Path(m.group(3))
-    dirs = [Path(d) for d in DRIVER_DIRS] + [root / "lib64" / "stubs", root / "targets" / "x86_64-linux" / "lib" / "stubs"]
+    dirs = [Path(d) for d in DRIVER_DIRS] + [
+        root / "lib64" / "stubs",
+        root / "targets" / "x86_64-linux" / "lib" / "stubs",
+    ]
     return _first_library("cuda", [d for d in dirs if d.is_dir()] or dirs)
 
 
@@ -167,9 +204,21 @@ def build_args(toolchain: CudaToolchain, architectures: str) -> tuple[str, ...]:
     return (*toolchain.cmake_args(architectures), *QUICK_BUILD_ARGS)
 
 
-def build_cuda_server(home: Path, toolchain: CudaToolchain, architectures: str, *, jobs: int | None = None,
-                      progress: ProgressFn | None = None) -> BuildResult:
+def build_cuda_server(
+    home: Path,
+    toolchain: CudaToolchain,
+    architectures: str,
+    *,
+    jobs: int | None = None,
+    progress: ProgressFn | None = None,
+) -> BuildResult:
     """``ensure_built`` for the ``cuda`` backend, ``llama-server`` only, for ``architectures``, at ``-O1``."""
     pin = load_pin()
-    return ensure_built(home, backend="cuda", extra_cmake_args=build_args(toolchain, architectures),
-                        jobs=jobs or os.cpu_count(), pin=replace(pin, targets=("llama-server",)), progress=progress)
+    return ensure_built(
+        home,
+        backend="cuda",
+        extra_cmake_args=build_args(toolchain, architectures),
+        jobs=jobs or os.cpu_count(),
+        pin=replace(pin, targets=("llama-server",)),
+        progress=progress,
+    )

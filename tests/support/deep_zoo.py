@@ -43,12 +43,17 @@ def deepen_model(src: Path, dst: Path, n_blocks: int) -> Path | None:
     if sorted(blocks) != list(range(n)):
         return None
     for key, value in head.metadata.items():
-        if key.startswith(f"{arch}.") and not key.endswith(_NOT_PER_LAYER) and isinstance(value, (list, tuple, LazyArray)) \
-                and len(value) == n:
+        if (
+            key.startswith(f"{arch}.")
+            and not key.endswith(_NOT_PER_LAYER)
+            and isinstance(value, (list, tuple, LazyArray))
+            and len(value) == n
+        ):
             values = list(value)
             metadata[key] = [values[il % n] for il in range(n_blocks)]
     metadata[f"{arch}.block_count"] = n_blocks
     tensors = [TensorToWrite(t.name, t.shape, t.ggml_type) for t in others]
-    tensors += [TensorToWrite(f"blk.{il}.{rest}", t.shape, t.ggml_type)
-                for il in range(n_blocks) for rest, t in blocks[il % n]]
+    tensors += [
+        TensorToWrite(f"blk.{il}.{rest}", t.shape, t.ggml_type) for il in range(n_blocks) for rest, t in blocks[il % n]
+    ]
     return write_gguf(dst, metadata, tensors, value_types=head.value_types, version=head.version)

@@ -41,12 +41,37 @@ def load_report(
     return log, code
 
 
-def _once(binary: Path, model: Path, args: Sequence[str], until: Sequence[str], timeout: float,
-          ) -> tuple[str, int | None]:
-    argv = [str(binary), "-m", str(model), "--host", "127.0.0.1", "--port", str(free_port()), "-fit", "off",
-            "--no-warmup", "-lv", "4", *args]
-    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                            text=True, errors="replace", **platform.child_popen_kwargs())
+def _once(
+    binary: Path,
+    model: Path,
+    args: Sequence[str],
+    until: Sequence[str],
+    timeout: float,
+) -> tuple[str, int | None]:
+    argv = [
+        str(binary),
+        "-m",
+        str(model),
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(free_port()),
+        "-fit",
+        "off",
+        "--no-warmup",
+        "-lv",
+        "4",
+        *args,
+    ]
+    proc = subprocess.Popen(
+        argv,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        stdin=subprocess.DEVNULL,
+        text=True,
+        errors="replace",
+        **platform.child_popen_kwargs(),
+    )
     timer = threading.Timer(timeout, platform.kill_group, args=(proc.pid,))
     timer.start()
     lines: list[str] = []

@@ -49,9 +49,17 @@ WATCHDOG_S = 20.0
 GIB = 1024 * MIB
 _CPU = Device("CPU", None, "CPU", 64 * GIB, 48 * GIB, "psutil")
 #: Machines a case plans on, alternately: CPU only, and two GPUs so the layer split and GPU searches run too.
-MACHINES = (Inventory((_CPU,), ()),
-            Inventory((Device("CUDA", 0, "GPU A", 24 * GIB, 300 * MIB, "nvidia-smi"),
-                       Device("CUDA", 1, "GPU B", 24 * GIB, 8 * GIB, "nvidia-smi"), _CPU), ()))
+MACHINES = (
+    Inventory((_CPU,), ()),
+    Inventory(
+        (
+            Device("CUDA", 0, "GPU A", 24 * GIB, 300 * MIB, "nvidia-smi"),
+            Device("CUDA", 1, "GPU B", 24 * GIB, 8 * GIB, "nvidia-smi"),
+            _CPU,
+        ),
+        (),
+    ),
+)
 REQUESTS = (PlanRequest(), PlanRequest(n_ctx=8192, n_parallel=2, cache_type_k="q8_0", cache_type_v="q8_0"))
 
 # GGUF value types (the reader's numbering)
@@ -101,7 +109,7 @@ def map_header(data: bytes) -> tuple[dict[str, list[Field]], int]:
         nonlocal off
         (n,) = struct.unpack_from("<Q", data, off)
         add("string_len", off, "Q", what)
-        text = data[off + 8: off + 8 + n].decode("utf-8", "replace")
+        text = data[off + 8 : off + 8 + n].decode("utf-8", "replace")
         off += 8 + n
         return text, off - n
 
@@ -173,16 +181,57 @@ def make_base(src: Path, folder: Path) -> Base:
 def _int_values(fmt: str, old: int, rng: random.Random) -> list[int]:
     bits = 8 * struct.calcsize("<" + fmt)
     top = (1 << bits) - 1
-    picks = [0, 1, 2, 3, old + 1, old - 1, old * 2, old * 1000, top, top - 1, top >> 1, (top >> 1) + 1,
-             rng.randrange(top + 1)]
-    picks += [v for v in (255, 256, 1024, 32768, 65535, 65536, 60000, 1 << 20, 1 << 24, 1 << 27, 1 << 31,
-                          1 << 32, 1 << 40, 1 << 62) if v <= top]
+    picks = [
+        0,
+        1,
+        2,
+        3,
+        old + 1,
+        old - 1,
+        old * 2,
+        old * 1000,
+        top,
+        top - 1,
+        top >> 1,
+        (top >> 1) + 1,
+        rng.randrange(top + 1),
+    ]
+    picks += [
+        v
+        for v in (
+            255,
+            256,
+            1024,
+            32768,
+            65535,
+            65536,
+            60000,
+            1 << 20,
+            1 << 24,
+            1 << 27,
+            1 << 31,
+            1 << 32,
+            1 << 40,
+            1 << 62,
+        )
+        if v <= top
+    ]
     return [v & top for v in picks]
 
 
 def _float_values(old: float) -> list[float]:
-    return [math.nan, math.inf, -math.inf, 0.0, -0.0, -1.0, 1e-45, 1e38, -1e38,
-            old * 1e6 if math.isfinite(old) else 1.0]
+    return [
+        math.nan,
+        math.inf,
+        -math.inf,
+        0.0,
+        -0.0,
+        -1.0,
+        1e-45,
+        1e38,
+        -1e38,
+        old * 1e6 if math.isfinite(old) else 1.0,
+    ]
 
 
 def _packed(fmt: str, old_bytes: bytes, rng: random.Random) -> bytes:
@@ -200,16 +249,30 @@ def _tensor_name(old: bytes, rng: random.Random) -> bytes:
     """The block index of ``blk.N.…`` replaced by another of the same number of digits (the name keeps its length)."""
     head, n, rest = old.split(b".", 2) if old.count(b".") >= 2 else (old, b"", b"")
     digits = len(n) or 1
-    choice = rng.choice([0, 9 * (10 ** (digits - 1)), 10 ** digits - 1, rng.randrange(10 ** digits)])
-    return b".".join([head, str(choice).rjust(digits, "0").encode()[-digits:], rest])[:len(old)]
+    choice = rng.choice([0, 9 * (10 ** (digits - 1)), 10**digits - 1, rng.randrange(10**digits)])
+    return b".".join([head, str(choice).rjust(digits, "0").encode()[-digits:], rest])[: len(old)]
 
 
 #: The categories a case draws from and their weights (by count, tensor fields would crowd out the rest): the
 #: hyper-parameters (scalars under the architecture's prefix), other scalars and array elements most often, since
 #: the header stays readable and the facts, the estimate and the plan get to see them.
-CATEGORIES = {"counts": 1, "type_tag": 1, "hparam": 5, "scalar": 2, "string_len": 1, "array_type": 1,
-              "array_count": 1, "array_element": 2, "tensor_name": 1, "tensor_dims": 1, "tensor_dim": 2,
-              "tensor_type": 1, "tensor_offset": 1, "truncate": 1, "byte": 1}
+CATEGORIES = {
+    "counts": 1,
+    "type_tag": 1,
+    "hparam": 5,
+    "scalar": 2,
+    "string_len": 1,
+    "array_type": 1,
+    "array_count": 1,
+    "array_element": 2,
+    "tensor_name": 1,
+    "tensor_dims": 1,
+    "tensor_dim": 2,
+    "tensor_type": 1,
+    "tensor_offset": 1,
+    "truncate": 1,
+    "byte": 1,
+}
 
 
 @dataclass(frozen=True)
@@ -229,8 +292,14 @@ def draw_patches(base: Base, rng: random.Random, header: bytes) -> list[Patch]:
         present = [c for c in CATEGORIES if c in ("truncate", "byte") or base.fields.get(c)]
         category = rng.choices(present, weights=[CATEGORIES[c] for c in present])[0]
         if category == "truncate":
-            cut = rng.choice([rng.randrange(base.header_end), base.header_end, base.size - 1,
-                              rng.randrange(base.header_end, base.size)])
+            cut = rng.choice(
+                [
+                    rng.randrange(base.header_end),
+                    base.header_end,
+                    base.size - 1,
+                    rng.randrange(base.header_end, base.size),
+                ]
+            )
             patches.append(Patch(0, b"", f"file truncated to {cut} bytes", truncate_to=cut))
             continue
         if category == "byte":
@@ -238,7 +307,7 @@ def draw_patches(base: Base, rng: random.Random, header: bytes) -> list[Patch]:
             patches.append(Patch(at, bytes([rng.randrange(256)]), f"byte {at} set"))
             continue
         f = rng.choice(base.fields[category])
-        old = header[f.offset:f.offset + f.size]
+        old = header[f.offset : f.offset + f.size]
         new = _tensor_name(old, rng) if f.fmt == "s" else _packed(f.fmt, old, rng)
         shown = new.decode("ascii", "replace") if f.fmt == "s" else struct.unpack("<" + f.fmt, new)[0]
         patches.append(Patch(f.offset, new, f"{category} {f.what} = {shown!r}"))
@@ -255,6 +324,7 @@ class CaseTimeout(Exception):
 @contextmanager
 def watchdog(seconds: float) -> Iterator[None]:
     """Raise ``CaseTimeout`` in this (main) thread after ``seconds`` of wall time."""
+
     def expire(signum: int, frame: object) -> None:
         raise CaseTimeout(f"still running after {seconds} s")
 
@@ -267,8 +337,9 @@ def watchdog(seconds: float) -> Iterator[None]:
         signal.signal(signal.SIGALRM, previous)
 
 
-def pipeline(path: Path, caps: Capabilities, binary: Path, machine: Inventory, request: PlanRequest,
-             files_root: Path) -> str:
+def pipeline(
+    path: Path, caps: Capabilities, binary: Path, machine: Inventory, request: PlanRequest, files_root: Path
+) -> str:
     """Everything the studio does with a model file short of starting it; returns how far it got."""
     model = gguf.read(path, cache=False)
     facts = model.facts
@@ -293,8 +364,15 @@ class Outcome:
     detail: str = ""  # the foreign exception's traceback
 
 
-def run_case(index: int, seed: int, bases: Sequence[Base], headers: Sequence[bytes], caps: Capabilities,
-             binary: Path, files_root: Path) -> Outcome:
+def run_case(
+    index: int,
+    seed: int,
+    bases: Sequence[Base],
+    headers: Sequence[bytes],
+    caps: Capabilities,
+    binary: Path,
+    files_root: Path,
+) -> Outcome:
     """Case ``index`` of the fuzz seeded ``seed``: patch, run the pipeline under the watchdog, undo."""
     rng = random.Random(seed * 1_000_003 + index)
     which = index % len(bases)
@@ -315,7 +393,7 @@ def run_case(index: int, seed: int, bases: Sequence[Base], headers: Sequence[byt
             result = pipeline(base.path, caps, binary, machine, request, files_root)
     except OURS as exc:
         result = type(exc).__name__
-    except Exception as exc:  # noqa: BLE001 - a finding: anything that is not ours
+    except Exception as exc:  # a finding: anything that is not ours
         result, foreign, detail = type(exc).__name__, True, traceback.format_exc()
     finally:
         cpu, wall = time.process_time() - cpu, time.monotonic() - wall
@@ -325,8 +403,16 @@ def run_case(index: int, seed: int, bases: Sequence[Base], headers: Sequence[byt
     return Outcome(index, base.name, tuple(p.what for p in patches), result, foreign, cpu, wall, detail)
 
 
-def fuzz(bases: Sequence[Base], caps: Capabilities, binary: Path, files_root: Path, *, cases: int, seed: int,
-         on_outcome: Callable[[Outcome], None] = lambda o: None) -> list[Outcome]:
+def fuzz(
+    bases: Sequence[Base],
+    caps: Capabilities,
+    binary: Path,
+    files_root: Path,
+    *,
+    cases: int,
+    seed: int,
+    on_outcome: Callable[[Outcome], None] = lambda o: None,
+) -> list[Outcome]:
     """Run ``cases`` cases over ``bases``; ``on_outcome`` sees each as it ends."""
     headers = []
     for b in bases:

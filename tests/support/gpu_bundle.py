@@ -52,24 +52,63 @@ WHEELS = "wheels"
 #: Folders of the llama.cpp tree a CUDA llama-server build never reads: documentation, vocab GGUFs and media
 #: (tests only name them at run time), the Python converters, the examples (LLAMA_BUILD_EXAMPLES=OFF), and the
 #: ggml backends the pin's cpu/cuda recipes leave off (each is added only when its GGML_<NAME> option is on).
-TRIM = ("docs", "models", "media", "benches", "gguf-py", "conversion", "examples", "pocs", "skills",
-        *(f"ggml/src/ggml-{b}" for b in ("vulkan", "sycl", "opencl", "metal", "hexagon", "et", "openvino", "webgpu",
-                                         "cann", "virtgpu", "zdnn", "zendnn")))
+TRIM = (
+    "docs",
+    "models",
+    "media",
+    "benches",
+    "gguf-py",
+    "conversion",
+    "examples",
+    "pocs",
+    "skills",
+    *(
+        f"ggml/src/ggml-{b}"
+        for b in (
+            "vulkan",
+            "sycl",
+            "opencl",
+            "metal",
+            "hexagon",
+            "et",
+            "openvino",
+            "webgpu",
+            "cann",
+            "virtgpu",
+            "zdnn",
+            "zendnn",
+        )
+    ),
+)
 #: sha256 of ``source-manifest.txt`` for each pin (keyed by the pin's sdist sha256). A new pin, or a new TRIM,
 #: changes it: ``tests/test_gpu_check.py`` recomputes it from the studio's verified source tree.
 TRIMMED_MANIFESTS = {
-    "b0a2feb64c6fbd09f12af230734f072dd819ecb0ebd259565e1d6e9c34007e45":
-        "77c554527f573ab48875287c5574d81fe8447a28f723190fe3ee63db444901eb",
+    "b0a2feb64c6fbd09f12af230734f072dd819ecb0ebd259565e1d6e9c34007e45": "77c554527f573ab48875287c5574d81fe8447a28f723190fe3ee63db444901eb",
 }
 
 #: The run path's third-party modules (``launcher.devices``: psutil; ``launcher.process``: httpx; the supervisor
 #: and the zoo helpers: structlog) and what they import in turn, by distribution name.
-RUNTIME_DISTRIBUTIONS = ("psutil", "httpx", "httpcore", "h11", "anyio", "idna", "certifi", "sniffio",
-                         "typing_extensions", "structlog")
+RUNTIME_DISTRIBUTIONS = (
+    "psutil",
+    "httpx",
+    "httpcore",
+    "h11",
+    "anyio",
+    "idna",
+    "certifi",
+    "sniffio",
+    "typing_extensions",
+    "structlog",
+)
 #: The device machine's Python (KINDS.md: Python 3.12 on x86-64 Linux); psutil's wheel is abi3, the rest pure.
 WHEEL_PYTHON = "3.12"
-WHEEL_PLATFORMS = ("manylinux_2_28_x86_64", "manylinux_2_27_x86_64", "manylinux_2_17_x86_64", "manylinux2014_x86_64",
-                   "manylinux1_x86_64")
+WHEEL_PLATFORMS = (
+    "manylinux_2_28_x86_64",
+    "manylinux_2_27_x86_64",
+    "manylinux_2_17_x86_64",
+    "manylinux2014_x86_64",
+    "manylinux1_x86_64",
+)
 
 
 class BundleError(RuntimeError):
@@ -108,8 +147,10 @@ def expected_manifest_digest(pin: Pin) -> str:
     try:
         return TRIMMED_MANIFESTS[pin.sha256]
     except KeyError:
-        raise BundleError(f"no trimmed-source manifest is recorded for the pin {pin.tag} ({pin.sha256[:12]}...); "
-                          "add its digest to tests/support/gpu_bundle.py TRIMMED_MANIFESTS") from None
+        raise BundleError(
+            f"no trimmed-source manifest is recorded for the pin {pin.tag} ({pin.sha256[:12]}...); "
+            "add its digest to tests/support/gpu_bundle.py TRIMMED_MANIFESTS"
+        ) from None
 
 
 def pack_source(tree: Path, bundle: Path, pin: Pin) -> str:
@@ -122,9 +163,11 @@ def pack_source(tree: Path, bundle: Path, pin: Pin) -> str:
     text = manifest_text(tree, files)
     digest = _sha256(text.encode())
     if digest != expected_manifest_digest(pin):
-        raise BundleError(f"the trimmed tree of {tree} has manifest sha256 {digest}, not the recorded "
-                          f"{expected_manifest_digest(pin)}: the tree differs from the pinned sources (or TRIM "
-                          "changed: record the new digest)")
+        raise BundleError(
+            f"the trimmed tree of {tree} has manifest sha256 {digest}, not the recorded "
+            f"{expected_manifest_digest(pin)}: the tree differs from the pinned sources (or TRIM "
+            "changed: record the new digest)"
+        )
     bundle.mkdir(parents=True, exist_ok=True)
     with tarfile.open(bundle / SOURCE_ARCHIVE, "w:gz", compresslevel=6) as tar:
         for f in files:
@@ -160,13 +203,15 @@ def restore_source(bundle: Path, dest: Path, pin: Pin) -> int:
         found = trimmed_files(tree)
         if sorted(expected) != found:
             missing, extra = sorted(set(expected) - set(found)), sorted(set(found) - set(expected))
-            raise BundleError(f"the source archive does not hold the manifest's files (missing {missing[:5]}, "
-                              f"extra {extra[:5]})")
+            raise BundleError(
+                f"the source archive does not hold the manifest's files (missing {missing[:5]}, extra {extra[:5]})"
+            )
         bad = [f for f in found if _file_sha256(tree / f) != expected[f]]
         if bad:
             raise BundleError(f"{len(bad)} source files differ from the manifest, e.g. {bad[:5]}")
-        (tree / SOURCE_MARKER_NAME).write_text(json.dumps({"sha256": pin.sha256, "package": pin.requirement,
-                                                           "trimmed_manifest": digest}, indent=2) + "\n")
+        (tree / SOURCE_MARKER_NAME).write_text(
+            json.dumps({"sha256": pin.sha256, "package": pin.requirement, "trimmed_manifest": digest}, indent=2) + "\n"
+        )
         if dest.exists():
             shutil.rmtree(dest)
         tree.rename(dest)
@@ -235,9 +280,23 @@ def pack_wheels(bundle: Path, distributions: Sequence[str] = RUNTIME_DISTRIBUTIO
         shutil.rmtree(dest)
     dest.mkdir(parents=True)
     platforms = [a for p in WHEEL_PLATFORMS for a in ("--platform", p)]
-    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", "--disable-pip-version-check",
-           "--python-version", WHEEL_PYTHON, "--implementation", "cp", *platforms, "-d", str(dest),
-           *(f"{d}=={version(d)}" for d in distributions)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "pip",
+        "download",
+        "--no-deps",
+        "--only-binary=:all:",
+        "--disable-pip-version-check",
+        "--python-version",
+        WHEEL_PYTHON,
+        "--implementation",
+        "cp",
+        *platforms,
+        "-d",
+        str(dest),
+        *(f"{d}=={version(d)}" for d in distributions),
+    ]
     proc = subprocess.run(cmd, capture_output=True, text=True)
     if proc.returncode != 0:
         raise BundleError(f"pip could not download the runtime wheels: {(proc.stdout + proc.stderr)[-800:]}")
@@ -284,7 +343,10 @@ def folder_bytes(path: Path) -> int:
 
 def working_tree_bytes(repo: Path) -> int:
     """Bytes of the git working tree that travels: tracked and untracked-not-ignored files."""
-    proc = subprocess.run(["git", "-C", str(repo), "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
-                          capture_output=True, check=True)
+    proc = subprocess.run(
+        ["git", "-C", str(repo), "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
+        capture_output=True,
+        check=True,
+    )
     paths = {p for p in proc.stdout.decode().split("\0") if p}
     return sum((repo / p).stat().st_size for p in paths if (repo / p).is_file())

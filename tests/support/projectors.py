@@ -88,9 +88,18 @@ class _Tensors:
         self.zeros(f"{blk}.ffn_down.bias", n_embd)
 
 
-def write_vision_projector(path: Path, *, projection_dim: int = SMOLLM2_WIDTH, n_embd: int = 64, n_ff: int = 128,
-                           n_layer: int = 2, image_size: int = 64, patch_size: int = 16, hidden: int = 128,
-                           seed: int = 1) -> Path:
+def write_vision_projector(
+    path: Path,
+    *,
+    projection_dim: int = SMOLLM2_WIDTH,
+    n_embd: int = 64,
+    n_ff: int = 128,
+    n_layer: int = 2,
+    image_size: int = 64,
+    patch_size: int = 16,
+    hidden: int = 128,
+    seed: int = 1,
+) -> Path:
     """Write an LLaVA-style (``mlp``) vision projector to ``path`` and return it."""
     n_pos = (image_size // patch_size) ** 2
     t = _Tensors(seed)
@@ -124,9 +133,18 @@ def write_vision_projector(path: Path, *, projection_dim: int = SMOLLM2_WIDTH, n
     return _write(path, metadata, t.out)
 
 
-def write_audio_projector(path: Path, *, projection_dim: int = SMOLLM2_WIDTH, n_embd: int = 64, n_ff: int = 128,
-                          n_layer: int = 1, n_mel: int = 128, stack_factor: int = 10, hidden: int = 128,
-                          seed: int = 2) -> Path:
+def write_audio_projector(
+    path: Path,
+    *,
+    projection_dim: int = SMOLLM2_WIDTH,
+    n_embd: int = 64,
+    n_ff: int = 128,
+    n_layer: int = 1,
+    n_mel: int = 128,
+    stack_factor: int = 10,
+    hidden: int = 128,
+    seed: int = 2,
+) -> Path:
     """Write a Whisper-encoder (``voxtral``) audio projector to ``path`` and return it."""
     if 750 % stack_factor:
         raise ValueError(f"stack_factor {stack_factor} does not divide the 750 pooled frames of a window")

@@ -31,11 +31,18 @@ class RunningStudio:
 
 
 @contextmanager
-def running_studio(root: Path, binary: Path, models: Mapping[str, Path], *,
-                   defaults: Mapping[str, ModelDefaults] | None = None,
-                   residency: ResidencySettings | None = None, preload: Sequence[LoadRequest] = (),
-                   aliases: Mapping[str, str] | None = None, api_token: str | None = None,
-                   **manager_options: Any) -> Iterator[RunningStudio]:
+def running_studio(
+    root: Path,
+    binary: Path,
+    models: Mapping[str, Path],
+    *,
+    defaults: Mapping[str, ModelDefaults] | None = None,
+    residency: ResidencySettings | None = None,
+    preload: Sequence[LoadRequest] = (),
+    aliases: Mapping[str, str] | None = None,
+    api_token: str | None = None,
+    **manager_options: Any,
+) -> Iterator[RunningStudio]:
     """A studio whose catalog holds ``models`` (name -> file, linked into ``root/models``); stopped on exit."""
     folder = root / "models"
     folder.mkdir(parents=True, exist_ok=True)
@@ -44,14 +51,20 @@ def running_studio(root: Path, binary: Path, models: Mapping[str, Path], *,
         if not link.exists():
             link.symlink_to(path)
     manager = ModelManager(
-        catalog=Catalog([folder], aliases=dict(aliases or {})), binary=binary,
+        catalog=Catalog([folder], aliases=dict(aliases or {})),
+        binary=binary,
         make_supervisor=supervisor_factory(root / "logs", ChildRegistry(root / "run", owner_token())),
-        caps=probe(binary, cache_dir=root / "cache"), model_defaults=dict(defaults or {}), residency=residency,
+        caps=probe(binary, cache_dir=root / "cache"),
+        model_defaults=dict(defaults or {}),
+        residency=residency,
         **manager_options,
     )
     port = free_port()
-    server = StudioServer(uvicorn.Config(create_app(manager, preload=preload, api_token=api_token),
-                                           host="127.0.0.1", port=port, log_level="warning"))
+    server = StudioServer(
+        uvicorn.Config(
+            create_app(manager, preload=preload, api_token=api_token), host="127.0.0.1", port=port, log_level="warning"
+        )
+    )
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
     wait_for(lambda: server.started, timeout=30, what="uvicorn to start")

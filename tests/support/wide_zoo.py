@@ -73,8 +73,9 @@ def _widen_metadata(metadata: dict[str, Any], arch: str, factor: int, ffn_factor
     return out
 
 
-def widen_model(src: Path, dst: Path, binary: Path, *, factor: int = 8, ffn_factor: int | None = None,
-                attempts: int = 40) -> Path | None:
+def widen_model(
+    src: Path, dst: Path, binary: Path, *, factor: int = 8, ffn_factor: int | None = None, attempts: int = 40
+) -> Path | None:
     """Write ``src`` ``factor`` times wider to ``dst``; None when it is not 256 wide or llama-server refuses it.
 
     ``ffn_factor`` (default ``factor``) widens the FFN on its own, to vary the
@@ -91,26 +92,36 @@ def widen_model(src: Path, dst: Path, binary: Path, *, factor: int = 8, ffn_fact
     ffn_factor = ffn_factor or factor
     metadata = _widen_metadata(dict(head.metadata), arch, factor, ffn_factor)
     # the first two axes hold the widths; token_embd's second is the vocabulary
-    shapes = {t.name: tuple(_wide(d, factor, ffn_factor) if axis < 2 and (t.name, axis) != ("token_embd.weight", 1)
-                            else d for axis, d in enumerate(t.shape)) for t in head.tensors}
+    shapes = {
+        t.name: tuple(
+            _wide(d, factor, ffn_factor) if axis < 2 and (t.name, axis) != ("token_embd.weight", 1) else d
+            for axis, d in enumerate(t.shape)
+        )
+        for t in head.tensors
+    }
     for _ in range(attempts):
-        write_gguf(dst, metadata, [TensorToWrite(t.name, shapes[t.name], t.ggml_type) for t in head.tensors],
-                   value_types=head.value_types, version=head.version)
+        write_gguf(
+            dst,
+            metadata,
+            [TensorToWrite(t.name, shapes[t.name], t.ggml_type) for t in head.tensors],
+            value_types=head.value_types,
+            version=head.version,
+        )
         report, _ = load_report(binary, dst, ("-c", "256"), until=(_ACCEPTED,), timeout=30, attempts=1)
         if _ACCEPTED in report:
             return dst
         wrong = _WRONG_SHAPE.search(report)
         if wrong is None:
             refused = next((line for line in report.splitlines() if " E " in line), report[-200:])
-            log.info("wide zoo: llama-server refuses the widened model", model=src.stem,
-                     reason=refused.strip())
+            log.info("wide zoo: llama-server refuses the widened model", model=src.stem, reason=refused.strip())
             break
         name, expected = wrong.group(1), tuple(int(d) for d in wrong.group(2).replace(" ", "").split(","))
         suffix, guessed = _BLOCK.sub("", name), shapes[name]
         for t in head.tensors:  # the same tensor of every block
-            if t.name == name or (_BLOCK.match(name) and _BLOCK.sub("", t.name) == suffix
-                                  and shapes[t.name] == guessed):
-                shapes[t.name] = expected + shapes[t.name][len(expected):]
+            if t.name == name or (
+                _BLOCK.match(name) and _BLOCK.sub("", t.name) == suffix and shapes[t.name] == guessed
+            ):
+                shapes[t.name] = expected + shapes[t.name][len(expected) :]
     dst.unlink(missing_ok=True)
     return None
 
@@ -139,13 +150,19 @@ def with_experts(src: Path, dst: Path, n_expert: int, n_used: int) -> Path:
     return dst
 
 
-def ensure_wide_zoo(zoo: Path, binary: Path, out: Path, *, factor: int = 8, ffn_factor: int | None = None
-                    ) -> list[Path]:
+def ensure_wide_zoo(
+    zoo: Path, binary: Path, out: Path, *, factor: int = 8, ffn_factor: int | None = None
+) -> list[Path]:
     """Every zoo model llama-server accepts widened, generated into ``out`` once (a marker lists them)."""
-    return _generated_once(out, lambda: [
-        p for src in sorted(zoo.glob("*.gguf"))
-        if (p := widen_model(src, out / f"{src.stem}-wide.gguf", binary, factor=factor,
-                             ffn_factor=ffn_factor)) is not None])
+    return _generated_once(
+        out,
+        lambda: [
+            p
+            for src in sorted(zoo.glob("*.gguf"))
+            if (p := widen_model(src, out / f"{src.stem}-wide.gguf", binary, factor=factor, ffn_factor=ffn_factor))
+            is not None
+        ],
+    )
 
 
 def _generated_once(out: Path, make: Callable[[], list[Path]]) -> list[Path]:
@@ -173,8 +190,9 @@ def ensure_moe_zoo(zoo: Path, binary: Path, out: Path) -> list[Path]:
     def make() -> list[Path]:
         made = []
         for name, factor, ffn_factor, n_expert, n_used in REAL_MOE_SHAPES:
-            wide = widen_model(zoo / f"{name}.gguf", out / f"{name}-narrow.gguf", binary, factor=factor,
-                               ffn_factor=ffn_factor)
+            wide = widen_model(
+                zoo / f"{name}.gguf", out / f"{name}-narrow.gguf", binary, factor=factor, ffn_factor=ffn_factor
+            )
             if wide is not None:
                 made.append(with_experts(wide, out / f"{name}-{n_expert}x{n_used}.gguf", n_expert, n_used))
                 wide.unlink()

@@ -39,9 +39,7 @@ def ensure_zoo(build: BuildResult, home: Path) -> Path:
     if (out / MARKER).is_file():
         return out
     out.mkdir(parents=True, exist_ok=True)
-    proc = subprocess.run(
-        [str(build.test_llama_archs), "-o", str(out)], capture_output=True, text=True, timeout=900
-    )
+    proc = subprocess.run([str(build.test_llama_archs), "-o", str(out)], capture_output=True, text=True, timeout=900)
     models = sorted(out.glob("*.gguf"))
     if proc.returncode != 0 or not models:
         raise BuildError(
@@ -85,15 +83,20 @@ def derive_mtp_model(src: Path, dst: Path, *, seed: int = 0) -> Path:
 
     prefix = f"blk.{template}."
     tensors = [copy_of(head, t) for t in head.tensors]
-    tensors += [copy_of(head, t, f"blk.{n_layer}.{t.name[len(prefix):]}")
-                for t in head.tensors if t.name.startswith(prefix) and not t.name.endswith(_SCALE_SUFFIXES)]
+    tensors += [
+        copy_of(head, t, f"blk.{n_layer}.{t.name[len(prefix) :]}")
+        for t in head.tensors
+        if t.name.startswith(prefix) and not t.name.endswith(_SCALE_SUFFIXES)
+    ]
     rng = random.Random(seed)
     bound = 1.0 / (2 * n_embd) ** 0.5  # keeps the projected hidden state near unit scale: no NaN logits
     eh_proj = struct.pack(f"<{2 * n_embd * n_embd}f", *(rng.uniform(-bound, bound) for _ in range(2 * n_embd * n_embd)))
     ones = struct.pack(f"<{n_embd}f", *([1.0] * n_embd))
-    tensors += [TensorToWrite(f"blk.{n_layer}.nextn.eh_proj.weight", (2 * n_embd, n_embd), "F32", eh_proj),
-                TensorToWrite(f"blk.{n_layer}.nextn.enorm.weight", (n_embd,), "F32", ones),
-                TensorToWrite(f"blk.{n_layer}.nextn.hnorm.weight", (n_embd,), "F32", ones)]
+    tensors += [
+        TensorToWrite(f"blk.{n_layer}.nextn.eh_proj.weight", (2 * n_embd, n_embd), "F32", eh_proj),
+        TensorToWrite(f"blk.{n_layer}.nextn.enorm.weight", (n_embd,), "F32", ones),
+        TensorToWrite(f"blk.{n_layer}.nextn.hnorm.weight", (n_embd,), "F32", ones),
+    ]
     path = write_gguf(dst, metadata, tensors, value_types=head.value_types, version=head.version)
     log.info("mtp_model_derived", src=str(src), dst=str(dst), template_block=template, mtp_block=n_layer)
     return path
