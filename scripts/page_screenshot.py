@@ -24,18 +24,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from launcher.build import ensure_built
 from studio.library.default_model import CHAT_FILENAME, builtin_model_defaults, ensure_default_model
 from studio.settings import Settings
+from tests.support.browser import CHROMIUM, FLAGS
 from tests.support.studio import running_studio
 from tests.support.zoo import ensure_zoo
 
-FLAGS = [
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-quic",
-    "--no-first-run",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-]
 SMOL = CHAT_FILENAME.removesuffix(".gguf")
 
 
@@ -60,7 +52,7 @@ def main() -> None:
         loaded.raise_for_status()
         browser = pw.chromium.launch_persistent_context(
             str(Path(scratch) / "profile"),
-            executable_path="/usr/bin/chromium",
+            executable_path=str(CHROMIUM),
             headless=True,
             args=FLAGS,
             viewport={"width": 1280, "height": 800},

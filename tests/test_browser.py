@@ -40,21 +40,16 @@ from studio.residency.manager import ModelManager, supervisor_factory
 from studio.settings import ModelDefaults
 from studio.views.residency import status_json
 from tests.helpers import assert_no_children, free_port, wait_for
+from tests.support.browser import CHROMIUM
+from tests.support.browser import FLAGS as CHROMIUM_FLAGS
 
-CHROMIUM = Path("/usr/bin/chromium")
 PAGE = Path(__file__).parent / "fixtures" / "browser" / "page.html"
 TINY = "llama-dense"
-# The flags Chromium needs here: no sandbox as root, no GPU, nothing fetched from outside. Then the
-# rebinding name, and Chrome's own private-network checks off: they stop a public page's requests to
-# loopback in Chrome alone (not Firefox or Safari), and what is tested here is the studio's defence.
+# The flags Chromium needs here (tests.support.browser), then the rebinding name, and Chrome's own
+# private-network checks off: they stop a public page's requests to loopback in Chrome alone (not
+# Firefox or Safari), and what is tested here is the studio's defence.
 FLAGS = [
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-quic",
-    "--no-first-run",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
+    *CHROMIUM_FLAGS,
     "--host-resolver-rules=MAP evil.example 127.0.0.1",
     "--disable-features=BlockInsecurePrivateNetworkRequests,LocalNetworkAccessChecks",
 ]

@@ -26,20 +26,10 @@ from playwright.sync_api import Page, sync_playwright
 from studio.library.default_model import CHAT_FILENAME, builtin_model_defaults, ensure_default_model
 from studio.settings import ResidencySettings
 from tests.helpers import assert_no_children, wait_for
+from tests.support.browser import CHROMIUM, FLAGS
 from tests.support.studio import running_studio
 
 ROOT = Path(__file__).resolve().parent.parent
-CHROMIUM = Path("/usr/bin/chromium")
-# What Chromium needs here: no sandbox as root, no GPU, nothing fetched from outside.
-FLAGS = [
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-quic",
-    "--no-first-run",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-]
 SMOL = CHAT_FILENAME.removesuffix(".gguf")
 TINY = "llama-dense"
 WIDE = {"width": 1280, "height": 800}

@@ -12,17 +12,15 @@ from contextlib import asynccontextmanager
 
 import structlog
 from fastapi import FastAPI, Request
-from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, Response
+from fastapi.responses import Response
 from prometheus_client import CONTENT_TYPE_LATEST
-from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from studio import __version__
 from studio.chat.toolbox import Toolbox
 from studio.http.access import AccessPolicy
 from studio.http.auth import BearerTokenMiddleware
 from studio.http.browser_guard import BrowserGuard
-from studio.http.errors import HANDLED, answer_response, dialect_of, error_response, http_answer, validation_answer
+from studio.http.errors import dialect_of, error_response, install_error_handlers
 from studio.http.gui_api import router as api_router
 from studio.http.gui_chat import GuiChatRoute
 from studio.http.gui_chat import router as chat_router
@@ -107,23 +105,7 @@ def create_app(
     # outermost: the guard's and the token's refusals are counted too
     app.add_middleware(RequestMetrics, metrics=metrics, listener="studio", known=FORWARDED)
 
-    async def translate(request: Request, exc: Exception) -> JSONResponse:
-        response = error_response(exc, dialect_of(request.url.path))
-        if response is None:  # not registered for such errors
-            raise exc
-        return response
-
-    for error_type in HANDLED:
-        app.add_exception_handler(error_type, translate)
-
-    @app.exception_handler(RequestValidationError)
-    async def validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
-        return answer_response(validation_answer(exc), dialect_of(request.url.path))
-
-    @app.exception_handler(StarletteHTTPException)
-    async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
-        """Unknown routes and refused methods get the route's error shape too, not FastAPI's ``detail``."""
-        return answer_response(http_answer(exc, request.method, request.url.path), dialect_of(request.url.path))
+    install_error_handlers(app, dialect_of)
 
     @app.get("/health")
     async def health() -> dict[str, str]:

@@ -21,6 +21,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal, overload
 
+from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
@@ -135,6 +136,29 @@ def error_response(exc: BaseException, dialect: Dialect = "openai") -> JSONRespo
     """The answer to ``exc`` in ``dialect``'s shape; ``None`` for an error no entry covers."""
     answer = describe(exc)
     return None if answer is None else answer_response(answer, dialect)
+
+
+def install_error_handlers(app: FastAPI, dialect_for: Callable[[str], Dialect]) -> None:
+    """Answer the layers' errors, bad bodies and the router's refusals in the dialect of each path."""
+
+    async def translate(request: Request, exc: Exception) -> JSONResponse:
+        response = error_response(exc, dialect_for(request.url.path))
+        if response is None:  # not registered for such errors
+            raise exc
+        return response
+
+    for error_type in HANDLED:
+        app.add_exception_handler(error_type, translate)
+
+    @app.exception_handler(RequestValidationError)
+    async def validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
+        return answer_response(validation_answer(exc), dialect_for(request.url.path))
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        """Unknown routes and refused methods get the route's error shape too, not FastAPI's ``detail``."""
+        answer = http_answer(exc, request.method, request.url.path)
+        return answer_response(answer, dialect_for(request.url.path))
 
 
 def upstream_answer(status: int, content: bytes) -> ErrorAnswer:

@@ -20,27 +20,22 @@ from typing import Any
 
 import httpx
 from fastapi import APIRouter, FastAPI, Request
-from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
-from starlette.exceptions import HTTPException as StarletteHTTPException
 
 import gguf
 from gguf.templates import template_capabilities
 from studio.dialects import ollama
-from studio.errors import BadRequestError, ModelNotResidentError, UpstreamError
+from studio.errors import BadRequestError, ModelNotResidentError
 from studio.http.access import AccessPolicy
 from studio.http.auth import BearerTokenMiddleware
 from studio.http.browser_guard import BrowserGuard
 from studio.http.errors import (
-    HANDLED,
     Dialect,
-    answer_response,
     dialect_of,
     error_response,
-    http_answer,
+    install_error_handlers,
     ollama_shape,
     upstream_answer,
-    validation_answer,
 )
 from studio.http.metrics import RequestMetrics, StudioMetrics
 from studio.http.model_paths import check_model_path
@@ -50,6 +45,7 @@ from studio.http.openai_proxy import (
     answer_unless_client_leaves,
     broke_off,
     close_upstream,
+    read_answer,
     send_upstream,
 )
 from studio.http.openai_proxy import router as proxy_router
@@ -82,25 +78,7 @@ def create_ollama_app(studio: FastAPI, *, api_token: str | None = None, access: 
     app.add_middleware(BrowserGuard, policy=access or AccessPolicy.create())
     app.add_middleware(RequestMetrics, metrics=studio.state.metrics, listener="ollama", known=FORWARDED)
 
-    async def translate(request: Request, exc: Exception) -> JSONResponse:
-        response = error_response(exc, dialect_on_ollama_port(request.url.path))
-        if response is None:
-            raise exc
-        return response
-
-    for error_type in HANDLED:
-        app.add_exception_handler(error_type, translate)
-
-    @app.exception_handler(RequestValidationError)
-    async def validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
-        return answer_response(validation_answer(exc), dialect_on_ollama_port(request.url.path))
-
-    @app.exception_handler(StarletteHTTPException)
-    async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
-        return answer_response(
-            http_answer(exc, request.method, request.url.path), dialect_on_ollama_port(request.url.path)
-        )
-
+    install_error_handlers(app, dialect_on_ollama_port)
     return app
 
 
@@ -354,7 +332,7 @@ async def _generate(request: Request, kind: ollama.Kind) -> Response:
         raise
     if resp.status_code == 200:
         return StreamingResponse(_stream(resp, lease, loaded, route, reply, began, acquired, count), media_type=_NDJSON)
-    status, content = await _read(resp, lease, loaded)
+    status, content = resp.status_code, await read_answer(resp, lease, loaded)
     return JSONResponse(ollama_shape(upstream_answer(status, content)), status)
 
 
@@ -426,18 +404,6 @@ async def _stream(
         count(None if first_at is None else first_at - began, final, reply)
 
 
-async def _read(resp: httpx.Response, lease: Lease, loaded: LoadedModel) -> tuple[int, bytes]:
-    try:
-        return resp.status_code, await resp.aread()
-    except httpx.HTTPError as exc:
-        if lease.interruption:
-            raise lease.interruption from exc
-        message, code = await broke_off(loaded, "llama-server broke off its answer", exc)
-        raise UpstreamError(message, code=code) from exc
-    finally:
-        await close_upstream(resp, lease)
-
-
 # -- embeddings --------------------------------------------------------------------------------------
 
 
@@ -478,5 +444,5 @@ async def _embeddings(request: Request, body: dict[str, Any]) -> tuple[int, byte
     except BaseException:
         await lease()
         raise
-    status, content = await _read(resp, lease, loaded)
+    status, content = resp.status_code, await read_answer(resp, lease, loaded)
     return status, content, loaded, acquired

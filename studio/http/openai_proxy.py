@@ -185,8 +185,16 @@ async def _forward(request: Request, path: str) -> Response:
             on_break=lambda exc: _error_event(exc, lease, loaded, route.dialect),
             reshape=HealingRelay(tools) if tools else None,
         )
+    content = await read_answer(resp, lease, loaded)
+    return Response(
+        reshape_upstream(resp.status_code, content, route.dialect), status_code=resp.status_code, headers=headers
+    )
+
+
+async def read_answer(resp: httpx.Response, lease: Lease, loaded: LoadedModel) -> bytes:
+    """The whole answer of ``resp``, then the upstream and the lease are let go; a broken answer says why."""
     try:
-        content = await resp.aread()
+        return await resp.aread()
     except httpx.HTTPError as exc:
         if lease.interruption:
             raise lease.interruption from exc
@@ -194,9 +202,6 @@ async def _forward(request: Request, path: str) -> Response:
         raise UpstreamError(message, code=code) from exc
     finally:
         await close_upstream(resp, lease)
-    return Response(
-        reshape_upstream(resp.status_code, content, route.dialect), status_code=resp.status_code, headers=headers
-    )
 
 
 def _counter(request: Request, route: Route, path: str, model: str, began: float) -> Count:
