@@ -113,6 +113,21 @@ def test_debug_shows_the_traceback(tmp_path, llama_server_bin):
     assert "Traceback" in out.stderr and "ModelNotFoundError" in out.stderr
 
 
+@pytest.mark.parametrize("argv", [["serve", "--help"], ["plan", "--help"]])
+def test_a_subcommands_help_loads_no_logging(argv):
+    """``serve --help`` took ~0.7 s: the root callback set up structlog and rich before the subcommand's help."""
+    probe = (
+        "import atexit, sys\n"
+        "atexit.register(lambda: print('LOADED' if 'structlog' in sys.modules else 'LEAN', file=sys.stderr))\n"
+        f"sys.argv = ['ggstudio', *{argv!r}]\n"
+        "from studio.cli.app import main\n"
+        "main()\n"
+    )
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0 and "Usage: ggstudio" in out.stdout
+    assert out.stderr.strip().splitlines()[-1] == "LEAN"
+
+
 def test_usage_errors_exit_2():
     assert cli("run").returncode == 2
     assert cli("run", "m", "--serve-only", "--once", "hi").returncode == 2

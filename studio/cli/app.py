@@ -107,9 +107,17 @@ def _root(
     """
     global _debug
     _debug = debug
-    from studio.logs import configure_logging  # structlog: only when a command runs, not for --help
+    if _asks_for_help(sys.argv[1:]):  # a subcommand's --help runs after this callback and logs nothing
+        return
+    from studio.logs import configure_logging  # structlog (and rich): ~0.3 s, only when a command runs
 
     configure_logging(json_lines=_settings().log_json)
+
+
+def _asks_for_help(args: list[str]) -> bool:
+    """Whether the command line asks for a help text (before any ``--`` that ends the options)."""
+    options = args[: args.index("--")] if "--" in args else args
+    return "--help" in options
 
 
 def _settings() -> "Settings":
