@@ -6,9 +6,11 @@ and ``openai`` SDKs.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import threading
+from collections.abc import Iterator
 
 import anthropic
 import httpx
@@ -25,7 +27,7 @@ from studio.library.catalog import Catalog
 from studio.library.default_model import ensure_default_model
 from studio.residency.manager import ModelManager, supervisor_factory
 from studio.settings import ModelDefaults
-from tests.helpers import assert_no_children, free_port, wait_for
+from tests.helpers import assert_no_children, free_port, leave_mid_answer, wait_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.shared_processes]
 
@@ -131,8 +133,18 @@ def test_a_bad_body_on_the_messages_route_is_anthropic_shaped(studio):
     assert resp.status_code == 405 and resp.json()["type"] == "error"
 
 
+@contextlib.contextmanager
+def _raw_messages_stream(base: str, body: dict) -> Iterator[Iterator[bytes]]:
+    with httpx.stream("POST", f"{base}/v1/messages", json=body, timeout=60) as resp:
+        yield resp.iter_raw()
+
+
 def test_closing_a_messages_stream_frees_the_slot(studio):
     base, manager = studio
+
+    def busy() -> bool:
+        return any(s["is_processing"] for s in _slots(manager, GEMMA))
+
     body = {
         "model": GEMMA,
         "max_tokens": 2000,
@@ -140,21 +152,9 @@ def test_closing_a_messages_stream_frees_the_slot(studio):
         "temperature": 0,
         "messages": [{"role": "user", "content": "Write a long story."}],
     }
-    for _attempt in range(3):  # base Gemma may end its answer within the first events: then try again
-        with httpx.stream("POST", f"{base}/v1/messages", json=body, timeout=60) as resp:
-            for i, _ in enumerate(resp.iter_raw()):
-                if i == 5:
-                    break
-            if not any(s["is_processing"] for s in _slots(manager, GEMMA)):
-                continue
-        wait_for(
-            lambda: not any(s["is_processing"] for s in _slots(manager, GEMMA)),
-            timeout=5,
-            what="llama-server to stop generating after the client left",
-        )
-        assert manager.find(GEMMA).in_flight == 0
-        return
-    pytest.fail("Gemma finished its answer before the client could leave, three times")
+    leave_mid_answer(lambda: _raw_messages_stream(base, body), busy, reads=5)
+    wait_for(lambda: not busy(), timeout=5, what="llama-server to stop generating after the client left")
+    assert manager.find(GEMMA).in_flight == 0
 
 
 def _slots(manager: ModelManager, model: str) -> list[dict]:

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import threading
 import time
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 
 import httpx
@@ -22,7 +24,7 @@ from studio.library.catalog import Catalog
 from studio.residency.manager import ModelManager, supervisor_factory
 from studio.settings import ModelDefaults
 from studio.views.residency import status_json
-from tests.helpers import assert_no_children, free_port, wait_for
+from tests.helpers import assert_no_children, free_port, leave_mid_answer, wait_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.shared_processes]
 
@@ -129,50 +131,48 @@ def test_context_overflow_is_a_400_with_the_sizes(studio, client):
 
 def test_closing_a_stream_frees_the_slot(studio, client):
     _, manager = studio
-    stream = client.chat.completions.create(
-        model=GEMMA,
-        messages=[{"role": "user", "content": "Write a long story."}],
-        max_tokens=2000,
-        stream=True,
-        temperature=0,
-    )  # sampled, base Gemma may end after a few tokens; greedy, it runs to max_tokens
-    for i, _ in enumerate(stream):
-        if i == 5:
-            break
-    assert any(s["is_processing"] for s in upstream_slots(manager))
-    stream.close()
-    t0 = time.monotonic()
-    wait_for(
-        lambda: not any(s["is_processing"] for s in upstream_slots(manager)),
-        timeout=5,
-        what="llama-server to stop generating after the client left",
+
+    def busy() -> bool:
+        return any(s["is_processing"] for s in upstream_slots(manager))
+
+    leave_mid_answer(
+        lambda: client.chat.completions.create(
+            model=GEMMA,
+            messages=[{"role": "user", "content": "Write a long story."}],
+            max_tokens=2000,
+            stream=True,
+            temperature=0,
+        ),
+        busy,
+        reads=5,
     )
+    t0 = time.monotonic()
+    wait_for(lambda: not busy(), timeout=5, what="llama-server to stop generating after the client left")
     assert time.monotonic() - t0 < 1.5
+
+
+@contextlib.contextmanager
+def _gui_chat_lines(base: str, body: dict) -> Iterator[Iterator[str]]:
+    with httpx.stream("POST", f"{base}/api/chat", timeout=120, json=body) as resp:
+        yield resp.iter_lines()
 
 
 def test_leaving_a_gui_chat_stream_frees_the_slot(studio):
     """/api/chat streams through relay.EventStream, not StreamingResponse: its watcher must still see the client go."""
     base, manager = studio
-    with httpx.stream(
-        "POST",
-        f"{base}/api/chat",
-        timeout=120,
-        json={
-            "model": GEMMA,
-            "messages": [{"role": "user", "content": "Write a long story."}],
-            "max_tokens": 2000,
-            "temperature": 0,
-        },
-    ) as r:
-        for i, _ in enumerate(r.iter_lines()):
-            if i == 10:
-                break
-        assert any(s["is_processing"] for s in upstream_slots(manager))
-    wait_for(
-        lambda: not any(s["is_processing"] for s in upstream_slots(manager)),
-        timeout=10,
-        what="llama-server to stop generating after the GUI left",
-    )  # 2000 tokens would take minutes
+
+    def busy() -> bool:
+        return any(s["is_processing"] for s in upstream_slots(manager))
+
+    body = {
+        "model": GEMMA,
+        "messages": [{"role": "user", "content": "Write a long story."}],
+        "max_tokens": 2000,
+        "temperature": 0,
+    }
+    leave_mid_answer(lambda: _gui_chat_lines(base, body), busy, reads=10)
+    # 2000 tokens would take minutes
+    wait_for(lambda: not busy(), timeout=10, what="llama-server to stop generating after the GUI left")
 
 
 def test_back_to_back_streams_do_not_reuse_the_connection_llama_server_closed(studio):
