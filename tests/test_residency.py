@@ -267,6 +267,23 @@ def test_a_request_option_change_does_not_restart_but_an_explicit_new_context_do
 # -- defects found on 01c15d7, each pinned -----------------------------------------------------
 
 
+def test_an_idle_timer_that_fires_before_the_ttl_is_not_lost(tmp_path, llama_server_bin, zoo_models):
+    """A model with a 0.5 s TTL was still resident 11 s later (CI): uvloop runs timers on the loop's cached
+    clock, so the expiry timer could fire a little before the TTL had passed, and that early look was dropped."""
+    a = ZOO[0]
+    with running_studio(tmp_path, llama_server_bin, zoo_models, defaults={a: SMALL}) as s:
+        assert chat(s.url, a).status_code == 200
+        assert httpx.post(f"{s.url}/api/ttl", json={"model": a, "ttl": 2}, timeout=10).status_code == 200
+        resident = s.manager.find(a)
+
+        def fire_early() -> None:  # what the timer does when it fires before its time
+            resident._cancel_expiry()
+            resident._expire()
+
+        s.server._loop.call_soon_threadsafe(fire_early)
+        wait_for(lambda: a not in models_of(s.url), timeout=15, what="the TTL to unload it after all")
+
+
 def test_non_streamed_request_whose_client_leaves_frees_the_slot(tmp_path, llama_server_bin, gemma_model):
     """The slot stayed busy 38 s after the client left: the studio kept reading the answer to max_tokens."""
     with running_studio(

@@ -274,6 +274,8 @@ class ResidentModel:
             await self._unload(
                 _Unload(0.0, f"{self.name} was unloaded after {self.ttl:g} s idle", self._loop.create_future())
             )
+        else:  # early (uvloop's timers run on the loop's cached clock) or used meanwhile: look again when due
+            self._schedule_expiry()
 
     async def _start_server(self) -> None:
         try:
