@@ -160,11 +160,8 @@ class AnsweredError(StudioError):
     @classmethod
     def from_body(cls, status: int, body: bytes, *, server: str = "the studio") -> AnsweredError:
         """The error inside an answer in OpenAI's shape; a body that is not one is quoted (shortened)."""
-        try:
-            error = json.loads(body).get("error")
-        except (ValueError, AttributeError):
-            error = None
-        if not isinstance(error, dict) or not error.get("message"):
+        error = error_in(body)
+        if error is None or not error.get("message"):
             text = body.decode("utf-8", "replace").strip()[:200]
             return cls(f"{server} answered HTTP {status}" + (f": {text}" if text else ""), status=status)
         code = error.get("code")
@@ -188,6 +185,15 @@ class CommandError(StudioError):
 
 class NotReadyError(StudioError):
     """The model is not ready (loading, going away or gone): the manager decides what to do."""
+
+
+def error_in(body: bytes) -> dict[str, Any] | None:
+    """The ``error`` object of a body in OpenAI's error shape (llama-server's, a studio's); ``None`` if not one."""
+    try:
+        error = json.loads(body).get("error")
+    except (ValueError, AttributeError):
+        return None
+    return error if isinstance(error, dict) else None
 
 
 def error_body(

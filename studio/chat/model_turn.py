@@ -9,7 +9,6 @@ broken stream raise ``TurnError`` in OpenAI's error shape.
 
 from __future__ import annotations
 
-import json
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -19,7 +18,7 @@ import httpx
 from studio.chat.sse import EventSplitter, event_json
 from studio.chat.think_split import ThinkSplitter
 from studio.chat.tool_healing import ChunkHealer
-from studio.errors import AnsweredError, error_body
+from studio.errors import AnsweredError, error_body, error_in
 from studio.http.upstream import body_reader
 
 
@@ -71,10 +70,9 @@ async def read_turn(
     """
     if resp.status_code != 200:
         try:
-            body = json.loads(await resp.aread() or b"{}")
-        except (ValueError, httpx.HTTPError):
-            body = {}
-        error = body.get("error") if isinstance(body, dict) and isinstance(body.get("error"), dict) else {}
+            error = error_in(await resp.aread())
+        except httpx.HTTPError:
+            error = None
         raise TurnError(resp.status_code, error or {"message": f"llama-server answered {resp.status_code}"})
     turn = Turn()
     calls: dict[int, dict[str, Any]] = {}

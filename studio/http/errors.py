@@ -27,7 +27,7 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from studio.error_table import ROOTS, outcome
-from studio.errors import BusyError, StudioError, error_body
+from studio.errors import BusyError, StudioError, error_body, error_in
 
 Dialect = Literal["openai", "anthropic", "ollama"]
 
@@ -163,11 +163,8 @@ def install_error_handlers(app: FastAPI, dialect_for: Callable[[str], Dialect]) 
 
 def upstream_answer(status: int, content: bytes) -> ErrorAnswer:
     """The answer inside llama-server's own (OpenAI-shaped) error body."""
-    try:
-        error = json.loads(content).get("error")
-    except (ValueError, AttributeError):
-        error = None
-    if not isinstance(error, dict):
+    error = error_in(content)
+    if error is None:
         return ErrorAnswer(
             status, content.decode("utf-8", "replace")[:2000] or f"llama-server answered {status}", "upstream_error"
         )
