@@ -105,6 +105,11 @@ class LaunchCommand:
         """The full argv serving on ``port`` (it carries the API key when the binary has no key file flag)."""
         return [*self._head, "--port", str(port), *self._tail]
 
+    @property
+    def auth_headers(self) -> dict[str, str]:
+        """The header every request to this launch's llama-server carries."""
+        return {"Authorization": f"Bearer {self.api_key}"}
+
     def redacted_argv(self, port: int) -> list[str]:
         """``argv(port)`` with the API key replaced: the form for logs and messages."""
         argv = self.argv(port)

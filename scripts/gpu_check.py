@@ -341,7 +341,7 @@ def planner_check(binary: Path, model_path: Path, work: Path) -> dict[str, Any]:
         with httpx.Client(timeout=60) as client:
             answer = client.post(
                 f"{server.url}/completion",
-                headers={"Authorization": f"Bearer {cmd.api_key}"},
+                headers=cmd.auth_headers,
                 json={"prompt": "the " * PROMPT_TOKENS, "n_predict": 4},
             )
         prompted = gpu_memory("gpu=memory.used"), gpu_memory("compute-apps=pid,used_memory")

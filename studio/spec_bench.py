@@ -198,7 +198,7 @@ def _serving(
     server.start()
     try:
         server.wait_ready(timeout=START_TIMEOUT)
-        yield server.url, {"Authorization": f"Bearer {command.api_key}"}
+        yield server.url, command.auth_headers
     finally:
         server.stop()
 

@@ -310,9 +310,7 @@ class ResidentModel:
         """The slot size llama-server really gave each request (``/props``)."""
         try:
             async with httpx.AsyncClient(timeout=10) as client:
-                props = (
-                    await client.get(f"{status.url}/props", headers={"Authorization": f"Bearer {self.command.api_key}"})
-                ).json()
+                props = (await client.get(f"{status.url}/props", headers=self.command.auth_headers)).json()
             return int(props["default_generation_settings"]["n_ctx"])
         except (httpx.HTTPError, ValueError, KeyError, TypeError) as exc:
             raise RuntimeError(f"llama-server started but its /props could not be read: {exc}") from exc
