@@ -38,29 +38,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import gguf
 from launcher import planner
 from launcher.capabilities import Capabilities, probe
-from launcher.devices import Device, Inventory
 from launcher.errors import LauncherError
-from launcher.planner import ModelInfo, PlanRequest
-from launcher.units import MIB
+from launcher.planner import ModelInfo
+from tests.support.machines import CPU_ONLY, EIGHT_GPUS, ONE_GPU, REQUESTS, TWO_SMALL_GPUS
 
-GIB = 1024 * MIB
-CPU = Device("CPU", None, "CPU", 64 * GIB, 48 * GIB, "psutil")
-MACHINES = {
-    "cpu-only": Inventory((CPU,), ()),
-    "one-gpu": Inventory((Device("CUDA", 0, "GPU", 24 * GIB, 20 * GIB, "nvidia-smi"), CPU), ()),
-    "two-small-gpus": Inventory(
-        (
-            Device("CUDA", 0, "GPU A", 8 * GIB, 60 * MIB, "nvidia-smi"),
-            Device("CUDA", 1, "GPU B", 8 * GIB, 40 * MIB, "nvidia-smi"),
-            CPU,
-        ),
-        (),
-    ),
-    "eight-gpus": Inventory(
-        (*(Device("CUDA", i, f"GPU {i}", 8 * GIB, (i + 1) * 100 * MIB, "nvidia-smi") for i in range(8)), CPU), ()
-    ),
-}
-REQUESTS = (PlanRequest(), PlanRequest(n_ctx=4096, n_parallel=2, cache_type_k="q8_0", cache_type_v="q8_0"))
+MACHINES = {"cpu-only": CPU_ONLY, "one-gpu": ONE_GPU, "two-small-gpus": TWO_SMALL_GPUS, "eight-gpus": EIGHT_GPUS}
 
 
 def model_sets(names: Sequence[str], deep: int, tmp: Path) -> Iterator[tuple[str, list[Path]]]:
@@ -113,7 +95,7 @@ def bench(paths: Sequence[Path], caps: Capabilities, repeat: int) -> tuple[list[
             reads.append(timed(lambda: gguf.read(path, cache=False).facts, repeat))
             info = ModelInfo.from_gguf(gguf.read(path))
             for machine, inventory in MACHINES.items():
-                for request in REQUESTS:
+                for label, request in REQUESTS:
 
                     def run() -> None:
                         try:
@@ -124,7 +106,7 @@ def bench(paths: Sequence[Path], caps: Capabilities, repeat: int) -> tuple[list[
                     calls[0] = 0
                     run()
                     n_calls = calls[0]
-                    what = f"{path.stem} on {machine}, {'auto' if request.n_ctx is None else request.n_ctx}"
+                    what = f"{path.stem} on {machine}, {label}"
                     plans.append((timed(run, repeat), n_calls, what))
     finally:
         planner.estimate = real_estimate

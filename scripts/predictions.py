@@ -28,36 +28,18 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import gguf
 from launcher.capabilities import Capabilities, probe
-from launcher.devices import Device, Inventory
 from launcher.errors import LauncherError
 from launcher.memory import estimate, for_file
-from launcher.planner import ModelInfo, PlanRequest, plan
-from launcher.units import MIB
+from launcher.planner import ModelInfo, plan
 from scripts.memory_accuracy import CONFIGS
+from tests.support.machines import CPU_ONLY, ONE_GPU, REQUESTS, TWO_SMALL_GPUS
 
-GIB = 1024 * MIB
 #: Blocks of the deepened zoo (``tests.support.deep_zoo``): every layer pattern repeats, and the old quadratic
 #: estimator still ran it in seconds.
 DEEP_BLOCKS = 40
 #: Layer placements each config is estimated under: (name, -ngl, tensor split).
 PLACEMENTS = (("cpu", 0, (1.0,)), ("gpu-half", None, (1.0,)), ("gpu2-all", -1, (3.0, 1.0)))
-CPU = Device("CPU", None, "CPU", 64 * GIB, 48 * GIB, "psutil")
-MACHINES = {
-    "cpu-only": Inventory((CPU,), ()),
-    "one-gpu": Inventory((Device("CUDA", 0, "GPU A", 24 * GIB, 20 * GIB, "nvidia-smi"), CPU), ()),
-    "two-gpus": Inventory(
-        (
-            Device("CUDA", 0, "GPU A", 8 * GIB, 60 * MIB, "nvidia-smi"),
-            Device("CUDA", 1, "GPU B", 8 * GIB, 40 * MIB, "nvidia-smi"),
-            CPU,
-        ),
-        (),
-    ),
-}
-REQUESTS = (
-    ("auto", PlanRequest()),
-    ("c4096-np2-q8", PlanRequest(n_ctx=4096, n_parallel=2, cache_type_k="q8_0", cache_type_v="q8_0")),
-)
+MACHINES = {"cpu-only": CPU_ONLY, "one-gpu": ONE_GPU, "two-gpus": TWO_SMALL_GPUS}
 
 
 def models(no_wide: bool, tmp: Path) -> Iterator[tuple[str, Path]]:

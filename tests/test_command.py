@@ -383,8 +383,11 @@ def _serving(p: LaunchPlan, caps, binary: Path, tmp_path: Path) -> Iterator[tupl
 def test_every_speculative_mode_plans_builds_and_serves(gemma, llama_server_bin, real, tmp_path, mode):
     p = plan(gemma, cpu_only(), real, PlanRequest(n_ctx=2048, spec=mode))
     with _serving(p, real, llama_server_bin, tmp_path) as (server, command):
-        if p.spec.argv:
-            assert "--spec" in " ".join(command.argv(server.port))
+        argv, spec = list(command.argv(server.port)), list(p.spec.argv)
+        if spec:  # the planned speculative flags reach llama-server, together and in order
+            assert any(argv[i : i + len(spec)] == spec for i in range(len(argv))), (spec, argv)
+        else:  # nothing planned: no speculative flag slips in
+            assert not any(a.startswith("--spec") for a in argv), argv
 
 
 @pytest.mark.slow

@@ -160,6 +160,7 @@ def test_models_widened_to_real_proportions_pass(zoo_dir, llama_server_bin, tmp_
     assert wide is not None, f"llama-server refused {name} widened"
     facts = gguf.read(wide).facts
     assert max(facts.head_count) >= 8
+    assert bool(facts.expert_count) == name.endswith("-moe")  # the MoE case is never skipped by a lost expert count
     if facts.expert_count:
         many = gguf.read(with_experts(wide, tmp_path / "experts.gguf", 64, 8)).facts
         assert (many.expert_count, many.expert_used_count) == (64, 8)

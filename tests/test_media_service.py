@@ -98,52 +98,48 @@ def check_bill(status: dict) -> None:
     assert any("projector" in r for r in status["reasons"])
 
 
-def test_an_image_through_the_openai_client_is_encoded_by_the_vision_projector(studio, client, media):
+@pytest.mark.parametrize(
+    ("model", "question", "part", "min_prompt_tokens", "kind", "capability", "other"),
+    [
+        pytest.param(
+            EYE,
+            "What is in the picture?",
+            lambda media: {"type": "image_url", "image_url": {"url": f"data:image/jpeg;base64,{media['test-1.jpeg']}"}},
+            16,  # 16 image tokens
+            "image",
+            "vision",
+            "audio",
+            id="image-vision-projector",
+        ),
+        pytest.param(
+            EAR,
+            "What is said?",
+            lambda media: {"type": "input_audio", "input_audio": {"data": media["test-2.mp3"], "format": "mp3"}},
+            75,  # 75 tokens a window
+            "audio",
+            "audio",
+            "vision",
+            id="clip-audio-projector",
+        ),
+    ],
+)
+def test_media_through_the_openai_client_is_encoded_by_its_projector(
+    studio, client, media, model, question, part, min_prompt_tokens, kind, capability, other
+):
     base, manager, root = studio
     reply = client.chat.completions.create(
-        model=EYE,
+        model=model,
         max_tokens=4,
         temperature=0,
-        messages=[
-            {
-                "role": "user",
-                "content": [
-                    {"type": "text", "text": "What is in the picture?"},
-                    {"type": "image_url", "image_url": {"url": f"data:image/jpeg;base64,{media['test-1.jpeg']}"}},
-                ],
-            }
-        ],
+        messages=[{"role": "user", "content": [{"type": "text", "text": question}, part(media)]}],
     )
-    assert reply.choices[0].message.content is not None and reply.usage.prompt_tokens > 16  # 16 image tokens
-    log = server_log(manager, EYE)
-    assert "decoding image batch" in log and "image decoded" in log
-    status = model_status(base, EYE)
-    assert status["capabilities"]["vision"] is True and status["capabilities"]["audio"] is False
-    assert status["mmproj"] == str(root / "eye" / "mmproj-eye-F32.gguf")
-    check_bill(status)
-
-
-def test_a_clip_through_the_openai_client_is_encoded_by_the_audio_projector(studio, client, media):
-    base, manager, _ = studio
-    reply = client.chat.completions.create(
-        model=EAR,
-        max_tokens=4,
-        temperature=0,
-        messages=[
-            {
-                "role": "user",
-                "content": [
-                    {"type": "text", "text": "What is said?"},
-                    {"type": "input_audio", "input_audio": {"data": media["test-2.mp3"], "format": "mp3"}},
-                ],
-            }
-        ],
-    )
-    assert reply.choices[0].message.content is not None and reply.usage.prompt_tokens > 75  # 75 tokens a window
-    log = server_log(manager, EAR)
-    assert "decoding audio batch" in log and "audio decoded" in log
-    status = model_status(base, EAR)
-    assert status["capabilities"]["audio"] is True and status["capabilities"]["vision"] is False
+    assert reply.choices[0].message.content is not None and reply.usage.prompt_tokens > min_prompt_tokens
+    log = server_log(manager, model)
+    assert f"decoding {kind} batch" in log and f"{kind} decoded" in log
+    status = model_status(base, model)
+    assert status["capabilities"][capability] is True and status["capabilities"][other] is False
+    folder = model.removeprefix("SmolLM2-")
+    assert status["mmproj"] == str(root / folder / f"mmproj-{folder}-F32.gguf")
     check_bill(status)
 
 

@@ -67,43 +67,30 @@ def test_a_bad_keep_alive_is_refused(value):
         ollama.keep_alive_seconds(value)
 
 
+#: (Ollama option, llama-server field, value): the same name unless llama-server renamed it.
+SAMPLING_OPTIONS = (
+    ("temperature", "temperature", 0.2),
+    ("top_k", "top_k", 20),
+    ("top_p", "top_p", 0.9),
+    ("min_p", "min_p", 0.05),
+    ("typical_p", "typical_p", 0.7),
+    ("repeat_last_n", "repeat_last_n", 33),
+    ("repeat_penalty", "repeat_penalty", 1.2),
+    ("presence_penalty", "presence_penalty", 1.5),
+    ("frequency_penalty", "frequency_penalty", 1.0),
+    ("mirostat", "mirostat", 1),
+    ("mirostat_tau", "mirostat_tau", 0.8),
+    ("mirostat_eta", "mirostat_eta", 0.6),
+    ("seed", "seed", 42),
+    ("stop", "stop", ["\n", "user:"]),
+    ("num_predict", "n_predict", 100),
+    ("num_keep", "n_keep", 5),
+)
+
+
 def test_every_sampling_option_reaches_its_llama_server_field():
-    options = {
-        "temperature": 0.2,
-        "top_k": 20,
-        "top_p": 0.9,
-        "min_p": 0.05,
-        "typical_p": 0.7,
-        "repeat_last_n": 33,
-        "repeat_penalty": 1.2,
-        "presence_penalty": 1.5,
-        "frequency_penalty": 1.0,
-        "mirostat": 1,
-        "mirostat_tau": 0.8,
-        "mirostat_eta": 0.6,
-        "seed": 42,
-        "stop": ["\n", "user:"],
-        "num_predict": 100,
-        "num_keep": 5,
-    }
-    assert ollama.sampling(options) == {
-        "temperature": 0.2,
-        "top_k": 20,
-        "top_p": 0.9,
-        "min_p": 0.05,
-        "typical_p": 0.7,
-        "repeat_last_n": 33,
-        "repeat_penalty": 1.2,
-        "presence_penalty": 1.5,
-        "frequency_penalty": 1.0,
-        "mirostat": 1,
-        "mirostat_tau": 0.8,
-        "mirostat_eta": 0.6,
-        "seed": 42,
-        "stop": ["\n", "user:"],
-        "n_predict": 100,
-        "n_keep": 5,
-    }
+    options = {option: value for option, _, value in SAMPLING_OPTIONS}
+    assert ollama.sampling(options) == {field: value for _, field, value in SAMPLING_OPTIONS}
 
 
 def test_the_client_libraries_options_are_all_mapped_or_deliberately_ignored():
