@@ -238,15 +238,7 @@ async def answer_unless_client_leaves(
 
     async def exchange() -> Response:
         resp = await send_upstream(request, loaded, path, body, lease)
-        try:
-            content = await resp.aread()
-        except httpx.HTTPError as exc:
-            if lease.interruption:
-                raise lease.interruption from exc
-            message, code = await broke_off(loaded, "llama-server broke off its answer", exc)
-            raise UpstreamError(message, code=code) from exc
-        finally:
-            await close_upstream(resp, lease)
+        content = await read_answer(resp, lease, loaded)
         return finish(resp.status_code, content, {k: v for k, v in resp.headers.items() if k.lower() in _PASS_HEADERS})
 
     answering = asyncio.ensure_future(exchange())
