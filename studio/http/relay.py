@@ -161,7 +161,7 @@ async def until_client_leaves(
                 gone = True
                 working.cancel()
 
-        watcher = asyncio.ensure_future(_disconnect(receive))
+        watcher = asyncio.ensure_future(client_gone(receive))
         watcher.add_done_callback(left)
         try:
             result = await work()
@@ -173,7 +173,7 @@ async def until_client_leaves(
     return None if gone else result
 
 
-async def _disconnect(receive: Receive) -> None:
+async def client_gone(receive: Receive) -> None:
     """Return once the client's side of the connection is gone (the request body was already read)."""
     while (await receive())["type"] != "http.disconnect":
         pass
