@@ -137,6 +137,11 @@ def _durations(began: float, acquired: float) -> ollama.Durations:
     return ollama.Durations(total_ns=int((now - began) * 1e9), load_ns=int((acquired - began) * 1e9))
 
 
+def _upstream_error(status: int, content: bytes) -> JSONResponse:
+    """llama-server's (OpenAI-shaped) error answer as Ollama writes errors, with its status."""
+    return JSONResponse(ollama_shape(upstream_answer(status, content)), status)
+
+
 def _line(obj: dict[str, Any]) -> bytes:
     return json.dumps(obj).encode() + b"\n"
 
@@ -319,7 +324,7 @@ async def _generate(request: Request, kind: ollama.Kind) -> Response:
 
             def finish(status: int, content: bytes, headers: dict[str, str]) -> Response:
                 if status != 200:
-                    return JSONResponse(ollama_shape(upstream_answer(status, content)), status)
+                    return _upstream_error(status, content)
                 reply.add(ollama.piece_of(route, json.loads(content)))
                 final = reply.final(_durations(began, acquired), streamed=False)
                 count(None, final, reply)
@@ -333,7 +338,7 @@ async def _generate(request: Request, kind: ollama.Kind) -> Response:
     if resp.status_code == 200:
         return StreamingResponse(_stream(resp, lease, loaded, route, reply, began, acquired, count), media_type=_NDJSON)
     status, content = resp.status_code, await read_answer(resp, lease, loaded)
-    return JSONResponse(ollama_shape(upstream_answer(status, content)), status)
+    return _upstream_error(status, content)
 
 
 async def _load_or_unload(manager: ModelManager, kind: ollama.Kind, name: str, ttl: Any) -> JSONResponse:
@@ -414,7 +419,7 @@ async def embed(request: Request) -> JSONResponse:
     body = await _body(request)
     status, content, loaded, acquired = await _embeddings(request, body)
     if status != 200:
-        return JSONResponse(ollama_shape(upstream_answer(status, content)), status)
+        return _upstream_error(status, content)
     return JSONResponse(ollama.embed_reply(loaded.name, json.loads(content), _durations(began, acquired)))
 
 
@@ -424,7 +429,7 @@ async def embeddings(request: Request) -> JSONResponse:
     body = await _body(request)
     status, content, _, _ = await _embeddings(request, body)
     if status != 200:
-        return JSONResponse(ollama_shape(upstream_answer(status, content)), status)
+        return _upstream_error(status, content)
     return JSONResponse(ollama.embeddings_reply(json.loads(content)))
 
 
