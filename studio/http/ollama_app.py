@@ -15,7 +15,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from typing import Any
 
 import httpx
@@ -49,6 +49,7 @@ from studio.http.openai_proxy import (
     send_upstream,
 )
 from studio.http.openai_proxy import router as proxy_router
+from studio.http.relay import EventStream
 from studio.library.downloads import DownloadManager
 from studio.residency.lifecycle import ResidentState
 from studio.residency.manager import ModelManager
@@ -336,7 +337,7 @@ async def _generate(request: Request, kind: ollama.Kind) -> Response:
         await lease()
         raise
     if resp.status_code == 200:
-        return StreamingResponse(_stream(resp, lease, loaded, route, reply, began, acquired, count), media_type=_NDJSON)
+        return EventStream(_stream(resp, lease, loaded, route, reply, began, acquired, count), media_type=_NDJSON)
     status, content = resp.status_code, await read_answer(resp, lease, loaded)
     return _upstream_error(status, content)
 
@@ -379,7 +380,7 @@ async def _stream(
     began: float,
     acquired: float,
     count: Callable[[float | None, dict[str, Any], ollama.Reply], None],
-) -> AsyncIterator[bytes]:
+) -> AsyncGenerator[bytes, None]:
     """llama-server's server-sent events as Ollama's NDJSON chunks; the client leaving cancels the request."""
     first_at: float | None = None
     final: dict[str, Any] = {}
