@@ -15,7 +15,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from typing import Any
 
 import httpx
@@ -49,6 +49,7 @@ from studio.http.openai_proxy import (
     send_upstream,
 )
 from studio.http.openai_proxy import router as proxy_router
+from studio.http.relay import EventStream
 from studio.library.downloads import DownloadManager
 from studio.residency.lifecycle import ResidentState
 from studio.residency.manager import ModelManager
@@ -135,6 +136,11 @@ def _unload_when_done(manager: ModelManager, model: str, ttl: Any) -> None:
 def _durations(began: float, acquired: float) -> ollama.Durations:
     now = time.perf_counter()
     return ollama.Durations(total_ns=int((now - began) * 1e9), load_ns=int((acquired - began) * 1e9))
+
+
+def _upstream_error(status: int, content: bytes) -> JSONResponse:
+    """llama-server's (OpenAI-shaped) error answer as Ollama writes errors, with its status."""
+    return JSONResponse(ollama_shape(upstream_answer(status, content)), status)
 
 
 def _line(obj: dict[str, Any]) -> bytes:
@@ -319,7 +325,7 @@ async def _generate(request: Request, kind: ollama.Kind) -> Response:
 
             def finish(status: int, content: bytes, headers: dict[str, str]) -> Response:
                 if status != 200:
-                    return JSONResponse(ollama_shape(upstream_answer(status, content)), status)
+                    return _upstream_error(status, content)
                 reply.add(ollama.piece_of(route, json.loads(content)))
                 final = reply.final(_durations(began, acquired), streamed=False)
                 count(None, final, reply)
@@ -331,9 +337,9 @@ async def _generate(request: Request, kind: ollama.Kind) -> Response:
         await lease()
         raise
     if resp.status_code == 200:
-        return StreamingResponse(_stream(resp, lease, loaded, route, reply, began, acquired, count), media_type=_NDJSON)
+        return EventStream(_stream(resp, lease, loaded, route, reply, began, acquired, count), media_type=_NDJSON)
     status, content = resp.status_code, await read_answer(resp, lease, loaded)
-    return JSONResponse(ollama_shape(upstream_answer(status, content)), status)
+    return _upstream_error(status, content)
 
 
 async def _load_or_unload(manager: ModelManager, kind: ollama.Kind, name: str, ttl: Any) -> JSONResponse:
@@ -374,7 +380,7 @@ async def _stream(
     began: float,
     acquired: float,
     count: Callable[[float | None, dict[str, Any], ollama.Reply], None],
-) -> AsyncIterator[bytes]:
+) -> AsyncGenerator[bytes, None]:
     """llama-server's server-sent events as Ollama's NDJSON chunks; the client leaving cancels the request."""
     first_at: float | None = None
     final: dict[str, Any] = {}
@@ -414,7 +420,7 @@ async def embed(request: Request) -> JSONResponse:
     body = await _body(request)
     status, content, loaded, acquired = await _embeddings(request, body)
     if status != 200:
-        return JSONResponse(ollama_shape(upstream_answer(status, content)), status)
+        return _upstream_error(status, content)
     return JSONResponse(ollama.embed_reply(loaded.name, json.loads(content), _durations(began, acquired)))
 
 
@@ -424,7 +430,7 @@ async def embeddings(request: Request) -> JSONResponse:
     body = await _body(request)
     status, content, _, _ = await _embeddings(request, body)
     if status != 200:
-        return JSONResponse(ollama_shape(upstream_answer(status, content)), status)
+        return _upstream_error(status, content)
     return JSONResponse(ollama.embeddings_reply(json.loads(content)))
 
 

@@ -69,7 +69,7 @@ from studio.chat.tool_stream import HealingRelay
 from studio.errors import BadRequestError, UpstreamError
 from studio.http.errors import Dialect, ErrorAnswer, describe, reshape_upstream, stream_error_event
 from studio.http.model_paths import check_model_path
-from studio.http.relay import Relay
+from studio.http.relay import Relay, client_gone
 from studio.http.upstream import Upstream
 from studio.residency.manager import ModelManager
 from studio.residency.resident import Lease, LoadedModel
@@ -238,19 +238,11 @@ async def answer_unless_client_leaves(
 
     async def exchange() -> Response:
         resp = await send_upstream(request, loaded, path, body, lease)
-        try:
-            content = await resp.aread()
-        except httpx.HTTPError as exc:
-            if lease.interruption:
-                raise lease.interruption from exc
-            message, code = await broke_off(loaded, "llama-server broke off its answer", exc)
-            raise UpstreamError(message, code=code) from exc
-        finally:
-            await close_upstream(resp, lease)
+        content = await read_answer(resp, lease, loaded)
         return finish(resp.status_code, content, {k: v for k, v in resp.headers.items() if k.lower() in _PASS_HEADERS})
 
     answering = asyncio.ensure_future(exchange())
-    leaving = asyncio.ensure_future(_disconnect(request))
+    leaving = asyncio.ensure_future(client_gone(request.receive))
     try:
         await asyncio.wait({answering, leaving}, return_when=asyncio.FIRST_COMPLETED)
     finally:
@@ -263,12 +255,6 @@ async def answer_unless_client_leaves(
         await asyncio.gather(answering, return_exceptions=True)
         await lease()
     return Response(status_code=499)  # nobody reads it: the client is gone
-
-
-async def _disconnect(request: Request) -> None:
-    """Return once the client's side of the connection is gone (the body was already read)."""
-    while (await request.receive())["type"] != "http.disconnect":
-        pass
 
 
 async def _error_event(exc: httpx.HTTPError, lease: Lease, loaded: LoadedModel, dialect: Dialect) -> bytes:

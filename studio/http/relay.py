@@ -41,7 +41,19 @@ class Reshape(Protocol):
         """Return what is still held, once the upstream body is complete or broke off."""
 
 
-class Relay(Response):
+class _Streamed(Response):
+    """A ``Response`` whose body its subclass sends itself: only the head is set up here."""
+
+    def __init__(
+        self, *, status_code: int = 200, headers: Mapping[str, str] | None = None, media_type: str | None = None
+    ) -> None:
+        self.status_code = status_code
+        self.media_type = media_type
+        self.background = None
+        self.init_headers(headers)
+
+
+class Relay(_Streamed):
     """An ASGI response that relays ``upstream``'s body as it arrives.
 
     Args:
@@ -64,10 +76,7 @@ class Relay(Response):
         headers: Mapping[str, str] | None = None,
         media_type: str | None = None,
     ) -> None:
-        self.status_code = status_code
-        self.media_type = media_type
-        self.background = None
-        self.init_headers(headers)
+        super().__init__(status_code=status_code, headers=headers, media_type=media_type)
         self._read = body_reader(upstream)
         self._on_close = on_close
         self._on_break = on_break
@@ -105,7 +114,7 @@ class Relay(Response):
             self._tail = before_last + last
 
 
-class EventStream(Response):
+class EventStream(_Streamed):
     """An ASGI response that sends each bytes item of ``events`` as it comes, until the client leaves.
 
     ``StreamingResponse`` without its anyio task group and disconnect listener per
@@ -121,10 +130,7 @@ class EventStream(Response):
         headers: Mapping[str, str] | None = None,
         media_type: str | None = None,
     ) -> None:
-        self.status_code = status_code
-        self.media_type = media_type
-        self.background = None
-        self.init_headers(headers)
+        super().__init__(status_code=status_code, headers=headers, media_type=media_type)
         self._events = events
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -155,7 +161,7 @@ async def until_client_leaves(
                 gone = True
                 working.cancel()
 
-        watcher = asyncio.ensure_future(_disconnect(receive))
+        watcher = asyncio.ensure_future(client_gone(receive))
         watcher.add_done_callback(left)
         try:
             result = await work()
@@ -167,7 +173,7 @@ async def until_client_leaves(
     return None if gone else result
 
 
-async def _disconnect(receive: Receive) -> None:
+async def client_gone(receive: Receive) -> None:
     """Return once the client's side of the connection is gone (the request body was already read)."""
     while (await receive())["type"] != "http.disconnect":
         pass
