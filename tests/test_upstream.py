@@ -36,13 +36,17 @@ CHUNKED_HEAD = (
 class StandIn:
     """A one-port HTTP/1.1 server whose ``handler`` answers each request.
 
-    ``connections`` counts the connections made; ``served`` holds, per request,
-    the number of the connection it came on.
+    ``connections`` counts the connections made and ``ended`` those over;
+    ``served`` holds, per request, the number of the connection it came on. With
+    ``idle_timeout`` a connection that waits that long for a request is dropped,
+    as llama-server drops one after its keep-alive timeout.
     """
 
-    def __init__(self, handler: Handler) -> None:
+    def __init__(self, handler: Handler, idle_timeout: float | None = None) -> None:
         self.handler = handler
+        self.idle_timeout = idle_timeout
         self.connections = 0
+        self.ended = 0
         self.served: list[int] = []
         self.port = free_port()
 
@@ -65,8 +69,8 @@ class StandIn:
         try:
             while True:
                 try:
-                    head = await reader.readuntil(b"\r\n\r\n")
-                except asyncio.IncompleteReadError:
+                    head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), self.idle_timeout)
+                except (asyncio.IncompleteReadError, TimeoutError):
                     return
                 length = next(
                     (
@@ -84,6 +88,7 @@ class StandIn:
         except asyncio.CancelledError:  # the test is over
             pass
         finally:
+            self.ended += 1
             writer.close()
 
 
@@ -154,6 +159,58 @@ def test_a_request_right_after_a_stream_does_not_reuse_the_connection_llama_serv
             for _ in range(3):
                 assert await _post(upstream, server.url) == (200, b"data: \n\n")
             assert server.served == [1, 2, 3]
+
+    run(main())
+
+
+async def _streamed_then_closed(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, n: int) -> bool:
+    """As llama-server b11434 answers a streamed chat: chunked, then the connection is closed."""
+    writer.write(CHUNKED_HEAD + b"6\r\ndata: \r\n2\r\n\n\n\r\n0\r\n\r\n")
+    await writer.drain()
+    return False
+
+
+async def _until(condition: Callable[[], bool]) -> None:
+    while not condition():
+        await asyncio.sleep(0.005)
+
+
+def test_the_request_after_a_stream_goes_out_on_a_connection_opened_before_it():
+    """llama-server closes after each stream; the next chat request does not wait for a new connection."""
+
+    async def main() -> None:
+        async with serving(_streamed_then_closed) as (server, upstream):
+            assert await _post(upstream, server.url) == (200, b"data: \n\n")
+            await _until(lambda: server.connections == 2)  # opened with no request on it yet
+            assert server.served == [1]
+            assert await _post(upstream, server.url) == (200, b"data: \n\n")
+            assert server.served == [1, 2]
+
+    run(main())
+
+
+def test_a_spare_connection_the_server_dropped_is_retried_on_a_new_one():
+    async def main() -> None:
+        async with StandIn(_streamed_then_closed, idle_timeout=0.05) as server:
+            upstream = Upstream()
+            try:
+                assert await _post(upstream, server.url) == (200, b"data: \n\n")
+                await _until(lambda: server.ended == 2)  # the spare, dropped unused
+                assert await _post(upstream, server.url) == (200, b"data: \n\n")
+                assert server.served == [1, 3]
+            finally:
+                await upstream.aclose()
+
+    run(main())
+
+
+def test_closing_the_upstream_closes_its_spare_connection():
+    async def main() -> None:
+        async with serving(_streamed_then_closed) as (server, upstream):
+            await _post(upstream, server.url)
+            await _until(lambda: server.connections == 2)
+            await upstream.aclose()
+            await asyncio.wait_for(_until(lambda: server.ended == 2), 2)
 
     run(main())
 
