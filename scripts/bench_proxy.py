@@ -31,9 +31,12 @@ chunks, ``[DONE]``, then it closes the connection) at ``--stand-in-tps``
 tokens/s per stream, at next to no CPU. That measures the relay alone at the
 token rate of a fast machine, however slow the real llama-server runs here;
 the studio then routes to it through a stand-in for a ready resident model.
-It also adds the ``floor`` path: a bare byte relay (asyncio streams on uvloop,
-no HTTP parsing) in a process of its own, what one read and one write per
-chunk cost on this machine right now, to set the studio's figure beside.
+It also adds two floors, bare byte relays in processes of their own, to set the
+studio's figures beside: ``floor py``, the least a Python relay can do per
+chunk (one protocol callback and one write on uvloop, nothing parsed), and
+``floor C`` (``scripts/floor_relay.c``, built with ``cc`` when there is one),
+one epoll wake-up, one read and one write: what the kernel alone charges per
+chunk on this machine right now, below which no relay in any language gets.
 
 The client is a bare asyncio socket per stream (``Connection: close``, bytes
 counted, nothing parsed), cheap enough not to crowd the paths it measures.
@@ -49,7 +52,9 @@ import asyncio
 import json
 import multiprocessing
 import re
+import shutil
 import statistics
+import subprocess
 import sys
 import tempfile
 import threading
@@ -238,33 +243,71 @@ def stand_in_llama_server(port: int, tokens_per_s: float) -> None:
 
 
 def floor_relay(port: int, upstream: int) -> None:
-    """A bare byte relay to ``upstream``: one read and one write per chunk, nothing parsed past the request head."""
+    """The least a Python relay does per chunk: one callback and one write (asyncio protocols on uvloop).
+
+    Each client's bytes go to a new connection to ``upstream`` and back as they
+    arrive; nothing is parsed, no coroutine wakes per chunk.
+    """
     try:
         import uvloop
     except ImportError:
         uvloop = None
 
-    async def relay(client_reader: asyncio.StreamReader, client_writer: asyncio.StreamWriter) -> None:
-        head = await client_reader.readuntil(b"\r\n\r\n")
-        length = next(
-            int(line.split(b":")[1]) for line in head.split(b"\r\n") if line.lower().startswith(b"content-length:")
-        )
-        body = await client_reader.readexactly(length)
-        reader, writer = await asyncio.open_connection("127.0.0.1", upstream)
-        writer.write(head + body)
-        while data := await reader.read(65536):
-            client_writer.write(data)
-        writer.close()
-        client_writer.close()
+    class Back(asyncio.Protocol):
+        """The upstream side: what arrives goes straight to the client."""
+
+        def __init__(self, client: asyncio.Transport) -> None:
+            self.client = client
+
+        def data_received(self, data: bytes) -> None:
+            self.client.write(data)
+
+        def connection_lost(self, exc: Exception | None) -> None:
+            self.client.close()
+
+    class Front(asyncio.Protocol):
+        """The client side: its bytes go upstream once the connection there is made."""
+
+        def connection_made(self, transport: asyncio.BaseTransport) -> None:
+            self.transport = transport
+            self.upstream: asyncio.Transport | None = None
+            self.early = b""
+            asyncio.get_running_loop().create_task(self.connect())
+
+        async def connect(self) -> None:
+            loop = asyncio.get_running_loop()
+            self.upstream, _ = await loop.create_connection(lambda: Back(self.transport), "127.0.0.1", upstream)
+            self.upstream.write(self.early)
+
+        def data_received(self, data: bytes) -> None:
+            if self.upstream is None:
+                self.early += data
+            else:
+                self.upstream.write(data)
+
+        def connection_lost(self, exc: Exception | None) -> None:
+            if self.upstream is not None:
+                self.upstream.close()
 
     async def main() -> None:
-        server = await asyncio.start_server(relay, "127.0.0.1", port, backlog=256)
+        server = await asyncio.get_running_loop().create_server(Front, "127.0.0.1", port, backlog=256)
         await server.serve_forever()
 
     if uvloop is not None:
         uvloop.run(main())
     else:
         asyncio.run(main())
+
+
+def c_floor(port: int, upstream: int, build_dir: Path) -> subprocess.Popen[bytes] | None:
+    """Start ``floor_relay.c`` (built with ``cc`` here) on ``port``; ``None`` without a C compiler."""
+    cc = shutil.which("cc") or shutil.which("gcc")
+    if cc is None:
+        print("no C compiler: the floor C path is left out", file=sys.stderr)
+        return None
+    binary = build_dir / "floor_relay"
+    subprocess.run([cc, "-O2", "-o", str(binary), str(Path(__file__).with_name("floor_relay.c"))], check=True)
+    return subprocess.Popen([str(binary), str(port), str(upstream)])
 
 
 @dataclass
@@ -448,7 +491,7 @@ def main() -> int:
     parser.add_argument(
         "--stand-in",
         action="store_true",
-        help="a stand-in streams in llama-server's place (the relay alone); adds the floor path",
+        help="a stand-in streams in llama-server's place (the relay alone); adds the floor paths",
     )
     parser.add_argument("--stand-in-tps", type=float, default=50.0, help="the stand-in's tokens/s per stream")
     args = parser.parse_args()
@@ -458,13 +501,16 @@ def main() -> int:
     rounds = dict(zip(streams, (int(r) for r in args.rounds.split(",")), strict=False)) if args.rounds else ROUNDS
     spawn = multiprocessing.get_context("spawn")
     port, helpers = free_port(), []
-    stand_in = floor = None
+    stand_in = floor = floor_c = None
+    relay_c: subprocess.Popen[bytes] | None = None
+    build_dir = tempfile.TemporaryDirectory()
     if args.stand_in:
-        stand_in, floor = free_port(), free_port()
+        stand_in, floor, floor_c = free_port(), free_port(), free_port()
         helpers = [
             spawn.Process(target=stand_in_llama_server, args=(stand_in, args.stand_in_tps), daemon=True),
             spawn.Process(target=floor_relay, args=(floor, stand_in), daemon=True),
         ]
+        relay_c = c_floor(floor_c, stand_in, Path(build_dir.name))
     ours, theirs = multiprocessing.Pipe()
     service = spawn.Process(target=serve, args=(port, theirs, stand_in), daemon=True)
     for process in (*helpers, service):
@@ -484,8 +530,11 @@ def main() -> int:
         ]
         baseline_of = {"studio /v1": "direct"}
         if floor is not None:
-            paths.append(Route("floor", floor, "/v1/chat/completions", auth, {}, V1_TOKEN, True, helpers[1].pid))
-            baseline_of["floor"] = "direct"
+            paths.append(Route("floor py", floor, "/v1/chat/completions", auth, {}, V1_TOKEN, True, helpers[1].pid))
+            baseline_of["floor py"] = "direct"
+        if relay_c is not None:
+            paths.append(Route("floor C", floor_c, "/v1/chat/completions", auth, {}, V1_TOKEN, True, relay_c.pid))
+            baseline_of["floor C"] = "direct"
         if not args.no_gui:
             paths += [
                 Route("direct+usage", up_port, "/v1/chat/completions", auth, usage, V1_TOKEN, False, service.pid),
@@ -520,6 +569,10 @@ def main() -> int:
             process.join(30)
             if process.is_alive():
                 process.kill()
+        if relay_c is not None:
+            relay_c.kill()
+            relay_c.wait()
+        build_dir.cleanup()
     return 0
 
 
