@@ -18,6 +18,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from studio.http import upstream as upstream_module
 from studio.http.upstream import LoopbackTransport, Upstream, _ChunkedDecoder
 from tests.helpers import free_port
 
@@ -200,6 +201,26 @@ def test_a_spare_connection_the_server_dropped_is_retried_on_a_new_one():
                 assert server.served == [1, 3]
             finally:
                 await upstream.aclose()
+
+    run(main())
+
+
+def test_a_spare_is_renewed_for_a_while_after_a_stream_then_no_connection_is_left_open(monkeypatch):
+    """Renewed before llama-server's keep-alive timeout drops it, within a window; an idle studio holds none."""
+    monkeypatch.setattr(upstream_module, "SPARE_LIFE", 0.05)
+    monkeypatch.setattr(upstream_module, "SPARE_WINDOW", 0.3)
+
+    async def main() -> None:
+        async with serving(_streamed_then_closed) as (server, upstream):
+            await _post(upstream, server.url)
+            await asyncio.wait_for(_until(lambda: server.connections >= 4), 2)  # the spare, renewed twice
+            await asyncio.sleep(0.4)  # past the window
+            await asyncio.wait_for(_until(lambda: server.ended == server.connections), 2)
+            opened = server.connections
+            await asyncio.sleep(0.2)
+            assert server.connections == opened  # no more spares
+            assert await _post(upstream, server.url) == (200, b"data: \n\n")  # the next request connects itself
+            assert server.served == [1, opened + 1]
 
     run(main())
 

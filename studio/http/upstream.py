@@ -40,6 +40,11 @@ READ_SIZE = 64 * 1024
 DEFAULT_IDLE = 4.0
 #: Seconds of margin below the server's announced keep-alive timeout.
 IDLE_MARGIN = 1.0
+#: Seconds after a streamed answer during which a spare connection is kept ready, renewed before the server's
+#: keep-alive timeout (5 s in b11434's cpp-httplib) would drop it: a person reading an answer and typing the next.
+SPARE_WINDOW = 60.0
+#: Seconds after it is made that a spare is replaced by a new one (within the window) or let go.
+SPARE_LIFE = DEFAULT_IDLE - 0.5
 
 _NO_BODY_STATUS = frozenset({204, 304})
 
@@ -70,10 +75,12 @@ class LoopbackTransport(httpx.AsyncBaseTransport):
     chat request would open a new one on its way to the first token (about
     0.8 ms of wall time on the 2-core test machine). So when a ``POST``'s
     connection is closed rather than pooled, one spare connection to the same
-    server is opened in the background, and the next request starts on it. A
-    spare is dropped unused before the server's keep-alive timeout, and one the
-    server dropped early is retried once on a new connection, as for any idle
-    connection.
+    server is opened in the background, and the next request starts on it.
+    Before the server's keep-alive timeout would drop it, an unused spare is
+    replaced by a new one for ``SPARE_WINDOW`` seconds after the last such
+    answer, then let go, so an idle studio keeps no connection open. One the
+    server dropped anyway is retried once on a new connection, as for any
+    idle connection.
 
     Args:
         max_connections: requests in flight at once; more wait for a free one.
@@ -85,6 +92,8 @@ class LoopbackTransport(httpx.AsyncBaseTransport):
         self._idle: list[_Connection] = []
         self._spare_wanted = spare
         self._spares: dict[tuple[str, int], asyncio.Task[_Connection]] = {}
+        self._spare_until: dict[tuple[str, int], float] = {}  # per server: when its spares stop being renewed
+        self._renewals: set[asyncio.TimerHandle] = set()
 
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
         """Return the response with its head read and its body still on the wire.
@@ -177,7 +186,7 @@ class LoopbackTransport(httpx.AsyncBaseTransport):
         conn.close()
         return None
 
-    def _open_spare(self, request: httpx.Request, origin: tuple[str, int]) -> None:
+    def _open_spare(self, origin: tuple[str, int], connect_timeout: float | None) -> None:
         """Start opening a spare connection to ``origin`` unless one is open or on its way.
 
         Spares to other servers that have since closed (an unloaded model's) are let go here.
@@ -189,11 +198,21 @@ class LoopbackTransport(httpx.AsyncBaseTransport):
             if opening.done() and (made is None or not made.alive()):
                 del self._spares[other]
                 _close_if_made(opening)
+        loop = asyncio.get_running_loop()
 
         async def opened() -> _Connection:
-            conn = await _connect(request, origin, request.extensions.get("timeout", {}).get("connect"))
+            placeholder = httpx.Request("POST", f"http://{origin[0]}:{origin[1]}/")  # only for a connect error
+            conn = await _connect(placeholder, origin, connect_timeout)
             conn.reused = True  # it waits idle: the server may drop it, and then a request retries on a new one
             conn.reusable_until = time.monotonic() + DEFAULT_IDLE
+            renewal: asyncio.TimerHandle
+
+            def renew() -> None:
+                self._renewals.discard(renewal)
+                self._renew_spare(origin, task, connect_timeout)
+
+            renewal = loop.call_later(SPARE_LIFE, renew)
+            self._renewals.add(renewal)
             return conn
 
         task = asyncio.ensure_future(opened())
@@ -201,6 +220,19 @@ class LoopbackTransport(httpx.AsyncBaseTransport):
         # Reading the outcome keeps asyncio from reporting a failure as never retrieved.
         task.add_done_callback(_made)
         self._spares[origin] = task
+
+    def _renew_spare(
+        self, origin: tuple[str, int], opening: asyncio.Task[_Connection], connect_timeout: float | None
+    ) -> None:
+        """An unused spare is near the server's keep-alive timeout: replace it within the window, else let it go."""
+        if self._spares.get(origin) is not opening:
+            return  # taken by a request, or dropped
+        del self._spares[origin]
+        _close_if_made(opening)
+        if time.monotonic() < self._spare_until.get(origin, 0.0):
+            self._open_spare(origin, connect_timeout)
+        else:
+            self._spare_until.pop(origin, None)
 
     def _finish(self, conn: _Connection, reusable_for: float | None, request: httpx.Request) -> None:
         """Give ``conn`` back to the pool (``reusable_for`` seconds) or close it; free its slot.
@@ -213,13 +245,18 @@ class LoopbackTransport(httpx.AsyncBaseTransport):
         else:
             conn.close()
             if self._spare_wanted and request.method == "POST":
-                self._open_spare(request, conn.origin)
+                self._spare_until[conn.origin] = time.monotonic() + SPARE_WINDOW
+                self._open_spare(conn.origin, request.extensions.get("timeout", {}).get("connect"))
         self._slots.release()
 
     async def aclose(self) -> None:
         idle, self._idle = self._idle, []
         for conn in idle:
             conn.close()
+        for renewal in self._renewals:
+            renewal.cancel()
+        self._renewals.clear()
+        self._spare_until.clear()
         spares, self._spares = self._spares, {}
         for opening in spares.values():
             opening.cancel()
