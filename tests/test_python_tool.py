@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import socket
 import threading
+import time
 
 import pytest
 
@@ -42,6 +43,37 @@ def test_the_memory_limit_stops_a_program(tool):
 def test_megabytes_of_output_are_cut_off(tool):
     result = run(tool, "import sys\nwhile True: sys.stdout.write('y' * 65536)")
     assert result.is_error and "output beyond 8 KiB was cut off" in result.text and len(result.text) < 9000
+
+
+def _running(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+def test_output_that_goes_on_after_the_kill_does_not_hang_the_call(tool):
+    """CI hung in ``test_megabytes_of_output_are_cut_off``: output that went on arriving after the stop filled
+    the reader's buffer, which paused reading the pipe, so its end was never seen, and Python 3.11's
+    ``Process.wait()`` waits for the pipes to close. A process that left the group (and so outlives the kill)
+    makes that certain: it must not hang the call, nor go on writing."""
+    code = (
+        "import os, sys, time\n"
+        "if os.fork() == 0:\n"
+        "    os.setsid()\n"
+        "    sys.stdout.write(f'escaped {os.getpid()}\\n')\n"
+        "    while True:\n"
+        "        sys.stdout.write('y' * 65536)\n"
+        "time.sleep(60)\n"
+    )
+    result = asyncio.run(asyncio.wait_for(tool.call({"code": code}, timeout=30), 10))
+    assert result.is_error and "output beyond 8 KiB was cut off" in result.text
+    escaped = int(result.text.split()[1])
+    deadline = time.monotonic() + 5
+    while _running(escaped) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not _running(escaped)  # the pipe it wrote to was closed: it died on the next write
 
 
 def test_a_failing_program_shows_its_traceback(tool):

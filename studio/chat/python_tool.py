@@ -117,6 +117,11 @@ class PythonTool:
             "PYTHONIOENCODING": "utf-8",
             "PYTHONDONTWRITEBYTECODE": "1",
         }
+        # The output pipe is ours, not asyncio's: Python 3.11's ``Process.wait()`` also waits for the pipes it
+        # made to close, which never happened when output went on arriving after the program was stopped (the
+        # reader's full buffer had paused reading, so the pipe's end was never seen; a call hung in CI). Closing
+        # our end instead also stops anything the program left running that still writes to it.
+        read_end, write_end = os.pipe()
         try:
             child = await asyncio.create_subprocess_exec(
                 *self._prefix,
@@ -126,19 +131,22 @@ class PythonTool:
                 cwd=scratch,
                 env=env,
                 stdin=asyncio.subprocess.DEVNULL,
-                stdout=asyncio.subprocess.PIPE,
-                stderr=asyncio.subprocess.STDOUT,
+                stdout=write_end,
+                stderr=write_end,
                 start_new_session=True,
                 preexec_fn=self._limits,
             )
         except OSError as exc:
+            os.close(read_end)
             return ToolResult(f"the python tool could not start: {exc}", True)
-        assert child.stdout is not None
+        finally:
+            os.close(write_end)
         output = bytearray()
         cut = timed_out = False
+        reader, pipe = await _read_pipe(read_end)
         try:
             async with asyncio.timeout(timeout):
-                while chunk := await child.stdout.read(64 * 1024):
+                while chunk := await reader.read(64 * 1024):
                     output += chunk
                     if len(output) > limit:
                         cut = True
@@ -147,10 +155,12 @@ class PythonTool:
             timed_out = True
         except BaseException:  # the chat was cancelled (the client left): the program goes with it
             _kill_group(child.pid)
+            pipe.close()
             await child.wait()
             raise
         if cut or timed_out:
             _kill_group(child.pid)
+        pipe.close()
         status = await child.wait()
         text = output[:limit].decode(errors="replace")
         if timed_out:
@@ -176,6 +186,14 @@ class PythonTool:
         files = self.config.max_output_kb * 1024 * 16
         resource.setrlimit(resource.RLIMIT_FSIZE, (files, files))
         resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+
+
+async def _read_pipe(fd: int) -> tuple[asyncio.StreamReader, asyncio.BaseTransport]:
+    """A stream reading the pipe end ``fd``, and its transport (closing it closes ``fd``)."""
+    loop = asyncio.get_running_loop()
+    reader = asyncio.StreamReader()
+    pipe, _ = await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), os.fdopen(fd, "rb", 0))
+    return reader, pipe
 
 
 def _kill_group(pid: int) -> None:
