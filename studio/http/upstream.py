@@ -84,13 +84,11 @@ class LoopbackTransport(httpx.AsyncBaseTransport):
 
     Args:
         max_connections: requests in flight at once; more wait for a free one.
-        spare: whether to keep a spare connection ready after a ``POST``.
     """
 
-    def __init__(self, *, max_connections: int = 64, spare: bool = True) -> None:
+    def __init__(self, *, max_connections: int = 64) -> None:
         self._slots = asyncio.Semaphore(max_connections)
         self._idle: list[_Connection] = []
-        self._spare_wanted = spare
         self._spares: dict[tuple[str, int], asyncio.Task[_Connection]] = {}
         self._spare_until: dict[tuple[str, int], float] = {}  # per server: when its spares stop being renewed
         self._renewals: set[asyncio.TimerHandle] = set()
@@ -189,15 +187,10 @@ class LoopbackTransport(httpx.AsyncBaseTransport):
     def _open_spare(self, origin: tuple[str, int], connect_timeout: float | None) -> None:
         """Start opening a spare connection to ``origin`` unless one is open or on its way.
 
-        Spares to other servers that have since closed (an unloaded model's) are let go here.
+        One that cannot be made (the server is gone: an unloaded model's) is forgotten at once.
         """
         if origin in self._spares:
             return
-        for other, opening in list(self._spares.items()):
-            made = _made(opening) if opening.done() else None
-            if opening.done() and (made is None or not made.alive()):
-                del self._spares[other]
-                _close_if_made(opening)
         loop = asyncio.get_running_loop()
 
         async def opened() -> _Connection:
@@ -215,10 +208,13 @@ class LoopbackTransport(httpx.AsyncBaseTransport):
             self._renewals.add(renewal)
             return conn
 
+        def failed(done: asyncio.Task[_Connection]) -> None:
+            # No error: the next request connects itself, and says why if it cannot.
+            if _made(done) is None and self._spares.get(origin) is done:
+                del self._spares[origin]
+
         task = asyncio.ensure_future(opened())
-        # A spare that cannot be made is no error: the next request connects itself, and says why if it cannot.
-        # Reading the outcome keeps asyncio from reporting a failure as never retrieved.
-        task.add_done_callback(_made)
+        task.add_done_callback(failed)
         self._spares[origin] = task
 
     def _renew_spare(
@@ -244,7 +240,7 @@ class LoopbackTransport(httpx.AsyncBaseTransport):
             self._idle.append(conn)
         else:
             conn.close()
-            if self._spare_wanted and request.method == "POST":
+            if request.method == "POST":
                 self._spare_until[conn.origin] = time.monotonic() + SPARE_WINDOW
                 self._open_spare(conn.origin, request.extensions.get("timeout", {}).get("connect"))
         self._slots.release()
