@@ -58,7 +58,7 @@ class LoadedModel:
 
     @property
     def auth_headers(self) -> dict[str, str]:
-        return {"Authorization": f"Bearer {self.api_key}"}
+        return self.command.auth_headers
 
 
 class Lease:
