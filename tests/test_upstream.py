@@ -100,9 +100,11 @@ async def _sized(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, n: 
 
 
 @asynccontextmanager
-async def serving(handler: Handler, **upstream_options: Any) -> AsyncIterator[tuple[StandIn, Upstream]]:
+async def serving(
+    handler: Handler, *, idle_timeout: float | None = None, **upstream_options: Any
+) -> AsyncIterator[tuple[StandIn, Upstream]]:
     """A stand-in answering with ``handler`` and an ``Upstream`` to reach it, closed afterwards."""
-    async with StandIn(handler) as server:
+    async with StandIn(handler, idle_timeout) as server:
         upstream = Upstream(**upstream_options)
         try:
             yield server, upstream
@@ -150,10 +152,9 @@ def test_a_request_right_after_a_stream_does_not_reuse_the_connection_llama_serv
     """b11434 closes after every chunked answer despite ``Keep-Alive``; reusing it failed the next request (502)."""
 
     async def streamed_then_closed(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, n: int) -> bool:
-        writer.write(CHUNKED_HEAD + b"6\r\ndata: \r\n2\r\n\n\n\r\n0\r\n\r\n")
-        await writer.drain()
+        closing = await _streamed_then_closed(reader, writer, n)
         await asyncio.sleep(0.05)  # the server's close lands a moment later: the race window
-        return False
+        return closing
 
     async def main() -> None:
         async with serving(streamed_then_closed) as (server, upstream):
@@ -192,15 +193,11 @@ def test_the_request_after_a_stream_goes_out_on_a_connection_opened_before_it():
 
 def test_a_spare_connection_the_server_dropped_is_retried_on_a_new_one():
     async def main() -> None:
-        async with StandIn(_streamed_then_closed, idle_timeout=0.05) as server:
-            upstream = Upstream()
-            try:
-                assert await _post(upstream, server.url) == (200, b"data: \n\n")
-                await _until(lambda: server.ended == 2)  # the spare, dropped unused
-                assert await _post(upstream, server.url) == (200, b"data: \n\n")
-                assert server.served == [1, 3]
-            finally:
-                await upstream.aclose()
+        async with serving(_streamed_then_closed, idle_timeout=0.05) as (server, upstream):
+            assert await _post(upstream, server.url) == (200, b"data: \n\n")
+            await _until(lambda: server.ended == 2)  # the spare, dropped unused
+            assert await _post(upstream, server.url) == (200, b"data: \n\n")
+            assert server.served == [1, 3]
 
     run(main())
 
@@ -212,7 +209,7 @@ def test_a_spare_is_renewed_for_a_while_after_a_stream_then_no_connection_is_lef
 
     async def main() -> None:
         async with serving(_streamed_then_closed) as (server, upstream):
-            await _post(upstream, server.url)
+            assert await _post(upstream, server.url) == (200, b"data: \n\n")
             await asyncio.wait_for(_until(lambda: server.connections >= 4), 2)  # the spare, renewed twice
             await asyncio.sleep(0.4)  # past the window
             await asyncio.wait_for(_until(lambda: server.ended == server.connections), 2)
@@ -228,7 +225,7 @@ def test_a_spare_is_renewed_for_a_while_after_a_stream_then_no_connection_is_lef
 def test_closing_the_upstream_closes_its_spare_connection():
     async def main() -> None:
         async with serving(_streamed_then_closed) as (server, upstream):
-            await _post(upstream, server.url)
+            assert await _post(upstream, server.url) == (200, b"data: \n\n")
             await _until(lambda: server.connections == 2)
             await upstream.aclose()
             await asyncio.wait_for(_until(lambda: server.ended == 2), 2)
