@@ -299,15 +299,16 @@ def floor_relay(port: int, upstream: int) -> None:
         asyncio.run(main())
 
 
-def c_floor(port: int, upstream: int, build_dir: Path) -> subprocess.Popen[bytes] | None:
+def c_floor(port: int, upstream: int) -> subprocess.Popen[bytes] | None:
     """Start ``floor_relay.c`` (built with ``cc`` here) on ``port``; ``None`` without a C compiler."""
     cc = shutil.which("cc") or shutil.which("gcc")
     if cc is None:
         print("no C compiler: the floor C path is left out", file=sys.stderr)
         return None
-    binary = build_dir / "floor_relay"
-    subprocess.run([cc, "-O2", "-o", str(binary), str(Path(__file__).with_name("floor_relay.c"))], check=True)
-    return subprocess.Popen([str(binary), str(port), str(upstream)])
+    with tempfile.TemporaryDirectory() as build_dir:  # the running relay outlives its file
+        binary = Path(build_dir) / "floor_relay"
+        subprocess.run([cc, "-O2", "-o", str(binary), str(Path(__file__).with_name("floor_relay.c"))], check=True)
+        return subprocess.Popen([str(binary), str(port), str(upstream)])
 
 
 @dataclass
@@ -503,19 +504,19 @@ def main() -> int:
     port, helpers = free_port(), []
     stand_in = floor = floor_c = None
     relay_c: subprocess.Popen[bytes] | None = None
-    build_dir = tempfile.TemporaryDirectory()
     if args.stand_in:
         stand_in, floor, floor_c = free_port(), free_port(), free_port()
         helpers = [
             spawn.Process(target=stand_in_llama_server, args=(stand_in, args.stand_in_tps), daemon=True),
             spawn.Process(target=floor_relay, args=(floor, stand_in), daemon=True),
         ]
-        relay_c = c_floor(floor_c, stand_in, Path(build_dir.name))
     ours, theirs = multiprocessing.Pipe()
     service = spawn.Process(target=serve, args=(port, theirs, stand_in), daemon=True)
     for process in (*helpers, service):
         process.start()
     try:
+        if floor_c is not None and stand_in is not None:
+            relay_c = c_floor(floor_c, stand_in)
         if not ours.poll(300):
             raise SystemExit("the studio service did not start or the model did not load within 300 s")
         ready = ours.recv()
@@ -572,7 +573,6 @@ def main() -> int:
         if relay_c is not None:
             relay_c.kill()
             relay_c.wait()
-        build_dir.cleanup()
     return 0
 
 
