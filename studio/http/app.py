@@ -73,14 +73,16 @@ def create_app(
         app.state.downloads = downloads or manager.downloads or DownloadManager()
         app.state.toolbox = tools = toolbox or Toolbox.empty()
         app.state.tools_started = asyncio.create_task(tools.start())
-        if preload:
-            app.state.preload = asyncio.create_task(manager.preload(preload))
+        preloading = asyncio.create_task(manager.preload(preload)) if preload else None
         try:
             yield
         finally:
             try:
-                app.state.tools_started.cancel()
-                await asyncio.gather(app.state.tools_started, return_exceptions=True)
+                # A preload still running would otherwise start its model again after the manager stopped it.
+                for task in (preloading, app.state.tools_started):
+                    if task is not None:
+                        task.cancel()
+                        await asyncio.gather(task, return_exceptions=True)
                 await tools.aclose()
                 await manager.aclose()
             finally:

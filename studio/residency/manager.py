@@ -11,6 +11,12 @@ that one start, so concurrent first requests start exactly one llama-server.
 A request never changes a resident model's server settings: only an explicit
 load with other settings restarts it, once its requests in flight are done.
 
+Every load is one transaction (``studio.residency.transaction.Load``), at most one
+per model file: checked before anything running is touched, its victims reserved
+under the placement lock and drained outside it, then committed or undone; an
+unload or the shutdown cancels it. The arithmetic of memory (budgets, what fits
+where) is ``studio.residency.placement``'s; this module routes and runs the steps.
+
 Header reads, plans and device queries run off the event loop with a time limit
 (``studio.blocking``), so a hostile file cannot stall other clients.
 
@@ -22,6 +28,7 @@ resident models' state changes.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
@@ -33,13 +40,12 @@ import structlog
 import gguf
 from gguf.templates import template_capabilities
 from launcher.capabilities import Capabilities
-from launcher.command import build_command
-from launcher.devices import Inventory, discover
-from launcher.memory import DeviceBill, MemoryBill
+from launcher.command import LaunchCommand, build_command
+from launcher.devices import Inventory, discover, wait_for_memory_release
+from launcher.errors import LauncherError
 from launcher.planner import MIN_AUTO_CTX, LaunchPlan, ModelInfo, PlanRequest, plan
 from launcher.registry import ChildRegistry
 from launcher.supervisor import Status, Supervisor
-from launcher.units import format_mib
 from studio.blocking import run_blocking
 from studio.errors import (
     BadRequestError,
@@ -47,6 +53,7 @@ from studio.errors import (
     DoesNotFitError,
     ModelNotFoundError,
     ModelNotResidentError,
+    ModelUnloadedError,
     NotReadyError,
     StudioError,
 )
@@ -54,9 +61,10 @@ from studio.library.catalog import Catalog, CatalogEntry
 from studio.library.downloads import DownloadManager, is_repo_spec
 from studio.residency import placement
 from studio.residency.lifecycle import COMING_UP, GOING_AWAY, HOLDS_MEMORY, ResidentState
-from studio.residency.placement import TOTAL, Holder
+from studio.residency.placement import Holder, physical
 from studio.residency.requests import LoadRequest, LoadSettings, load_settings, model_defaults_for
 from studio.residency.resident import Lease, LoadedModel, ResidentModel
+from studio.residency.transaction import Load, LoadStep, Superseded
 from studio.settings import ModelDefaults, ResidencySettings
 
 log = structlog.get_logger(__name__)
@@ -64,6 +72,10 @@ log = structlog.get_logger(__name__)
 #: Makes one model's supervisor; it hands every state change to the callback it is given.
 SupervisorFactory = Callable[[Callable[[Status], None]], Supervisor]
 Planner = Callable[[ModelInfo, Inventory, Capabilities, PlanRequest], LaunchPlan]
+#: States of a resident that serves no request and never will: a new load replaces it.
+_NOT_SERVING = frozenset({ResidentState.FAILED, ResidentState.UNLOADED})
+
+__all__ = ["ModelManager", "Placed", "ResidencyEvent", "physical", "supervisor_factory"]
 
 
 def supervisor_factory(logs_dir: Path, registry: ChildRegistry) -> SupervisorFactory:
@@ -133,8 +145,8 @@ class ModelManager:
         self._residents: dict[Path, ResidentModel] = {}
         self._routes: dict[str, ResidentModel] = {}  # every name a request used for a resident model
         self._default: ResidentModel | None = None  # the model a request without ``model`` uses
-        self._pending: dict[Path, LoadRequest] = {}  # explicit loads waiting for the old instance to go
-        self._resolving: str | None = None
+        self._loads: dict[Path, Load] = {}  # the one load in progress per model file
+        self._closing = False
         self._coming_default: str | None = None  # the first preload, until it is resident
         self._placement = asyncio.Lock()
         self._changed = asyncio.Event()  # set whenever a resident model goes idle, changes state or goes
@@ -171,8 +183,13 @@ class ModelManager:
 
     @property
     def resolving(self) -> str | None:
-        """The model a placement is working on now, if any."""
-        return self._resolving
+        """A model being loaded that has no resident instance yet (checking its plan or waiting for memory)."""
+        return next((load.entry.name for load in self._loads.values() if load.resident is None), None)
+
+    @property
+    def loads(self) -> list[Load]:
+        """The loads in progress."""
+        return list(self._loads.values())
 
     def find(self, model: str) -> ResidentModel | None:
         """The resident model a request's ``model`` names, by any name it was used under, or its path."""
@@ -205,7 +222,12 @@ class ModelManager:
         return await self._queued(lambda: self._ready(name, None))
 
     async def load(self, request: LoadRequest) -> LoadedModel:
-        """Make ``request``'s model resident (or keep it, if its settings are equal) and the default; return it."""
+        """Make ``request``'s model resident (or keep it, if its settings are equal) and the default; return it.
+
+        A refused load (bad settings, a plan that does not fit) changes nothing: the running instance
+        keeps serving with its settings. A load of a model that is loading with other settings takes
+        that load's place: the later settings win, after at most one restart.
+        """
         loaded, lease = await self._queued(lambda: self._ready(request.model, request))
         await lease()
         resident = self.find(request.model)
@@ -242,94 +264,233 @@ class ModelManager:
             self._waiting -= 1
 
     async def _ready(self, model: str, request: LoadRequest | None) -> tuple[LoadedModel, Lease]:
-        """Wait until ``model`` is resident and ready, placing and starting it when needed, and enter it."""
+        """Wait until ``model`` is resident and ready (with ``request``'s settings, when given) and enter it.
+
+        A request without settings takes the resident instance as it is, or joins the load in progress;
+        an explicit load with other settings than the running instance's (or the loading one's) begins
+        a load that replaces it (or supersedes that load).
+        """
         while True:
-            resident = await self._resident_for(model, request)
-            state = await resident.wait_settled()
-            if state is ResidentState.READY:
-                try:
-                    return resident.enter()
-                except NotReadyError:
-                    await resident.admitted()  # paused for a load that waits for its memory, or going away
-                    continue
-            if state is ResidentState.FAILED:
-                raise resident.failure or StudioError(resident.error or f"{resident.name} failed to load")
-            await resident.wait_until({ResidentState.UNLOADED})  # going away: then load it anew
-
-    async def _resident_for(self, model: str, request: LoadRequest | None) -> ResidentModel:
-        """The resident model for ``model`` with ``request``'s settings, placed and started when there is none."""
-        entry = await self._entry(model)
-        request = request or self._pending.get(entry.path)
-        deadline = time.monotonic() + self.residency.busy_wait
-        paused: list[ResidentModel] = []
-        try:
-            return await self._place_and_start(model, entry, request, deadline, paused)
-        finally:
-            self._resume(paused)
-
-    def _resume(self, paused: list[ResidentModel]) -> None:
-        for victim in paused:
-            victim.resume()
-        paused.clear()
-
-    async def _place_and_start(
-        self, model: str, entry: CatalogEntry, request: LoadRequest | None, deadline: float, paused: list[ResidentModel]
-    ) -> ResidentModel:
-        while True:
-            existing = self._residents.get(entry.path)
-            if existing is not None and existing.state in GOING_AWAY:
-                await existing.wait_until({ResidentState.UNLOADED})
+            self._check_open()
+            entry = await self._entry(model)
+            load = self._loads.get(entry.path)
+            resident = self._residents.get(entry.path)
+            wanted = self._settings(request, entry) if request is not None else None
+            if resident is not None and resident.state in GOING_AWAY and load is None:
+                await resident.wait_until({ResidentState.UNLOADED})  # evicted or unloading: then load it anew
                 continue
-            async with self._placement:
-                existing = self._residents.get(entry.path)
-                if existing is not None and existing.state in (ResidentState.FAILED, ResidentState.UNLOADED):
-                    await existing.unload(grace=0, reason="")  # a failed one is retried; it holds nothing
-                    existing = None
-                if existing is not None and existing.state not in GOING_AWAY:
-                    if request is None or self._settings(request, entry) == existing.settings:
-                        self._route(model, existing)
-                        return existing
-                    self._pending[entry.path] = request
-                    log.info("settings changed: restarting once its requests finish", model=existing.name)
-                elif existing is None:
-                    placed = await self._place(entry, request or LoadRequest(model=model))
-                    force = request is not None and request.force
-                    if placed.fits or force:
-                        resident = await self._start(entry, placed, request)
-                        self._route(model, resident)
-                        self._pending.pop(entry.path, None)
-                        return resident
-                    if not placed.blocked_by:
-                        smaller = await self._smaller_variant(model, entry, placed)
-                        raise DoesNotFitError(
-                            f"{entry.name} does not fit even with every idle model evicted: it needs {placed.need}"
-                            f" where {placed.room or 'nothing'} could be freed; "
-                            + (f"{smaller} is the largest variant of its repo that would fit, or " if smaller else "")
-                            + "load it with a smaller n_ctx (see the plan's largest_safe_context) or raise "
-                            "memory_budget"
-                        )
-                    if time.monotonic() >= deadline:
-                        self._resume(paused)
-                        raise BusyError(
-                            f"not enough memory for {entry.name} now: it needs {placed.need}; held by "
-                            f"{', '.join(placed.blocked_by)}; retry once they are idle",
-                            retry_after=max(1, round(self.residency.busy_wait / 6) or 1),
-                        )
-                    # New requests would keep the busy models busy for ever: hold them back (in-flight ones
-                    # finish) until this load got their memory or gave up.
-                    for name in placed.drain:
-                        if (victim := self.find(name)) is not None and victim not in paused:
-                            victim.pause()
-                            paused.append(victim)
-                    changed = self._changed
-            if existing is not None:  # a restart with new settings: let its requests finish, then place again
-                self._why.setdefault(existing, "restart")
-                await existing.unload(grace=float("inf"), reason="")
+            serving = resident is not None and resident.state not in _NOT_SERVING
+            if serving and resident is not None and (wanted is None or wanted == resident.settings):
+                if load is None or (wanted is None and resident.state is ResidentState.READY):
+                    self._route(model, resident)
+                    state = await resident.wait_settled()
+                    if state is ResidentState.READY:
+                        try:
+                            return resident.enter()
+                        except NotReadyError:  # paused for a load that waits for its memory, or going away
+                            await asyncio.wait(
+                                [asyncio.ensure_future(resident.admitted()), asyncio.ensure_future(self._change())],
+                                return_when=asyncio.FIRST_COMPLETED,
+                            )
+                    elif state is ResidentState.FAILED:
+                        raise resident.failure or StudioError(resident.error or f"{resident.name} failed")
+                    continue
+            if load is None:
+                load = self._begin(model, entry, request)
+            elif wanted is not None and wanted != load.settings:
+                log.info("a later load of the model takes the place of the one in progress", model=entry.name)
+                load.cancel(f"a later load of {entry.name} took this one's place", superseded=True)
+                load = self._begin(model, entry, request, after=load)
+            try:
+                resident = await load.wait()
+            except Superseded:
+                request = None  # the later load's settings win: follow it, never fight it
                 continue
             try:
+                return resident.enter()
+            except NotReadyError:
+                continue  # it crashed or was unloaded just now: look again
+
+    def _begin(
+        self, model: str, entry: CatalogEntry, request: LoadRequest | None, *, after: Load | None = None
+    ) -> Load:
+        """Begin the one load of ``entry``'s model; its task runs the steps, its future tells every waiter."""
+        request = request or LoadRequest(model=model)
+        load = Load(model, entry, request, self._settings(request, entry), replacing=None, after=after)
+        self._loads[entry.path] = load
+        load.task = asyncio.create_task(self._run_load(load), name=f"load {entry.name}")
+        return load
+
+    async def _run_load(self, load: Load) -> None:
+        try:
+            if load.after is not None:
+                await load.after.ended()
+            resident = await self._transact(load)
+        except asyncio.CancelledError:
+            await asyncio.shield(self._undo(load))
+            if load.cancelled is None:  # not ours: the loop itself is going away
+                load.outcome.cancel()
+                raise
+            load.outcome.set_exception(Superseded() if load.superseded else ModelUnloadedError(load.cancelled))
+        except Exception as exc:
+            await asyncio.shield(self._undo(load))
+            load.outcome.set_exception(exc)
+        else:
+            self._commit(load, resident)
+        finally:
+            if self._loads.get(load.entry.path) is load:
+                del self._loads[load.entry.path]
+            self._notify()
+
+    async def _transact(self, load: Load) -> ResidentModel:
+        """Check, reserve, start; return the ready resident. Raises what refused or failed the load."""
+        path = load.entry.path
+        existing = self._residents.get(path)
+        while existing is not None and existing.state in GOING_AWAY:  # evicted or unloading: let it go first
+            await existing.wait_until({ResidentState.UNLOADED})
+            existing = self._residents.get(path)
+        if existing is not None and existing.state not in _NOT_SERVING and existing.settings == load.settings:
+            return existing  # superseded back to what runs: nothing to do
+        load.replacing = existing
+        deadline = time.monotonic() + self.residency.busy_wait
+        # check, and reserve: one placement at a time decides; nothing running is touched until it fits
+        while True:
+            async with self._placement:
+                if load.step is LoadStep.WAITING:
+                    load.move(LoadStep.CHECKING)
+                placed = await self._place(load.entry, load.request, replacing=load.replacing, load=load)
+                if placed.fits or load.request.force:
+                    command = self._command(placed)
+                    victims = [v for name in placed.evict if (v := self.find(name)) is not None]
+                    if load.replacing is not None:
+                        victims.append(load.replacing)
+                    for victim in victims:
+                        if victim not in load.paused:
+                            victim.pause()
+                            load.paused.append(victim)
+                    load.victims = tuple(victims)
+                    load.reservation = Holder(
+                        name=load.entry.name,
+                        held=(held := placement.physical(placed.plan.bill, placed.plan)),
+                        reclaim=held,
+                        last_used=time.monotonic(),
+                        busy=True,
+                    )
+                    load.move(LoadStep.RESERVED)
+                    break
+                if not placed.blocked_by:
+                    raise await self._does_not_fit(load.model, load.entry, placed)
+                if time.monotonic() >= deadline:
+                    raise BusyError(
+                        f"not enough memory for {load.entry.name} now: it needs {placed.need}; held by "
+                        f"{', '.join(placed.blocked_by)}; retry once they are idle",
+                        retry_after=max(1, round(self.residency.busy_wait / 6) or 1),
+                    )
+                # New requests would keep the busy models busy for ever: hold them back (in-flight ones
+                # finish) until this load got their memory or gave up.
+                for name in placed.drain:
+                    if (busy := self.find(name)) is not None and busy not in load.paused:
+                        busy.pause()
+                        load.paused.append(busy)
+                if load.step is LoadStep.CHECKING:
+                    load.move(LoadStep.WAITING)
+                changed = self._changed
+            with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(changed.wait(), max(0.01, deadline - time.monotonic()))
-            except TimeoutError:
-                pass
+        try:
+            await self._drained(load, deadline)
+            load.move(LoadStep.STARTING)
+            for victim in load.victims:
+                if victim is not load.replacing:
+                    log.info("evicting idle model", model=victim.name, for_model=load.entry.name)
+                    self.counters["evictions"] += 1
+                    self._why.setdefault(victim, "evicted")
+                else:
+                    self._why.setdefault(victim, "restart")
+                await victim.unload(grace=0, reason=f"{victim.name} was evicted to make room for {load.entry.name}")
+            resident = self._new_resident(load, placed, command)
+        except BaseException:
+            command.cleanup()
+            raise
+        load.reservation = None
+        state = await resident.wait_settled()
+        if state is not ResidentState.READY:
+            raise resident.failure or StudioError(
+                resident.error or f"{resident.name} failed to load", code="load_failed"
+            )
+        return resident
+
+    async def _drained(self, load: Load, deadline: float) -> None:
+        """Wait, outside the placement lock, until the paused victims' requests in flight are done.
+
+        Raises:
+            BusyError: ``busy_wait`` ran out first; the load is undone and the victims serve on.
+        """
+        while True:
+            changed = self._changed
+            busy = [v for v in load.victims if not v.idle and v.state is ResidentState.READY]
+            if not busy:
+                return
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise BusyError(
+                    f"{load.entry.name} cannot load now: "
+                    + ", ".join(f"{v.name} has {v.in_flight} requests in flight" for v in busy)
+                    + "; retry once they are done",
+                    retry_after=max(1, round(self.residency.busy_wait / 6) or 1),
+                )
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(changed.wait(), left)
+
+    def _commit(self, load: Load, resident: ResidentModel) -> None:
+        """The new resident is ready: route it, remember its extra flags, let the paused models serve on."""
+        load.resume_paused()
+        self._last_extra_args[load.entry.path] = resident.settings.extra_args
+        self._route(load.model, resident)
+        load.move(LoadStep.COMMITTED)
+        load.outcome.set_result(resident)
+
+    async def _undo(self, load: Load) -> None:
+        """Leave things as they were: paused models serve on; a cancelled load's llama-server is stopped.
+
+        A failed start stays visible as ``failed`` (it holds nothing) so ``/api/status`` says why; the next
+        request retries it with the remembered settings, never the failed ones.
+        """
+        load.resume_paused()
+        load.reservation = None
+        resident = load.resident
+        if resident is not None and (load.cancelled is not None or resident.state is not ResidentState.FAILED):
+            self._why.setdefault(resident, "unload")
+            await resident.unload(grace=0, reason=load.cancelled or f"the load of {resident.name} was undone")
+        if load.step is not LoadStep.UNDONE:
+            load.move(LoadStep.UNDONE)
+
+    def _command(self, placed: Placed) -> LaunchCommand:
+        try:
+            return build_command(placed.plan, self.caps, binary=self.binary, files_root=self.files_root)
+        except OSError as exc:
+            raise StudioError(f"could not prepare llama-server's launch files: {exc}", code="launch_files") from exc
+
+    async def _does_not_fit(self, model: str, entry: CatalogEntry, placed: Placed) -> DoesNotFitError:
+        smaller = await self._smaller_variant(model, entry, placed)
+        return DoesNotFitError(
+            f"{entry.name} does not fit even with every idle model evicted: it needs {placed.need}"
+            f" where {placed.room or 'nothing'} could be freed; "
+            + (f"{smaller} is the largest variant of its repo that would fit, or " if smaller else "")
+            + "load it with a smaller n_ctx (see the plan's largest_safe_context) or raise "
+            "memory_budget"
+        )
+
+    def _check_open(self) -> None:
+        if self._closing:
+            raise ModelUnloadedError("the studio is shutting down")
+
+    async def _change(self) -> None:
+        await self._changed.wait()
+
+    def _notify(self) -> None:
+        changed, self._changed = self._changed, asyncio.Event()
+        changed.set()
 
     async def _smaller_variant(self, model: str, entry: CatalogEntry, placed: Placed) -> str | None:
         """For a Hub model, the largest variant of its repo whose weights are smaller by at least the shortfall."""
@@ -376,85 +537,92 @@ class ModelManager:
         return replace(entry, name=model)
 
     async def _place(
-        self, entry: CatalogEntry, request: LoadRequest, *, replacing: ResidentModel | None = None
+        self,
+        entry: CatalogEntry,
+        request: LoadRequest,
+        *,
+        replacing: ResidentModel | None = None,
+        load: Load | None = None,
     ) -> Placed:
-        """Plan ``entry`` against memory as it will be, and choose the fewest idle models to evict for it."""
-        self._resolving = entry.name
-        try:
-            model = await run_blocking(
-                gguf.read, entry.path, timeout=self.work_timeout, what=f"reading {entry.path.name}"
+        """Plan ``entry`` against memory as it will be, and choose the fewest idle models to evict for it.
+
+        Memory as it will be: what resident models hold, less the models other loads in progress have
+        reserved to evict (they are going), plus what those loads will hold (their reservations).
+        """
+        model = await run_blocking(gguf.read, entry.path, timeout=self.work_timeout, what=f"reading {entry.path.name}")
+        settings = self._settings(request, entry)
+        inventory = self._without_busy_workers(
+            await run_blocking(self.discover_devices, timeout=self.work_timeout, what="listing devices"), replacing
+        )
+        projector = (
+            await run_blocking(
+                gguf.read, settings.mmproj, timeout=self.work_timeout, what=f"reading {settings.mmproj.name}"
             )
-            settings = self._settings(request, entry)
-            inventory = self._without_busy_workers(
-                await run_blocking(self.discover_devices, timeout=self.work_timeout, what="listing devices"), replacing
-            )
-            projector = (
-                await run_blocking(
-                    gguf.read, settings.mmproj, timeout=self.work_timeout, what=f"reading {settings.mmproj.name}"
-                )
-                if settings.mmproj
-                else None
-            )
-            info = ModelInfo.from_gguf(model, mmproj=projector)
-            holders = [self._holder(r) for r in self.residents if r.state in HOLDS_MEMORY and r is not replacing]
-            loading = self._loading_names()
-            budget = self._budget(inventory)
-            budgeted = budget is not None
-            base = placement.base_available(
+            if settings.mmproj
+            else None
+        )
+        info = ModelInfo.from_gguf(model, mmproj=projector)
+        others = [other for other in self._loads.values() if other is not load]
+        going = {victim for other in others for victim in other.victims}
+        live = [r for r in self.residents if r.state in HOLDS_MEMORY and r is not replacing]
+        holders = [self._holder(r) for r in live if r not in going]
+        leaving = [self._holder(r) for r in live if r in going]
+        loading = self._loading_names()
+        budget = self._budget(inventory)
+        budgeted = budget is not None
+        base = placement.with_evicted(
+            placement.base_available(
                 budget=budget,
-                free=_free(inventory),
-                holders=[h for h in holders if h.name not in loading],
-                loading=[h for h in holders if h.name in loading],
+                free=placement.free_memory(inventory),
+                holders=[h for h in (*holders, *leaving) if h.name not in loading],
+                loading=[
+                    *(h for h in (*holders, *leaving) if h.name in loading),
+                    *(other.reservation for other in others if other.reservation is not None),
+                ],
+            ),
+            leaving,
+            budgeted=budgeted,
+        )
+        plan_request = replace(settings.plan_request(entry.name), spec_measurements=self.spec_measurements)
+        first = await self._plan(info, inventory, base, plan_request, budgeted)
+        cap = self.residency.max_resident
+        crowded = cap is not None and len(holders) >= cap
+        if placement.fits(first, base) and not crowded:
+            return Placed(first, (), (), True, model, settings)
+        # The fewest evictions that let the model fit at its smallest context; the final plan then takes
+        # whatever context the freed memory allows.
+        everything = placement.with_evicted(base, [h for h in holders if h.evictable], budgeted=budgeted)
+        smallest = (
+            plan_request
+            if plan_request.n_ctx is not None
+            else replace(plan_request, n_ctx=min(MIN_AUTO_CTX, max(first.native_ctx, 256)))
+        )
+        need = physical((await self._plan(info, inventory, everything, smallest, budgeted)).bill, first)
+        evict = placement.choose_evictions(need, base, holders, budgeted=budgeted, max_count=cap)
+        if evict is None:
+            ready = {r.name for r in self.residents if r.state is ResidentState.READY}
+            once_idle = [replace(h, busy=False) if h.name in ready else h for h in holders]
+            drain = placement.choose_evictions(need, base, once_idle, budgeted=budgeted, max_count=cap) or ()
+            return Placed(
+                first,
+                (),
+                placement.holders_in_words(holders),
+                False,
+                model,
+                settings,
+                need=placement.in_words(need),
+                room=placement.in_words(everything),
+                drain=drain,
+                shortfall=max(placement.shortfall(need, everything).values(), default=0),
             )
-            plan_request = replace(settings.plan_request(entry.name), spec_measurements=self.spec_measurements)
-            first = await self._plan(info, inventory, base, plan_request, budgeted)
-            cap = self.residency.max_resident
-            crowded = cap is not None and len(holders) >= cap
-            if _fits(first, base) and not crowded:
-                return Placed(first, (), (), True, model, settings)
-            # The fewest evictions that let the model fit at its smallest context; the final plan then takes
-            # whatever context the freed memory allows.
-            everything = placement.with_evicted(base, [h for h in holders if h.evictable], budgeted=budgeted)
-            smallest = (
-                plan_request
-                if plan_request.n_ctx is not None
-                else replace(plan_request, n_ctx=min(MIN_AUTO_CTX, max(first.native_ctx, 256)))
-            )
-            need = physical((await self._plan(info, inventory, everything, smallest, budgeted)).bill, first)
-            evict = placement.choose_evictions(
-                need, base, holders, budgeted=budgeted, max_count=self.residency.max_resident
-            )
-            if evict is None:
-                ready = {r.name for r in self.residents if r.state is ResidentState.READY}
-                once_idle = [replace(h, busy=False) if h.name in ready else h for h in holders]
-                drain = (
-                    placement.choose_evictions(
-                        need, base, once_idle, budgeted=budgeted, max_count=self.residency.max_resident
-                    )
-                    or ()
-                )
-                return Placed(
-                    first,
-                    (),
-                    placement.holders_in_words(holders),
-                    False,
-                    model,
-                    settings,
-                    need=_in_words(need),
-                    room=_in_words(everything),
-                    drain=drain,
-                    shortfall=max(placement.shortfall(need, everything).values(), default=0),
-                )
-            freed = placement.with_evicted(base, [h for h in holders if h.name in evict], budgeted=budgeted)
-            final = await self._plan(info, inventory, freed, plan_request, budgeted)
-            return Placed(final, evict, (), _fits(final, freed), model, settings)
-        finally:
-            self._resolving = None
+        freed = placement.with_evicted(base, [h for h in holders if h.name in evict], budgeted=budgeted)
+        final = await self._plan(info, inventory, freed, plan_request, budgeted)
+        return Placed(final, evict, (), placement.fits(final, freed), model, settings)
 
     async def _plan(
         self, info: ModelInfo, inventory: Inventory, available: Mapping[str, int], request: PlanRequest, budgeted: bool
     ) -> LaunchPlan:
-        shared = _inventory_for(inventory, available, budgeted=budgeted)
+        shared = placement.inventory_for(inventory, available, budgeted=budgeted)
         return await run_blocking(
             self.planner, info, shared, self.caps, request, timeout=self.work_timeout, what=f"planning {info.path.name}"
         )
@@ -483,47 +651,24 @@ class ModelManager:
         budget = self.residency.memory_budget
         if budget is None:
             return None
-        if budget.total is not None:  # each device alone may take the whole budget; the sum is checked too
-            return {TOTAL: budget.total, **{d.key: budget.total for d in inventory.devices}}
-        return {d.key: budget.per_device.get(d.key, 0) for d in inventory.devices}
+        return placement.budget_map(budget.total, budget.per_device, inventory)
 
     def _loading_names(self) -> set[str]:
         return {r.name for r in self._residents.values() if r.state in COMING_UP}
 
     def _holder(self, r: ResidentModel) -> Holder:
-        predicted = physical(r.plan.bill, r.plan)
-        actual = r.actual
-        if actual is not None:  # what it allocated, plus what it will grow by (drafted logits, MiniMax's masks)
-            growth = {k: d.output_growth + d.compute_growth for k, d in _by_device(r.plan.bill, r.plan).items()}
-            held = {k: d.total + growth.get(k, 0) for k, d in _by_device(actual, r.plan).items()}
-        else:
-            held = predicted
-        # mapped weights on the CPU are page cache: free memory already counts them as available
-        cpu_weights = _by_device(actual or r.plan.bill, r.plan).get("CPU")
-        reclaim = {k: n - (cpu_weights.weights if k == "CPU" and cpu_weights else 0) for k, n in held.items()}
-        return Holder(
-            name=r.name,
-            held=held,
-            reclaim=reclaim,
+        return placement.holder(
+            r.name,
+            r.plan,
+            r.actual,
             last_used=r.last_used,
             busy=not r.idle or r.state is not ResidentState.READY,
             pinned=r.pinned,
         )
 
-    async def _start(self, entry: CatalogEntry, placed: Placed, request: LoadRequest | None) -> ResidentModel:
-        """Evict what the placement chose, then start the new resident model (its owner takes it from there)."""
-        for name in placed.evict:
-            victim = self.find(name)
-            if victim is not None:
-                log.info("evicting idle model", model=name, for_model=entry.name)
-                self.counters["evictions"] += 1
-                # No grace limit: a request that slipped in while the plan was made finishes; none is cut.
-                self._why.setdefault(victim, "evicted")
-                await victim.unload(grace=float("inf"), reason=f"{name} was evicted to make room for {entry.name}")
-        try:
-            command = build_command(placed.plan, self.caps, binary=self.binary, files_root=self.files_root)
-        except OSError as exc:
-            raise StudioError(f"could not prepare llama-server's launch files: {exc}", code="launch_files") from exc
+    def _new_resident(self, load: Load, placed: Placed, command: LaunchCommand) -> ResidentModel:
+        """Create and start the new resident model (its owner takes it from there)."""
+        entry, request = load.entry, load.request
         own = model_defaults_for(entry, self.model_defaults)
         facts = placed.model.facts
         resident = ResidentModel(
@@ -531,21 +676,46 @@ class ModelManager:
             settings=placed.settings,
             plan=placed.plan,
             command=command,
-            spec=command.launch_spec(),
+            spec=replace(command.launch_spec(), after_stop=self._after_stop(placed.plan)),
             facts=facts,
             template=template_capabilities(template)
             if (template := placed.settings.chat_template or facts.chat_template)
             else None,
             make_supervisor=self.make_supervisor,
-            ttl=next(t for t in ((request.ttl if request else None), own.ttl, self.residency.ttl) if t is not None),
-            pinned=bool(request.pinned if request and request.pinned is not None else own.pinned),
+            ttl=next(t for t in (request.ttl, own.ttl, self.residency.ttl) if t is not None),
+            pinned=bool(request.pinned if request.pinned is not None else own.pinned),
             on_change=self._on_resident_change,
         )
+        load.resident = resident
         self._residents[entry.path] = resident
-        self._last_extra_args[entry.path] = placed.settings.extra_args
         self.counters["loads"] += 1
         resident.start()
         return resident
+
+    def _after_stop(self, launch: LaunchPlan) -> Callable[[], None] | None:
+        """What the supervisor runs once a llama-server on GPUs is reaped: wait until their free memory settles.
+
+        A GPU driver frees a killed process's memory a little after the process is reaped; a plan made
+        in between (the next load, an eviction's replacement, a restart) would see too little free memory.
+        The resident stays ``unloading`` until this returns, so placement counts the memory as held.
+        """
+        keys = {d.key for d in launch.gpus}
+        if not keys:
+            return None  # host memory is back when the process is reaped
+
+        def read_free() -> dict[str, int]:
+            return {d.key: d.free_bytes for d in self.discover_devices().devices if d.key in keys}
+
+        def wait() -> None:
+            try:
+                settled = wait_for_memory_release(read_free, timeout=min(self.work_timeout, 10.0))
+            except (StudioError, LauncherError, OSError) as exc:  # a failing device query must not block a stop
+                log.warning("could not watch GPU memory being released", error=str(exc))
+                return
+            if not settled:
+                log.warning("GPU memory was still being released when the wait ended", gpus=sorted(keys))
+
+        return wait
 
     def _on_resident_change(self, resident: ResidentModel) -> None:
         self._tell(resident)
@@ -556,8 +726,7 @@ class ModelManager:
                 del self._residents[resident.settings.path]
             for name in [n for n, r in self._routes.items() if r is resident]:
                 del self._routes[name]
-        changed, self._changed = self._changed, asyncio.Event()
-        changed.set()
+        self._notify()
 
     def _tell(self, r: ResidentModel) -> None:
         """Turn a resident model's state change into a ``ResidencyEvent`` for the listeners."""
@@ -590,16 +759,28 @@ class ModelManager:
     async def unload(self, model: str | None = None, *, grace: float | None = None) -> None:
         """Unload ``model`` (every model when None): requests in flight get ``grace`` s, then an error.
 
+        A load of the model in progress (or waiting for memory) is cancelled first: its llama-server is
+        stopped, its waiters get an error saying it was unloaded, and nothing of it stays resident.
+
         Raises:
-            ModelNotResidentError: ``model`` is not resident.
+            ModelNotResidentError: ``model`` is neither resident nor loading.
         """
         grace = self.residency.unload_grace if grace is None else grace
-        targets = list(self._residents.values()) if model is None else [self._resident_named(model)]
+        loads = [load for load in self._loads.values() if model is None or load.names(model)]
+        if model is not None and not loads:
+            self._resident_named(model)  # raises when there is nothing to unload
+        await self._cancel(loads, "{} was unloaded while it was loading")
+        targets = list(self._residents.values()) if model is None else [r for r in [self.find(model)] if r]
         for r in targets:
             self._why.setdefault(r, "unload")
         await asyncio.gather(
             *(r.unload(grace=grace, reason=f"{r.name} was unloaded while this request ran") for r in targets)
         )
+
+    async def _cancel(self, loads: Sequence[Load], why: str) -> None:
+        for load in loads:
+            load.cancel(why.format(load.entry.name))
+        await asyncio.gather(*(load.ended() for load in loads))
 
     def set_ttl(self, model: str, ttl: float) -> None:
         """Set a resident model's idle TTL in seconds (0: never)."""
@@ -619,7 +800,9 @@ class ModelManager:
         return found
 
     async def aclose(self) -> None:
-        """Unload every model now (at shutdown no request waits)."""
+        """Cancel the loads in progress, then unload every model now (at shutdown no request waits)."""
+        self._closing = True
+        await self._cancel(list(self._loads.values()), "the studio is shutting down while {} was loading")
         for r in self._residents.values():
             self._why.setdefault(r, "shutdown")
         await asyncio.gather(
@@ -632,47 +815,3 @@ class ModelManager:
         for r in list(self._residents.values()):
             r.supervisor.close()
             r.command.cleanup()
-
-
-def physical(bill: MemoryBill, launch: LaunchPlan) -> dict[str, int]:
-    """``bill``'s bytes per physical device (``CPU``, ``CUDA0``...): its ``GPU<i>`` is the plan's i-th GPU."""
-    return {k: d.total for k, d in _by_device(bill, launch).items()}
-
-
-def _by_device(bill: MemoryBill, launch: LaunchPlan) -> dict[str, DeviceBill]:
-    out: dict[str, DeviceBill] = {}
-    for d in bill.devices:
-        if d.device.startswith("GPU") and d.device[3:].isdigit() and int(d.device[3:]) < len(launch.gpus):
-            out[launch.gpus[int(d.device[3:])].key] = d
-        else:
-            out[d.device] = d
-    return out
-
-
-def _fits(launch: LaunchPlan, available: Mapping[str, int]) -> bool:
-    """The planner's own verdict, and, under a budget on all devices together, their sum within it."""
-    return launch.fits and not placement.shortfall(physical(launch.bill, launch), available)
-
-
-def _free(inventory: Inventory) -> dict[str, int]:
-    return {d.key: d.free_bytes for d in inventory.devices}
-
-
-def _inventory_for(inventory: Inventory, available: Mapping[str, int], *, budgeted: bool) -> Inventory:
-    """The inventory a plan sees: under a budget, what it leaves per device; else free memory as it will be."""
-    devices = []
-    for d in inventory.devices:
-        if budgeted:
-            room = min(available.get(d.key, 0), available.get(TOTAL, available.get(d.key, 0)))
-            devices.append(replace(d, budget_bytes=max(0, room)))
-        elif d.key in available:
-            devices.append(replace(d, free_bytes=max(0, available[d.key])))
-        else:
-            devices.append(d)
-    return replace(inventory, devices=tuple(devices))
-
-
-def _in_words(bytes_per_device: Mapping[str, int]) -> str:
-    return ", ".join(
-        f"{format_mib(n)} on {d}" if d != TOTAL else f"{format_mib(n)} in all" for d, n in bytes_per_device.items()
-    )

@@ -13,8 +13,11 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
+from launcher.devices import Inventory
+from launcher.memory import DeviceBill, MemoryBill
+from launcher.planner import LaunchPlan
 from launcher.units import format_mib
 
 #: The key of a budget on all devices together.
@@ -143,3 +146,78 @@ def holders_in_words(holders: Sequence[Holder]) -> tuple[str, ...]:
         why = "pinned" if h.pinned else "busy"
         words.append(f"{h.name} ({why}, {format_mib(sum(h.held.values()))})")
     return tuple(words)
+
+
+def holder(
+    name: str,
+    plan: LaunchPlan,
+    actual: MemoryBill | None,
+    *,
+    last_used: float,
+    busy: bool,
+    pinned: bool,
+) -> Holder:
+    """A resident model as placement sees it: what it allocated plus what it will still grow by, else its bill."""
+    if actual is not None:  # what it allocated, plus what it will grow by (drafted logits, MiniMax's masks)
+        growth = {k: d.output_growth + d.compute_growth for k, d in by_device(plan.bill, plan).items()}
+        held = {k: d.total + growth.get(k, 0) for k, d in by_device(actual, plan).items()}
+    else:
+        held = physical(plan.bill, plan)
+    # mapped weights on the CPU are page cache: free memory already counts them as available
+    cpu_weights = by_device(actual or plan.bill, plan).get("CPU")
+    reclaim = {k: n - (cpu_weights.weights if k == "CPU" and cpu_weights else 0) for k, n in held.items()}
+    return Holder(name=name, held=held, reclaim=reclaim, last_used=last_used, busy=busy, pinned=pinned)
+
+
+def budget_map(total: int | None, per_device: Mapping[str, int], inventory: Inventory) -> dict[str, int]:
+    """A memory budget per device key: a total budget lets each device take all of it, and the sum is checked."""
+    if total is not None:
+        return {TOTAL: total, **{d.key: total for d in inventory.devices}}
+    return {d.key: per_device.get(d.key, 0) for d in inventory.devices}
+
+
+def physical(bill: MemoryBill, launch: LaunchPlan) -> dict[str, int]:
+    """``bill``'s bytes per physical device (``CPU``, ``CUDA0``...): its ``GPU<i>`` is the plan's i-th GPU."""
+    return {k: d.total for k, d in by_device(bill, launch).items()}
+
+
+def by_device(bill: MemoryBill, launch: LaunchPlan) -> dict[str, DeviceBill]:
+    """``bill``'s parts per physical device."""
+    out: dict[str, DeviceBill] = {}
+    for d in bill.devices:
+        if d.device.startswith("GPU") and d.device[3:].isdigit() and int(d.device[3:]) < len(launch.gpus):
+            out[launch.gpus[int(d.device[3:])].key] = d
+        else:
+            out[d.device] = d
+    return out
+
+
+def fits(launch: LaunchPlan, available: Mapping[str, int]) -> bool:
+    """The planner's own verdict, and, under a budget on all devices together, their sum within it."""
+    return launch.fits and not shortfall(physical(launch.bill, launch), available)
+
+
+def free_memory(inventory: Inventory) -> dict[str, int]:
+    """Free bytes per device key, as the inventory saw them."""
+    return {d.key: d.free_bytes for d in inventory.devices}
+
+
+def inventory_for(inventory: Inventory, available: Mapping[str, int], *, budgeted: bool) -> Inventory:
+    """The inventory a plan sees: under a budget, what it leaves per device; else free memory as it will be."""
+    devices = []
+    for d in inventory.devices:
+        if budgeted:
+            room = min(available.get(d.key, 0), available.get(TOTAL, available.get(d.key, 0)))
+            devices.append(replace(d, budget_bytes=max(0, room)))
+        elif d.key in available:
+            devices.append(replace(d, free_bytes=max(0, available[d.key])))
+        else:
+            devices.append(d)
+    return replace(inventory, devices=tuple(devices))
+
+
+def in_words(bytes_per_device: Mapping[str, int]) -> str:
+    """``1.2 GiB on CPU, 3 GiB in all``: memory per device for an error message."""
+    return ", ".join(
+        f"{format_mib(n)} on {d}" if d != TOTAL else f"{format_mib(n)} in all" for d, n in bytes_per_device.items()
+    )

@@ -10,6 +10,9 @@ away, so an unload never races a request that just checked the state.
 The model's address is read from its live supervisor each time it becomes ready:
 a restart after a crash listens on a new port, and the next request goes there.
 Restarts are bounded, back off, and an unload interrupts the back-off at once.
+
+Should the owner itself die of a bug, it still stops llama-server and walks the
+table to ``unloaded``, so that no waiter waits for ever.
 """
 
 from __future__ import annotations
@@ -258,11 +261,31 @@ class ResidentModel:
             await self._start_server()
             while self.state is not ResidentState.UNLOADED:
                 await self._handle(await self._inbox.get())
+        except Exception as exc:  # a bug in the owner: never leave waiters (or a llama-server) behind
+            log.exception("resident owner failed", model=self.name)
+            self.failure = StudioError(f"{self.name} stopped unexpectedly: {exc}", code="load_failed")
+            self.cut_reason = self.cut_reason or f"{self.name} stopped unexpectedly"
+            await self._abandon(str(exc))
         finally:
             self._cancel_expiry()
             if self.state is not ResidentState.UNLOADED:  # cancelled at shutdown: stop what runs, bounded
-                await asyncio.shield(run_blocking(self.supervisor.close, timeout=30, what=f"stopping {self.name}"))
-                self.command.cleanup()
+                await asyncio.shield(self._abandon("the studio is shutting down"))
+
+    async def _abandon(self, why: str) -> None:
+        """Stop llama-server (bounded) and walk the table to ``unloaded`` from wherever the owner stopped."""
+        try:
+            await run_blocking(self.supervisor.close, timeout=30, what=f"stopping {self.name}")
+        finally:
+            self.command.cleanup()
+            self.loaded = None
+            path = {
+                ResidentState.READY: (ResidentState.DRAINING, ResidentState.UNLOADING),
+                ResidentState.DRAINING: (ResidentState.UNLOADING,),
+                ResidentState.UNLOADING: (),
+            }.get(self.state, (ResidentState.UNLOADING,))
+            for state in (*path, ResidentState.UNLOADED):
+                if self.state is not ResidentState.UNLOADED:
+                    self._set(state, error=why if state is ResidentState.UNLOADED else None)
 
     async def _handle(self, command: _Command) -> None:
         if isinstance(command, _Unload):

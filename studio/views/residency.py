@@ -7,7 +7,8 @@ from typing import Any
 from launcher.memory import MemoryBill
 from studio.chat.media import plan_capabilities
 from studio.residency.lifecycle import ResidentState
-from studio.residency.manager import ModelManager, physical
+from studio.residency.manager import ModelManager
+from studio.residency.placement import physical
 from studio.residency.resident import ResidentModel
 from studio.views.plan import measured_json
 
