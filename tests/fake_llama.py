@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import json
 import threading
-import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -34,6 +33,7 @@ class FakeChildren:
         self.url = url
         self.load_seconds = load_seconds
         self.failing: set[str] = set()  # model file names whose start fails
+        self.on_reap: Callable[[int], None] = lambda pid: None  # e.g. a fake GPU driver freeing memory late
         self._lock = threading.Lock()
         self._running: dict[int, str] = {}  # fake pid -> model file name
         self._next_pid = 1000
@@ -48,6 +48,7 @@ class FakeChildren:
     def reap(self, pid: int) -> None:
         with self._lock:
             self._running.pop(pid, None)
+        self.on_reap(pid)
 
     def running(self) -> dict[int, str]:
         with self._lock:
@@ -165,5 +166,3 @@ def fake_children(*, load_seconds: float = 0.01) -> Iterator[FakeChildren]:
         server.shutdown()
         server.server_close()
         thread.join(5)
-
-
