@@ -111,8 +111,9 @@ class GuiChatRoute:
 
 async def _chat_body(request: Request) -> ChatBody | Response:
     """The validated body, or the app's 422 answer for one that does not match ``ChatBody``."""
+    raw = await request.body()  # outside the try: a body over the limit is a 413, not "not valid JSON"
     try:
-        data = json.loads(await request.body())
+        data = json.loads(raw)
     except ValueError as exc:
         raise BadRequestError(f"the request body is not valid JSON: {exc}") from None
     try:
