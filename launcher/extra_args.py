@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from launcher.capabilities import Capabilities
 from launcher.errors import LauncherError
 
-__all__ = ["MANAGED_FLAGS", "ExtraArgsError", "validate_extra_args"]
+__all__ = ["MANAGED_FLAGS", "ExtraArgsError", "is_flag", "normalize_flag", "validate_extra_args"]
 
 #: Flags the studio sets itself, every spelling of the pinned build and of older ones, with what to use instead
 #: (another build's alias of one of these is caught through its probed help: ``Capabilities.aliases_of``).
@@ -122,12 +122,12 @@ class ExtraArgsError(LauncherError, ValueError):
         self.flags = tuple(flags)
 
 
-def _normalize(token: str) -> str:
+def normalize_flag(token: str) -> str:
     """llama.cpp reads ``--a_b`` as ``--a-b``."""
     return token.replace("_", "-") if token.startswith("--") else token
 
 
-def _is_flag(token: str) -> bool:
+def is_flag(token: str) -> bool:
     """A flag starts with "-" and is not a negative number (a value such as ``-1`` or ``-0.5``)."""
     if not token.startswith("-") or token == "-":
         return False
@@ -147,9 +147,9 @@ def validate_extra_args(args: Sequence[str], caps: Capabilities) -> tuple[str, .
     problems: list[str] = []
     offending: list[str] = []
     for token in args:
-        if not _is_flag(token):
+        if not is_flag(token):
             continue
-        flag = _normalize(token)
+        flag = normalize_flag(token)
         # a spelling this list lacks (a newer or older build's alias) is managed when one of its aliases is
         managed = next((_MANAGED[f] for f in caps.aliases_of(flag) if f in _MANAGED), None)
         if managed:

@@ -11,13 +11,15 @@ import pytest
 from fastapi.testclient import TestClient
 
 from launcher.capabilities import probe
+from launcher.client_flags import CLIENT_FLAGS
+from launcher.extra_args import MANAGED_FLAGS
 from launcher.registry import ChildRegistry
 from launcher.supervisor import owner_token
 from studio.error_table import outcome
 from studio.errors import PathNotAllowedError
 from studio.http.app import create_app
 from studio.library.catalog import Catalog
-from studio.library.paths import UNSAFE_FLAGS, PathPolicy
+from studio.library.paths import PathPolicy
 from studio.residency.manager import ModelManager, supervisor_factory
 from studio.residency.requests import LoadRequest
 
@@ -139,9 +141,57 @@ def test_a_model_the_cli_loaded_from_elsewhere_stays_usable_by_its_path(client, 
     assert client.post("/v1/chat/completions", json=chat).status_code == 403  # gone: refused again
 
 
-def test_every_unsafe_flag_is_a_flag_of_the_pinned_llama_server(real):
-    """A typo in the table would leave the real flag open."""
-    assert [flag for flag in UNSAFE_FLAGS if not real.supports(flag)] == []
+ALLOWED = [group for groups in CLIENT_FLAGS.values() for group in groups]
+
+
+def test_every_allowed_flag_is_a_whole_declaration_of_the_pinned_llama_server(real):
+    """A typo would leave a flag out; a spelling missing from its group would be refused under it."""
+    assert [group for group in ALLOWED if set(group) != set(real.aliases_of(group[0]))] == []
+
+
+def test_no_allowed_flag_is_one_the_studio_manages():
+    managed = {flag for group in MANAGED_FLAGS for flag in group}
+    assert [flag for group in ALLOWED for flag in group if flag in managed] == []
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["--future-flag", "1"],  # one a newer llama-server adds: refused until it is classified
+        ["--props"],
+        ["--cors-origins", "*"],
+        ["--sleep-idle-seconds", "1"],
+        ["-ot", ".*=CPU"],
+        ["--temp", "0.7", "--slot-save-path", "/tmp"],
+    ],
+)
+def test_an_unclassified_flag_is_refused_for_api_clients_not_only_known_unsafe_ones(args):
+    """The rule was a list of unsafe flags: any flag not on it, a new one included, went through."""
+    with pytest.raises(PathNotAllowedError) as info:
+        PathPolicy(roots=()).check_extra_args(args)
+    flag = next(a for a in args if a not in ("--temp", "0.7"))
+    assert info.value.path == flag and info.value.code == "flag_not_allowed" and info.value.param == "extra_args"
+    assert f"extra_args: {flag} is not among" in info.value.message and "[models.NAME]" in info.value.message
+
+
+def test_allowed_flags_pass_under_every_spelling_and_with_negative_values():
+    PathPolicy(roots=()).check_extra_args(
+        ["--temp", "0.7", "--top_k", "20", "--seed", "-1", "-ub", "256", "--repeat-penalty=1.1", "--no-cont-batching"]
+    )
+    PathPolicy(roots=()).check_extra_args(["--reasoning-format", "deepseek", "--reasoning-budget", "-1", "-bs"])
+
+
+def test_a_spelling_is_judged_as_the_flag_the_binary_declares_it_with():
+    declared = {"--tempo": ("--temp", "--tempo"), "--dump-slots": ("--slot-save-path", "--dump-slots")}
+
+    def aliases_of(flag: str) -> tuple[str, ...]:
+        return declared.get(flag, (flag,))
+
+    policy = PathPolicy(roots=())
+    policy.check_extra_args(["--tempo", "0.5"], aliases_of)  # another build's alias of an allowed flag
+    for args in (["--dump-slots", "/tmp"], ["--dump_slots=/tmp"], ["-md", "/x.gguf"], ["--slot_save_path=/tmp"]):
+        with pytest.raises(PathNotAllowedError):
+            policy.check_extra_args(args, aliases_of)
 
 
 @pytest.mark.parametrize(
@@ -149,13 +199,16 @@ def test_every_unsafe_flag_is_a_flag_of_the_pinned_llama_server(real):
     [
         ["--lora", "/etc/x.gguf"],
         ["--model_draft", "/x.gguf"],
+        ["-hfd", "owner/repo"],
         ["--tools", "all"],
         ["-ag"],
+        ["--log-file", "/tmp/x.log"],
         ["--video-ffmpeg-dir", "/tmp/bin"],
         ["--slot-save-path=/tmp"],
+        ["--future-flag"],
     ],
 )
-def test_extra_args_that_reach_files_or_run_programs_are_refused(client, disk, args):
+def test_extra_args_off_the_allowlist_are_refused_on_the_api(client, disk, args):
     for path in ("/api/load", "/api/plan"):
         resp = client.post(path, json={"model": str(disk / "models/mine.gguf"), "extra_args": args})
         assert resp.status_code == 403, (path, resp.text)
@@ -164,8 +217,9 @@ def test_extra_args_that_reach_files_or_run_programs_are_refused(client, disk, a
         assert "[models.NAME]" in error["message"] and "allow_any_path" in error["message"]
 
 
-def test_other_extra_args_and_allow_any_path_go_on(client, disk, catalog):
+def test_allowed_extra_args_and_allow_any_path_go_on(client, disk, catalog):
     mine = str(disk / "models/mine.gguf")
-    resp = client.post("/api/plan", json={"model": mine, "extra_args": ["--temp", "0.7", "--top-k", "20"]})
+    args = ["--temp", "0.7", "--top-k", "20", "--seed", "-1", "-ub", "256", "--reasoning-budget", "0"]
+    resp = client.post("/api/plan", json={"model": mine, "extra_args": args})
     assert resp.status_code == 400 and "not a GGUF file" in resp.json()["error"]["message"]  # on to the manager
-    PathPolicy.for_catalog(catalog, allow_any=True).check_extra_args(["--lora", "/x.gguf"])
+    PathPolicy.for_catalog(catalog, allow_any=True).check_extra_args(["--lora", "/x.gguf", "--future-flag"])

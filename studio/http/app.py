@@ -62,7 +62,7 @@ def create_app(
     (in the background: the app serves at once, and a server that fails is shown in ``/api/tools``).
     Request bodies over ``max_body_bytes`` get a 413. ``downloads`` serves ``/api/pull`` (default: the
     manager's, else one over huggingface_hub's environment, without auto-download).
-    ``app.state`` holds what the routes share (the manager, the metrics, the path policy and, once
+    ``app.state`` holds what the routes share (the manager, the metrics, the path policy, the body limit and, once
     started, the pooled upstream, the downloads and the toolbox): the Ollama listener's app shares
     it too (``studio.http.ollama_app``).
     """
@@ -91,6 +91,7 @@ def create_app(
     app = FastAPI(title="GGUF Studio", version=__version__, lifespan=lifespan)
     app.state.paths = paths or PathPolicy.for_catalog(manager.catalog)
     app.state.manager = manager
+    app.state.max_body_bytes = max_body_bytes  # the Ollama listener's limit too
     app.state.metrics = metrics = StudioMetrics(manager)
     app.include_router(api_router)
     app.include_router(chat_router)

@@ -10,13 +10,14 @@ from typing import Any
 
 from fastapi import APIRouter, Request
 from fastapi.responses import StreamingResponse
-from pydantic import BaseModel, Field
+from pydantic import Field
 
 import gguf
 from launcher.memory import CacheType
 from launcher.speculative import MODES
 from studio.chat.media import file_capabilities
 from studio.errors import ModelNotResidentError
+from studio.http.bodies import ApiBody
 from studio.http.model_paths import check_extra_args, check_model_path, check_projector_path
 from studio.library.catalog import CatalogEntry
 from studio.residency.manager import ModelManager
@@ -32,7 +33,7 @@ router = APIRouter(prefix="/api")
 POLL = 0.2
 
 
-class LoadBody(BaseModel):
+class LoadBody(ApiBody):
     """A load (or plan preview) request from the GUI."""
 
     model: str = Field(description="A registered model name or a path to a .gguf file.")
@@ -97,7 +98,7 @@ class LoadBody(BaseModel):
         )
 
 
-class UnloadBody(BaseModel):
+class UnloadBody(ApiBody):
     """Which model to unload; none: every model."""
 
     model: str | None = Field(default=None, description="A resident model's name; omit to unload all.")
@@ -109,12 +110,12 @@ class UnloadBody(BaseModel):
     )
 
 
-class PinBody(BaseModel):
+class PinBody(ApiBody):
     model: str = Field(description="A resident model's name.")
     pinned: bool = True
 
 
-class TtlBody(BaseModel):
+class TtlBody(ApiBody):
     model: str = Field(description="A resident model's name.")
     ttl: float = Field(
         ge=RESIDENCY_LIMITS["ttl"][0],

@@ -41,6 +41,7 @@ from studio.chat.tool_schema import check_tool_fields, tool_parameters
 from studio.chat.toolbox import Toolbox
 from studio.chat.usage import UsageTotals
 from studio.errors import BadRequestError, StudioError, error_body
+from studio.http.bodies import ApiBody
 from studio.http.errors import Dialect, answer_response, describe, openai_shape, validation_answer
 from studio.http.model_paths import check_model_path
 from studio.http.openai_proxy import broke_off, prepare_chat_body, send_upstream
@@ -53,10 +54,8 @@ router = APIRouter(prefix="/api")
 PATH = "/api/chat"
 
 
-class ToolLimits(BaseModel):
+class ToolLimits(ApiBody):
     """Per-chat bounds of the tool loop (defaults: ``LoopLimits``)."""
-
-    model_config = ConfigDict(extra="forbid")
 
     max_iterations: int = Field(LoopLimits.max_iterations, ge=1, le=200)
     tool_timeout: float = Field(LoopLimits.tool_timeout, gt=0, le=3600)
@@ -112,8 +111,9 @@ class GuiChatRoute:
 
 async def _chat_body(request: Request) -> ChatBody | Response:
     """The validated body, or the app's 422 answer for one that does not match ``ChatBody``."""
+    raw = await request.body()  # outside the try: a body over the limit is a 413, not "not valid JSON"
     try:
-        data = json.loads(await request.body())
+        data = json.loads(raw)
     except ValueError as exc:
         raise BadRequestError(f"the request body is not valid JSON: {exc}") from None
     try:

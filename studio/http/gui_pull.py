@@ -23,8 +23,9 @@ from typing import Any
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, StreamingResponse
-from pydantic import BaseModel, Field
+from pydantic import Field
 
+from studio.http.bodies import ApiBody
 from studio.library.downloads import Download, DownloadManager, DownloadState
 
 router = APIRouter(prefix="/api")
@@ -32,7 +33,7 @@ router = APIRouter(prefix="/api")
 _END = {DownloadState.DONE: "done", DownloadState.FAILED: "error", DownloadState.CANCELLED: "cancelled"}
 
 
-class PullBody(BaseModel):
+class PullBody(ApiBody):
     """A download request from the GUI."""
 
     model: str = Field(description="owner/repo[:VARIANT], e.g. unsloth/gemma-3-4b-it-GGUF:Q4_K_M.")

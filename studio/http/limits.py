@@ -1,27 +1,30 @@
 """Request body limits, as pure ASGI middleware (no ``BaseHTTPMiddleware`` on the streaming path).
 
-A body longer than ``max_body_bytes`` is refused with 413 and OpenAI's error
-shape: at once when ``Content-Length`` says so, else as soon as the bytes read
-pass the limit (a chunked upload), without reading the rest. Responses pass
-through untouched.
+A body longer than ``max_body_bytes`` is refused with 413 in the error shape of
+the path's dialect: at once when ``Content-Length`` says so, else as soon as the
+bytes read pass the limit (a chunked upload), without reading the rest. Both
+listeners have it, with the same limit (the Ollama one's app reads it from the
+studio app's state). Responses pass through untouched.
 """
 
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from studio.errors import PayloadTooLargeError
-from studio.http.errors import describe, openai_shape
+from studio.http.errors import SHAPES, Dialect, describe, dialect_of
 
 
 class BodySizeLimit:
-    """Refuse request bodies over ``max_body_bytes`` with a 413."""
+    """Refuse request bodies over ``max_body_bytes`` with a 413, shaped for the path by ``dialect_for``."""
 
-    def __init__(self, app: ASGIApp, max_body_bytes: int) -> None:
+    def __init__(self, app: ASGIApp, max_body_bytes: int, dialect_for: Callable[[str], Dialect] = dialect_of) -> None:
         self.app = app
         self.max_body_bytes = max_body_bytes
+        self.dialect_for = dialect_for
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -29,7 +32,7 @@ class BodySizeLimit:
             return
         declared = dict(scope.get("headers") or ()).get(b"content-length")
         if declared is not None and declared.isdigit() and int(declared) > self.max_body_bytes:
-            await self._refuse(send, int(declared))
+            await self._refuse(scope, send, int(declared))
             return
         seen = 0
         started = False
@@ -53,7 +56,7 @@ class BodySizeLimit:
         except PayloadTooLargeError:
             if started:
                 raise
-            await self._refuse(send, seen, at_least=True)
+            await self._refuse(scope, send, seen, at_least=True)
 
     def _message(self, size: int, *, at_least: bool = False) -> str:
         return (
@@ -62,12 +65,9 @@ class BodySizeLimit:
             "media (downscale images, shorter audio) or raise the limit"
         )
 
-    async def _refuse(self, send: Send, size: int, *, at_least: bool = False) -> None:
-        body = json.dumps(
-            openai_shape(
-                describe(PayloadTooLargeError(self._message(size, at_least=at_least), limit=self.max_body_bytes))
-            )
-        ).encode()
+    async def _refuse(self, scope: Scope, send: Send, size: int, *, at_least: bool = False) -> None:
+        answer = describe(PayloadTooLargeError(self._message(size, at_least=at_least), limit=self.max_body_bytes))
+        body = json.dumps(SHAPES[self.dialect_for(scope["path"])](answer)).encode()
         await send(
             {
                 "type": "http.response.start",

@@ -54,10 +54,10 @@ async def check_projector_path(request: Request, mmproj: str | None) -> None:
 
 
 def check_extra_args(request: Request, args: list[str] | None) -> None:
-    """Return if an API client may add ``args`` to llama-server's command line (no flag that reads files...).
+    """Return if an API client may add ``args`` to llama-server's command line (only flags classified safe).
 
     Raises:
-        studio.errors.PathNotAllowedError: a flag of ``studio.library.paths.UNSAFE_FLAGS``.
+        studio.errors.PathNotAllowedError: a flag off ``launcher.client_flags.CLIENT_FLAGS``.
     """
     manager = request.app.state.manager
     request.app.state.paths.check_extra_args(args, manager.caps.aliases_of)

@@ -37,6 +37,7 @@ from studio.http.errors import (
     ollama_shape,
     upstream_answer,
 )
+from studio.http.limits import BodySizeLimit
 from studio.http.metrics import RequestMetrics, StudioMetrics
 from studio.http.model_paths import check_model_path
 from studio.http.openai_proxy import (
@@ -66,14 +67,15 @@ _unloading: set[asyncio.Task[None]] = set()
 
 
 def create_ollama_app(studio: FastAPI, *, api_token: str | None = None, access: AccessPolicy | None = None) -> FastAPI:
-    """The Ollama listener's app, sharing ``studio``'s state, behind the same guards: ``api_token`` as the
-    studio's, and ``access``, which ``Host`` names and page origins are let in (a page's request to a local
-    Ollama port is the classic drive-by)."""
+    """The Ollama listener's app, sharing ``studio``'s state, behind the same guards: the studio's body limit,
+    ``api_token`` as the studio's, and ``access``, which ``Host`` names and page origins are let in (a page's
+    request to a local Ollama port is the classic drive-by)."""
     app = FastAPI(title="GGUF Studio: Ollama API", docs_url=None, redoc_url=None, openapi_url=None)
     app.state = studio.state  # the same manager, upstream and metrics (the studio's lifespan makes the upstream)
     app.include_router(router)
     app.include_router(proxy_router)
     app.add_middleware(OpenAIRoutes, on_error=error_response)
+    app.add_middleware(BodySizeLimit, max_body_bytes=studio.state.max_body_bytes, dialect_for=dialect_on_ollama_port)
     if api_token:
         app.add_middleware(BearerTokenMiddleware, token=api_token, dialect=dialect_on_ollama_port)
     app.add_middleware(BrowserGuard, policy=access or AccessPolicy.create())
@@ -97,8 +99,9 @@ def _metrics(request: Request) -> StudioMetrics:
 
 
 async def _body(request: Request) -> dict[str, Any]:
+    raw = await request.body()  # outside the try: a body over the limit is a 413, not "not valid JSON"
     try:
-        body = json.loads(await request.body() or b"{}")
+        body = json.loads(raw or b"{}")
     except ValueError as exc:
         raise BadRequestError(f"the request body is not valid JSON: {exc}") from None
     if not isinstance(body, dict):

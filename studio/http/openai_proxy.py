@@ -298,8 +298,9 @@ async def close_upstream(resp: httpx.Response, lease: Callable[[], Any]) -> None
 
 
 async def _json_body(request: Request) -> dict[str, Any]:
+    raw = await request.body()  # outside the try: a body over the limit is a 413, not "not valid JSON"
     try:
-        body = json.loads(await request.body())
+        body = json.loads(raw)
     except ValueError as exc:
         raise BadRequestError(f"the request body is not valid JSON: {exc}") from None
     if not isinstance(body, dict):

@@ -9,8 +9,9 @@ CLI's own commands on this machine (``run``, ``serve --model``, ``plan``) load
 through the manager, not the API, and take any path.
 
 The same goes for the llama-server flags a load request may add (``extra_args``):
-those that read or write files of their own, fetch them, or make llama-server run
-programs (``UNSAFE_FLAGS``) are the config file's to give, not an API client's.
+an API client may pass only those ``launcher.client_flags`` classifies as safe
+(sampling, batching, threads, template and reasoning settings...); any other, one
+a newer llama-server adds included, is the config file's to give.
 """
 
 from __future__ import annotations
@@ -19,47 +20,9 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from launcher.client_flags import client_flag_refused
 from studio.errors import PathNotAllowedError
 from studio.library.catalog import Catalog
-
-#: llama-server flags (b11434's spellings) an API client may not pass, and why. The launcher refuses the
-#: ones the studio manages itself (``--model``, ``--mmproj``, ``--log-file``...) for everyone.
-UNSAFE_FLAGS: dict[str, str] = {
-    flag: why
-    for flags, why in {
-        (
-            "--lora",
-            "--lora-scaled",
-            "--control-vector",
-            "--control-vector-scaled",
-            "-md",
-            "--model-draft",
-            "--spec-draft-model",
-            "--grammar-file",
-            "-jf",
-            "--json-schema-file",
-            "-lcs",
-            "--lookup-cache-static",
-            "--ui-config-file",
-            "--webui-config-file",
-            "--media-path",
-        ): "it reads files from anywhere on the disk",
-        ("-lcd", "--lookup-cache-dynamic", "--slot-save-path", "--log-prompts-dir"): "it writes files anywhere",
-        ("--spec-draft-hf", "-hfd", "-hfrd", "--hf-repo-draft"): "it downloads files",
-        (
-            "--video-ffmpeg-dir",
-            "--mcp-servers-config",
-            "--mcp-servers-json",
-            "--tools",
-            "--tools-runtime",
-            "-ag",
-            "--agent",
-            "--ui-mcp-proxy",
-            "--webui-mcp-proxy",
-        ): "it makes llama-server run programs",
-    }.items()
-    for flag in flags
-}
 
 
 @dataclass(frozen=True)
@@ -114,28 +77,26 @@ class PathPolicy:
     ) -> None:
         """Return if an API client may add ``args`` to llama-server's command line.
 
-        ``aliases_of`` gives every spelling the binary declares for a flag (``Capabilities.aliases_of``),
-        so another build's alias of an unsafe flag is caught too.
+        Only the flags of ``launcher.client_flags.CLIENT_FLAGS`` are let through, under any
+        spelling: ``--a_b`` as ``--a-b``, ``--a=v`` as ``--a``, and every alias the binary
+        declares for one (``aliases_of``: ``Capabilities.aliases_of``).
 
         Raises:
-            PathNotAllowedError: a flag of ``UNSAFE_FLAGS``, naming it and how to allow it.
+            PathNotAllowedError: a flag off that list, naming it and how to allow it.
         """
         if self.allow_any or not args:
             return
-        for token in args:
-            if not token.startswith("-"):
-                continue
-            flag = token.split("=", 1)[0]
-            flag = flag.replace("_", "-") if flag.startswith("--") else flag  # llama.cpp reads --a_b as --a-b
-            why = next((UNSAFE_FLAGS[f] for f in (flag, *aliases_of(flag)) if f in UNSAFE_FLAGS), None)
-            if why:
-                raise PathNotAllowedError(
-                    f"extra_args: {token} is not for API clients: {why}; put it in the model's extra_args in the "
-                    "studio's config file ([models.NAME]), or set `allow_any_path = true` there",
-                    path=token,
-                    param="extra_args",
-                    code="flag_not_allowed",
-                )
+        token = client_flag_refused(args, aliases_of)
+        if token is not None:
+            raise PathNotAllowedError(
+                f"extra_args: {token} is not among the llama-server flags API clients may pass (sampling, "
+                "batching, threads, template and reasoning settings; the README lists them); put it in the "
+                "model's extra_args in the studio's config file ([models.NAME]), or set `allow_any_path = true` "
+                "there",
+                path=token,
+                param="extra_args",
+                code="flag_not_allowed",
+            )
 
 
 def _real(path: Path) -> Path:
