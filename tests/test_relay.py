@@ -22,9 +22,12 @@ import uvicorn
 from starlette.types import Receive, Scope, Send
 
 from studio.chat.model_turn import Turn, TurnError, read_turn
+from studio.http.app import create_app
+from studio.http.ollama_app import create_ollama_app
 from studio.http.relay import Relay, Reshape
 from studio.http.upstream import Upstream
 from tests.helpers import free_port
+from tests.standin_manager import StandInManager, StandInModel
 from tests.test_upstream import CHUNKED_HEAD, StandIn
 
 BROKE = b'data: {"error": "broke off"}\n\n'
@@ -288,3 +291,100 @@ def test_an_error_chunk_ends_the_turn_with_its_error():
             ]
         )
     assert info.value.status == 500 and info.value.error == {"message": "boom", "type": "server_error"}
+
+
+STREAMED_CHAT = {"model": "standin", "messages": [{"role": "user", "content": "Hi"}], "stream": True}
+
+
+@pytest.mark.parametrize(
+    ("listener", "path", "body"),
+    [
+        ("studio", "/v1/chat/completions", STREAMED_CHAT),
+        ("studio", "/api/chat", {"model": "standin", "messages": STREAMED_CHAT["messages"]}),
+        ("ollama", "/api/chat", STREAMED_CHAT),
+    ],
+    ids=["OpenAI stream (Relay)", "GUI chat (EventStream)", "Ollama stream (EventStream)"],
+)
+def test_relay_returns_lease_when_cancelled_at_response_start(listener, path, body):
+    """A request cancelled while its response start is sent (the server shutting down, a client gone) still ends.
+
+    The lease was released, and the upstream response closed, only in a ``finally`` entered after the start
+    went out: the model's in-flight count never came back to 0 (never idle, never evicted, its TTL never ran
+    out) and the upstream connection and its transport slot stayed taken.
+    """
+    upstream_open = 0
+
+    async def endless(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, n: int) -> bool:
+        nonlocal upstream_open
+        upstream_open += 1
+        writer.write(CHUNKED_HEAD)
+        try:
+            while not reader.at_eof():
+                writer.write(_chunk(b'data: {"choices": [{"index": 0, "delta": {"content": "a"}}]}\n\n'))
+                await writer.drain()
+                await asyncio.sleep(0.01)
+        except ConnectionError:
+            pass
+        upstream_open -= 1
+        return False
+
+    async def main() -> None:
+        async with StandIn(endless) as standin:
+            manager = StandInManager(StandInModel(name="standin", url=f"http://127.0.0.1:{standin.port}"))
+            studio = create_app(manager)
+            app = create_ollama_app(studio) if listener == "ollama" else studio
+            async with studio.router.lifespan_context(studio):
+                starting = asyncio.Event()
+                request = asyncio.create_task(_asgi_post(app, path, body, starting))
+                await asyncio.wait_for(starting.wait(), 5)
+                request.cancel()
+                with pytest.raises(asyncio.CancelledError):
+                    await request
+                assert manager.in_flight == 0, "the lease was not returned"
+                await asyncio.wait_for(_until(lambda: upstream_open == 0), 5)  # the upstream request was closed
+
+    run(main())
+
+
+async def _asgi_post(app: Callable[..., Awaitable[None]], path: str, body: object, starting: asyncio.Event) -> None:
+    """POST ``body`` to ``app`` as a server would, whose ``send`` of the response start never finishes."""
+    content = json.dumps(body).encode()
+    scope = {
+        "type": "http",
+        "asgi": {"version": "3.0"},
+        "http_version": "1.1",
+        "method": "POST",
+        "scheme": "http",
+        "path": path,
+        "raw_path": path.encode(),
+        "query_string": b"",
+        "root_path": "",
+        "headers": [
+            (b"host", b"127.0.0.1"),
+            (b"content-type", b"application/json"),
+            (b"content-length", str(len(content)).encode()),
+        ],
+        "client": ("127.0.0.1", 50000),
+        "server": ("127.0.0.1", 8000),
+        "state": {},
+    }
+    messages = [{"type": "http.request", "body": content, "more_body": False}]
+
+    async def receive() -> dict[str, object]:
+        if messages:
+            return messages.pop()
+        await asyncio.Event().wait()  # the client stays
+        raise AssertionError("unreachable")
+
+    async def send(message: dict[str, object]) -> None:
+        if message["type"] == "http.response.start":
+            assert message["status"] == 200, message
+            starting.set()
+            await asyncio.Event().wait()  # cancelled here
+
+    await app(scope, receive, send)
+
+
+async def _until(condition: Callable[[], bool]) -> None:
+    while not condition():
+        await asyncio.sleep(0.005)

@@ -148,6 +148,44 @@ def test_two_requests_both_answered(handler, connections):
     run(main())
 
 
+def test_pool_keeps_idle_connections_of_other_models():
+    """Two models taking turns (A, B, A, B) each reuse their connection: taking one closed every other server's."""
+
+    async def main() -> None:
+        async with StandIn(_sized) as a, StandIn(_sized) as b:
+            upstream = Upstream()
+            try:
+                for _ in range(3):
+                    for server in (a, b):
+                        assert await _post(upstream, server.url) == (200, b'{"ok":true}')
+            finally:
+                await upstream.aclose()
+            assert (a.connections, b.connections) == (1, 1)
+            assert a.served == b.served == [1, 1, 1]
+
+    run(main())
+
+
+def test_idle_connections_stay_within_max_connections():
+    """Idle connections kept for several models together number no more than ``max_connections``; the oldest goes."""
+
+    async def main() -> None:
+        async with StandIn(_sized) as a, StandIn(_sized) as b, StandIn(_sized) as c:
+            upstream = Upstream(max_connections=2)
+            try:
+                for server in (a, b, c):
+                    assert await _post(upstream, server.url) == (200, b'{"ok":true}')
+                await asyncio.wait_for(_until(lambda: a.ended == 1), 2)  # the oldest idle one, closed
+                assert (b.ended, c.ended) == (0, 0)
+                for server in (b, c):
+                    assert await _post(upstream, server.url) == (200, b'{"ok":true}')
+                assert (b.connections, c.connections) == (1, 1)
+            finally:
+                await upstream.aclose()
+
+    run(main())
+
+
 def test_a_request_right_after_a_stream_does_not_reuse_the_connection_llama_server_closes():
     """b11434 closes after every chunked answer despite ``Keep-Alive``; reusing it failed the next request (502)."""
 

@@ -188,7 +188,12 @@ async def _chat(request: Request, body: ChatBody) -> Response:
         events = run_tool_loop(payload["messages"], selected, call_model, limits)
     else:
         events = _one_turn(payload["messages"], call_model)
-    return EventStream(_sse_events(events, held), media_type="text/event-stream")
+
+    async def release_unused() -> None:
+        for _, unused in held:  # acquired but never used (the client left first)
+            await unused()
+
+    return EventStream(_sse_events(events), on_close=release_unused, media_type="text/event-stream")
 
 
 async def _one_turn(messages: list[dict[str, Any]], call_model: Any) -> AsyncIterator[dict[str, Any]]:
@@ -214,17 +219,12 @@ async def _broken_stream(own: tuple[LoadedModel, Lease], exc: httpx.HTTPError) -
     return TurnError(502, error_body(message, "upstream_error", code=code)["error"])
 
 
-async def _sse_events(
-    events: AsyncIterator[dict[str, Any]], held: list[tuple[LoadedModel, Lease]]
-) -> AsyncGenerator[bytes, None]:
+async def _sse_events(events: AsyncIterator[dict[str, Any]]) -> AsyncGenerator[bytes, None]:
     try:
         async for event in events:
             yield f"data: {json.dumps(event)}\n\n".encode()
     finally:
         await events.aclose()  # type: ignore[attr-defined]
-        with anyio.CancelScope(shield=True):
-            for _, unused in held:  # acquired but never used (the client left first)
-                await unused()
 
 
 async def _acquire(manager: ModelManager, model: str | None) -> tuple[LoadedModel, Lease]:

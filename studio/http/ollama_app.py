@@ -340,7 +340,11 @@ async def _generate(request: Request, kind: ollama.Kind) -> Response:
         await lease()
         raise
     if resp.status_code == 200:
-        return EventStream(_stream(resp, lease, loaded, route, reply, began, acquired, count), media_type=_NDJSON)
+        return EventStream(
+            _stream(resp, lease, loaded, route, reply, began, acquired, count),
+            on_close=lambda: close_upstream(resp, lease),
+            media_type=_NDJSON,
+        )
     status, content = resp.status_code, await read_answer(resp, lease, loaded)
     return _upstream_error(status, content)
 
@@ -384,7 +388,7 @@ async def _stream(
     acquired: float,
     count: Callable[[float | None, dict[str, Any], ollama.Reply], None],
 ) -> AsyncGenerator[bytes, None]:
-    """llama-server's server-sent events as Ollama's NDJSON chunks; the client leaving cancels the request."""
+    """llama-server's server-sent events as Ollama's NDJSON chunks; the ``EventStream`` closes ``resp``."""
     first_at: float | None = None
     final: dict[str, Any] = {}
     try:
@@ -409,7 +413,6 @@ async def _stream(
             message, _ = await broke_off(loaded, "llama-server went away mid-stream", exc)
             yield _line({"error": message})
     finally:
-        await close_upstream(resp, lease)
         count(None if first_at is None else first_at - began, final, reply)
 
 

@@ -42,7 +42,12 @@ class Reshape(Protocol):
 
 
 class _Streamed(Response):
-    """A ``Response`` whose body its subclass sends itself: only the head is set up here."""
+    """A ``Response`` that sends its own body until the client leaves, then closes what it owns (once).
+
+    The response start goes out inside the guarded part, so a cancellation while
+    it is sent (the server shutting down, a client gone) still closes what the
+    response was handed: the lease on the model and the upstream response.
+    """
 
     def __init__(
         self, *, status_code: int = 200, headers: Mapping[str, str] | None = None, media_type: str | None = None
@@ -51,6 +56,23 @@ class _Streamed(Response):
         self.media_type = media_type
         self.background = None
         self.init_headers(headers)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        async def respond() -> bytes:
+            await send({"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers})
+            return await self._body(send)
+
+        last = await until_client_leaves(receive, respond, self._close)
+        if last is not None:
+            await send({"type": "http.response.body", "body": last, "more_body": False})
+
+    async def _body(self, send: Send) -> bytes:
+        """Send the body on as it comes; return the last bytes, sent with ``more_body`` false."""
+        raise NotImplementedError
+
+    async def _close(self) -> None:
+        """Let go of what the body came from; awaited once, whatever happened, shielded from cancellation."""
+        raise NotImplementedError
 
 
 class Relay(_Streamed):
@@ -84,15 +106,10 @@ class Relay(_Streamed):
         self._first_at: float | None = None
         self._tail = b""
 
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        await send({"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers})
-        last = await until_client_leaves(
-            receive, lambda: self._pump(send), lambda: self._on_close(self._first_at, self._tail)
-        )
-        if last is not None:
-            await send({"type": "http.response.body", "body": last, "more_body": False})
+    async def _close(self) -> None:
+        await self._on_close(self._first_at, self._tail)
 
-    async def _pump(self, send: Send) -> bytes:
+    async def _body(self, send: Send) -> bytes:
         """Send the body on as it comes; return the last bytes (``b""``, what the reshape held, or an error event)."""
         read, reshape = self._read, self._reshape
         before_last = last = b""
@@ -118,31 +135,38 @@ class EventStream(_Streamed):
     """An ASGI response that sends each bytes item of ``events`` as it comes, until the client leaves.
 
     ``StreamingResponse`` without its anyio task group and disconnect listener per
-    request: one watcher task notices a client that leaves and cancels the stream,
-    and ``events`` is closed either way.
+    request: one watcher task notices a client that leaves and cancels the stream.
+
+    Args:
+        events: the body, closed either way.
+        on_close: lets go of what ``events`` reads from (the lease, the upstream response); awaited once,
+            after ``events`` is closed, whatever happened: also when the stream never began, when closing
+            ``events`` runs none of its ``finally``.
     """
 
     def __init__(
         self,
         events: AsyncGenerator[bytes, None],
         *,
+        on_close: Callable[[], Awaitable[None]],
         status_code: int = 200,
         headers: Mapping[str, str] | None = None,
         media_type: str | None = None,
     ) -> None:
         super().__init__(status_code=status_code, headers=headers, media_type=media_type)
         self._events = events
+        self._on_close = on_close
 
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        await send({"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers})
+    async def _body(self, send: Send) -> bytes:
+        async for data in self._events:
+            await send({"type": "http.response.body", "body": data, "more_body": True})
+        return b""
 
-        async def pump() -> bytes:
-            async for data in self._events:
-                await send({"type": "http.response.body", "body": data, "more_body": True})
-            return b""
-
-        if await until_client_leaves(receive, pump, self._events.aclose) is not None:
-            await send({"type": "http.response.body", "body": b"", "more_body": False})
+    async def _close(self) -> None:
+        try:
+            await self._events.aclose()
+        finally:
+            await self._on_close()
 
 
 async def until_client_leaves(

@@ -82,13 +82,18 @@ class LoopbackTransport(httpx.AsyncBaseTransport):
     server dropped anyway is retried once on a new connection, as for any
     idle connection.
 
+    Idle connections are kept per server, so models taking turns each keep
+    theirs; a request takes only one to its own server.
+
     Args:
-        max_connections: requests in flight at once; more wait for a free one.
+        max_connections: requests in flight at once (more wait for a free one),
+            and idle connections kept, all servers together (the oldest goes first).
     """
 
     def __init__(self, *, max_connections: int = 64) -> None:
         self._slots = asyncio.Semaphore(max_connections)
-        self._idle: list[_Connection] = []
+        self._max_idle = max_connections
+        self._idle: dict[tuple[str, int], list[_Connection]] = {}  # per server, oldest first
         self._spares: dict[tuple[str, int], asyncio.Task[_Connection]] = {}
         self._spare_until: dict[tuple[str, int], float] = {}  # per server: when its spares stop being renewed
         self._renewals: set[asyncio.TimerHandle] = set()
@@ -153,13 +158,45 @@ class LoopbackTransport(httpx.AsyncBaseTransport):
         )
 
     def _take_idle(self, origin: tuple[str, int]) -> _Connection | None:
-        while self._idle:
-            conn = self._idle.pop()
-            if conn.origin == origin and conn.alive():
-                conn.reused = True
-                return conn
-            conn.close()
-        return None
+        """The newest idle connection to ``origin`` (the likeliest still open); dead or expired ones are closed."""
+        self._prune()
+        idle = self._idle.get(origin)
+        if not idle:
+            return None
+        conn = idle.pop()
+        if not idle:
+            del self._idle[origin]
+        conn.reused = True
+        return conn
+
+    def _prune(self) -> None:
+        """Close the idle connections, any server's, that are dead or past their time: an unloaded model's too."""
+        for origin, idle in list(self._idle.items()):
+            kept = []
+            for conn in idle:
+                if conn.alive():
+                    kept.append(conn)
+                else:
+                    conn.close()
+            if kept:
+                self._idle[origin] = kept
+            else:
+                del self._idle[origin]
+
+    def _pool(self, conn: _Connection) -> None:
+        """Keep ``conn`` idle; at ``max_connections`` idle ones the oldest, whichever server's, is closed first."""
+        if self._idle_count() >= self._max_idle:
+            self._prune()
+            if self._idle_count() >= self._max_idle:
+                oldest = min(self._idle, key=lambda origin: self._idle[origin][0].reusable_until)
+                idle = self._idle[oldest]
+                idle.pop(0).close()
+                if not idle:
+                    del self._idle[oldest]
+        self._idle.setdefault(conn.origin, []).append(conn)
+
+    def _idle_count(self) -> int:
+        return sum(map(len, self._idle.values()))
 
     async def _take_spare(self, origin: tuple[str, int]) -> _Connection | None:
         """The spare connection to ``origin`` if there is one and it is still fresh.
@@ -237,7 +274,7 @@ class LoopbackTransport(httpx.AsyncBaseTransport):
         """
         if reusable_for is not None and reusable_for > 0:
             conn.reusable_until = time.monotonic() + reusable_for
-            self._idle.append(conn)
+            self._pool(conn)
         else:
             conn.close()
             if request.method == "POST":
@@ -246,9 +283,10 @@ class LoopbackTransport(httpx.AsyncBaseTransport):
         self._slots.release()
 
     async def aclose(self) -> None:
-        idle, self._idle = self._idle, []
-        for conn in idle:
-            conn.close()
+        idle, self._idle = self._idle, {}
+        for conns in idle.values():
+            for conn in conns:
+                conn.close()
         for renewal in self._renewals:
             renewal.cancel()
         self._renewals.clear()
