@@ -3,6 +3,9 @@
 Linux: the child gets its own process group (so stopping it stops everything it
 spawned) and PR_SET_PDEATHSIG, so it is killed if the studio dies without a
 chance to clean up. macOS and Windows get their variants here, not elsewhere.
+A child that runs someone else's program (the python tool) also gets resource
+limits (``limit_resources``) and a watch on how many processes it starts
+(``ProcessTree``).
 """
 
 from __future__ import annotations
@@ -12,9 +15,12 @@ import ctypes
 import os
 import signal
 import sys
+import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
+
+import psutil
 
 _PR_SET_PDEATHSIG = 1
 
@@ -85,6 +91,96 @@ def terminate_group(pid: int) -> bool:
 def kill_group(pid: int) -> bool:
     """Force the child's whole process group to exit (SIGKILL)."""
     return signal_group(pid, signal.SIGKILL)
+
+
+def limit_resources(*, cpu_seconds: int, memory_bytes: int, file_bytes: int) -> Callable[[], None]:
+    """Return a ``preexec_fn`` that gives a child its own limits before it executes (what it runs inherits them).
+
+    CPU seconds (SIGXCPU, then SIGKILL a second later), address space, the size of any file it
+    writes, no core dumps. Not the number of processes: see ``ProcessTree``.
+    """
+    import resource
+
+    def preexec() -> None:
+        resource.setrlimit(resource.RLIMIT_CPU, (cpu_seconds, cpu_seconds + 1))
+        resource.setrlimit(resource.RLIMIT_AS, (memory_bytes, memory_bytes))
+        resource.setrlimit(resource.RLIMIT_FSIZE, (file_bytes, file_bytes))
+        resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+
+    return preexec
+
+
+class ProcessTree:
+    """A child that leads its own process group, and every process it starts: counted while it runs, killed together.
+
+    Members: the group (``start_new_session``), and every process whose parent is a member, kept once
+    seen, so one that left the group (``setsid``) is killed at the end too. One that leaves the group
+    and whose parent ends between two looks is not found; the group kill does not reach it either.
+
+    A thread looks every ``interval`` seconds (one pass over the process table: ~2 ms for 90
+    processes); with more than ``max_processes`` members alive it kills them all and calls
+    ``on_limit`` (from that thread). ``RLIMIT_NPROC`` cannot say "N processes for this child": it
+    counts every process of the real uid (a desktop user's browser too) and root is exempt from it.
+    Measured here: as root, 30 forks under a limit of 5 all succeed; as a user with 6 other
+    processes, not one does. A fork bomb is stopped within one interval, not before its first forks.
+    """
+
+    def __init__(self, pid: int, *, max_processes: int, on_limit: Callable[[], object], interval: float = 0.1) -> None:
+        self.pid = pid
+        self.max_processes = max_processes
+        self.over_limit = False
+        self._on_limit = on_limit
+        self._interval = interval
+        self._seen: dict[int, psutil.Process] = {}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._watch, name=f"process tree {pid}", daemon=True)
+        self._thread.start()
+
+    def kill(self) -> None:
+        """Stop watching and SIGKILL every member (blocking: one look at the process table)."""
+        self._stop.set()
+        self._thread.join()
+        self._kill()
+
+    def _watch(self) -> None:
+        while not self._stop.is_set():
+            if self._look() > self.max_processes:
+                self.over_limit = True
+                self._kill()
+                self._on_limit()
+                return
+            self._stop.wait(self._interval)
+
+    def _look(self) -> int:
+        """Find the members alive now (those seen before included); return how many there are."""
+        alive: dict[int, psutil.Process] = {}
+        children: dict[int, list[int]] = {}
+        members = []
+        for proc in psutil.process_iter(["ppid"]):
+            try:
+                in_group = os.getpgid(proc.pid) == self.pid
+            except OSError:  # it ended meanwhile
+                continue
+            alive[proc.pid] = proc
+            children.setdefault(proc.info["ppid"], []).append(proc.pid)
+            seen = self._seen.get(proc.pid)
+            if in_group or (seen is not None and seen == proc):  # the same process, not a reused pid
+                members.append(proc.pid)
+        found: dict[int, psutil.Process] = {}
+        while members:
+            pid = members.pop()
+            if pid not in found:
+                found[pid] = alive[pid]
+                members.extend(children.get(pid, ()))
+        self._seen = found
+        return len(found)
+
+    def _kill(self) -> None:
+        self._look()
+        kill_group(self.pid)
+        for proc in self._seen.values():  # those that left the group
+            with contextlib.suppress(psutil.Error):
+                proc.kill()  # psutil refuses a pid that now names another process
 
 
 @contextlib.contextmanager

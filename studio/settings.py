@@ -39,6 +39,7 @@ Precedence: environment variables, then the optional TOML file
     cpu_seconds = 10
     memory_mb = 512
     max_output_kb = 64
+    max_processes = 64              # alive at once, the program itself included
 
     [models."gemma-3-270m-Q4_K_M"]  # load defaults for one model (a request's own values win)
     ttl = 600                       # this model's own idle TTL
@@ -116,7 +117,7 @@ _TOP_KEYS = {
 #: The largest request body by default: a photo of a few MB is ~4/3 larger in base64, a minute of WAV ~2 MB.
 DEFAULT_MAX_BODY_BYTES = 32 * 1024 * 1024
 _MCP_KEYS = {"command", "args", "env", "cwd", "url"}
-_PYTHON_KEYS = {"enabled", "timeout", "cpu_seconds", "memory_mb", "max_output_kb"}
+_PYTHON_KEYS = {"enabled", "timeout", "cpu_seconds", "memory_mb", "max_output_kb", "max_processes"}
 #: MCP server names become part of tool names (``NAME__tool``), which OpenAI limits to these characters.
 _SERVER_NAME = re.compile(r"[A-Za-z0-9_-]{1,32}")
 _MODEL_KEYS = {"n_ctx", "n_parallel", "extra_args", "spec", "spec_n_max", "cache_type_kv", "ttl", "pinned", "mmproj"}
@@ -248,6 +249,7 @@ class PythonToolConfig:
     cpu_seconds: int = 10
     memory_mb: int = 512
     max_output_kb: int = 64
+    max_processes: int = 64  # alive at once, the program itself included
 
 
 @dataclass(frozen=True)
@@ -574,7 +576,7 @@ def _tool_problems(config: dict[str, Any]) -> list[str]:
     ]
     if "enabled" in python and not isinstance(python["enabled"], bool):
         problems.append("[tools.python]: enabled must be true or false")
-    for k in ("timeout", "cpu_seconds", "memory_mb", "max_output_kb"):
+    for k in ("timeout", "cpu_seconds", "memory_mb", "max_output_kb", "max_processes"):
         if k in python and (
             isinstance(python[k], bool)
             or not isinstance(python[k], (int, float))

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import threading
+import time
 from pathlib import Path
 
 import httpx
@@ -154,6 +155,35 @@ def test_ensure_available_downloads_only_when_allowed_and_only_once(server, hf_e
     server.clear()
     assert asyncio.run(DownloadManager().ensure_available(spec)) == path  # cached: no download, none asked for
     assert server.downloads() == []
+
+
+def test_download_waiters_hold_no_threads(server, hf_env, vision_repo):
+    """A caller waiting for a download (a load with ``auto_download``, a non-streamed Ollama pull) held a thread
+    of the default executor (``to_thread`` around ``Event.wait``) until the download ended: a handful of them
+    took all of its min(32, cpus + 4) threads, and every other ``to_thread`` call of the studio (header reads,
+    capabilities) waited for the download. A waiter that leaves must not stop it for the others either."""
+    server.chunk_delay = 0.1  # seconds per MiB: the 24 MiB model file takes 2.4 s
+    downloads = DownloadManager()
+
+    async def main() -> None:
+        download, _ = await asyncio.to_thread(downloads.start, f"{REPO}:Q8_0")
+        before = threading.active_count()
+        waiters = [asyncio.create_task(downloads.wait(download)) for _ in range(20)]
+        await asyncio.sleep(0.3)
+        grown = threading.active_count() - before
+        began = time.monotonic()
+        assert await asyncio.wait_for(asyncio.to_thread(lambda: "read"), 30) == "read"
+        took = time.monotonic() - began
+        assert grown <= 1, f"{grown} more threads with 20 waiters"
+        assert took < 1, f"a to_thread call waited {took:.1f} s for the download"
+        assert download.active, "the download ended before the waiters were measured: make it slower"
+        for leaving in waiters[:10]:  # their clients left
+            leaving.cancel()
+        ended = await asyncio.wait_for(asyncio.gather(*waiters[10:]), 60)
+        assert all(d is download for d in ended) and download.state.value == "done"
+        assert all(w.cancelled() for w in waiters[:10])
+
+    asyncio.run(main())
 
 
 def test_the_largest_variant_that_fits_is_suggested(server, hf_env, vision_repo):

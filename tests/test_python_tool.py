@@ -16,7 +16,8 @@ from studio.settings import PythonToolConfig
 @pytest.fixture
 def tool(tmp_path):
     return PythonTool(
-        PythonToolConfig(enabled=True, timeout=3, cpu_seconds=2, memory_mb=200, max_output_kb=8), tmp_path / "scratch"
+        PythonToolConfig(enabled=True, timeout=3, cpu_seconds=2, memory_mb=200, max_output_kb=8, max_processes=16),
+        tmp_path / "scratch",
     )
 
 
@@ -74,6 +75,54 @@ def test_output_that_goes_on_after_the_kill_does_not_hang_the_call(tool):
     while _running(escaped) and time.monotonic() < deadline:
         time.sleep(0.05)
     assert not _running(escaped)  # the pipe it wrote to was closed: it died on the next write
+
+
+def _gone(pids: list[int], within: float = 2) -> bool:
+    """Whether every pid has ended (a zombie counts: init here does not reap) within ``within`` seconds."""
+    deadline = time.monotonic() + within
+    while any(_running(pid) for pid in pids) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return not any(_running(pid) for pid in pids)
+
+
+def test_python_tool_kills_detached_child_at_end_of_call(tool):
+    """The process group was killed only when the output was cut or the time ran out: a program that ended
+    normally left what it started in the background running after the call, a `sleep 60` for a minute."""
+    code = (
+        "import subprocess, time\n"
+        "quiet = dict(stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)\n"
+        "stayed = subprocess.Popen(['sleep', '60'], **quiet)\n"
+        "left = subprocess.Popen(['sleep', '60'], start_new_session=True, **quiet)  # out of the group\n"
+        "time.sleep(0.5)  # the tool looks for new processes every 0.1 s\n"
+        "print(stayed.pid, left.pid)\n"
+    )
+    began = time.monotonic()
+    result = run(tool, code)
+    assert not result.is_error, result.text
+    assert time.monotonic() - began < 2.5  # it ended on its own, not at the 3 s timeout
+    pids = [int(pid) for pid in result.text.split()]
+    assert _gone(pids), [pid for pid in pids if _running(pid)]
+
+
+def test_python_tool_limits_processes(tool):
+    """Nothing limited how many processes a program started: a fork loop could fill the process table."""
+    code = (
+        "import os, time\n"
+        "for _ in range(1000):\n"
+        "    pid = os.fork()\n"
+        "    if pid == 0:\n"
+        "        time.sleep(60)\n"
+        "        os._exit(0)\n"
+        "    print(pid, flush=True)\n"
+        "    time.sleep(0.01)  # 100 a second: the count stops it well before the end\n"
+        "print('all started')\n"
+    )
+    began = time.monotonic()
+    result = run(tool, code)
+    assert result.is_error and "[stopped: more than 16 processes at once]" in result.text, result.text
+    assert time.monotonic() - began < 2.5  # stopped by the count, not by the 3 s timeout
+    forked = [int(line) for line in result.text.splitlines() if line.isdigit()]
+    assert 16 <= len(forked) < 100 and "all started" not in result.text and _gone(forked)
 
 
 def test_a_failing_program_shows_its_traceback(tool):

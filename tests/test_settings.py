@@ -153,6 +153,7 @@ url = "http://127.0.0.1:9000/mcp"
 enabled = true
 timeout = 5.5
 memory_mb = 256
+max_processes = 8
 """
 
 
@@ -167,11 +168,13 @@ def test_mcp_servers_and_the_python_tool_from_the_config(tmp_path):
         None,
     )
     assert (search.command, search.url) == (None, "http://127.0.0.1:9000/mcp")
-    assert (tools.python.enabled, tools.python.timeout, tools.python.memory_mb, tools.python.cpu_seconds) == (
+    python = tools.python
+    assert (python.enabled, python.timeout, python.memory_mb, python.cpu_seconds, python.max_processes) == (
         True,
         5.5,
         256,
         10,
+        8,
     )
 
 
@@ -193,6 +196,7 @@ def test_tools_are_off_without_a_config(tmp_path):
         ("[mcp_servers.a]\nurl = 'http://h/mcp'\nargs = []", "args, env and cwd are for a command"),
         ("[tools.python]\nenabled = 'yes'", "enabled must be true or false"),
         ("[tools.python]\nmemory_mb = 0", "memory_mb must be a positive integer"),
+        ("[tools.python]\nmax_processes = 2.5", "max_processes must be a positive integer"),
         ("[tools.python]\ntimeout = -1", "timeout must be a positive number"),
         ("[tools.python]\nnetwork = true", "unknown key 'network'"),
         ("[tools.shell]\nenabled = true", "[tools] holds only [tools.python]"),

@@ -3,13 +3,17 @@
 Off unless ``[tools.python] enabled = true``. Each call gets a fresh scratch
 folder (removed afterwards) as its working directory and runs ``python -I`` there
 with ``resource.setrlimit`` limits set in the child before it executes: CPU
-seconds, address space (memory), the size of any file it writes, no core dumps.
-A wall-clock timeout kills the child's whole process group; output beyond the
-limit is cut off and the child stopped. On Linux the child runs in a new network
-namespace (``unshare --net``, with ``--map-root-user`` when not root), so it
-cannot reach any network, loopback included; where that is not possible (another
-OS, no ``unshare``, user namespaces forbidden) it runs with the network, and the
-tool's description and ``status`` say so.
+seconds, address space (memory), the size of any file it writes, no core dumps
+(``launcher.platform.limit_resources``). The child leads its own process group;
+``launcher.platform.ProcessTree`` counts the processes it starts and stops them
+all past ``max_processes``. However a call ends (the program's own exit, a limit,
+the wall-clock timeout, the client leaving), the whole group is killed, and what
+left it but was seen: nothing the program started in the background outlives the
+call. Output beyond the limit is cut off and the child stopped. On Linux the
+child runs in a new network namespace (``unshare --net``, with ``--map-root-user``
+when not root), so it cannot reach any network, loopback included; where that is
+not possible (another OS, no ``unshare``, user namespaces forbidden) it runs with
+the network, and the tool's description and ``status`` say so.
 
 This is a limit on accidents, not a security boundary against a hostile program:
 the child sees the same file system as the studio.
@@ -19,7 +23,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import resource
 import shutil
 import signal
 import subprocess
@@ -31,6 +34,8 @@ from typing import Any
 
 import structlog
 
+from launcher.platform import ProcessTree, limit_resources
+from studio.blocking import run_blocking
 from studio.chat.tool import ToolResult, ToolSpec
 from studio.settings import PythonToolConfig
 
@@ -81,8 +86,8 @@ class PythonTool:
         description = (
             f"Run a Python 3 program and return what it prints (stdout and stderr). Limits: "
             f"{config.timeout:g} s wall clock, {config.cpu_seconds} s CPU, {config.memory_mb} MiB memory, "
-            f"{config.max_output_kb} KiB of output; a fresh empty working folder each call; "
-            + ("no network." if not note else "the network is reachable.")
+            f"{config.max_output_kb} KiB of output, {config.max_processes} processes; "
+            "a fresh empty working folder each call; " + ("no network." if not note else "the network is reachable.")
         )
         self.spec = ToolSpec("python", description, PARAMETERS, "builtin")
 
@@ -96,6 +101,7 @@ class PythonTool:
             "cpu_seconds": c.cpu_seconds,
             "memory_mb": c.memory_mb,
             "max_output_kb": c.max_output_kb,
+            "max_processes": c.max_processes,
         }
 
     async def call(self, arguments: dict[str, Any], *, timeout: float) -> ToolResult:
@@ -134,7 +140,11 @@ class PythonTool:
                 stdout=write_end,
                 stderr=write_end,
                 start_new_session=True,
-                preexec_fn=self._limits,
+                preexec_fn=limit_resources(
+                    cpu_seconds=self.config.cpu_seconds,
+                    memory_bytes=self.config.memory_mb * 1024 * 1024,
+                    file_bytes=self.config.max_output_kb * 1024 * 16,
+                ),
             )
         except OSError as exc:
             os.close(read_end)
@@ -144,6 +154,10 @@ class PythonTool:
         output = bytearray()
         cut = timed_out = False
         reader, pipe = await _read_pipe(read_end)
+        loop = asyncio.get_running_loop()
+        processes = ProcessTree(  # past the limit it kills them all; closing the pipe ends the read below
+            child.pid, max_processes=self.config.max_processes, on_limit=lambda: loop.call_soon_threadsafe(pipe.close)
+        )
         try:
             async with asyncio.timeout(timeout):
                 while chunk := await reader.read(64 * 1024):
@@ -153,16 +167,13 @@ class PythonTool:
                         break
         except TimeoutError:
             timed_out = True
-        except BaseException:  # the chat was cancelled (the client left): the program goes with it
-            _kill_group(child.pid)
+        finally:  # however it ended, the client leaving too: nothing the program started outlives the call
+            await run_blocking(processes.kill, timeout=None, what="stopping the python tool's processes")
             pipe.close()
-            await child.wait()
-            raise
-        if cut or timed_out:
-            _kill_group(child.pid)
-        pipe.close()
-        status = await child.wait()
+            status = await child.wait()
         text = output[:limit].decode(errors="replace")
+        if processes.over_limit:
+            return ToolResult(_with(text, f"[stopped: more than {self.config.max_processes} processes at once]"), True)
         if timed_out:
             return ToolResult(_with(text, f"[stopped: the program ran longer than {timeout:g} s]"), True)
         if cut:
@@ -177,16 +188,6 @@ class PythonTool:
             return ToolResult(_with(text, f"[exit status {status}]"), True)
         return ToolResult(text or "(the program printed nothing)")
 
-    def _limits(self) -> None:
-        """In the child, before exec: its own limits (inherited by the python it runs)."""
-        cpu = self.config.cpu_seconds
-        memory = self.config.memory_mb * 1024 * 1024
-        resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu + 1))
-        resource.setrlimit(resource.RLIMIT_AS, (memory, memory))
-        files = self.config.max_output_kb * 1024 * 16
-        resource.setrlimit(resource.RLIMIT_FSIZE, (files, files))
-        resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
-
 
 async def _read_pipe(fd: int) -> tuple[asyncio.StreamReader, asyncio.BaseTransport]:
     """A stream reading the pipe end ``fd``, and its transport (closing it closes ``fd``)."""
@@ -194,13 +195,6 @@ async def _read_pipe(fd: int) -> tuple[asyncio.StreamReader, asyncio.BaseTranspo
     reader = asyncio.StreamReader()
     pipe, _ = await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), os.fdopen(fd, "rb", 0))
     return reader, pipe
-
-
-def _kill_group(pid: int) -> None:
-    try:
-        os.killpg(pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
 
 
 def _with(text: str, note: str) -> str:

@@ -16,6 +16,12 @@ Cancel: ``cancel(id)`` sets the download's event; the hub stops within one chunk
 (10 MiB) and keeps complete files. A client that stops listening does not
 cancel (another may be listening); only ``cancel`` does.
 
+Waiting: ``wait`` (and so ``ensure_available``) waits on the event loop for the download's
+``ended`` future, holding no thread: one thread each, as ``to_thread(Event.wait)`` took, let a
+handful of waiters take the default executor's few threads (min(32, cpus + 4)) for the whole
+download, and every other ``to_thread`` call of the studio waited behind them. A waiter that is
+cancelled (its client left) stops waiting; the download goes on for the others.
+
 ``ensure_available(spec)`` is what a load calls for a repo name: the cached file,
 or (``auto_download`` on) the file once downloaded, or a 404 saying how to pull it.
 ``suggest_variant`` names the largest variant of a repo a caller's ``fits`` accepts.
@@ -24,6 +30,7 @@ or (``auto_download`` on) the file once downloaded, or a 404 saying how to pull 
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import enum
 import itertools
 import threading
@@ -70,6 +77,14 @@ class FileProgress:
         return {"path": self.path, "size": self.size, "done": self.done, "state": self.state}
 
 
+def _running_future() -> concurrent.futures.Future[None]:
+    """A future that only its download can end: a running one ignores ``cancel()``, which
+    ``wrap_future`` passes on when one waiter is cancelled (the others would be cancelled with it)."""
+    future: concurrent.futures.Future[None] = concurrent.futures.Future()
+    future.set_running_or_notify_cancel()
+    return future
+
+
 @dataclass
 class Download:
     """One pull: what it fetches, how far it is, and how it ended. Mutated by its worker thread only."""
@@ -88,7 +103,7 @@ class Download:
     finished: float | None = None
     version: int = 0  # bumped on every change, for event streams
     cancel_event: threading.Event = field(default_factory=threading.Event, repr=False)
-    ended: threading.Event = field(default_factory=threading.Event, repr=False)
+    ended: concurrent.futures.Future[None] = field(default_factory=_running_future, repr=False)
 
     @property
     def spec(self) -> str:
@@ -212,7 +227,7 @@ class DownloadManager:
         finally:
             download.finished = time.time()
             download.version += 1
-            download.ended.set()
+            download.ended.set_result(None)
             log.info("download.ended", id=download.id, state=download.state.value)
 
     @contextmanager
@@ -261,13 +276,13 @@ class DownloadManager:
             if version != seen:
                 seen = version
                 yield download.snapshot()
-            if download.ended.is_set() and download.version == seen:
+            if download.ended.done() and download.version == seen:
                 return
             await asyncio.sleep(POLL)
 
     async def wait(self, download: Download) -> Download:
-        """Return ``download`` once it has ended."""
-        await asyncio.to_thread(download.ended.wait)
+        """Return ``download`` once it has ended; waits on the event loop, holding no thread."""
+        await asyncio.wrap_future(download.ended)
         return download
 
     # -- for the model manager -----------------------------------------------------
