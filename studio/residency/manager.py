@@ -315,6 +315,7 @@ class ModelManager:
         self, model: str, entry: CatalogEntry, request: LoadRequest | None, *, after: Load | None = None
     ) -> Load:
         """Begin the one load of ``entry``'s model; its task runs the steps, its future tells every waiter."""
+        self._check_open()  # the shutdown may have begun while the entry was resolved
         request = request or LoadRequest(model=model)
         load = Load(model, entry, request, self._settings(request, entry), replacing=None, after=after)
         self._loads[entry.path] = load
@@ -563,25 +564,22 @@ class ModelManager:
         )
         info = ModelInfo.from_gguf(model, mmproj=projector)
         others = [other for other in self._loads.values() if other is not load]
+        # Models other loads reserved to evict still hold their memory until they are gone (their load may
+        # yet be undone): they count as held and busy, and the memory those loads will take counts too.
         going = {victim for other in others for victim in other.victims}
         live = [r for r in self.residents if r.state in HOLDS_MEMORY and r is not replacing]
-        holders = [self._holder(r) for r in live if r not in going]
-        leaving = [self._holder(r) for r in live if r in going]
+        holders = [replace(self._holder(r), busy=True) if r in going else self._holder(r) for r in live]
         loading = self._loading_names()
         budget = self._budget(inventory)
         budgeted = budget is not None
-        base = placement.with_evicted(
-            placement.base_available(
-                budget=budget,
-                free=placement.free_memory(inventory),
-                holders=[h for h in (*holders, *leaving) if h.name not in loading],
-                loading=[
-                    *(h for h in (*holders, *leaving) if h.name in loading),
-                    *(other.reservation for other in others if other.reservation is not None),
-                ],
-            ),
-            leaving,
-            budgeted=budgeted,
+        base = placement.base_available(
+            budget=budget,
+            free=placement.free_memory(inventory),
+            holders=[h for h in holders if h.name not in loading],
+            loading=[
+                *(h for h in holders if h.name in loading),
+                *(other.reservation for other in others if other.reservation is not None),
+            ],
         )
         plan_request = replace(settings.plan_request(entry.name), spec_measurements=self.spec_measurements)
         first = await self._plan(info, inventory, base, plan_request, budgeted)
@@ -600,7 +598,7 @@ class ModelManager:
         need = physical((await self._plan(info, inventory, everything, smallest, budgeted)).bill, first)
         evict = placement.choose_evictions(need, base, holders, budgeted=budgeted, max_count=cap)
         if evict is None:
-            ready = {r.name for r in self.residents if r.state is ResidentState.READY}
+            ready = {r.name for r in live if r.state is ResidentState.READY and r not in going}
             once_idle = [replace(h, busy=False) if h.name in ready else h for h in holders]
             drain = placement.choose_evictions(need, base, once_idle, budgeted=budgeted, max_count=cap) or ()
             return Placed(
@@ -669,6 +667,7 @@ class ModelManager:
     def _new_resident(self, load: Load, placed: Placed, command: LaunchCommand) -> ResidentModel:
         """Create and start the new resident model (its owner takes it from there)."""
         entry, request = load.entry, load.request
+        was = load.replacing  # a restart keeps the lifetime a user gave the running instance (pin, TTL)
         own = model_defaults_for(entry, self.model_defaults)
         facts = placed.model.facts
         resident = ResidentModel(
@@ -682,8 +681,8 @@ class ModelManager:
             if (template := placed.settings.chat_template or facts.chat_template)
             else None,
             make_supervisor=self.make_supervisor,
-            ttl=next(t for t in (request.ttl, own.ttl, self.residency.ttl) if t is not None),
-            pinned=bool(request.pinned if request.pinned is not None else own.pinned),
+            ttl=next(t for t in (request.ttl, was.ttl if was else None, own.ttl, self.residency.ttl) if t is not None),
+            pinned=next(p for p in (request.pinned, was.pinned if was else None, own.pinned, False) if p is not None),
             on_change=self._on_resident_change,
         )
         load.resident = resident

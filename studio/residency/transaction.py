@@ -45,7 +45,8 @@ class LoadStep(enum.Enum):
 #: Every allowed step; anything else is a bug and raises.
 STEPS: MappingProxyType[LoadStep, frozenset[LoadStep]] = MappingProxyType(
     {
-        LoadStep.CHECKING: frozenset({LoadStep.WAITING, LoadStep.RESERVED, LoadStep.UNDONE}),
+        # checking -> committed: what runs already has the settings (a load superseded back to them)
+        LoadStep.CHECKING: frozenset({LoadStep.WAITING, LoadStep.RESERVED, LoadStep.COMMITTED, LoadStep.UNDONE}),
         LoadStep.WAITING: frozenset({LoadStep.CHECKING, LoadStep.UNDONE}),
         LoadStep.RESERVED: frozenset({LoadStep.STARTING, LoadStep.UNDONE}),
         LoadStep.STARTING: frozenset({LoadStep.COMMITTED, LoadStep.UNDONE}),

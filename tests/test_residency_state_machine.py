@@ -1,0 +1,383 @@
+"""The model manager's invariants under random sequences of everything a user or a fault can do.
+
+Hypothesis drives the real manager (``tests.manager_harness``: real catalog, headers, planner and
+placement; fake llama-servers) over three zoo models under a budget that fits two, with rules
+for loads with good and bad settings (awaited, or left running while other rules act), unloads,
+chats, streams held across steps, clients leaving, crashes of a llama-server, TTL expiry, pinning
+and shutdown. After every step it checks:
+
+- at most one llama-server per model, and none without its resident;
+- the resident total within the budget;
+- no busy or pinned model evicted (a held request is only ever cut by the test's own unload);
+- no request held once every request ended;
+- a refused load changed nothing;
+- every failed request or load failed with an error the API answers in its shape (no bug, no 500).
+
+``test_the_manager_keeps_its_invariants_on_real_llama_servers`` runs a few sequences on the pinned
+llama-server itself, so the fake's timing is not the only one the rules meet.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+from pathlib import Path
+from typing import Any
+
+import psutil
+import pytest
+from hypothesis import HealthCheck, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
+
+from launcher.capabilities import Capabilities
+from launcher.registry import ChildRegistry
+from launcher.supervisor import owner_token
+from studio.error_table import outcome
+from studio.residency.lifecycle import HOLDS_MEMORY, ResidentState
+from studio.residency.manager import ModelManager, ResidencyEvent, supervisor_factory
+from studio.residency.placement import physical
+from studio.residency.requests import LoadRequest
+from studio.residency.resident import Lease, ResidentModel
+from tests.fake_llama import FakeChildren, fake_children
+from tests.helpers import LoopThread
+from tests.manager_harness import ZOO, fake_manager, zoo_bill
+
+pytestmark = pytest.mark.slow
+
+MODELS = st.sampled_from(ZOO)
+STEP_TIMEOUT = 20.0
+
+
+class ManagerMachine(RuleBasedStateMachine):
+    """See the module docstring; ``configure`` sets the class up for one test run."""
+
+    loop: LoopThread
+    root: Path
+    caps: Capabilities
+    models: dict[str, Path]
+    bill: int
+    real_binary: Path | None = None  # set: real llama-servers instead of fakes
+    steps = 0
+    sequences = 0
+
+    @initialize()
+    def start(self) -> None:
+        type(self).sequences += 1
+        self.budget = int(self.bill * 2.5)
+        self.children_cm = None
+        self.children: FakeChildren | None = None
+        self.leases: list[tuple[Lease, ResidentModel, str]] = []
+        self.unloaded_after: dict[int, bool] = {}  # id(lease) -> the test unloaded its model since
+        self.pinned: set[str] = set()
+        self.background: list[asyncio.Future[Any]] = []
+        self.violations: list[str] = []
+        self.manager = self._new_manager()
+
+    def _new_manager(self) -> ModelManager:
+        async def make() -> ModelManager:
+            if self.real_binary is None:
+                if self.children is None:
+                    self.children_cm = fake_children(load_seconds=0.02)
+                    self.children = self.children_cm.__enter__()
+                manager = fake_manager(
+                    self.root, self.children, self.caps, self.models, budget=self.budget, busy_wait=0.2
+                )
+            else:
+                from studio.library.catalog import Catalog
+                from studio.settings import MemoryBudget, ResidencySettings
+                from tests.manager_harness import SMALL, link_models
+
+                catalog: Catalog = link_models(self.root / "models", self.models)
+                manager = ModelManager(
+                    catalog=catalog,
+                    binary=self.real_binary,
+                    caps=self.caps,
+                    make_supervisor=supervisor_factory(
+                        self.root / "logs", ChildRegistry(self.root / "run", owner_token())
+                    ),
+                    model_defaults={name: SMALL for name in self.models},
+                    residency=ResidencySettings(
+                        memory_budget=MemoryBudget(total=self.budget), busy_wait=0.5, unload_grace=0.2
+                    ),
+                )
+            manager.listeners.append(self._on_event)
+            return manager
+
+        return self.loop.run(make(), STEP_TIMEOUT)
+
+    # -- helpers ------------------------------------------------------------------------------
+    def _run(self, coro: Any) -> Any:
+        type(self).steps += 1
+        return self.loop.run(coro, STEP_TIMEOUT)
+
+    def _failed_as_the_api_answers(self, exc: BaseException, what: str) -> None:
+        if outcome(exc) is None or isinstance(exc, (RuntimeError, AssertionError)):
+            self.violations.append(f"{what} failed with a bug: {type(exc).__name__}: {exc}")
+
+    def _on_event(self, event: ResidencyEvent) -> None:
+        if event.kind == "evicted" and event.reason == "evicted":
+            if event.model in self.pinned:
+                self.violations.append(f"pinned {event.model} was evicted")
+            held = [
+                lease for lease, r, _ in self.leases if r.name == event.model and not self.unloaded_after[id(lease)]
+            ]
+            if held:
+                self.violations.append(f"{event.model} was evicted with {len(held)} requests in flight")
+
+    def _snapshot(self) -> list[tuple[int, str, Any, ResidentState, int | None]]:
+        return sorted((id(r), r.name, r.settings, r.state, r.supervisor.status().pid) for r in self.manager.residents)
+
+    # -- rules --------------------------------------------------------------------------------
+    @rule(model=MODELS, n_ctx=st.sampled_from((256, 512)))
+    def load(self, model: str, n_ctx: int) -> None:
+        async def go() -> None:
+            try:
+                await self.manager.load(LoadRequest(model=model, n_ctx=n_ctx))
+            except Exception as exc:
+                self._failed_as_the_api_answers(exc, f"load of {model}")
+
+        self._run(go())
+
+    @rule(model=MODELS, n_ctx=st.sampled_from((256, 512)))
+    def load_in_background(self, model: str, n_ctx: int) -> None:
+        async def go() -> None:
+            try:
+                await self.manager.load(LoadRequest(model=model, n_ctx=n_ctx))
+            except Exception as exc:
+                self._failed_as_the_api_answers(exc, f"background load of {model}")
+
+        self.background.append(asyncio.run_coroutine_threadsafe(go(), self.loop.loop))  # type: ignore[arg-type]
+
+    @rule(model=MODELS)
+    def refused_load(self, model: str) -> None:
+        async def go() -> None:
+            calm = {ResidentState.READY, ResidentState.FAILED}
+            busy = self.manager.loads or any(not f.done() for f in self.background)
+            if busy or any(r.state not in calm for r in self.manager.residents):
+                return  # a load or a crash's restart in progress may change things meanwhile: compare when calm
+            before = self._snapshot()
+            running = self.children.running() if self.children else None
+            try:
+                await self.manager.load(LoadRequest(model=model, spec="warp-drive"))
+            except Exception as exc:
+                self._failed_as_the_api_answers(exc, f"refused load of {model}")
+            else:
+                self.violations.append(f"a load of {model} with spec warp-drive was not refused")
+            if self._snapshot() != before or (self.children and self.children.running() != running):
+                self.violations.append(
+                    f"a refused load of {model} changed the resident models: {before} -> {self._snapshot()}"
+                )
+
+        self._run(go())
+
+    @rule(model=st.one_of(st.none(), MODELS))
+    def unload(self, model: str | None) -> None:
+        async def go() -> None:
+            for lease, r, _ in self.leases:
+                if model is None or r.name == model:
+                    self.unloaded_after[id(lease)] = True
+            self.pinned = set() if model is None else self.pinned - {model}
+            try:
+                await self.manager.unload(model, grace=0.05)
+            except Exception as exc:
+                self._failed_as_the_api_answers(exc, f"unload of {model}")
+
+        self._run(go())
+
+    @rule(model=MODELS)
+    def chat(self, model: str) -> None:
+        async def go() -> None:
+            try:
+                _, lease = await self.manager.acquire(model)
+            except Exception as exc:
+                self._failed_as_the_api_answers(exc, f"chat to {model}")
+                return
+            await asyncio.sleep(0)
+            await lease()
+
+        self._run(go())
+
+    @rule(model=MODELS)
+    def stream(self, model: str) -> None:
+        async def go() -> None:
+            try:
+                loaded, lease = await self.manager.acquire(model)
+            except Exception as exc:
+                self._failed_as_the_api_answers(exc, f"stream to {model}")
+                return
+            resident = self.manager.find(loaded.name)
+            assert resident is not None
+            self.leases.append((lease, resident, model))
+            self.unloaded_after[id(lease)] = False
+
+        self._run(go())
+
+    @precondition(lambda self: self.leases)
+    @rule(index=st.integers(min_value=0, max_value=7))
+    def client_leaves(self, index: int) -> None:
+        lease, _, _ = self.leases.pop(index % len(self.leases))
+        self._run(lease())
+
+    @rule(model=MODELS)
+    def crash(self, model: str) -> None:
+        resident = self.manager.find(model)
+        if resident is None:
+            return
+        if self.children is not None:
+            resident.supervisor.crash()  # type: ignore[attr-defined]
+            return
+        status = resident.supervisor.status()
+        if status.pid is not None and status.state.value == "ready":
+            os.kill(status.pid, signal.SIGKILL)
+
+    @rule(model=MODELS)
+    def ttl_expires(self, model: str) -> None:
+        async def go() -> None:
+            resident = self.manager.find(model)
+            if resident is None or resident.state is not ResidentState.READY:
+                return
+            resident.set_ttl(0.01)
+            await asyncio.sleep(0.05)
+            if resident.state is ResidentState.READY:
+                resident.set_ttl(0)
+
+        self._run(go())
+
+    @rule(model=MODELS, pinned=st.booleans())
+    def pin(self, model: str, pinned: bool) -> None:
+        resident = self.manager.find(model)
+        if resident is None or resident.state is not ResidentState.READY:
+            return
+        if pinned and len(self.pinned - {model}) >= 1:
+            return  # two pinned models would fill the budget: loads of the third could never fit
+        self._run(self._pin(model, pinned))
+
+    async def _pin(self, model: str, pinned: bool) -> None:
+        try:
+            self.manager.set_pinned(model, pinned)
+        except Exception as exc:
+            self._failed_as_the_api_answers(exc, f"pin of {model}")
+            return
+        (self.pinned.add if pinned else self.pinned.discard)(model)
+
+    @rule()
+    def settle(self) -> None:
+        self._settle()
+
+    @rule()
+    def shutdown(self) -> None:
+        for lease, _, _ in self.leases:
+            self.unloaded_after[id(lease)] = True
+        self._run(self.manager.aclose())
+        self._settle()
+        if self.children is not None and self.children.running():
+            self.violations.append(f"llama-servers outlived the shutdown: {self.children.running()}")
+        for lease, _, _ in self.leases:
+            self._run(lease())
+        self.leases.clear()
+        self.pinned.clear()
+        self.manager = self._new_manager()
+
+    def _settle(self) -> None:
+        for done in self.background:
+            done.result(STEP_TIMEOUT)
+        self.background.clear()
+
+    # -- invariants ---------------------------------------------------------------------------
+    @invariant()
+    def nothing_went_wrong(self) -> None:
+        assert not self.violations, self.violations
+
+    @invariant()
+    def one_llama_server_per_model_and_none_without_its_resident(self) -> None:
+        if self.children is None:
+            pids = {r.supervisor.status().pid for r in self.manager.residents} - {None}
+            for child in psutil.Process().children(recursive=True):
+                if child.name() == "llama-server" and child.status() != psutil.STATUS_ZOMBIE:
+                    assert child.pid in pids, "a llama-server runs without its resident"
+            return
+        running = self.children.running()
+        names = list(running.values())
+        assert len(names) == len(set(names)), f"two llama-servers of one model: {running}"
+        owned = {r.supervisor for r in self.manager.residents}
+        for sup in self.children.supervisors:
+            if sup.status().pid is not None:
+                assert sup in owned, "a llama-server runs without its resident"
+
+    @invariant()
+    def the_residents_fit_the_budget(self) -> None:
+        held = sum(
+            sum(physical(r.plan.bill, r.plan).values()) for r in self.manager.residents if r.state in HOLDS_MEMORY
+        )
+        assert held <= self.budget, f"{held} bytes resident under a budget of {self.budget}"
+
+    @invariant()
+    def no_request_held_once_every_request_ended(self) -> None:
+        if self.leases or self.background:
+            return
+        held = {r.name: r.in_flight for r in self.manager.residents if r.in_flight}
+        assert not held, f"requests still held: {held}"
+
+    def teardown(self) -> None:
+        try:
+            self._settle()
+            for lease, _, _ in self.leases:
+                self._run(lease())
+            self._run(self.manager.aclose())
+            if self.children is not None:
+                assert self.children.running() == {}, "llama-servers outlived the manager"
+        finally:
+            if self.children_cm is not None:
+                self.children_cm.__exit__(None, None, None)
+
+
+@pytest.fixture(scope="module")
+def loop():
+    thread = LoopThread()
+    yield thread
+    thread.close()
+
+
+def _configure(loop: LoopThread, root: Path, caps: Capabilities, zoo_dir: Path, real_binary: Path | None) -> None:
+    models = {name: zoo_dir / f"{name}.gguf" for name in ZOO}
+    ManagerMachine.loop, ManagerMachine.root, ManagerMachine.caps = loop, root, caps
+    ManagerMachine.models = models
+    ManagerMachine.bill = max(zoo_bill(caps, p) for p in models.values())
+    ManagerMachine.real_binary = real_binary
+    ManagerMachine.steps = ManagerMachine.sequences = 0
+
+
+def test_the_manager_keeps_its_invariants(loop, tmp_path, real, zoo_dir, capsys):
+    """A fixed seed and a bounded number of steps, so it is reproducible and stays well under two minutes."""
+    _configure(loop, tmp_path, real, zoo_dir, None)
+    run = ManagerMachine.TestCase
+    run.settings = settings(
+        max_examples=40,
+        stateful_step_count=30,
+        derandomize=True,
+        deadline=None,
+        suppress_health_check=list(HealthCheck),
+        database=None,
+    )
+    run().runTest()
+    with capsys.disabled():
+        print(f"\nstate machine: {ManagerMachine.sequences} sequences, {ManagerMachine.steps} steps")
+    assert ManagerMachine.steps >= 500
+
+
+def test_the_manager_keeps_its_invariants_on_real_llama_servers(loop, tmp_path, real, zoo_dir, llama_server_bin):
+    """A few short sequences on the pinned llama-server with zoo models: real starts, stops and crashes."""
+    _configure(loop, tmp_path, real, zoo_dir, llama_server_bin)
+    run = ManagerMachine.TestCase
+    run.settings = settings(
+        max_examples=3,
+        stateful_step_count=12,
+        derandomize=True,
+        deadline=None,
+        suppress_health_check=list(HealthCheck),
+        database=None,
+    )
+    run().runTest()
+    assert ManagerMachine.steps >= 10
