@@ -135,8 +135,8 @@ def main() -> None:
     evictions: list[str] = []
     real_place = manager_module.ModelManager._place
 
-    async def traced_place(self, entry, request, *, replacing=None):
-        placed = await real_place(self, entry, request, replacing=replacing)
+    async def traced_place(self, entry, request, *, replacing=None, load=None):
+        placed = await real_place(self, entry, request, replacing=replacing, load=load)
         if placed.evict:
             evictions.extend(placed.evict)
             # Would the final plan have fit the memory left without evicting? Then the eviction was needless.
