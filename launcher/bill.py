@@ -73,6 +73,8 @@ class DeviceBill:
     output_growth: int = 0  # logits rows for drafted tokens: allocated on the first speculative batch, not at start
     compute_growth: int = 0  # what the compute buffer grows by once a prompt fills a slot (MiniMax-M3's MSA)
     projector: int = 0  # the multimodal projector's weights and compute buffer (``MemoryBill.projector`` splits them)
+    #: host memory llama-server's prompt cache may fill (``--cache-ram``) as prompts come: nothing at start
+    prompt_cache: int = 0
 
     @property
     def total(self) -> int:
@@ -85,7 +87,13 @@ class DeviceBill:
             + self.output_growth
             + self.compute_growth
             + self.projector
+            + self.prompt_cache
         )
+
+    @property
+    def growth(self) -> int:
+        """What the device's share grows by after start: drafted logits, a filled slot's compute, the prompt cache."""
+        return self.output_growth + self.compute_growth + self.prompt_cache
 
 
 @dataclass(frozen=True)
@@ -122,7 +130,7 @@ class MemoryBill:
     def startup_total(self) -> int:
         """What llama-server has allocated once it listens (before a speculative batch grows the outputs, or a
         long prompt the compute buffer)."""
-        return self.total - self.sum_of("output_growth") - self.sum_of("compute_growth")
+        return self.total - sum(d.growth for d in self.devices)
 
     def device(self, name: str) -> DeviceBill:
         """The bill of ``name``; an all-zero bill when nothing lives there."""
@@ -131,7 +139,15 @@ class MemoryBill:
     def sum_of(
         self,
         part: Literal[
-            "weights", "kv", "recurrent", "compute", "output", "output_growth", "compute_growth", "projector"
+            "weights",
+            "kv",
+            "recurrent",
+            "compute",
+            "output",
+            "output_growth",
+            "compute_growth",
+            "projector",
+            "prompt_cache",
         ],
     ) -> int:
         return sum(getattr(d, part) for d in self.devices)

@@ -269,6 +269,8 @@ def _add_flags(out: _Argv, plan: LaunchPlan, key: Secret, threads: int | None) -
     ):
         out.add(flags, value, why=f"its default f16 cache is used, not {value}" if value != "f16" else "")
     out.add(("--threads", "-t"), str(threads or request.threads or default_threads()))
+    if plan.cache_ram_mib is not None:  # billed: llama-server's own default (8 GiB) is on no bill
+        out.add(("--cache-ram", "-cram"), str(plan.cache_ram_mib))
     out.add(("--no-context-shift",), why="it may shift the context instead of reporting an overflow")
     out.add(("--jinja",), why="chat templates are rendered the legacy way")
     template = request.chat_template

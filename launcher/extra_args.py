@@ -93,6 +93,7 @@ MANAGED_FLAGS: dict[tuple[str, ...], str] = {
         "--no-log-jsonl",
     ): "the studio reads llama-server's log",
     ("--metrics",): "the studio always enables metrics",
+    ("-cram", "--cache-ram"): "use the cache_ram option (MiB; it is on the model's memory bill)",
     (
         "-h",
         "--help",

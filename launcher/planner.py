@@ -92,6 +92,12 @@ CTX_STEP = 256
 #: layers (12), the slider's end searches the context from 256 on each set until one reaches the native context,
 #: then on the split (20 G + 20): at most 41 G + 33 (370 with 8 GPUs), and the same bill is never estimated twice.
 MAX_ESTIMATES = 2000
+#: The automatic prompt cache (``--cache-ram``): room for this many copies of the model's whole KV cache...
+PROMPT_CACHE_KV_COPIES = 2
+#: ...but at most this share of the host memory the plan leaves free, so it never crowds out the next model...
+PROMPT_CACHE_ROOM_SHARE = 0.25
+#: ...and at most this much (llama-server's own default is 8 GiB, on no bill).
+PROMPT_CACHE_MAX = 4096 * MIB
 #: Backends whose GPUs a vendor tool reports; preferred over devices only llama-server lists.
 _VENDOR_BACKENDS = ("CUDA", "ROCm")
 
@@ -183,6 +189,7 @@ class PlanRequest:
     threads: int | None = None  # None: the command builder picks the usable physical cores
     alias: str | None = None  # the model name clients see; None: the file name without .gguf
     chat_template: str | None = None  # a Jinja template overriding the model's own
+    cache_ram_mib: int | None = None  # the prompt cache's cap (``--cache-ram``) in MiB; 0: off; None: automatic
     #: Where ``ggstudio bench-spec`` stores its measurements (``launcher.spec_measurements``); with one for this
     #: model, devices and binary, ``auto`` takes the measured winner. None: the policy alone.
     spec_measurements: Path | None = None
@@ -230,6 +237,7 @@ class LaunchPlan:
     reasons: tuple[str, ...]
     warnings: tuple[str, ...]
     rpc_devices: tuple[Device, ...] = ()  # the RPC workers' devices the layers are split over (``RPC<n>`` order)
+    cache_ram_mib: int | None = None  # ``--cache-ram``, on the CPU's bill as ``prompt_cache``; None: flag missing
 
     @property
     def rpc_workers(self) -> tuple[str, ...]:
@@ -498,6 +506,40 @@ class _Planner:
             self.bills[key] = estimate(self.facts, self.options(n_ctx, ngl, gpus))
         return self.bills[key]
 
+    def with_prompt_cache(self, bill: MemoryBill) -> tuple[MemoryBill, int | None]:
+        """``bill`` with the prompt cache's cap on the host's line, and that cap in MiB for ``--cache-ram``.
+
+        llama-server keeps a prompt cache in host memory, 8 GiB by default; the studio always passes the
+        cap it bills. Automatic: two copies of the KV cache, at most a quarter of the host memory this plan
+        leaves free and 4 GiB. llama-server cannot resize it while running, so a model's cache is sized
+        once, at its load.
+        """
+        if not self.caps.supports("--cache-ram"):
+            self.reasons.append("prompt cache: this llama-server has no --cache-ram; its cache is not bounded")
+            return bill, None
+        asked = self.request.cache_ram_mib
+        if asked is not None:
+            mib = asked
+            self.reasons.append(
+                "prompt cache: off, as requested" if mib == 0 else f"prompt cache: {mib} MiB, as requested"
+            )
+        else:
+            kv = sum(d.kv + d.recurrent for d in bill.devices)
+            room = max(0, self.budget(self.cpu) - bill.device("CPU").total)
+            want = min(PROMPT_CACHE_KV_COPIES * kv, PROMPT_CACHE_MAX)
+            mib = min(want, int(room * PROMPT_CACHE_ROOM_SHARE)) // MIB
+            why = (
+                f"{PROMPT_CACHE_KV_COPIES} copies of the KV cache"
+                if mib * MIB >= want - MIB
+                else f"a quarter of the {format_size(room)} host memory the plan leaves"
+            )
+            self.reasons.append(
+                f"prompt cache (--cache-ram): {mib} MiB, {why}" if mib else f"prompt cache: off ({why} is under 1 MiB)"
+            )
+        cpu = bill.device("CPU")
+        devices = tuple(d for d in bill.devices if d.device != "CPU") + (replace(cpu, prompt_cache=mib * MIB),)
+        return replace(bill, devices=tuple(sorted(devices, key=lambda d: d.device))), mib
+
     def budget(self, device: Device) -> int:
         if device.budget_bytes is not None:
             return device.budget_bytes
@@ -664,7 +706,7 @@ class _Planner:
 
     def finish(self, gpus: tuple[Device, ...], offload: Offload, ngl: int, n_ctx: int) -> LaunchPlan:
         """The plan for these offload devices (RPC devices first, then local GPUs), layers and context."""
-        bill = self.bill(n_ctx, ngl, gpus)
+        bill, cache_ram_mib = self.with_prompt_cache(self.bill(n_ctx, ngl, gpus))
         devices = self.device_plans(bill, gpus)
         for d in devices:
             if not d.fits:
@@ -721,6 +763,7 @@ class _Planner:
             offload=offload,
             n_gpu_layers=ngl,
             rpc_devices=tuple(d for d in gpus if d.endpoint is not None),
+            cache_ram_mib=cache_ram_mib,
             tensor_split=split,
             n_ctx=n_ctx,
             n_ctx_auto=self.request.n_ctx is None,

@@ -50,6 +50,7 @@ Precedence: environment variables, then the optional TOML file
     spec = "ngram"                  # a speculative mode, as the load API takes it
     spec_n_max = 4                  # drafted tokens per step
     cache_type_kv = "q8_0"          # KV cache type for K and V
+    cache_ram = 512                 # MiB of prompt cache (--cache-ram), on the bill; 0: off
     mmproj = "~/models/mmproj-F16.gguf"  # the multimodal projector; "none" for none; unset: the one beside it
 
 | variable                | meaning                                                  |
@@ -120,7 +121,18 @@ _MCP_KEYS = {"command", "args", "env", "cwd", "url"}
 _PYTHON_KEYS = {"enabled", "timeout", "cpu_seconds", "memory_mb", "max_output_kb", "max_processes"}
 #: MCP server names become part of tool names (``NAME__tool``), which OpenAI limits to these characters.
 _SERVER_NAME = re.compile(r"[A-Za-z0-9_-]{1,32}")
-_MODEL_KEYS = {"n_ctx", "n_parallel", "extra_args", "spec", "spec_n_max", "cache_type_kv", "ttl", "pinned", "mmproj"}
+_MODEL_KEYS = {
+    "n_ctx",
+    "n_parallel",
+    "extra_args",
+    "spec",
+    "spec_n_max",
+    "cache_type_kv",
+    "cache_ram",
+    "ttl",
+    "pinned",
+    "mmproj",
+}
 #: (least, most) a load may ask for; the load API and the config file check the same bounds. No real model
 #: has a context above 16M tokens (Llama 4 Scout's 10M is the largest); a bigger one is a typo, refused
 #: before anything is planned.
@@ -129,6 +141,7 @@ LOAD_LIMITS: Mapping[str, tuple[int, int | None]] = MappingProxyType(
         "n_ctx": (256, 1 << 24),
         "n_parallel": (1, 64),
         "spec_n_max": (1, 64),
+        "cache_ram": (0, 1 << 20),  # MiB of llama-server's prompt cache; 0: off
     }
 )
 #: (least, most) for the residency keys, in seconds or models.
@@ -221,6 +234,7 @@ class ModelDefaults:
     extra_args: tuple[str, ...] | None = None
     spec: SpecMode | None = None
     spec_n_max: int | None = None
+    cache_ram: int | None = None  # MiB of prompt cache (--cache-ram); 0: off; None: the planner's
     cache_type_kv: CacheType | None = None
     ttl: float | None = None  # None: the global ttl
     pinned: bool = False
@@ -356,6 +370,7 @@ class Settings:
                         extra_args=tuple(d["extra_args"]) if "extra_args" in d else None,
                         spec=_spec_mode(d["spec"]) if "spec" in d else None,
                         spec_n_max=d.get("spec_n_max"),
+                        cache_ram=d.get("cache_ram"),
                         cache_type_kv=d.get("cache_type_kv"),
                         ttl=d.get("ttl"),
                         pinned=bool(d.get("pinned", False)),

@@ -61,6 +61,13 @@ class LoadBody(ApiBody):
         le=LOAD_LIMITS["spec_n_max"][1],
         description="Drafted tokens per step; default: the config's, or the policy's.",
     )
+    cache_ram: int | None = Field(
+        default=None,
+        ge=LOAD_LIMITS["cache_ram"][0],
+        le=LOAD_LIMITS["cache_ram"][1],
+        description="MiB of llama-server's prompt cache (--cache-ram), on the model's bill; 0: off; "
+        "default: the config's, or the planner's (two copies of the KV cache, bounded by free memory).",
+    )
     extra_args: list[str] | None = Field(
         default=None, description="Extra llama-server flags; default: the last ones, or the config's."
     )
@@ -88,6 +95,7 @@ class LoadBody(ApiBody):
             n_parallel=self.n_parallel,
             spec=self.spec,
             spec_n_max=self.spec_n_max,
+            cache_ram=self.cache_ram,
             cache_type=self.cache_type_kv,
             extra_args=tuple(self.extra_args) if self.extra_args is not None else None,
             ttl=self.ttl,

@@ -158,8 +158,8 @@ def holder(
     pinned: bool,
 ) -> Holder:
     """A resident model as placement sees it: what it allocated plus what it will still grow by, else its bill."""
-    if actual is not None:  # what it allocated, plus what it will grow by (drafted logits, MiniMax's masks)
-        growth = {k: d.output_growth + d.compute_growth for k, d in by_device(plan.bill, plan).items()}
+    if actual is not None:  # what it allocated, plus what it will grow by (drafted logits, MiniMax's masks, cache)
+        growth = {k: d.growth for k, d in by_device(plan.bill, plan).items()}  # the prompt cache included
         held = {k: d.total + growth.get(k, 0) for k, d in by_device(actual, plan).items()}
     else:
         held = physical(plan.bill, plan)

@@ -29,6 +29,7 @@ class LoadRequest:
     spec: str | None = None  # None, and none configured: "auto"
     spec_n_max: int | None = None  # None, and none configured: the speculative policy's
     cache_type: CacheType | None = None  # None, and none configured: "f16"
+    cache_ram: int | None = None  # MiB of prompt cache; None, and none configured: the planner's (0: off)
     chat_template: str | None = None  # a Jinja chat template replacing the model's own
     ttl: float | None = None  # seconds idle before unloading; None: the model's configured one, or the global
     pinned: bool | None = None  # None: the model's configured one
@@ -48,7 +49,8 @@ class LoadSettings:
     spec_n_max: int | None = None
     cache_type: CacheType = "f16"
     chat_template: str | None = None
-    mmproj: Path | None = None  # the multimodal projector to pass, if any
+    mmproj: Path | None = None
+    cache_ram: int | None = None  # the multimodal projector to pass, if any
 
     def plan_request(self, alias: str) -> PlanRequest:
         """What the planner is asked for these settings, serving the model as ``alias``."""
@@ -62,6 +64,7 @@ class LoadSettings:
             extra_args=self.extra_args,
             alias=alias,
             chat_template=self.chat_template,
+            cache_ram_mib=self.cache_ram,
         )
 
 
@@ -90,5 +93,6 @@ def load_settings(
         spec_n_max=request.spec_n_max if request.spec_n_max is not None else own.spec_n_max,
         cache_type=request.cache_type if request.cache_type is not None else own.cache_type_kv or "f16",
         chat_template=request.chat_template if request.chat_template is not None else own.chat_template,
+        cache_ram=request.cache_ram if request.cache_ram is not None else own.cache_ram,
         mmproj=chosen_projector(request.mmproj if request.mmproj is not None else own.mmproj, entry.mmproj),
     )

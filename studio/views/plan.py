@@ -15,7 +15,7 @@ from launcher.spec_measurements import SpecMeasurement
 from launcher.units import format_size
 
 #: Parts shown per device; "output" is the grown size (logits rows for drafted tokens included), so rows sum.
-_PARTS = ("weights", "kv", "recurrent", "compute", "output")
+_PARTS = ("weights", "kv", "recurrent", "compute", "output", "prompt_cache")
 #: Capabilities doctor reports by name: what the launcher relies on.
 DOCTOR_FLAGS = (
     "--fit",
@@ -200,7 +200,19 @@ def render_plan(info: dict[str, Any]) -> str:
         "predicted memory" + (" (approximate)" if info["bill_approximate"] else ""),
     ]
     parts = [*_PARTS, *(["projector"] if info.get("projector") else [])]
-    header = ["device", "weights", "KV", "recurrent", "compute", "output", *parts[len(_PARTS) :], "total", "budget", ""]
+    header = [
+        "device",
+        "weights",
+        "KV",
+        "recurrent",
+        "compute",
+        "output",
+        "prompt cache",
+        *parts[len(_PARTS) :],
+        "total",
+        "budget",
+        "",
+    ]
     rows = [
         [
             f"{b['physical']} {b['name']}"[:40],

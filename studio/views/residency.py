@@ -101,6 +101,7 @@ def bill_json(bill: MemoryBill, per_device: dict[str, int]) -> dict[str, Any]:
                 "output_growth": d.output_growth,
                 "compute_growth": d.compute_growth,
                 "projector": d.projector,
+                "prompt_cache": d.prompt_cache,
                 "total": d.total,
             }
             for d in bill.devices
