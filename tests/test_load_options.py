@@ -1,5 +1,5 @@
 """Load options for what llama-server flags the studio manages: threads, flash attention, context shift, a
-chat template by name.
+chat template by name; and every managed flag's refusal names an option that exists.
 
 The planner's decisions are checked on Gemma's real facts over hand-made inventories; the argv through the
 command builder; the manager's count of models sharing the CPU over fake llama-servers; a built-in template
@@ -23,13 +23,14 @@ from launcher.capabilities import run_tool
 from launcher.chat_templates import BUILTIN_CHAT_TEMPLATES
 from launcher.command import LaunchCommand, build_command
 from launcher.devices import Device, Inventory, usable_cores
+from launcher.extra_args import MANAGED_FLAGS, ExtraArgsError, validate_extra_args
 from launcher.planner import LaunchPlan, PlanError, PlanRequest, load_model, plan
 from launcher.process import LlamaServer
 from launcher.units import MIB
 from studio.http.gui_api import LoadBody
 from studio.library.catalog import CatalogEntry
 from studio.residency.requests import LoadRequest, load_settings
-from studio.settings import ModelDefaults, Settings
+from studio.settings import _MODEL_KEYS, _TOP_KEYS, ModelDefaults, Settings
 from tests.fake_llama import fake_children
 from tests.helpers import free_port
 from tests.manager_harness import ZOO, fake_manager
@@ -333,6 +334,35 @@ def test_a_bad_load_option_in_the_config_names_its_key(tmp_path, line, words):
     with pytest.raises(ValueError) as info:
         Settings.from_env({"GGUF_STUDIO_HOME": str(tmp_path)})
     assert f"[models.'m']: {words}" in str(info.value)
+
+
+# --- the managed flags -----------------------------------------------------------------------------------
+
+
+def test_every_managed_flags_refusal_names_an_option_that_exists():
+    """``-t`` was refused with "use the threads option", and no load option, config key or CLI flag set threads."""
+    load_options = set(LoadBody.model_fields)
+    for flags, managed in MANAGED_FLAGS.items():
+        if managed.option is None:
+            assert "use the" not in managed.advice and "option" not in managed.advice, flags
+            continue
+        if managed.kind == "load":
+            assert managed.option in load_options and managed.option in _MODEL_KEYS, (flags, managed.option)
+            assert managed.advice.endswith(f"use the load option {managed.option}"), flags
+        else:
+            assert managed.option in _TOP_KEYS, (flags, managed.option)
+            assert managed.advice.endswith(f"set {managed.option} in the config file"), flags
+
+
+def test_the_threads_refusal_names_the_threads_load_option(real):
+    with pytest.raises(ExtraArgsError) as info:
+        validate_extra_args(["-t", "4", "--threads-batch", "4"], real)
+    assert "-t is managed by the studio (the planner divides the cores among the resident models; use the load " in (
+        str(info.value)
+    )
+    assert "--threads-batch is managed by the studio" in str(info.value) and "load option threads_batch" in str(
+        info.value
+    )
 
 
 def test_ggstudio_plan_takes_the_load_options(gemma_model, llama_server_bin):
