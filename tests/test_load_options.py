@@ -34,6 +34,7 @@ from studio.settings import _MODEL_KEYS, _TOP_KEYS, ModelDefaults, Settings
 from tests.fake_llama import fake_children
 from tests.helpers import free_port
 from tests.manager_harness import ZOO, fake_manager
+from tests.support.studio import running_studio
 
 GIB = 1024 * MIB
 #: ``ggstudio`` from this checkout (the installed script imports whichever checkout it was installed from).
@@ -317,6 +318,30 @@ def test_load_options_reach_the_plan_request_from_the_api_and_the_config(tmp_pat
     assert (configured.threads, configured.flash_attn, configured.context_shift) == (1, "on", True)
     unset = load_settings(LoadRequest(model="m"), entry, {}).plan_request("m")
     assert (unset.threads, unset.threads_batch, unset.flash_attn, unset.context_shift) == (None, None, None, False)
+
+
+def test_the_load_api_takes_the_options_and_refuses_flash_attention_off_with_a_quantized_cache(
+    tmp_path, llama_server_bin, zoo_dir
+):
+    """What a GUI or a router client sees through /api/plan: the options in the plan, a refusal in words."""
+    model = ZOO[0]
+    with running_studio(tmp_path, llama_server_bin, {model: zoo_dir / f"{model}.gguf"}) as studio:
+        body = {"model": model, "n_ctx": 256, "spec": "off", "threads": 1, "context_shift": True}
+        planned = httpx.post(f"{studio.url}/api/plan", json={**body, "chat_template": "llama3"}, timeout=60)
+        assert planned.status_code == 200, planned.text
+        info = planned.json()
+        assert (info["threads"], info["context_shift"]) == (1, True) and "threads: 1, as requested" in info["reasons"]
+        refused = httpx.post(
+            f"{studio.url}/api/load", json={**body, "cache_type_kv": "q8_0", "flash_attn": "off"}, timeout=60
+        )
+        assert refused.status_code == 400, refused.text
+        error = refused.json()["error"]
+        assert error["code"] == "invalid_plan" and error["message"].startswith(
+            "a q8_0 KV cache needs flash attention, and flash_attn is off"
+        )
+        assert studio.manager.residents == []  # nothing was started
+        bad = httpx.post(f"{studio.url}/api/plan", json={**body, "flash_attn": "maybe"}, timeout=60)
+        assert bad.status_code in (400, 422) and "flash_attn" in bad.text
 
 
 @pytest.mark.parametrize(
