@@ -95,7 +95,6 @@ CLIENT_FLAGS: Mapping[str, tuple[tuple[str, ...], ...]] = {
         ("-sps", "--slot-prompt-similarity"),
     ),
     "CPU threads and performance": (
-        ("-tb", "--threads-batch"),
         ("-C", "--cpu-mask"),
         ("-Cr", "--cpu-range"),
         ("--cpu-strict",),

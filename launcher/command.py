@@ -26,10 +26,10 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-import psutil
-
 from gguf.templates import template_capabilities
 from launcher.capabilities import Capabilities
+from launcher.chat_templates import is_builtin_template, renders_with_jinja
+from launcher.devices import usable_cores
 from launcher.errors import LoadError
 from launcher.rpc import RpcWorkers, explain_failure
 from launcher.supervisor import ExitExplanation, LaunchSpec
@@ -55,16 +55,9 @@ class Secret(str):
         return repr(REDACTED)
 
 
-def default_threads() -> int:
-    """Physical cores this process may run on (llama.cpp's own default ignores CPU affinity and cgroups)."""
-    allowed = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-    physical = psutil.cpu_count(logical=False) or allowed
-    return max(1, min(physical, allowed))
-
-
 def chat_template_kwargs(template: str | None) -> dict[str, object] | None:
     """The kwargs that keep the template's own reasoning default (llama-server otherwise passes its own)."""
-    if not template:
+    if not template or is_builtin_template(template):  # a built-in renders no Jinja kwargs
         return None
     found = template_capabilities(template)
     if found.reasoning_style == "enable_thinking" and found.reasoning_default is not None:
@@ -175,8 +168,8 @@ def build_command(
 ) -> LaunchCommand:
     """Return the command that runs ``plan`` with ``binary`` (described by ``caps``).
 
-    ``api_key`` defaults to a fresh random key; ``threads`` to the request's, else
-    ``default_threads()``; ``base_env`` to this process's environment. Private files
+    ``api_key`` defaults to a fresh random key; ``threads`` to the plan's, else
+    ``usable_cores()``; ``base_env`` to this process's environment. Private files
     go in a new 0700 folder under ``files_root`` (default: the system temp dir).
     """
     key = Secret(api_key or secrets.token_urlsafe(32))
@@ -263,18 +256,30 @@ def _add_flags(out: _Argv, plan: LaunchPlan, key: Secret, threads: int | None) -
         )
     if plan.flash_attn == "on":
         out.add(("--flash-attn", "-fa"), "on", why="a quantized V cache may be refused")
+    elif plan.flash_attn == "off":
+        out.add(("--flash-attn", "-fa"), "off", why="flash attention stays llama-server's auto")
     for flags, value in (
         (("--cache-type-k", "-ctk"), plan.cache_type_k),
         (("--cache-type-v", "-ctv"), plan.cache_type_v),
     ):
         out.add(flags, value, why=f"its default f16 cache is used, not {value}" if value != "f16" else "")
-    out.add(("--threads", "-t"), str(threads or request.threads or default_threads()))
+    out.add(("--threads", "-t"), str(threads or plan.threads or usable_cores()))
     if plan.cache_ram_mib is not None:  # billed: llama-server's own default (8 GiB) is on no bill
         out.add(("--cache-ram", "-cram"), str(plan.cache_ram_mib))
-    out.add(("--no-context-shift",), why="it may shift the context instead of reporting an overflow")
-    out.add(("--jinja",), why="chat templates are rendered the legacy way")
+    if plan.threads_batch is not None:
+        out.add(("--threads-batch", "-tb"), str(plan.threads_batch), why="prompts are processed with --threads")
+    if plan.context_shift:
+        out.add(("--context-shift",), why="a conversation past the context is an error")
+    else:
+        out.add(("--no-context-shift",), why="it may shift the context instead of reporting an overflow")
     template = request.chat_template
-    if template is not None:
+    if renders_with_jinja(template):
+        out.add(("--jinja",), why="chat templates are rendered the legacy way")
+    else:  # a built-in template's name: llama-server renders those only without Jinja
+        out.add(("--no-jinja",), why=f"the name {template!r} may be read as a Jinja template")
+    if template is not None and is_builtin_template(template):
+        out.add(("--chat-template",), template, why="the model's own template is used")
+    elif template is not None:
         if out.has("--chat-template-file"):
             out.argv += ["--chat-template-file", str(out.private_file("chat-template.jinja", template))]
         else:

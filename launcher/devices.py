@@ -71,6 +71,9 @@ class Device:
     budget_bytes: int | None = None
     endpoint: str | None = None  # an RPC device's worker, host:port
     worker_index: int | None = None  # an RPC device's index on its worker
+    #: The CPU: the physical cores this process may run on (``usable_cores``), which the planner divides among
+    #: the resident models; None: not counted (a hand-made inventory), and llama-server gets them all.
+    cores: int | None = None
 
     @property
     def key(self) -> str:
@@ -332,9 +335,16 @@ def _visible_amd(devices: list[Device], env: Mapping[str, str]) -> list[Device]:
     return visible(devices, env.get("HIP_VISIBLE_DEVICES", env.get("CUDA_VISIBLE_DEVICES")))
 
 
+def usable_cores() -> int:
+    """Physical cores this process may run on (llama.cpp's own default ignores CPU affinity and cgroups)."""
+    allowed = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    physical = psutil.cpu_count(logical=False) or allowed
+    return max(1, min(physical, allowed))
+
+
 def _cpu() -> Device:
     memory = psutil.virtual_memory()
-    return Device("CPU", None, _cpu_name(), memory.total, memory.available, "psutil")
+    return Device("CPU", None, _cpu_name(), memory.total, memory.available, "psutil", cores=usable_cores())
 
 
 def _cpu_name() -> str:

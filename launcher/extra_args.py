@@ -8,15 +8,40 @@ through after the flags the studio sets.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Literal
 
 from launcher.capabilities import Capabilities
 from launcher.errors import LauncherError
 
-__all__ = ["MANAGED_FLAGS", "ExtraArgsError", "is_flag", "normalize_flag", "validate_extra_args"]
+__all__ = ["MANAGED_FLAGS", "ExtraArgsError", "Managed", "is_flag", "normalize_flag", "validate_extra_args"]
+
+OptionKind = Literal["load", "config"]
+
+
+@dataclass(frozen=True)
+class Managed:
+    """Why the studio sets a group of flags itself, and the studio option that sets them instead, if any."""
+
+    why: str
+    #: The option to use instead: a load option (a field of the load API's body and a ``[models.NAME]`` key of the
+    #: config file) or a top-level config key; None where nothing should set it.
+    option: str | None = None
+    kind: OptionKind = "load"
+
+    @property
+    def advice(self) -> str:
+        """What the refusal says: why, and which option to use."""
+        if self.option is None:
+            return self.why
+        if self.kind == "config":
+            return f"{self.why}; set {self.option} in the config file"
+        return f"{self.why}; use the load option {self.option}"
+
 
 #: Flags the studio sets itself, every spelling of the pinned build and of older ones, with what to use instead
 #: (another build's alias of one of these is caught through its probed help: ``Capabilities.aliases_of``).
-MANAGED_FLAGS: dict[tuple[str, ...], str] = {
+MANAGED_FLAGS: dict[tuple[str, ...], Managed] = {
     (
         "-m",
         "--model",
@@ -29,7 +54,7 @@ MANAGED_FLAGS: dict[tuple[str, ...], str] = {
         "--hf-file",
         "-dr",
         "--docker-repo",
-    ): "the studio chooses the model",
+    ): Managed("the studio chooses the model"),
     (
         "--host",
         "--port",
@@ -38,11 +63,13 @@ MANAGED_FLAGS: dict[tuple[str, ...], str] = {
         "--api-prefix",
         "--ssl-key-file",
         "--ssl-cert-file",
-    ): "the studio chooses where llama-server listens and proxies to it",
-    ("--api-key", "--api-key-file"): "the studio sets a per-launch key",
-    ("-a", "--alias"): "use the alias option",
-    ("-c", "--ctx-size"): "use the context option",
-    ("-np", "--parallel"): "use the parallel option",
+    ): Managed("the studio chooses where llama-server listens and proxies to it"),
+    ("--api-key", "--api-key-file"): Managed(
+        "the studio sets a per-launch key; the studio's own token", "api_token", "config"
+    ),
+    ("-a", "--alias"): Managed("the studio serves the model under its name; more names for it", "aliases", "config"),
+    ("-c", "--ctx-size"): Managed("the planner chooses the context", "n_ctx"),
+    ("-np", "--parallel"): Managed("the planner sizes the slots", "n_parallel"),
     (
         "-ngl",
         "--gpu-layers",
@@ -57,19 +84,28 @@ MANAGED_FLAGS: dict[tuple[str, ...], str] = {
         "--fit-ctx",
         "-dev",
         "--device",
-    ): "the planner places the layers and pins the GPUs",
-    ("--rpc",): "list the workers in rpc_workers (config file) or pass --rpc to ggstudio",
-    ("-t", "--threads"): "use the threads option",
-    ("-ctk", "--cache-type-k", "-ctv", "--cache-type-v"): "use the cache type option",
-    ("-fa", "--flash-attn"): "the planner turns flash attention on when the cache type needs it",
-    ("--context-shift", "--no-context-shift"): "the studio turns context shift off (overflow is an error)",
+    ): Managed("the planner places the layers and pins the GPUs; the memory they may use", "memory_budget", "config"),
+    ("--rpc",): Managed(
+        "the planner splits the layers over the RPC workers (or pass --rpc to ggstudio)", "rpc_workers", "config"
+    ),
+    ("-t", "--threads"): Managed("the planner divides the cores among the resident models", "threads"),
+    ("-tb", "--threads-batch"): Managed("the studio sets the prompt-processing threads", "threads_batch"),
+    ("-ctk", "--cache-type-k", "-ctv", "--cache-type-v"): Managed(
+        "the planner bills the KV cache by its type", "cache_type_kv"
+    ),
+    ("-fa", "--flash-attn"): Managed("the planner turns flash attention on when the cache type needs it", "flash_attn"),
+    ("--context-shift", "--no-context-shift"): Managed(
+        "the studio turns context shift off (overflow is an error)", "context_shift"
+    ),
     (
         "--jinja",
         "--no-jinja",
         "--chat-template",
         "--chat-template-file",
-        "--chat-template-kwargs",
-    ): "use the chat template option",
+    ): Managed("the studio passes the chat template (Jinja text, or a llama.cpp built-in's name)", "chat_template"),
+    ("--chat-template-kwargs",): Managed(
+        "the studio passes the template's own reasoning default; a request may send chat_template_kwargs"
+    ),
     (
         "-mm",
         "--mmproj",
@@ -82,7 +118,7 @@ MANAGED_FLAGS: dict[tuple[str, ...], str] = {
         "--no-mmproj-offload",
         "-mmdev",
         "--mmproj-device",
-    ): 'the studio passes the model\'s projector and places it (use the mmproj option; "none" for none)',
+    ): Managed('the studio passes the model\'s projector and places it ("none" for none)', "mmproj"),
     (
         "-lv",
         "--verbosity",
@@ -91,9 +127,9 @@ MANAGED_FLAGS: dict[tuple[str, ...], str] = {
         "--log-file",
         "--log-jsonl",
         "--no-log-jsonl",
-    ): "the studio reads llama-server's log",
-    ("--metrics",): "the studio always enables metrics",
-    ("-cram", "--cache-ram"): "use the cache_ram option (MiB; it is on the model's memory bill)",
+    ): Managed("the studio reads llama-server's log"),
+    ("--metrics",): Managed("the studio always enables metrics"),
+    ("-cram", "--cache-ram"): Managed("it is on the model's memory bill (MiB)", "cache_ram"),
     (
         "-h",
         "--help",
@@ -103,16 +139,16 @@ MANAGED_FLAGS: dict[tuple[str, ...], str] = {
         "-cl",
         "--cache-list",
         "--list-devices",
-    ): "it makes llama-server exit instead of serving",
+    ): Managed("it makes llama-server exit instead of serving"),
     (
         "--models-dir",
         "--models-preset",
         "--models-max",
         "--models-autoload",
         "--no-models-autoload",
-    ): "router mode is not supported for a single model",
+    ): Managed("the studio itself routes between the models it finds", "model_dirs", "config"),
 }
-_MANAGED: dict[str, str] = {flag: why for flags, why in MANAGED_FLAGS.items() for flag in flags}
+_MANAGED: dict[str, str] = {flag: managed.advice for flags, managed in MANAGED_FLAGS.items() for flag in flags}
 
 
 class ExtraArgsError(LauncherError, ValueError):

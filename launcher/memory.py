@@ -51,7 +51,15 @@ from gguf.ggml_types import BY_NAME
 from launcher import compute_buffer
 from launcher.bill import CacheBill, DeviceBill, MemoryBill, ProjectorBill, RecurrentBill, StateBill
 from launcher.context_shape import ContextShape, context_shape, pad
-from launcher.memory_options import CACHE_TYPES, CacheType, FlashAttn, MemoryOptions, MemoryPlanError, SpecMode
+from launcher.memory_options import (
+    CACHE_TYPES,
+    FLASH_ATTN,
+    CacheType,
+    FlashAttn,
+    MemoryOptions,
+    MemoryPlanError,
+    SpecMode,
+)
 
 if TYPE_CHECKING:
     from gguf.facts import ModelFacts
@@ -469,6 +477,7 @@ def projector_compute_bytes(projector: ProjectorFacts) -> int:
 # The estimator's public face: what it takes, returns and raises (the bill's types live in ``launcher.bill``).
 __all__ = [
     "CACHE_TYPES",
+    "FLASH_ATTN",
     "CacheBill",
     "CacheType",
     "DeviceBill",

@@ -7,13 +7,15 @@ from typing import Literal
 
 from launcher.errors import LauncherError
 
-__all__ = ["CACHE_TYPES", "CacheType", "FlashAttn", "MemoryOptions", "MemoryPlanError", "SpecMode"]
+__all__ = ["CACHE_TYPES", "FLASH_ATTN", "CacheType", "FlashAttn", "MemoryOptions", "MemoryPlanError", "SpecMode"]
 
 CacheType = Literal["f32", "f16", "bf16", "q8_0", "q5_1", "q5_0", "q4_1", "q4_0", "iq4_nl"]
 FlashAttn = Literal["auto", "on", "off"]
 SpecMode = Literal["none", "mtp"]
 
 CACHE_TYPES: tuple[CacheType, ...] = ("f32", "f16", "bf16", "q8_0", "q5_1", "q5_0", "q4_1", "q4_0", "iq4_nl")
+#: What ``--flash-attn`` takes.
+FLASH_ATTN: tuple[FlashAttn, ...] = ("on", "off", "auto")
 
 
 class MemoryPlanError(LauncherError):

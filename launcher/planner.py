@@ -34,6 +34,12 @@ Policy:
   with it there is not the best one (the model no longer fits fully offloaded, or
   the automatic context shrinks), the plan is made again with the projector on the
   CPU (``--no-mmproj-offload``), and kept when it is better; a reason says so.
+- Threads: as requested; else the CPU's usable physical cores (``Device.cores``), divided among the
+  resident models that run layers on the CPU (``PlanRequest.cpu_sharers``, this one included) when this
+  one does too: llama.cpp's threads spin while they wait, so servers that each take every core thrash.
+  A fully offloaded model keeps every core.
+- Flash attention: as requested, except off with a quantized cache (refused); else on when the cache
+  type is quantized, llama-server's auto otherwise.
 
 The plan keeps the reasons for each decision, in words a user can act on.
 """
@@ -51,12 +57,14 @@ import gguf
 from gguf.projector import ProjectorFacts, projector_facts, width_mismatch
 from launcher import spec_measurements, speculative
 from launcher.capabilities import Capabilities
+from launcher.chat_templates import check_chat_template
 from launcher.context_shape import needs_flash_attn, slot_context
 from launcher.devices import Device, Inventory
 from launcher.errors import LauncherError
 from launcher.extra_args import validate_extra_args
 from launcher.memory import (
     CACHE_TYPES,
+    FLASH_ATTN,
     CacheType,
     DeviceBill,
     FlashAttn,
@@ -186,9 +194,15 @@ class PlanRequest:
     spec: str = "auto"  # a speculative mode, llama.cpp spellings accepted
     spec_n_max: int | None = None
     extra_args: tuple[str, ...] = ()
-    threads: int | None = None  # None: the command builder picks the usable physical cores
+    threads: int | None = None  # None: the usable physical cores, divided among ``cpu_sharers``
+    threads_batch: int | None = None  # prompt-processing threads; None: llama-server's default, ``threads``
+    #: Resident models running layers on the CPU, this one included (the model manager counts them): an automatic
+    #: thread count gives each its share of the cores instead of all of them.
+    cpu_sharers: int = 1
+    flash_attn: FlashAttn | None = None  # None: on when the cache type needs it, else llama-server's auto
+    context_shift: bool = False  # False: a conversation past the context is an error, not silently shifted
     alias: str | None = None  # the model name clients see; None: the file name without .gguf
-    chat_template: str | None = None  # a Jinja template overriding the model's own
+    chat_template: str | None = None  # a Jinja template, or a llama.cpp built-in's name, overriding the model's own
     cache_ram_mib: int | None = None  # the prompt cache's cap (``--cache-ram``) in MiB; 0: off; None: automatic
     #: Where ``ggstudio bench-spec`` stores its measurements (``launcher.spec_measurements``); with one for this
     #: model, devices and binary, ``auto`` takes the measured winner. None: the policy alone.
@@ -227,6 +241,9 @@ class LaunchPlan:
     cache_type_k: CacheType
     cache_type_v: CacheType
     flash_attn: FlashAttn
+    threads: int | None  # ``--threads``; None: the command builder's ``usable_cores()`` (the inventory had no count)
+    threads_batch: int | None  # ``--threads-batch``; None: llama-server's default (``--threads``)
+    context_shift: bool
     mmproj_offload: bool  # the projector (if any) on the first pinned GPU; False: ``--no-mmproj-offload``
     budget_fraction: float
     fit_target_mib: tuple[int, ...]  # --fit-target margins per pinned GPU, with "fit"
@@ -257,6 +274,12 @@ class LaunchPlan:
     def mtp_engaged(self) -> bool:
         return _mtp_engaged(self.spec, self.extra_args)
 
+    @property
+    def layers_on_cpu(self) -> bool:
+        """Some layers run on the local CPU, so its threads compete with other models' for the cores."""
+        offloaded = self.gpus or self.rpc_devices
+        return not offloaded or self.n_gpu_layers < self.model.facts.block_count + 1
+
 
 def plan(
     model: ModelInfo, inventory: Inventory, caps: Capabilities, request: PlanRequest = PlanRequest()
@@ -264,7 +287,8 @@ def plan(
     """Return the launch plan for ``model`` on ``inventory``'s devices with ``caps``' binary.
 
     Raises:
-        PlanError: an invalid context, parallel count or cache type.
+        PlanError: an invalid context, parallel count, thread count or cache type; flash attention off with a
+            quantized cache; a chat template that is neither Jinja text nor a llama.cpp built-in's name.
         ExtraArgsError: the extra arguments contain managed or unknown flags.
         SpeculativeConfigError: an unknown speculative mode or draft length.
         MemoryPlanError: cache types llama-server would refuse for this model.
@@ -340,8 +364,19 @@ def _check(request: PlanRequest) -> None:
         raise PlanError(f"the number of parallel slots must be at least 1, not {request.n_parallel}")
     for what, value in (("K", request.cache_type_k), ("V", request.cache_type_v)):
         parse_cache_type(value, what)  # a request built from untyped input (a test, a script) is checked too
-    if request.threads is not None and request.threads < 1:
-        raise PlanError(f"threads must be at least 1, not {request.threads}")
+    for what, count in (("threads", request.threads), ("threads_batch", request.threads_batch)):
+        if count is not None and count < 1:
+            raise PlanError(f"{what} must be at least 1, not {count}")
+    if request.flash_attn not in (None, *FLASH_ATTN):
+        raise PlanError(f"flash_attn must be one of {', '.join(FLASH_ATTN)}, not {request.flash_attn!r}")
+    quantized = needs_flash_attn(request.cache_type_k, request.cache_type_v)
+    if request.flash_attn == "off" and quantized:
+        raise PlanError(
+            f"a {'/'.join(quantized)} KV cache needs flash attention, and flash_attn is off: set flash_attn "
+            "to on or auto, or use the f16 cache type"
+        )
+    if request.chat_template is not None and (problem := check_chat_template(request.chat_template)):
+        raise PlanError(problem)
 
 
 def _mtp_engaged(spec: SpecPlan, extra: tuple[str, ...]) -> bool:
@@ -456,6 +491,13 @@ class _Planner:
 
     def _flash_attn(self) -> FlashAttn:
         quantized = needs_flash_attn(self.request.cache_type_k, self.request.cache_type_v)
+        asked = self.request.flash_attn
+        if asked is not None:
+            if not (self.caps.supports("--flash-attn") or self.caps.supports("-fa")):
+                self.warnings.append(f"this llama-server has no --flash-attn flag; flash attention {asked} is left out")
+                return "auto"
+            self.reasons.append(f"flash attention {asked}, as requested")
+            return asked
         if not quantized:
             return "auto"
         if not (self.caps.supports("--flash-attn") or self.caps.supports("-fa")):
@@ -754,6 +796,14 @@ class _Planner:
                 f"{format_size(p.weights, fine=True)} of weights and about "
                 f"{format_size(p.compute, fine=True)} of compute buffer, counted in its budget"
             )
+        threads = self.threads(layers_on_cpu=not gpus or ngl < self.full)
+        if self.request.threads_batch is not None:
+            self.reasons.append(f"batch threads: {self.request.threads_batch}, as requested")
+        if self.request.context_shift:
+            self.reasons.append(
+                "context shift on, as requested: past the context, llama-server drops the oldest tokens instead of "
+                "answering with an error"
+            )
         self.reasons += [f"speculative: {r}" for r in self.spec.reasons]
         self.reasons += [f"estimate: {r}" for r in bill.reasons]
         return LaunchPlan(
@@ -773,6 +823,9 @@ class _Planner:
             cache_type_k=self.request.cache_type_k,
             cache_type_v=self.request.cache_type_v,
             flash_attn=self.flash_attn,
+            threads=threads,
+            threads_batch=self.request.threads_batch,
+            context_shift=self.request.context_shift,
             mmproj_offload=self.mmproj_offload or not gpus,
             budget_fraction=self.fraction,
             fit_target_mib=margins,
@@ -783,6 +836,34 @@ class _Planner:
             reasons=tuple(self.reasons),
             warnings=tuple(dict.fromkeys(self.warnings)),
         )
+
+    def threads(self, *, layers_on_cpu: bool) -> int | None:
+        """``--threads``: as requested, else the usable cores, divided among the models that run layers on the CPU.
+
+        llama.cpp's threads spin while they wait for each other: two servers that each take every core
+        thrash (``scripts/bench_threads.py`` measures it), and both generate slower than with their share each.
+        """
+        asked, cores, sharers = self.request.threads, self.cpu.cores, max(self.request.cpu_sharers, 1)
+        if asked is not None:
+            self.reasons.append(f"threads: {asked}, as requested")
+            if cores is not None and asked > cores:
+                self.warnings.append(f"{asked} threads on {cores} usable physical cores: they will compete for them")
+            return asked
+        if cores is None:
+            return None
+        if not layers_on_cpu or sharers == 1:
+            self.reasons.append(
+                f"threads: {cores}, the usable physical cores"
+                + ("" if layers_on_cpu else " (every layer is offloaded; the CPU only feeds the GPUs)")
+            )
+            return cores
+        each = max(1, cores // sharers)
+        crowded = " (more residents than cores: they share them)" if sharers > cores else ""
+        self.reasons.append(
+            f"threads: {sharers} residents on {cores} physical cores: {each} thread{'s' if each > 1 else ''} each"
+            + crowded
+        )
+        return each
 
 
 def _layer_counts(facts: ModelFacts, options: MemoryOptions) -> str:

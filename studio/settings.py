@@ -52,6 +52,11 @@ Precedence: environment variables, then the optional TOML file
     cache_type_kv = "q8_0"          # KV cache type for K and V
     cache_ram = 512                 # MiB of prompt cache (--cache-ram), on the bill; 0: off
     mmproj = "~/models/mmproj-F16.gguf"  # the multimodal projector; "none" for none; unset: the one beside it
+    threads = 4                     # CPU threads (unset: the usable cores, divided among models on the CPU)
+    threads_batch = 8               # prompt-processing threads (unset: as threads)
+    flash_attn = "on"               # on, off or auto (unset: on when the cache type needs it, else auto)
+    context_shift = true            # past the context, drop the oldest tokens (unset: false, an error)
+    chat_template = "chatml"        # a llama.cpp built-in template's name, or Jinja text (unset: the model's own)
 
 | variable                | meaning                                                  |
 |-------------------------|----------------------------------------------------------|
@@ -89,7 +94,7 @@ from typing import TYPE_CHECKING, Any
 from studio.env import env_flag
 
 if TYPE_CHECKING:
-    from launcher.memory import CacheType
+    from launcher.memory import CacheType, FlashAttn
     from launcher.speculative import SpecMode
 
 _TOP_KEYS = {
@@ -132,6 +137,11 @@ _MODEL_KEYS = {
     "ttl",
     "pinned",
     "mmproj",
+    "threads",
+    "threads_batch",
+    "flash_attn",
+    "context_shift",
+    "chat_template",
 }
 #: (least, most) a load may ask for; the load API and the config file check the same bounds. No real model
 #: has a context above 16M tokens (Llama 4 Scout's 10M is the largest); a bigger one is a typo, refused
@@ -142,6 +152,8 @@ LOAD_LIMITS: Mapping[str, tuple[int, int | None]] = MappingProxyType(
         "n_parallel": (1, 64),
         "spec_n_max": (1, 64),
         "cache_ram": (0, 1 << 20),  # MiB of llama-server's prompt cache; 0: off
+        "threads": (1, 1024),
+        "threads_batch": (1, 1024),
     }
 )
 #: (least, most) for the residency keys, in seconds or models.
@@ -238,8 +250,12 @@ class ModelDefaults:
     cache_type_kv: CacheType | None = None
     ttl: float | None = None  # None: the global ttl
     pinned: bool = False
-    chat_template: str | None = None  # a Jinja template replacing the model's own (built-in defaults only)
+    chat_template: str | None = None  # a Jinja template, or a llama.cpp built-in's name, replacing the model's own
     mmproj: str | None = None  # a projector path, or "none"; unset: the one the library pairs
+    threads: int | None = None
+    threads_batch: int | None = None
+    flash_attn: FlashAttn | None = None
+    context_shift: bool | None = None
 
 
 @dataclass(frozen=True)
@@ -377,6 +393,11 @@ class Settings:
                         mmproj=str(Path(d["mmproj"]).expanduser())
                         if d.get("mmproj") not in (None, "none")
                         else d.get("mmproj"),
+                        threads=d.get("threads"),
+                        threads_batch=d.get("threads_batch"),
+                        flash_attn=d.get("flash_attn"),
+                        context_shift=d.get("context_shift"),
+                        chat_template=d.get("chat_template"),
                     )
                     for name, d in config.get("models", {}).items()
                 }
@@ -518,13 +539,21 @@ def _spec_mode(text: str) -> SpecMode:
 def _model_problems(d: dict[str, Any]) -> list[str]:
     """What is wrong with one ``[models.NAME]`` table, checked as the load API checks a request."""
     # imported here, not at the top: the launcher's planning modules cost ~80 ms of every command's start-up
-    from launcher.memory import CACHE_TYPES
+    from launcher.chat_templates import check_chat_template
+    from launcher.memory import CACHE_TYPES, FLASH_ATTN
     from launcher.speculative import MODES, SpeculativeConfigError, normalize_mode
 
     problems = [f"unknown key {k!r} (known: {', '.join(sorted(_MODEL_KEYS))})" for k in d if k not in _MODEL_KEYS]
     problems += _number_problems(d, {"ttl": RESIDENCY_LIMITS["ttl"]})
-    if "pinned" in d and not isinstance(d["pinned"], bool):
-        problems.append("pinned must be true or false")
+    for k in ("pinned", "context_shift"):
+        if k in d and not isinstance(d[k], bool):
+            problems.append(f"{k} must be true or false")
+    if "flash_attn" in d and d["flash_attn"] not in FLASH_ATTN:
+        problems.append(f"flash_attn must be one of {', '.join(FLASH_ATTN)}")
+    if "chat_template" in d and not isinstance(d["chat_template"], str):
+        problems.append("chat_template must be a llama.cpp built-in template's name or Jinja text")
+    elif "chat_template" in d and (problem := check_chat_template(d["chat_template"])):
+        problems.append(f"chat_template: {problem}")
     for k, (least, most) in LOAD_LIMITS.items():
         if k in d and (
             not isinstance(d[k], int) or isinstance(d[k], bool) or d[k] < least or (most is not None and d[k] > most)

@@ -271,8 +271,12 @@ def test_a_managed_flags_alias_this_list_lacks_is_refused_through_the_probed_hel
     with pytest.raises(ExtraArgsError) as err:
         validate_extra_args(["--context-length", "4096", "--n-threads", "2", "--temp", "0.7"], caps)
     assert err.value.flags == ("--context-length", "--n-threads")
-    assert "--context-length is managed by the studio (use the context option)" in str(err.value)
-    assert "--n-threads is managed by the studio (use the threads option)" in str(err.value)
+    assert (
+        "--context-length is managed by the studio (the planner chooses the context; use the load option n_ctx)"
+        in str(err.value)
+    )
+    threads = "(the planner divides the cores among the resident models; use the load option threads)"
+    assert f"--n-threads is managed by the studio {threads}" in str(err.value)
 
 
 def test_each_offending_flag_is_named(real):

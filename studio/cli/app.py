@@ -185,6 +185,57 @@ def _model_manager(settings: "Settings", rpc_workers: tuple[str, ...] = ()) -> t
     return manager, found
 
 
+ThreadsOption = Annotated[
+    int | None,
+    typer.Option(
+        min=1, help="CPU threads (default: the config's, or the usable cores divided among the models on the CPU)."
+    ),
+]
+ThreadsBatchOption = Annotated[
+    int | None, typer.Option(min=1, help="Prompt-processing threads (default: the config's, or the same as --threads).")
+]
+FlashAttnOption = Annotated[
+    str | None,
+    typer.Option(
+        help="Flash attention: on, off or auto (default: the config's, or on when the cache type needs it, else auto)."
+    ),
+]
+ContextShiftOption = Annotated[
+    bool | None,
+    typer.Option(
+        "--context-shift/--no-context-shift",
+        help="Past the context, drop the oldest tokens instead of failing (default: the config's, or off).",
+    ),
+]
+ChatTemplateOption = Annotated[
+    str | None,
+    typer.Option(
+        help="A chat template instead of the model's own: a llama.cpp built-in's name (chatml, llama3, "
+        "command-r, ...) or Jinja text (default: the config's, or the model's own)."
+    ),
+]
+
+
+def _load_options(
+    threads: int | None,
+    threads_batch: int | None,
+    flash_attn: str | None,
+    context_shift: bool | None,
+    chat_template: str | None,
+) -> dict[str, Any]:
+    """The load options given on the command line, by the load API's names."""
+    if flash_attn is not None and flash_attn.lower() not in ("on", "off", "auto"):
+        raise typer.BadParameter("on, off or auto", param_hint="--flash-attn")
+    given = {
+        "threads": threads,
+        "threads_batch": threads_batch,
+        "flash_attn": flash_attn.lower() if flash_attn else None,
+        "context_shift": context_shift,
+        "chat_template": chat_template,
+    }
+    return {k: v for k, v in given.items() if v is not None}
+
+
 RpcOption = Annotated[
     str | None,
     typer.Option(
@@ -649,14 +700,23 @@ def load(
     force: Annotated[
         bool, typer.Option("--force", help="Load even when the plan says the model does not fit in memory.")
     ] = False,
+    threads: ThreadsOption = None,
+    threads_batch: ThreadsBatchOption = None,
+    flash_attn: FlashAttnOption = None,
+    context_shift: ContextShiftOption = None,
+    chat_template: ChatTemplateOption = None,
     url: UrlOption = None,
     json_output: JsonOption = False,
 ) -> None:
     """Load a model into a running studio (idle models are evicted if it needs their memory).
 
-    ggstudio load gemma-3-270m-Q4_K_M --ctx 4096
+    ggstudio load gemma-3-270m-Q4_K_M --ctx 4096 --threads 2 --chat-template chatml
     """
-    body: dict[str, Any] = {"model": model, "n_ctx": ctx}
+    body: dict[str, Any] = {
+        "model": model,
+        "n_ctx": ctx,
+        **_load_options(threads, threads_batch, flash_attn, context_shift, chat_template),
+    }
     plan = _api("POST", url, "/api/plan", body=body, timeout=120)
     if not plan.get("fits", True) and not force:
         raise CommandError(
@@ -760,6 +820,11 @@ def plan_command(
             help='A multimodal projector .gguf, or "none" (default: the config\'s, or the one paired beside it).'
         ),
     ] = None,
+    threads: ThreadsOption = None,
+    threads_batch: ThreadsBatchOption = None,
+    flash_attn: FlashAttnOption = None,
+    context_shift: ContextShiftOption = None,
+    chat_template: ChatTemplateOption = None,
     json_output: Annotated[bool, typer.Option("--json", help="Print JSON instead of text.")] = False,
     url: Annotated[
         str | None,
@@ -786,6 +851,7 @@ def plan_command(
     from studio.residency.requests import LoadRequest, load_settings
     from studio.views.plan import plan_json, render_plan
 
+    options = _load_options(threads, threads_batch, flash_attn, context_shift, chat_template)
     if url is not None:  # a running studio plans it against what its resident models hold
         body = {
             "model": model,
@@ -795,6 +861,7 @@ def plan_command(
             "spec_n_max": n_max,
             "cache_type_kv": cache_type.lower() if cache_type else None,
             "mmproj": mmproj,
+            **options,
         }
         info = _api("POST", url, "/api/plan", body={k: v for k, v in body.items() if v is not None}, timeout=120)
         typer.echo(_json(info) if json_output else render_plan(info))
@@ -812,6 +879,7 @@ def plan_command(
         spec_n_max=n_max,
         cache_type=parse_cache_type(cache_type.lower()) if cache_type else None,
         mmproj=mmproj,
+        **options,
     )
     chosen = load_settings(asked, entry, settings.model_defaults)
     request = replace(chosen.plan_request(entry.name), spec_measurements=settings.spec_dir)
@@ -1054,7 +1122,7 @@ def rpc_worker(
 
         ggstudio rpc-worker --host 192.168.1.20 --allow-remote
     """
-    from launcher.command import default_threads
+    from launcher.devices import usable_cores
     from launcher.discovery import find_rpc_server
     from launcher.registry import ChildRegistry
     from launcher.rpc import LINK_WARNING, query_worker
@@ -1084,7 +1152,7 @@ def rpc_worker(
         found.path,
         host=host,
         port=port,
-        threads=threads or default_threads(),
+        threads=threads or usable_cores(),
         cache=cache,
         log_path=logs / f"{port}.log",
         on_line=lambda line: typer.echo(f"worker: {line}", err=True),

@@ -13,7 +13,7 @@ from fastapi.responses import StreamingResponse
 from pydantic import Field
 
 import gguf
-from launcher.memory import CacheType
+from launcher.memory import CacheType, FlashAttn
 from launcher.speculative import MODES
 from studio.chat.media import file_capabilities
 from studio.errors import ModelNotResidentError
@@ -79,7 +79,32 @@ class LoadBody(ApiBody):
     )
     pinned: bool | None = Field(default=None, description="Never evict this model; default: the config's.")
     chat_template: str | None = Field(
-        default=None, max_length=256 * 1024, description="A Jinja chat template to use instead of the model's own."
+        default=None,
+        max_length=256 * 1024,
+        description="A chat template to use instead of the model's own: Jinja text, or the name of one of "
+        "llama.cpp's built-in templates (chatml, llama3, command-r, ...); default: the config's.",
+    )
+    threads: int | None = Field(
+        default=None,
+        ge=LOAD_LIMITS["threads"][0],
+        le=LOAD_LIMITS["threads"][1],
+        description="CPU threads; default: the config's, or the usable cores divided among the models on the CPU.",
+    )
+    threads_batch: int | None = Field(
+        default=None,
+        ge=LOAD_LIMITS["threads_batch"][0],
+        le=LOAD_LIMITS["threads_batch"][1],
+        description="Prompt-processing threads; default: the config's, or the same as threads.",
+    )
+    flash_attn: FlashAttn | None = Field(
+        default=None,
+        description="Flash attention: on, off or auto (a quantized cache needs on or auto); default: the "
+        "config's, or on when the cache type needs it, else auto.",
+    )
+    context_shift: bool | None = Field(
+        default=None,
+        description="Past the context, drop the oldest tokens instead of answering with an error; default: the "
+        "config's, or off.",
     )
     force: bool = Field(default=False, description="Load even when the plan says it does not fit.")
     mmproj: str | None = Field(
@@ -103,6 +128,10 @@ class LoadBody(ApiBody):
             force=self.force,
             chat_template=self.chat_template,
             mmproj=self.mmproj,
+            threads=self.threads,
+            threads_batch=self.threads_batch,
+            flash_attn=self.flash_attn,
+            context_shift=self.context_shift,
         )
 
 

@@ -7,7 +7,8 @@ found its way into a model's output or a log line could neither run nor send
 anything elsewhere.
 
 ``GET /api/load-options`` tells the load dialog what a load may ask for (cache
-types, speculative modes, limits), from the same constants the load API checks.
+types, speculative modes, flash attention, llama.cpp's built-in chat templates, limits),
+from the same constants the load API checks.
 """
 
 from __future__ import annotations
@@ -19,7 +20,8 @@ from fastapi import APIRouter
 from fastapi.responses import FileResponse
 from starlette.exceptions import HTTPException
 
-from launcher.memory import CacheType
+from launcher.chat_templates import BUILTIN_CHAT_TEMPLATES
+from launcher.memory import FLASH_ATTN, CacheType
 from launcher.speculative import MODES
 from studio.settings import LOAD_LIMITS, RESIDENCY_LIMITS
 
@@ -58,9 +60,12 @@ async def static(name: str) -> FileResponse:
 
 @router.get("/api/load-options")
 async def load_options() -> dict[str, Any]:
-    """What the load dialog may offer: cache types, speculative modes and the bounds of the numbers."""
+    """What the load dialog may offer: cache types, speculative modes, flash attention, built-in chat templates
+    and the bounds of the numbers."""
     return {
         "cache_types": list(get_args(CacheType)),
         "spec_modes": list(MODES),
+        "flash_attn": list(FLASH_ATTN),
+        "chat_templates": sorted(BUILTIN_CHAT_TEMPLATES),
         "limits": {**{k: list(v) for k, v in LOAD_LIMITS.items()}, "ttl": list(RESIDENCY_LIMITS["ttl"])},
     }

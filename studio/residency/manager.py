@@ -581,7 +581,11 @@ class ModelManager:
                 *(other.reservation for other in others if other.reservation is not None),
             ],
         )
-        plan_request = replace(settings.plan_request(entry.name), spec_measurements=self.spec_measurements)
+        plan_request = replace(
+            settings.plan_request(entry.name),
+            spec_measurements=self.spec_measurements,
+            cpu_sharers=1 + sum(1 for r in live if r.plan.layers_on_cpu),  # the models whose threads share the cores
+        )
         first = await self._plan(info, inventory, base, plan_request, budgeted)
         cap = self.residency.max_resident
         crowded = cap is not None and len(holders) >= cap

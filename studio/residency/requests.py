@@ -6,7 +6,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from launcher.memory import CacheType
+from launcher.memory import CacheType, FlashAttn
 from launcher.planner import PlanRequest
 from studio.library.catalog import CatalogEntry
 from studio.library.projectors import chosen_projector
@@ -30,7 +30,11 @@ class LoadRequest:
     spec_n_max: int | None = None  # None, and none configured: the speculative policy's
     cache_type: CacheType | None = None  # None, and none configured: "f16"
     cache_ram: int | None = None  # MiB of prompt cache; None, and none configured: the planner's (0: off)
-    chat_template: str | None = None  # a Jinja chat template replacing the model's own
+    chat_template: str | None = None  # a Jinja template, or a llama.cpp built-in's name, replacing the model's own
+    threads: int | None = None  # None, and none configured: the planner's share of the cores
+    threads_batch: int | None = None  # None, and none configured: the same as threads
+    flash_attn: FlashAttn | None = None  # None, and none configured: on when the cache type needs it, else auto
+    context_shift: bool | None = None  # None, and none configured: off (a conversation past the context is an error)
     ttl: float | None = None  # seconds idle before unloading; None: the model's configured one, or the global
     pinned: bool | None = None  # None: the model's configured one
     force: bool = False  # load even when the plan says it does not fit
@@ -49,8 +53,12 @@ class LoadSettings:
     spec_n_max: int | None = None
     cache_type: CacheType = "f16"
     chat_template: str | None = None
-    mmproj: Path | None = None
-    cache_ram: int | None = None  # the multimodal projector to pass, if any
+    mmproj: Path | None = None  # the multimodal projector to pass, if any
+    threads: int | None = None
+    threads_batch: int | None = None
+    flash_attn: FlashAttn | None = None
+    context_shift: bool = False
+    cache_ram: int | None = None
 
     def plan_request(self, alias: str) -> PlanRequest:
         """What the planner is asked for these settings, serving the model as ``alias``."""
@@ -65,6 +73,10 @@ class LoadSettings:
             alias=alias,
             chat_template=self.chat_template,
             cache_ram_mib=self.cache_ram,
+            threads=self.threads,
+            threads_batch=self.threads_batch,
+            flash_attn=self.flash_attn,
+            context_shift=self.context_shift,
         )
 
 
@@ -95,4 +107,8 @@ def load_settings(
         chat_template=request.chat_template if request.chat_template is not None else own.chat_template,
         cache_ram=request.cache_ram if request.cache_ram is not None else own.cache_ram,
         mmproj=chosen_projector(request.mmproj if request.mmproj is not None else own.mmproj, entry.mmproj),
+        threads=request.threads if request.threads is not None else own.threads,
+        threads_batch=request.threads_batch if request.threads_batch is not None else own.threads_batch,
+        flash_attn=request.flash_attn if request.flash_attn is not None else own.flash_attn,
+        context_shift=bool(request.context_shift if request.context_shift is not None else own.context_shift),
     )

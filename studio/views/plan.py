@@ -117,6 +117,9 @@ def plan_json(plan: LaunchPlan, argv: Sequence[str] = (), binary: Discovered | N
         "cache_type_k": plan.cache_type_k,
         "cache_type_v": plan.cache_type_v,
         "flash_attn": plan.flash_attn,
+        "threads": plan.threads,
+        "threads_batch": plan.threads_batch,
+        "context_shift": plan.context_shift,
         "budget_fraction": plan.budget_fraction,
         "speculative": {
             "requested": plan.spec.requested,
@@ -191,7 +194,10 @@ def render_plan(info: dict[str, Any]) -> str:
         f"{ctx['native']}; largest safe {ctx['max_safe']})",
         f"slots      {info['n_parallel']}",
         f"offload    {where}",
-        f"cache      K {info['cache_type_k']}, V {info['cache_type_v']}; flash attention {info['flash_attn']}",
+        f"cache      K {info['cache_type_k']}, V {info['cache_type_v']}; flash attention {info['flash_attn']}"
+        + ("; context shift on" if info["context_shift"] else ""),
+        f"threads    {info['threads'] or 'every usable core'}"
+        + (f" (batch {info['threads_batch']})" if info["threads_batch"] else ""),
         f"spec       {spec['requested']} -> {spec['resolved']}"
         + (f" ({' '.join(spec['argv'])})" if spec["argv"] else "")
         + (f"; measured: {spec['measured']['summary']}" if spec.get("measured") else ""),
