@@ -165,17 +165,21 @@ def build_command(
     threads: int | None = None,
     base_env: Mapping[str, str] | None = None,
     files_root: Path | None = None,
+    slot_dir: Path | None = None,
 ) -> LaunchCommand:
     """Return the command that runs ``plan`` with ``binary`` (described by ``caps``).
 
     ``api_key`` defaults to a fresh random key; ``threads`` to the plan's, else
     ``usable_cores()``; ``base_env`` to this process's environment. Private files
-    go in a new 0700 folder under ``files_root`` (default: the system temp dir).
+    go in a new 0700 folder under ``files_root`` (default: the system temp dir). With ``slot_dir``,
+    llama-server saves and restores slots there (``--slot-save-path``).
     """
     key = Secret(api_key or secrets.token_urlsafe(32))
     out = _Argv(caps, files_root)
     try:
         _add_flags(out, plan, key, threads)
+        if slot_dir is not None:  # llama-server joins the folder and a bare file name with no separator
+            out.add(("--slot-save-path",), f"{slot_dir}{os.sep}", why="slots cannot be saved across a stop")
     except BaseException:
         out.discard_files()  # nothing will own the files written so far
         raise

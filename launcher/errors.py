@@ -16,6 +16,7 @@
     ├── ExtraArgsError (+ValueError)    extra args name a managed flag or one the binary lacks (launcher.command)
     ├── SpeculativeConfigError (+ValueError)  a speculative mode or draft length that is not valid
     │                                   (launcher.speculative)
+    ├── SlotFileError (+ValueError)     a saved slot file that is not one, or cut short (launcher.slot_files)
     ├── PlanError (+ValueError)         a request the planner cannot plan (launcher.planner)
     │   └── ProjectorError              the projector is not one, or does not fit the model
     └── ProcessError                    the llama-server child misbehaved
@@ -137,3 +138,11 @@ class StartTimeoutError(ProcessError, TimeoutError):
 
 class StartAbortedError(ProcessError):
     """A stop (or another start) cancelled a start before the server was ready."""
+
+
+class SlotFileError(LauncherError, ValueError):
+    """A saved llama-server slot file that is not one of this format, or is cut short."""
+
+    def __init__(self, message: str, *, path: Path) -> None:
+        super().__init__(message)
+        self.path = path

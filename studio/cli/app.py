@@ -165,6 +165,7 @@ def _model_manager(settings: "Settings", rpc_workers: tuple[str, ...] = ()) -> t
     from studio.library.default_model import builtin_model_defaults
     from studio.library.downloads import DownloadManager
     from studio.residency.manager import ModelManager, supervisor_factory
+    from studio.residency.slot_cache import SlotCache
 
     found = _find_binary(settings)
     registry = ChildRegistry(settings.home / "run", owner_token())
@@ -181,6 +182,9 @@ def _model_manager(settings: "Settings", rpc_workers: tuple[str, ...] = ()) -> t
         spec_measurements=settings.spec_dir,
         discover_devices=(lambda: discover(llama_server=found.path, workers=workers)) if workers else None,
         downloads=DownloadManager(auto_download=settings.auto_download),
+        slot_cache=SlotCache(settings.home / "slots", binary=found.path, disk_budget=settings.residency.slot_cache_disk)
+        if settings.residency.slot_cache_disk
+        else None,
     )
     return manager, found
 

@@ -157,6 +157,8 @@ async def _forward(request: Request, path: str) -> Response:
     try:
         route.prepare(body, loaded)
         body["model"] = loaded.name
+        if chat:
+            await _manager(request).warm(loaded, body)  # a conversation saved before an eviction comes back warm
         tools = tool_parameters(body) if chat and body.get("tool_choice") != "none" else {}
         if not body.get("stream"):
             return await answer_unless_client_leaves(

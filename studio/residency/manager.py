@@ -64,6 +64,7 @@ from studio.residency.lifecycle import COMING_UP, GOING_AWAY, HOLDS_MEMORY, Resi
 from studio.residency.placement import Holder, physical
 from studio.residency.requests import LoadRequest, LoadSettings, load_settings, model_defaults_for
 from studio.residency.resident import Lease, LoadedModel, ResidentModel
+from studio.residency.slot_cache import SlotCache
 from studio.residency.transaction import Load, LoadStep, Superseded
 from studio.settings import ModelDefaults, ResidencySettings
 
@@ -128,6 +129,7 @@ class ModelManager:
         planner: Planner = plan,
         downloads: DownloadManager | None = None,
         spec_measurements: Path | None = None,
+        slot_cache: SlotCache | None = None,
     ) -> None:
         self.catalog = catalog
         self.binary = binary
@@ -142,6 +144,7 @@ class ModelManager:
         self.planner = planner  # tests pass a slow one to show the event loop stays free
         self.downloads = downloads  # fetches an uncached owner/repo:VARIANT when its auto_download is on
         self.spec_measurements = spec_measurements  # ``bench-spec``'s results, which ``auto`` follows
+        self.slot_cache = slot_cache  # saves slots before a stop, restores them for the chat that continues one
         self._residents: dict[Path, ResidentModel] = {}
         self._routes: dict[str, ResidentModel] = {}  # every name a request used for a resident model
         self._default: ResidentModel | None = None  # the model a request without ``model`` uses
@@ -468,7 +471,13 @@ class ModelManager:
 
     def _command(self, placed: Placed) -> LaunchCommand:
         try:
-            return build_command(placed.plan, self.caps, binary=self.binary, files_root=self.files_root)
+            return build_command(
+                placed.plan,
+                self.caps,
+                binary=self.binary,
+                files_root=self.files_root,
+                slot_dir=self.slot_cache.folder(placed.plan) if self.slot_cache is not None else None,
+            )
         except OSError as exc:
             raise StudioError(f"could not prepare llama-server's launch files: {exc}", code="launch_files") from exc
 
@@ -688,6 +697,7 @@ class ModelManager:
             ttl=next(t for t in (request.ttl, was.ttl if was else None, own.ttl, self.residency.ttl) if t is not None),
             pinned=next(p for p in (request.pinned, was.pinned if was else None, own.pinned, False) if p is not None),
             on_change=self._on_resident_change,
+            before_stop=self.slot_cache.save if self.slot_cache is not None else None,
         )
         load.resident = resident
         self._residents[entry.path] = resident
@@ -725,6 +735,8 @@ class ModelManager:
         if resident.state is ResidentState.FAILED:
             self.counters["load_failures"] += 1
         if resident.state is ResidentState.UNLOADED:
+            if self.slot_cache is not None and resident.loaded is not None:
+                self.slot_cache.forget(resident.loaded.url)
             if self._residents.get(resident.settings.path) is resident:
                 del self._residents[resident.settings.path]
             for name in [n for n, r in self._routes.items() if r is resident]:
@@ -757,6 +769,11 @@ class ModelManager:
         if event is not None:
             for listener in self.listeners:
                 listener(event)
+
+    async def warm(self, loaded: LoadedModel, body: Mapping[str, Any]) -> None:
+        """Before a chat runs: restore the saved slot its prompt continues, if any (``studio.residency.slot_cache``)."""
+        if self.slot_cache is not None:
+            await self.slot_cache.warm(loaded, body)
 
     # -- unload, lifetime ----------------------------------------------------------------------
     async def unload(self, model: str | None = None, *, grace: float | None = None) -> None:

@@ -20,7 +20,7 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -122,6 +122,8 @@ class ResidentModel:
         pinned: bool = False,
         max_restarts: int = 2,
         on_change: Callable[[ResidentModel], None] = lambda resident: None,
+        before_stop: Callable[[LoadedModel], Awaitable[object]] | None = None,
+        before_stop_timeout: float = 15.0,
     ) -> None:
         self.name = name
         self.settings = settings
@@ -134,6 +136,8 @@ class ResidentModel:
         self.pinned = pinned
         self.max_restarts = max_restarts
         self.on_change = on_change
+        self.before_stop = before_stop  # awaited once requests are done, before an unload stops llama-server
+        self.before_stop_timeout = before_stop_timeout
         self.state = ResidentState.LOADING
         self.loaded: LoadedModel | None = None
         self.error: str | None = None  # why it failed or crashed
@@ -347,6 +351,8 @@ class ResidentModel:
             except TimeoutError:
                 self.cut_reason = command.reason
                 log.info("unload ends requests in flight", model=self.name, in_flight=self.in_flight)
+            else:
+                await self._before_stop()
         if self.state is not ResidentState.UNLOADED:
             self._set(ResidentState.UNLOADING)
             await run_blocking(self.supervisor.close, timeout=None, what=f"stopping {self.name}")
@@ -354,6 +360,15 @@ class ResidentModel:
             self._set(ResidentState.UNLOADED)
         if not command.done.done():
             command.done.set_result(None)
+
+    async def _before_stop(self) -> None:
+        """Run ``before_stop`` on the idle, still-running server (the studio saves its slots), bounded."""
+        if self.before_stop is None or self.loaded is None:
+            return
+        try:
+            await asyncio.wait_for(self.before_stop(self.loaded), self.before_stop_timeout)
+        except Exception as exc:  # a stop is never held up or failed by what comes before it
+            log.warning("work before a stop failed", model=self.name, error=str(exc))
 
     async def _crashed(self, cause: str) -> None:
         if self.state is not ResidentState.READY:

@@ -1,0 +1,136 @@
+"""A conversation survives an eviction: slots saved before a stop, restored for the chat that continues them.
+
+The real studio on the pinned llama-server with SmolLM2 (plain attention): an evicted model used to come
+back cold, its whole conversation processed again on the next turn.
+"""
+
+from __future__ import annotations
+
+import os
+import struct
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from launcher.errors import SlotFileError
+from launcher.slot_files import SEQ_MAGIC, SEQ_VERSION, read_tokens
+from studio.residency.slot_cache import SlotCache
+from studio.settings import ModelDefaults
+from tests.support.studio import running_studio
+
+STORY = " ".join(f"Sentence {i} of a long story about a lighthouse keeper and her cat." for i in range(30))
+TURN1 = [{"role": "user", "content": f"{STORY}\nWho is the story about? Answer in one short sentence."}]
+
+
+def slot_file(path: Path, tokens: list[int], *, packed: bool = True, extra: bytes = b"state") -> Path:
+    words = [-1, 1, len(tokens), *tokens, 0] if packed else tokens
+    path.write_bytes(struct.pack(f"<III{len(words)}i", SEQ_MAGIC, SEQ_VERSION, len(words), *words) + extra)
+    return path
+
+
+# --- the file format and the disk budget ---------------------------------------------------------------
+
+
+def test_the_tokens_of_a_slot_file_are_read_from_its_head(tmp_path):
+    assert read_tokens(slot_file(tmp_path / "a.bin", [5, 6, 7])) == [5, 6, 7]
+    assert read_tokens(slot_file(tmp_path / "b.bin", [5, 6], packed=False)) == [5, 6]
+
+
+@pytest.mark.parametrize(
+    "data, why",
+    [
+        (b"", "cut short"),
+        (b"GGUF" + bytes(8), "not a slot file"),
+        (struct.pack("<III", SEQ_MAGIC, SEQ_VERSION, 10) + bytes(8), "cut short"),
+        (struct.pack("<III", SEQ_MAGIC, SEQ_VERSION, 1 << 30), "claims"),
+        (struct.pack("<IIIiii", SEQ_MAGIC, SEQ_VERSION, 3, -1, 1, 99), "malformed"),
+    ],
+)
+def test_a_bad_slot_file_is_a_clear_error(tmp_path, data, why):
+    path = tmp_path / "bad.bin"
+    path.write_bytes(data)
+    with pytest.raises(SlotFileError, match=why):
+        read_tokens(path)
+
+
+def test_the_disk_budget_drops_the_least_recently_used_files_first(tmp_path):
+    cache = SlotCache(tmp_path, binary=Path("/nonexistent"), disk_budget=2500)
+    folder = tmp_path / "model-key"
+    folder.mkdir()
+    files = []
+    for i in range(4):
+        path = slot_file(folder / f"{i}.bin", [i] * 10, extra=bytes(1000))
+        os.utime(path, ns=(time.time_ns() - (10 - i) * 10**9,) * 2)  # 0 oldest ... 3 newest
+        files.append(path)
+    os.utime(files[0], None)  # 0 was just used (restored): now the newest
+    cache.prune()
+    assert [p.exists() for p in files] == [True, False, False, True]
+
+
+# --- through the studio, on the real llama-server -------------------------------------------------------
+
+
+def chat(base: str, messages: list[dict[str, str]]) -> dict:
+    body = {"model": "smollm", "messages": messages, "max_tokens": 12, "temperature": 0}
+    resp = httpx.post(f"{base}/v1/chat/completions", json=body, timeout=120)
+    assert resp.status_code == 200, resp.text
+    return resp.json()
+
+
+def unload(base: str) -> None:
+    assert httpx.post(f"{base}/api/unload", json={"model": "smollm"}, timeout=60).status_code == 200
+
+
+def studio(tmp_path: Path, binary: Path, model: Path, n_ctx: int = 2048):
+    cache = SlotCache(tmp_path / "slots", binary=binary, disk_budget=1 << 30)
+    defaults = {"smollm": ModelDefaults(n_ctx=n_ctx, spec="off")}
+    return running_studio(tmp_path, binary, {"smollm": model}, defaults=defaults, slot_cache=cache), cache
+
+
+def turn2(first: dict) -> list[dict[str, str]]:
+    return [*TURN1, first["choices"][0]["message"], {"role": "user", "content": "And what is the cat called?"}]
+
+
+@pytest.mark.slow
+def test_an_evicted_conversation_continues_warm_with_the_same_greedy_answer(tmp_path, llama_server_bin, smollm_model):
+    """The next turn after an eviction processed the whole conversation again."""
+    running, cache = studio(tmp_path, llama_server_bin, smollm_model)
+    with running as s:
+        first = chat(s.url, TURN1)
+        resident = chat(s.url, turn2(first))  # the next turn on a model never evicted
+        unload(s.url)
+        for old in cache.root.glob("*/*.bin"):
+            old.unlink()
+        chat(s.url, TURN1)  # the first turn again, on a fresh llama-server
+        unload(s.url)  # evicted after the first turn: its slot is saved
+        assert len(list(cache.root.glob("*/*.bin"))) == 1, "no slot was saved before the unload"
+        again = chat(s.url, turn2(first))  # loads the model anew: the saved slot comes back first
+        conversation = again["timings"]["prompt_n"] + again["timings"].get("cache_n", 0)
+        assert again["choices"][0]["message"]["content"] == resident["choices"][0]["message"]["content"]
+        assert again["timings"]["prompt_n"] <= 0.1 * conversation, again["timings"]
+        assert again["timings"]["cache_n"] >= 0.9 * conversation
+
+
+@pytest.mark.slow
+def test_a_slot_saved_under_another_context_is_never_restored_and_a_corrupt_one_is_skipped(
+    tmp_path, llama_server_bin, smollm_model
+):
+    """Files are keyed by what shapes the KV; an unreadable file is dropped with a log line, not a failure."""
+    running, cache = studio(tmp_path, llama_server_bin, smollm_model, n_ctx=2048)
+    with running as s:
+        chat(s.url, TURN1)
+        unload(s.url)
+        (saved,) = cache.root.glob("*/*.bin")
+    running, cache = studio(tmp_path, llama_server_bin, smollm_model, n_ctx=1024)
+    with running as s:
+        cold = chat(s.url, TURN1)  # another context: another folder, the 2048 file stays out of it
+        assert cold["timings"]["prompt_n"] > 300 and saved.exists()
+        (folder,) = {p for p in cache.root.iterdir() if p != saved.parent}
+        garbage = folder / "garbage.bin"
+        garbage.write_bytes(b"not a slot file at all")
+        unload(s.url)
+        warm = chat(s.url, TURN1)
+        assert warm["choices"][0]["message"]["content"] == cold["choices"][0]["message"]["content"]
+        assert not garbage.exists()
