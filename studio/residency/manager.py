@@ -65,7 +65,7 @@ from studio.residency.placement import Holder, physical
 from studio.residency.requests import LoadRequest, LoadSettings, load_settings, model_defaults_for
 from studio.residency.resident import Lease, LoadedModel, ResidentModel
 from studio.residency.slot_cache import SlotCache
-from studio.residency.transaction import Load, LoadStep, Superseded
+from studio.residency.transaction import Load, LoadStep, _Superseded
 from studio.settings import ModelDefaults, ResidencySettings
 
 log = structlog.get_logger(__name__)
@@ -306,7 +306,7 @@ class ModelManager:
                 load = self._begin(model, entry, request, after=load)
             try:
                 resident = await load.wait()
-            except Superseded:
+            except _Superseded:
                 request = None  # the later load's settings win: follow it, never fight it
                 continue
             try:
@@ -335,7 +335,7 @@ class ModelManager:
             if load.cancelled is None:  # not ours: the loop itself is going away
                 load.outcome.cancel()
                 raise
-            load.outcome.set_exception(Superseded() if load.superseded else ModelUnloadedError(load.cancelled))
+            load.outcome.set_exception(_Superseded() if load.superseded else ModelUnloadedError(load.cancelled))
         except Exception as exc:
             await asyncio.shield(self._undo(load))
             load.outcome.set_exception(exc)

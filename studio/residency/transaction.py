@@ -56,7 +56,7 @@ STEPS: MappingProxyType[LoadStep, frozenset[LoadStep]] = MappingProxyType(
 )
 
 
-class Superseded(Exception):
+class _Superseded(Exception):
     """A later load of the same model, with other settings, took this load's place (never reaches a client)."""
 
 
