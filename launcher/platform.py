@@ -18,9 +18,11 @@ import sys
 import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import psutil
+if TYPE_CHECKING:
+    import psutil
+
 
 _PR_SET_PDEATHSIG = 1
 
@@ -152,6 +154,8 @@ class ProcessTree:
             self._stop.wait(self._interval)
 
     def _look(self) -> int:
+        import psutil  # here, not at the top: build and GPU-check scripts import this module in a bare Python
+
         """Find the members alive now (those seen before included); return how many there are."""
         alive: dict[int, psutil.Process] = {}
         children: dict[int, list[int]] = {}
@@ -176,6 +180,8 @@ class ProcessTree:
         return len(found)
 
     def _kill(self) -> None:
+        import psutil
+
         self._look()
         kill_group(self.pid)
         for proc in self._seen.values():  # those that left the group

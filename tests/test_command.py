@@ -314,7 +314,7 @@ def test_each_offending_flag_is_named(real):
         ("--top-p", "-0.5"),
         ("--spec-type", "ngram-simple"),
         ("-s", "42", "--repeat-penalty", "1.1"),
-        ("--slot-save-path", "/tmp/slots"),
+        ("--lora-scaled", "x.gguf", "0.5"),
     ],
 )
 def test_allowed_extra_args_pass(real, args):

@@ -30,7 +30,9 @@ from tests.support.studio import running_studio
 pytestmark = pytest.mark.slow
 
 ZOO = ("llama-dense", "qwen2-dense", "mistral3-dense", "granite-dense")
-SMALL = ModelDefaults(n_ctx=256, spec="off")
+#: No prompt cache: its automatic size follows the room a plan finds, and these tests place by exact bills.
+SMALL = ModelDefaults(n_ctx=256, spec="off", cache_ram=0)
+NO_CACHE_PLAN = PlanRequest(n_ctx=256, spec="off", cache_ram_mib=0)
 MIB = 2**20
 
 
@@ -45,7 +47,8 @@ def bill(llama_server_bin, zoo_models):
     caps = probe(llama_server_bin)
     inventory = discover(llama_server=llama_server_bin)
     totals = [
-        plan(load_model(p), inventory, caps, PlanRequest(n_ctx=256, spec="off")).bill.total for p in zoo_models.values()
+        plan(load_model(p), inventory, caps, PlanRequest(n_ctx=256, spec="off", cache_ram_mib=0)).bill.total
+        for p in zoo_models.values()
     ]
     assert max(totals) - min(totals) < 0.05 * max(totals)
     return max(totals)
@@ -114,14 +117,17 @@ def test_a_streaming_model_is_never_evicted_and_nothing_evictable_is_a_503_namin
     gemma = "gemma"
     caps = probe(llama_server_bin)
     gemma_bill = plan(
-        load_model(gemma_model), discover(llama_server=llama_server_bin), caps, PlanRequest(n_ctx=2048, spec="off")
+        load_model(gemma_model),
+        discover(llama_server=llama_server_bin),
+        caps,
+        PlanRequest(n_ctx=2048, spec="off", cache_ram_mib=0),
     ).bill.total
     a, b = ZOO[:2]
     with running_studio(
         tmp_path,
         llama_server_bin,
         {**zoo_models, gemma: gemma_model},
-        defaults={**{n: SMALL for n in ZOO}, gemma: ModelDefaults(n_ctx=2048, spec="off")},
+        defaults={**{n: SMALL for n in ZOO}, gemma: ModelDefaults(n_ctx=2048, spec="off", cache_ram=0)},
         residency=budget(gemma_bill + 1.5 * bill),
     ) as s:
         assert chat(s.url, a).status_code == 200
@@ -162,7 +168,7 @@ def test_a_load_waiting_for_a_busy_model_is_not_starved_by_new_requests_to_it(
         load_model(gemma_model),
         discover(llama_server=llama_server_bin),
         caps,
-        PlanRequest(n_ctx=2048, n_parallel=2, spec="off"),
+        PlanRequest(n_ctx=2048, n_parallel=2, spec="off", cache_ram_mib=0),
     ).bill.total
     b = ZOO[1]
     residency = ResidencySettings(memory_budget=MemoryBudget(total=int(gemma_bill + 0.5 * bill)), busy_wait=120)
@@ -170,7 +176,7 @@ def test_a_load_waiting_for_a_busy_model_is_not_starved_by_new_requests_to_it(
         tmp_path,
         llama_server_bin,
         {**zoo_models, "gemma": gemma_model},
-        defaults={b: SMALL, "gemma": ModelDefaults(n_ctx=2048, n_parallel=2, spec="off")},
+        defaults={b: SMALL, "gemma": ModelDefaults(n_ctx=2048, n_parallel=2, spec="off", cache_ram=0)},
         residency=residency,
     ) as s:
         assert chat(s.url, "gemma").status_code == 200
@@ -287,7 +293,10 @@ def test_an_idle_timer_that_fires_before_the_ttl_is_not_lost(tmp_path, llama_ser
 def test_non_streamed_request_whose_client_leaves_frees_the_slot(tmp_path, llama_server_bin, gemma_model):
     """The slot stayed busy 38 s after the client left: the studio kept reading the answer to max_tokens."""
     with running_studio(
-        tmp_path, llama_server_bin, {"gemma": gemma_model}, defaults={"gemma": ModelDefaults(n_ctx=2048, spec="off")}
+        tmp_path,
+        llama_server_bin,
+        {"gemma": gemma_model},
+        defaults={"gemma": ModelDefaults(n_ctx=2048, spec="off", cache_ram=0)},
     ) as s:
         assert chat(s.url, "gemma").status_code == 200
         loaded = s.manager.find("gemma").loaded
