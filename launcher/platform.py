@@ -154,9 +154,9 @@ class ProcessTree:
             self._stop.wait(self._interval)
 
     def _look(self) -> int:
+        """Find the members alive now (those seen before included); return how many there are."""
         import psutil  # here, not at the top: build and GPU-check scripts import this module in a bare Python
 
-        """Find the members alive now (those seen before included); return how many there are."""
         alive: dict[int, psutil.Process] = {}
         children: dict[int, list[int]] = {}
         members = []

@@ -46,10 +46,7 @@ def bill(llama_server_bin, zoo_models):
     """The predicted total of one zoo model at -c 256 (they are all within a few KiB of each other)."""
     caps = probe(llama_server_bin)
     inventory = discover(llama_server=llama_server_bin)
-    totals = [
-        plan(load_model(p), inventory, caps, PlanRequest(n_ctx=256, spec="off", cache_ram_mib=0)).bill.total
-        for p in zoo_models.values()
-    ]
+    totals = [plan(load_model(p), inventory, caps, NO_CACHE_PLAN).bill.total for p in zoo_models.values()]
     assert max(totals) - min(totals) < 0.05 * max(totals)
     return max(totals)
 
