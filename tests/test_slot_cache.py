@@ -134,3 +134,23 @@ def test_a_slot_saved_under_another_context_is_never_restored_and_a_corrupt_one_
         warm = chat(s.url, TURN1)
         assert warm["choices"][0]["message"]["content"] == cold["choices"][0]["message"]["content"]
         assert not garbage.exists()
+
+
+@pytest.mark.slow
+def test_only_the_first_chats_after_a_start_look_for_a_saved_slot(tmp_path, llama_server_bin, smollm_model):
+    """Each chat rendered and tokenized its prompt and read every saved file's head while any file stayed
+    unrestored: a model with an old conversation on disk paid for it on every request."""
+    from studio.residency.slot_cache import MAX_MISSES
+
+    running, cache = studio(tmp_path, llama_server_bin, smollm_model)
+    other = [{"role": "user", "content": "Name three colours."}]
+    with running as s:
+        chat(s.url, TURN1)
+        unload(s.url)  # the first conversation is saved
+        for _ in range(MAX_MISSES):
+            chat(s.url, other)  # continues nothing saved
+        (resident,) = s.manager.residents
+        warmth = cache._warm[resident.loaded.url]
+        assert warmth.done and warmth.misses == MAX_MISSES and warmth.slots_restored == 0
+        later = chat(s.url, TURN1)  # too late: this llama-server stopped looking
+        assert later["timings"].get("cache_n", 0) < 0.5 * later["timings"]["prompt_n"]

@@ -9,9 +9,10 @@ its KV the same way; another model's, another build's or another context's files
 
 When the model runs again, the first chat whose prompt continues a saved slot (the prompt's tokens share
 at least half of the slot's, and 16 or more) restores it into an idle slot before the chat runs, so
-llama-server processes only the new suffix. A new save of a conversation replaces the older file it
-extends. All files together stay within ``slot_cache_disk`` bytes, least recently used out first. A file
-that cannot be read or restored is removed with a log line; it never fails a request.
+llama-server processes only the new suffix; only the first chats after a start look (see ``warm``).
+A new save of a conversation replaces the older file it extends. All files together stay within
+``slot_cache_disk`` bytes, least recently used out first. A file that cannot be read or restored is
+removed with a log line; it never fails a request.
 """
 
 from __future__ import annotations
@@ -39,6 +40,8 @@ log = structlog.get_logger(__name__)
 MIN_SHARED = 0.5
 #: ...and at least this many.
 MIN_TOKENS = 16
+#: After this many chats that continue no saved file, a llama-server stops looking.
+MAX_MISSES = 3
 #: The request fields that shape the rendered prompt (``/apply-template`` takes a chat body).
 _TEMPLATE_FIELDS = (
     "messages",
@@ -124,26 +127,37 @@ class SlotCache:
     async def warm(self, loaded: LoadedModel, body: Mapping[str, Any]) -> int:
         """Restore the saved slot that ``body``'s prompt continues, once per slot file and llama-server.
 
-        Returns the tokens restored (0: none). Never raises: a cold start is only slower.
+        Only the first chats after a start try (until every slot was restored, or ``MAX_MISSES`` chats matched
+        no file), and the saved files' tokens are read once per llama-server, so a model with no conversation
+        to bring back costs its chats nothing after that. Returns the tokens restored (0: none). Never raises:
+        a cold start is only slower.
         """
-        warmth = self._warm.setdefault(loaded.url, _Warmth())
+        warmth = self._warm.get(loaded.url)
+        if warmth is None:
+            warmth = self._warm[loaded.url] = _Warmth(self.folder(loaded.plan))
         if warmth.done or not isinstance(body.get("messages"), list):
             return 0
         async with warmth.lock:
-            folder = self.folder(loaded.plan)
-            candidates = [p for p in folder.glob("*.bin") if p not in warmth.restored]
-            if not candidates:
-                warmth.done = len(warmth.restored) > 0 or not any(folder.glob("*.bin"))
+            if warmth.done:
                 return 0
-            try:
-                return await self._restore(loaded, body, candidates, warmth)
-            except (httpx.HTTPError, ValueError, TypeError, KeyError) as exc:
-                log.warning("restoring a saved slot failed", model=loaded.name, error=str(exc))
-                return 0
+            if warmth.candidates is None:  # once per llama-server: the folder's files and their tokens
+                read = ((path, _tokens_or_none(path)) for path in warmth.folder.glob("*.bin"))
+                warmth.candidates = {path: tokens for path, tokens in read if tokens is not None}
+            restored = 0
+            if warmth.candidates:
+                try:
+                    restored = await self._restore(loaded, body, warmth)
+                except (httpx.HTTPError, ValueError, TypeError, KeyError) as exc:
+                    log.warning("restoring a saved slot failed", model=loaded.name, error=str(exc))
+            warmth.misses += restored == 0
+            warmth.done = (
+                not warmth.candidates or warmth.slots_restored >= loaded.plan.n_parallel or warmth.misses >= MAX_MISSES
+            )
+            return restored
 
-    async def _restore(
-        self, loaded: LoadedModel, body: Mapping[str, Any], candidates: list[Path], warmth: _Warmth
-    ) -> int:
+    async def _restore(self, loaded: LoadedModel, body: Mapping[str, Any], warmth: _Warmth) -> int:
+        """Restore the candidate sharing the longest prefix with ``body``'s prompt into an idle slot."""
+        assert warmth.candidates is not None
         async with httpx.AsyncClient(base_url=loaded.url, headers=loaded.auth_headers, timeout=self.timeout) as client:
             rendered = await client.post("/apply-template", json={k: body[k] for k in _TEMPLATE_FIELDS if k in body})
             prompt = rendered.json()["prompt"]
@@ -152,11 +166,7 @@ class SlotCache:
             )
             wanted = tokenized.json()["tokens"]
             best, shared = None, 0
-            for path in candidates:
-                tokens = _tokens_or_none(path)
-                if tokens is None:
-                    path.unlink(missing_ok=True)
-                    continue
+            for path, tokens in warmth.candidates.items():
                 n = _common_prefix(tokens, wanted)
                 if n >= max(MIN_TOKENS, int(len(tokens) * MIN_SHARED)) and n > shared:
                     best, shared = path, n
@@ -165,16 +175,16 @@ class SlotCache:
             slot = await _idle_slot(client)
             if slot is None:
                 return 0
+            del warmth.candidates[best]  # tried once, whatever comes of it
             resp = await client.post(f"/slots/{slot}", params={"action": "restore"}, json={"filename": best.name})
             if resp.status_code != 200:
                 log.warning("a saved slot could not be restored; removing it", file=best.name, answer=resp.text[:200])
                 best.unlink(missing_ok=True)
                 return 0
             restored = int(resp.json().get("n_restored", 0))
-        warmth.restored.add(best)
+        warmth.slots_restored += 1
         with contextlib.suppress(OSError):
             best.touch()  # recently used: the last to go under the disk budget
-        warmth.done = len(warmth.restored) >= loaded.plan.n_parallel
         log.info("saved slot restored", model=loaded.name, slot=slot, tokens=restored, shared=shared)
         return restored
 
@@ -184,11 +194,14 @@ class SlotCache:
 
 
 class _Warmth:
-    """What has been restored into one llama-server."""
+    """What one llama-server's first chats have tried to bring back."""
 
-    def __init__(self) -> None:
+    def __init__(self, folder: Path) -> None:
         self.lock = asyncio.Lock()
-        self.restored: set[Path] = set()
+        self.folder = folder
+        self.candidates: dict[Path, list[int]] | None = None  # saved files not tried yet, and their tokens
+        self.slots_restored = 0
+        self.misses = 0  # chats that matched no saved file
         self.done = False
 
 
@@ -199,10 +212,12 @@ async def _idle_slot(client: httpx.AsyncClient) -> int | None:
 
 
 def _tokens_or_none(path: Path) -> list[int] | None:
+    """``path``'s tokens; an unreadable file is removed with a log line (it would never restore)."""
     try:
         return read_tokens(path)
     except SlotFileError as exc:
-        log.warning("a saved slot file is unreadable; skipping it", file=str(path), error=str(exc))
+        log.warning("a saved slot file is unreadable; removing it", file=str(path), error=str(exc))
+        path.unlink(missing_ok=True)
         return None
 
 
