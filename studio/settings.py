@@ -185,6 +185,15 @@ _SIZE_UNITS = {
 }
 
 
+#: Disk for the slots saved before a stop (``studio.residency.slot_cache``), unless the config says otherwise.
+SLOT_CACHE_DISK = 4 * 2**30
+
+
+def _slot_cache_disk(value: str | int) -> int:
+    """``slot_cache_disk``: a size, or 0 (which ``parse_size`` refuses) for no saved slots."""
+    return 0 if value in (0, "0") else parse_size(value)
+
+
 def parse_size(text: str | int) -> int:
     """Bytes in ``text``: ``2GiB``, ``512 MiB``, ``1.5GB``, or a plain number of bytes.
 
@@ -237,7 +246,7 @@ class ResidencySettings:
     preload: tuple[str, ...] = ()
     unload_grace: float = 10.0
     busy_wait: float = 30.0
-    slot_cache_disk: int = 4 * 2**30  # bytes of saved slots in the studio home; 0: slots are not saved
+    slot_cache_disk: int = SLOT_CACHE_DISK  # bytes of saved slots in the studio home; 0: slots are not saved
 
 
 @dataclass(frozen=True)
@@ -449,9 +458,9 @@ def _read_config(path: Path, *, explicit: bool) -> dict[str, Any]:
             MemoryBudget.parse(config["memory_budget"], where="memory_budget")
         except ValueError as exc:
             problems.append(str(exc))
-    if "slot_cache_disk" in config and config["slot_cache_disk"] not in (0, "0"):
+    if "slot_cache_disk" in config:
         try:
-            parse_size(config["slot_cache_disk"])
+            _slot_cache_disk(config["slot_cache_disk"])
         except ValueError as exc:
             problems.append(f"slot_cache_disk: {exc}")
     workers = config.get("rpc_workers", [])
@@ -495,9 +504,7 @@ def _residency(config: dict[str, Any], env: Mapping[str, str], path: Path) -> Re
         preload=tuple(config.get("preload", ())),
         unload_grace=config.get("unload_grace", 10.0),
         busy_wait=config.get("busy_wait", 30.0),
-        slot_cache_disk=(
-            0 if config.get("slot_cache_disk") in (0, "0") else parse_size(config.get("slot_cache_disk", 4 * 2**30))
-        ),
+        slot_cache_disk=_slot_cache_disk(config.get("slot_cache_disk", SLOT_CACHE_DISK)),
     )
 
 

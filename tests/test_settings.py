@@ -83,6 +83,7 @@ def test_the_ollama_listener_is_off_unless_a_port_is_given(tmp_path):
         ("[models.m]\npinned = 'yes'", "pinned must be true or false"),
         ("[models.m]\nctx = 1", "unknown key 'ctx'"),
         ("[models.m]\nextra_args = '--temp 0.7'", "extra_args must be a list of strings"),
+        ("slot_cache_disk = 'lots'", "slot_cache_disk: 'lots' is not a size"),
     ],
 )
 def test_a_bad_config_file_is_one_clear_error(tmp_path, text, words):
@@ -281,3 +282,9 @@ def test_every_yes_no_variable_reads_no_the_same_way(tmp_path, text):
     assert (s.log_json, s.auto_download, HubConfig.from_env(env).offline) == (False, False, False)
     unset = Settings.from_env({"GGUF_STUDIO_HOME": str(tmp_path), "GGUF_STUDIO_AUTO_DOWNLOAD": ""})
     assert unset.auto_download is True  # empty is unset: the config file's value holds
+
+
+@pytest.mark.parametrize("line, disk", [("", 4 * 2**30), ("slot_cache_disk = 0", 0), ('slot_cache_disk = "1GiB"', 2**30)])
+def test_slot_cache_disk_is_a_size_and_zero_saves_nothing(tmp_path, line, disk):
+    (tmp_path / "config.toml").write_text(f"{line}\n")
+    assert Settings.from_env({"GGUF_STUDIO_HOME": str(tmp_path)}).residency.slot_cache_disk == disk
