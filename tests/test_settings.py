@@ -284,7 +284,9 @@ def test_every_yes_no_variable_reads_no_the_same_way(tmp_path, text):
     assert unset.auto_download is True  # empty is unset: the config file's value holds
 
 
-@pytest.mark.parametrize("line, disk", [("", 4 * 2**30), ("slot_cache_disk = 0", 0), ('slot_cache_disk = "1GiB"', 2**30)])
+@pytest.mark.parametrize(
+    "line, disk", [("", 4 * 2**30), ("slot_cache_disk = 0", 0), ('slot_cache_disk = "1GiB"', 2**30)]
+)
 def test_slot_cache_disk_is_a_size_and_zero_saves_nothing(tmp_path, line, disk):
     (tmp_path / "config.toml").write_text(f"{line}\n")
     assert Settings.from_env({"GGUF_STUDIO_HOME": str(tmp_path)}).residency.slot_cache_disk == disk
