@@ -16,6 +16,7 @@ import psutil
 import pytest
 
 from launcher.devices import Device, Inventory
+from launcher.errors import LoadError
 from studio.errors import BusyError, ModelUnloadedError
 from studio.residency.lifecycle import ResidentState
 from studio.residency.requests import LoadRequest
@@ -272,6 +273,66 @@ def test_an_unload_of_a_model_waiting_for_memory_cancels_its_load(tmp_path, real
             for lease in leases:
                 await lease()
             await manager.aclose()
+            assert children.running() == {}
+
+    asyncio.run(run())
+
+
+def test_an_unload_while_a_failed_load_is_undone_still_answers_its_waiters(tmp_path, real, zoo_models, monkeypatch):
+    """A cancel that arrived while a failed load was being undone left the load's outcome unset: every
+    request waiting for that load waited for ever (found by the state-machine test once stops saved slots)."""
+    from studio.residency.manager import ModelManager
+
+    a = ZOO[0]
+    real_undo = ModelManager._undo
+
+    async def slow_undo(self, load):  # an undo that takes a while, as one that stops a llama-server does
+        await asyncio.sleep(0.3)
+        await real_undo(self, load)
+
+    monkeypatch.setattr(ModelManager, "_undo", slow_undo)
+
+    async def run() -> None:
+        with fake_children() as children:
+            children.failing.add(f"{a}.gguf")
+            manager = fake_manager(tmp_path, children, real, {a: zoo_models[a]})
+            waiter = asyncio.create_task(manager.load(LoadRequest(model=a)))
+            await asyncio.sleep(0.15)  # the start failed; its undo runs
+            assert manager.loads, "the load should still be undoing"
+            await asyncio.wait_for(manager.unload(a), 5)
+            with pytest.raises(LoadError, match="injected failure"):
+                await asyncio.wait_for(waiter, 5)
+            assert manager.loads == [] and children.running() == {}
+            await manager.aclose()
+
+    asyncio.run(run())
+
+
+def test_a_load_superseded_in_the_tick_it_began_still_answers_its_waiters(tmp_path, real, zoo_models, monkeypatch):
+    """Two loads of one model with other settings, sent together (a GUI applying two settings at once):
+    the first load's task was cancelled before its first step ran, so none of its code settled it, and
+    its waiters (and the shutdown after them) waited for ever (found by the state-machine test)."""
+    from studio.residency.manager import ModelManager
+
+    a = ZOO[0]
+
+    async def entry_at_once(self, model):  # a lookup that answers without a thread: the second load runs
+        return self.catalog.resolve(model)  # before the first load's task took its first step
+
+    monkeypatch.setattr(ModelManager, "_entry", entry_at_once)
+
+    async def run() -> None:
+        with fake_children() as children:
+            manager = fake_manager(tmp_path, children, real, {a: zoo_models[a]})
+            first, second = await asyncio.wait_for(
+                asyncio.gather(
+                    manager.load(LoadRequest(model=a, n_ctx=256)), manager.load(LoadRequest(model=a, n_ctx=512))
+                ),
+                10,
+            )
+            assert first is second and first.settings.n_ctx == 512  # the later settings win, once
+            assert manager.loads == [] and len(children.running()) == 1
+            await asyncio.wait_for(manager.aclose(), 10)
             assert children.running() == {}
 
     asyncio.run(run())

@@ -323,6 +323,7 @@ class ModelManager:
         load = Load(model, entry, request, self._settings(request, entry), replacing=None, after=after)
         self._loads[entry.path] = load
         load.task = asyncio.create_task(self._run_load(load), name=f"load {entry.name}")
+        load.task.add_done_callback(lambda _: self._settled(load))
         return load
 
     async def _run_load(self, load: Load) -> None:
@@ -333,18 +334,28 @@ class ModelManager:
         except asyncio.CancelledError:
             await asyncio.shield(self._undo(load))
             if load.cancelled is None:  # not ours: the loop itself is going away
-                load.outcome.cancel()
                 raise
-            load.outcome.set_exception(_Superseded() if load.superseded else ModelUnloadedError(load.cancelled))
+            load.outcome.set_exception(load.failure())
         except Exception as exc:
+            if not load.outcome.done():  # kept even if an unload cancels the load while it is undone
+                load.outcome.set_exception(exc)
             await asyncio.shield(self._undo(load))
-            load.outcome.set_exception(exc)
         else:
             self._commit(load, resident)
-        finally:
-            if self._loads.get(load.entry.path) is load:
-                del self._loads[load.entry.path]
-            self._notify()
+
+    def _settled(self, load: Load) -> None:
+        """The load's task ended, however: every waiter hears once, and the model may be loaded anew.
+
+        A done callback rather than a ``finally``: a load cancelled before its task's first step (superseded
+        in the same tick it began, or by the shutdown) runs none of its own code.
+        """
+        if not load.outcome.done():
+            load.outcome.set_exception(load.failure())
+        if load.step not in (LoadStep.COMMITTED, LoadStep.UNDONE):
+            load.move(LoadStep.UNDONE)  # cancelled before it touched anything
+        if self._loads.get(load.entry.path) is load:
+            del self._loads[load.entry.path]
+        self._notify()
 
     async def _transact(self, load: Load) -> ResidentModel:
         """Check, reserve, start; return the ready resident. Raises what refused or failed the load."""

@@ -25,6 +25,7 @@ import enum
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
+from studio.errors import ModelUnloadedError
 from studio.library.catalog import CatalogEntry
 from studio.residency.placement import Holder
 from studio.residency.requests import LoadRequest, LoadSettings
@@ -83,6 +84,12 @@ class Load:
     def __post_init__(self) -> None:
         # A load nobody waits for any more (its client left) still settles: its error is no leak.
         self.outcome.add_done_callback(lambda done: done.cancelled() or done.exception())
+
+    def failure(self) -> Exception:
+        """What the waiters of a load that ended without a resident hear."""
+        if self.superseded:
+            return _Superseded()
+        return ModelUnloadedError(self.cancelled or f"the load of {self.entry.name} was interrupted")
 
     def names(self, model: str) -> bool:
         """Whether ``model`` (a name a request used, the catalog name or the path) names this load's model."""
