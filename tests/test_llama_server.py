@@ -97,21 +97,25 @@ def test_ggstudio_serve_answers_chat_and_stops_on_ctrl_c(gemma_model, llama_serv
     """What `make run` does: the studio service with the default model loaded, until Ctrl-C."""
     port = free_port()
     cli = Path(sys.executable).parent / "ggstudio"
-    with subprocess.Popen(
-        [str(cli), "serve", "--port", str(port), "--ctx", "2048"],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    ) as proc:
+    log = tmp_path / "serve.log"  # read on a failure: a pipe nobody reads would block the studio's logging
+    with (
+        log.open("w") as err,
+        subprocess.Popen(
+            [str(cli), "serve", "--port", str(port), "--ctx", "2048"], stdout=subprocess.PIPE, stderr=err, text=True
+        ) as proc,
+    ):
         try:
             line = proc.stdout.readline()
-            assert f"http://127.0.0.1:{port}" in line, line + (proc.stderr.read() if proc.poll() is not None else "")
+            assert f"http://127.0.0.1:{port}" in line, line + log.read_text()
             # A request without `model` waits for the start-up load instead of failing.
-            reply = httpx.post(
-                f"http://127.0.0.1:{port}/v1/chat/completions",
-                json={"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 4},
-                timeout=120,
-            )
+            try:
+                reply = httpx.post(
+                    f"http://127.0.0.1:{port}/v1/chat/completions",
+                    json={"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 4},
+                    timeout=120,
+                )
+            except httpx.TimeoutException:
+                pytest.fail(f"the first chat did not answer in 120 s; the studio logged:\n{log.read_text()[-6000:]}")
             assert reply.status_code == 200, reply.text
             assert reply.json()["choices"][0]["message"]["content"] is not None
             status = httpx.get(f"http://127.0.0.1:{port}/api/status").json()
