@@ -207,35 +207,41 @@ def attachment_type(conn: sqlite3.Connection, digest: str) -> str | None:
 
 
 def search(conn: sqlite3.Connection, text: str, *, limit: int) -> list[dict[str, Any]]:
-    """Conversations whose title or messages hold every word of ``text`` (the last one as a prefix), best first.
+    """Conversations whose title or messages hold every word of ``text`` (the last one as a prefix).
 
-    Each comes with ``snippet``, the matching text around the first hit (its title's, else a message's).
+    Those whose title matches come first, then those with a matching message, the newest message
+    first; each with ``snippet``, the text around its newest hit (``None`` for a title hit). Newest
+    first, not by relevance: ranking every hit of a common word costs a scan of them all
+    (``scripts/bench_history.py``: 250 ms for one in most of 100,000 messages), while FTS5 walks
+    its matches newest first and stops at ``limit``.
     """
     query = fts_query(text)
     if not query:
         return []
-    found: dict[str, dict[str, Any]] = {}
+    hits: dict[str, dict[str, Any]] = {}
     for row in conn.execute(
-        "SELECT c.id, bm25(title_search) AS rank FROM title_search "
-        "JOIN conversations c ON c.rowid = title_search.rowid WHERE title_search MATCH ? ORDER BY rank LIMIT ?",
+        "SELECT c.id FROM title_search JOIN conversations c ON c.rowid = title_search.rowid "
+        "WHERE title_search MATCH ? ORDER BY c.updated DESC LIMIT ?",
         (query, limit),
     ):
-        found[row["id"]] = {"id": row["id"], "rank": row["rank"], "snippet": None, "message_id": None}
-    for row in conn.execute(
-        "SELECT m.conversation_id AS id, m.id AS message_id, bm25(message_search) AS rank, "
-        "snippet(message_search, -1, '', '', '…', 16) AS snippet "
-        "FROM message_search JOIN messages m ON m.id = message_search.rowid "
-        "WHERE message_search MATCH ? ORDER BY rank LIMIT ?",
-        (query, limit * 4),
-    ):
-        hit = found.setdefault(row["id"], {"id": row["id"], "rank": row["rank"], "snippet": None, "message_id": None})
-        if hit["snippet"] is None:
-            hit.update(snippet=row["snippet"], message_id=row["message_id"])
-    ranked = sorted(found.values(), key=lambda h: h["rank"])[:limit]
+        hits[row["id"]] = {"snippet": None, "message_id": None}
+    seen = 0
+    while len(hits) < limit:  # a conversation may hold many hits: read on until ``limit`` conversations
+        batch = conn.execute(
+            "SELECT rowid, snippet(message_search, -1, '', '', '…', 16) AS snippet FROM message_search "
+            "WHERE message_search MATCH ? ORDER BY rowid DESC LIMIT ? OFFSET ?",
+            (query, limit * 4, seen),
+        ).fetchall()
+        for row in batch:
+            owner = conn.execute("SELECT conversation_id FROM messages WHERE id = ?", (row["rowid"],)).fetchone()
+            if owner is not None and owner[0] not in hits:
+                hits[owner[0]] = {"snippet": row["snippet"], "message_id": row["rowid"]}
+        seen += len(batch)
+        if len(batch) < limit * 4:
+            break
     out = []
-    for hit in ranked:
-        conversation = get_conversation(conn, hit["id"], messages=False)
-        out.append({**conversation, "snippet": hit["snippet"], "message_id": hit["message_id"]})
+    for cid, hit in list(hits.items())[:limit]:
+        out.append({**get_conversation(conn, cid, messages=False), **hit})
     return out
 
 
