@@ -7,6 +7,7 @@ What the real llama-server and a real ``kill -9`` show is in ``test_history_serv
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import hashlib
 import json
@@ -20,10 +21,11 @@ import pytest
 
 from studio.history import store
 from studio.history.database import SCHEMA_VERSION, open_database
+from studio.history.recorder import begin_turn
 from studio.history.service import History
 from studio.http.app import create_app
 from tests.helpers import serving, wait_for
-from tests.replay_upstream import Answer, ReplayUpstream
+from tests.replay_upstream import WEATHER_TOOL, Answer, ReplayUpstream
 from tests.standin_manager import StandInManager, StandInModel
 
 PNG = base64.b64decode(
@@ -468,3 +470,49 @@ def test_deleting_the_last_conversation_that_names_an_attachment_deletes_its_fil
         httpx.delete(f"{base}/api/conversations/{cid}", timeout=10).raise_for_status()
         assert httpx.get(f"{base}/api/attachments/{digest}").status_code == 404
     assert not (home / "attachments" / digest).exists()
+
+
+def test_a_tool_call_the_page_is_to_run_is_stored_with_the_answer(replay, home):
+    replay.script(Answer(content=["Checking."], tool_calls=[("get_weather", '{"city": "Paris"}')]))
+    with studio(replay, home) as base:
+        cid = new_conversation(base)
+        events = chat(base, cid, "Weather in Paris?", tools=[WEATHER_TOOL])
+        assert events[-1]["type"] == "done"
+        answer = stored(base, cid)["messages"][-1]
+    assert answer["tool_calls"] == [{"id": "replay0", "name": "get_weather", "arguments": '{"city": "Paris"}'}]
+    assert answer["content"] == "Checking." and answer["timings"]["finish_reason"] == "tool_calls"
+
+
+def test_an_image_in_a_question_is_stored_once_by_its_hash(home):
+    """``begin_turn`` on the real store (the replay model takes no images, so the chat route refuses them)."""
+    url = f"data:image/png;base64,{base64.b64encode(PNG).decode()}"
+    question = [{"type": "text", "text": "What is this?"}, {"type": "image_url", "image_url": {"url": url}}]
+    history = History(home)
+
+    async def twice() -> list[dict[str, Any]]:
+        cid = (await history.write(store.create_conversation))["id"]
+        for _ in range(2):
+            await begin_turn(history, cid, {"messages": [{"role": "user", "content": question}]}, "m", {})
+        return list(await history.read(store.list_messages, cid))
+
+    try:
+        messages = asyncio.run(twice())
+    finally:
+        history.close()
+    digest = hashlib.sha256(PNG).hexdigest()
+    users = [m for m in messages if m["role"] == "user"]
+    assert [m["content"] for m in users] == ["What is this?"] * 2
+    assert all(m["attachments"] == [{"hash": digest, "media_type": "image/png"}] for m in users)
+    assert [p.name for p in (home / "attachments").iterdir()] == [digest]
+    assert (home / "attachments" / digest).read_bytes() == PNG
+
+
+def test_history_requests_hung_forever_when_no_app_had_started_the_store(home):
+    """An app served without its lifespan (a bare ``TestClient``) must not leave history requests waiting forever."""
+    history = History(home)
+    try:
+        created = asyncio.run(asyncio.wait_for(history.write(store.create_conversation), 10))
+        listed = asyncio.run(asyncio.wait_for(history.read(lambda c: store.list_conversations(c, limit=10)), 10))
+    finally:
+        history.close()
+    assert [c["id"] for c in listed] == [created["id"]]

@@ -55,9 +55,14 @@ class History:
         self._opened: Future[None] = Future()
 
     def start(self) -> None:
-        """Start the threads; the writer opens (creates, migrates) the database first. Returns at once."""
+        """Start the threads (unless they run); the writer opens (creates, migrates) the database first.
+
+        Returns at once. The app starts it; the first read or write does too, where no app did.
+        """
         if self._threads:
             return
+        if self._opened.done():  # started again after ``close``: the writer opens the file again
+            self._opened = Future()
         self._threads.append(threading.Thread(target=self._write_loop, name="studio: history writer", daemon=True))
         self._threads += [
             threading.Thread(target=self._read_loop, name=f"studio: history reader {i}", daemon=True)
@@ -96,20 +101,18 @@ class History:
     def submit(self, fn: Callable[..., T], *args: Any) -> Future[T]:
         """Queue ``fn(connection, *args)`` for the writer and return its future at once (usable in a ``finally``
         that may not await)."""
+        self.start()  # a write after ``close`` (an answer's last save at shutdown) is still done
         future: Future[T] = Future()
         self._writes.put((fn, args, future))
         return future
 
     async def read(self, fn: Callable[..., T], *args: Any) -> T:
         """Return ``fn(connection, *args)`` run on a reader thread."""
+        self.start()
         await asyncio.wrap_future(self._opened)  # readers need the migrated schema
         future: Future[T] = Future()
         self._reads.put((fn, args, future))
         return await asyncio.wrap_future(future)
-
-    async def ready(self) -> None:
-        """Wait until the database is open; raise ``HistoryUnavailableError`` when it cannot be used."""
-        await asyncio.wrap_future(self._opened)
 
     # -- attachments ------------------------------------------------------------------------------
 
