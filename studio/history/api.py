@@ -125,9 +125,7 @@ async def update(request: Request, cid: str, body: ConversationBody) -> dict[str
 @router.delete("/conversations/{cid}")
 async def delete(request: Request, cid: str) -> dict[str, Any]:
     """Delete it, its messages, and the attachments no other message names."""
-    history = history_of(request)
-    orphans = await history.write(store.delete_conversation, cid)
-    history.remove_attachments(orphans)
+    await history_of(request).delete_conversation(cid)
     return {"deleted": cid}
 
 

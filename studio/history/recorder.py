@@ -12,7 +12,6 @@ full disk) becomes one ``history`` event for the page, while the answer goes on.
 
 from __future__ import annotations
 
-import base64
 import binascii
 import re
 import sqlite3
@@ -98,10 +97,9 @@ async def _user_content(history: History, content: Any) -> tuple[str, list[dict[
             if found is None:
                 continue  # a remote URL: the model fetched it; nothing to keep
             try:
-                data = base64.b64decode(found["data"], validate=True)
+                digest = await history.store_attachment(found["data"], found["type"])
             except (binascii.Error, ValueError):
-                continue  # preflight refuses these before this is reached
-            digest = await history.store_attachment(data, found["type"])
+                continue  # not base64: the media preflight refuses these before this is reached
             attachments.append({"hash": digest, "media_type": found["type"]})
     return "\n".join(texts), attachments
 

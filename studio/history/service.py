@@ -14,6 +14,7 @@ that recorded it goes on and says so (``studio.history.recorder``).
 from __future__ import annotations
 
 import asyncio
+import base64
 import hashlib
 import os
 import queue
@@ -116,16 +117,30 @@ class History:
 
     # -- attachments ------------------------------------------------------------------------------
 
-    async def store_attachment(self, data: bytes, media_type: str) -> str:
-        """Store ``data`` once by its sha256 (a file in ``attachments/``, then its row); return the hash."""
-        digest = hashlib.sha256(data).hexdigest()
-        await self.write(self._write_attachment, digest, data, media_type)
-        return digest
+    async def store_attachment(self, data: bytes | str, media_type: str) -> str:
+        """Store ``data`` (bytes, or base64 text) once by its sha256 (a file in ``attachments/``, then its row);
+        return the hash.
+
+        Raises:
+            binascii.Error: ``data`` is text that is not base64.
+        """
+        return await self.write(self._write_attachment, data, media_type)
+
+    async def delete_conversation(self, cid: str) -> None:
+        """Delete ``cid``, its messages, and the files of the attachments no other message names."""
+        await self.write(self._delete, cid)
 
     def attachment_path(self, digest: str) -> Path:
         return self.attachments / digest
 
-    def _write_attachment(self, conn: sqlite3.Connection, digest: str, data: bytes, media_type: str) -> None:
+    def _delete(self, conn: sqlite3.Connection, cid: str) -> None:
+        for digest in store.delete_conversation(conn, cid):
+            self.attachment_path(digest).unlink(missing_ok=True)
+
+    def _write_attachment(self, conn: sqlite3.Connection, data: bytes | str, media_type: str) -> str:
+        if isinstance(data, str):  # decoded and hashed here, not on the event loop: an image may be megabytes
+            data = base64.b64decode(data, validate=True)
+        digest = hashlib.sha256(data).hexdigest()
         target = self.attachment_path(digest)
         if not target.exists():
             self.attachments.mkdir(parents=True, exist_ok=True)
@@ -133,11 +148,7 @@ class History:
             partial.write_bytes(data)
             os.replace(partial, target)  # a crash leaves a .partial, never a half file under the hash
         store.add_attachment(conn, digest, media_type, len(data))
-
-    def remove_attachments(self, digests: list[str]) -> None:
-        """Delete the files of attachments no message names any more (their rows are gone)."""
-        for digest in digests:
-            self.attachment_path(digest).unlink(missing_ok=True)
+        return digest
 
     # -- threads ----------------------------------------------------------------------------------
 
