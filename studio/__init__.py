@@ -8,6 +8,7 @@ Imports flow ``studio -> launcher -> gguf``. The wings:
   transitions are ``lifecycle``'s, placed by ``placement`` and run by the ``manager``;
 - ``library``: model folders, the catalog, the Hugging Face Hub, downloads, the default model;
 - ``chat``: what a conversation needs beyond relaying (reasoning, tool calls, media, usage);
+- ``history``: conversations kept in SQLite in the studio home, searchable, exported and imported;
 - ``views``: plans, models and residency as JSON and text; ``cli``: the command line.
 
 ``errors`` draws the studio's error tree and ``error_table`` says what every error of the three

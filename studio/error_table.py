@@ -65,6 +65,10 @@ TABLE: Mapping[type[BaseException], Outcome] = {
     s.DiskSpaceError: Outcome(507, "insufficient_storage", None, Exit.DOES_NOT_FIT),
     s.DownloadCancelledError: Outcome(499, "cancelled", None),
     s.AnsweredError: Outcome(502, "upstream_error", None),
+    s.HistoryError: Outcome(500, _SERVER, "history_failed"),
+    s.HistoryUnavailableError: Outcome(503, "history_unavailable", "history_unavailable"),
+    s.HistoryWriteError: Outcome(507, "insufficient_storage", "history_write_failed"),
+    s.ConversationNotFoundError: Outcome(404, "not_found_error", "conversation_not_found", Exit.NOT_FOUND),
     TurnError: Outcome(502, "upstream_error", None),
     # gguf: a file that is not a usable model
     g.GGUFError: Outcome(400, _BAD, "invalid_gguf", param="model"),

@@ -19,6 +19,10 @@
     │   ├── HubAuthError (+PermissionError) the repo needs a token with access: set HF_TOKEN
     │   ├── DiskSpaceError (+OSError)       the download does not fit on the disk
     │   └── DownloadCancelledError          the download was cancelled; the cache stays consistent
+    ├── HistoryError                        the conversation store failed (studio.history)
+    │   ├── HistoryUnavailableError         its database is corrupt, from a newer studio or unreadable
+    │   └── HistoryWriteError (+OSError)    a write failed (a full disk): the chat goes on unsaved
+    ├── ConversationNotFoundError (+LookupError) no stored conversation (or attachment) has that id
     ├── UpstreamError                       llama-server failed or went away
     ├── AnsweredError                       another server answered with an error: its status and code, kept
     │   └── TurnError                       llama-server, to one model call of a chat (studio.chat.model_turn)
@@ -130,6 +134,22 @@ class DiskSpaceError(HubError, OSError):
 
 class DownloadCancelledError(HubError):
     """The download was cancelled; complete files stay in the cache, the partial one is gone."""
+
+
+class HistoryError(StudioError):
+    """The conversation store failed."""
+
+
+class HistoryUnavailableError(HistoryError):
+    """The history database cannot be used (corrupt, from a newer studio, unreadable); the file is left as it is."""
+
+
+class HistoryWriteError(HistoryError, OSError):
+    """A write to the history database failed (a full disk, a read-only file): nothing of it was stored."""
+
+
+class ConversationNotFoundError(StudioError, LookupError):
+    """No stored conversation (or attachment) has the id asked for."""
 
 
 class UpstreamError(StudioError):

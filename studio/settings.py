@@ -341,6 +341,11 @@ class Settings:
         return self.home / "logs"
 
     @property
+    def history_dir(self) -> Path:
+        """The chat history: ``history.db`` (SQLite) and ``attachments/`` (``studio.history``)."""
+        return self.home / "history"
+
+    @property
     def spec_dir(self) -> Path:
         """``ggstudio bench-spec``'s measurements, which ``auto`` follows (``launcher.spec_measurements``)."""
         return self.home / "spec"

@@ -3,7 +3,8 @@
 The proxy and ``/api/chat`` reach llama-server only through ``await manager.acquire(model)``,
 the ``LoadedModel`` it returns (``.name``, ``.url``, ``.auth_headers``, ``.n_ctx``,
 ``.template``, ``.plan.rpc_workers``, and ``.plan.model.projector`` / ``.path`` for the media
-checks) and its ``Lease`` (awaited to release; ``.interruption`` when the model went away), once
+checks, ``.settings`` for the chat history) and its ``Lease`` (awaited to release; ``.interruption``
+when the model went away), once
 the path rule and the media preflight have asked ``find``, ``work_timeout``, ``catalog`` and
 ``model_defaults``, and ``/metrics`` has subscribed to ``listeners``; this gives them a model with
 those attributes that lives at ``tests.replay_upstream.ReplayUpstream``'s URL, so the real proxy code runs against
@@ -19,6 +20,7 @@ from typing import Any
 
 from gguf.templates import TemplateCapabilities
 from studio.errors import ModelNotFoundError
+from studio.residency.requests import LoadSettings
 
 
 @dataclass(frozen=True)
@@ -35,6 +37,10 @@ class _NoWorkers:
     model: _TextOnly = field(default_factory=_TextOnly)
 
 
+class _NoBudget:
+    memory_budget = None
+
+
 @dataclass(frozen=True)
 class StandInModel:
     """The attributes of ``LoadedModel`` the request path reads."""
@@ -45,6 +51,7 @@ class StandInModel:
     template: TemplateCapabilities | None = None
     auth_headers: dict[str, str] = field(default_factory=dict)
     plan: _NoWorkers = field(default_factory=_NoWorkers)
+    settings: LoadSettings = LoadSettings(path=_TextOnly.path, n_ctx=4096, n_parallel=1, extra_args=())
 
 
 class StandInLease:
@@ -66,6 +73,11 @@ class StandInManager:
     """``acquire`` returns the one model; ``in_flight`` shows requests not yet released."""
 
     work_timeout = 30.0  # seconds the HTTP layer gives a path check, as the real manager's
+    # what ``/api/status`` reads: no resident model (the replay one is not one), nothing waiting, no budget
+    default = None
+    resolving = None
+    waiting = 0
+    residency = _NoBudget()
 
     def __init__(self, model: Any) -> None:
         self.model = model

@@ -95,6 +95,8 @@ def watched(browser, studio, tmp_path):
     page = browser.new_page()
     page.set_viewport_size(WIDE)
     w = Watched(page, tmp_path)
+    # each test starts a new chat: the page would open the one the previous test left (tests/test_history_page.py)
+    page.add_init_script("localStorage.removeItem('ggstudio-conversation')")
     page.goto(f"{studio.url}/")
     page.wait_for_selector(f"li.card.model[data-model='{TINY}']")
     yield w

@@ -381,6 +381,7 @@ def _serve(
     # The service's imports (FastAPI, uvicorn, httpx) stay here: other commands start fast without them.
     from launcher.process import ensure_port_free
     from studio.chat.toolbox import Toolbox
+    from studio.history.service import History
     from studio.http.access import AccessPolicy
     from studio.http.app import create_app
     from studio.http.ollama_app import create_ollama_app
@@ -439,6 +440,7 @@ def _serve(
         toolbox=Toolbox(settings.tools, scratch_dir=settings.home / "scratch", logs_dir=settings.logs_dir),
         max_body_bytes=settings.max_body_bytes,
         downloads=manager.downloads,
+        history=History(settings.history_dir),
     )
     ollama_app = create_ollama_app(app, api_token=token, access=access) if ollama_port is not None else None
     try:

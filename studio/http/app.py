@@ -17,6 +17,8 @@ from prometheus_client import CONTENT_TYPE_LATEST
 
 from studio import __version__
 from studio.chat.toolbox import Toolbox
+from studio.history.api import router as history_router
+from studio.history.service import History
 from studio.http.access import AccessPolicy
 from studio.http.auth import BearerTokenMiddleware
 from studio.http.browser_guard import BrowserGuard
@@ -51,6 +53,7 @@ def create_app(
     toolbox: Toolbox | None = None,
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
     downloads: DownloadManager | None = None,
+    history: History | None = None,
 ) -> FastAPI:
     """Return the service app around ``manager``; the ``preload`` models start loading at start-up, in order.
 
@@ -61,7 +64,9 @@ def create_app(
     ``toolbox`` holds the tools ``/api/chat`` may run; its MCP servers start and stop with the app
     (in the background: the app serves at once, and a server that fails is shown in ``/api/tools``).
     Request bodies over ``max_body_bytes`` get a 413. ``downloads`` serves ``/api/pull`` (default: the
-    manager's, else one over huggingface_hub's environment, without auto-download).
+    manager's, else one over huggingface_hub's environment, without auto-download). ``history`` stores
+    conversations (``/api/conversations``, ``/api/chat`` with a ``conversation_id``); it opens with the app, and
+    a database it cannot use leaves the rest of the studio working.
     ``app.state`` holds what the routes share (the manager, the metrics, the path policy, the body limit and, once
     started, the pooled upstream, the downloads and the toolbox): the Ollama listener's app shares
     it too (``studio.http.ollama_app``).
@@ -74,10 +79,14 @@ def create_app(
         app.state.toolbox = tools = toolbox or Toolbox.empty()
         app.state.tools_started = asyncio.create_task(tools.start())
         preloading = asyncio.create_task(manager.preload(preload)) if preload else None
+        if history is not None:
+            history.start()
         try:
             yield
         finally:
             try:
+                if history is not None:
+                    await asyncio.to_thread(history.close)  # the answers' last saves are written first
                 # A preload still running would otherwise start its model again after the manager stopped it.
                 for task in (preloading, app.state.tools_started):
                     if task is not None:
@@ -91,11 +100,13 @@ def create_app(
     app = FastAPI(title="GGUF Studio", version=__version__, lifespan=lifespan)
     app.state.paths = paths or PathPolicy.for_catalog(manager.catalog)
     app.state.manager = manager
+    app.state.history = history
     app.state.max_body_bytes = max_body_bytes  # the Ollama listener's limit too
     app.state.metrics = metrics = StudioMetrics(manager)
     app.include_router(api_router)
     app.include_router(chat_router)
     app.include_router(pull_router)
+    app.include_router(history_router)
     app.include_router(proxy_router)
     app.include_router(page_router)
     app.add_middleware(OpenAIRoutes, on_error=error_response)

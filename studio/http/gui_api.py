@@ -256,7 +256,9 @@ async def ttl(request: Request, body: TtlBody) -> dict[str, Any]:
 
 @router.get("/status")
 async def status(request: Request) -> dict[str, Any]:
-    return status_json(_manager(request))
+    """The models (``studio.views.residency``) and, under ``history``, whether the chat history can be used."""
+    history = getattr(request.app.state, "history", None)
+    return {**status_json(_manager(request)), "history": None if history is None else history.status()}
 
 
 #: States after which a load's progress stream ends.

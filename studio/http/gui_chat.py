@@ -14,6 +14,11 @@ for itself, so a long tool run holds no model. Without ``use_tools`` a request's
 own OpenAI ``tools`` go to the model and its calls come back as ``tool_call``
 events for the GUI to handle (healed from leaked markup).
 
+With ``conversation_id`` (one of ``/api/conversations``) the turn is stored as it happens
+(``studio.history.recorder``): the user's message first, then the answer while it streams; the
+conversation remembers the model, its load settings and the options. A failure to store adds a
+``history`` event and the answer goes on.
+
 ``POST /api/chat`` is answered by ``GuiChatRoute``, pure ASGI ahead of FastAPI
 (as the OpenAI routes are), and its events go out through
 ``studio.http.relay.EventStream``: both cost less per request and per event
@@ -40,13 +45,17 @@ from studio.chat.tool_loop import LoopLimits, run_tool_loop
 from studio.chat.tool_schema import check_tool_fields, tool_parameters
 from studio.chat.toolbox import Toolbox
 from studio.chat.usage import UsageTotals
-from studio.errors import BadRequestError, StudioError, error_body
+from studio.errors import BadRequestError, ConversationNotFoundError, HistoryError, StudioError, error_body
+from studio.history.api import history_of
+from studio.history.recorder import Turn as StoredTurn
+from studio.history.recorder import begin_turn, recorded
 from studio.http.bodies import ApiBody
 from studio.http.errors import Dialect, answer_response, describe, openai_shape, validation_answer
 from studio.http.model_paths import check_model_path
 from studio.http.openai_proxy import broke_off, prepare_chat_body, send_upstream
 from studio.http.relay import EventStream
 from studio.residency.manager import ModelManager
+from studio.residency.requests import LoadSettings
 from studio.residency.resident import Lease, LoadedModel
 
 router = APIRouter(prefix="/api")
@@ -71,6 +80,9 @@ class ChatBody(BaseModel):
     messages: list[dict[str, Any]] = Field(min_length=1)
     use_tools: list[str] | None = None  # studio tools the model may call; the studio runs them
     tool_limits: ToolLimits | None = None
+    conversation_id: str | None = Field(
+        default=None, max_length=64, description="Store this turn in that conversation (POST /api/conversations)."
+    )
 
 
 @router.get("/tools")
@@ -131,7 +143,8 @@ async def chat(request: Request, body: ChatBody) -> Response:
 
 async def _chat(request: Request, body: ChatBody) -> Response:
     manager: ModelManager = request.app.state.manager
-    payload = body.model_dump(exclude_none=True, exclude={"use_tools", "tool_limits"})
+    payload = body.model_dump(exclude_none=True, exclude={"use_tools", "tool_limits", "conversation_id"})
+    asked = body.model_dump(exclude_none=True, exclude={"conversation_id"})  # as stored: before the model's changes
     check_tool_fields(payload)
     selected = []
     if body.use_tools is not None:
@@ -145,6 +158,7 @@ async def _chat(request: Request, body: ChatBody) -> Response:
     loaded, lease = await manager.acquire(body.model)
     try:
         prepare_chat_body(payload, loaded)
+        turn, unsaved = await _store_turn(request, body.conversation_id, asked, loaded)
     except BaseException:
         await lease()
         raise
@@ -188,12 +202,41 @@ async def _chat(request: Request, body: ChatBody) -> Response:
         events = run_tool_loop(payload["messages"], selected, call_model, limits)
     else:
         events = _one_turn(payload["messages"], call_model)
+    if body.conversation_id is not None:
+        events = recorded(events, getattr(request.app.state, "history", None), turn, unsaved)
 
     async def release_unused() -> None:
         for _, unused in held:  # acquired but never used (the client left first)
             await unused()
 
     return EventStream(_sse_events(events), on_close=release_unused, media_type="text/event-stream")
+
+
+async def _store_turn(
+    request: Request, conversation_id: str | None, asked: dict[str, Any], loaded: LoadedModel
+) -> tuple[StoredTurn | None, HistoryError | None]:
+    """The stored turn, or why it could not be stored (the chat answers anyway); an unknown conversation is refused."""
+    if conversation_id is None:
+        return None, None
+    try:
+        history = history_of(request)
+        return await begin_turn(history, conversation_id, asked, loaded.name, _load_fields(loaded.settings)), None
+    except ConversationNotFoundError:
+        raise
+    except HistoryError as exc:
+        return None, exc
+
+
+def _load_fields(settings: LoadSettings) -> dict[str, Any]:
+    """The settings a conversation continues with, named as ``POST /api/load`` takes them."""
+    fields = {
+        "n_ctx": settings.n_ctx,
+        "n_parallel": settings.n_parallel,
+        "cache_type_kv": settings.cache_type,
+        "spec": settings.spec,
+        "spec_n_max": settings.spec_n_max,
+    }
+    return {k: v for k, v in fields.items() if v is not None}
 
 
 async def _one_turn(messages: list[dict[str, Any]], call_model: Any) -> AsyncIterator[dict[str, Any]]:

@@ -14,6 +14,7 @@ import uvicorn
 from launcher.capabilities import probe
 from launcher.registry import ChildRegistry
 from launcher.supervisor import owner_token
+from studio.history.service import History
 from studio.http.app import create_app
 from studio.http.server import StudioServer
 from studio.library.catalog import Catalog
@@ -41,9 +42,11 @@ def running_studio(
     preload: Sequence[LoadRequest] = (),
     aliases: Mapping[str, str] | None = None,
     api_token: str | None = None,
+    port: int | None = None,
     **manager_options: Any,
 ) -> Iterator[RunningStudio]:
-    """A studio whose catalog holds ``models`` (name -> file, linked into ``root/models``); stopped on exit."""
+    """A studio whose catalog holds ``models`` (name -> file, linked into ``root/models``) and whose chat history
+    is in ``root/history``, on ``port`` (default: a free one); stopped on exit."""
     folder = root / "models"
     folder.mkdir(parents=True, exist_ok=True)
     for name, path in models.items():
@@ -59,12 +62,9 @@ def running_studio(
         residency=residency,
         **manager_options,
     )
-    port = free_port()
-    server = StudioServer(
-        uvicorn.Config(
-            create_app(manager, preload=preload, api_token=api_token), host="127.0.0.1", port=port, log_level="warning"
-        )
-    )
+    port = port or free_port()
+    app = create_app(manager, preload=preload, api_token=api_token, history=History(root / "history"))
+    server = StudioServer(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
     wait_for(lambda: server.started, timeout=30, what="uvicorn to start")

@@ -1,15 +1,23 @@
 // The chat: a conversation with one model through /api/chat, streamed as typed events.
 // Stop aborts the fetch; the studio sees the client leave and stops llama-server's slot.
+// Each chat is stored by the studio (/api/conversations) as it streams: `open` shows a stored one again
+// and continues it with its model, load settings and options.
 
-import { ApiError, getJSON, stream } from "./api.js";
+import { ApiError, getJSON, postJSON, request, stream } from "./api.js";
 import { byId, el, fill } from "./dom.js";
 import { count, percent } from "./format.js";
 import { eventError, plainError } from "./errors.js";
 
 const MAX_IMAGE_BYTES = 20 * 1024 * 1024;
 
+const LOAD_FIELDS = ["n_ctx", "n_parallel", "cache_type_kv", "spec", "spec_n_max"];
+
 export class Chat {
-  constructor() {
+  constructor({ onConversation = () => {}, onStored = () => {} } = {}) {
+    this.onConversation = onConversation; // a chat was created in the store, or opened: its id (null: none)
+    this.onStored = onStored; // a turn was stored: titles and order in the sidebar may have changed
+    this.conversation = null; // the stored conversation's id; null until the first message
+    this.load = {}; // the stored conversation's load settings, used when its model is not resident
     this.history = []; // OpenAI messages sent so far (the system prompt is added per request)
     this.attachments = []; // {name, url} data URLs of images to send with the next message
     this.controller = null;
@@ -40,6 +48,7 @@ export class Chat {
       this.updateAttach();
     });
     byId("chat-new").addEventListener("click", () => this.reset());
+    this.opening = 0; // counts opens, so a slow one that was overtaken is dropped
     this.attach.addEventListener("click", () => this.files.click());
     this.files.addEventListener("change", () => this.addFiles([...this.files.files]));
   }
@@ -129,10 +138,95 @@ export class Chat {
 
   reset() {
     this.controller?.abort();
+    this.opening += 1;
+    this.conversation = null;
+    this.load = {};
     this.history = [];
     fill(this.list);
     this.say("");
+    this.onConversation(null);
     this.input.focus();
+  }
+
+  /** Show the stored conversation `id` and continue it with its model and settings. */
+  async open(id) {
+    this.controller?.abort();
+    const mine = ++this.opening;
+    let c;
+    try {
+      c = await getJSON(`/api/conversations/${encodeURIComponent(id)}`);
+    } catch (err) {
+      if (mine !== this.opening) return;
+      if (err.status === 404) this.reset();
+      this.say(plainError(err));
+      return;
+    }
+    const shown = [];
+    const history = [];
+    for (const m of c.messages) {
+      if (m.role === "user") {
+        const images = await storedImages(m.attachments || []);
+        shown.push(userMessage(m.content, images));
+        history.push({ role: "user", content: images.length
+          ? [{ type: "text", text: m.content }, ...images.map((a) => ({ type: "image_url", image_url: { url: a.url } }))]
+          : m.content });
+      } else if (m.role === "assistant") {
+        shown.push(AnswerView.stored(m, c.model || "the default model").node);
+        if (m.content) history.push({ role: "assistant", content: m.content });
+      }
+    }
+    if (mine !== this.opening) return;
+    this.conversation = c.id;
+    this.load = c.load || {};
+    this.history = history;
+    fill(this.list, shown);
+    this.setOptions(c.options || {});
+    if (c.model) {
+      this.chosen = c.model;
+      this.lastKey = null; // the model list is drawn again with this chat's model chosen
+      if ([...this.select.options].some((o) => o.value === c.model)) this.select.value = c.model;
+    }
+    this.say("");
+    this.onConversation(c.id);
+    this.scroll(true);
+  }
+
+  setOptions(o) {
+    byId("opt-system").value = o.system ?? "";
+    byId("opt-temperature").value = o.temperature ?? "";
+    byId("opt-max-tokens").value = o.max_tokens ?? "";
+    byId("opt-reasoning").value = o.enable_thinking === undefined ? "" : o.enable_thinking ? "on" : "off";
+    const tools = new Set(o.use_tools || []);
+    for (const box of document.querySelectorAll("#opt-tool-list input")) box.checked = tools.has(box.value);
+  }
+
+  /** The stored conversation this turn goes to: created with the first message (null: the studio keeps none). */
+  async stored(model) {
+    if (this.conversation) return this.conversation;
+    try {
+      const system = byId("opt-system").value.trim();
+      const options = { ...this.options(), ...(system ? { system } : {}) };
+      const c = await postJSON("/api/conversations", { ...(model ? { model } : {}), options });
+      this.conversation = c.id;
+      this.onConversation(c.id);
+      return c.id;
+    } catch (err) {
+      this.say(`This chat is not saved. ${plainError(err)}`);
+      return null;
+    }
+  }
+
+  /** Load this chat's model with its stored settings when it is in the library but not resident. */
+  async ensureLoaded(model) {
+    const info = model && this.models.get(model);
+    const load = Object.fromEntries(LOAD_FIELDS.filter((k) => this.load[k] != null).map((k) => [k, this.load[k]]));
+    if (!info || info.resident || !Object.keys(load).length) return;
+    this.say(`Loading ${model} with this chat's settings…`);
+    try {
+      await postJSON("/api/load", { model, ...load });
+    } catch (err) {
+      this.say(`${model} did not load with this chat's settings. ${plainError(err)}`);
+    }
   }
 
   say(text) {
@@ -179,11 +273,16 @@ export class Chat {
     this.busy(true);
     let failed = false;
     try {
-      const body = { ...(model ? { model } : {}), messages, ...this.options() };
+      const conversation = await this.stored(model);
+      await this.ensureLoaded(model);
+      const body = { ...(model ? { model } : {}), messages, ...this.options(),
+                     ...(conversation ? { conversation_id: conversation } : {}) };
       for await (const event of stream("POST", "/api/chat", body, { signal: controller.signal })) {
         if (event.type === "error") {
           failed = true;
           view.error(plainError(eventError(event), { chat: true }));
+        } else if (event.type === "history") {
+          view.unsaved(event.message);
         } else {
           view.handle(event);
         }
@@ -207,6 +306,7 @@ export class Chat {
       }
       this.say(view.summary());
       this.scroll();
+      this.onStored();
     }
   }
 
@@ -222,6 +322,26 @@ export class Chat {
     const near = this.list.scrollHeight - this.list.scrollTop - this.list.clientHeight < 80;
     if (force || near) this.list.scrollTop = this.list.scrollHeight;
   }
+}
+
+/** A stored message's images as {name, url} with data URLs (shown, and sent again when the chat continues). */
+async function storedImages(refs) {
+  const out = [];
+  for (const ref of refs) {
+    try {
+      const blob = await (await request("GET", `/api/attachments/${ref.hash}`)).blob();
+      const url = await new Promise((resolve, reject) => {
+        const reader = new FileReader();
+        reader.onload = () => resolve(reader.result);
+        reader.onerror = () => reject(reader.error);
+        reader.readAsDataURL(blob);
+      });
+      out.push({ name: `image ${ref.hash.slice(0, 8)}`, url });
+    } catch {
+      // a missing file: the message still shows, without it
+    }
+  }
+  return out;
 }
 
 function userMessage(text, images) {
@@ -250,6 +370,23 @@ class AnswerView {
     this.node = el("li.msg.assistant", { "aria-busy": "true" },
       el("div.who", { text: model }), this.reasoning, this.tools, this.body, this.stats, this.problem);
     this.body.classList.add("pending");
+  }
+
+  /** A stored answer as it was: text, reasoning, tool calls and results, its numbers, or "cut off". */
+  static stored(m, model) {
+    const view = new AnswerView(model);
+    if (m.reasoning) view.handle({ type: "reasoning", text: m.reasoning });
+    (m.tool_calls || []).forEach((call, i) => view.toolItem(`call-${i}`,
+      `The model called ${call.name || "a tool"}(${clip(call.arguments || "", 300)})`, "call"));
+    for (const result of m.tool_results || []) view.handle({ type: "tool_end", ...result });
+    if (m.content) view.handle({ type: "content", text: m.content });
+    if (m.cut) view.cutOff();
+    else {
+      const t = m.timings || {};
+      view.done({ usage: m.usage || {}, timings: t, tokens_per_second: t.tokens_per_second,
+                  finish_reason: t.finish_reason, draft_acceptance: t.draft_n ? t.draft_n_accepted / t.draft_n : null });
+    }
+    return view;
   }
 
   handle(event) {
@@ -323,6 +460,19 @@ class AnswerView {
     if (event.iterations > 1) parts.push(`${event.iterations} model calls`);
     this.stats.textContent = parts.join(" · ");
     this.outcome = `Answered: ${parts.join(", ")}.`;
+  }
+
+  cutOff() {
+    this.node.setAttribute("aria-busy", "false");
+    this.node.classList.add("cut");
+    this.body.classList.remove("pending");
+    if (!this.answer) this.body.textContent = "(no answer)";
+    this.stats.textContent = "Cut off: this answer did not finish.";
+  }
+
+  unsaved(message) {
+    this.problem.hidden = false;
+    this.problem.textContent = `Not saved to the history: ${message}`;
   }
 
   stopped() {

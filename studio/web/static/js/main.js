@@ -1,10 +1,11 @@
-// The studio page: wires the library, the load dialog, the resident models, the chat and the
-// log viewer to the studio's API, and keeps them current from /api/status.
+// The studio page: wires the library, the load dialog, the resident models, the chat, its history and
+// the log viewer to the studio's API, and keeps them current from /api/status.
 
 import { getJSON, hasToken, onUnauthorized, postJSON, setToken, stream } from "./api.js";
 import { byId } from "./dom.js";
 import { plainError } from "./errors.js";
 import { Chat } from "./chat.js";
+import { HistoryPanel } from "./history.js";
 import { Library } from "./library.js";
 import { LoadDialog } from "./load.js";
 import { LogViewer } from "./logs.js";
@@ -15,7 +16,14 @@ const POLL_MS = 1000;
 const connection = byId("connection");
 const noticeNode = byId("notice");
 const logs = new LogViewer();
-const chat = new Chat();
+const chat = new Chat({
+  onConversation: (id) => historyPanel.select(id),
+  onStored: () => historyPanel.refresh(),
+});
+const historyPanel = new HistoryPanel({
+  onOpen: (id) => chat.open(id),
+  onNew: () => chat.reset(),
+});
 const residents = new Residents({
   onLog: (model) => logs.open(model),
   onChanged: (status, error) => {
@@ -41,6 +49,7 @@ function show(next) {
   status = next;
   residents.update(status);
   chat.setModels(status, library.models);
+  historyPanel.setStatus(status.history);
   const n = (status.models || []).length;
   connection.textContent = `connected · ${n ? `${n} model${n === 1 ? "" : "s"} resident` : "no model loaded"}`;
   connection.classList.remove("error");
@@ -128,6 +137,8 @@ async function start() {
   if (failed) notice(plainError(failed.reason), true);
   else notice("");
   poll();
+  historyPanel.refresh();
+  if (historyPanel.current) chat.open(historyPanel.current); // the chat open before a reload or a restart
 }
 
 setUpToken();
