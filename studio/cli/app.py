@@ -331,6 +331,7 @@ def _serve(
     from studio.http.ollama_app import create_ollama_app
     from studio.http.server import run_service
     from studio.library.default_model import ensure_default_model
+    from studio.library.hub_headers import header_cache
     from studio.library.paths import PathPolicy
     from studio.residency.requests import LoadRequest
 
@@ -384,6 +385,7 @@ def _serve(
         toolbox=Toolbox(settings.tools, scratch_dir=settings.home / "scratch", logs_dir=settings.logs_dir),
         max_body_bytes=settings.max_body_bytes,
         downloads=manager.downloads,
+        hub_headers=header_cache(settings.home),
     )
     ollama_app = create_ollama_app(app, api_token=token, access=access) if ollama_port is not None else None
     try:
