@@ -22,7 +22,8 @@ the real huggingface_hub client (``HF_ENDPOINT=http://127.0.0.1:PORT``):
   ``GatedRepo`` without a token and 403 with a token that was not granted access.
 
 Faults on demand: ``cut[path] = n`` ends every body of that file at byte ``n`` of the file and closes the
-connection (a transfer cut short), and ``ignore_ranges`` answers a ``Range`` with the whole file (200).
+connection (a transfer cut short), ``search_delay`` holds a search's answer back, and ``ignore_ranges``
+answers a ``Range`` with the whole file (200), as some mirrors do.
 
 Requests are recorded (method, path, range, whether an Authorization header came)
 so tests can assert what was downloaded; token values are never recorded.
@@ -103,6 +104,7 @@ class HubServer:
         self.chunk_delay = 0.0  # seconds between 1 MiB chunks of a body (slow downloads)
         self.cut: dict[str, int] = {}  # repo path -> the byte of the file where every body ends early
         self.ignore_ranges = False
+        self.search_delay = 0.0  # seconds a search waits before it answers (a Hub that hangs on it)
         self._lock = threading.Lock()
         self._sent: dict[str, int] = {}
         self._httpd = ThreadingHTTPServer(("127.0.0.1", 0), _make_handler(self))
@@ -241,6 +243,7 @@ def _make_handler(server: HubServer) -> type[BaseHTTPRequestHandler]:
                 self._error(404, "NotFound", f"no route for {path}")
 
         def _search(self, query: dict[str, list[str]]) -> None:
+            time.sleep(server.search_delay)
             words = (query.get("search") or [""])[0].lower()
             limit = int((query.get("limit") or ["1000"])[0])
             found = [

@@ -7,7 +7,11 @@ client; the Hub is ``tests.hub_server``.
 
 from __future__ import annotations
 
+import json
+import os
 import socket
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -190,6 +194,15 @@ def test_a_header_cut_short_by_the_server_is_a_clear_error_and_nothing_is_kept(s
     assert not list((tmp_path / "headers").rglob("*.gguf"))
 
 
+def test_a_server_that_ignores_ranges_is_read_only_as_far_as_asked(server, hf_env, zoo_dir, tmp_path):  # noqa: F811
+    server.repo("acme/whole-GGUF").add("m.gguf", zoo_dir / "llama-dense.gguf")  # 23 KiB header, 4.5 MiB file
+    server.ignore_ranges = True
+    commit, files = hub.list_files("acme/whole-GGUF", config=hf_env)
+    kept = fetch_header("acme/whole-GGUF", commit, files[0], root=tmp_path / "h", config=hf_env)
+    assert kept.bytes_read == MARGIN and kept.header_bytes == gguf.read_header(zoo_dir / "llama-dense.gguf").data_offset
+    assert gguf.read(kept.path).tensors == gguf.read(zoo_dir / "llama-dense.gguf").tensors
+
+
 def test_a_header_claiming_more_than_the_limit_is_refused_before_it_is_read(server, hf_env, tmp_path):  # noqa: F811
     path = write_gguf(
         tmp_path / "m.gguf",
@@ -216,7 +229,7 @@ def test_the_hub_unreachable_is_a_clear_error_within_the_timeout(tmp_path, monke
         with pytest.raises(HubUnreachableError) as info:
             search("gemma", config=cfg)
         assert time.monotonic() - started < 3
-        assert f"the Hub at {endpoint} did not answer within 1 s" in info.value.message
+        assert f"the Hub at {endpoint} cannot be reached within 1 s" in info.value.message
         refused = hub.HubConfig(endpoint="http://127.0.0.1:9", cache_dir=tmp_path / "hf", timeout=1.0)
         started = time.monotonic()
         with pytest.raises(HubUnreachableError):
@@ -224,6 +237,16 @@ def test_the_hub_unreachable_is_a_clear_error_within_the_timeout(tmp_path, monke
         assert time.monotonic() - started < 3
     finally:
         silent.close()
+
+
+def test_a_hub_that_hangs_on_the_search_is_unreachable_within_the_timeout(server, tmp_path):  # noqa: F811
+    server.search_delay = 4
+    cfg = hub.HubConfig(endpoint=server.url, cache_dir=tmp_path / "hf", timeout=1.0)
+    started = time.monotonic()
+    with pytest.raises(HubUnreachableError) as info:
+        search("gemma", config=cfg)
+    assert time.monotonic() - started < 2.5
+    assert f"the Hub at {server.url} did not answer within 1 s while searching the Hub" in info.value.message
 
 
 def test_the_search_answers_504_with_the_error_shape_when_the_hub_is_unreachable(studio, monkeypatch):
@@ -260,3 +283,60 @@ def test_search_pages_through_repos_most_downloaded_first(server, hf_env, zoo_di
     assert [r.repo for r in first.repos] == ["acme/page4-GGUF", "acme/page3-GGUF"] and first.more
     assert [r.repo for r in last.repos] == ["acme/page0-GGUF"] and not last.more
     assert first.repos[0].variants[0].label == "Q4_K_M"
+
+
+# -- the command line -------------------------------------------------------------------------------
+
+
+def cli(*args: str, env: dict[str, str], timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    """``ggstudio`` running this checkout's packages."""
+    return subprocess.run(
+        [str(Path(sys.executable).parent / "ggstudio"), *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env={**env, "PYTHONPATH": str(Path(__file__).parent.parent), "NO_COLOR": "1"},
+    )
+
+
+@pytest.fixture
+def cli_env(server, llama_server_bin, tmp_path) -> dict[str, str]:  # noqa: F811
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("HF_", "GGUF_STUDIO_"))}
+    return {
+        **env,
+        "HF_ENDPOINT": server.url,
+        "HF_HOME": str(tmp_path / "hf"),
+        "HF_HUB_DISABLE_TELEMETRY": "1",
+        "GGUF_STUDIO_HOME": str(tmp_path / "home"),
+        "LLAMA_SERVER_PATH": str(llama_server_bin),
+    }
+
+
+def test_ggstudio_search_prints_a_badge_per_variant_and_plan_takes_a_variant_not_downloaded(
+    server, zoo_dir, tmp_path, cli_env
+):
+    paths = deep_variants(zoo_dir, tmp_path)
+    repo = server.repo(REPO, downloads=7)
+    for label, path in paths.items():
+        repo.add(f"deep-{label}.gguf", path)
+    out = cli("search", "deep", "--ctx", "256", env=cli_env)
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.splitlines()
+    assert lines[0] == f"{REPO}  (7 downloads)"
+    assert lines[1] == "  Q8_0 is the largest variant that fits"  # 64 GiB-class machines fit them all
+    assert lines[2].startswith(" *Q8_0") and "fits at 256 ctx" in lines[2]
+    assert len(lines) == 2 + len(LABELS)
+    planned = cli("plan", f"{REPO}:Q4_K_M", "--ctx", "256", "--json", env=cli_env)
+    assert planned.returncode == 0, planned.stderr
+    info = json.loads(planned.stdout)
+    assert info["hub"]["downloaded"] is False and info["hub"]["cached"]  # the search kept its header
+    assert info["model"]["path"] == f"{REPO}:Q4_K_M (not downloaded)" and info["context"]["n_ctx"] == 256
+    assert not (tmp_path / "hf" / "hub").exists()  # nothing went to the Hugging Face cache
+
+
+def test_ggstudio_search_with_the_hub_unreachable_is_one_error_line_within_the_timeout(cli_env):
+    started = time.monotonic()
+    out = cli("search", "gemma", env={**cli_env, "HF_ENDPOINT": "http://127.0.0.1:9"}, timeout=60)
+    assert time.monotonic() - started < 30
+    assert out.returncode == 1, out.stderr
+    assert out.stderr.startswith("error: the Hub at http://127.0.0.1:9 ") and out.stderr.count("\n") == 1, out.stderr

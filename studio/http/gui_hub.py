@@ -29,8 +29,6 @@ from studio.library.hub_search import (
     Variant,
     VariantHeaders,
     find_variant,
-    quant_bits,
-    recommend,
     repo_variants,
     search,
     variant_headers,
@@ -38,7 +36,7 @@ from studio.library.hub_search import (
 from studio.residency.manager import ModelManager, Placed
 from studio.residency.requests import LoadRequest
 from studio.settings import LOAD_LIMITS
-from studio.views.fit import fit_json
+from studio.views.fit import fit_json, repo_json
 
 router = APIRouter(prefix="/api/hub")
 
@@ -89,49 +87,22 @@ async def hub_fit(
 async def _repo_json(
     request: Request, repo: RepoVariants, ctx: int | None, gate: asyncio.Semaphore | None
 ) -> dict[str, Any]:
+    if gate is None:
+        return repo_json(repo, None)
+
     async def one(v: Variant) -> dict[str, Any]:
-        out = _variant_json(repo, v)
-        if gate is None or not v.complete:
-            return out
+        if not v.complete:
+            return {"fits": False, "error": f"{v.shards - len(v.files)} of its {v.shards} shards are not listed"}
         async with gate:
             try:
-                out["fit"] = await _fit(request, repo, v, ctx)
+                return await _fit(request, repo, v, ctx)
             except HubUnreachableError:
                 raise
             except (StudioError, ValueError) as exc:  # this variant's header is bad; the others still count
-                out["fit"] = {"fits": False, "error": getattr(exc, "message", str(exc))}
-        return out
+                return {"fits": False, "error": getattr(exc, "message", str(exc))}
 
-    variants = await asyncio.gather(*(one(v) for v in repo.variants))
-    fits = {v["key"]: bool(v.get("fit", {}).get("fits")) for v in variants}
-    best = recommend(repo.variants, lambda v: fits[v.key]) if gate is not None else None
-    if best is not None:
-        variants.sort(key=lambda v: v["key"] != best.variant.key)
-        variants[0]["recommended"] = True
-    return {
-        "repo": repo.repo,
-        "commit": repo.commit,
-        "downloads": repo.downloads,
-        "likes": repo.likes,
-        "mmproj": {"path": repo.mmproj.path, "size": repo.mmproj.size} if repo.mmproj else None,
-        "recommended": best.variant.spec(repo.repo) if best else None,
-        "recommendation": best.note if best else ("no variant fits here" if gate is not None else None),
-        "variants": variants,
-    }
-
-
-def _variant_json(repo: RepoVariants, v: Variant) -> dict[str, Any]:
-    return {
-        "model": v.spec(repo.repo),
-        "label": v.label,
-        "key": v.key,
-        "size": v.size + (repo.mmproj.size if repo.mmproj else 0),
-        "weights_size": v.size,
-        "shards": v.shards,
-        "complete": v.complete,
-        "bits": quant_bits(v.label),
-        "projector": repo.mmproj.path if repo.mmproj else None,
-    }
+    fits = await asyncio.gather(*(one(v) for v in repo.variants))
+    return repo_json(repo, {v.key: f for v, f in zip(repo.variants, fits, strict=True)})
 
 
 async def _variant(request: Request, spec: str) -> tuple[RepoVariants, Variant]:

@@ -4,8 +4,9 @@
 first) for one page of repos, then lists each repo's files with their sizes (``hub.list_files``) and
 groups them into variants as a pull would (``hub.candidates``: quant label, shards, the projector
 a load would take). ``list_models`` has no time limit of its own and retries a refused connection
-for tens of seconds, so it runs in a worker thread that is given ``config.timeout``: past it, the
-search is a ``HubUnreachableError`` (the thread finishes on its own, its answer unused).
+for tens of seconds, so a first ``HEAD`` with the timeout tells an unreachable Hub at once, and the
+search itself runs in a worker thread that is given ``config.timeout``: past it, the search is a
+``HubUnreachableError`` (the thread finishes on its own, its answer unused).
 
 ``variant_headers`` keeps the headers of a variant's files (every shard: the first holds the
 metadata, each holds its tensors' infos) and of its projector (``hub_headers``), and returns the
@@ -123,6 +124,7 @@ def search(query: str, *, page: int = 0, per_page: int = 10, config: hub.HubConf
     cfg = config or hub.HubConfig.from_env()
     if cfg.offline:
         raise HubUnreachableError("the Hub is not searched in offline mode (HF_HUB_OFFLINE); unset it to search")
+    _reachable(cfg)
     found = _within(cfg, lambda: _list_models(query, (page + 1) * per_page + 1, cfg), "searching the Hub")
     window = found[page * per_page : (page + 1) * per_page]
     repos = []
@@ -144,6 +146,22 @@ def _list_models(query: str, limit: int, cfg: hub.HubConfig) -> list[dict[str, A
             search=query or None, filter="gguf", sort="downloads", limit=limit
         )
         return [{"id": m.id, "downloads": m.downloads, "likes": m.likes} for m in models]
+
+
+def _reachable(cfg: hub.HubConfig) -> None:
+    """Return if the Hub answers at all within the timeout: ``list_models`` would retry a refused connection
+    five times over 23 s, logging each retry, before it failed."""
+    import httpx
+
+    try:
+        httpx.head(f"{cfg.endpoint}/api/models", timeout=cfg.timeout)
+    except (httpx.ConnectError, httpx.TimeoutException) as exc:
+        raise HubUnreachableError(
+            f"the Hub at {cfg.endpoint} cannot be reached within {cfg.timeout:g} s ({type(exc).__name__}); "
+            "check the network or HF_ENDPOINT"
+        ) from exc
+    except httpx.HTTPError:  # it answered something: list_models reports what
+        pass
 
 
 def _within(cfg: hub.HubConfig, work: Callable[[], T], what: str) -> T:

@@ -7,12 +7,12 @@ the variant's own header. ``fits`` means a load now, with those evictions, start
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from launcher.planner import LaunchPlan
 from launcher.units import format_size
-from studio.library.hub_search import VariantHeaders
+from studio.library.hub_search import RepoVariants, Variant, VariantHeaders, quant_bits, recommend
 
 
 def fit_json(
@@ -74,3 +74,61 @@ def badge(fit: dict[str, Any]) -> str:
         where = f"{min(fit['n_gpu_layers'], fit['layers'])}/{fit['layers']} layers on {', '.join(fit['devices'])}"
     evicts = f"; evicts {', '.join(fit['evicts'])}" if fit["evicts"] else "; evicts nothing"
     return f"fits at {fit['n_ctx']:,} ctx, {where}{evicts}"
+
+
+def variant_json(repo: RepoVariants, v: Variant) -> dict[str, Any]:
+    """One variant as the search lists it; ``size`` counts the projector a load takes with it."""
+    return {
+        "model": v.spec(repo.repo),
+        "label": v.label,
+        "key": v.key,
+        "size": v.size + (repo.mmproj.size if repo.mmproj else 0),
+        "weights_size": v.size,
+        "shards": v.shards,
+        "complete": v.complete,
+        "bits": quant_bits(v.label),
+        "projector": repo.mmproj.path if repo.mmproj else None,
+    }
+
+
+def repo_json(repo: RepoVariants, fits: Mapping[str, dict[str, Any]] | None) -> dict[str, Any]:
+    """A repo with its variants, each with its fit (by variant key) when ``fits`` is given, the recommended first."""
+    variants = [variant_json(repo, v) for v in repo.variants]
+    for v in variants:
+        if fits is not None and v["key"] in fits:
+            v["fit"] = fits[v["key"]]
+    best = recommend(repo.variants, lambda v: bool(fits[v.key].get("fits"))) if fits is not None else None
+    if best is not None:
+        variants.sort(key=lambda v: v["key"] != best.variant.key)
+        variants[0]["recommended"] = True
+    return {
+        "repo": repo.repo,
+        "commit": repo.commit,
+        "downloads": repo.downloads,
+        "likes": repo.likes,
+        "mmproj": {"path": repo.mmproj.path, "size": repo.mmproj.size} if repo.mmproj else None,
+        "recommended": best.variant.spec(repo.repo) if best else None,
+        "recommendation": best.note if best else ("no variant fits here" if fits is not None else None),
+        "variants": variants,
+    }
+
+
+def render_search(info: dict[str, Any]) -> str:
+    """A search answer as text: per repo, its recommendation, then a line per variant with its badge."""
+    if not info["repos"]:
+        return f"no GGUF repos match {info['query']!r}"
+    lines = []
+    for r in info["repos"]:
+        lines.append(f"{r['repo']}" + (f"  ({r['downloads']:,} downloads)" if r.get("downloads") else ""))
+        if r["recommendation"]:
+            lines.append(f"  {r['recommendation']}")
+        width = max(len(v["label"]) for v in r["variants"]) if r["variants"] else 0
+        for v in r["variants"]:
+            fit = v.get("fit")
+            shards = f", {v['shards']} shards" if v["shards"] > 1 else ""
+            said = "" if fit is None else fit.get("error") or fit["badge"]
+            mark = "*" if v.get("recommended") else " "
+            lines.append(f" {mark}{v['label'].ljust(width)}  {format_size(v['size']):>9}{shards}  {said}".rstrip())
+    if info.get("more"):
+        lines.append(f"(more: --page {info['page'] + 1})")
+    return "\n".join(lines)
