@@ -41,9 +41,11 @@ def running_studio(
     preload: Sequence[LoadRequest] = (),
     aliases: Mapping[str, str] | None = None,
     api_token: str | None = None,
+    hf_cache: Path | None = None,
     **manager_options: Any,
 ) -> Iterator[RunningStudio]:
-    """A studio whose catalog holds ``models`` (name -> file, linked into ``root/models``); stopped on exit."""
+    """A studio whose catalog holds ``models`` (name -> file, linked into ``root/models``) and, with
+    ``hf_cache``, that Hugging Face cache; Hub headers are kept in ``root/hub-headers``. Stopped on exit."""
     folder = root / "models"
     folder.mkdir(parents=True, exist_ok=True)
     for name, path in models.items():
@@ -51,7 +53,7 @@ def running_studio(
         if not link.exists():
             link.symlink_to(path)
     manager = ModelManager(
-        catalog=Catalog([folder], aliases=dict(aliases or {})),
+        catalog=Catalog([folder], aliases=dict(aliases or {}), hf_cache=hf_cache),
         binary=binary,
         make_supervisor=supervisor_factory(root / "logs", ChildRegistry(root / "run", owner_token())),
         caps=probe(binary, cache_dir=root / "cache"),
@@ -62,7 +64,10 @@ def running_studio(
     port = free_port()
     server = StudioServer(
         uvicorn.Config(
-            create_app(manager, preload=preload, api_token=api_token), host="127.0.0.1", port=port, log_level="warning"
+            create_app(manager, preload=preload, api_token=api_token, hub_headers=root / "hub-headers"),
+            host="127.0.0.1",
+            port=port,
+            log_level="warning",
         )
     )
     thread = threading.Thread(target=server.run, daemon=True)

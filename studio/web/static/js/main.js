@@ -5,6 +5,7 @@ import { getJSON, hasToken, onUnauthorized, postJSON, setToken, stream } from ".
 import { byId } from "./dom.js";
 import { plainError } from "./errors.js";
 import { Chat } from "./chat.js";
+import { HubSearch } from "./hub.js";
 import { Library } from "./library.js";
 import { LoadDialog } from "./load.js";
 import { LogViewer } from "./logs.js";
@@ -28,6 +29,7 @@ const library = new Library({
   onLoad: (model) => dialog.open(model),
   onPulled: () => refreshLibrary(),
 });
+new HubSearch({ onDownload: (model) => library.pull.pullModel(model) });
 let status = { models: [] };
 let pollTimer = null;
 
