@@ -52,6 +52,7 @@ class FakeRepo:
     gated: bool = False
     granted_token: str | None = None  # the one token that may download a gated repo
     downloads: int = 0  # what the search sorts by
+    _etags: dict[str, tuple[bytes, str]] = field(default_factory=dict, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if not self.commit:
@@ -65,11 +66,16 @@ class FakeRepo:
         return path.endswith(".gguf")
 
     def etag(self, path: str) -> str:
-        """The blob name huggingface_hub stores the file under (LFS sha256 or git blob id)."""
+        """The blob name huggingface_hub stores the file under (LFS sha256 or git blob id), hashed once per content."""
         data = self.files[path]
-        if self.is_lfs(path):
-            return hashlib.sha256(data).hexdigest()
-        return hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest()
+        known = self._etags.get(path)
+        if known is None or known[0] is not data:  # the very bytes hashed before: a large file hashes once
+            if self.is_lfs(path):
+                known = (data, hashlib.sha256(data).hexdigest())
+            else:
+                known = (data, hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest())
+            self._etags[path] = known
+        return known[1]
 
     def sibling(self, path: str, blobs: bool) -> dict:
         if not blobs:
@@ -105,6 +111,7 @@ class HubServer:
         self.cut: dict[str, int] = {}  # repo path -> the byte of the file where every body ends early
         self.ignore_ranges = False
         self.search_delay = 0.0  # seconds a search waits before it answers (a Hub that hangs on it)
+        self.request_delay = 0.0  # seconds before every answer: a round trip to a distant Hub
         self._lock = threading.Lock()
         self._sent: dict[str, int] = {}
         self._httpd = ThreadingHTTPServer(("127.0.0.1", 0), _make_handler(self))
@@ -170,6 +177,8 @@ def _make_handler(server: HubServer) -> type[BaseHTTPRequestHandler]:
             pass
 
         def _record(self) -> str:
+            if server.request_delay:
+                time.sleep(server.request_delay)
             path = unquote(urlsplit(self.path).path)
             server.record(
                 Request(self.command, path, self.headers.get("Range"), self.headers.get("Authorization") is not None)
