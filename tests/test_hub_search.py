@@ -203,6 +203,15 @@ def test_a_server_that_ignores_ranges_is_read_only_as_far_as_asked(server, hf_en
     assert gguf.read(kept.path).tensors == gguf.read(zoo_dir / "llama-dense.gguf").tensors
 
 
+def test_a_file_too_short_for_a_header_is_a_truncation_error_after_one_small_read(server, hf_env, tmp_path):  # noqa: F811
+    server.repo("acme/tiny-GGUF").add("m.gguf", b"GGUF")
+    commit, files = hub.list_files("acme/tiny-GGUF", config=hf_env)
+    server.clear()
+    with pytest.raises(gguf.TruncatedError, match="a GGUF header needs at least 24"):
+        fetch_header("acme/tiny-GGUF", commit, files[0], root=tmp_path / "h", config=hf_env)
+    assert [r.range for r in server.requests] == ["bytes=0-3"]
+
+
 def test_a_header_claiming_more_than_the_limit_is_refused_before_it_is_read(server, hf_env, tmp_path):  # noqa: F811
     path = write_gguf(
         tmp_path / "m.gguf",
