@@ -19,13 +19,14 @@ from gguf.errors import (
     ImplausibleValueError,
     InconsistentHeaderError,
     MissingShardError,
+    NeedMoreBytes,
     NotGGUFError,
     TruncatedError,
     UnsupportedVersionError,
 )
 from gguf.ggml_types import GGML_TYPES, GGMLType
 from gguf.model import GGUFFile, clear_cache, read
-from gguf.reader import Header, LazyArray, TensorInfo, read_header
+from gguf.reader import Header, LazyArray, TensorInfo, read_header, read_header_prefix
 
 __all__ = [
     "CorruptHeaderError",
@@ -38,6 +39,7 @@ __all__ = [
     "InconsistentHeaderError",
     "LazyArray",
     "MissingShardError",
+    "NeedMoreBytes",
     "NotGGUFError",
     "TensorInfo",
     "TruncatedError",
@@ -45,4 +47,5 @@ __all__ = [
     "clear_cache",
     "read",
     "read_header",
+    "read_header_prefix",
 ]

@@ -6,6 +6,7 @@
     ├── NotGGUFError               the file does not start with the GGUF magic
     ├── UnsupportedVersionError    version 1, an unknown version, or big-endian
     ├── TruncatedError             the file ends inside the header or tensor data
+    │   └── NeedMoreBytes            a prefix of a file ends inside its header (``read_header_prefix``)
     ├── CorruptHeaderError         lengths, counts, types or text that cannot be right
     │   ├── InconsistentHeaderError  a hyper-parameter its own tensors (or another key) contradict
     │   └── ImplausibleValueError    a hyper-parameter beyond any real model (or llama.cpp's own limit)
@@ -46,6 +47,18 @@ class UnsupportedVersionError(GGUFError):
 
 class TruncatedError(GGUFError):
     """The file ends before the header or the tensor data it declares."""
+
+
+class NeedMoreBytes(TruncatedError):
+    """The prefix ``read_header_prefix`` was given ends inside the header; read up to ``needed`` and parse again.
+
+    A ``TruncatedError``: a caller that does not fetch more reports a short file, which it is.
+    """
+
+    def __init__(self, needed: int, *, path: Path | str | None = None, have: int = 0) -> None:
+        super().__init__(f"the header goes on past the first {have} bytes (at least to byte {needed})", path=path)
+        self.needed = needed  # a lower bound of the header's end
+        self.have = have
 
 
 class CorruptHeaderError(GGUFError):

@@ -8,6 +8,14 @@ by a compiled regular expression that matches 1024 length-prefixed strings per
 call, which is several times faster than a Python loop over each length.
 
 Every malformed input raises a ``GGUFError`` subclass with the byte offset.
+
+``read_header_prefix`` parses the same way from the first bytes of a file that is
+elsewhere (a Hub file read with ranged requests): when the bytes run out before the
+end of the tensor infos it raises ``NeedMoreBytes`` with a lower bound of where the
+header ends (what it still has to read, each remaining key at 13 bytes and each
+tensor info at 28), so a caller that fetches up to that bound plus a fixed margin
+never reads more than the header and the margin. Parsing again from the start is
+cheaper than any resumable design: the header parses at hundreds of MB/s.
 """
 
 from __future__ import annotations
@@ -23,7 +31,14 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
-from gguf.errors import CorruptHeaderError, GGUFError, NotGGUFError, TruncatedError, UnsupportedVersionError
+from gguf.errors import (
+    CorruptHeaderError,
+    GGUFError,
+    NeedMoreBytes,
+    NotGGUFError,
+    TruncatedError,
+    UnsupportedVersionError,
+)
 from gguf.ggml_types import GGML_TYPES, GGMLType
 
 MAGIC = b"GGUF"
@@ -248,20 +263,57 @@ def _check_magic(magic: bytes, path: Path) -> None:
         )
 
 
-class _Parser:
-    """One pass over a mapped header; ``off`` always points at the next unread byte."""
+def read_header_prefix(data: bytes, file_size: int, path: str | os.PathLike[str], shard: int = 0) -> Header:
+    """Return the header parsed from ``data``, the first bytes of a ``file_size``-byte GGUF file.
 
-    def __init__(self, buf: mmap.mmap, size: int, path: Path, stat_key: StatKey, shard: int) -> None:
+    ``path`` is where the file is said to be (errors name it); the header's ``LazyArray`` values
+    read from that path, so they work once the prefix is written there.
+
+    Raises:
+        NeedMoreBytes: ``data`` ends before the tensor infos do.
+        GGUFError: the bytes are not a valid GGUF header, or the header does not fit in ``file_size``.
+    """
+    path = Path(path)
+    if file_size < 24:
+        _check_magic(bytes(data[:4]), path)
+        raise TruncatedError(f"the file is only {file_size} bytes; a GGUF header needs at least 24", path=path)
+    if len(data) < 24:
+        raise NeedMoreBytes(24, path=path, have=len(data))
+    return _Parser(data, file_size, path, StatKey(file_size, 0, 0, 0), shard, avail=min(len(data), file_size)).header()
+
+
+class _Parser:
+    """One pass over a mapped header; ``off`` always points at the next unread byte.
+
+    ``size`` is the file's size, ``avail`` how many of its first bytes ``buf`` holds (all of them for a
+    local file); ``rest`` is the least the header still holds after the item being read.
+    """
+
+    def __init__(
+        self, buf: bytes | mmap.mmap, size: int, path: Path, stat_key: StatKey, shard: int, avail: int | None = None
+    ) -> None:
         self.buf = buf
         self.size = size
+        self.avail = size if avail is None else avail
         self.path = path
         self.stat_key = stat_key
         self.shard = shard
         self.off = 0
+        self.rest = 0
 
     # -- errors -------------------------------------------------------------
     def corrupt(self, message: str, offset: int | None = None) -> CorruptHeaderError:
         return CorruptHeaderError(message, path=self.path, offset=self.off if offset is None else offset)
+
+    def need(self, end: int) -> None:
+        """Raise ``NeedMoreBytes`` if the bytes up to ``end`` (within the file) are not in the buffer."""
+        if end > self.avail:
+            raise NeedMoreBytes(end + self.rest, path=self.path, have=self.avail)
+
+    def need_before(self, end: int, bound: int) -> None:
+        """``need(end)``, where the header is known to reach ``bound`` beyond it (a run of strings)."""
+        if end > self.avail:
+            raise NeedMoreBytes(bound + self.rest, path=self.path, have=self.avail)
 
     def truncated(self, what: str, offset: int) -> TruncatedError:
         return TruncatedError(
@@ -308,7 +360,8 @@ class _Parser:
             raise self.corrupt(f"the header claims {n_tensors} tensors; no model has more than {MAX_TENSORS}", 8)
         metadata: dict[str, Any] = {}
         types: dict[str, tuple[int, ...]] = {}
-        for _ in range(n_kv):
+        for i in range(n_kv):
+            self.rest = 13 * (n_kv - i - 1) + 28 * n_tensors
             start = self.off
             key = self.string("a metadata key", MAX_KEY)
             if not key:
@@ -325,7 +378,8 @@ class _Parser:
         if alignment <= 0 or alignment & (alignment - 1):
             raise self.corrupt(f"general.alignment is {alignment!r}; it must be a power of two")
         infos, names = [], set()
-        for _ in range(n_tensors):
+        for i in range(n_tensors):
+            self.rest = 28 * (n_tensors - i - 1)
             info = self.tensor_info()
             if info[0] in names:  # found as soon as it repeats: zeros read as tensor infos all say ""
                 raise self.corrupt(f"tensor {info[0]!r} appears twice", info[4])
@@ -349,6 +403,7 @@ class _Parser:
     def u32(self, what: str) -> int:
         if self.off + 4 > self.size:
             raise self.truncated(what, self.off)
+        self.need(self.off + 4)
         v: int
         (v,) = _U32(self.buf, self.off)
         self.off += 4
@@ -357,6 +412,7 @@ class _Parser:
     def u64(self, what: str) -> int:
         if self.off + 8 > self.size:
             raise self.truncated(what, self.off)
+        self.need(self.off + 8)
         v: int
         (v,) = _U64(self.buf, self.off)
         self.off += 8
@@ -376,6 +432,7 @@ class _Parser:
             )
         if n > limit:
             raise self.corrupt(f"{what} claims {n} bytes; at most {limit} are allowed", start)
+        self.need(end)
         try:
             text = self.buf[self.off : end].decode("utf-8")
         except UnicodeDecodeError:
@@ -389,6 +446,7 @@ class _Parser:
             fmt, n = FIXED[vtype]
             if self.off + n > self.size:
                 raise self.truncated(f"the value of {key!r}", self.off)
+            self.need(self.off + n)
             (v,) = struct.unpack_from("<" + fmt, self.buf, self.off)
             self.off += n
             return v, (vtype,)
@@ -409,6 +467,7 @@ class _Parser:
             fmt, n = FIXED[etype]
             if count * n > remaining:
                 raise self.truncated(f"the {count}-element array {key!r}", start)
+            self.need(self.off + count * n)
             if count > EAGER_NUMBERS:
                 lazy = LazyArray(self.path, self.off, self.off + count * n, count, etype, self.stat_key)
                 self.off += count * n
@@ -419,6 +478,7 @@ class _Parser:
         if etype == STRING:
             if count * 8 > remaining:
                 raise self.truncated(f"the {count}-string array {key!r}", start)
+            self.need(self.off + count * 8)
             if count > EAGER_STRINGS:
                 first = self.off
                 self.skip_strings(count, key)
@@ -447,8 +507,14 @@ class _Parser:
         if c_skip_strings is not None:
             end = c_skip_strings(self.buf, self.off, count)
             if end is None:
+                if self.avail < self.size:
+                    self.skip_strings_in_prefix(count, key)
+                    return
                 raise self.truncated(f"the string array {key!r}", self.off)
             self.off = end
+            return
+        if self.avail < self.size:
+            self.skip_strings_in_prefix(count, key)
             return
         buf, off, size = self.buf, self.off, self.size
         match = _short_string_run().match
@@ -469,6 +535,33 @@ class _Parser:
             raise self.truncated(f"the string array {key!r}", self.off)
         self.off = off
 
+    def skip_strings_in_prefix(self, count: int, key: str) -> None:
+        """Step through ``count`` strings one by one, so that the string the prefix ends in is known.
+
+        With the C loop, the longest run of whole strings in the buffer is found first by bisection
+        (each probe at memory speed), so only the last few strings are stepped through in Python.
+        """
+        buf, off, first = self.buf, self.off, 0
+        if c_skip_strings is not None:
+            lo, hi, lo_end = 0, count, off
+            while lo < hi:
+                mid = (lo + hi + 1) // 2
+                end = c_skip_strings(buf, off, mid)
+                if end is None or end > self.avail:
+                    hi = mid - 1
+                else:
+                    lo, lo_end = mid, end
+            first, off = lo, lo_end
+        for i in range(first, count):
+            after = 8 * (count - i - 1)  # the strings after this one take at least their lengths' bytes
+            self.need_before(off + 8, off + 8 + after)
+            (n,) = _U64(buf, off)
+            if off + 8 + n > self.size:
+                raise self.truncated(f"the string array {key!r}", self.off)
+            self.need_before(off + 8 + n, off + 8 + n + after)
+            off += 8 + n
+        self.off = off
+
     # -- tensors ------------------------------------------------------------
     def tensor_info(self) -> _TensorRecord:
         start = self.off
@@ -478,6 +571,7 @@ class _Parser:
             raise self.corrupt(f"tensor {name!r} has {n_dims} dimensions; ggml allows at most {MAX_DIMS}", start)
         if self.off + 8 * n_dims + 12 > self.size:
             raise self.truncated(f"the info of tensor {name!r}", start)
+        self.need(self.off + 8 * n_dims + 12)
         shape = struct.unpack_from(f"<{n_dims}Q", self.buf, self.off)
         self.off += 8 * n_dims
         ttype = self.u32(f"the type of tensor {name!r}")

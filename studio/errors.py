@@ -17,6 +17,7 @@
     │                                       (studio.library.default_model)
     ├── HubError                            Hugging Face Hub access or a download failed
     │   ├── HubAuthError (+PermissionError) the repo needs a token with access: set HF_TOKEN
+    │   ├── HubUnreachableError (+ConnectionError) the Hub did not answer within the timeout
     │   ├── DiskSpaceError (+OSError)       the download does not fit on the disk
     │   └── DownloadCancelledError          the download was cancelled; the cache stays consistent
     ├── HistoryError                        the conversation store failed (studio.history)
@@ -120,6 +121,10 @@ class HubError(StudioError):
 
 class HubAuthError(HubError, PermissionError):
     """The repo is gated or private and no token with access was given (set HF_TOKEN)."""
+
+
+class HubUnreachableError(HubError, ConnectionError):
+    """The Hub could not be reached (refused, DNS, no answer within the timeout); nothing was changed."""
 
 
 class DiskSpaceError(HubError, OSError):

@@ -302,6 +302,12 @@ class ToolSettings:
     python: PythonToolConfig = field(default_factory=PythonToolConfig)
 
 
+def studio_home(env: Mapping[str, str] | None = None) -> Path:
+    """Return the studio home ``GGUF_STUDIO_HOME`` names (default ``~/.gguf-studio``)."""
+    env = os.environ if env is None else env
+    return Path(env.get("GGUF_STUDIO_HOME") or Path.home() / ".gguf-studio").expanduser()
+
+
 @dataclass(frozen=True)
 class Settings:
     """Where the studio keeps its files and how it listens."""
@@ -354,7 +360,7 @@ class Settings:
     def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
         """Return settings read from ``env`` (default: the process environment)."""
         env = os.environ if env is None else env
-        home = Path(env.get("GGUF_STUDIO_HOME") or Path.home() / ".gguf-studio").expanduser()
+        home = studio_home(env)
         config_path = Path(env.get("GGUF_STUDIO_CONFIG") or home / "config.toml").expanduser()
         config = _read_config(config_path, explicit="GGUF_STUDIO_CONFIG" in env)
         port = _port("GGUF_STUDIO_PORT", env.get("GGUF_STUDIO_PORT") or str(config.get("port", 8080)))

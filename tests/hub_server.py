@@ -7,6 +7,9 @@ the real huggingface_hub client (``HF_ENDPOINT=http://127.0.0.1:PORT``):
   the repo's ``sha`` and ``siblings``; with ``?blobs=true`` each sibling also has
   ``size``, ``blobId`` and ``lfs`` (``size``, ``sha256``, ``pointerSize``), as on the Hub.
 - ``POST /api/models/{repo}/paths-info/{rev}`` (``HfApi.get_paths_info``): per-path size and LFS oid.
+- ``GET /api/models?search=&filter=gguf&sort=downloads&limit=`` (``HfApi.list_models``): the repos whose
+  id contains the search words (case-insensitive) and that hold a ``.gguf``, most downloaded first,
+  up to ``limit``, in one page (the Hub pages with a ``Link`` header, which huggingface_hub follows).
 - ``HEAD``/``GET /{repo}/resolve/{rev}/{path}`` (``hf_hub_download``): ``ETag`` (the LFS sha256
   for ``.gguf`` files, the git blob id otherwise), ``X-Repo-Commit``, ``Content-Length``,
   ``Accept-Ranges`` and ``Range`` requests answered with 206 + ``Content-Range``.
@@ -17,6 +20,10 @@ the real huggingface_hub client (``HF_ENDPOINT=http://127.0.0.1:PORT``):
   repo is 404 ``RepoNotFound``; an unknown file 404 ``EntryNotFound`` (with
   ``X-Repo-Commit``); a gated repo lists its files but answers ``resolve`` with 401
   ``GatedRepo`` without a token and 403 with a token that was not granted access.
+
+Faults on demand: ``cut[path] = n`` ends every body of that file at byte ``n`` of the file and closes the
+connection (a transfer cut short), ``search_delay`` holds a search's answer back, and ``ignore_ranges``
+answers a ``Range`` with the whole file (200), as some mirrors do.
 
 Requests are recorded (method, path, range, whether an Authorization header came)
 so tests can assert what was downloaded; token values are never recorded.
@@ -44,6 +51,8 @@ class FakeRepo:
     commit: str = ""
     gated: bool = False
     granted_token: str | None = None  # the one token that may download a gated repo
+    downloads: int = 0  # what the search sorts by
+    _etags: dict[str, tuple[bytes, str]] = field(default_factory=dict, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if not self.commit:
@@ -57,11 +66,16 @@ class FakeRepo:
         return path.endswith(".gguf")
 
     def etag(self, path: str) -> str:
-        """The blob name huggingface_hub stores the file under (LFS sha256 or git blob id)."""
+        """The blob name huggingface_hub stores the file under (LFS sha256 or git blob id), hashed once per content."""
         data = self.files[path]
-        if self.is_lfs(path):
-            return hashlib.sha256(data).hexdigest()
-        return hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest()
+        known = self._etags.get(path)
+        if known is None or known[0] is not data:  # the very bytes hashed before: a large file hashes once
+            if self.is_lfs(path):
+                known = (data, hashlib.sha256(data).hexdigest())
+            else:
+                known = (data, hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest())
+            self._etags[path] = known
+        return known[1]
 
     def sibling(self, path: str, blobs: bool) -> dict:
         if not blobs:
@@ -94,7 +108,12 @@ class HubServer:
         self.repos: dict[str, FakeRepo] = {}
         self.requests: list[Request] = []
         self.chunk_delay = 0.0  # seconds between 1 MiB chunks of a body (slow downloads)
+        self.cut: dict[str, int] = {}  # repo path -> the byte of the file where every body ends early
+        self.ignore_ranges = False
+        self.search_delay = 0.0  # seconds a search waits before it answers (a Hub that hangs on it)
+        self.request_delay = 0.0  # seconds before every answer: a round trip to a distant Hub
         self._lock = threading.Lock()
+        self._sent: dict[str, int] = {}
         self._httpd = ThreadingHTTPServer(("127.0.0.1", 0), _make_handler(self))
         self._httpd.daemon_threads = True
         self._thread = threading.Thread(
@@ -129,6 +148,15 @@ class HubServer:
         with self._lock:
             return [r.path for r in self.requests if r.method == "GET" and "/resolve/" in r.path]
 
+    def bytes_sent(self, path: str) -> int:
+        """Bytes of body sent for the file at ``path`` in its repo (every request for it together)."""
+        with self._lock:
+            return self._sent.get(path, 0)
+
+    def count_sent(self, path: str, n: int) -> None:
+        with self._lock:
+            self._sent[path] = self._sent.get(path, 0) + n
+
     def clear(self) -> None:
         with self._lock:
             self.requests.clear()
@@ -149,6 +177,8 @@ def _make_handler(server: HubServer) -> type[BaseHTTPRequestHandler]:
             pass
 
         def _record(self) -> str:
+            if server.request_delay:
+                time.sleep(server.request_delay)
             path = unquote(urlsplit(self.path).path)
             server.record(
                 Request(self.command, path, self.headers.get("Range"), self.headers.get("Authorization") is not None)
@@ -194,7 +224,9 @@ def _make_handler(server: HubServer) -> type[BaseHTTPRequestHandler]:
 
         def do_GET(self) -> None:
             path = self._record()
-            if m := _API.match(path):
+            if path == "/api/models":
+                self._search(parse_qs(urlsplit(self.path).query))
+            elif m := _API.match(path):
                 repo = self._repo(m["repo"])
                 if repo is None or (m["rev"] and not self._revision_ok(repo, m["rev"])):
                     return
@@ -218,6 +250,33 @@ def _make_handler(server: HubServer) -> type[BaseHTTPRequestHandler]:
                 self._resolve(m, body=True)
             else:
                 self._error(404, "NotFound", f"no route for {path}")
+
+        def _search(self, query: dict[str, list[str]]) -> None:
+            time.sleep(server.search_delay)
+            words = (query.get("search") or [""])[0].lower()
+            limit = int((query.get("limit") or ["1000"])[0])
+            found = [
+                r
+                for r in server.repos.values()
+                if words in r.repo_id.lower() and any(p.endswith(".gguf") for p in r.files)
+            ]
+            found.sort(key=lambda r: (-r.downloads, r.repo_id))
+            self._json(
+                [
+                    {
+                        "_id": r.commit[:24],
+                        "id": r.repo_id,
+                        "modelId": r.repo_id,
+                        "likes": 0,
+                        "downloads": r.downloads,
+                        "private": False,
+                        "tags": ["gguf"],
+                        "library_name": "gguf",
+                        "createdAt": "2025-01-01T00:00:00.000Z",
+                    }
+                    for r in found[:limit]
+                ]
+            )
 
         def do_HEAD(self) -> None:
             path = self._record()
@@ -272,7 +331,7 @@ def _make_handler(server: HubServer) -> type[BaseHTTPRequestHandler]:
                 return
             data = repo.files[name]
             start, end, status = 0, len(data) - 1, 200
-            if rng := self.headers.get("Range"):
+            if (rng := self.headers.get("Range")) and not server.ignore_ranges:
                 r = _RANGE.match(rng.strip())
                 if r is None or int(r[1]) >= len(data):
                     self.send_response(416)
@@ -292,12 +351,17 @@ def _make_handler(server: HubServer) -> type[BaseHTTPRequestHandler]:
             self.end_headers()
             if not body:
                 return
+            last = min(end + 1, server.cut.get(name, end + 1))
             try:
-                for pos in range(start, end + 1, _CHUNK):
-                    self.wfile.write(data[pos : min(pos + _CHUNK, end + 1)])
+                for pos in range(start, last, _CHUNK):
+                    part = data[pos : min(pos + _CHUNK, last)]
+                    self.wfile.write(part)
+                    server.count_sent(name, len(part))
                     if server.chunk_delay:
                         time.sleep(server.chunk_delay)
             except (BrokenPipeError, ConnectionResetError):  # the client cancelled
+                self.close_connection = True
+            if last < end + 1:  # cut short: the body ends before its Content-Length
                 self.close_connection = True
 
     return Handler

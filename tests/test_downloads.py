@@ -23,6 +23,7 @@ from studio.library.catalog import Catalog
 from studio.library.default_model import ensure_default_model
 from studio.library.downloads import DownloadManager
 from studio.residency.manager import ModelManager, supervisor_factory
+from studio.residency.requests import LoadRequest
 from studio.settings import ModelDefaults
 from tests.helpers import free_port, wait_for
 from tests.support.projectors import SMOLLM2_WIDTH, write_vision_projector
@@ -229,7 +230,7 @@ def test_a_pulled_vision_repo_loads_offline_from_the_cache(
 
 
 @pytest.mark.parametrize("auto", [False, True])
-def test_a_load_of_an_uncached_repo_downloads_it_first_only_with_auto_download(
+def test_a_load_of_an_uncached_repo_downloads_it_first_only_with_auto_download_and_a_plan_never_does(
     llama_server_bin, server, hf_env, settings, tmp_path, auto
 ):
     repo = server.repo(REAL)
@@ -243,13 +244,22 @@ def test_a_load_of_an_uncached_repo_downloads_it_first_only_with_auto_download(
         make_supervisor=supervisor_factory(tmp_path / "logs", ChildRegistry(tmp_path / "run", owner_token())),
         downloads=downloads,
     )
-    with TestClient(create_app(manager), base_url="http://127.0.0.1") as client:
-        resp = client.post("/api/plan", json={"model": f"{REAL}:Q4_1", "n_ctx": 1024})  # plans; starts nothing
+    app = create_app(manager, hub_headers=tmp_path / "headers")
+    with TestClient(app, base_url="http://127.0.0.1") as client:
+        resp = client.post("/api/plan", json={"model": f"{REAL}:Q4_1", "n_ctx": 1024})  # from the headers alone
+        assert resp.status_code == 200, resp.text
+        assert resp.json()["hub"]["downloaded"] is False
+        assert resp.json()["model"]["mmproj"].endswith("mmproj-SmolLM2-F32.gguf")
+        assert client.get("/api/pulls").json() == []
+        assert all(r.range for r in server.requests if r.method == "GET" and "/resolve/" in r.path)
+        load = LoadRequest(f"{REAL}:Q4_1", n_ctx=1024)  # what a load resolves the model with
+        if not auto:
+            with pytest.raises(ModelNotFoundError) as info:
+                client.portal.call(manager.preview, load)  # type: ignore[union-attr]
+            assert info.value.code == "not_downloaded" and "POST /api/pull" in info.value.message
+            assert client.get("/api/pulls").json() == []
+            return
+        placed = client.portal.call(manager.preview, load)  # type: ignore[union-attr]
         pulls = client.get("/api/pulls").json()
-    if not auto:
-        assert resp.status_code == 404 and resp.json()["error"]["code"] == "not_downloaded"
-        assert "POST /api/pull" in resp.json()["error"]["message"] and server.downloads() == [] and pulls == []
-        return
-    assert resp.status_code == 200, resp.text
-    assert resp.json()["model"]["mmproj"].endswith("mmproj-SmolLM2-F32.gguf")
+    assert placed.plan.model.mmproj is not None and placed.plan.model.mmproj.name == "mmproj-SmolLM2-F32.gguf"
     assert [(p["model"], p["state"]) for p in pulls] == [(f"{REAL}:Q4_1", "done")]

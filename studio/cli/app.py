@@ -28,7 +28,8 @@ if TYPE_CHECKING:  # the service's modules load only in the commands that need t
     from launcher.build import ProgressFn
     from launcher.discovery import Discovered
     from studio.cli.terminal_chat import LocalStudio
-    from studio.library.catalog import Catalog
+    from studio.library.catalog import Catalog, CatalogEntry
+    from studio.library.hub_search import VariantHeaders
     from studio.residency.manager import ModelManager
     from studio.settings import Settings
 
@@ -387,6 +388,7 @@ def _serve(
     from studio.http.ollama_app import create_ollama_app
     from studio.http.server import run_service
     from studio.library.default_model import ensure_default_model
+    from studio.library.hub_headers import header_cache
     from studio.library.paths import PathPolicy
     from studio.residency.requests import LoadRequest
 
@@ -441,6 +443,7 @@ def _serve(
         max_body_bytes=settings.max_body_bytes,
         downloads=manager.downloads,
         history=History(settings.history_dir),
+        hub_headers=header_cache(settings.home),
     )
     ollama_app = create_ollama_app(app, api_token=token, access=access) if ollama_port is not None else None
     try:
@@ -876,7 +879,7 @@ def plan_command(
     workers = RpcWorkers(_rpc_workers(rpc, settings))
     found = _find_binary(settings)
     caps = probe(found.path, cache_dir=settings.home / "cache")
-    entry = _catalog(settings).resolve(model)
+    entry, remote = _plan_entry(settings, model)
     asked = LoadRequest(
         model,
         n_ctx=ctx,
@@ -895,7 +898,110 @@ def plan_command(
     with build_command(launch, caps, binary=found.path) as command:
         argv = command.redacted_argv(settings.port)
     info = plan_json(launch, argv, found)
+    if remote is not None:  # planned on the kept header: the file is not here yet
+        info["model"]["path"] = f"{model} (not downloaded)"
+        info["hub"] = {"model": model, "downloaded": False, "bytes_read": remote.bytes_read, "cached": remote.cached}
     typer.echo(_json(info) if json_output else render_plan(info))
+
+
+def _plan_entry(settings: "Settings", model: str) -> "tuple[CatalogEntry, VariantHeaders | None]":
+    """The catalog entry to plan ``model`` with; an ``owner/repo:VARIANT`` not downloaded is planned on its
+    header, read from the Hub and kept (``studio.library.hub_search``)."""
+    from studio.errors import ModelNotFoundError
+    from studio.library.downloads import is_repo_spec
+
+    catalog = _catalog(settings)
+    try:
+        return catalog.resolve(model), None
+    except ModelNotFoundError:
+        if not is_repo_spec(model):
+            raise
+    headers = _hub_headers(settings, model)
+    return catalog.resolve(str(headers.path)), headers
+
+
+def _hub_headers(settings: "Settings", model: str) -> "VariantHeaders":
+    from studio.library import hub
+    from studio.library.hub_headers import header_cache
+    from studio.library.hub_search import find_variant, repo_variants, variant_headers
+
+    name, label = hub.parse_spec(model)
+    repo = repo_variants(name)
+    return variant_headers(repo, find_variant(repo, label), root=header_cache(settings.home))
+
+
+@app.command()
+def search(
+    query: Annotated[str, typer.Argument(help="Words of the repo name, e.g. gemma-3 or qwen3 coder.")],
+    ctx: Annotated[
+        int | None, typer.Option(help="Context the fit is judged at (default: the largest that fits).")
+    ] = None,
+    page: Annotated[int, typer.Option(help="Page of results, from 0.")] = 0,
+    per_page: Annotated[int, typer.Option(help="Repos per page.")] = 5,
+    fit: Annotated[bool, typer.Option("--fit/--no-fit", help="Read each variant's header and plan it here.")] = True,
+    json_output: JsonOption = False,
+    url: Annotated[
+        str | None,
+        typer.Option(help="Ask a running studio instead: its fit counts what its resident models hold."),
+    ] = None,
+) -> None:
+    """Search the Hub for GGUF models: each variant's size and whether it fits here, from its header alone.
+
+    No weights are downloaded; each header read is kept in the studio home. The variant marked * is the
+    largest that fits.
+    """
+    from urllib.parse import urlencode
+
+    from studio.views.fit import render_search
+
+    if url is not None:
+        params: dict[str, Any] = {"q": query, "page": page, "per_page": per_page, "fit": str(fit).lower()}
+        if ctx:
+            params["ctx"] = ctx
+        info = _api("GET", url, "/api/hub/search?" + urlencode(params), timeout=300)
+    else:
+        info = _local_search(_settings(), query, ctx=ctx, page=page, per_page=per_page, fit=fit)
+    typer.echo(_json(info) if json_output else render_search(info))
+
+
+def _local_search(settings: "Settings", query: str, *, ctx: int | None, page: int, per_page: int, fit: bool) -> Any:
+    """A search planned in this process: this machine's free memory, no resident models."""
+    from launcher.capabilities import probe
+    from launcher.devices import discover
+    from launcher.planner import load_model, plan
+    from studio.errors import HubUnreachableError
+    from studio.library.hub_headers import header_cache
+    from studio.library.hub_search import search as hub_search
+    from studio.library.hub_search import variant_headers
+    from studio.residency.requests import LoadRequest, load_settings
+    from studio.views.fit import fit_json, repo_json
+
+    found = hub_search(query, page=page, per_page=per_page)
+    repos = []
+    if fit:
+        binary = _find_binary(settings)
+        caps = probe(binary.path, cache_dir=settings.home / "cache")
+        inventory = discover(llama_server=binary.path)
+        catalog = _catalog(settings)
+    for repo in found.repos:
+        if not fit:
+            repos.append(repo_json(repo, None))
+            continue
+        fits: dict[str, dict[str, Any]] = {}
+        for v in repo.variants:
+            try:
+                headers = variant_headers(repo, v, root=header_cache(settings.home))
+                entry = catalog.resolve(str(headers.path))
+                chosen = load_settings(LoadRequest(entry.name, n_ctx=ctx), entry, settings.model_defaults)
+                request = replace(chosen.plan_request(entry.name), spec_measurements=settings.spec_dir)
+                launch = plan(load_model(entry.path, mmproj=chosen.mmproj), inventory, caps, request)
+                fits[v.key] = fit_json(launch, fits=launch.fits, headers=headers)
+            except HubUnreachableError:
+                raise
+            except (StudioError, ValueError) as exc:  # this variant's header is bad; the others still count
+                fits[v.key] = {"fits": False, "error": getattr(exc, "message", str(exc))}
+        repos.append(repo_json(repo, fits))
+    return {"query": found.query, "page": found.page, "per_page": found.per_page, "more": found.more, "repos": repos}
 
 
 @app.command()

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
+from pathlib import Path
 
 import structlog
 from fastapi import FastAPI, Request
@@ -26,6 +27,7 @@ from studio.http.errors import dialect_of, error_response, install_error_handler
 from studio.http.gui_api import router as api_router
 from studio.http.gui_chat import GuiChatRoute
 from studio.http.gui_chat import router as chat_router
+from studio.http.gui_hub import router as hub_router
 from studio.http.gui_pull import router as pull_router
 from studio.http.limits import BodySizeLimit
 from studio.http.metrics import RequestMetrics, StudioMetrics
@@ -34,10 +36,11 @@ from studio.http.openai_proxy import router as proxy_router
 from studio.http.page import router as page_router
 from studio.http.upstream import Upstream
 from studio.library.downloads import DownloadManager
+from studio.library.hub_headers import header_cache
 from studio.library.paths import PathPolicy
 from studio.residency.manager import ModelManager
 from studio.residency.requests import LoadRequest
-from studio.settings import DEFAULT_MAX_BODY_BYTES
+from studio.settings import DEFAULT_MAX_BODY_BYTES, studio_home
 
 log = structlog.get_logger(__name__)
 
@@ -54,6 +57,7 @@ def create_app(
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
     downloads: DownloadManager | None = None,
     history: History | None = None,
+    hub_headers: Path | None = None,
 ) -> FastAPI:
     """Return the service app around ``manager``; the ``preload`` models start loading at start-up, in order.
 
@@ -66,7 +70,8 @@ def create_app(
     Request bodies over ``max_body_bytes`` get a 413. ``downloads`` serves ``/api/pull`` (default: the
     manager's, else one over huggingface_hub's environment, without auto-download). ``history`` stores
     conversations (``/api/conversations``, ``/api/chat`` with a ``conversation_id``); it opens with the app, and
-    a database it cannot use leaves the rest of the studio working.
+    a database it cannot use leaves the rest of the studio working. ``hub_headers`` keeps the headers Hub
+    searches and plans read (default: under the studio home, ``studio.library.hub_headers``).
     ``app.state`` holds what the routes share (the manager, the metrics, the path policy, the body limit and, once
     started, the pooled upstream, the downloads and the toolbox): the Ollama listener's app shares
     it too (``studio.http.ollama_app``).
@@ -101,12 +106,14 @@ def create_app(
     app.state.paths = paths or PathPolicy.for_catalog(manager.catalog)
     app.state.manager = manager
     app.state.history = history
+    app.state.hub_headers = hub_headers or header_cache(studio_home())
     app.state.max_body_bytes = max_body_bytes  # the Ollama listener's limit too
     app.state.metrics = metrics = StudioMetrics(manager)
     app.include_router(api_router)
     app.include_router(chat_router)
     app.include_router(pull_router)
     app.include_router(history_router)
+    app.include_router(hub_router)
     app.include_router(proxy_router)
     app.include_router(page_router)
     app.add_middleware(OpenAIRoutes, on_error=error_response)

@@ -18,6 +18,7 @@ from launcher.speculative import MODES
 from studio.chat.media import file_capabilities
 from studio.errors import ModelNotResidentError
 from studio.http.bodies import ApiBody
+from studio.http.gui_hub import is_remote, remote_plan
 from studio.http.model_paths import check_extra_args, check_model_path, check_projector_path
 from studio.library.catalog import CatalogEntry
 from studio.residency.manager import ModelManager
@@ -220,12 +221,20 @@ async def plan_preview(request: Request, body: LoadBody) -> dict[str, Any]:
     await check_model_path(request, body.model)
     await check_projector_path(request, body.mmproj)
     check_extra_args(request, body.extra_args)
-    placed = await _manager(request).preview(body.request())
+    hub_part: dict[str, Any] = {}
+    if await is_remote(request, body.model):  # not downloaded: planned on its header, read from the Hub
+        placed, hub_part = await remote_plan(request, body.request())
+    else:
+        placed = await _manager(request).preview(body.request())
+    info = plan_json(placed.plan)
+    if hub_part:
+        info["model"]["path"] = f"{hub_part['model']} (not downloaded)"
     return {
-        **plan_json(placed.plan),
+        **info,
         "fits": placed.fits or body.force,
         "evicts": list(placed.evict),
         "blocked_by": list(placed.blocked_by),
+        **({"hub": hub_part} if hub_part else {}),
     }
 
 

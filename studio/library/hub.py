@@ -64,6 +64,7 @@ from studio.errors import (
     DownloadCancelledError,
     HubAuthError,
     HubError,
+    HubUnreachableError,
     ModelNotFoundError,
 )
 from studio.library.projectors import named_like_projector, projector_problem
@@ -425,6 +426,22 @@ def _list_remote(repo: str, revision: str, cfg: HubConfig) -> tuple[str, list[Hu
         for s in info.siblings or []
     ]
     return info.sha or revision, files
+
+
+def list_files(repo: str, revision: str = "main", config: HubConfig | None = None) -> tuple[str, list[HubFile]]:
+    """Return the commit ``revision`` names and the repo's files with their sizes, from the Hub itself.
+
+    Raises:
+        HubUnreachableError: the Hub did not answer within ``config.timeout`` (nothing is taken from the cache).
+        plus the errors of ``resolve``.
+    """
+    cfg = config or HubConfig.from_env()
+    try:
+        return _list_remote(repo, revision, cfg)
+    except _Unreachable as exc:
+        raise HubUnreachableError(
+            f"the Hub at {cfg.endpoint} cannot be reached ({exc}); check the network or HF_ENDPOINT"
+        ) from exc
 
 
 @contextmanager

@@ -43,10 +43,12 @@ def running_studio(
     aliases: Mapping[str, str] | None = None,
     api_token: str | None = None,
     port: int | None = None,
+    hf_cache: Path | None = None,
     **manager_options: Any,
 ) -> Iterator[RunningStudio]:
-    """A studio whose catalog holds ``models`` (name -> file, linked into ``root/models``) and whose chat history
-    is in ``root/history``, on ``port`` (default: a free one); stopped on exit."""
+    """A studio whose catalog holds ``models`` (name -> file, linked into ``root/models``) and, with
+    ``hf_cache``, that Hugging Face cache; its chat history is in ``root/history`` and Hub headers are kept in
+    ``root/hub-headers``. On ``port`` (default: a free one); stopped on exit."""
     folder = root / "models"
     folder.mkdir(parents=True, exist_ok=True)
     for name, path in models.items():
@@ -54,7 +56,7 @@ def running_studio(
         if not link.exists():
             link.symlink_to(path)
     manager = ModelManager(
-        catalog=Catalog([folder], aliases=dict(aliases or {})),
+        catalog=Catalog([folder], aliases=dict(aliases or {}), hf_cache=hf_cache),
         binary=binary,
         make_supervisor=supervisor_factory(root / "logs", ChildRegistry(root / "run", owner_token())),
         caps=probe(binary, cache_dir=root / "cache"),
@@ -63,7 +65,13 @@ def running_studio(
         **manager_options,
     )
     port = port or free_port()
-    app = create_app(manager, preload=preload, api_token=api_token, history=History(root / "history"))
+    app = create_app(
+        manager,
+        preload=preload,
+        api_token=api_token,
+        history=History(root / "history"),
+        hub_headers=root / "hub-headers",
+    )
     server = StudioServer(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()

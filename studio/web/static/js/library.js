@@ -95,6 +95,13 @@ class PullBox {
     this.status.classList.toggle("error", isError);
   }
 
+  /** Pull `model` (a search result's Download button): shown in the box as if typed there. */
+  pullModel(model) {
+    this.input.value = model;
+    this.input.scrollIntoView({ block: "nearest" });
+    return this.run();
+  }
+
   async run() {
     const model = this.input.value.trim();
     if (!/^[^\s/]+\/[^\s/:]+(:\S+)?$/.test(model)) {

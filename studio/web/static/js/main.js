@@ -6,6 +6,7 @@ import { byId } from "./dom.js";
 import { plainError } from "./errors.js";
 import { Chat } from "./chat.js";
 import { HistoryPanel } from "./history.js";
+import { HubSearch } from "./hub.js";
 import { Library } from "./library.js";
 import { LoadDialog } from "./load.js";
 import { LogViewer } from "./logs.js";
@@ -36,6 +37,7 @@ const library = new Library({
   onLoad: (model) => dialog.open(model),
   onPulled: () => refreshLibrary(),
 });
+new HubSearch({ onDownload: (model) => library.pull.pullModel(model) });
 let status = { models: [] };
 let pollTimer = null;
 
