@@ -66,10 +66,6 @@ TABLE: Mapping[type[BaseException], Outcome] = {
     s.DiskSpaceError: Outcome(507, "insufficient_storage", None, Exit.DOES_NOT_FIT),
     s.DownloadCancelledError: Outcome(499, "cancelled", None),
     s.AnsweredError: Outcome(502, "upstream_error", None),
-    s.HistoryError: Outcome(500, _SERVER, "history_failed"),
-    s.HistoryUnavailableError: Outcome(503, "history_unavailable", "history_unavailable"),
-    s.HistoryWriteError: Outcome(507, "insufficient_storage", "history_write_failed"),
-    s.ConversationNotFoundError: Outcome(404, "not_found_error", "conversation_not_found", Exit.NOT_FOUND),
     TurnError: Outcome(502, "upstream_error", None),
     # gguf: a file that is not a usable model
     g.GGUFError: Outcome(400, _BAD, "invalid_gguf", param="model"),
@@ -103,6 +99,11 @@ TABLE: Mapping[type[BaseException], Outcome] = {
     l.BuildError: Outcome(502, _SERVER, "build_failed"),
     l.SlotFileError: Outcome(500, _SERVER, "slot_file_invalid"),
     l.LauncherError: Outcome(502, _SERVER, "load_failed"),
+    # the chat history (after the launcher's rows: a server's bare 500 answer means a load failed, exit 5)
+    s.HistoryError: Outcome(500, _SERVER, "history_failed"),
+    s.HistoryUnavailableError: Outcome(503, "history_unavailable", "history_unavailable"),
+    s.HistoryWriteError: Outcome(507, "insufficient_storage", "history_write_failed"),
+    s.ConversationNotFoundError: Outcome(404, "not_found_error", "conversation_not_found", Exit.NOT_FOUND),
     # the studio's catch-alls
     DefaultModelError: Outcome(500, _SERVER, "default_model_unavailable"),
     s.CommandError: Outcome(500, _SERVER, None),

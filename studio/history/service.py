@@ -16,7 +16,6 @@ from __future__ import annotations
 import asyncio
 import base64
 import hashlib
-import os
 import queue
 import sqlite3
 import threading
@@ -27,6 +26,7 @@ from typing import Any, TypeVar
 
 import structlog
 
+from gguf.files import write_atomically
 from studio.errors import HistoryError, HistoryUnavailableError, HistoryWriteError
 from studio.history import store
 from studio.history.database import SCHEMA_VERSION, connect, open_database
@@ -144,9 +144,7 @@ class History:
         target = self.attachment_path(digest)
         if not target.exists():
             self.attachments.mkdir(parents=True, exist_ok=True)
-            partial = target.with_name(f".{digest}.partial")
-            partial.write_bytes(data)
-            os.replace(partial, target)  # a crash leaves a .partial, never a half file under the hash
+            write_atomically(target, data)  # a crash never leaves a half file under the hash
         store.add_attachment(conn, digest, media_type, len(data))
         return digest
 

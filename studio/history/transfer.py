@@ -14,7 +14,6 @@ import base64
 import binascii
 import hashlib
 import json
-import os
 import sqlite3
 from datetime import UTC
 from pathlib import Path
@@ -22,6 +21,7 @@ from typing import Any, Literal
 
 from pydantic import AwareDatetime, Field
 
+from gguf.files import write_atomically
 from studio.errors import BadRequestError
 from studio.history import store
 from studio.history.database import now
@@ -193,9 +193,7 @@ def _write_files(folder: Path, files: dict[str, tuple[str, bytes]]) -> list[Path
         if target.exists():
             continue
         folder.mkdir(parents=True, exist_ok=True)
-        partial = target.with_name(f".{digest}.partial")
-        partial.write_bytes(data)
-        os.replace(partial, target)
+        write_atomically(target, data)
         written.append(target)
     return written
 
