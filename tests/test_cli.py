@@ -181,6 +181,20 @@ class Terminal:
     def send(self, data: str) -> None:
         os.write(self.fd, data.encode())
 
+    def wait_reading(self, timeout: float) -> None:
+        """Wait until the child's main thread blocks reading its terminal (syscall 0, ``read``, on fd 0).
+
+        The prompt is written a moment before ``input()`` blocks in ``read``, and CPython looks at a signal
+        there only when the read is interrupted: one that lands in between takes effect at the next key. A
+        person cannot hit that window; a test sending ^C as soon as it sees the prompt did, under load, and
+        waited out its minute.
+        """
+        wait_for(
+            lambda: Path(f"/proc/{self.pid}/syscall").read_text().split()[:2] == ["0", "0x0"],
+            timeout=timeout,
+            what="the chat to wait at its prompt",
+        )
+
     def wait(self, timeout: float) -> int:
         """Drain the output until the child exits; return its exit code."""
         deadline = time.monotonic() + timeout
@@ -241,6 +255,7 @@ def test_run_leaves_no_llama_server_however_it_ends(gemma_model, llama_server_bi
     try:
         term.expect(r">>> ", timeout=120)
         assert llama_servers(env)
+        term.wait_reading(timeout=30)
         if how == "ctrl-c":  # at the prompt: the chat ends
             term.send("\x03")
         else:
