@@ -30,6 +30,8 @@ from studio.http.metrics import RequestMetrics, StudioMetrics
 from studio.http.openai_proxy import FORWARDED, OpenAIRoutes
 from studio.http.openai_proxy import router as proxy_router
 from studio.http.page import router as page_router
+from studio.http.router_api import RouterLoads
+from studio.http.router_api import router as router_api
 from studio.http.upstream import Upstream
 from studio.library.downloads import DownloadManager
 from studio.library.paths import PathPolicy
@@ -93,10 +95,12 @@ def create_app(
     app.state.manager = manager
     app.state.max_body_bytes = max_body_bytes  # the Ollama listener's limit too
     app.state.metrics = metrics = StudioMetrics(manager)
+    app.state.router_loads = RouterLoads()
     app.include_router(api_router)
     app.include_router(chat_router)
     app.include_router(pull_router)
     app.include_router(proxy_router)
+    app.include_router(router_api)
     app.include_router(page_router)
     app.add_middleware(OpenAIRoutes, on_error=error_response)
     app.add_middleware(GuiChatRoute, on_error=error_response)
