@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import threading
+from dataclasses import replace
 from pathlib import Path
 
 import httpx
@@ -19,22 +20,26 @@ from studio.library.default_model import ensure_default_model
 from studio.residency.slot_cache import SlotCache
 from studio.settings import ModelDefaults
 from tests.helpers import wait_for
+from tests.support.projectors import write_audio_projector
 from tests.support.studio import RunningStudio, running_studio
 
 pytestmark = [pytest.mark.slow, pytest.mark.shared_processes]
 
-SMOL, GEMMA = "smol", "gemma"
+SMOL, GEMMA, EAR = "smol", "gemma", "smol-ear"
 
 
 @pytest.fixture(scope="module")
 def studio(llama_server_bin, settings, gemma_model, tmp_path_factory):
     root = tmp_path_factory.mktemp("native-routes")
     small = ModelDefaults(n_ctx=1024, n_parallel=1, spec="off")
+    projector = root / "mmproj-ear-F32.gguf"
+    write_audio_projector(projector)
+    smol = ensure_default_model(settings.models_dir)
     with running_studio(
         root,
         llama_server_bin,
-        {SMOL: ensure_default_model(settings.models_dir), GEMMA: gemma_model},
-        defaults={SMOL: small, GEMMA: small},
+        {SMOL: smol, GEMMA: gemma_model, EAR: smol},
+        defaults={SMOL: small, GEMMA: small, EAR: replace(small, mmproj=str(projector))},
         files_root=root / "run",
         slot_cache=SlotCache(root / "slots", binary=llama_server_bin, disk_budget=1 << 30),
     ) as running:
@@ -155,3 +160,19 @@ def test_routes_that_reach_files_or_programs_are_refused_with_the_reason(http):
         refused = http.request(method, path, json={} if method == "POST" else None)
         assert refused.status_code == 403
         assert "run commands" in refused.json()["error"]["message"] or "fetches any URL" in refused.text
+
+
+def test_an_audio_transcription_form_goes_to_the_model_its_model_field_names(studio, http, llama_src):
+    clip = (llama_src / "tools" / "mtmd" / "test-2.mp3").read_bytes()
+    answer = http.post(
+        "/v1/audio/transcriptions",
+        data={"model": EAR, "max_tokens": "4"},
+        files={"file": ("clip.mp3", clip, "audio/mpeg")},
+    )
+    assert answer.status_code == 200, answer.text
+    assert isinstance(answer.json()["text"], str)
+    assert studio.manager.find(EAR) is not None
+    text_only = http.post(
+        "/v1/audio/transcriptions", data={"model": SMOL}, files={"file": ("clip.mp3", clip, "audio/mpeg")}
+    )
+    assert text_only.status_code != 200 and "audio" in text_only.json()["error"]["message"]

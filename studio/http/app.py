@@ -27,7 +27,7 @@ from studio.http.gui_chat import router as chat_router
 from studio.http.gui_pull import router as pull_router
 from studio.http.limits import BodySizeLimit
 from studio.http.metrics import RequestMetrics, StudioMetrics
-from studio.http.openai_proxy import FORWARDED, OpenAIRoutes
+from studio.http.openai_proxy import FORM_PATHS, FORWARDED, OpenAIRoutes
 from studio.http.openai_proxy import router as proxy_router
 from studio.http.page import router as page_router
 from studio.http.router_api import RouterLoads
@@ -108,7 +108,7 @@ def create_app(
     if api_token:
         app.add_middleware(BearerTokenMiddleware, token=api_token)
     # added last, so it runs first: a preflight carries no token, and a bad Host learns nothing else
-    app.add_middleware(BrowserGuard, policy=access or AccessPolicy.create())
+    app.add_middleware(BrowserGuard, policy=access or AccessPolicy.create(), other_bodies=FORM_PATHS)
     # outermost: the guard's and the token's refusals are counted too
     app.add_middleware(RequestMetrics, metrics=metrics, listener="studio", known=FORWARDED)
 

@@ -41,6 +41,7 @@ from studio.http.limits import BodySizeLimit
 from studio.http.metrics import RequestMetrics, StudioMetrics
 from studio.http.model_paths import check_model_path
 from studio.http.openai_proxy import (
+    FORM_PATHS,
     FORWARDED,
     OpenAIRoutes,
     answer_unless_client_leaves,
@@ -80,7 +81,7 @@ def create_ollama_app(studio: FastAPI, *, api_token: str | None = None, access: 
     app.add_middleware(BodySizeLimit, max_body_bytes=studio.state.max_body_bytes, dialect_for=dialect_on_ollama_port)
     if api_token:
         app.add_middleware(BearerTokenMiddleware, token=api_token, dialect=dialect_on_ollama_port)
-    app.add_middleware(BrowserGuard, policy=access or AccessPolicy.create())
+    app.add_middleware(BrowserGuard, policy=access or AccessPolicy.create(), other_bodies=FORM_PATHS)
     app.add_middleware(RequestMetrics, metrics=studio.state.metrics, listener="ollama", known=FORWARDED)
 
     install_error_handlers(app, dialect_on_ollama_port)

@@ -61,6 +61,8 @@ import anyio
 import httpx
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
+from starlette.exceptions import HTTPException
+from starlette.formparsers import MultiPartException
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from launcher.rpc import unreachable
@@ -131,11 +133,13 @@ Count = Callable[[float | None, bytes], None]
 async def _forward(request: Request, route: Route, upstream_path: str) -> Response:
     """Route the request to its model's llama-server (loading it if need be) and pass the answer back.
 
-    A request with a body names its model by the body's ``model``, one without (a ``GET``) by ``?model=``.
+    A request with a body names its model by the body's ``model`` (a form's ``model`` field), one without
+    (a ``GET``) by ``?model=``.
     """
     began = time.perf_counter()
-    body = await _json_body(request) if request.method == "POST" else None
-    model = body.get("model") if body is not None else request.query_params.get("model")
+    form = await _form_body(request) if route.form else None
+    body = await _json_body(request) if request.method == "POST" and form is None else None
+    model = form.model if form else body.get("model") if body is not None else request.query_params.get("model")
     if model is not None and not isinstance(model, str):
         raise BadRequestError("`model` must be a string", param="model")
     chat = route.upstream == "/v1/chat/completions"
@@ -158,12 +162,12 @@ async def _forward(request: Request, route: Route, upstream_path: str) -> Respon
             if chat:
                 await _manager(request).warm(loaded, body)  # a conversation saved before an eviction comes back warm
             tools = tool_parameters(body) if chat and body.get("tool_choice") != "none" else {}
-        if body is None or not body.get("stream"):
+        if body is None or not body.get("stream"):  # a GET, a form, or a whole answer
             return await answer_unless_client_leaves(
                 request,
                 loaded,
                 upstream_path,
-                body,
+                form or body,
                 lease,
                 lambda status, content, headers: _answered(route, tools, count, status, content, headers),
                 query=query,
@@ -229,7 +233,7 @@ async def answer_unless_client_leaves(
     request: Request,
     loaded: LoadedModel,
     path: str,
-    body: dict[str, Any] | None,
+    body: dict[str, Any] | Form | None,
     lease: Lease,
     finish: Callable[[int, bytes, dict[str, str]], Response],
     *,
@@ -238,7 +242,7 @@ async def answer_unless_client_leaves(
     """``finish``'s response to the whole answer, unless the client disconnects first: then the upstream
     request is dropped, which stops llama-server (it answers a non-streamed request only once it is done,
     so the wait is the whole generation). ``finish`` takes the status, the body and the headers to pass on.
-    Without a ``body`` the request is a ``GET``; ``query`` goes on as it came."""
+    Without a ``body`` the request is a ``GET``; a ``Form`` goes on as it came, as ``query`` does."""
 
     async def exchange() -> Response:
         resp = await send_upstream(request, loaded, path, body, lease, query=query)
@@ -283,7 +287,7 @@ async def send_upstream(
     request: Request,
     loaded: LoadedModel,
     path: str,
-    body: dict[str, Any] | None,
+    body: dict[str, Any] | Form | None,
     lease: Lease | None = None,
     *,
     query: str = "",
@@ -294,9 +298,12 @@ async def send_upstream(
         UpstreamError: llama-server did not answer.
         studio.errors.ModelUnloadedError: the model went away under the request.
     """
-    method = "GET" if body is None else "POST"
+    url, upstream = loaded.url + path, _upstream(request)
     try:
-        return await _upstream(request).send(method, loaded.url + path, loaded.auth_headers, body, query)
+        if isinstance(body, Form):
+            headers = {**loaded.auth_headers, "content-type": body.content_type}
+            return await upstream.send("POST", url, headers, query=query, content=body.content)
+        return await upstream.send("GET" if body is None else "POST", url, loaded.auth_headers, body, query)
     except httpx.HTTPError as exc:
         raise (lease and lease.interruption) or UpstreamError(f"llama-server did not answer: {exc}") from exc
 
@@ -306,6 +313,28 @@ async def close_upstream(resp: httpx.Response, lease: Callable[[], Any]) -> None
     with anyio.CancelScope(shield=True):
         await resp.aclose()
         await lease()
+
+
+@dataclass(frozen=True)
+class Form:
+    """A multipart form body, passed on to llama-server byte for byte; ``model`` is its ``model`` field."""
+
+    content: bytes
+    content_type: str
+    model: str | None
+
+
+async def _form_body(request: Request) -> Form:
+    raw = await request.body()  # first: a body over the limit is a 413; the form is parsed from these bytes
+    content_type = request.headers.get("content-type", "")
+    if not content_type.lower().startswith("multipart/form-data"):
+        raise BadRequestError("the request body must be a multipart form (multipart/form-data)")
+    try:
+        async with request.form() as fields:  # closed at once: only ``model`` is read, the bytes go on as they came
+            model = fields.get("model")
+    except (MultiPartException, HTTPException) as exc:  # starlette answers a broken form with the latter
+        raise BadRequestError(f"the form cannot be read: {getattr(exc, 'detail', None) or exc}") from None
+    return Form(raw, content_type, model if isinstance(model, str) else None)
 
 
 async def _json_body(request: Request) -> dict[str, Any]:
@@ -392,6 +421,7 @@ class Route:
     methods: frozenset[str] = frozenset({"POST"})  # GET: the model comes from ``?model=``
     without_model: WithoutModel = "default"  # a GET that names no model
     check: Callable[[dict[str, Any]], None] | None = None  # refuses a body before any load
+    form: bool = False  # its body is a multipart form (an upload), passed on as it came
 
 
 def _native(summary: str, **options: Any) -> Route:
@@ -410,6 +440,13 @@ _RESPONSES = Route("/v1/responses", _apply_reasoning, "OpenAI Responses", genera
 _RESPONSES_TOKENS = Route("/v1/responses/input_tokens", _apply_reasoning, "Tokens a Responses request's input takes")
 _RERANK = Route("/v1/rerank", _nothing_to_add, "Rerank documents by a query (a model loaded with --reranking)")
 _EMBEDDING = Route("/embedding", _nothing_to_add, "llama-server's native embedding (a model loaded with --embeddings)")
+
+_TRANSCRIPTIONS = Route(
+    "/v1/audio/transcriptions",
+    _nothing_to_add,
+    "OpenAI audio transcriptions (a model with an audio projector)",
+    form=True,
+)
 
 #: Every forwarded path, in each spelling llama-server b11434 routes (``tools/server/server.cpp``), each
 #: served as llama-server serves it: the bare ``/completions`` is its native completion, as there.
@@ -456,6 +493,8 @@ FORWARDED: dict[str, Route] = {
         check=check_slot_file,
     ),
     "/lora-adapters": _native("The model's LoRA adapters (GET ?model=), or set their scales (POST)", methods=_GET_POST),
+    "/v1/audio/transcriptions": _TRANSCRIPTIONS,
+    "/audio/transcriptions": _TRANSCRIPTIONS,
     "/metrics": _native(
         "With ?model=: that model's own llama-server metrics; without: the studio's",
         methods=_GET,
@@ -469,6 +508,9 @@ REFUSED: dict[str, str] = {
     " the studio runs tools in its own tool loop (/api/chat with tools, see the README)",
     "/cors-proxy": "llama-server's CORS proxy fetches any URL a web page names, from this machine",
 }
+
+#: The forwarded paths whose bodies are forms, not JSON (``studio.http.browser_guard`` lets them through).
+FORM_PATHS = frozenset(path for path, route in FORWARDED.items() if route.form)
 
 _SLOT_ACTION = re.compile(r"/slots/[0-9]+")
 

@@ -616,9 +616,15 @@ class Upstream:
         return await self.send("POST", url, headers, body)
 
     async def send(
-        self, method: str, url: str, headers: dict[str, str], body: object = None, query: str = ""
+        self,
+        method: str,
+        url: str,
+        headers: dict[str, str],
+        body: object = None,
+        query: str = "",
+        content: bytes | None = None,
     ) -> httpx.Response:
-        """Send a request (``body`` as JSON, none when ``None``) and return the response once its head is in.
+        """Send a request (``body`` as JSON, or ``content`` as it is; none) and return the response once its head is in.
 
         ``query`` is a raw query string passed on as it came. The caller closes the response.
 
@@ -632,7 +638,9 @@ class Upstream:
             parsed = self._urls[url] = httpx.URL(url)
         if query:
             parsed = parsed.copy_with(query=query.encode())
-        request = httpx.Request(method, parsed, json=body, headers=headers, extensions={"timeout": self._timeout})
+        request = httpx.Request(
+            method, parsed, json=body, content=content, headers=headers, extensions={"timeout": self._timeout}
+        )
         return await self.transport.handle_async_request(request)
 
     async def get(self, url: str, headers: dict[str, str], *, timeout: float) -> bytes:
