@@ -53,7 +53,6 @@ import re
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import PureWindowsPath
 from typing import Any, Literal
 from urllib.parse import parse_qs
 
@@ -396,7 +395,7 @@ def check_slot_file(body: dict[str, Any]) -> None:
         return  # erase takes none; llama-server says so for save and restore
     if not isinstance(name, str):
         raise BadRequestError("`filename` must be a string", param="filename")
-    if not name or name in (".", "..") or any(c in name for c in "/\\\0") or PureWindowsPath(name).is_absolute():
+    if not name or name in (".", "..") or any(c in name for c in "/\\\0"):
         raise BadRequestError(
             f"slot file {name!r} is refused: a slot file is a plain name (no folder, no `..`, not an absolute path);"
             " the studio keeps each model's slot files in its own folder under the studio home",
