@@ -1,13 +1,18 @@
 """The forwarded routes: route by ``model``, pass bytes through as they come.
 
 Every route llama-server answers for a model goes through here, in every dialect it
-speaks: OpenAI's chat, completions, embeddings and Responses, Anthropic's Messages,
-token counting, rerank and infill, under each spelling llama-server accepts
-(``FORWARDED``). They share the routing by ``model``, the residency, the queue and
-the cancellation; only the errors differ, shaped for the route's dialect
-(``studio.http.errors``); llama-server's own error bodies are reshaped to match.
+speaks: OpenAI's chat, completions, embeddings, Responses and transcriptions, Anthropic's
+Messages, token counting, rerank and infill, and llama-server's own routes (``/completion``,
+``/tokenize``, ``/props``, ``/slots``, ...), under each spelling llama-server accepts
+(``FORWARDED``: one row a route). As llama.cpp's router does, a ``POST`` names its model by
+the body's ``model``, a ``GET`` by ``?model=``, and either goes to the default model without
+one. They share the routing, the residency, the queue and the cancellation; only the errors
+differ, shaped for the route's dialect (``studio.http.errors``); llama-server's own error
+bodies are reshaped to match. The routes that would reach files or programs on this machine
+are refused with the reason (``REFUSED``), and a slot file is a plain name in the model's
+slot folder (``check_slot_file``).
 
-The POST routes are served by ``OpenAIRoutes``, pure ASGI ahead of FastAPI's
+The forwarded routes are served by ``OpenAIRoutes``, pure ASGI ahead of FastAPI's
 routing: every millisecond of the proxy's CPU is added to a request's latency
 on a machine whose cores llama-server keeps busy, and FastAPI's middleware,
 routing and dependency layers cost about 0.3 ms a request. The FastAPI routes
