@@ -56,6 +56,7 @@ TABLE: Mapping[type[BaseException], Outcome] = {
     s.DoesNotFitError: Outcome(400, _BAD, "does_not_fit", Exit.DOES_NOT_FIT),
     s.PayloadTooLargeError: Outcome(413, "request_too_large", "request_too_large"),
     s.PathNotAllowedError: Outcome(403, "permission_error", "path_not_allowed", param="model"),
+    s.RouteRefusedError: Outcome(403, "permission_error", "route_refused"),
     s.BusyError: Outcome(503, "server_busy", None),
     s.ModelUnloadedError: Outcome(503, "model_unloaded", "model_unloaded"),
     s.NotReadyError: Outcome(503, "model_not_ready", "model_not_ready"),

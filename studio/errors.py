@@ -13,6 +13,7 @@
     ├── NotReadyError                       a resident is loading or going away (studio.residency.resident)
     ├── WorkTimeoutError (+TimeoutError)    a header read, plan or device query ran past its time limit
     ├── PathNotAllowedError (+PermissionError) an API client named a file outside the library
+    ├── RouteRefusedError (+PermissionError) a llama-server route that would reach files or programs
     ├── DefaultModelError                   the embedded default model's package is missing or bad
     │                                       (studio.library.default_model)
     ├── HubError                            Hugging Face Hub access or a download failed
@@ -78,6 +79,10 @@ class PathNotAllowedError(StudioError, PermissionError):
     def __init__(self, message: str, *, path: str, param: str = "model", code: str | None = None) -> None:
         super().__init__(message, param=param, code=code)
         self.path = path
+
+
+class RouteRefusedError(StudioError, PermissionError):
+    """A llama-server route the studio does not pass on: it would let a client reach files or run programs."""
 
 
 class PayloadTooLargeError(BadRequestError):

@@ -31,9 +31,11 @@ from studio.http.gui_hub import router as hub_router
 from studio.http.gui_pull import router as pull_router
 from studio.http.limits import BodySizeLimit
 from studio.http.metrics import RequestMetrics, StudioMetrics
-from studio.http.openai_proxy import FORWARDED, OpenAIRoutes
+from studio.http.openai_proxy import FORM_PATHS, FORWARDED, OpenAIRoutes
 from studio.http.openai_proxy import router as proxy_router
 from studio.http.page import router as page_router
+from studio.http.router_api import RouterLoads
+from studio.http.router_api import router as router_api
 from studio.http.upstream import Upstream
 from studio.library.downloads import DownloadManager
 from studio.library.hub_headers import header_cache
@@ -109,12 +111,14 @@ def create_app(
     app.state.hub_headers = hub_headers or header_cache(studio_home())
     app.state.max_body_bytes = max_body_bytes  # the Ollama listener's limit too
     app.state.metrics = metrics = StudioMetrics(manager)
+    app.state.router_loads = RouterLoads()
     app.include_router(api_router)
     app.include_router(chat_router)
     app.include_router(pull_router)
     app.include_router(history_router)
     app.include_router(hub_router)
     app.include_router(proxy_router)
+    app.include_router(router_api)
     app.include_router(page_router)
     app.add_middleware(OpenAIRoutes, on_error=error_response)
     app.add_middleware(GuiChatRoute, on_error=error_response)
@@ -122,7 +126,7 @@ def create_app(
     if api_token:
         app.add_middleware(BearerTokenMiddleware, token=api_token)
     # added last, so it runs first: a preflight carries no token, and a bad Host learns nothing else
-    app.add_middleware(BrowserGuard, policy=access or AccessPolicy.create())
+    app.add_middleware(BrowserGuard, policy=access or AccessPolicy.create(), other_bodies=FORM_PATHS)
     # outermost: the guard's and the token's refusals are counted too
     app.add_middleware(RequestMetrics, metrics=metrics, listener="studio", known=FORWARDED)
 

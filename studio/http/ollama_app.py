@@ -41,6 +41,7 @@ from studio.http.limits import BodySizeLimit
 from studio.http.metrics import RequestMetrics, StudioMetrics
 from studio.http.model_paths import check_model_path
 from studio.http.openai_proxy import (
+    FORM_PATHS,
     FORWARDED,
     OpenAIRoutes,
     answer_unless_client_leaves,
@@ -51,6 +52,7 @@ from studio.http.openai_proxy import (
 )
 from studio.http.openai_proxy import router as proxy_router
 from studio.http.relay import EventStream
+from studio.http.router_api import router as router_api
 from studio.library.downloads import DownloadManager
 from studio.residency.lifecycle import ResidentState
 from studio.residency.manager import ModelManager
@@ -74,11 +76,12 @@ def create_ollama_app(studio: FastAPI, *, api_token: str | None = None, access: 
     app.state = studio.state  # the same manager, upstream and metrics (the studio's lifespan makes the upstream)
     app.include_router(router)
     app.include_router(proxy_router)
+    app.include_router(router_api)
     app.add_middleware(OpenAIRoutes, on_error=error_response)
     app.add_middleware(BodySizeLimit, max_body_bytes=studio.state.max_body_bytes, dialect_for=dialect_on_ollama_port)
     if api_token:
         app.add_middleware(BearerTokenMiddleware, token=api_token, dialect=dialect_on_ollama_port)
-    app.add_middleware(BrowserGuard, policy=access or AccessPolicy.create())
+    app.add_middleware(BrowserGuard, policy=access or AccessPolicy.create(), other_bodies=FORM_PATHS)
     app.add_middleware(RequestMetrics, metrics=studio.state.metrics, listener="ollama", known=FORWARDED)
 
     install_error_handlers(app, dialect_on_ollama_port)

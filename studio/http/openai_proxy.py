@@ -1,13 +1,18 @@
 """The forwarded routes: route by ``model``, pass bytes through as they come.
 
 Every route llama-server answers for a model goes through here, in every dialect it
-speaks: OpenAI's chat, completions, embeddings and Responses, Anthropic's Messages,
-token counting, rerank and infill, under each spelling llama-server accepts
-(``FORWARDED``). They share the routing by ``model``, the residency, the queue and
-the cancellation; only the errors differ, shaped for the route's dialect
-(``studio.http.errors``); llama-server's own error bodies are reshaped to match.
+speaks: OpenAI's chat, completions, embeddings, Responses and transcriptions, Anthropic's
+Messages, token counting, rerank and infill, and llama-server's own routes (``/completion``,
+``/tokenize``, ``/props``, ``/slots``, ...), under each spelling llama-server accepts
+(``FORWARDED``: one row a route). As llama.cpp's router does, a ``POST`` names its model by
+the body's ``model``, a ``GET`` by ``?model=``, and either goes to the default model without
+one. They share the routing, the residency, the queue and the cancellation; only the errors
+differ, shaped for the route's dialect (``studio.http.errors``); llama-server's own error
+bodies are reshaped to match. The routes that would reach files or programs on this machine
+are refused with the reason (``REFUSED``), and a slot file is a plain name in the model's
+slot folder (``check_slot_file``).
 
-The POST routes are served by ``OpenAIRoutes``, pure ASGI ahead of FastAPI's
+The forwarded routes are served by ``OpenAIRoutes``, pure ASGI ahead of FastAPI's
 routing: every millisecond of the proxy's CPU is added to a request's latency
 on a machine whose cores llama-server keeps busy, and FastAPI's middleware,
 routing and dependency layers cost about 0.3 ms a request. The FastAPI routes
@@ -49,15 +54,19 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
+from urllib.parse import parse_qs
 
 import anyio
 import httpx
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
+from starlette.exceptions import HTTPException
+from starlette.formparsers import MultiPartException
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from launcher.rpc import unreachable
@@ -66,7 +75,7 @@ from studio.chat.reasoning import reasoning_request, with_prompt_flag
 from studio.chat.tool_healing import heal_completion
 from studio.chat.tool_schema import check_tool_fields, tool_parameters
 from studio.chat.tool_stream import HealingRelay
-from studio.errors import BadRequestError, UpstreamError
+from studio.errors import BadRequestError, RouteRefusedError, UpstreamError
 from studio.http.errors import Dialect, ErrorAnswer, describe, reshape_upstream, stream_error_event
 from studio.http.model_paths import check_model_path
 from studio.http.relay import Relay, client_gone
@@ -101,75 +110,73 @@ class OpenAIRoutes:
         self.on_error = on_error
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        route = FORWARDED.get(scope["path"]) if scope["type"] == "http" and scope["method"] == "POST" else None
-        if route is None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        refused = REFUSED.get(scope["path"])
+        found = route_for(scope["method"], scope["path"], scope["query_string"])
+        if found is None and refused is None:
             await self.app(scope, receive, send)
             return
         try:
-            response = await _forward(Request(scope, receive), scope["path"])
+            if found is None:
+                raise RouteRefusedError(f"the studio does not serve {scope['path']}: {refused}")
+            response = await _forward(Request(scope, receive), *found)
         except Exception as exc:
-            answer = self.on_error(exc, route.dialect)
+            answer = self.on_error(exc, found[0].dialect if found else "openai")
             if answer is None:
                 raise
             response = answer
         await response(scope, receive, send)
 
 
-@router.get("/v1/models")
-async def list_models(request: Request) -> dict[str, Any]:
-    """Every servable model; resident ones carry their state and live context in ``meta``."""
-    manager = _manager(request)
-    resident = {r.settings.path: r for r in manager.residents}
-    data = []
-    for entry in manager.catalog.entries():
-        item: dict[str, Any] = {"id": entry.name, "object": "model", "created": 0, "owned_by": "gguf-studio"}
-        r = resident.get(entry.path)
-        if r is not None:
-            item["meta"] = {
-                "n_ctx": r.loaded.n_ctx if r.loaded else None,
-                "n_ctx_train": r.facts.context_length,
-                "loaded": r.loaded is not None,
-                "state": r.state.value,
-            }
-        data.append(item)
-    return {"object": "list", "data": data}
-
-
 #: Counts a finished answer for /metrics: the time of its first chunk (streams) and its last bytes.
 Count = Callable[[float | None, bytes], None]
 
 
-async def _forward(request: Request, path: str) -> Response:
-    route = FORWARDED[path]
+async def _forward(request: Request, route: Route, upstream_path: str) -> Response:
+    """Route the request to its model's llama-server (loading it if need be) and pass the answer back.
+
+    A request with a body names its model by the body's ``model`` (a form's ``model`` field), one without
+    (a ``GET``) by ``?model=``.
+    """
     began = time.perf_counter()
-    body = await _json_body(request)
-    model = body.get("model")
+    form = await _form_body(request) if route.form else None
+    body = await _json_body(request) if request.method == "POST" and form is None else None
+    model = form.model if form else body.get("model") if body is not None else request.query_params.get("model")
     if model is not None and not isinstance(model, str):
         raise BadRequestError("`model` must be a string", param="model")
     chat = route.upstream == "/v1/chat/completions"
-    if chat:
-        check_tool_fields(body)  # before a load: a malformed request never reaches llama-server
+    if body is not None:
+        if chat:
+            check_tool_fields(body)  # before a load: a malformed request never reaches llama-server
+        if route.check is not None:
+            route.check(body)
     await check_model_path(request, model)
-    if path == "/v1/chat/completions":
+    if chat and body is not None:
         await preflight_chat(_manager(request), body)
     loaded, lease = await _manager(request).acquire(model)
-    count = _counter(request, route, path, loaded.name, began)
+    count = _counter(request, route, request.url.path, loaded.name, began)
+    query = request.scope["query_string"].decode("latin-1")
     try:
-        route.prepare(body, loaded)
-        body["model"] = loaded.name
-        if chat:
-            await _manager(request).warm(loaded, body)  # a conversation saved before an eviction comes back warm
-        tools = tool_parameters(body) if chat and body.get("tool_choice") != "none" else {}
-        if not body.get("stream"):
+        tools: dict[str, dict[str, Any]] = {}
+        if body is not None:
+            route.prepare(body, loaded)
+            body["model"] = loaded.name
+            if chat:
+                await _manager(request).warm(loaded, body)  # a conversation saved before an eviction comes back warm
+            tools = tool_parameters(body) if chat and body.get("tool_choice") != "none" else {}
+        if body is None or not body.get("stream"):  # a GET, a form, or a whole answer
             return await answer_unless_client_leaves(
                 request,
                 loaded,
-                route.upstream,
-                body,
+                upstream_path,
+                form or body,
                 lease,
                 lambda status, content, headers: _answered(route, tools, count, status, content, headers),
+                query=query,
             )
-        resp = await send_upstream(request, loaded, route.upstream, body, lease)
+        resp = await send_upstream(request, loaded, upstream_path, body, lease, query=query)
     except BaseException:
         await lease()
         raise
@@ -230,16 +237,19 @@ async def answer_unless_client_leaves(
     request: Request,
     loaded: LoadedModel,
     path: str,
-    body: dict[str, Any],
+    body: dict[str, Any] | Form | None,
     lease: Lease,
     finish: Callable[[int, bytes, dict[str, str]], Response],
+    *,
+    query: str = "",
 ) -> Response:
     """``finish``'s response to the whole answer, unless the client disconnects first: then the upstream
     request is dropped, which stops llama-server (it answers a non-streamed request only once it is done,
-    so the wait is the whole generation). ``finish`` takes the status, the body and the headers to pass on."""
+    so the wait is the whole generation). ``finish`` takes the status, the body and the headers to pass on.
+    Without a ``body`` the request is a ``GET``; a ``Form`` goes on as it came, as ``query`` does."""
 
     async def exchange() -> Response:
-        resp = await send_upstream(request, loaded, path, body, lease)
+        resp = await send_upstream(request, loaded, path, body, lease, query=query)
         content = await read_answer(resp, lease, loaded)
         return finish(resp.status_code, content, {k: v for k, v in resp.headers.items() if k.lower() in _PASS_HEADERS})
 
@@ -278,16 +288,26 @@ async def broke_off(loaded: LoadedModel, what: str, exc: Exception) -> tuple[str
 
 
 async def send_upstream(
-    request: Request, loaded: LoadedModel, path: str, body: dict[str, Any], lease: Lease | None = None
+    request: Request,
+    loaded: LoadedModel,
+    path: str,
+    body: dict[str, Any] | Form | None,
+    lease: Lease | None = None,
+    *,
+    query: str = "",
 ) -> httpx.Response:
-    """POST ``body`` to llama-server's ``path`` on the pooled client; the response streams.
+    """POST ``body`` (GET, when it is ``None``) to llama-server's ``path`` on the pooled client; the response streams.
 
     Raises:
         UpstreamError: llama-server did not answer.
         studio.errors.ModelUnloadedError: the model went away under the request.
     """
+    url, upstream = loaded.url + path, _upstream(request)
     try:
-        return await _upstream(request).post(loaded.url + path, body, loaded.auth_headers)
+        if isinstance(body, Form):
+            headers = {**loaded.auth_headers, "content-type": body.content_type}
+            return await upstream.send("POST", url, headers, query=query, content=body.content)
+        return await upstream.send("GET" if body is None else "POST", url, loaded.auth_headers, body, query)
     except httpx.HTTPError as exc:
         raise (lease and lease.interruption) or UpstreamError(f"llama-server did not answer: {exc}") from exc
 
@@ -297,6 +317,28 @@ async def close_upstream(resp: httpx.Response, lease: Callable[[], Any]) -> None
     with anyio.CancelScope(shield=True):
         await resp.aclose()
         await lease()
+
+
+@dataclass(frozen=True)
+class Form:
+    """A multipart form body, passed on to llama-server byte for byte; ``model`` is its ``model`` field."""
+
+    content: bytes
+    content_type: str
+    model: str | None
+
+
+async def _form_body(request: Request) -> Form:
+    raw = await request.body()  # first: a body over the limit is a 413; the form is parsed from these bytes
+    content_type = request.headers.get("content-type", "")
+    if not content_type.lower().startswith("multipart/form-data"):
+        raise BadRequestError("the request body must be a multipart form (multipart/form-data)")
+    try:
+        async with request.form() as fields:  # closed at once: only ``model`` is read, the bytes go on as they came
+            model = fields.get("model")
+    except (MultiPartException, HTTPException) as exc:  # starlette answers a broken form with the latter
+        raise BadRequestError(f"the form cannot be read: {getattr(exc, 'detail', None) or exc}") from None
+    return Form(raw, content_type, model if isinstance(model, str) else None)
 
 
 async def _json_body(request: Request) -> dict[str, Any]:
@@ -342,38 +384,90 @@ def _nothing_to_add(body: dict[str, Any], loaded: LoadedModel) -> None:
     """An embedding, rerank or infill request goes as it came."""
 
 
+def check_slot_file(body: dict[str, Any]) -> None:
+    """Refuse a slot file name that is not a plain name in the model's slot folder.
+
+    llama-server joins the name to its ``--slot-save-path``, the launch's folder in the studio home
+    (``studio.residency.slot_cache.SlotCache.folder``: one per model and KV layout, where the studio's own
+    saves before a stop go too); a name with a folder, ``..`` or an absolute path would reach files
+    elsewhere, so it is refused here with a reason, before any load.
+
+    Raises:
+        BadRequestError: ``filename`` is not a string or not a plain file name.
+    """
+    name = body.get("filename")
+    if name is None:
+        return  # erase takes none; llama-server says so for save and restore
+    if not isinstance(name, str):
+        raise BadRequestError("`filename` must be a string", param="filename")
+    if not name or name in (".", "..") or any(c in name for c in "/\\\0"):
+        raise BadRequestError(
+            f"slot file {name!r} is refused: a slot file is a plain name (no folder, no `..`, not an absolute path);"
+            " the studio keeps each model's slot files in its own folder under the studio home",
+            param="filename",
+        )
+
+
+#: Where a ``GET`` without ``?model=`` goes: the default model, or the studio's own route (``/metrics``).
+WithoutModel = Literal["default", "studio"]
+
+
 @dataclass(frozen=True)
 class Route:
     """How one forwarded path is served."""
 
-    upstream: str  # llama-server's path (its canonical spelling)
+    upstream: str  # llama-server's path (its canonical spelling); "" for the request's own path
     prepare: Callable[[dict[str, Any], LoadedModel], None]  # what the studio fills in before forwarding
     summary: str  # for /docs
     dialect: Dialect = "openai"  # the shape of its errors
     generates: bool = False  # its answers are generated tokens: time to first token and tokens are counted
     fill_usage: bool = False  # an OpenAI chat or completion answer: healed, and ``usage`` filled from ``timings``
+    methods: frozenset[str] = frozenset({"POST"})  # GET: the model comes from ``?model=``
+    without_model: WithoutModel = "default"  # a GET that names no model
+    check: Callable[[dict[str, Any]], None] | None = None  # refuses a body before any load
+    form: bool = False  # its body is a multipart form (an upload), passed on as it came
 
 
+def _native(summary: str, **options: Any) -> Route:
+    """A llama-server route that keeps its own path and takes its body as it comes."""
+    return Route("", _nothing_to_add, summary, **options)
+
+
+_GET = frozenset({"GET"})
+_GET_POST = frozenset({"GET", "POST"})
+_CHAT = Route("/v1/chat/completions", prepare_chat_body, "OpenAI chat completions", generates=True, fill_usage=True)
 _CHAT_TOKENS = Route(
     "/v1/chat/completions/input_tokens", _apply_reasoning, "Tokens a chat completion request's prompt takes"
 )
+_NATIVE_COMPLETION = Route("/completion", _nothing_to_add, "llama-server's native completion", generates=True)
 _RESPONSES = Route("/v1/responses", _apply_reasoning, "OpenAI Responses", generates=True)
 _RESPONSES_TOKENS = Route("/v1/responses/input_tokens", _apply_reasoning, "Tokens a Responses request's input takes")
 _RERANK = Route("/v1/rerank", _nothing_to_add, "Rerank documents by a query (a model loaded with --reranking)")
+_EMBEDDING = Route("/embedding", _nothing_to_add, "llama-server's native embedding (a model loaded with --embeddings)")
 
-#: Every forwarded path, in each spelling llama-server b11434 routes (``tools/server/server.cpp``).
-#: Its bare ``/completions`` and ``/chat/completions`` are left out: the first is the native
-#: (non-OpenAI) completion, and neither is an address OpenAI clients use.
+_TRANSCRIPTIONS = Route(
+    "/v1/audio/transcriptions",
+    _nothing_to_add,
+    "OpenAI audio transcriptions (a model with an audio projector)",
+    form=True,
+)
+
+#: Every forwarded path, in each spelling llama-server b11434 routes (``tools/server/server.cpp``), each
+#: served as llama-server serves it: the bare ``/completions`` is its native completion, as there.
+#: ``{id_slot}`` stands for a slot number. A row is all a forwarded route needs.
 FORWARDED: dict[str, Route] = {
-    "/v1/chat/completions": Route(
-        "/v1/chat/completions", prepare_chat_body, "OpenAI chat completions", generates=True, fill_usage=True
-    ),
+    "/v1/chat/completions": _CHAT,
+    "/chat/completions": _CHAT,
     "/v1/completions": Route(
         "/v1/completions", _default_max_tokens, "OpenAI completions", generates=True, fill_usage=True
     ),
+    "/completion": _NATIVE_COMPLETION,
+    "/completions": _NATIVE_COMPLETION,
     "/v1/embeddings": Route(
         "/v1/embeddings", _nothing_to_add, "OpenAI embeddings (a model loaded with --embeddings --pooling mean)"
     ),
+    "/embedding": _EMBEDDING,
+    "/embeddings": _EMBEDDING,
     "/v1/chat/completions/input_tokens": _CHAT_TOKENS,
     "/chat/completions/input_tokens": _CHAT_TOKENS,
     "/v1/responses": _RESPONSES,
@@ -389,19 +483,66 @@ FORWARDED: dict[str, Route] = {
     "/rerank": _RERANK,
     "/reranking": _RERANK,
     "/infill": Route("/infill", _nothing_to_add, "Fill in the middle (llama-server's native infill)", generates=True),
+    "/tokenize": _native("Tokens of a text, by the model's vocabulary"),
+    "/detokenize": _native("The text of tokens, by the model's vocabulary"),
+    "/apply-template": _native("A chat rendered by the model's chat template, as the prompt it would get"),
+    "/v1/chat/completions/control": _native("Control a running chat completion (end its reasoning)"),
+    "/props": _native(
+        "The model's llama-server properties (GET ?model=); POST changes them where it was started with --props",
+        methods=_GET_POST,
+    ),
+    "/slots": _native("The model's slots and what each is doing (?model=)", methods=_GET),
+    "/slots/{id_slot}": _native(
+        "Save, restore or erase a slot's KV cache (?action=save|restore|erase), in the model's slot folder",
+        check=check_slot_file,
+    ),
+    "/lora-adapters": _native("The model's LoRA adapters (GET ?model=), or set their scales (POST)", methods=_GET_POST),
+    "/v1/audio/transcriptions": _TRANSCRIPTIONS,
+    "/audio/transcriptions": _TRANSCRIPTIONS,
+    "/metrics": _native(
+        "With ?model=: that model's own llama-server metrics; without: the studio's",
+        methods=_GET,
+        without_model="studio",
+    ),
 }
+
+#: llama-server's routes that reach files, URLs or programs on its machine, and why the studio refuses them.
+REFUSED: dict[str, str] = {
+    "/tools": "llama-server's built-in tools read and write files and run commands on this machine;"
+    " the studio runs tools in its own tool loop (/api/chat with tools, see the README)",
+    "/cors-proxy": "llama-server's CORS proxy fetches any URL a web page names, from this machine",
+}
+
+#: The forwarded paths whose bodies are forms, not JSON (``studio.http.browser_guard`` lets them through).
+FORM_PATHS = frozenset(path for path, route in FORWARDED.items() if route.form)
+
+_SLOT_ACTION = re.compile(r"/slots/[0-9]+")
+
+
+def route_for(method: str, path: str, query: bytes) -> tuple[Route, str] | None:
+    """The forwarded route that serves ``method path`` and llama-server's path for it; ``None``: not forwarded."""
+    route = FORWARDED.get(path)
+    if route is None and _SLOT_ACTION.fullmatch(path):
+        route = FORWARDED["/slots/{id_slot}"]
+    if route is None or method not in route.methods:
+        return None
+    if method == "GET" and route.without_model == "studio" and "model" not in parse_qs(query.decode("latin-1")):
+        return None
+    return route, route.upstream or path
 
 
 def _declare(path: str, route: Route) -> None:
     async def forwarded(request: Request) -> Response:
-        return await _forward(request, path)
+        return await _forward(request, route, route.upstream or request.url.path)
 
-    forwarded.__doc__ = f"Served by ``OpenAIRoutes`` (forwarded to llama-server's ``{route.upstream}``)."
-    router.add_api_route(path, forwarded, methods=["POST"], summary=route.summary)
+    forwarded.__doc__ = f"Served by ``OpenAIRoutes`` (forwarded to llama-server's ``{route.upstream or path}``)."
+    for method in sorted(route.methods):  # one route per method: each its own OpenAPI operation
+        router.add_api_route(path, forwarded, methods=[method], summary=route.summary)
 
 
-for _path, _route in FORWARDED.items():  # the FastAPI routes of the forwarded paths: /docs, and 405 for GET
-    _declare(_path, _route)
+for _path, _route in FORWARDED.items():  # the FastAPI routes of the forwarded paths: /docs, and 405 for others
+    if _route.without_model == "default":  # else the studio's own route of the path documents it
+        _declare(_path, _route)
 
 
 def _finished_answer(content: bytes, tools: dict[str, dict[str, Any]]) -> bytes:

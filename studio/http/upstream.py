@@ -613,12 +613,34 @@ class Upstream:
         Raises:
             httpx.HTTPError: llama-server could not be reached or broke off.
         """
+        return await self.send("POST", url, headers, body)
+
+    async def send(
+        self,
+        method: str,
+        url: str,
+        headers: dict[str, str],
+        body: object = None,
+        query: str = "",
+        content: bytes | None = None,
+    ) -> httpx.Response:
+        """Send a request (``body`` as JSON, or ``content`` as it is; none) and return the response once its head is in.
+
+        ``query`` is a raw query string passed on as it came. The caller closes the response.
+
+        Raises:
+            httpx.HTTPError: llama-server could not be reached or broke off.
+        """
         parsed = self._urls.get(url)
         if parsed is None:  # a handful of URLs per model: parse each once
             if len(self._urls) >= 64:  # old models' URLs
                 self._urls.clear()
             parsed = self._urls[url] = httpx.URL(url)
-        request = httpx.Request("POST", parsed, json=body, headers=headers, extensions={"timeout": self._timeout})
+        if query:
+            parsed = parsed.copy_with(query=query.encode())
+        request = httpx.Request(
+            method, parsed, json=body, content=content, headers=headers, extensions={"timeout": self._timeout}
+        )
         return await self.transport.handle_async_request(request)
 
     async def get(self, url: str, headers: dict[str, str], *, timeout: float) -> bytes:

@@ -1,0 +1,204 @@
+"""llama.cpp router's model API: ``GET /models`` with each model's ``status``, load, unload, and status events.
+
+Clients written for llama-server's router (Open WebUI, PocketPal, Letta, llama.cpp's web UI) read
+``GET /models`` (or ``/v1/models``) to show which models are loaded, and drive ``POST /models/load``,
+``POST /models/unload`` and ``GET /models/sse``. The shapes are the router's (b11434
+``tools/server/server-models.cpp``, ``get_router_models``): each model carries
+``status: {"value": "loaded" | "loading" | "unloaded", "args": [...]}``, and a model whose last start
+failed is ``unloaded`` with ``"failed": true`` and its ``exit_code``. The studio's own fields (``meta``
+with the live context and the resident state) stay beside them, as ``/v1/models`` answered before.
+
+How the studio's resident states read as the router's: a model starting, or restarting after a crash,
+is ``loading``; one serving, or draining and stopping (it still answers until it is gone), is
+``loaded`` (the router too says ``loaded`` until its child exits); a failed start is ``unloaded`` and
+``failed``. A load that is still checking its plan or waiting for memory is ``loading`` too.
+
+As the router's, ``POST /models/load`` answers at once and the model loads in the background (its
+status says how it goes; a load refused before anything started, a plan that does not fit, shows as
+``failed`` with the reason in ``status.message``); ``POST /models/unload`` answers once the model is
+gone. ``GET /models/sse`` sends ``{"model", "event": "status_change", "data": {"status": ...}}``
+events as the router does, found by looking at the states every ``POLL`` seconds.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator
+from typing import Any
+from urllib.parse import urlsplit
+
+import structlog
+from fastapi import APIRouter, Request
+from fastapi.responses import StreamingResponse
+from pydantic import Field
+
+from studio.errors import BadRequestError
+from studio.http.bodies import ApiBody
+from studio.http.model_paths import check_model_path
+from studio.residency.lifecycle import ResidentState
+from studio.residency.manager import ModelManager
+from studio.residency.requests import LoadRequest
+from studio.residency.resident import ResidentModel
+
+log = structlog.get_logger(__name__)
+
+router = APIRouter()
+
+#: Seconds between two looks at the states for ``/models/sse``.
+POLL = 0.2
+
+#: The router's word for each resident state (module docstring).
+_STATUS: dict[ResidentState, str] = {
+    ResidentState.LOADING: "loading",
+    ResidentState.CRASHED: "loading",
+    ResidentState.READY: "loaded",
+    ResidentState.DRAINING: "loaded",
+    ResidentState.UNLOADING: "loaded",
+    ResidentState.FAILED: "unloaded",
+    ResidentState.UNLOADED: "unloaded",
+}
+
+
+class ModelBody(ApiBody):
+    """A router client's ``{"model": ...}``."""
+
+    model: str = Field(description="A model name as ``GET /models`` lists it, or a path to a .gguf file.")
+
+
+def _manager(request: Request) -> ModelManager:
+    return request.app.state.manager
+
+
+class RouterLoads:
+    """The loads router clients began, held until done, and why each model's last one failed (by name)."""
+
+    def __init__(self) -> None:
+        self.failures: dict[str, str] = {}
+        self.pending: set[str] = set()  # begun here: ``loading`` from the answer on, before the manager has it
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    def begin(self, manager: ModelManager, model: str) -> None:
+        """Load ``model`` in the background; a failure before any resident instance is kept in ``failures``."""
+        self.failures.pop(model, None)
+        self.pending.add(model)
+
+        async def load() -> None:
+            try:
+                await manager.load(LoadRequest(model=model))
+            except Exception as exc:  # shown as the model's failed status
+                self.failures[model] = getattr(exc, "message", None) or str(exc)
+                log.warning("a router client's load failed", model=model, error=self.failures[model])
+            finally:
+                self.pending.discard(model)
+
+        task = asyncio.create_task(load(), name=f"router load {model}")
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+
+def _loads(request: Request) -> RouterLoads:
+    loads: RouterLoads = request.app.state.router_loads
+    return loads
+
+
+def model_status(manager: ModelManager, name: str, loads: RouterLoads) -> dict[str, Any]:
+    """The router's ``status`` object of the catalog model ``name``."""
+    resident = manager.find(name)
+    if resident is not None and resident.state is not ResidentState.UNLOADED:
+        status: dict[str, Any] = {"value": _STATUS[resident.state], "args": _args(resident)}
+        if resident.state is ResidentState.FAILED:
+            exit_code = getattr(resident.failure, "exit_code", None)
+            status.update(failed=True, exit_code=exit_code if exit_code is not None else 1, message=resident.error)
+        return status
+    if name in loads.pending or any(load.names(name) for load in manager.loads):
+        return {"value": "loading", "args": []}
+    if name in loads.failures:
+        return {"value": "unloaded", "args": [], "failed": True, "exit_code": 1, "message": loads.failures[name]}
+    return {"value": "unloaded", "args": []}
+
+
+def _args(resident: ResidentModel) -> list[str]:
+    """The resident's llama-server arguments, its key redacted, as the router lists its children's."""
+    port = urlsplit(resident.loaded.url).port if resident.loaded is not None else None
+    return resident.command.redacted_argv(port or 0)[1:]
+
+
+@router.get("/models")
+@router.get("/v1/models")
+async def list_models(request: Request) -> dict[str, Any]:
+    """Every servable model with its router ``status``; resident ones carry their state and live context in ``meta``."""
+    manager = _manager(request)
+    loads = _loads(request)
+    resident = {r.settings.path: r for r in manager.residents}
+    data = []
+    for entry in manager.catalog.entries():
+        item: dict[str, Any] = {"id": entry.name, "object": "model", "created": 0, "owned_by": "gguf-studio"}
+        r = resident.get(entry.path)
+        if r is not None:
+            item["meta"] = {
+                "n_ctx": r.loaded.n_ctx if r.loaded else None,
+                "n_ctx_train": r.facts.context_length,
+                "loaded": r.loaded is not None,
+                "state": r.state.value,
+            }
+        item["status"] = model_status(manager, entry.name, loads)
+        data.append(item)
+    return {"object": "list", "data": data}
+
+
+@router.post("/models/load")
+async def load_model(request: Request, body: ModelBody) -> dict[str, Any]:
+    """Begin loading a model, as the router does: the answer comes at once, ``GET /models`` shows the load.
+
+    Raises:
+        BadRequestError: the model is loaded or loading already (the router's answer too).
+    """
+    manager = _manager(request)
+    await check_model_path(request, body.model)
+    manager.catalog.resolve(body.model)  # an unknown model is a 404 now, not a failed load later
+    if model_status(manager, body.model, _loads(request))["value"] != "unloaded":
+        raise BadRequestError(f"{body.model} is already running", param="model")
+    _loads(request).begin(manager, body.model)
+    return {"success": True}
+
+
+@router.post("/models/unload")
+async def unload_model(request: Request, body: ModelBody) -> dict[str, Any]:
+    """Unload a model (a load in progress is cancelled); the answer comes once it is gone.
+
+    Raises:
+        studio.errors.ModelNotResidentError: the model is neither resident nor loading.
+    """
+    await _manager(request).unload(body.model)
+    return {"success": True}
+
+
+@router.get("/models/sse")
+async def model_events(request: Request) -> StreamingResponse:
+    """Server-sent events, one per status change of a model, in the router's shape."""
+    manager = _manager(request)
+    loads = _loads(request)
+
+    def now() -> dict[str, dict[str, Any]]:
+        return {e.name: model_status(manager, e.name, loads) for e in manager.catalog.entries()}
+
+    async def events() -> AsyncIterator[bytes]:
+        seen = now()
+        while True:  # until the client leaves: the response is cancelled then
+            await asyncio.sleep(POLL)
+            current = now()
+            for name, status in current.items():
+                before = seen.get(name, {})
+                if (status["value"], status.get("failed")) != (before.get("value"), before.get("failed")):
+                    yield _event(name, status)
+            seen = current
+
+    return StreamingResponse(events(), media_type="text/event-stream")
+
+
+def _event(name: str, status: dict[str, Any]) -> bytes:
+    data: dict[str, Any] = {"status": status["value"]}
+    if status["value"] == "unloaded":
+        data["exit_code"] = status.get("exit_code", 0)
+    return f"data: {json.dumps({'model': name, 'event': 'status_change', 'data': data})}\n\n".encode()
