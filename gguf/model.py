@@ -67,14 +67,16 @@ def read(path: str | os.PathLike[str], *, cache: bool = True) -> GGUFFile:
     """Return the parsed GGUF model at ``path`` (any shard of a split model works).
 
     An unchanged file (same path, size, mtime_ns, inode, device for every shard)
-    is served from an in-memory cache.
+    is served from an in-memory cache; each link to a file is cached as its own path.
 
     Raises:
         GGUFError: the file, or one of its shards, is missing or malformed.
     """
     given = Path(path)
     paths = shard_paths(given) or [given]
-    key = paths[0].resolve() if paths[0].exists() else paths[0]
+    # By the path as given, not its target: a model holds the path it was read through, and two links to one
+    # file (a models dir link, the Hugging Face cache, another studio's folder) must each launch their own.
+    key = Path(os.path.abspath(paths[0]))
     try:
         stats = tuple(StatKey.of(os.stat(p)) for p in paths)
     except OSError as exc:

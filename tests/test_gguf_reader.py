@@ -184,6 +184,19 @@ def test_cache_returns_the_same_object_until_the_file_changes(tmp_path):
     assert again is not first and again.metadata["t.str"] == "jéllo"
 
 
+def test_a_second_link_to_a_cached_file_reads_as_its_own_path_not_the_firsts(tmp_path):
+    """The cache was keyed by the link's target and kept the first path: a model read through a second link
+    named the first one, so a studio launched llama-server through another studio's link to the same file."""
+    target = write(tmp_path, small_model())
+    first, second = tmp_path / "a" / "one.gguf", tmp_path / "b" / "two.gguf"
+    for link in (first, second):
+        link.parent.mkdir()
+        link.symlink_to(target)
+    assert gguf.read(first).path == first
+    assert gguf.read(second).path == second
+    assert gguf.read(first).path == first
+
+
 def test_lazy_array_refuses_a_file_changed_underneath(tmp_path):
     big = kv("v.tokens", ARRAY, struct.pack("<IQ", STRING, 100) + b"".join(s(f"tok{i}") for i in range(100)))
     p = write(tmp_path, header([big]))
