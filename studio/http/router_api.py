@@ -45,8 +45,9 @@ log = structlog.get_logger(__name__)
 
 router = APIRouter()
 
-#: Seconds between two looks at the states for ``/models/sse``.
-POLL = 0.2
+#: ``/models/sse`` looks at the states at every change the manager tells, and at least this often
+#: (for what it does not tell: a model file added to a models dir).
+POLL = 2.0
 
 #: The router's word for each resident state (module docstring).
 _STATUS: dict[ResidentState, str] = {
@@ -77,11 +78,21 @@ class RouterLoads:
         self.failures: dict[str, str] = {}
         self.pending: set[str] = set()  # begun here: ``loading`` from the answer on, before the manager has it
         self._tasks: set[asyncio.Task[None]] = set()
+        self._changed = asyncio.Event()
+
+    async def changed(self) -> None:
+        """Return once a load begun here starts or ends (``/models/sse`` waits on it)."""
+        await self._changed.wait()
+
+    def _notify(self) -> None:
+        changed, self._changed = self._changed, asyncio.Event()
+        changed.set()
 
     def begin(self, manager: ModelManager, model: str) -> None:
         """Load ``model`` in the background; a failure before any resident instance is kept in ``failures``."""
         self.failures.pop(model, None)
         self.pending.add(model)
+        self._notify()
 
         async def load() -> None:
             try:
@@ -91,6 +102,7 @@ class RouterLoads:
                 log.warning("a router client's load failed", model=model, error=self.failures[model])
             finally:
                 self.pending.discard(model)
+                self._notify()
 
         task = asyncio.create_task(load(), name=f"router load {model}")
         self._tasks.add(task)
@@ -186,7 +198,12 @@ async def model_events(request: Request) -> StreamingResponse:
     async def events() -> AsyncIterator[bytes]:
         seen = now()
         while True:  # until the client leaves: the response is cancelled then
-            await asyncio.sleep(POLL)
+            # woken by each change, not a timer: a state shorter than a timer's period (a model loaded and
+            # unloaded at once) was never sent
+            waits = {asyncio.ensure_future(manager.changed()), asyncio.ensure_future(loads.changed())}
+            _, idle = await asyncio.wait(waits, timeout=POLL, return_when=asyncio.FIRST_COMPLETED)
+            for wait in idle:
+                wait.cancel()
             current = now()
             for name, status in current.items():
                 before = seen.get(name, {})

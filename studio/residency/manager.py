@@ -292,7 +292,7 @@ class ModelManager:
                             return resident.enter()
                         except NotReadyError:  # paused for a load that waits for its memory, or going away
                             await asyncio.wait(
-                                [asyncio.ensure_future(resident.admitted()), asyncio.ensure_future(self._change())],
+                                [asyncio.ensure_future(resident.admitted()), asyncio.ensure_future(self.changed())],
                                 return_when=asyncio.FIRST_COMPLETED,
                             )
                     elif state is ResidentState.FAILED:
@@ -324,6 +324,7 @@ class ModelManager:
         self._loads[entry.path] = load
         load.task = asyncio.create_task(self._run_load(load), name=f"load {entry.name}")
         load.task.add_done_callback(lambda _: self._settled(load))
+        self._notify()  # a load began: /models/sse says "loading"
         return load
 
     async def _run_load(self, load: Load) -> None:
@@ -506,7 +507,8 @@ class ModelManager:
         if self._closing:
             raise ModelUnloadedError("the studio is shutting down")
 
-    async def _change(self) -> None:
+    async def changed(self) -> None:
+        """Return at the next change of a resident model's state or of a load (``/models/sse`` waits on it)."""
         await self._changed.wait()
 
     def _notify(self) -> None:
