@@ -114,6 +114,35 @@ def test_an_evicted_conversation_continues_warm_with_the_same_greedy_answer(tmp_
 
 
 @pytest.mark.slow
+def test_a_stored_conversation_resumed_on_the_page_after_an_eviction_restores_its_slot(
+    tmp_path, llama_server_bin, smollm_model
+):
+    """``/api/chat`` (the page, and so the chat history) never looked for a saved slot: a conversation resumed
+    from the history after its model was evicted processed every stored message again."""
+    import json
+
+    def page_chat(base: str, messages: list[dict[str, str]], cid: str) -> list[dict]:
+        body = {"model": "smollm", "messages": messages, "conversation_id": cid, "max_tokens": 12, "temperature": 0}
+        with httpx.stream("POST", f"{base}/api/chat", json=body, timeout=120) as resp:
+            assert resp.status_code == 200, resp.read()
+            return [json.loads(line[5:]) for line in resp.iter_lines() if line.startswith("data:")]
+
+    running, cache = studio(tmp_path, llama_server_bin, smollm_model)
+    with running as s:
+        cid = httpx.post(f"{s.url}/api/conversations", json={}, timeout=10).json()["id"]
+        first = page_chat(s.url, TURN1, cid)
+        answer = "".join(e.get("text", "") for e in first)
+        unload(s.url)  # evicted: its slot is saved
+        assert len(list(cache.root.glob("*/*.bin"))) == 1, "no slot was saved before the unload"
+        turn2 = [*TURN1, {"role": "assistant", "content": answer}, {"role": "user", "content": "And the cat's name?"}]
+        done = page_chat(s.url, turn2, cid)[-1]
+        assert done["type"] == "done", done
+        timings = done["timings"]
+        conversation = timings["prompt_n"] + timings.get("cache_n", 0)
+        assert timings["prompt_n"] <= 0.1 * conversation, timings
+
+
+@pytest.mark.slow
 def test_a_slot_saved_under_another_context_is_never_restored_and_a_corrupt_one_is_skipped(
     tmp_path, llama_server_bin, smollm_model
 ):

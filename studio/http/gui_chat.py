@@ -178,6 +178,7 @@ async def _chat(request: Request, body: ChatBody) -> Response:
                 turn_body["tools"] = offer
         resp: httpx.Response | None = None
         try:
+            await manager.warm(own[0], turn_body)  # a stored conversation resumed after an eviction: its slot first
             resp = await send_upstream(request, own[0], "/v1/chat/completions", turn_body, own[1])
             heal = tool_parameters(turn_body) if turn_body.get("tool_choice") != "none" else None
             template = own[0].template
