@@ -187,6 +187,11 @@ def test_two_chats_at_once_on_one_conversation_keep_each_question_next_to_its_an
 # -- faults -------------------------------------------------------------------------------------------
 
 
+def _disk_full(*args: object) -> None:
+    """A store write on a full disk: SQLite's own error for it."""
+    raise sqlite3.OperationalError("database or disk is full")
+
+
 def test_a_full_disk_leaves_the_chat_answering_and_the_page_is_told_the_answer_was_not_saved(replay, home, monkeypatch):
     """A full disk is imitated at the store's boundary (no tiny filesystem here): the answer's saves raise
     ``sqlite3.OperationalError("database or disk is full")``, as SQLite raises it on a full disk."""
@@ -194,10 +199,7 @@ def test_a_full_disk_leaves_the_chat_answering_and_the_page_is_told_the_answer_w
     with studio(replay, home) as base:
         cid = new_conversation(base)
 
-        def full(*args: object) -> None:
-            raise sqlite3.OperationalError("database or disk is full")
-
-        monkeypatch.setattr(store, "update_message", full)
+        monkeypatch.setattr(store, "update_message", _disk_full)
         events = chat(base, cid, "Hello")
         assert "".join(e.get("text", "") for e in events) == "still answering" and events[-1]["type"] == "done"
         told = [e for e in events if e["type"] == "history"]
@@ -211,10 +213,7 @@ def test_a_full_disk_before_the_question_is_stored_still_answers(replay, home, m
     with studio(replay, home) as base:
         cid = new_conversation(base)
 
-        def full(*args: object) -> None:
-            raise sqlite3.OperationalError("database or disk is full")
-
-        monkeypatch.setattr(store, "append_messages", full)
+        monkeypatch.setattr(store, "append_messages", _disk_full)
         events = chat(base, cid, "Hello")
         assert events[0]["type"] == "history" and events[0]["saved"] is False
         assert "".join(e.get("text", "") for e in events) == "answered" and events[-1]["type"] == "done"

@@ -30,6 +30,7 @@ from studio.library.hub_headers import MARGIN, fetch_header
 from studio.library.hub_search import repo_variants, search, variant_headers
 from studio.residency.requests import LoadRequest
 from tests.fake_llama import fake_children
+from tests.hub_server import HubServer
 from tests.manager_harness import fake_manager
 from tests.support.deep_zoo import deepen_model
 from tests.test_hub import hf_env, server  # noqa: F401 (fixtures)
@@ -64,6 +65,15 @@ def deep_variants(zoo_dir: Path, tmp_path: Path) -> dict[str, Path]:
     return out
 
 
+def deep_repo(server: HubServer, zoo_dir: Path, tmp_path: Path, **repo: int) -> dict[str, Path]:
+    """The five ``deep_variants`` as the files of ``REPO`` on the Hub stand-in; returns them by label."""
+    paths = deep_variants(zoo_dir, tmp_path)
+    hub_repo = server.repo(REPO, **repo)
+    for label, path in paths.items():
+        hub_repo.add(f"deep-{label}.gguf", path)
+    return paths
+
+
 def bills(manager, paths: dict[str, Path]) -> dict[str, int]:
     import asyncio
 
@@ -79,10 +89,7 @@ def bills(manager, paths: dict[str, Path]) -> dict[str, int]:
 def test_five_variants_two_fit_under_a_budget_and_the_larger_is_recommended_with_a_quality_note(
     studio, server, zoo_dir, tmp_path
 ):
-    paths = deep_variants(zoo_dir, tmp_path)
-    repo = server.repo(REPO, downloads=5)
-    for label, path in paths.items():
-        repo.add(f"deep-{label}.gguf", path)
+    paths = deep_repo(server, zoo_dir, tmp_path, downloads=5)
     _, probe = studio()
     sizes = bills(probe, paths)
     assert sorted(sizes.values()) == list(sizes.values())  # deeper is larger
@@ -109,10 +116,7 @@ def test_five_variants_two_fit_under_a_budget_and_the_larger_is_recommended_with
 
 
 def test_the_fit_from_the_header_agrees_with_the_plan_after_the_download(studio, server, zoo_dir, tmp_path, hf_env):  # noqa: F811
-    paths = deep_variants(zoo_dir, tmp_path)
-    repo = server.repo(REPO)
-    for label, path in paths.items():
-        repo.add(f"deep-{label}.gguf", path)
+    deep_repo(server, zoo_dir, tmp_path)
     client, manager = studio()
     with client:
         before = client.post("/api/plan", json={"model": f"{REPO}:Q4_K_M", "n_ctx": 256, "spec": "off"}).json()
@@ -326,10 +330,7 @@ def cli_env(server, llama_server_bin, tmp_path) -> dict[str, str]:  # noqa: F811
 def test_ggstudio_search_prints_a_badge_per_variant_and_plan_takes_a_variant_not_downloaded(
     server, zoo_dir, tmp_path, cli_env
 ):
-    paths = deep_variants(zoo_dir, tmp_path)
-    repo = server.repo(REPO, downloads=7)
-    for label, path in paths.items():
-        repo.add(f"deep-{label}.gguf", path)
+    deep_repo(server, zoo_dir, tmp_path, downloads=7)
     out = cli("search", "deep", "--ctx", "256", env=cli_env)
     assert out.returncode == 0, out.stderr
     lines = out.stdout.splitlines()
