@@ -86,9 +86,11 @@ def test_a_reload_and_a_restart_of_the_studio_keep_the_conversation_and_its_sett
         wait_for(lambda: page.locator("#chat-model").input_value() == TINY, timeout=10, what="the chat's model")
 
     with studio(tmp_path, llama_server_bin, zoo_dir, port) as s:  # the studio restarted on the same history
-        errors[:] = [e for e in errors if "ERR_CONNECTION_REFUSED" not in e]  # the page polled while it was down
         page.reload()
         wait_for(lambda: shown(page) == before, timeout=30, what="the stored conversation after a restart")
+        # the page polled while the studio was down; those refusals are reported until the reload, so only
+        # after it can they all be set aside
+        errors[:] = [e for e in errors if "ERR_CONNECTION_REFUSED" not in e]
 
         # continuing it: the next turn goes to the same conversation, with its stored options
         page.fill("#chat-input", "And their wings?")

@@ -79,7 +79,9 @@ def test_tokenize_on_two_models_gives_each_models_own_tokens(http):
 
 
 def test_native_completion_and_bare_chat_completions_are_served(http):
-    done = http.post("/completion", json={"model": SMOL, "prompt": "The capital of France is", "n_predict": 4})
+    # ignore_eos: a sampled end of text after 3 tokens answered 3 (seen once in a full run)
+    native = {"model": SMOL, "prompt": "The capital of France is", "n_predict": 4, "ignore_eos": True}
+    done = http.post("/completion", json=native)
     assert done.status_code == 200, done.text
     assert done.json()["tokens_predicted"] == 4
     chat = http.post(
