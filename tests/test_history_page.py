@@ -124,5 +124,5 @@ def test_a_reload_and_a_restart_of_the_studio_keep_the_conversation_and_its_sett
         page.locator("#history-list li.conv button:text('Delete?')").click()
         wait_for(lambda: page.locator("#history-list li.conv").count() == 0, timeout=10, what="the chat to go")
         assert shown(page) == [] and httpx.get(f"{s.url}/api/conversations").json()["conversations"] == []
-    page.close()
+        page.close()  # before the studio stops: a poll after it would be refused
     assert errors == []
