@@ -205,3 +205,20 @@ def exclusive_lock(path: Path) -> Iterator[None]:
             yield
         finally:
             fcntl.flock(fh.fileno(), fcntl.LOCK_UN)
+
+
+def peak_rss_bytes() -> int:
+    """This process image's peak resident memory.
+
+    Linux's ``getrusage`` ``ru_maxrss`` carries over the high-water mark of the process that exec'd
+    this one (a ``subprocess`` child of a 1 GiB pytest reports 1 GiB), so on Linux the image's own
+    ``VmHWM`` is read instead; elsewhere ``ru_maxrss`` (KiB on most systems, bytes on macOS).
+    """
+    with contextlib.suppress(OSError, ValueError, IndexError):
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024
+    import resource
+
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return peak if sys.platform == "darwin" else peak * 1024

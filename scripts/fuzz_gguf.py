@@ -30,6 +30,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from launcher.platform import peak_rss_bytes
 from tests.support.fuzz_gguf import HANG_S, Outcome, fuzz, make_base, run_case
 
 #: Zoo models next to Gemma: hybrid with arrays, MLA + MoE, SWA + MoE, Mamba + attention, chunked attention,
@@ -66,7 +67,7 @@ def summary(outcomes: Sequence[Outcome], seconds: float) -> dict:
             "patches": slowest.patches,
         },
         "max_wall_s": round(max(o.wall_s for o in outcomes), 4),
-        "peak_rss_mib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
+        "peak_rss_mib": round(peak_rss_bytes() / 2**20, 1),
         "findings": [
             {
                 "index": o.index,

@@ -56,3 +56,14 @@ def test_mutated_headers_raise_only_our_errors_quickly_in_bounded_memory():
     # the mutations reach every stage: many cases get to the argv, others stop at the reader or the facts
     results = report["results"]
     assert results.get("argv", 0) >= 20 and results.get("InconsistentHeaderError", 0) >= 1, results
+
+
+def test_a_child_of_a_large_process_reports_its_own_peak_memory_not_its_parents():
+    """CI's full run failed the fuzz's 1 GiB bound with 1,036 MiB: ``ru_maxrss`` of a child that pytest
+    (by then ~1 GiB resident) had spawned carried pytest's peak over its exec."""
+    ballast = bytearray(600 * 2**20)
+    ballast[::4096] = b"\1" * len(range(0, len(ballast), 4096))  # resident, not just reserved
+    probe = "from launcher.platform import peak_rss_bytes; print(peak_rss_bytes())"
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
+    del ballast
+    assert int(out.stdout) < 200 * 2**20
