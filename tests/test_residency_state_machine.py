@@ -295,7 +295,7 @@ class ManagerMachine(RuleBasedStateMachine):
         if self.children is None:
             pids = {r.supervisor.status().pid for r in self.manager.residents} - {None}
             for child in psutil.Process().children(recursive=True):
-                if child.name() == "llama-server" and child.status() != psutil.STATUS_ZOMBIE:
+                if _serving_llama_server(child):
                     assert child.pid in pids, "a llama-server runs without its resident"
             return
         running = self.children.running()
@@ -331,6 +331,18 @@ class ManagerMachine(RuleBasedStateMachine):
         finally:
             if self.children_cm is not None:
                 self.children_cm.__exit__(None, None, None)
+
+
+def _serving_llama_server(child: psutil.Process) -> bool:
+    """A llama-server serving a model; not the short ``--list-devices`` run a background load's placement starts."""
+    try:
+        return (
+            child.name() == "llama-server"
+            and child.status() != psutil.STATUS_ZOMBIE
+            and "--list-devices" not in child.cmdline()
+        )
+    except psutil.Error:  # it exited meanwhile
+        return False
 
 
 @pytest.fixture(scope="module")
