@@ -7,7 +7,8 @@ the row's ``param`` and ``code`` (a ``StudioError``'s own, a ``ProcessError``'s 
 ``cause``). An ``AnsweredError`` carries another server's answer: its status, type and code
 pass on, and its exit code is the one the table gives that code or status.
 
-The HTTP layer (``studio.http.errors``) and the CLI (``studio.cli.app``) both read it.
+The HTTP layer (``studio.http.errors``) and the CLI (``studio.cli.common``: ``exit_code``, ``error_lines``)
+both read it.
 """
 
 from __future__ import annotations

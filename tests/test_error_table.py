@@ -18,7 +18,7 @@ from gguf import errors as gguf_errors
 from launcher import errors as launcher_errors
 from launcher.errors import BinaryNotFoundError, LoadError
 from studio import errors as studio_errors
-from studio.cli.app import exit_code
+from studio.cli.common import exit_code
 from studio.error_table import ROOTS, TABLE, outcome
 from studio.errors import (
     AnsweredError,
