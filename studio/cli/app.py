@@ -42,7 +42,8 @@ def _root(
 ) -> None:
     """GGUF Studio command line.
 
-    Exit codes: 0 ok, 1 error, 2 usage, 3 not found, 4 does not fit, 5 llama-server failed, 130 Ctrl-C.
+    Exit codes: 0 ok, 1 error, 2 usage, 3 not found, 4 does not fit, 5 llama-server failed,
+    6 another studio already runs in this studio home, 130 Ctrl-C.
     """
     state.debug = debug
     if _asks_for_help(sys.argv[1:]):  # a subcommand's --help runs after this callback and logs nothing
