@@ -10,6 +10,7 @@ from studio.cli.common import (
     RpcOption,
     app,
     chosen_rpc_workers,
+    discovered_studio,
     exit_code,
     graceful_termination,
     model_manager,
@@ -22,6 +23,7 @@ from studio.errors import CommandError, Exit
 if TYPE_CHECKING:  # the service's modules load only in the commands that need them
     from studio.cli.terminal_chat import LocalStudio
     from studio.residency.manager import ModelManager
+    from studio.settings import Settings
 
 
 @app.command()
@@ -62,9 +64,14 @@ def run(
         return
     if host is not None or port is not None:
         raise typer.BadParameter("--host and --port go with --serve-only", param_hint="--host/--port")
-    from studio.cli.terminal_chat import LocalStudio
-
     settings = studio_settings()
+    running = discovered_studio(settings)
+    if running is not None:  # this home's studio holds the memory: chat through it rather than beside it
+        _chat_in(running.url, settings, model=model, ctx=ctx, once=once, max_tokens=max_tokens, force=force)
+        return
+    from studio.cli.terminal_chat import LocalStudio
+    from studio.instance import HomeLock
+
     if not state.debug:  # the chat owns the terminal: only warnings and errors may interleave with it
         import logging
 
@@ -72,7 +79,7 @@ def run(
 
         configure_logging(json_lines=settings.log_json, level=logging.WARNING)
     workers = chosen_rpc_workers(rpc, settings)
-    with graceful_termination() as threads_started:
+    with HomeLock.acquire(settings.home, "run"), graceful_termination() as threads_started:
         manager, _ = model_manager(settings, workers)
         with LocalStudio(manager) as studio:
             threads_started()
@@ -114,6 +121,33 @@ def _chat(
             answer_once(client, once, max_tokens=max_tokens)
         else:
             chat_loop(client, model=loaded.name, max_tokens=max_tokens)
+
+
+def _chat_in(
+    url: str,
+    settings: "Settings",
+    *,
+    model: str,
+    ctx: int | None,
+    once: str | None,
+    max_tokens: int | None,
+    force: bool,
+) -> None:
+    """Load ``model`` in the studio running at ``url``, then answer ``once`` or chat until the user ends it."""
+    import httpx
+
+    from studio.cli.models import load_in_studio
+    from studio.cli.terminal_chat import answer_once, chat_loop
+
+    typer.echo(f"using the studio running at {url}", err=True)
+    status = load_in_studio(url, model, {"model": model, "n_ctx": ctx}, force=force)
+    name = str(status.get("model") or model)
+    headers = {"Authorization": f"Bearer {settings.api_token}"} if settings.api_token else {}
+    with httpx.Client(base_url=url, timeout=httpx.Timeout(None, connect=5), headers=headers) as client:
+        if once is not None:
+            answer_once(client, once, max_tokens=max_tokens, model=name)
+        else:
+            chat_loop(client, model=name, max_tokens=max_tokens, request_model=name)
 
 
 def _gguf_error_type() -> type[Exception]:

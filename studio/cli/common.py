@@ -20,6 +20,7 @@ from studio.errors import AnsweredError, CommandError, Exit, StudioError
 
 if TYPE_CHECKING:  # the service's modules load only in the commands that need them
     from launcher.discovery import Discovered
+    from studio.instance import Discovery
     from studio.library.catalog import Catalog
     from studio.residency.manager import ModelManager
     from studio.settings import Settings
@@ -40,6 +41,7 @@ class CliState:
     """What the root options set for the whole command line."""
 
     debug: bool = False  # the root ``--debug``: errors then show their traceback and llama-server's output too
+    warned_discovery: bool = False  # a garbage discovery file is named once per command, not per call
 
 
 state = CliState()
@@ -250,16 +252,38 @@ def graceful_termination() -> Iterator[Callable[[], None]]:
 # -- a running studio, over its HTTP API ----------------------------------------------------------
 
 UrlOption = Annotated[
-    str | None, typer.Option(help="The studio's address (default: http://GGUF_STUDIO_HOST:GGUF_STUDIO_PORT).")
+    str | None,
+    typer.Option(
+        help="The studio's address (default: the one running in this studio home, else "
+        "http://GGUF_STUDIO_HOST:GGUF_STUDIO_PORT)."
+    ),
 ]
 JsonOption = Annotated[bool, typer.Option("--json", help="Print JSON instead of text.")]
 
 
 def studio_url(url: str | None, settings: "Settings") -> str:
+    """The studio to call: ``url`` when given, else the one running in the studio home (its discovery file,
+    ``studio.instance``), else the configured host and port."""
     if url:
         return url.rstrip("/")
+    found = discovered_studio(settings)
+    if found is not None:
+        return found.url
     host = "127.0.0.1" if settings.host in ("", "0.0.0.0") else "::1" if settings.host == "::" else settings.host
     return f"http://{f'[{host}]' if ':' in host else host}:{settings.port}"
+
+
+def discovered_studio(settings: "Settings") -> "Discovery | None":
+    """The studio running in the studio home, or None; a discovery file that is garbage is named in a warning."""
+    from studio.instance import running_studio
+
+    try:
+        return running_studio(settings.home)
+    except ValueError as exc:
+        if not state.warned_discovery:
+            state.warned_discovery = True
+            typer.echo(f"warning: {exc}; ignored (a new `ggstudio serve` replaces it)", err=True)
+        return None
 
 
 def call_studio(

@@ -109,6 +109,23 @@ def load(
         "n_ctx": ctx,
         **load_options(threads, threads_batch, flash_attn, context_shift, chat_template),
     }
+    status = load_in_studio(url, model, body, force=force)
+    if json_output:
+        typer.echo(as_json(status))
+    else:
+        context = status.get("effective_context")
+        typer.echo(
+            f"loaded {status.get('model')}"
+            + (f" (context {context:,} tokens, pid {status.get('pid')})" if context else "")
+        )
+
+
+def load_in_studio(url: str | None, model: str, body: dict[str, Any], *, force: bool) -> dict[str, Any]:
+    """Plan, then load ``body`` in a running studio (with a progress line on a terminal); return its status.
+
+    Raises:
+        CommandError: the plan does not fit there and ``force`` is not given (exit 4).
+    """
     plan = call_studio("POST", url, "/api/plan", body=body, timeout=120)
     if not plan.get("fits", True) and not force:
         raise CommandError(
@@ -118,16 +135,8 @@ def load(
         )
     if plan.get("evicts"):
         typer.echo(f"evicting {', '.join(plan['evicts'])} (idle) to make room", err=True)
-    body["force"] = force
-    status = _with_load_progress(lambda: call_studio("POST", url, "/api/load", body=body, timeout=None), url, model)
-    if json_output:
-        typer.echo(as_json(status))
-    else:
-        context = status.get("effective_context")
-        typer.echo(
-            f"loaded {status.get('model')}"
-            + (f" (context {context:,} tokens, pid {status.get('pid')})" if context else "")
-        )
+    body = {**body, "force": force}
+    return _with_load_progress(lambda: call_studio("POST", url, "/api/load", body=body, timeout=None), url, model)
 
 
 def _with_load_progress(call: Callable[[], dict[str, Any]], url: str | None, model: str) -> dict[str, Any]:
