@@ -311,6 +311,30 @@ def call_studio(
         raise CommandError(f"{base} answered {path} with something that is not JSON: is it a GGUF Studio?") from None
 
 
+def stream_studio_events(url: str | None, path: str) -> Iterator[dict[str, Any]]:
+    """Yield the server-sent events of a running studio's ``path`` as JSON objects, until it ends the stream."""
+    import json
+
+    import httpx
+
+    settings = studio_settings()
+    base = studio_url(url, settings)
+    headers = {"Authorization": f"Bearer {settings.api_token}"} if settings.api_token else {}
+    try:
+        with httpx.stream("GET", base + path, headers=headers, timeout=httpx.Timeout(None, connect=5)) as resp:
+            if resp.status_code >= 400:
+                raise answered_error(resp.status_code, resp.read(), base)
+            for line in resp.iter_lines():
+                if line.startswith("data: "):
+                    yield json.loads(line[6:])
+    except (httpx.ConnectError, httpx.ConnectTimeout) as exc:
+        raise CommandError(
+            f"no GGUF Studio is running at {base} (start one with `ggstudio serve`, or pass --url)"
+        ) from exc
+    except (httpx.HTTPError, httpx.InvalidURL) as exc:
+        raise CommandError(f"the studio at {base} did not answer {path}: {exc or type(exc).__name__}") from exc
+
+
 def answered_error(status: int, content: bytes, base: str) -> AnsweredError:
     """A running studio's error answer; its exit code follows from its code or status (``studio.error_table``)."""
     error = AnsweredError.from_body(status, content, server=base)

@@ -1,22 +1,25 @@
-"""The model library: ``fetch-model``, ``inspect``, ``search``, ``pull``, ``ls``."""
+"""The model library: ``fetch-model``, ``inspect``, ``search``, ``pull``, ``ls``, ``rm``."""
 
+import sys
 from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from launcher.units import format_mib
+from launcher.units import format_mib, format_size
 from studio.cli.common import (
     JsonOption,
+    UrlOption,
     app,
     as_json,
     call_studio,
     catalog_of,
+    discovered_studio,
     find_binary,
     studio_settings,
 )
-from studio.errors import StudioError
+from studio.errors import CommandError, Exit, StudioError
 
 if TYPE_CHECKING:  # the service's modules load only in the commands that need them
     from studio.settings import Settings
@@ -215,3 +218,64 @@ def _media_column(entry: Any) -> str:
     return "+".join(m for m, on in (("vision", entry.vision), ("audio", entry.audio)) if on) or (
         "mmproj" if entry.mmproj else ""
     )
+
+
+@app.command("rm")
+def rm_command(
+    model: Annotated[str, typer.Argument(help="A library model: its name (as `ls` shows it) or the path of its file.")],
+    force: Annotated[
+        bool, typer.Option("--force", help="Unload it first if a running studio holds it (else: refused).")
+    ] = False,
+    yes: Annotated[bool, typer.Option("--yes", "-y", help="Do not ask for confirmation on a terminal.")] = False,
+    url: UrlOption = None,
+    json_output: JsonOption = False,
+) -> None:
+    """Remove a model from the library: its file(s) in a models folder, or its Hugging Face cache entry
+    (shards and projector included; a projector another model pairs with stays).
+
+    Through the running studio when there is one, which refuses a resident model unless --force.
+    """
+    settings = studio_settings()
+    running = url or (found.url if (found := discovered_studio(settings)) is not None else None)
+    if running is not None:
+        removal = _remove_in_studio(running, model, force=force, yes=yes)
+    else:
+        removal = _remove_here(settings, model, yes=yes)
+    if json_output:
+        typer.echo(as_json(removal))
+    else:
+        typer.echo(f"removed {removal['name']} ({format_size(removal['size'])} freed)")
+
+
+def _remove_in_studio(url: str, model: str, *, force: bool, yes: bool) -> dict[str, Any]:
+    from urllib.parse import quote
+
+    path = f"/api/models/{quote(model, safe='')}"
+    if not yes and sys.stdin.isatty():
+        _confirm(call_studio("DELETE", url, path + "?dry_run=true"))
+    return call_studio("DELETE", url, path + f"?force={str(force).lower()}", timeout=120)
+
+
+def _remove_here(settings: "Settings", model: str, *, yes: bool) -> dict[str, Any]:
+    """Remove ``model`` with no studio running in this home (so none holds it)."""
+    from studio.library.hub import HubConfig
+    from studio.library.removal import find_entry, plan_removal, remove
+
+    cache = HubConfig.from_env().cache_dir
+    entry, library = find_entry(model, [settings.models_dir, *settings.model_dirs], cache)
+    removal = plan_removal(entry, library)
+    if not yes and sys.stdin.isatty():
+        _confirm(removal.to_json())
+    remove(removal, cache)
+    return {**removal.to_json(), "removed": True}
+
+
+def _confirm(removal: dict[str, Any]) -> None:
+    """Show what would go and ask; anything but yes ends the command with nothing deleted."""
+    typer.echo(f"{removal['name']} ({format_size(removal['size'])}):", err=True)
+    for path in removal["files"]:
+        typer.echo(f"  {path}", err=True)
+    if removal.get("kept_projector"):
+        typer.echo(f"  (keeping {removal['kept_projector']}: another model pairs with it)", err=True)
+    if not typer.confirm("remove it?", default=False, err=True):
+        raise CommandError("nothing removed", exit=Exit.ERROR)

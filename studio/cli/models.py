@@ -1,4 +1,4 @@
-"""The models of a running studio (``ps``, ``load``, ``unload``) and how one would be launched (``plan``)."""
+"""The models of a running studio (``ps``, ``load``, ``unload``, ``logs``) and how one would be launched (``plan``)."""
 
 import sys
 import threading
@@ -27,6 +27,7 @@ from studio.cli.common import (
     exit_code,
     find_binary,
     load_options,
+    stream_studio_events,
     studio_settings,
 )
 from studio.errors import AnsweredError, CommandError, Exit, StudioError
@@ -320,3 +321,19 @@ def _hub_headers(settings: "Settings", model: str) -> "VariantHeaders":
     name, label = hub.parse_spec(model)
     repo = repo_variants(name)
     return variant_headers(repo, find_variant(repo, label), root=header_cache(settings.home))
+
+
+@app.command()
+def logs(
+    model: Annotated[
+        str | None, typer.Argument(help="The resident model whose log to show (default: the default model).")
+    ] = None,
+    follow: Annotated[bool, typer.Option("--follow", "-f", help="Keep printing new lines until Ctrl-C.")] = False,
+    url: UrlOption = None,
+) -> None:
+    """Print a resident model's llama-server log from a running studio: the last 100 lines (-f: then new ones)."""
+    from urllib.parse import urlencode
+
+    query = {"follow": str(follow).lower(), **({"model": model} if model else {})}
+    for event in stream_studio_events(url, "/api/logs?" + urlencode(query)):
+        typer.echo(event.get("line", ""))
