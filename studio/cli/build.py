@@ -15,6 +15,7 @@ from studio.cli.common import (
     as_json,
     catalog_of,
     chosen_rpc_workers,
+    discovered_studio,
     find_binary,
     studio_settings,
 )
@@ -86,6 +87,9 @@ def doctor(
         found, probe(found.path, cache_dir=settings.home / "cache"), discover(llama_server=found.path, workers=workers)
     )
     info["checks"] = _doctor_checks(info, settings)
+    from studio.logs import log_file
+
+    info["studio_log"] = str(log_file(settings.home))
     if json_output:
         typer.echo(as_json(info))
         return
@@ -157,6 +161,20 @@ def _doctor_checks(info: dict[str, Any], settings: "Settings") -> list[dict[str,
         writable,
         f"{home} ({'writable' if writable else 'not writable'})",
         "set GGUF_STUDIO_HOME to a writable folder",
+    )
+    from studio.logs import log_file
+
+    studio_log = log_file(home)
+    check(
+        "studio log",
+        True,
+        f"{studio_log}" + ("" if studio_log.exists() else " (written once `ggstudio serve` or `run` runs)"),
+    )
+    running = discovered_studio(settings)
+    check(
+        "studio",
+        True,
+        f"running at {running.url} (pid {running.pid})" if running is not None else f"none running in {home}",
     )
     check(
         "disk",

@@ -71,15 +71,15 @@ def run(
         return
     from studio.cli.terminal_chat import LocalStudio
     from studio.instance import HomeLock
+    from studio.logs import configure_logging, log_file
 
-    if not state.debug:  # the chat owns the terminal: only warnings and errors may interleave with it
-        import logging
-
-        from studio.logs import configure_logging
-
-        configure_logging(json_lines=settings.log_json, level=logging.WARNING)
     workers = chosen_rpc_workers(rpc, settings)
     with HomeLock.acquire(settings.home, "run"), graceful_termination() as threads_started:
+        import logging
+
+        # the chat owns the terminal: only warnings and errors may interleave with it; the file gets it all
+        console = logging.INFO if state.debug else logging.WARNING
+        configure_logging(json_lines=settings.log_json, level=console, file=log_file(settings.home))
         manager, _ = model_manager(settings, workers)
         with LocalStudio(manager) as studio:
             threads_started()

@@ -106,6 +106,9 @@ def serve_studio(
     settings = studio_settings()
     # first of all: a second studio on this home stops here, before it resolves or loads anything
     with HomeLock.acquire(settings.home, "serve") as held:
+        from studio.logs import configure_logging, log_file
+
+        configure_logging(json_lines=settings.log_json, file=log_file(settings.home))  # the home is ours now
         _serve_holding(
             held,
             settings,
