@@ -244,3 +244,69 @@ def test_a_read_only_home_is_one_clear_error(tmp_path):
             HomeLock.acquire(home)
     finally:
         home.chmod(0o700)
+
+
+def test_the_studio_log_is_json_lines_rotated_at_its_size_bound(tmp_path):
+    """Run in a child: structlog's configuration is process-wide."""
+    script = (
+        "import sys\n"
+        "from pathlib import Path\n"
+        "import structlog\n"
+        "from studio import logs\n"
+        "logs.LOG_FILE_BYTES = 4000\n"
+        "assert logs.configure_logging(file=Path(sys.argv[1]))\n"
+        "for i in range(300):\n"
+        "    structlog.get_logger().info('an event', n=i)\n"
+    )
+    path = tmp_path / "home" / "studio.log"
+    out = subprocess.run([sys.executable, "-c", script, str(path)], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert "an event" in out.stderr  # the console still gets every line
+    files = sorted(tmp_path.joinpath("home").glob("studio.log*"))
+    assert [f.name for f in files] == ["studio.log", "studio.log.1", "studio.log.2", "studio.log.3"]
+    assert all(f.stat().st_size <= 4000 for f in files)
+    last = json.loads(path.read_text().splitlines()[-1])
+    assert last["event"] == "an event" and last["n"] == 299 and last["level"] == "info"
+
+
+def test_a_home_that_cannot_hold_the_log_file_logs_to_the_console_only(tmp_path):
+    script = (
+        "import sys\nfrom pathlib import Path\nimport structlog\nfrom studio import logs\n"
+        "print(logs.configure_logging(file=Path(sys.argv[1]) / 'studio.log'))\n"
+        "structlog.get_logger().info('still here')\n"
+    )
+    not_a_folder = tmp_path / "file"
+    not_a_folder.write_text("")
+    out = subprocess.run([sys.executable, "-c", script, str(not_a_folder)], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0 and out.stdout.strip() == "False" and "still here" in out.stderr
+
+
+@pytest.mark.slow
+def test_doctor_says_where_the_studio_log_is_and_which_studio_runs_in_the_home(zoo_dir, llama_server_bin, tmp_path):
+    home = tmp_path / "home"
+    env = home_env(home, llama_server_bin)
+
+    def doctor() -> dict:
+        out = cli_in(env, "doctor", "--json")
+        assert out.returncode in (0, 1), out.stderr
+        return json.loads(out.stdout)
+
+    info = doctor()
+    checks = {c["check"]: c for c in info["checks"]}
+    assert info["studio_log"] == str(home / "studio.log") and str(home / "studio.log") in checks["studio log"]["detail"]
+    assert checks["studio"]["detail"] == f"none running in {home}"
+    with serving(env, zoo_dir / "llama-dense.gguf") as (_, ready):
+        running = {c["check"]: c for c in doctor()["checks"]}["studio"]["detail"]
+        assert running == f"running at {ready['url']} (pid {ready['pid']})"
+        follow = subprocess.Popen(
+            [CLI, "logs", "-f"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env
+        )
+        try:
+            assert follow.stdout is not None and follow.stdout.readline()  # the log, as it goes on
+            assert follow.poll() is None  # still following
+        finally:
+            follow.send_signal(signal.SIGINT)
+            follow.wait(30)
+            follow.stdout.close()  # type: ignore[union-attr]
+            follow.stderr.close()  # type: ignore[union-attr]
+    assert (home / "studio.log").stat().st_size > 0
