@@ -232,18 +232,22 @@ def try_lock(path: Path) -> int | None:
     return fd
 
 
-def watch_parent(on_gone: Callable[[], object], *, interval: float = 0.5) -> threading.Thread:
+def watch_parent(
+    on_gone: Callable[[], object], *, parent: int | None = None, interval: float = 0.5
+) -> threading.Thread:
     """Call ``on_gone`` (once, from a daemon thread) when this process's parent is gone; return the thread.
 
     Gone means: standard input, when it is a pipe or a socket, reaches its end (the parent closed
     it or died, SIGKILL included: the kernel closes its end), or this process was handed to
     another parent (an init or a subreaper adopted it). Standard input that is a terminal or
-    ``/dev/null`` is not watched (it would end at once); the parent's pid still is.
+    ``/dev/null`` is not watched (it would end at once); the parent's pid still is. ``parent`` is the
+    pid the process started under (taken as early as it can be: one that died before the watch began
+    is seen too); default: the parent now.
     """
     import select
     import stat
 
-    parent = os.getppid()
+    parent = os.getppid() if parent is None else parent
     try:
         mode = os.fstat(0).st_mode
         pipe = stat.S_ISFIFO(mode) or stat.S_ISSOCK(mode)

@@ -32,7 +32,8 @@ PARENT = r"""
 import json, subprocess, sys, time
 import httpx
 
-studio = subprocess.Popen(sys.argv[1:], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+stdin = subprocess.DEVNULL if sys.argv[1] == "devnull" else subprocess.PIPE
+studio = subprocess.Popen(sys.argv[2:], stdin=stdin, stdout=subprocess.PIPE, text=True)
 ready = json.loads(studio.stdout.readline())
 api = httpx.Client(base_url=ready["url"], timeout=120)
 loaded = api.post("/api/load", json={"model": sys.argv[sys.argv.index("--model") + 1], "n_ctx": 512}).json()
@@ -51,15 +52,16 @@ def gone(pid: int) -> bool:
         return True
 
 
+@pytest.mark.parametrize("stdin", ["pipe", "devnull"])  # the pipe's end, or the studio handed to another parent
 def test_a_parent_killed_with_sigkill_takes_the_studio_and_its_llama_servers_with_it_within_5_s(
-    smollm_model, llama_server_bin, tmp_path
+    smollm_model, llama_server_bin, tmp_path, stdin
 ):
     env = home_env(tmp_path / "home", llama_server_bin)
     argv = [CLI, "serve", "--port", "0", "--ready-json", "--exit-with-parent", "--model", str(smollm_model)]
     argv += ["--ctx", "512"]
     with (tmp_path / "studio.err").open("w") as err:
         parent = subprocess.Popen(
-            [sys.executable, "-c", PARENT, *argv], stdout=subprocess.PIPE, stderr=err, text=True, env=env
+            [sys.executable, "-c", PARENT, stdin, *argv], stdout=subprocess.PIPE, stderr=err, text=True, env=env
         )
     try:
         assert parent.stdout is not None

@@ -101,8 +101,11 @@ def serve_studio(
     exit_with_parent: bool = False,
 ) -> None:
     """Serve until Ctrl-C, SIGTERM or (``exit_with_parent``) the parent's end, holding the studio home's lock."""
+    import os
+
     from studio.instance import HomeLock
 
+    parent = os.getppid()  # now: a parent that dies while the models resolve is still seen to have gone
     settings = studio_settings()
     # first of all: a second studio on this home stops here, before it resolves or loads anything
     with HomeLock.acquire(settings.home, "serve") as held:
@@ -120,7 +123,7 @@ def serve_studio(
             no_auth=no_auth,
             ollama_port=ollama_port,
             ready_json=ready_json,
-            exit_with_parent=exit_with_parent,
+            parent=parent if exit_with_parent else None,
         )
     typer.echo("stopped", err=True)
 
@@ -137,7 +140,7 @@ def _serve_holding(
     no_auth: bool,
     ollama_port: int | None,
     ready_json: bool,
-    exit_with_parent: bool,
+    parent: int | None,
 ) -> None:
     # The service's imports (FastAPI, uvicorn, httpx) stay here: other commands start fast without them.
     from launcher.process import ensure_port_free
@@ -223,8 +226,8 @@ def _serve_holding(
     listeners = Listeners(
         app, host=host, port=port, ollama_app=ollama_app, ollama_port=ollama_port, announce=announce, sock=sock
     )
-    if exit_with_parent:
-        _stop_with_parent(listeners)
+    if parent is not None:
+        _stop_with_parent(listeners, parent)
     try:
         listeners.run()
     except KeyboardInterrupt:  # uvicorn re-raises Ctrl-C after a clean shutdown: that is a normal stop
@@ -257,7 +260,7 @@ def _claim_stdout() -> "TextIO":
 PARENT_GONE_GRACE = 2.0
 
 
-def _stop_with_parent(listeners: "Listeners") -> None:
+def _stop_with_parent(listeners: "Listeners", parent: int) -> None:
     """Stop the service when the parent is gone: at once, then without waiting for connections after a grace."""
     import threading
 
@@ -272,7 +275,7 @@ def _stop_with_parent(listeners: "Listeners") -> None:
         cut.daemon = True
         cut.start()
 
-    watch_parent(gone)
+    watch_parent(gone, parent=parent)
 
 
 def _api_token(settings: "Settings", host: str, *, no_auth: bool) -> tuple[str | None, bool]:
