@@ -96,6 +96,7 @@ def as_json(value: Any) -> str:
 
 
 def find_binary(settings: "Settings") -> "Discovered":
+    """The llama-server to use (``launcher.discovery.find_llama_server``: LLAMA_SERVER_PATH, else a search)."""
     from launcher.discovery import find_llama_server
 
     return find_llama_server(
