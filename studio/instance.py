@@ -25,6 +25,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Literal
 
+from gguf.files import replacing
 from launcher.platform import try_lock
 from studio.errors import AlreadyRunningError, StudioHomeError
 
@@ -169,15 +170,12 @@ class HomeLock:
             started=self.started,
         )
         path = self.home / DISCOVERY_NAME
-        partial = path.with_name(f".{DISCOVERY_NAME}.{os.getpid()}")
         try:
-            fd = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
-            with os.fdopen(fd, "w", encoding="utf-8") as out:
-                json.dump(found.to_json(), out)
-            os.replace(partial, path)  # a stale file of a killed studio is replaced here
+            with replacing(path) as partial:  # a stale file of a killed studio is replaced here, in one step
+                fd = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+                with os.fdopen(fd, "w", encoding="utf-8") as out:
+                    json.dump(found.to_json(), out)
         except OSError as exc:
-            with contextlib.suppress(OSError):
-                partial.unlink()
             raise StudioHomeError(f"cannot write {path}: {exc.strerror or exc}", path=str(path)) from exc
         self._published = True
         return found

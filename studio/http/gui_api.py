@@ -198,6 +198,7 @@ async def _media(entry: CatalogEntry) -> dict[str, Any]:
     return {"mmproj": str(entry.mmproj) if entry.mmproj else None, **caps.to_json()}
 
 
+@router.get("/models/{name:path}")  # a Hugging Face cache model's name has a slash: owner/repo:VARIANT
 @router.get("/models/{name}")
 async def inspect_model(request: Request, name: str) -> dict[str, Any]:
     """One model's facts (the same as ``ggstudio inspect --json``)."""
