@@ -5,7 +5,9 @@ spawned) and PR_SET_PDEATHSIG, so it is killed if the studio dies without a
 chance to clean up. macOS and Windows get their variants here, not elsewhere.
 A child that runs someone else's program (the python tool) also gets resource
 limits (``limit_resources``) and a watch on how many processes it starts
-(``ProcessTree``).
+(``ProcessTree``). The studio itself uses two more: the lock that keeps one studio per studio
+home (``try_lock``; flock, released by the kernel however the holder ends) and the watch on the
+program that started it (``watch_parent``).
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import os
 import signal
 import sys
 import threading
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -205,6 +208,72 @@ def exclusive_lock(path: Path) -> Iterator[None]:
             yield
         finally:
             fcntl.flock(fh.fileno(), fcntl.LOCK_UN)
+
+
+def try_lock(path: Path) -> int | None:
+    """Take an exclusive advisory lock on ``path`` (created, mode 0600) without waiting; return its descriptor.
+
+    None when another process holds it. The lock lasts until the descriptor is closed or the
+    process ends, however it ends (``kill -9`` included): the kernel releases it, so a lock
+    file left behind never locks anyone out. Raises ``OSError`` when the file cannot be opened
+    (a read-only folder).
+    """
+    import fcntl
+
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        return None
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def watch_parent(
+    on_gone: Callable[[], object], *, parent: int | None = None, interval: float = 0.5
+) -> threading.Thread:
+    """Call ``on_gone`` (once, from a daemon thread) when this process's parent is gone; return the thread.
+
+    Gone means: standard input, when it is a pipe or a socket, reaches its end (the parent closed
+    it or died, SIGKILL included: the kernel closes its end), or this process was handed to
+    another parent (an init or a subreaper adopted it). Standard input that is a terminal or
+    ``/dev/null`` is not watched (it would end at once); the parent's pid still is. ``parent`` is the
+    pid the process started under (taken as early as it can be: one that died before the watch began
+    is seen too); default: the parent now.
+    """
+    import select
+    import stat
+
+    parent = os.getppid() if parent is None else parent
+    try:
+        mode = os.fstat(0).st_mode
+        pipe = stat.S_ISFIFO(mode) or stat.S_ISSOCK(mode)
+    except OSError:  # no standard input at all
+        pipe = False
+
+    def watch() -> None:
+        while True:
+            if os.getppid() != parent:
+                break
+            if not pipe:
+                time.sleep(interval)
+                continue
+            ready, _, _ = select.select([0], [], [], interval)
+            if ready:
+                try:
+                    data = os.read(0, 4096)
+                except OSError:
+                    break
+                if not data:  # end of file: the parent's end is closed
+                    break
+        on_gone()
+
+    thread = threading.Thread(target=watch, name="parent-watch", daemon=True)
+    thread.start()
+    return thread
 
 
 def peak_rss_bytes() -> int:

@@ -7,7 +7,8 @@ the row's ``param`` and ``code`` (a ``StudioError``'s own, a ``ProcessError``'s 
 ``cause``). An ``AnsweredError`` carries another server's answer: its status, type and code
 pass on, and its exit code is the one the table gives that code or status.
 
-The HTTP layer (``studio.http.errors``) and the CLI (``studio.cli.app``) both read it.
+The HTTP layer (``studio.http.errors``) and the CLI (``studio.cli.common``: ``exit_code``, ``error_lines``)
+both read it.
 """
 
 from __future__ import annotations
@@ -105,6 +106,11 @@ TABLE: Mapping[type[BaseException], Outcome] = {
     s.HistoryUnavailableError: Outcome(503, "history_unavailable", "history_unavailable"),
     s.HistoryWriteError: Outcome(507, "insufficient_storage", "history_write_failed"),
     s.ConversationNotFoundError: Outcome(404, "not_found_error", "conversation_not_found", Exit.NOT_FOUND),
+    # one studio per home, and the library's removals (after the launcher's rows: a bare 409 answer means a
+    # cancelled load, exit 5)
+    s.AlreadyRunningError: Outcome(409, "conflict_error", "already_running", Exit.ALREADY_RUNNING),
+    s.ModelResidentError: Outcome(409, "conflict_error", "model_resident", param="model"),
+    s.StudioHomeError: Outcome(500, _SERVER, "studio_home_unusable"),
     # the studio's catch-alls
     DefaultModelError: Outcome(500, _SERVER, "default_model_unavailable"),
     s.CommandError: Outcome(500, _SERVER, None),

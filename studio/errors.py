@@ -9,6 +9,7 @@
     ├── BusyError                           too many requests waiting, or memory held by busy models (+ Retry-After)
     ├── DoesNotFitError                     the model does not fit even with every idle model evicted
     ├── ModelNotResidentError (+LookupError) an unload, pin or TTL names a model that is not resident
+    ├── ModelResidentError                  a removal names a model that is resident (unload it, or force)
     ├── ModelUnloadedError                  the model was unloaded while the request ran
     ├── NotReadyError                       a resident is loading or going away (studio.residency.resident)
     ├── WorkTimeoutError (+TimeoutError)    a header read, plan or device query ran past its time limit
@@ -25,6 +26,8 @@
     │   ├── HistoryUnavailableError         its database is corrupt, from a newer studio or unreadable
     │   └── HistoryWriteError (+OSError)    a write failed (a full disk): the chat goes on unsaved
     ├── ConversationNotFoundError (+LookupError) no stored conversation (or attachment) has that id
+    ├── AlreadyRunningError                 another studio holds this studio home (studio.instance)
+    ├── StudioHomeError (+OSError)          the studio home cannot be locked or written (a read-only folder)
     ├── UpstreamError                       llama-server failed or went away
     ├── AnsweredError                       another server answered with an error: its status and code, kept
     │   └── TurnError                       llama-server, to one model call of a chat (studio.chat.model_turn)
@@ -52,6 +55,7 @@ class Exit(IntEnum):
     NOT_FOUND = 3  # a model, GGUF file or llama-server binary that is not there
     DOES_NOT_FIT = 4  # the plan does not fit in memory, or a download does not fit on the disk
     LLAMA_FAILED = 5  # llama-server could not load or start the model
+    ALREADY_RUNNING = 6  # another studio already runs in this studio home
     INTERRUPTED = 130  # Ctrl-C
 
 
@@ -202,6 +206,29 @@ class AnsweredError(StudioError):
             param=error.get("param"),
             code=code if isinstance(code, str) else None,
         )
+
+
+class ModelResidentError(StudioError):
+    """A removal names a model that is resident: unload it first (``--force`` does)."""
+
+
+class AlreadyRunningError(StudioError):
+    """Another studio holds this studio home's lock: one studio per home, and this is where the first one is."""
+
+    def __init__(self, message: str, *, home: str, pid: int | None, url: str | None, hint: str | None = None) -> None:
+        super().__init__(message)
+        self.home = home
+        self.pid = pid
+        self.url = url
+        self.hint = hint
+
+
+class StudioHomeError(StudioError, OSError):
+    """The studio home cannot hold the lock or the discovery file (a read-only or missing folder)."""
+
+    def __init__(self, message: str, *, path: str) -> None:
+        super().__init__(message)
+        self.path = path
 
 
 class CommandError(StudioError):

@@ -18,16 +18,19 @@ from gguf import errors as gguf_errors
 from launcher import errors as launcher_errors
 from launcher.errors import BinaryNotFoundError, LoadError
 from studio import errors as studio_errors
-from studio.cli.app import exit_code
+from studio.cli.common import exit_code
 from studio.error_table import ROOTS, TABLE, outcome
 from studio.errors import (
+    AlreadyRunningError,
     AnsweredError,
     CommandError,
     DiskSpaceError,
     DoesNotFitError,
     Exit,
     ModelNotFoundError,
+    ModelResidentError,
     StudioError,
+    StudioHomeError,
 )
 
 PACKAGES = {gguf: gguf_errors, launcher: launcher_errors, studio: studio_errors}
@@ -107,6 +110,9 @@ def test_the_most_specific_row_wins_and_an_instance_narrows_its_code():
         (LoadError("exited"), Exit.LLAMA_FAILED),
         (gguf.NotGGUFError("not a GGUF file"), Exit.ERROR),
         (CommandError("--port wants a number", exit=Exit.USAGE), Exit.USAGE),
+        (AlreadyRunningError("a studio already runs", home="/h", pid=1, url=None), Exit.ALREADY_RUNNING),
+        (ModelResidentError("it is resident"), Exit.ERROR),
+        (StudioHomeError("read-only", path="/h/studio.lock"), Exit.ERROR),
         (KeyError("a bug"), Exit.ERROR),
     ],
 )
@@ -125,6 +131,9 @@ def test_the_cli_exit_code_comes_from_the_same_table(exc, code):
         (502, None, Exit.LLAMA_FAILED),
         (400, None, Exit.ERROR),
         (418, None, Exit.ERROR),
+        (409, "already_running", Exit.ALREADY_RUNNING),
+        (409, "model_resident", Exit.ERROR),
+        (409, None, Exit.LLAMA_FAILED),  # a bare 409 is a cancelled load: the one-studio rows come after
     ],
 )
 def test_a_running_studios_answer_gets_the_exit_code_its_code_or_status_has_here(status, code, exit):

@@ -162,6 +162,7 @@ def stream_reply(
     on_content: Callable[[str], None],
     on_reasoning: Callable[[str], None],
     reply: Reply | None = None,
+    model: str | None = None,
 ) -> Reply:
     """Stream one chat turn from ``/api/chat`` and return it; text goes to the callbacks as it arrives.
 
@@ -173,6 +174,8 @@ def stream_reply(
     """
     reply = reply if reply is not None else Reply()
     body: dict[str, Any] = {"messages": messages}
+    if model is not None:  # a shared studio: name the model, whatever its default is now
+        body["model"] = model
     if max_tokens is not None:
         body["max_tokens"] = max_tokens
     with client.stream("POST", "/api/chat", json=body) as resp:
@@ -206,7 +209,13 @@ def stream_reply(
 
 
 def answer_once(
-    client: httpx.Client, prompt: str, *, max_tokens: int | None, out: TextIO = sys.stdout, err: TextIO = sys.stderr
+    client: httpx.Client,
+    prompt: str,
+    *,
+    max_tokens: int | None,
+    out: TextIO = sys.stdout,
+    err: TextIO = sys.stderr,
+    model: str | None = None,
 ) -> Reply:
     """Answer ``prompt`` as plain text on ``out`` (reasoning, dimmed, on ``err`` if it is a terminal)."""
     dim = err.isatty()
@@ -222,6 +231,7 @@ def answer_once(
         max_tokens=max_tokens,
         on_content=lambda text: _write(out, text),
         on_reasoning=reasoning,
+        model=model,
     )
     out.write("\n")
     out.flush()
@@ -235,6 +245,7 @@ def chat_loop(
     max_tokens: int | None,
     read: Callable[[str], str] = input,
     out: TextIO = sys.stdout,
+    request_model: str | None = None,
 ) -> None:
     """Chat until ``/bye``, end of input, or Ctrl-C at the prompt; Ctrl-C during a reply stops that reply."""
     # No `import readline` here: GNU readline installs its own SIGTERM handling while it
@@ -279,7 +290,13 @@ def chat_loop(
 
         try:
             stream_reply(
-                client, messages, max_tokens=max_tokens, on_content=content, on_reasoning=reasoning, reply=reply
+                client,
+                messages,
+                max_tokens=max_tokens,
+                on_content=content,
+                on_reasoning=reasoning,
+                reply=reply,
+                model=request_model,
             )
         except KeyboardInterrupt:
             _write(out, (RESET if tty else "") + "\n[stopped]\n")

@@ -121,7 +121,9 @@ class Listeners:
         ollama_port: int | None = None,
         announce: Callable[[], None] = lambda: None,
         log_level: str = "warning",
+        sock: socket.socket | None = None,
     ) -> None:
+        self._sock = sock  # bound by the caller (``listening_socket``): its port is known before the service starts
         companions = []
         if ollama_app is not None and ollama_port is not None:
             companions.append(
@@ -136,12 +138,29 @@ class Listeners:
 
     def run(self) -> None:
         """Serve until Ctrl-C or SIGTERM (from the main thread), or until ``stop``."""
-        self._main.run()
+        self._main.run(sockets=[self._sock] if self._sock is not None else None)
 
-    def stop(self) -> None:
-        """Ask every listener to finish its requests and stop; ``run`` then returns. Safe from any thread."""
+    def stop(self, *, force: bool = False) -> None:
+        """Ask every listener to finish its requests and stop (``force``: without waiting for open connections);
+        ``run`` then returns. Safe from any thread."""
         self._main.should_exit = True
+        if force:
+            self._main.force_exit = True
         self._main.wake()
+
+
+def listening_socket(host: str, port: int) -> socket.socket:
+    """Return a TCP socket bound to ``host:port`` (port 0: one the OS picks), for a listener that must know its
+    port before it starts; bound here, it cannot be taken between choosing and listening."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host.strip("[]"), port))
+    except BaseException:
+        sock.close()
+        raise
+    return sock
 
 
 def run_service(

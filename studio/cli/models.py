@@ -1,0 +1,339 @@
+"""The models of a running studio (``ps``, ``load``, ``unload``, ``logs``) and how one would be launched (``plan``)."""
+
+import sys
+import threading
+from collections.abc import Callable
+from dataclasses import replace
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, Any
+
+import typer
+
+from launcher.units import format_size
+from studio.cli.common import (
+    ChatTemplateOption,
+    ContextShiftOption,
+    FlashAttnOption,
+    JsonOption,
+    RpcOption,
+    ThreadsBatchOption,
+    ThreadsOption,
+    UrlOption,
+    app,
+    as_json,
+    call_studio,
+    catalog_of,
+    chosen_rpc_workers,
+    exit_code,
+    find_binary,
+    load_options,
+    stream_studio_events,
+    studio_settings,
+)
+from studio.errors import AnsweredError, CommandError, Exit, StudioError
+
+if TYPE_CHECKING:  # the service's modules load only in the commands that need them
+    from studio.library.catalog import CatalogEntry
+    from studio.library.hub_search import VariantHeaders
+    from studio.settings import Settings
+
+
+def _status_text(status: dict[str, Any]) -> str:
+    """Every resident model as a table, then load progress and errors."""
+    models = status.get("models") or []
+    if not models:
+        return "no model loaded" + (f" ({status['model']} is being resolved)" if status.get("model") else "")
+    rows = []
+    notes = []
+    for m in models:
+        memory = m.get("memory") or {}
+        used = (memory.get("actual") or memory.get("predicted") or {}).get("total")
+        ttl = "pinned" if m.get("pinned") else (f"{m['ttl_left']:,.0f}s" if m.get("ttl_left") is not None else "-")
+        default = "*" if m.get("model") == status.get("model") else ""
+        rows.append(
+            {
+                "MODEL": f"{m.get('model') or '-'}{default}",
+                "STATE": m.get("state") or "?",
+                "CONTEXT": f"{m['effective_context']:,}" if m.get("effective_context") else "-",
+                "MEMORY": "-" if used is None else format_size(used),
+                "PID": str(m.get("pid") or "-"),
+                "REQUESTS": str(m.get("in_flight", 0)),
+                "IDLE": f"{m.get('idle_s', 0):,.0f}s",
+                "TTL": ttl,
+            }
+        )
+        progress = m.get("progress")
+        if m.get("state") == "loading" and progress and progress.get("bytes_total"):
+            notes.append(
+                f"{m['model']} loading: {progress['phase']} "
+                f"{progress['bytes_loaded'] * 100 // progress['bytes_total']}%"
+            )
+        if m.get("error"):
+            notes.append(f"{m['model']}: error: {m['error']}")
+    widths = {k: max(len(k), *(len(r[k]) for r in rows)) for k in rows[0]}
+    lines = ["  ".join(k.ljust(widths[k]) for k in rows[0]).rstrip()]
+    lines += ["  ".join(v.ljust(widths[k]) for k, v in r.items()).rstrip() for r in rows]
+    return "\n".join(lines + notes + (["* the default model (requests without `model`)"] if len(rows) > 1 else []))
+
+
+@app.command()
+def ps(url: UrlOption = None, json_output: JsonOption = False) -> None:
+    """Show the models a running studio holds: state, context, memory, pid, requests, idle time, TTL.
+
+    ggstudio ps --url http://127.0.0.1:8081 --json
+    """
+    status = call_studio("GET", url, "/api/status")
+    typer.echo(as_json(status) if json_output else _status_text(status))
+
+
+@app.command()
+def load(
+    model: Annotated[str, typer.Argument(help="A model name in the studio's models dir, or a .gguf path.")],
+    ctx: Annotated[int | None, typer.Option(help="Context size in tokens (default: the largest that fits).")] = None,
+    force: Annotated[
+        bool, typer.Option("--force", help="Load even when the plan says the model does not fit in memory.")
+    ] = False,
+    threads: ThreadsOption = None,
+    threads_batch: ThreadsBatchOption = None,
+    flash_attn: FlashAttnOption = None,
+    context_shift: ContextShiftOption = None,
+    chat_template: ChatTemplateOption = None,
+    url: UrlOption = None,
+    json_output: JsonOption = False,
+) -> None:
+    """Load a model into a running studio (idle models are evicted if it needs their memory).
+
+    ggstudio load gemma-3-270m-Q4_K_M --ctx 4096 --threads 2 --chat-template chatml
+    """
+    body: dict[str, Any] = {
+        "model": model,
+        "n_ctx": ctx,
+        **load_options(threads, threads_batch, flash_attn, context_shift, chat_template),
+    }
+    status = load_in_studio(url, model, body, force=force)
+    if json_output:
+        typer.echo(as_json(status))
+    else:
+        context = status.get("effective_context")
+        typer.echo(
+            f"loaded {status.get('model')}"
+            + (f" (context {context:,} tokens, pid {status.get('pid')})" if context else "")
+        )
+
+
+def load_in_studio(url: str | None, model: str, body: dict[str, Any], *, force: bool) -> dict[str, Any]:
+    """Plan, then load ``body`` in a running studio (with a progress line on a terminal); return its status.
+
+    Raises:
+        CommandError: the plan does not fit there and ``force`` is not given (exit 4).
+    """
+    plan = call_studio("POST", url, "/api/plan", body=body, timeout=120)
+    if not plan.get("fits", True) and not force:
+        raise CommandError(
+            f"{model} does not fit there: " + ("; ".join(plan.get("warnings") or ()) or "over the memory budget"),
+            exit=Exit.DOES_NOT_FIT,
+            hint="try a smaller --ctx, or --force to load it anyway",
+        )
+    if plan.get("evicts"):
+        typer.echo(f"evicting {', '.join(plan['evicts'])} (idle) to make room", err=True)
+    body = {**body, "force": force}
+    return _with_load_progress(lambda: call_studio("POST", url, "/api/load", body=body, timeout=None), url, model)
+
+
+def _with_load_progress(call: Callable[[], dict[str, Any]], url: str | None, model: str) -> dict[str, Any]:
+    """Run ``call`` (a blocking load) while a progress line on a terminal's stderr follows the studio's status."""
+    if not sys.stderr.isatty():
+        return call()
+    result: dict[str, Any] = {}
+
+    def worker() -> None:
+        try:
+            result["value"] = call()
+        except BaseException as exc:  # re-raised in the caller's thread
+            result["error"] = exc
+
+    thread = threading.Thread(target=worker, daemon=True)
+    thread.start()
+    shown = False
+    while thread.is_alive():
+        thread.join(0.3)
+        if not thread.is_alive():
+            break
+        try:
+            p = call_studio("GET", url, "/api/status", timeout=5).get("progress") or {}
+        except StudioError:  # not up yet, or a passing error: the load's own answer tells
+            continue
+        total = p.get("bytes_total") or 0
+        percent = f" {(p.get('bytes_loaded') or 0) * 100 // total:3d}%" if total else ""
+        sys.stderr.write(f"\rloading {model}: {p.get('phase') or 'starting'}{percent}\x1b[K")
+        sys.stderr.flush()
+        shown = True
+    if shown:
+        sys.stderr.write("\r\x1b[K")
+    if "error" in result:
+        raise result["error"]
+    return result["value"]
+
+
+@app.command()
+def unload(
+    model: Annotated[str | None, typer.Argument(help="The resident model to unload (default: every model).")] = None,
+    url: UrlOption = None,
+    json_output: JsonOption = False,
+) -> None:
+    """Unload one model of a running studio, or all of them (a load in progress is cancelled)."""
+    try:
+        status = call_studio("POST", url, "/api/unload", body={"model": model} if model else {}, timeout=120)
+    except AnsweredError as exc:
+        if exit_code(exc) != Exit.NOT_FOUND:
+            raise
+        typer.echo(f"{exc}; nothing to do", err=True)
+        return
+    typer.echo(as_json(status) if json_output else f"unloaded {model or 'every model'}")
+
+
+# -- plan, doctor, models ------------------------------------------------------------------------
+
+
+@app.command("plan")
+def plan_command(
+    model: Annotated[str, typer.Argument(help="A model name, or a .gguf file (any shard of a split model).")],
+    ctx: Annotated[int | None, typer.Option(help="Context in tokens (default: the config's, or automatic).")] = None,
+    parallel: Annotated[
+        int | None, typer.Option(help="Parallel server slots; they share the context (default: the config's, or 1).")
+    ] = None,
+    spec: Annotated[
+        str | None,
+        typer.Option(
+            help="Speculative mode: auto, mtp, ngram, mtp+ngram, off, ngram-simple (default: the config's, or auto)."
+        ),
+    ] = None,
+    n_max: Annotated[
+        int | None, typer.Option(help="Drafted tokens per step (default: the config's, or the policy's).")
+    ] = None,
+    cache_type: Annotated[
+        str | None,
+        typer.Option(help="KV cache type for K and V: f16, q8_0, q4_0... (default: the config's, or f16)."),
+    ] = None,
+    rpc: RpcOption = None,
+    mmproj: Annotated[
+        str | None,
+        typer.Option(
+            help='A multimodal projector .gguf, or "none" (default: the config\'s, or the one paired beside it).'
+        ),
+    ] = None,
+    threads: ThreadsOption = None,
+    threads_batch: ThreadsBatchOption = None,
+    flash_attn: FlashAttnOption = None,
+    context_shift: ContextShiftOption = None,
+    chat_template: ChatTemplateOption = None,
+    json_output: Annotated[bool, typer.Option("--json", help="Print JSON instead of text.")] = False,
+    url: Annotated[
+        str | None,
+        typer.Option(
+            help="Ask a running studio instead: its plan counts what its resident models hold, and names the "
+            "models the load would evict."
+        ),
+    ] = None,
+) -> None:
+    """Show how a model would be launched here: GPUs, RPC workers, layers, context, speculative flags, memory, and why.
+
+    Settings left out come from the model's ``[models.NAME]`` table in the config file, as for a load.
+    """
+    if model.endswith(".gguf") and Path(model).is_file():
+        import gguf
+
+        # a header the facts refuse is answered before the slower imports (read once: cached)
+        _ = gguf.read(model).facts
+    from launcher.capabilities import probe
+    from launcher.command import build_command
+    from launcher.devices import discover
+    from launcher.planner import load_model, parse_cache_type, plan
+    from launcher.rpc import RpcWorkers
+    from studio.residency.requests import LoadRequest, load_settings
+    from studio.views.plan import plan_json, render_plan
+
+    options = load_options(threads, threads_batch, flash_attn, context_shift, chat_template)
+    if url is not None:  # a running studio plans it against what its resident models hold
+        body = {
+            "model": model,
+            "n_ctx": ctx,
+            "n_parallel": parallel,
+            "spec": spec,
+            "spec_n_max": n_max,
+            "cache_type_kv": cache_type.lower() if cache_type else None,
+            "mmproj": mmproj,
+            **options,
+        }
+        info = call_studio("POST", url, "/api/plan", body={k: v for k, v in body.items() if v is not None}, timeout=120)
+        typer.echo(as_json(info) if json_output else render_plan(info))
+        return
+    settings = studio_settings()
+    workers = RpcWorkers(chosen_rpc_workers(rpc, settings))
+    found = find_binary(settings)
+    caps = probe(found.path, cache_dir=settings.home / "cache")
+    entry, remote = _plan_entry(settings, model)
+    asked = LoadRequest(
+        model,
+        n_ctx=ctx,
+        n_parallel=parallel,
+        spec=spec,
+        spec_n_max=n_max,
+        cache_type=parse_cache_type(cache_type.lower()) if cache_type else None,
+        mmproj=mmproj,
+        **options,
+    )
+    chosen = load_settings(asked, entry, settings.model_defaults)
+    request = replace(chosen.plan_request(entry.name), spec_measurements=settings.spec_dir)
+    launch = plan(
+        load_model(entry.path, mmproj=chosen.mmproj), discover(llama_server=found.path, workers=workers), caps, request
+    )
+    with build_command(launch, caps, binary=found.path) as command:
+        argv = command.redacted_argv(settings.port)
+    info = plan_json(launch, argv, found)
+    if remote is not None:  # planned on the kept header: the file is not here yet
+        info["model"]["path"] = f"{model} (not downloaded)"
+        info["hub"] = {"model": model, "downloaded": False, "bytes_read": remote.bytes_read, "cached": remote.cached}
+    typer.echo(as_json(info) if json_output else render_plan(info))
+
+
+def _plan_entry(settings: "Settings", model: str) -> "tuple[CatalogEntry, VariantHeaders | None]":
+    """The catalog entry to plan ``model`` with; an ``owner/repo:VARIANT`` not downloaded is planned on its
+    header, read from the Hub and kept (``studio.library.hub_search``)."""
+    from studio.errors import ModelNotFoundError
+    from studio.library.downloads import is_repo_spec
+
+    catalog = catalog_of(settings)
+    try:
+        return catalog.resolve(model), None
+    except ModelNotFoundError:
+        if not is_repo_spec(model):
+            raise
+    headers = _hub_headers(settings, model)
+    return catalog.resolve(str(headers.path)), headers
+
+
+def _hub_headers(settings: "Settings", model: str) -> "VariantHeaders":
+    from studio.library import hub
+    from studio.library.hub_headers import header_cache
+    from studio.library.hub_search import find_variant, repo_variants, variant_headers
+
+    name, label = hub.parse_spec(model)
+    repo = repo_variants(name)
+    return variant_headers(repo, find_variant(repo, label), root=header_cache(settings.home))
+
+
+@app.command()
+def logs(
+    model: Annotated[
+        str | None, typer.Argument(help="The resident model whose log to show (default: the default model).")
+    ] = None,
+    follow: Annotated[bool, typer.Option("--follow", "-f", help="Keep printing new lines until Ctrl-C.")] = False,
+    url: UrlOption = None,
+) -> None:
+    """Print a resident model's llama-server log from a running studio: the last 100 lines (-f: then new ones)."""
+    from urllib.parse import urlencode
+
+    query = {"follow": str(follow).lower(), **({"model": model} if model else {})}
+    for event in stream_studio_events(url, "/api/logs?" + urlencode(query)):
+        typer.echo(event.get("line", ""))

@@ -1,0 +1,301 @@
+"""``ggstudio serve``: the studio service in the foreground, with its models, until Ctrl-C."""
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated
+
+import typer
+
+from studio.cli.common import (
+    RpcOption,
+    app,
+    catalog_of,
+    chosen_rpc_workers,
+    model_manager,
+    studio_settings,
+)
+
+if TYPE_CHECKING:  # the service's modules load only in the commands that need them
+    from typing import TextIO
+
+    from studio.http.server import Listeners
+    from studio.instance import HomeLock
+    from studio.settings import Settings
+
+
+@app.command()
+def serve(
+    model: Annotated[
+        str | None,
+        typer.Option(
+            help="Model to load at start: a name in the models dir or a .gguf path (default: SmolLM2-135M-Instruct)."
+        ),
+    ] = None,
+    host: Annotated[
+        str | None,
+        typer.Option(
+            help="Address to listen on (default 127.0.0.1). Beyond loopback an API token is required; "
+            "without GGUF_STUDIO_API_TOKEN one is generated and printed."
+        ),
+    ] = None,
+    port: Annotated[
+        int | None, typer.Option(help="Port to listen on (default 8080); 0: a free one (see --ready-json).")
+    ] = None,
+    ctx: Annotated[int | None, typer.Option(help="Context size for that model (default: llama-server's).")] = None,
+    rpc: RpcOption = None,
+    no_auth: Annotated[
+        bool,
+        typer.Option(
+            "--no-auth",
+            help="Require no API token, even when listening beyond loopback (anyone who reaches the "
+            "port can use the API).",
+        ),
+    ] = False,
+    ollama_port: Annotated[
+        int | None,
+        typer.Option("--ollama-port", help="Also serve the Ollama API on this port, e.g. 11434 (default: off)."),
+    ] = None,
+    ready_json: Annotated[
+        bool,
+        typer.Option(
+            "--ready-json",
+            help='For a program that starts the studio: once it answers, print one JSON line {"url", "pid", '
+            '"version", "token"} on stdout (the token only when generated for this run) and nothing else there.',
+        ),
+    ] = False,
+    exit_with_parent: Annotated[
+        bool,
+        typer.Option(
+            "--exit-with-parent",
+            help="Unload the models and exit when the program that started this one ends (its end of a stdin pipe "
+            "closes, or this process is handed to another parent), SIGKILL included.",
+        ),
+    ] = False,
+) -> None:
+    """Run the studio service (GUI, OpenAI, Anthropic and optionally Ollama APIs) with a model loaded, until Ctrl-C.
+
+    One studio runs per studio home: a second `serve` says where the first one is and exits with code 6.
+    """
+    serve_studio(
+        model,
+        host=host,
+        port=port,
+        ctx=ctx,
+        rpc=rpc,
+        no_auth=no_auth,
+        ollama_port=ollama_port,
+        ready_json=ready_json,
+        exit_with_parent=exit_with_parent,
+    )
+
+
+def serve_studio(
+    model: str | None,
+    *,
+    host: str | None,
+    port: int | None,
+    ctx: int | None,
+    rpc: str | None,
+    no_auth: bool = False,
+    ollama_port: int | None = None,
+    ready_json: bool = False,
+    exit_with_parent: bool = False,
+) -> None:
+    """Serve until Ctrl-C, SIGTERM or (``exit_with_parent``) the parent's end, holding the studio home's lock."""
+    import os
+
+    from studio.instance import HomeLock
+
+    parent = os.getppid()  # now: a parent that dies while the models resolve is still seen to have gone
+    settings = studio_settings()
+    # first of all: a second studio on this home stops here, before it resolves or loads anything
+    with HomeLock.acquire(settings.home, "serve") as held:
+        from studio.logs import configure_logging, log_file
+
+        configure_logging(json_lines=settings.log_json, file=log_file(settings.home))  # the home is ours now
+        _serve_holding(
+            held,
+            settings,
+            model,
+            host=host,
+            port=port,
+            ctx=ctx,
+            rpc=rpc,
+            no_auth=no_auth,
+            ollama_port=ollama_port,
+            ready_json=ready_json,
+            parent=parent if exit_with_parent else None,
+        )
+    typer.echo("stopped", err=True)
+
+
+def _serve_holding(
+    held: "HomeLock",
+    settings: "Settings",
+    model: str | None,
+    *,
+    host: str | None,
+    port: int | None,
+    ctx: int | None,
+    rpc: str | None,
+    no_auth: bool,
+    ollama_port: int | None,
+    ready_json: bool,
+    parent: int | None,
+) -> None:
+    # The service's imports (FastAPI, uvicorn, httpx) stay here: other commands start fast without them.
+    from launcher.process import ensure_port_free
+    from studio import __version__
+    from studio.chat.toolbox import Toolbox
+    from studio.history.service import History
+    from studio.http.access import AccessPolicy
+    from studio.http.app import create_app
+    from studio.http.ollama_app import create_ollama_app
+    from studio.http.server import Listeners, listening_socket
+    from studio.library.default_model import ensure_default_model
+    from studio.library.hub_headers import header_cache
+    from studio.library.paths import PathPolicy
+    from studio.residency.requests import LoadRequest
+
+    ready_out = _claim_stdout() if ready_json else None
+    catalog = catalog_of(settings)
+    preload = list(settings.residency.preload)
+    for name in preload:
+        catalog.resolve(name)  # a name that is nowhere fails now, not in the log
+    named: list[Path] = []
+    if model is not None:
+        named = [catalog.resolve(model).path]
+        preload = [model, *(p for p in preload if p != model)]
+    elif not preload:
+        preload = [str(ensure_default_model(settings.models_dir))]
+    host = host or settings.host
+    port = port if port is not None else settings.port
+    ollama_port = ollama_port or settings.ollama_port
+    if port == 0:  # bound now, so the port is known before the service starts and nobody takes it meanwhile
+        sock = listening_socket(host, 0)
+        port = sock.getsockname()[1]
+    else:
+        ensure_port_free(host, port)
+        sock = None
+    if ollama_port is not None:
+        ensure_port_free(host, ollama_port)
+    workers = chosen_rpc_workers(rpc, settings)
+    token, generated = _api_token(settings, host, no_auth=no_auth)
+    access = AccessPolicy.create(
+        bind_host=host, allowed_hosts=settings.allowed_hosts, allowed_origins=settings.allowed_origins
+    )
+    # the model named here is the user's choice: API clients may reload it by its path too
+    paths = PathPolicy.for_catalog(catalog, home=settings.home, files=named, allow_any=settings.allow_any_path)
+    manager, found = model_manager(settings, workers)
+    url = f"http://{f'[{host}]' if ':' in host else host}:{port}"
+    typer.echo(f"loading {', '.join(preload)} with llama-server ({found.source}: {found.path}) ...", err=True)
+    requests = [LoadRequest(model=name, n_ctx=ctx if i == 0 else None) for i, name in enumerate(preload)]
+    ollama_line = f", Ollama API: {url.rsplit(':', 1)[0]}:{ollama_port}" if ollama_port is not None else ""
+
+    def announce() -> None:
+        found = held.publish(client_url(host, port), token_required=token is not None, version=__version__)
+        typer.echo(
+            f"GGUF Studio at {url}/  (open it in a browser; OpenAI API: {url}/v1, Anthropic API: {url}, "
+            f"GUI API: {url}/api{ollama_line}, metrics: {url}/metrics, docs: {url}/docs; Ctrl-C stops)",
+            err=ready_out is not None,
+        )
+        if ready_out is not None:  # the one line on stdout; the token only when it was made for this run
+            import json
+
+            line = {"url": found.url, "pid": found.pid, "version": found.version, "token": token if generated else None}
+            ready_out.write(json.dumps(line) + "\n")
+            ready_out.flush()
+        elif generated:  # printed once, here, and nowhere else: it is not logged
+            typer.echo(
+                f"API token for this run: {token}  (send `Authorization: Bearer <token>` or "
+                "`x-api-key: <token>`; set GGUF_STUDIO_API_TOKEN to choose your own)"
+            )
+
+    app = create_app(
+        manager,
+        preload=requests,
+        api_token=token,
+        access=access,
+        paths=paths,
+        toolbox=Toolbox(settings.tools, scratch_dir=settings.home / "scratch", logs_dir=settings.logs_dir),
+        max_body_bytes=settings.max_body_bytes,
+        downloads=manager.downloads,
+        history=History(settings.history_dir),
+        hub_headers=header_cache(settings.home),
+    )
+    ollama_app = create_ollama_app(app, api_token=token, access=access) if ollama_port is not None else None
+    listeners = Listeners(
+        app, host=host, port=port, ollama_app=ollama_app, ollama_port=ollama_port, announce=announce, sock=sock
+    )
+    if parent is not None:
+        _stop_with_parent(listeners, parent)
+    try:
+        listeners.run()
+    except KeyboardInterrupt:  # uvicorn re-raises Ctrl-C after a clean shutdown: that is a normal stop
+        pass
+    finally:
+        manager.close_now()  # the app's shutdown did it, unless uvicorn never started
+        if sock is not None:
+            sock.close()
+
+
+def client_url(host: str, port: int) -> str:
+    """The URL a client on this machine reaches a studio listening on ``host:port`` at (any address: loopback)."""
+    host = "127.0.0.1" if host in ("", "0.0.0.0") else "::1" if host == "::" else host
+    return f"http://{f'[{host}]' if ':' in host else host}:{port}"
+
+
+def _claim_stdout() -> "TextIO":
+    """Keep stdout for the ready line alone: return it as a stream, and point file descriptor 1 at stderr, so
+    nothing else (a library, a child) writes there."""
+    import os
+    import sys
+
+    sys.stdout.flush()
+    ready = os.fdopen(os.dup(1), "w", encoding="utf-8")
+    os.dup2(2, 1)
+    return ready
+
+
+#: Seconds the studio waits for its connections to close after its parent ended, before it cuts them.
+PARENT_GONE_GRACE = 2.0
+
+
+def _stop_with_parent(listeners: "Listeners", parent: int) -> None:
+    """Stop the service when the parent is gone: at once, then without waiting for connections after a grace."""
+    import threading
+
+    import structlog
+
+    from launcher.platform import watch_parent
+
+    def gone() -> None:
+        structlog.get_logger("studio").info("parent_gone", action="stopping")
+        listeners.stop()
+        cut = threading.Timer(PARENT_GONE_GRACE, lambda: listeners.stop(force=True))
+        cut.daemon = True
+        cut.start()
+
+    watch_parent(gone, parent=parent)
+
+
+def _api_token(settings: "Settings", host: str, *, no_auth: bool) -> tuple[str | None, bool]:
+    """The token the service requires and whether it was generated now: beyond loopback there always is one,
+    unless ``--no-auth`` says otherwise."""
+    import secrets
+
+    from studio.http.access import is_loopback
+
+    loopback = is_loopback(host)
+    if no_auth:
+        if not loopback:
+            typer.echo(
+                f"warning: --no-auth: listening on {host} with no API token: anyone who can reach this "
+                "machine can use the API and load models",
+                err=True,
+            )
+        if settings.api_token:
+            typer.echo("warning: --no-auth: the configured API token (GGUF_STUDIO_API_TOKEN) is not required", err=True)
+        return None, False
+    if settings.api_token or loopback:
+        return settings.api_token, False
+    return secrets.token_urlsafe(32), True
