@@ -199,7 +199,6 @@ async def _media(entry: CatalogEntry) -> dict[str, Any]:
 
 
 @router.get("/models/{name:path}")  # a Hugging Face cache model's name has a slash: owner/repo:VARIANT
-@router.get("/models/{name}")
 async def inspect_model(request: Request, name: str) -> dict[str, Any]:
     """One model's facts (the same as ``ggstudio inspect --json``)."""
     await check_model_path(request, name)
