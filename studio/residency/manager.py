@@ -213,16 +213,39 @@ class ModelManager:
             studio.errors.ModelNotFoundError: ``model`` is unknown.
             DoesNotFitError: the model cannot fit even with every idle model evicted.
         """
+        found = self.acquire_now(model)
+        if found is not None:
+            return found
         resident = self._routes.get(model) if model is not None else self.default
-        if resident is not None:
-            try:
-                return resident.enter()
-            except NotReadyError:
-                pass
         name = model if model is not None else resident.name if resident is not None else self._coming_default
         if name is None:
             raise BadRequestError("no model is loaded and the request names none; pass `model`", param="model")
         return await self._queued(lambda: self._ready(name, None))
+
+    def acquire_now(self, model: str | None) -> tuple[LoadedModel, Lease] | None:
+        """The fast path of ``acquire``: the model and its lease when it is ready now, else ``None`` (no wait).
+
+        A streamed request that would wait starts its answer early and sends keep-alives meanwhile
+        (``studio.http.load_wait``).
+        """
+        resident = self._routes.get(model) if model is not None else self.default
+        if resident is None:
+            return None
+        try:
+            return resident.enter()
+        except NotReadyError:
+            return None
+
+    def load_progress(self, model: str | None) -> tuple[str, float | None]:
+        """The name of the model a waiting request will get, and the share of its weights loaded (``None``: unknown)."""
+        resident = self.find(model) if model is not None else self.default
+        if resident is None or resident.state not in COMING_UP:
+            load = next((load for load in self._loads.values() if model is None or load.names(model)), None)
+            return (load.entry.name if load else model or self._coming_default or "the model"), None
+        progress = resident.supervisor.status().progress
+        if progress is None or progress.bytes_total <= 0:
+            return resident.name, None
+        return resident.name, min(1.0, progress.bytes_loaded / progress.bytes_total)
 
     async def load(self, request: LoadRequest) -> LoadedModel:
         """Make ``request``'s model resident (or keep it, if its settings are equal) and the default; return it.
