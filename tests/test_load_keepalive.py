@@ -27,6 +27,7 @@ from launcher.capabilities import probe
 from launcher.registry import ChildRegistry
 from launcher.supervisor import owner_token
 from studio.http.app import create_app
+from studio.http.load_wait import loading_comment
 from studio.http.ollama_app import create_ollama_app
 from studio.http.server import Listeners
 from studio.library.catalog import Catalog
@@ -146,7 +147,9 @@ def assert_kept_company(timed: Timed, answer_begins: bytes) -> None:
     assert timed.headers_at - timed.sent < 2.0, "the headers came only with the answer"
     comments = timed.comments()
     assert len(comments) >= 2 and all(COMMENT.match(c) for c in comments), comments
-    assert timed.longest_silence_before(answer_begins) <= 2.0
+    assert timed.longest_silence_before(answer_begins) <= 2.0, [
+        (round(at - timed.sent, 2), piece[:40]) for at, piece in timed.pieces[:12]
+    ]
 
 
 def test_a_streamed_chat_waiting_for_a_cold_load_hears_loading_comments_and_the_openai_sdk_gets_its_answer(cold):
@@ -220,3 +223,26 @@ def test_a_stream_for_an_unknown_model_is_still_a_plain_404(cold):
         f"{cold[0]}/v1/chat/completions", json={"model": "nowhere", "messages": HI, "stream": True}, timeout=30
     )
     assert response.status_code == 404 and response.json()["error"]["code"] == "model_not_found"
+
+
+def test_a_client_that_leaves_during_the_load_holds_nothing_once_the_model_is_ready(cold):
+    with httpx.stream(
+        "POST",
+        f"{cold[0]}/v1/chat/completions",
+        json={"model": "smol", "messages": HI, "max_tokens": 8, "stream": True},
+        timeout=30,
+    ) as stream:
+        assert stream.status_code == 200 and stream.headers["content-type"].startswith("text/event-stream")
+        assert COMMENT.match(next(stream.iter_lines()))
+    # the load goes on for the next client; the one that left holds no request on the model
+
+    def settled() -> bool:
+        models = httpx.get(f"{cold[0]}/api/status", timeout=10).json()["models"]
+        return any(m["model"] == "smol" and m["state"] == "ready" and m["in_flight"] == 0 for m in models)
+
+    wait_for(settled, timeout=60, what="smol ready, with no request in flight")
+
+
+def test_the_loading_comment_names_the_share_loaded_when_known():
+    assert loading_comment("smol", 0.456) == b": loading smol 46%\n\n"
+    assert loading_comment("smol", None) == b": loading smol\n\n"

@@ -26,7 +26,7 @@ from typing import Protocol
 import anyio
 import httpx
 from starlette.responses import Response
-from starlette.types import Receive, Scope, Send
+from starlette.types import Message, Receive, Scope, Send
 
 from studio.http.upstream import body_reader
 
@@ -238,8 +238,31 @@ class LoadWait(_Streamed):
         except Exception as exc:  # the load failed, or llama-server did not answer: said in the stream
             return self._ended(exc)
         if isinstance(response, _Streamed):
-            return await response._body(send)
+            return await self._relayed(response, send)
         return self._ended(bytes(response.body))
+
+    async def _relayed(self, response: _Streamed, send: Send) -> bytes:
+        """``response``'s body, with keep-alives until its first bytes: llama-server sends its headers before
+        the prompt is processed, and a long prompt on a busy machine takes seconds."""
+        began = asyncio.Event()
+
+        async def relay(message: Message) -> None:
+            began.set()
+            await send(message)
+
+        body = asyncio.ensure_future(response._body(relay))
+        try:
+            while not began.is_set() and not body.done():
+                first = asyncio.ensure_future(began.wait())
+                await asyncio.wait({body, first}, timeout=self._every, return_when=asyncio.FIRST_COMPLETED)
+                first.cancel()
+                if not began.is_set() and not body.done():
+                    await send({"type": "http.response.body", "body": self._beat(), "more_body": True})
+            return await body
+        finally:
+            if not body.done():
+                body.cancel()
+                await asyncio.gather(body, return_exceptions=True)
 
     async def _close(self) -> None:
         if not self._answer.done():
