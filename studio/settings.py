@@ -24,6 +24,7 @@ Precedence: environment variables, then the optional TOML file
     preload = ["gemma-3-270m-Q4_K_M"]  # loaded at start, in this order
     unload_grace = 10               # seconds an unload waits for requests in flight before it ends them
     busy_wait = 30                  # seconds a load waits for busy models to go idle before a 503
+    group_size = 4                  # requests a busy model still takes once a load waits for its memory (0: none)
     slot_cache_disk = "4GiB"        # disk for conversations saved before an eviction; 0: none saved
 
     [mcp_servers.files]             # an MCP server whose tools /api/chat may run (stdio: a command)
@@ -112,6 +113,7 @@ _TOP_KEYS = {
     "preload",
     "unload_grace",
     "busy_wait",
+    "group_size",
     "slot_cache_disk",
     "rpc_workers",
     "mcp_servers",
@@ -165,6 +167,7 @@ RESIDENCY_LIMITS: Mapping[str, tuple[float, float]] = MappingProxyType(
         "max_resident": (1, 64),
         "unload_grace": (0, 3600),
         "busy_wait": (0, 3600),
+        "group_size": (0, 1000),
     }
 )
 _SIZE_UNITS = {
@@ -246,6 +249,7 @@ class ResidencySettings:
     preload: tuple[str, ...] = ()
     unload_grace: float = 10.0
     busy_wait: float = 30.0
+    group_size: int = 4  # requests a busy model still takes once a load waits for its memory: they go together
     slot_cache_disk: int = SLOT_CACHE_DISK  # bytes of saved slots in the studio home; 0: slots are not saved
 
 
@@ -515,6 +519,7 @@ def _residency(config: dict[str, Any], env: Mapping[str, str], path: Path) -> Re
         preload=tuple(config.get("preload", ())),
         unload_grace=config.get("unload_grace", 10.0),
         busy_wait=config.get("busy_wait", 30.0),
+        group_size=int(config.get("group_size", 4)),
         slot_cache_disk=_slot_cache_disk(config.get("slot_cache_disk", SLOT_CACHE_DISK)),
     )
 

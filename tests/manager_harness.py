@@ -51,6 +51,7 @@ def fake_manager(
     budget: int | None = None,
     busy_wait: float = 0.3,
     unload_grace: float = 0.2,
+    group_size: int = 4,
     discover: Callable[[], Inventory] = cpu_machine,
     **options: Any,
 ) -> ModelManager:
@@ -66,6 +67,7 @@ def fake_manager(
             memory_budget=MemoryBudget(total=budget) if budget is not None else None,
             busy_wait=busy_wait,
             unload_grace=unload_grace,
+            group_size=group_size,
         ),
         **options,
     )

@@ -1,6 +1,7 @@
 """A stand-in for ``studio.residency.manager.ModelManager`` whose one model is the replay upstream.
 
-The proxy and ``/api/chat`` reach llama-server only through ``await manager.acquire(model)``,
+The proxy and ``/api/chat`` reach llama-server only through ``await manager.acquire(model)`` (or
+``acquire_now``, for a streamed request),
 the ``LoadedModel`` it returns (``.name``, ``.url``, ``.auth_headers``, ``.n_ctx``,
 ``.template``, ``.plan.rpc_workers``, and ``.plan.model.projector`` / ``.path`` for the media
 checks, ``.settings`` for the chat history) and its ``Lease`` (awaited to release; ``.interruption``
@@ -102,9 +103,13 @@ class StandInManager:
     def residents(self) -> list[Any]:
         return []
 
-    async def acquire(self, model: str | None) -> tuple[Any, StandInLease]:
+    def acquire_now(self, model: str | None) -> tuple[Any, StandInLease]:
+        """The one model is always ready: no request waits for a load."""
         self.in_flight += 1
         return self.model, StandInLease(self)
+
+    async def acquire(self, model: str | None) -> tuple[Any, StandInLease]:
+        return self.acquire_now(model)
 
     def status(self) -> dict[str, Any]:
         return {"state": "ready", "model": self.model.name}

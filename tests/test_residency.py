@@ -182,11 +182,11 @@ def test_a_load_waiting_for_a_busy_model_is_not_starved_by_new_requests_to_it(
             wait_for(lambda: models_of(s.url)["gemma"]["in_flight"] == 1, timeout=30, what="gemma to be busy")
             waiting = pool.submit(chat, s.url, b, timeout=300)  # needs gemma's memory
             time.sleep(0.5)
-            later = pool.submit(chat, s.url, "gemma", max_tokens=2, timeout=300)  # held back, not admitted
+            later = pool.submit(chat, s.url, "gemma", max_tokens=2, timeout=300)  # in gemma's group, before the swap
             assert first.result().status_code == 200
-            assert waiting.result().status_code == 200
-            assert later.result().status_code == 200  # then gemma came back, and b (idle) went
-        assert s.manager.counters["evictions"] >= 2
+            assert waiting.result().status_code == 200  # the group ended, and b got gemma's memory
+            assert later.result().status_code == 200
+        assert s.manager.counters["evictions"] >= 1
 
 
 def test_a_model_that_cannot_fit_even_alone_is_a_400_naming_it(tmp_path, llama_server_bin, zoo_models, bill):

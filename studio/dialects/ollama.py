@@ -446,6 +446,11 @@ class Reply:
             return None
         return {**self._head(), **self._body(piece.content, piece.thinking, ()), "done": False}
 
+    def keep_alive(self) -> dict[str, Any]:
+        """A chunk that says nothing (empty text, ``done: false``): sent while the model loads, so the stream
+        is not idle; Ollama's clients add its empty text to the answer."""
+        return {**self._head(), **self._body("", "", ()), "done": False}
+
     def final(self, durations: Durations, *, streamed: bool) -> dict[str, Any]:
         """The last chunk (streamed) or the whole answer (not streamed)."""
         text = "" if streamed else "".join(self.content)

@@ -179,8 +179,15 @@ def reshape_upstream(status: int, content: bytes, dialect: Dialect) -> bytes:
 
 
 def stream_error_event(answer: ErrorAnswer, dialect: Dialect) -> bytes:
-    """A server-sent event that ends a broken stream, as the dialect's clients read errors mid-stream."""
-    body = json.dumps(SHAPES[dialect](answer))
+    """The event that ends a broken stream, as the dialect's clients read errors mid-stream."""
+    return stream_error_line(json.dumps(SHAPES[dialect](answer)).encode(), dialect)
+
+
+def stream_error_line(body: bytes, dialect: Dialect) -> bytes:
+    """An error ``body`` already in ``dialect``'s shape as the last part of a stream: a server-sent event
+    (Anthropic's ``event: error``), or for Ollama one NDJSON line."""
+    if dialect == "ollama":
+        return body + b"\n"
     if dialect == "anthropic":
-        return f"event: error\ndata: {body}\n\n".encode()
-    return f"data: {body}\n\n".encode()
+        return b"event: error\ndata: " + body + b"\n\n"
+    return b"data: " + body + b"\n\n"

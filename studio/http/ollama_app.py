@@ -38,6 +38,7 @@ from studio.http.errors import (
     upstream_answer,
 )
 from studio.http.limits import BodySizeLimit
+from studio.http.load_wait import answer_when_loaded
 from studio.http.metrics import RequestMetrics, StudioMetrics
 from studio.http.model_paths import check_model_path
 from studio.http.openai_proxy import (
@@ -314,17 +315,21 @@ async def _generate(request: Request, kind: ollama.Kind) -> Response:
     await check_model_path(request, name)
     if not (body.get("messages") if kind == "chat" else body.get("prompt") or body.get("images")):
         return await _load_or_unload(manager, kind, name, ttl)
-    if kind == "chat":
-        route, payload = ollama.CHAT, ollama.chat_request(body)
-    loaded, lease = await manager.acquire(name)
-    acquired = time.perf_counter()
-    try:
+    chat = ollama.chat_request(body) if kind == "chat" else None  # checked before any load
+
+    async def answer(loaded: LoadedModel, lease: Lease) -> Response:
+        acquired = time.perf_counter()
         _keep_alive(manager, loaded.name, ttl)
         _unload_when_done(manager, loaded.name, ttl)
-        if kind == "generate":
-            route, payload = ollama.generate_request(body, has_chat_template=loaded.template is not None)
+        route, payload = (
+            (ollama.CHAT, chat)
+            if chat is not None
+            else ollama.generate_request(body, has_chat_template=loaded.template is not None)
+        )
         payload["model"] = loaded.name
         FORWARDED[route].prepare(payload, loaded)
+        if route == ollama.CHAT:
+            await manager.warm(loaded, payload)  # a conversation saved before an eviction comes back warm
         reply = ollama.Reply(kind, loaded.name)
         count = _counter(_metrics(request), request.url.path, loaded.name)
         if not payload.get("stream"):
@@ -339,17 +344,26 @@ async def _generate(request: Request, kind: ollama.Kind) -> Response:
 
             return await answer_unless_client_leaves(request, loaded, route, payload, lease, finish)
         resp = await send_upstream(request, loaded, route, payload, lease)
+        if resp.status_code == 200:
+            return EventStream(
+                _stream(resp, lease, loaded, route, reply, began, acquired, count),
+                on_close=lambda: close_upstream(resp, lease),
+                media_type=_NDJSON,
+            )
+        status, content = resp.status_code, await read_answer(resp, lease, loaded)
+        return _upstream_error(status, content)
+
+    if ollama.wants_stream(body):  # a cold load: empty chunks meanwhile, which Ollama's clients add as nothing
+        waiting = ollama.Reply(kind, name)
+        return await answer_when_loaded(
+            manager, name, answer, dialect="ollama", beat=lambda: _line(waiting.keep_alive()), media_type=_NDJSON
+        )
+    loaded, lease = await manager.acquire(name)
+    try:
+        return await answer(loaded, lease)
     except BaseException:
         await lease()
         raise
-    if resp.status_code == 200:
-        return EventStream(
-            _stream(resp, lease, loaded, route, reply, began, acquired, count),
-            on_close=lambda: close_upstream(resp, lease),
-            media_type=_NDJSON,
-        )
-    status, content = resp.status_code, await read_answer(resp, lease, loaded)
-    return _upstream_error(status, content)
 
 
 async def _load_or_unload(manager: ModelManager, kind: ollama.Kind, name: str, ttl: Any) -> JSONResponse:

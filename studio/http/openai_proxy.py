@@ -77,6 +77,7 @@ from studio.chat.tool_schema import check_tool_fields, tool_parameters
 from studio.chat.tool_stream import HealingRelay
 from studio.errors import BadRequestError, RouteRefusedError, UpstreamError
 from studio.http.errors import Dialect, ErrorAnswer, describe, reshape_upstream, stream_error_event
+from studio.http.load_wait import answer_when_loaded
 from studio.http.model_paths import check_model_path
 from studio.http.relay import Relay, client_gone
 from studio.http.upstream import Upstream
@@ -155,31 +156,53 @@ async def _forward(request: Request, route: Route, upstream_path: str) -> Respon
     await check_model_path(request, model)
     if chat and body is not None:
         await preflight_chat(_manager(request), body)
-    loaded, lease = await _manager(request).acquire(model)
-    count = _counter(request, route, request.url.path, loaded.name, began)
     query = request.scope["query_string"].decode("latin-1")
+
+    async def answer(loaded: LoadedModel, lease: Lease) -> Response:
+        return await _answer(request, route, upstream_path, body, form, query, loaded, lease, began)
+
+    if body is not None and body.get("stream") and route.generates:  # a cold load: keep-alives meanwhile
+        return await answer_when_loaded(_manager(request), model, answer, dialect=route.dialect)
+    loaded, lease = await _manager(request).acquire(model)
     try:
-        tools: dict[str, dict[str, Any]] = {}
-        if body is not None:
-            route.prepare(body, loaded)
-            body["model"] = loaded.name
-            if chat:
-                await _manager(request).warm(loaded, body)  # a conversation saved before an eviction comes back warm
-            tools = tool_parameters(body) if chat and body.get("tool_choice") != "none" else {}
-        if body is None or not body.get("stream"):  # a GET, a form, or a whole answer
-            return await answer_unless_client_leaves(
-                request,
-                loaded,
-                upstream_path,
-                form or body,
-                lease,
-                lambda status, content, headers: _answered(route, tools, count, status, content, headers),
-                query=query,
-            )
-        resp = await send_upstream(request, loaded, upstream_path, body, lease, query=query)
+        return await answer(loaded, lease)
     except BaseException:
         await lease()
         raise
+
+
+async def _answer(
+    request: Request,
+    route: Route,
+    upstream_path: str,
+    body: dict[str, Any] | None,
+    form: Form | None,
+    query: str,
+    loaded: LoadedModel,
+    lease: Lease,
+    began: float,
+) -> Response:
+    """The answer of ``loaded``'s llama-server, streamed or whole; the caller lets ``lease`` go if this raises."""
+    count = _counter(request, route, request.url.path, loaded.name, began)
+    tools: dict[str, dict[str, Any]] = {}
+    chat = route.upstream == "/v1/chat/completions"
+    if body is not None:
+        route.prepare(body, loaded)
+        body["model"] = loaded.name
+        if chat:
+            await _manager(request).warm(loaded, body)  # a conversation saved before an eviction comes back warm
+        tools = tool_parameters(body) if chat and body.get("tool_choice") != "none" else {}
+    if body is None or not body.get("stream"):  # a GET, a form, or a whole answer
+        return await answer_unless_client_leaves(
+            request,
+            loaded,
+            upstream_path,
+            form or body,
+            lease,
+            lambda status, content, headers: _answered(route, tools, count, status, content, headers),
+            query=query,
+        )
+    resp = await send_upstream(request, loaded, upstream_path, body, lease, query=query)
     headers = {k: v for k, v in resp.headers.items() if k.lower() in _PASS_HEADERS}
     if resp.status_code == 200:
 

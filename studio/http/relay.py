@@ -26,7 +26,7 @@ from typing import Protocol
 import anyio
 import httpx
 from starlette.responses import Response
-from starlette.types import Receive, Scope, Send
+from starlette.types import Message, Receive, Scope, Send
 
 from studio.http.upstream import body_reader
 
@@ -201,3 +201,75 @@ async def client_gone(receive: Receive) -> None:
     """Return once the client's side of the connection is gone (the request body was already read)."""
     while (await receive())["type"] != "http.disconnect":
         pass
+
+
+class LoadWait(_Streamed):
+    """An ASGI stream that begins before its answer exists: keep-alive lines until ``answer`` is done, then its body.
+
+    Args:
+        answer: makes the response (waits for the model's load, then asks llama-server); cancelled and its
+            response closed when the client leaves.
+        beat: the keep-alive line sent every ``every`` seconds until ``answer`` is done.
+        ended: the last bytes when ``answer`` fails or returns a response that is not a stream: the error
+            (an exception, or a whole error response's body) in the stream's own form.
+    """
+
+    def __init__(
+        self,
+        answer: asyncio.Future[Response],
+        *,
+        beat: Callable[[], bytes],
+        ended: Callable[[BaseException | bytes], bytes],
+        every: float,
+        headers: Mapping[str, str] | None = None,
+        media_type: str | None = None,
+    ) -> None:
+        super().__init__(status_code=200, headers=headers, media_type=media_type)
+        self._answer = answer
+        self._beat = beat
+        self._ended = ended
+        self._every = every
+
+    async def _body(self, send: Send) -> bytes:
+        while not (await asyncio.wait({self._answer}, timeout=self._every))[0]:
+            await send({"type": "http.response.body", "body": self._beat(), "more_body": True})
+        try:
+            response = self._answer.result()
+        except Exception as exc:  # the load failed, or llama-server did not answer: said in the stream
+            return self._ended(exc)
+        if isinstance(response, _Streamed):
+            return await self._relayed(response, send)
+        return self._ended(bytes(response.body))
+
+    async def _relayed(self, response: _Streamed, send: Send) -> bytes:
+        """``response``'s body, with keep-alives until its first bytes: llama-server sends its headers before
+        the prompt is processed, and a long prompt on a busy machine takes seconds."""
+        began = asyncio.Event()
+
+        async def relay(message: Message) -> None:
+            began.set()
+            await send(message)
+
+        body = asyncio.ensure_future(response._body(relay))
+        try:
+            while not began.is_set() and not body.done():
+                first = asyncio.ensure_future(began.wait())
+                await asyncio.wait({body, first}, timeout=self._every, return_when=asyncio.FIRST_COMPLETED)
+                first.cancel()
+                if not began.is_set() and not body.done():
+                    await send({"type": "http.response.body", "body": self._beat(), "more_body": True})
+            return await body
+        finally:
+            if not body.done():
+                body.cancel()
+                await asyncio.gather(body, return_exceptions=True)
+
+    async def _close(self) -> None:
+        if not self._answer.done():
+            self._answer.cancel()
+            await asyncio.gather(self._answer, return_exceptions=True)
+        if self._answer.cancelled() or self._answer.exception() is not None:
+            return
+        response = self._answer.result()
+        if isinstance(response, _Streamed):
+            await response._close()

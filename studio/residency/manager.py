@@ -8,6 +8,12 @@ against memory as it will be (``studio.residency.placement``), evicts what must
 go, and starts it; requests that arrive meanwhile for the same model wait for
 that one start, so concurrent first requests start exactly one llama-server.
 
+Requests are grouped by model: a load that waits for busy models' memory lets each of them take
+``group_size`` more requests (and an idle one waits ``GROUP_LINGER`` s for its group's next request)
+before it pauses them, so requests for a model run together instead of a swap each; loads that must
+evict take turns in the order they began waiting. With two models sharing the memory, no request
+waits behind more than two swaps.
+
 A request never changes a resident model's server settings: only an explicit
 load with other settings restarts it, once its requests in flight are done.
 
@@ -29,6 +35,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import math
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
@@ -73,6 +80,10 @@ log = structlog.get_logger(__name__)
 #: Makes one model's supervisor; it hands every state change to the callback it is given.
 SupervisorFactory = Callable[[Callable[[Status], None]], Supervisor]
 Planner = Callable[[ModelInfo, Inventory, Capabilities, PlanRequest], LaunchPlan]
+#: Seconds a model whose group is open (a load waits for its memory, and it still admits requests) stays
+#: after its last request ended, for the next one: a client that sends its requests one after another sends
+#: the next within milliseconds of an answer, and without this pause each of its requests would be a swap.
+GROUP_LINGER = 0.25
 #: States of a resident that serves no request and never will: a new load replaces it.
 _NOT_SERVING = frozenset({ResidentState.FAILED, ResidentState.UNLOADED})
 
@@ -213,16 +224,39 @@ class ModelManager:
             studio.errors.ModelNotFoundError: ``model`` is unknown.
             DoesNotFitError: the model cannot fit even with every idle model evicted.
         """
+        found = self.acquire_now(model)
+        if found is not None:
+            return found
         resident = self._routes.get(model) if model is not None else self.default
-        if resident is not None:
-            try:
-                return resident.enter()
-            except NotReadyError:
-                pass
         name = model if model is not None else resident.name if resident is not None else self._coming_default
         if name is None:
             raise BadRequestError("no model is loaded and the request names none; pass `model`", param="model")
         return await self._queued(lambda: self._ready(name, None))
+
+    def acquire_now(self, model: str | None) -> tuple[LoadedModel, Lease] | None:
+        """The fast path of ``acquire``: the model and its lease when it is ready now, else ``None`` (no wait).
+
+        A streamed request that would wait starts its answer early and sends keep-alives meanwhile
+        (``studio.http.load_wait``).
+        """
+        resident = self._routes.get(model) if model is not None else self.default
+        if resident is None:
+            return None
+        try:
+            return resident.enter()
+        except NotReadyError:
+            return None
+
+    def load_progress(self, model: str | None) -> tuple[str, float | None]:
+        """The name of the model a waiting request will get, and the share of its weights loaded (``None``: unknown)."""
+        resident = self.find(model) if model is not None else self.default
+        if resident is None or resident.state not in COMING_UP:
+            load = next((load for load in self._loads.values() if model is None or load.names(model)), None)
+            return (load.entry.name if load else model or self._coming_default or "the model"), None
+        progress = resident.supervisor.status().progress
+        if progress is None or progress.bytes_total <= 0:
+            return resident.name, None
+        return resident.name, min(1.0, progress.bytes_loaded / progress.bytes_total)
 
     async def load(self, request: LoadRequest) -> LoadedModel:
         """Make ``request``'s model resident (or keep it, if its settings are equal) and the default; return it.
@@ -375,7 +409,8 @@ class ModelManager:
                 if load.step is LoadStep.WAITING:
                     load.move(LoadStep.CHECKING)
                 placed = await self._place(load.entry, load.request, replacing=load.replacing, load=load)
-                if placed.fits or load.request.force:
+                behind = bool(placed.evict) and self._waits_behind(load)  # loads that must evict take turns
+                if (placed.fits or load.request.force) and not behind:
                     command = self._command(placed)
                     victims = [v for name in placed.evict if (v := self.find(name)) is not None]
                     if load.replacing is not None:
@@ -394,25 +429,34 @@ class ModelManager:
                     )
                     load.move(LoadStep.RESERVED)
                     break
-                if not placed.blocked_by:
+                if not placed.blocked_by and not behind:
                     raise await self._does_not_fit(load.model, load.entry, placed)
                 if time.monotonic() >= deadline:
                     raise BusyError(
                         f"not enough memory for {load.entry.name} now: it needs {placed.need}; held by "
-                        f"{', '.join(placed.blocked_by)}; retry once they are idle",
+                        f"{', '.join(placed.blocked_by) or 'models that loads waiting before it will evict'};"
+                        " retry once they are idle",
                         retry_after=max(1, round(self.residency.busy_wait / 6) or 1),
                     )
-                # New requests would keep the busy models busy for ever: hold them back (in-flight ones
-                # finish) until this load got their memory or gave up.
+                # New requests would keep the busy models busy for ever: once ``group_size`` more came in
+                # (they run before the swap, together), hold them back until this load got the memory or
+                # gave up. Requests in flight finish.
+                grouping = False
                 for name in placed.drain:
-                    if (busy := self.find(name)) is not None and busy not in load.paused:
-                        busy.pause()
-                        load.paused.append(busy)
+                    if (busy := self.find(name)) is not None:
+                        if busy not in load.paused:
+                            busy.pause(after=self.residency.group_size)
+                            load.paused.append(busy)
+                        grouping = grouping or busy.grouping
                 if load.step is LoadStep.CHECKING:
                     load.move(LoadStep.WAITING)
+                    load.waiting_since = load.waiting_since or time.monotonic()
                 changed = self._changed
+            wait = deadline - time.monotonic()
+            if grouping:  # an idle model's group ends when no request came for GROUP_LINGER s: look again then
+                wait = min(wait, GROUP_LINGER)
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(changed.wait(), max(0.01, deadline - time.monotonic()))
+                await asyncio.wait_for(changed.wait(), max(0.01, wait))
         try:
             await self._drained(load, deadline)
             load.move(LoadStep.STARTING)
@@ -435,6 +479,15 @@ class ModelManager:
                 resident.error or f"{resident.name} failed to load", code="load_failed"
             )
         return resident
+
+    def _waits_behind(self, load: Load) -> bool:
+        """Whether another load began waiting for memory before ``load`` and still waits: it evicts first."""
+        since = load.waiting_since or math.inf
+        return any(
+            other.step is LoadStep.WAITING and (other.waiting_since or math.inf) < since
+            for other in self._loads.values()
+            if other is not load
+        )
 
     async def _drained(self, load: Load, deadline: float) -> None:
         """Wait, outside the placement lock, until the paused victims' requests in flight are done.
@@ -681,12 +734,13 @@ class ModelManager:
         return {r.name for r in self._residents.values() if r.state in COMING_UP}
 
     def _holder(self, r: ResidentModel) -> Holder:
+        lingering = r.grouping and time.monotonic() - r.last_used < GROUP_LINGER  # its group's next request may come
         return placement.holder(
             r.name,
             r.plan,
             r.actual,
             last_used=r.last_used,
-            busy=not r.idle or r.state is not ResidentState.READY,
+            busy=not r.idle or r.state is not ResidentState.READY or lingering,
             pinned=r.pinned,
         )
 

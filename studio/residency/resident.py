@@ -153,6 +153,7 @@ class ResidentModel:
         self._idle.set()
         self._admitting = asyncio.Event()  # cleared while a load waits for this busy model's memory
         self._admitting.set()
+        self._group_left: int | None = None  # requests it still admits before a load that waits for its memory
         self._expiry: asyncio.TimerHandle | None = None
         self._task: asyncio.Task[None] | None = None
         self.supervisor = make_supervisor(self._on_supervisor_change)
@@ -166,15 +167,30 @@ class ResidentModel:
         self.last_used = time.monotonic()
         self._idle.clear()
         self._cancel_expiry()
+        if self._group_left is not None:
+            self._group_left -= 1
+            if self._group_left <= 0:
+                self._admitting.clear()
         return self.loaded, Lease(self)
 
-    def pause(self) -> None:
-        """Admit no new request for now: a load waits for this busy model's memory, and would never get it
-        while new requests kept it busy. Requests in flight go on; new ones wait in ``admitted``."""
-        self._admitting.clear()
+    def pause(self, *, after: int = 0) -> None:
+        """Admit no new request once ``after`` more came in: a load waits for this busy model's memory, and would
+        never get it while new requests kept it busy. The ``after`` requests still admitted run before the swap,
+        together, instead of each waiting for a swap back; a later call never extends that count. Requests in
+        flight go on; new ones wait in ``admitted``."""
+        if after <= 0:
+            self._admitting.clear()
+        elif self._group_left is None:
+            self._group_left = after
 
     def resume(self) -> None:
+        self._group_left = None
         self._admitting.set()
+
+    @property
+    def grouping(self) -> bool:
+        """Whether a load waits for this model's memory and it still admits requests before that load."""
+        return self._group_left is not None and self._admitting.is_set()
 
     async def admitted(self) -> None:
         """Return once new requests are admitted again (or the model left the ready state)."""

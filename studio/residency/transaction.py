@@ -78,6 +78,7 @@ class Load:
     victims: tuple[ResidentModel, ...] = ()  # reserved to go (evictions, the replaced instance)
     reservation: Holder | None = None  # what the new model will hold, from reserve until its resident exists
     resident: ResidentModel | None = None  # the new instance, once started
+    waiting_since: float | None = None  # monotonic time it first waited for memory: loads that evict take turns
     cancelled: str | None = None  # why it was cancelled: the error its waiters get
     superseded: bool = False
 
