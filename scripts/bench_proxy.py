@@ -19,6 +19,13 @@ the studio process's CPU time (user + sys) per relayed chunk over its rounds;
 streams (its CPU rate over the direct rounds: uvicorn's ticks, the supervisor's
 threads), which dominates when a loaded machine leaves llama-server few tokens/s.
 
+With the stand-in, the largest concurrency also runs Anthropic's ``/v1/messages``
+(against the same request sent directly) and Ollama's ``/api/chat`` on the
+Ollama listener (against the direct request with usage, as it sends it). At the
+end, ``CPU per request``: the CPU time one request costs the process that relays
+it, over ``--requests`` one-token streams, 8 at a time (the studio's ``/v1`` and
+``/v1/messages``, and the Python floor's).
+
 CPU per chunk is the steady number on a loaded machine; the ratios need
 several runs (``--runs`` repeats the whole set and prints the medians).
 Targets (issue 19): CPU per chunk <= 40 us at 8 streams, tokens/s >= 0.99x at
@@ -71,11 +78,20 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from launcher.process import free_port
 
 PROMPT = [{"role": "user", "content": "Tell me about the sea."}]
+#: The model the requests name: the resident's name in both runs, so the studio routes by a look-up, as for a
+#: client that names a model from ``/v1/models`` (another name is first checked as a file path, on a thread).
+MODEL = "gemma-3-270m-Q4_K_M"
 N_PARALLEL = 32
 #: Rounds per concurrency in one run: enough single streams for a TTFT percentile, fewer of the long rounds.
 ROUNDS = {1: 10, 8: 4, 32: 2}
 #: A streamed token: OpenAI's delta with string content (the first chunk's ``"content":null`` is no token).
 V1_TOKEN = re.compile(rb'"content":"')
+#: A token in Anthropic's Messages stream.
+ANTHROPIC_TOKEN = re.compile(rb'"type":"text_delta"')
+#: A token in Ollama's NDJSON chunks (the final chunk's empty content is none).
+OLLAMA_TOKEN = re.compile(rb'"content": "[^"]')
+#: Each of Ollama's NDJSON chunks.
+OLLAMA_CHUNK = b'"done": '
 #: A token in ``/api/chat``'s typed events.
 GUI_TOKEN = re.compile(rb'"type": ?"content"')
 EVENT = b"data: "
@@ -83,13 +99,14 @@ EVENT = b"data: "
 LAST_CHUNK = b"\r\n0\r\n\r\n"
 
 
-def serve(port: int, conn: Connection, stand_in: int | None) -> None:
+def serve(port: int, conn: Connection, stand_in: int | None, ollama_port: int | None = None) -> None:
     """Run the studio service on ``port`` as ``ggstudio serve`` does; send (model, URL, auth headers) when ready.
 
-    With ``stand_in`` (a port) its one model is the stand-in llama-server there.
+    With ``stand_in`` (a port) its one model is the stand-in llama-server there, and the
+    Ollama listener serves on ``ollama_port``.
     """
     if stand_in is not None:
-        serve_stand_in(port, conn, stand_in)
+        serve_stand_in(port, conn, stand_in, ollama_port)
         return
     from launcher.capabilities import probe
     from launcher.discovery import find_llama_server
@@ -133,29 +150,36 @@ def serve(port: int, conn: Connection, stand_in: int | None) -> None:
         run_service(create_app(manager, preload=[load]), host="127.0.0.1", port=port, announce=announce)
 
 
-def serve_stand_in(port: int, conn: Connection, upstream: int) -> None:
-    """The studio service in front of the stand-in llama-server on ``upstream``.
+def serve_stand_in(port: int, conn: Connection, upstream: int, ollama_port: int | None) -> None:
+    """The studio service (and its Ollama listener) in front of the stand-in llama-server on ``upstream``.
 
     Its manager is the tests' stand-in (``tests.standin_manager``): one ready resident
     model at the stand-in's URL, what the request path asks of the real one.
     """
     from studio.http.app import create_app
+    from studio.http.ollama_app import create_ollama_app
     from studio.http.server import run_service
     from tests.standin_manager import StandInManager, StandInModel
 
     loaded = StandInModel(
-        name="stand-in", url=f"http://127.0.0.1:{upstream}", auth_headers={"Authorization": "Bearer stand-in"}
+        name=MODEL, url=f"http://127.0.0.1:{upstream}", auth_headers={"Authorization": "Bearer stand-in"}
     )
+    app = create_app(StandInManager(loaded))  # type: ignore[arg-type]
     run_service(
-        create_app(StandInManager(loaded)),
+        app,
         host="127.0.0.1",
-        port=port,  # type: ignore[arg-type]
+        port=port,
         announce=lambda: conn.send((loaded.name, loaded.url, loaded.auth_headers)),
+        ollama_app=create_ollama_app(app) if ollama_port is not None else None,
+        ollama_port=ollama_port,
     )
 
 
-def _event(data: dict[str, object]) -> bytes:
+def _event(data: dict[str, object], name: str | None = None) -> bytes:
+    """One server-sent event in its own HTTP chunk, as llama-server writes each (``event:`` line when named)."""
     payload = b"data: " + json.dumps(data, separators=(",", ":")).encode() + b"\n\n"
+    if name is not None:
+        payload = b"event: " + name.encode() + b"\n" + payload
     return b"%x\r\n%s\r\n" % (len(payload), payload)
 
 
@@ -182,7 +206,10 @@ def stand_in_llama_server(port: int, tokens_per_s: float) -> None:
                 if line.lower().startswith(b"content-length:")
             )
             body = json.loads(await reader.readexactly(length))
-            n = int(body.get("max_tokens") or 16)
+            n = int(body.get("max_tokens") or body.get("n_predict") or 16)
+            if request.startswith(b"POST /v1/messages "):
+                await anthropic(writer, n)
+                return
             writer.write(
                 head
                 + _event(
@@ -234,6 +261,50 @@ def stand_in_llama_server(port: int, tokens_per_s: float) -> None:
             pass  # the client left: llama-server stops too
         finally:
             writer.close()  # as b11434 does after every stream
+
+    async def anthropic(writer: asyncio.StreamWriter, n: int) -> None:
+        """Anthropic's Messages stream as b11434 sends it (``format_anthropic_sse``: an ``event:`` line a data)."""
+        writer.write(
+            head
+            + _event(
+                {
+                    "type": "message_start",
+                    "message": {
+                        "id": base["id"],
+                        "type": "message",
+                        "role": "assistant",
+                        "content": [],
+                        "model": "stand-in",
+                        "stop_reason": None,
+                        "stop_sequence": None,
+                        "usage": {"cache_read_input_tokens": 0, "input_tokens": 14, "output_tokens": 0},
+                    },
+                },
+                "message_start",
+            )
+            + _event(
+                {"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": ""}},
+                "content_block_start",
+            )
+        )
+        for i in range(n):
+            await asyncio.sleep(1 / tokens_per_s)
+            delta = {"type": "text_delta", "text": " sea" if i % 2 else " the"}
+            writer.write(_event({"type": "content_block_delta", "index": 0, "delta": delta}, "content_block_delta"))
+        writer.write(
+            _event({"type": "content_block_stop", "index": 0}, "content_block_stop")
+            + _event(
+                {
+                    "type": "message_delta",
+                    "delta": {"stop_reason": "max_tokens", "stop_sequence": None},
+                    "usage": {"output_tokens": n},
+                },
+                "message_delta",
+            )
+            + _event({"type": "message_stop"}, "message_stop")
+            + b"0\r\n\r\n"
+        )
+        await writer.drain()
 
     async def main() -> None:
         server = await asyncio.start_server(answer, "127.0.0.1", port, backlog=256)
@@ -323,6 +394,8 @@ class Route:
     token: re.Pattern[bytes]
     studio: bool  # CPU per chunk is reported (the studio's paths and the floor)
     pid: int  # the process whose CPU time the path's rounds are charged (the studio's for direct paths too)
+    only: tuple[int, ...] = ()  # the concurrencies it runs at (none named: all)
+    event: bytes = EVENT  # what starts each chunk in what comes back
 
 
 @dataclass
@@ -344,7 +417,7 @@ async def one_stream(path: Route, tokens: int) -> Stream:
     """Stream one completion on a fresh connection; TTFT and tokens/s as the client sees them."""
     body = json.dumps(
         {
-            "model": "gemma-3-270m-Q4_K_M",
+            "model": MODEL,
             "messages": PROMPT,
             "max_tokens": tokens,
             "stream": True,
@@ -382,7 +455,36 @@ async def one_stream(path: Route, tokens: int) -> Stream:
     n = len(path.token.findall(data))
     if first is None or n < 2:
         raise SystemExit(f"{path.name}: fewer than 2 tokens streamed: {bytes(data[-300:])!r}")
-    return Stream(first - t0, (n - 1) / (last - first), data.count(EVENT))
+    return Stream(first - t0, (n - 1) / (last - first), data.count(path.event))
+
+
+async def one_request(path: Route) -> None:
+    """One streamed completion of one token on a fresh connection, read to its end."""
+    body = json.dumps({"model": MODEL, "messages": PROMPT, "max_tokens": 1, "stream": True, **path.extra}).encode()
+    head = (
+        f"POST {path.target} HTTP/1.1\r\nHost: 127.0.0.1:{path.port}\r\nContent-Type: application/json\r\n"
+        f"Content-Length: {len(body)}\r\nConnection: close\r\n"
+        + "".join(f"{k}: {v}\r\n" for k, v in path.headers.items())
+        + "\r\n"
+    )
+    reader, writer = await asyncio.open_connection("127.0.0.1", path.port)
+    writer.write(head.encode() + body)
+    data = bytearray()
+    try:
+        while chunk := await reader.read(65536):
+            data += chunk
+    finally:
+        writer.close()
+    if not data.startswith(b"HTTP/1.1 200") or not path.token.search(data):
+        raise SystemExit(f"{path.name}: {bytes(data[:300])!r}")
+
+
+async def cpu_per_request(path: Route, n: int, at_once: int) -> float:
+    """Milliseconds of ``path.pid``'s CPU per request over ``n`` one-token requests, ``at_once`` at a time."""
+    before = studio_cpu(path.pid)
+    for _ in range(n // at_once):
+        await asyncio.gather(*(one_request(path) for _ in range(at_once)))
+    return (studio_cpu(path.pid) - before) / (n // at_once * at_once) * 1000
 
 
 async def warm_up(paths: list[Route]) -> None:
@@ -426,13 +528,14 @@ async def run_once(
 ) -> dict[tuple[int, str], Row]:
     rows: dict[tuple[int, str], Row] = {}
     for concurrency in streams:
-        samples = {p.name: Samples() for p in paths}
+        here = [p for p in paths if not p.only or concurrency in p.only]
+        samples = {p.name: Samples() for p in here}
         for i in range(rounds.get(concurrency, 2)):
-            order = paths if i % 2 == 0 else paths[::-1]  # interleaved both ways so drift hits every path alike
+            order = here if i % 2 == 0 else here[::-1]  # interleaved both ways so drift hits every path alike
             for p in order:
                 await round_of(p, samples[p.name], concurrency, tokens)
         print(f"  {concurrency} streams done, load {psutil.getloadavg()[0]:.1f}", file=sys.stderr)
-        for p in paths:
+        for p in here:
             s = samples[p.name]
             row = Row(
                 pct([x.ttft for x in s.streams], 0.5) * 1000,
@@ -463,6 +566,8 @@ def report(
     )
     for c in streams:
         for p in paths:
+            if p.only and c not in p.only:
+                continue
             line = (
                 f"{c:>7} {p.name:>14} {med(c, p.name, 'ttft_p50'):9.2f} {med(c, p.name, 'ttft_p90'):9.2f} "
                 f"{med(c, p.name, 'tps'):7.2f} |"
@@ -495,6 +600,9 @@ def main() -> int:
         help="a stand-in streams in llama-server's place (the relay alone); adds the floor paths",
     )
     parser.add_argument("--stand-in-tps", type=float, default=50.0, help="the stand-in's tokens/s per stream")
+    parser.add_argument(
+        "--requests", type=int, default=256, help="one-token requests for the CPU per request (0: leave it out)"
+    )
     args = parser.parse_args()
     streams = [int(s) for s in args.streams.split(",")]
     if max(streams) > N_PARALLEL:
@@ -502,16 +610,16 @@ def main() -> int:
     rounds = dict(zip(streams, (int(r) for r in args.rounds.split(",")), strict=False)) if args.rounds else ROUNDS
     spawn = multiprocessing.get_context("spawn")
     port, helpers = free_port(), []
-    stand_in = floor = floor_c = None
+    stand_in = floor = floor_c = ollama_port = None
     relay_c: subprocess.Popen[bytes] | None = None
     if args.stand_in:
-        stand_in, floor, floor_c = free_port(), free_port(), free_port()
+        stand_in, floor, floor_c, ollama_port = free_port(), free_port(), free_port(), free_port()
         helpers = [
             spawn.Process(target=stand_in_llama_server, args=(stand_in, args.stand_in_tps), daemon=True),
             spawn.Process(target=floor_relay, args=(floor, stand_in), daemon=True),
         ]
     ours, theirs = multiprocessing.Pipe()
-    service = spawn.Process(target=serve, args=(port, theirs, stand_in), daemon=True)
+    service = spawn.Process(target=serve, args=(port, theirs, stand_in, ollama_port), daemon=True)
     for process in (*helpers, service):
         process.start()
     try:
@@ -542,6 +650,26 @@ def main() -> int:
                 Route("studio /api", port, "/api/chat", {}, {}, GUI_TOKEN, True, service.pid),
             ]
             baseline_of["studio /api"] = "direct+usage"
+        if ollama_port is not None:  # the other dialects' routes, at the fan-out that matters most
+            fan_out = (max(streams),)
+            ollama_options: dict[str, object] = {"options": {"num_predict": args.tokens}}
+            paths += [
+                Route("direct msgs", up_port, "/v1/messages", auth, {}, ANTHROPIC_TOKEN, False, service.pid, fan_out),
+                Route("studio msgs", port, "/v1/messages", {}, {}, ANTHROPIC_TOKEN, True, service.pid, fan_out),
+                Route(
+                    "studio ollama",
+                    ollama_port,
+                    "/api/chat",
+                    {},
+                    ollama_options,
+                    OLLAMA_TOKEN,
+                    True,
+                    service.pid,
+                    fan_out,
+                    OLLAMA_CHUNK,
+                ),
+            ]
+            baseline_of |= {"studio msgs": "direct msgs", "studio ollama": "direct" if args.no_gui else "direct+usage"}
         what = f"stand-in at {args.stand_in_tps:g} tokens/s per stream" if args.stand_in else f"model {name}"
         print(
             f"{what}, {N_PARALLEL} slots, {args.tokens} tokens per stream, streams {args.streams}, "
@@ -564,6 +692,11 @@ def main() -> int:
             if args.runs > 1:
                 print(f"run {i + 1}/{args.runs} done, load {psutil.getloadavg()[0]:.1f}", file=sys.stderr)
         report(runs, paths, baseline_of, streams)
+        if args.requests:
+            at_once = 8
+            measured = [p for p in paths if p.name in ("studio /v1", "floor py", "studio msgs")]
+            figures = [f"{p.name} {asyncio.run(cpu_per_request(p, args.requests, at_once)):.2f}" for p in measured]
+            print(f"CPU per request (ms, {args.requests} one-token streams, {at_once} at a time): {', '.join(figures)}")
     finally:
         for process in (service, *helpers):  # SIGTERM: uvicorn shuts down and the app stops llama-server
             process.terminate()

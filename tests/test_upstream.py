@@ -229,6 +229,20 @@ def test_the_request_after_a_stream_goes_out_on_a_connection_opened_before_it():
     run(main())
 
 
+def test_after_a_fan_out_of_streams_as_many_requests_start_on_spare_connections():
+    """One spare made all but one of 8 simultaneous starts connect on the way to their first token."""
+
+    async def main() -> None:
+        async with serving(_streamed_then_closed) as (server, upstream):
+            for _ in range(2):
+                answers = await asyncio.gather(*(_post(upstream, server.url) for _ in range(3)))
+                assert answers == [(200, b"data: \n\n")] * 3
+                await asyncio.wait_for(_until(lambda: server.connections == len(server.served) + 3), 2)  # a spare each
+            assert sorted(server.served) == [1, 2, 3, 4, 5, 6]  # the second three came on the spares
+
+    run(main())
+
+
 def test_a_spare_connection_the_server_dropped_is_retried_on_a_new_one():
     async def main() -> None:
         async with serving(_streamed_then_closed, idle_timeout=0.05) as (server, upstream):

@@ -73,14 +73,18 @@ class LoopbackTransport(httpx.AsyncBaseTransport):
 
     Since llama-server closes the connection after every streamed answer, each
     chat request would open a new one on its way to the first token (about
-    0.8 ms of wall time on the 2-core test machine). So when a ``POST``'s
-    connection is closed rather than pooled, one spare connection to the same
-    server is opened in the background, and the next request starts on it.
-    Before the server's keep-alive timeout would drop it, an unused spare is
-    replaced by a new one for ``SPARE_WINDOW`` seconds after the last such
-    answer, then let go, so an idle studio keeps no connection open. One the
-    server dropped anyway is retried once on a new connection, as for any
-    idle connection.
+    0.8 ms of wall time on the 2-core test machine). So each ``POST``'s
+    connection that is closed rather than pooled is replaced by a spare
+    connection to the same server, opened in the background, and the next
+    request starts on one: after a fan-out of N streams the next N start at
+    once (with one spare, all but one of 8 simultaneous starts connected on
+    the way to their first token). Before the server's keep-alive timeout would
+    drop it, an unused spare is replaced by a new one for ``SPARE_WINDOW``
+    seconds after the last such answer, then let go, so an idle studio keeps
+    no connection open. b11434's HTTP thread pool grows for connections beyond
+    its fixed threads, so idle spares take no request's place. One the server
+    dropped anyway is retried once on a new connection, as for any idle
+    connection.
 
     Idle connections are kept per server, so models taking turns each keep
     theirs; a request takes only one to its own server.
@@ -94,7 +98,7 @@ class LoopbackTransport(httpx.AsyncBaseTransport):
         self._slots = asyncio.Semaphore(max_connections)
         self._max_idle = max_connections
         self._idle: dict[tuple[str, int], list[_Connection]] = {}  # per server, oldest first
-        self._spares: dict[tuple[str, int], asyncio.Task[_Connection]] = {}
+        self._spares: dict[tuple[str, int], list[asyncio.Task[_Connection]]] = {}  # per server, oldest first
         self._spare_until: dict[tuple[str, int], float] = {}  # per server: when its spares stop being renewed
         self._renewals: set[asyncio.TimerHandle] = set()
 
@@ -199,13 +203,15 @@ class LoopbackTransport(httpx.AsyncBaseTransport):
         return sum(map(len, self._idle.values()))
 
     async def _take_spare(self, origin: tuple[str, int]) -> _Connection | None:
-        """The spare connection to ``origin`` if there is one and it is still fresh.
+        """A spare connection to ``origin`` if there is one and it is still fresh: an open one first.
 
         One still connecting is waited for: it is nearer done than a new one would be.
         """
-        opening = self._spares.pop(origin, None)
-        if opening is None:
+        spares = self._spares.get(origin)
+        if not spares:
             return None
+        opening = next((task for task in spares if task.done()), spares[0])
+        self._forget_spare(origin, opening)
         try:
             conn = await asyncio.shield(opening)
         except asyncio.CancelledError:
@@ -222,11 +228,12 @@ class LoopbackTransport(httpx.AsyncBaseTransport):
         return None
 
     def _open_spare(self, origin: tuple[str, int], connect_timeout: float | None) -> None:
-        """Start opening a spare connection to ``origin`` unless one is open or on its way.
+        """Start opening one more spare connection to ``origin``, up to ``max_connections`` of them.
 
         One that cannot be made (the server is gone: an unloaded model's) is forgotten at once.
         """
-        if origin in self._spares:
+        spares = self._spares.setdefault(origin, [])
+        if len(spares) >= self._max_idle:
             return
         loop = asyncio.get_running_loop()
 
@@ -247,20 +254,29 @@ class LoopbackTransport(httpx.AsyncBaseTransport):
 
         def failed(done: asyncio.Task[_Connection]) -> None:
             # No error: the next request connects itself, and says why if it cannot.
-            if _made(done) is None and self._spares.get(origin) is done:
-                del self._spares[origin]
+            if _made(done) is None:
+                self._forget_spare(origin, done)
 
         task = asyncio.ensure_future(opened())
         task.add_done_callback(failed)
-        self._spares[origin] = task
+        spares.append(task)
+
+    def _forget_spare(self, origin: tuple[str, int], opening: asyncio.Task[_Connection]) -> bool:
+        """Drop ``opening`` from ``origin``'s spares; return whether it was one (not yet taken or dropped)."""
+        spares = self._spares.get(origin)
+        if spares is None or opening not in spares:
+            return False
+        spares.remove(opening)
+        if not spares:
+            del self._spares[origin]
+        return True
 
     def _renew_spare(
         self, origin: tuple[str, int], opening: asyncio.Task[_Connection], connect_timeout: float | None
     ) -> None:
         """An unused spare is near the server's keep-alive timeout: replace it within the window, else let it go."""
-        if self._spares.get(origin) is not opening:
+        if not self._forget_spare(origin, opening):
             return  # taken by a request, or dropped
-        del self._spares[origin]
         _close_if_made(opening)
         if time.monotonic() < self._spare_until.get(origin, 0.0):
             self._open_spare(origin, connect_timeout)
@@ -291,10 +307,11 @@ class LoopbackTransport(httpx.AsyncBaseTransport):
             renewal.cancel()
         self._renewals.clear()
         self._spare_until.clear()
-        spares, self._spares = self._spares, {}
-        for opening in spares.values():
+        spares = [opening for openings in self._spares.values() for opening in openings]
+        self._spares = {}
+        for opening in spares:
             opening.cancel()
-        for result in await asyncio.gather(*spares.values(), return_exceptions=True):
+        for result in await asyncio.gather(*spares, return_exceptions=True):
             if isinstance(result, _Connection):
                 result.close()
 
