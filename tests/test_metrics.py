@@ -101,7 +101,7 @@ def test_routes_are_labelled_by_template_and_unknown_paths_as_other(manager):
         got[
             (
                 "ggstudio_http_requests_total",
-                (("listener", "studio"), ("route", "/api/models/{name}"), ("status", "404")),
+                (("listener", "studio"), ("route", "/api/models/{name:path}"), ("status", "404")),
             )
         ]
         == 1

@@ -288,7 +288,7 @@ class StatusCollector(Collector):
 class RequestMetrics:
     """Pure ASGI middleware: count each HTTP request by route and status, and time it to its last byte.
 
-    The route is the matched route's template (``/api/models/{name}``), a path in ``known``
+    The route is the matched route's template (``/api/models/{name:path}``), a path in ``known``
     (routes served ahead of the router), or ``other``, so unknown paths cannot grow the label set.
     """
 
