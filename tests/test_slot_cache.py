@@ -113,6 +113,48 @@ def test_an_evicted_conversation_continues_warm_with_the_same_greedy_answer(tmp_
         assert again["timings"]["cache_n"] >= 0.9 * conversation
 
 
+def _anthropic_turn(base: str, messages: list[dict]) -> tuple[str, int, int]:
+    body = {"model": "smollm", "messages": messages, "max_tokens": 12, "temperature": 0}
+    resp = httpx.post(f"{base}/v1/messages", json=body, timeout=120)
+    assert resp.status_code == 200, resp.text
+    data = resp.json()
+    usage = data["usage"]
+    return data["content"][0]["text"], usage["input_tokens"], usage["cache_read_input_tokens"]
+
+
+def _responses_turn(base: str, messages: list[dict]) -> tuple[str, int, int]:
+    items = [
+        {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": m["content"]}]}
+        if m["role"] == "assistant"
+        else m
+        for m in messages
+    ]
+    body = {"model": "smollm", "input": items, "max_output_tokens": 12, "temperature": 0}
+    resp = httpx.post(f"{base}/v1/responses", json=body, timeout=120)
+    assert resp.status_code == 200, resp.text
+    data = resp.json()
+    text = "".join(c["text"] for o in data["output"] if o["type"] == "message" for c in o["content"])
+    cached = data["usage"]["input_tokens_details"]["cached_tokens"]
+    return text, data["usage"]["input_tokens"] - cached, cached
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("turn", [_anthropic_turn, _responses_turn], ids=["anthropic", "responses"])
+def test_an_evicted_conversation_on_the_anthropic_and_responses_routes_continues_warm(
+    tmp_path, llama_server_bin, smollm_model, turn
+):
+    """Only the OpenAI chat route looked for a saved slot: an Anthropic or Responses conversation came back cold
+    after an eviction, its whole history processed again."""
+    running, cache = studio(tmp_path, llama_server_bin, smollm_model)
+    with running as s:
+        answer, _, _ = turn(s.url, TURN1)
+        unload(s.url)  # evicted: its slot is saved
+        assert len(list(cache.root.glob("*/*.bin"))) == 1, "no slot was saved before the unload"
+        turn2 = [*TURN1, {"role": "assistant", "content": answer}, {"role": "user", "content": "And the cat's name?"}]
+        _, processed, cached = turn(s.url, turn2)
+        assert processed <= 0.1 * (processed + cached), (processed, cached)
+
+
 @pytest.mark.slow
 def test_a_stored_conversation_resumed_on_the_page_after_an_eviction_restores_its_slot(
     tmp_path, llama_server_bin, smollm_model

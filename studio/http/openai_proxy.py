@@ -75,6 +75,7 @@ from studio.chat.reasoning import reasoning_request, with_prompt_flag
 from studio.chat.tool_healing import heal_completion
 from studio.chat.tool_schema import check_tool_fields, tool_parameters
 from studio.chat.tool_stream import HealingRelay
+from studio.dialects.chat_shape import chat_body
 from studio.errors import BadRequestError, RouteRefusedError, UpstreamError
 from studio.http.errors import Dialect, ErrorAnswer, describe, reshape_upstream, stream_error_event
 from studio.http.load_wait import answer_when_loaded
@@ -191,6 +192,10 @@ async def _answer(
         body["model"] = loaded.name
         if chat:
             await _manager(request).warm(loaded, body)  # a conversation saved before an eviction comes back warm
+        elif route.generates and (as_chat := chat_body(route.upstream, body)) is not None:
+            await _manager(request).warm(
+                loaded, as_chat
+            )  # an Anthropic or Responses one too, rendered as llama-server does
         tools = tool_parameters(body) if chat and body.get("tool_choice") != "none" else {}
     if body is None or not body.get("stream"):  # a GET, a form, or a whole answer
         return await answer_unless_client_leaves(
