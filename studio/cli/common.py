@@ -293,17 +293,9 @@ def call_studio(
     """Call a running studio and return its JSON answer; errors become ``CommandError`` with an exit code."""
     import httpx
 
-    settings = studio_settings()
-    base = studio_url(url, settings)
-    headers = {"Authorization": f"Bearer {settings.api_token}"} if settings.api_token else {}
-    try:
+    base, headers = _studio_base(url)
+    with _reaching(base, path):
         resp = httpx.request(method, base + path, json=body, headers=headers, timeout=httpx.Timeout(timeout, connect=5))
-    except (httpx.ConnectError, httpx.ConnectTimeout) as exc:
-        raise CommandError(
-            f"no GGUF Studio is running at {base} (start one with `ggstudio serve`, or pass --url)"
-        ) from exc
-    except (httpx.HTTPError, httpx.InvalidURL) as exc:
-        raise CommandError(f"the studio at {base} did not answer {path}: {exc or type(exc).__name__}") from exc
     if resp.status_code >= 400:
         raise answered_error(resp.status_code, resp.content, base)
     try:
@@ -318,16 +310,32 @@ def stream_studio_events(url: str | None, path: str) -> Iterator[dict[str, Any]]
 
     import httpx
 
+    base, headers = _studio_base(url)
+    with (
+        _reaching(base, path),
+        httpx.stream("GET", base + path, headers=headers, timeout=httpx.Timeout(None, connect=5)) as resp,
+    ):
+        if resp.status_code >= 400:
+            raise answered_error(resp.status_code, resp.read(), base)
+        for line in resp.iter_lines():
+            if line.startswith("data: "):
+                yield json.loads(line[6:])
+
+
+def _studio_base(url: str | None) -> tuple[str, dict[str, str]]:
+    """The running studio's address (``--url``, its discovery file, the config) and the headers its API takes."""
     settings = studio_settings()
-    base = studio_url(url, settings)
     headers = {"Authorization": f"Bearer {settings.api_token}"} if settings.api_token else {}
+    return studio_url(url, settings), headers
+
+
+@contextmanager
+def _reaching(base: str, path: str) -> Iterator[None]:
+    """Turn a failure to reach the studio at ``base`` (or to hear its answer to ``path``) into a ``CommandError``."""
+    import httpx
+
     try:
-        with httpx.stream("GET", base + path, headers=headers, timeout=httpx.Timeout(None, connect=5)) as resp:
-            if resp.status_code >= 400:
-                raise answered_error(resp.status_code, resp.read(), base)
-            for line in resp.iter_lines():
-                if line.startswith("data: "):
-                    yield json.loads(line[6:])
+        yield
     except (httpx.ConnectError, httpx.ConnectTimeout) as exc:
         raise CommandError(
             f"no GGUF Studio is running at {base} (start one with `ggstudio serve`, or pass --url)"
