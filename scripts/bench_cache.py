@@ -202,6 +202,8 @@ def chat(url: str, model: str, messages: list[dict[str, str]], max_tokens: int =
             if not line.startswith("data: ") or line == "data: [DONE]":
                 continue
             data = json.loads(line[6:])
+            if "error" in data:  # after the headers (a load that failed while the stream waited): not a turn
+                raise RuntimeError(f"{model} answered with an error: {data['error']}")
             for choice in data.get("choices") or []:
                 piece = (choice.get("delta") or {}).get("content")
                 if piece:
@@ -210,6 +212,8 @@ def chat(url: str, model: str, messages: list[dict[str, str]], max_tokens: int =
             if "timings" in data:
                 prompt_n = int(data["timings"].get("prompt_n", -1))
     end = time.perf_counter()
+    if prompt_n < 0:  # a stream cut short counted as a turn made a table of nonsense (a "-1-token conversation")
+        raise RuntimeError(f"{model}'s stream ended without its timings: {''.join(text)[:200]!r}")
     return "".join(text), (first or end) - began, prompt_n, end - began
 
 
