@@ -8,14 +8,18 @@ launch inherits, so other test runs on the machine do not count).
 
 from __future__ import annotations
 
+import atexit
+import functools
 import json
 import os
 import pty
 import re
 import select
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 import uuid
 from pathlib import Path
@@ -23,6 +27,7 @@ from pathlib import Path
 import psutil
 import pytest
 
+from studio.settings import Settings
 from tests.helpers import free_port, wait_for
 
 CLI = str(Path(sys.executable).parent / "ggstudio")
@@ -32,10 +37,34 @@ SMOL = "SmolLM2-135M-Instruct.Q4_1"
 GEMMA = "gemma-3-270m-Q4_K_M"
 
 
+#: What the test run's studio home borrows from the real one: what takes minutes to make (the pinned build,
+#: the models, the zoo) and the probe cache. Not the discovery file, lock, logs or history.
+BORROWED = ("llama.cpp", "models", "zoo", "cache")
+
+
+@functools.cache
+def run_home() -> Path:
+    """The studio home of this test run's CLI launches: a folder of its own with the real home's build and models
+    linked in.
+
+    Not the real home itself: a studio someone runs there (a benchmark, a GUI) is found through its discovery file
+    by ``run``, ``ps`` and ``serve``, which would then talk to it, or refuse to start, instead of the test's own.
+    """
+    real = Settings.from_env().home
+    home = Path(tempfile.mkdtemp(prefix="ggstudio-test-home-"))
+    atexit.register(shutil.rmtree, home, ignore_errors=True)  # unlinks the links; never follows them
+    for name in BORROWED:
+        (real / name).mkdir(parents=True, exist_ok=True)
+        (home / name).symlink_to(real / name, target_is_directory=True)
+    return home
+
+
 def tagged_env(**extra: str) -> dict[str, str]:
-    """The environment for one CLI launch, tagged so its llama-servers can be found even once orphaned."""
+    """The environment for one CLI launch, tagged so its llama-servers can be found even once orphaned, in the
+    test run's own studio home unless ``extra`` names one."""
     env = {k: v for k, v in os.environ.items() if k not in ("GGUF_STUDIO_API_TOKEN", "GGUF_STUDIO_LOG_JSON")}
-    return {**env, TAG: uuid.uuid4().hex, "NO_COLOR": "1", **extra}
+    home = {} if "GGUF_STUDIO_HOME" in extra else {"GGUF_STUDIO_HOME": str(run_home())}
+    return {**env, TAG: uuid.uuid4().hex, "NO_COLOR": "1", **home, **extra}
 
 
 def llama_servers(env: dict[str, str]) -> list[psutil.Process]:
