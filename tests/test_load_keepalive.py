@@ -27,7 +27,7 @@ from launcher.capabilities import probe
 from launcher.registry import ChildRegistry
 from launcher.supervisor import owner_token
 from studio.http.app import create_app
-from studio.http.load_wait import loading_comment
+from studio.http.load_wait import loading_comment, reading_comment
 from studio.http.ollama_app import create_ollama_app
 from studio.http.server import Listeners
 from studio.library.catalog import Catalog
@@ -40,7 +40,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.shared_processes]
 #: Seconds the stand-in holds each start back before the real llama-server begins its own load.
 DELAY = 4.0
 HI = [{"role": "user", "content": "Say hi."}]
-COMMENT = re.compile(r"^: loading smol( \d+%)?$")
+COMMENT = re.compile(r"^: (loading smol( \d+%)?|smol is reading the prompt)$")
 
 #: Runs the real llama-server, after ``DELAY`` s unless it is asked what it is; a start whose argv names
 #: the ``broken`` model exits with an error after the delay, as a corrupt model found late would.
@@ -147,6 +147,8 @@ def assert_kept_company(timed: Timed, answer_begins: bytes) -> None:
     assert timed.headers_at - timed.sent < 2.0, "the headers came only with the answer"
     comments = timed.comments()
     assert len(comments) >= 2 and all(COMMENT.match(c) for c in comments), comments
+    reading = [c.endswith("reading the prompt") for c in comments]
+    assert reading == sorted(reading), comments  # once the model has the request, never "loading" again
     assert timed.longest_silence_before(answer_begins) <= 2.0, [
         (round(at - timed.sent, 2), piece[:40]) for at, piece in timed.pieces[:12]
     ]
@@ -246,3 +248,8 @@ def test_a_client_that_leaves_during_the_load_holds_nothing_once_the_model_is_re
 def test_the_loading_comment_names_the_share_loaded_when_known():
     assert loading_comment("smol", 0.456) == b": loading smol 46%\n\n"
     assert loading_comment("smol", None) == b": loading smol\n\n"
+
+
+def test_the_beat_after_the_load_says_the_prompt_is_being_read_not_loading():
+    assert reading_comment("smol") == b": smol is reading the prompt\n\n"
+    assert COMMENT.match(reading_comment("smol").decode().strip())

@@ -4,7 +4,8 @@ A load takes seconds to minutes; a client, or a proxy in between, with an idle t
 that sends nothing meanwhile, and a client that sees no response cannot tell a load from a hung server.
 A streamed request whose model is not ready within ``FIRST_BEAT`` seconds gets its ``200`` and headers
 then, and one keep-alive line at least every ``BEAT`` seconds until the answer begins: an SSE comment
-(``: loading SmolLM2 45%``, the share of the weights read when llama-server reports it) that SSE clients
+(``: loading SmolLM2 45%``, the share of the weights read when llama-server reports it; then
+``: SmolLM2 is reading the prompt`` until its first token) that SSE clients
 skip by the standard, or on Ollama's listener a chunk with empty content and ``done: false``, which
 Ollama's clients add to the answer as nothing (Ollama itself sends nothing while it loads). The first
 ``FIRST_BEAT`` seconds let the quick refusals (an unknown model, one that cannot fit) stay plain HTTP
@@ -42,6 +43,12 @@ def loading_comment(name: str, share: float | None) -> bytes:
     return f": loading {name}{f' {share:.0%}' if share is not None else ''}\n\n".encode()
 
 
+def reading_comment(name: str) -> bytes:
+    """The line once the model is loaded and has the request: llama-server answers nothing (not even its headers)
+    until its first token, so a long prompt would otherwise still read as ``loading``."""
+    return f": {name} is reading the prompt\n\n".encode()
+
+
 async def answer_when_loaded(
     manager: ModelManager,
     model: str | None,
@@ -57,7 +64,8 @@ async def answer_when_loaded(
     found = manager.acquire_now(model)
     if found is not None:
         return await _answer(found, answer)
-    task = asyncio.ensure_future(_loaded_then(manager, model, answer))
+    acquired: list[str] = []  # the model's name once the load is done and the request is on its way to it
+    task = asyncio.ensure_future(_loaded_then(manager, model, answer, acquired))
     try:
         done, _ = await asyncio.wait({task}, timeout=FIRST_BEAT)
     except BaseException:
@@ -67,7 +75,7 @@ async def answer_when_loaded(
         return task.result()  # ready or refused quickly: an ordinary answer, or an HTTP error
 
     def comment() -> bytes:
-        return loading_comment(*manager.load_progress(model))
+        return reading_comment(acquired[0]) if acquired else loading_comment(*manager.load_progress(model))
 
     return LoadWait(
         task,
@@ -79,8 +87,10 @@ async def answer_when_loaded(
     )
 
 
-async def _loaded_then(manager: ModelManager, model: str | None, answer: Answer) -> Response:
-    return await _answer(await manager.acquire(model), answer)
+async def _loaded_then(manager: ModelManager, model: str | None, answer: Answer, acquired: list[str]) -> Response:
+    found = await manager.acquire(model)
+    acquired.append(found[0].name)
+    return await _answer(found, answer)
 
 
 async def _answer(found: tuple[LoadedModel, Lease], answer: Answer) -> Response:
