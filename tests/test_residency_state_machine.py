@@ -14,7 +14,9 @@ and shutdown. After every step it checks:
 - every failed request or load failed with an error the API answers in its shape (no bug, no 500).
 
 ``test_the_manager_keeps_its_invariants_on_real_llama_servers`` runs a few sequences on the pinned
-llama-server itself, so the fake's timing is not the only one the rules meet.
+llama-server itself, so the fake's timing is not the only one the rules meet. There the slot cache is on
+too: every stop saves the slots, every chat is a real turn of its model's one growing conversation that
+restores a saved slot first, and the saved files stay within their disk budget.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ import signal
 from pathlib import Path
 from typing import Any
 
+import httpx
 import psutil
 import pytest
 from hypothesis import HealthCheck, settings
@@ -39,7 +42,8 @@ from studio.residency.lifecycle import HOLDS_MEMORY, ResidentState
 from studio.residency.manager import ModelManager, ResidencyEvent, supervisor_factory
 from studio.residency.placement import physical
 from studio.residency.requests import LoadRequest
-from studio.residency.resident import Lease, ResidentModel
+from studio.residency.resident import Lease, LoadedModel, ResidentModel
+from studio.residency.slot_cache import SlotCache
 from tests.fake_llama import FakeChildren, fake_children
 from tests.helpers import LoopThread
 from tests.manager_harness import ZOO, fake_manager, zoo_bill
@@ -48,6 +52,8 @@ pytestmark = pytest.mark.slow
 
 MODELS = st.sampled_from(ZOO)
 STEP_TIMEOUT = 20.0
+#: The slot cache's disk budget on real llama-servers: two or three zoo slot files (80-170 KiB), so it prunes.
+SLOT_DISK = 256 << 10
 
 
 class ManagerMachine(RuleBasedStateMachine):
@@ -61,6 +67,7 @@ class ManagerMachine(RuleBasedStateMachine):
     real_binary: Path | None = None  # set: real llama-servers instead of fakes
     steps = 0
     sequences = 0
+    restored = 0  # chats that continued a slot saved before their model's eviction (real llama-servers)
 
     @initialize()
     def start(self) -> None:
@@ -73,6 +80,7 @@ class ManagerMachine(RuleBasedStateMachine):
         self.pinned: set[str] = set()
         self.background: list[asyncio.Future[Any]] = []
         self.violations: list[str] = []
+        self.conversations: dict[str, list[dict[str, str]]] = {}
         self.manager = self._new_manager()
 
     def _new_manager(self) -> ModelManager:
@@ -101,6 +109,7 @@ class ManagerMachine(RuleBasedStateMachine):
                     residency=ResidencySettings(
                         memory_budget=MemoryBudget(total=self.budget), busy_wait=0.5, unload_grace=0.2
                     ),
+                    slot_cache=SlotCache(self.root / "slots", binary=self.real_binary, disk_budget=SLOT_DISK),
                 )
             manager.listeners.append(self._on_event)
             return manager
@@ -190,14 +199,36 @@ class ManagerMachine(RuleBasedStateMachine):
     def chat(self, model: str) -> None:
         async def go() -> None:
             try:
-                _, lease = await self.manager.acquire(model)
+                loaded, lease = await self.manager.acquire(model)
             except Exception as exc:
                 self._failed_as_the_api_answers(exc, f"chat to {model}")
                 return
-            await asyncio.sleep(0)
-            await lease()
+            try:
+                if self.real_binary is not None:
+                    await self._real_chat(loaded)
+                else:
+                    await asyncio.sleep(0)
+            finally:
+                await lease()
 
         self._run(go())
+
+    async def _real_chat(self, loaded: LoadedModel) -> None:
+        """One turn of the model's one conversation, as the chat route runs it: restore a saved slot, then chat.
+
+        The conversation grows a turn each time, so a model evicted meanwhile comes back to a saved slot it
+        continues. A llama-server that dies under the chat (the crash rule) is the fault, not a bug."""
+        turns = self.conversations.setdefault(loaded.name, [])
+        turns.append({"role": "user", "content": f"Turn {len(turns)} of a chat about {loaded.name}. " * 4})
+        body = {"messages": turns, "max_tokens": 1, "temperature": 0}
+        if await self.manager.warm(loaded, body):
+            type(self).restored += 1
+        try:
+            async with httpx.AsyncClient(base_url=loaded.url, headers=loaded.auth_headers, timeout=15) as client:
+                (await client.post("/v1/chat/completions", json=body)).raise_for_status()
+        except httpx.TransportError:
+            pass
+        turns.append({"role": "assistant", "content": "ok"})
 
     @rule(model=MODELS)
     def stream(self, model: str) -> None:
@@ -314,6 +345,11 @@ class ManagerMachine(RuleBasedStateMachine):
         assert held <= self.budget, f"{held} bytes resident under a budget of {self.budget}"
 
     @invariant()
+    def the_saved_slots_fit_their_disk_budget(self) -> None:
+        files = list((self.root / "slots").glob("*/*.bin"))
+        assert sum(f.stat().st_size for f in files if f.exists()) <= SLOT_DISK, [f.name for f in files]
+
+    @invariant()
     def no_request_held_once_every_request_ended(self) -> None:
         if self.leases or self.background:
             return
@@ -358,7 +394,7 @@ def _configure(loop: LoopThread, root: Path, caps: Capabilities, zoo_dir: Path, 
     ManagerMachine.models = models
     ManagerMachine.bill = max(zoo_bill(caps, p) for p in models.values())
     ManagerMachine.real_binary = real_binary
-    ManagerMachine.steps = ManagerMachine.sequences = 0
+    ManagerMachine.steps = ManagerMachine.sequences = ManagerMachine.restored = 0
 
 
 def test_the_manager_keeps_its_invariants(loop, tmp_path, real, zoo_dir, capsys):
@@ -379,17 +415,21 @@ def test_the_manager_keeps_its_invariants(loop, tmp_path, real, zoo_dir, capsys)
     assert ManagerMachine.steps >= 500
 
 
-def test_the_manager_keeps_its_invariants_on_real_llama_servers(loop, tmp_path, real, zoo_dir, llama_server_bin):
+def test_the_manager_keeps_its_invariants_on_real_llama_servers(
+    loop, tmp_path, real, zoo_dir, llama_server_bin, capsys
+):
     """A few short sequences on the pinned llama-server with zoo models: real starts, stops and crashes."""
     _configure(loop, tmp_path, real, zoo_dir, llama_server_bin)
     run = ManagerMachine.TestCase
     run.settings = settings(
-        max_examples=3,
-        stateful_step_count=12,
+        max_examples=6,
+        stateful_step_count=20,
         derandomize=True,
         deadline=None,
         suppress_health_check=list(HealthCheck),
         database=None,
     )
     run().runTest()
+    with capsys.disabled():
+        print(f"\nreal llama-servers: {ManagerMachine.steps} steps, {ManagerMachine.restored} saved slots restored")
     assert ManagerMachine.steps >= 10

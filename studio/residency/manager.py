@@ -837,10 +837,10 @@ class ModelManager:
             for listener in self.listeners:
                 listener(event)
 
-    async def warm(self, loaded: LoadedModel, body: Mapping[str, Any]) -> None:
-        """Before a chat runs: restore the saved slot its prompt continues, if any (``studio.residency.slot_cache``)."""
-        if self.slot_cache is not None:
-            await self.slot_cache.warm(loaded, body)
+    async def warm(self, loaded: LoadedModel, body: Mapping[str, Any]) -> int:
+        """Before a chat runs: restore the saved slot its prompt continues, if any (``studio.residency.slot_cache``);
+        return the tokens restored (0: none)."""
+        return await self.slot_cache.warm(loaded, body) if self.slot_cache is not None else 0
 
     # -- unload, lifetime ----------------------------------------------------------------------
     async def unload(self, model: str | None = None, *, grace: float | None = None) -> None:
