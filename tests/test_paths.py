@@ -7,6 +7,9 @@ anything is read. That difference is what the app-level tests look at.
 
 from __future__ import annotations
 
+import time
+from concurrent.futures import ThreadPoolExecutor
+
 import pytest
 from fastapi.testclient import TestClient
 
@@ -223,3 +226,40 @@ def test_allowed_extra_args_and_allow_any_path_go_on(client, disk, catalog):
     resp = client.post("/api/plan", json={"model": mine, "extra_args": args})
     assert resp.status_code == 400 and "not a GGUF file" in resp.json()["error"]["message"]  # on to the manager
     PathPolicy.for_catalog(catalog, allow_any=True).check_extra_args(["--lora", "/x.gguf", "--future-flag"])
+
+
+class SlowPolicy(PathPolicy):
+    """The path rule on a slow file system (a network mount): each check takes a while; the checks are counted."""
+
+    calls: list[str] = []
+
+    def check(self, model, catalog):
+        type(self).calls.append(model)
+        time.sleep(0.3)
+        super().check(model, catalog)
+
+
+def test_a_fan_out_to_a_model_that_is_not_resident_checks_its_path_once_not_once_per_request(
+    llama_server_bin, disk, catalog
+):
+    """32 simultaneous requests for a model that was not resident each started a thread for the same check."""
+    manager = ModelManager(
+        catalog=catalog,
+        binary=llama_server_bin,
+        make_supervisor=supervisor_factory(disk / "logs", ChildRegistry(disk / "run", owner_token())),
+        caps=probe(llama_server_bin, cache_dir=disk / "cache"),
+    )
+    SlowPolicy.calls = []
+    policy = SlowPolicy(PathPolicy.for_catalog(catalog, home=disk / "home").roots)
+    stray = str(disk / "outside/stray.gguf")
+    chat = {"messages": [{"role": "user", "content": "x"}]}
+    with TestClient(create_app(manager, paths=policy), base_url="http://127.0.0.1:8080") as client:
+
+        def ask(model: str) -> int:
+            return client.post("/v1/chat/completions", json={"model": model, **chat}).status_code
+
+        with ThreadPoolExecutor(16) as pool:
+            answers = list(pool.map(ask, [stray] * 16 + ["no-such-model"] * 16))
+    assert answers == [403] * 16 + [404] * 16  # every request still gets its own answer
+    assert sorted(set(SlowPolicy.calls)) == sorted({stray, "no-such-model"})
+    assert len(SlowPolicy.calls) <= 4, SlowPolicy.calls  # 32 before; a request arriving after a check ended checks anew

@@ -106,6 +106,7 @@ def create_app(
 
     app = FastAPI(title="GGUF Studio", version=__version__, lifespan=lifespan)
     app.state.paths = paths or PathPolicy.for_catalog(manager.catalog)
+    app.state.path_checks = {}  # model -> its path check in flight (``studio.http.model_paths``)
     app.state.manager = manager
     app.state.history = history
     app.state.hub_headers = hub_headers or header_cache(studio_home())
