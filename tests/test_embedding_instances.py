@@ -198,6 +198,23 @@ def test_the_embedding_instance_is_listed_and_billed_as_its_own_resident(studio)
     assert set(_instances(url)) == {SMOL}
 
 
+def test_ollama_keep_alive_0_unloads_the_embedding_instance_alone(studio):
+    url, ollama_url, _ = studio
+    chat_pid = _instances(url)[SMOL]["pid"]
+    with ollama.Client(host=ollama_url, timeout=180) as client:
+        assert len(client.embed(model=SMOL, input="x", keep_alive=0).embeddings[0]) == WIDTH
+    wait_for(lambda: EMBEDDING not in _instances(url), timeout=30, what="the embedding instance to unload")
+    assert _instances(url)[SMOL]["pid"] == chat_pid
+
+
+def test_an_embeddings_request_for_an_unknown_model_is_a_404_in_openais_shape(studio):
+    url, _, _ = studio
+    missing = httpx.post(f"{url}/v1/embeddings", json={"model": "no-such-model", "input": "x"}, timeout=30)
+    assert missing.status_code == 404 and set(missing.json()["error"]) >= {"message", "type", "code"}
+    named = httpx.post(f"{url}/v1/embeddings", json={"model": "no-such-model (embeddings)", "input": "x"}, timeout=30)
+    assert named.status_code == 404 and "no-such-model" in named.json()["error"]["message"]
+
+
 def test_a_model_loaded_with_embeddings_embeds_with_its_own_instance(llama_server_bin, settings, tmp_path):
     smol = ensure_default_model(settings.models_dir)
     with _studio(tmp_path, smol, llama_server_bin) as (url, _, _):
