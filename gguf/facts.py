@@ -156,6 +156,9 @@ class ModelFacts:
     hyper_connections: int = 1
     # rotary dims per head of full-attention layers (llama.cpp n_rot: rope.dimension_count, else the K head size)
     rope_dimension_count: int = 0
+    # how the file asks its embeddings pooled (``<arch>.pooling_type``, llama.cpp's llama_pooling_type: 0 none,
+    # 1 mean, 2 cls, 3 last, 4 rank); -1: it does not say, as a chat model's file usually does not
+    pooling_type: int = -1
 
     # -- derived ------------------------------------------------------------
     @property

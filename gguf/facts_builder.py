@@ -213,6 +213,7 @@ def _model_facts(model: ParsedModel, hf_config: Mapping[str, Any] | None) -> Mod
         compress_ratios=tuple(hp.compress_ratios),
         hyper_connections=max(meta.u32("hyper_connection.count", 1), 1),
         rope_dimension_count=meta.u32("rope.dimension_count", hp.n_embd_head_k) if any(hp.n_head) else 0,
+        pooling_type=meta.u32("pooling_type", -1),
     )
     check_shapes(facts, tensors, md, path)
     return facts

@@ -31,6 +31,7 @@ from launcher.capabilities import Capabilities
 from launcher.chat_templates import is_builtin_template, renders_with_jinja
 from launcher.devices import usable_cores
 from launcher.errors import LoadError
+from launcher.planner import EMBEDDING_FLAGS
 from launcher.rpc import RpcWorkers, explain_failure
 from launcher.supervisor import ExitExplanation, LaunchSpec
 
@@ -310,6 +311,11 @@ def _add_flags(out: _Argv, plan: LaunchPlan, key: Secret, threads: int | None) -
         request.alias or plan.model.path.name.removesuffix(".gguf"),
         why="clients see the file path as the model name",
     )
+    if plan.request.embeddings and not EMBEDDING_FLAGS.intersection(plan.extra_args):
+        out.add(("--embeddings", "--embedding"), why="the embedding instance cannot embed")
+    if plan.pooling is not None:  # the extra flags' own --pooling wins
+        if "--pooling" not in plan.extra_args:
+            out.add(("--pooling",), plan.pooling, why="embeddings are pooled as the model's file says")
     out.argv += [*plan.spec.argv, *plan.extra_args]
 
 

@@ -43,6 +43,7 @@ class ContextShape:
     flash_attn: bool
     n_outputs_max: int  # logits rows one batch may ask for: n_seq x (1 + drafted tokens), at most n_batch
     n_rs_seq: int = 0  # recurrent-state rollback snapshots per slot (``rollback_snapshots``)
+    embeddings: bool = False  # the outputs carry an embedding row beside the logits (``--embeddings``)
 
     @property
     def n_stream(self) -> int:
@@ -80,9 +81,11 @@ def context_shape(facts: ModelFacts, options: MemoryOptions) -> ContextShape:
         n_ctx_seq = slot_context(n_ctx, n_seq)
         n_ctx = n_ctx_seq * n_seq
     n_batch = min(n_ctx, options.n_batch)
+    if options.embeddings:  # server.cpp: an input is embedded in one ubatch, so n_batch = n_ubatch
+        n_batch = min(n_batch, options.n_ubatch)
     n_ubatch = min(n_batch, options.n_ubatch)
-    # server_output_limits: one output per slot, plus one per drafted token when speculating
-    n_outputs_max = min(n_batch, n_seq * (1 + max(options.spec_n_max, 0)))
+    # server_output_limits: one output per slot, plus one per drafted token when speculating; embedding, every token
+    n_outputs_max = n_batch if options.embeddings else min(n_batch, n_seq * (1 + max(options.spec_n_max, 0)))
     return ContextShape(
         n_seq=n_seq,
         unified=unified,
@@ -93,6 +96,7 @@ def context_shape(facts: ModelFacts, options: MemoryOptions) -> ContextShape:
         flash_attn=flash_attn_enabled(facts, options),
         n_outputs_max=n_outputs_max,
         n_rs_seq=rollback_snapshots(facts, options),
+        embeddings=options.embeddings,
     )
 
 

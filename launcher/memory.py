@@ -328,13 +328,16 @@ def _recurrent(
 
 
 def _output_bytes(facts: ModelFacts, shape: ContextShape) -> tuple[int, int]:
-    """``output_reserve``: (f32 logits for one output per slot at start-up, the growth speculation adds).
+    """``output_reserve``: (f32 output rows for one output per slot at start-up, the growth a larger batch adds).
 
-    A speculative batch asks for a row per drafted token too, and llama.cpp
-    reallocates the output buffer for it on the first such batch.
+    A row is the logits, and with ``--embeddings`` the embedding too. A speculative batch asks for a row per
+    drafted token, an embedding batch for a row per token, and llama.cpp reallocates the output buffer for
+    them on the first such batch (measured on SmolLM2-135M with ``--embeddings``: 0.19 MiB at start, which a
+    481-token input grows by its (49152 + 576) x 481 floats).
     """
-    start = facts.vocab_size * shape.n_seq * 4
-    return start, facts.vocab_size * max(shape.n_seq, shape.n_outputs_max) * 4 - start
+    row = facts.vocab_size + (facts.embedding_length if shape.embeddings else 0)
+    start = row * shape.n_seq * 4
+    return start, row * max(shape.n_seq, shape.n_outputs_max) * 4 - start
 
 
 def for_file(model: GGUFFile, options: MemoryOptions = MemoryOptions()) -> MemoryOptions:

@@ -52,3 +52,4 @@ class MemoryOptions:
     mmproj_offload: bool = True  # False: ``--no-mmproj-offload``, the projector stays on the CPU
     spec: SpecMode = "none"  # "mtp": an MTP draft context runs beside the main one (drafts are ``spec_n_max``)
     spec_n_max: int = 0  # tokens drafted per slot and step; each needs its own logits row when verified
+    embeddings: bool = False  # --embeddings: a batch is one ubatch, and every one of its tokens is an output

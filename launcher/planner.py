@@ -40,6 +40,15 @@ Policy:
   A fully offloaded model keeps every core.
 - Flash attention: as requested, except off with a quantized cache (refused); else on when the cache
   type is quantized, llama-server's auto otherwise.
+- An embedding instance (``PlanRequest.embeddings``: ``--embeddings``, beside the model's chat instance),
+  or a model given ``--embeddings`` without ``--pooling``, pools as the file says (``<arch>.pooling_type``
+  mean, cls or last), else by the mean of the tokens (``embedding_pooling``). An embedding instance's
+  automatic context is one physical batch (``EMBEDDING_CTX``, 512 tokens), since llama-server embeds a
+  mean- or CLS-pooled input in one batch, or up to ``EMBEDDING_CTX_LAST`` tokens for last-token pooling,
+  which it can split; it speculates nothing and keeps no prompt cache. The bill counts what
+  ``--embeddings`` costs (an instance's, or among the extra flags): every token of a batch is an output,
+  so the logits of 512 tokens in the compute buffer and, after the first input, in the output buffer
+  (SmolLM2-135M at 512 tokens: 102.2 MiB of compute allocated, 104.7 billed; 15 without ``--embeddings``).
 
 The plan keeps the reasons for each decision, in words a user can act on.
 """
@@ -85,6 +94,13 @@ if TYPE_CHECKING:
     from gguf.model import GGUFFile
 
 Offload = Literal["ngl", "fit"]
+#: ``--pooling`` values (llama.cpp's llama_pooling_type, by number); ``rank`` is a reranker's.
+Pooling = Literal["none", "mean", "cls", "last", "rank"]
+POOLINGS: tuple[Pooling, ...] = ("none", "mean", "cls", "last", "rank")
+#: The flags that make llama-server an embedding server (``--rerank`` too: it sets ``params.embedding``).
+EMBEDDING_FLAGS = frozenset({"--embedding", "--embeddings", "--rerank", "--reranking"})
+#: ...of which these choose the pooling themselves (``rank``).
+RERANK_FLAGS = frozenset({"--rerank", "--reranking"})
 
 #: Share of a device's free memory a plan may use; the rest absorbs estimator error and other programs.
 BUDGET_FRACTION = 0.90
@@ -106,6 +122,11 @@ PROMPT_CACHE_KV_COPIES = 2
 PROMPT_CACHE_ROOM_SHARE = 0.25
 #: ...and at most this much (llama-server's own default is 8 GiB, on no bill).
 PROMPT_CACHE_MAX = 4096 * MIB
+#: An embedding instance's automatic context: llama-server's physical batch (``-ub``, 512), which holds a mean- or
+#: CLS-pooled input whole (a longer one is refused: llama-server cannot split it), one slot...
+EMBEDDING_CTX = 512
+#: ...and with last-token pooling, which llama-server splits over batches, up to this (or the native context).
+EMBEDDING_CTX_LAST = 2048
 #: Backends whose GPUs a vendor tool reports; preferred over devices only llama-server lists.
 _VENDOR_BACKENDS = ("CUDA", "ROCm")
 
@@ -207,6 +228,7 @@ class PlanRequest:
     #: Where ``ggstudio bench-spec`` stores its measurements (``launcher.spec_measurements``); with one for this
     #: model, devices and binary, ``auto`` takes the measured winner. None: the policy alone.
     spec_measurements: Path | None = None
+    embeddings: bool = False  # an embedding instance: --embeddings and a pooling (see the module docstring)
 
 
 @dataclass(frozen=True)
@@ -255,6 +277,7 @@ class LaunchPlan:
     warnings: tuple[str, ...]
     rpc_devices: tuple[Device, ...] = ()  # the RPC workers' devices the layers are split over (``RPC<n>`` order)
     cache_ram_mib: int | None = None  # ``--cache-ram``, on the CPU's bill as ``prompt_cache``; None: flag missing
+    pooling: Pooling | None = None  # an embedding server's ``--pooling`` (an embedding instance's, or ``--embeddings``)
 
     @property
     def rpc_workers(self) -> tuple[str, ...]:
@@ -435,8 +458,15 @@ class _Planner:
         self.warnings: list[str] = list(inventory.warnings)
         self.gpus = self._usable_gpus(inventory)
         self.rpc = self._usable_rpc(inventory)
+        # ``--embeddings`` among the extra flags costs what an embedding instance costs: bill it the same, and
+        # pool as one would (llama-server's default for a chat model is none, which OpenAI's route refuses)
+        flags = {a.split("=")[0] for a in extra}
+        self.embeds = request.embeddings or bool(flags & EMBEDDING_FLAGS)
+        self.pooling = self._pooling() if self.embeds and not flags & RERANK_FLAGS else None
+        if request.embeddings:
+            self.reasons.append("speculative decoding off and no prompt cache: an embedding instance generates nothing")
         self.spec = speculative.plan(
-            request.spec,
+            "off" if request.embeddings else request.spec,
             caps,
             SpecModel.from_facts(model.facts, model.path),
             on_gpu=bool(self.gpus),
@@ -458,6 +488,16 @@ class _Planner:
         self.bills: dict[tuple[int, int, tuple[Device, ...]], MemoryBill] = {}
 
     # -- inputs ------------------------------------------------------------------------------
+    def _pooling(self) -> Pooling:
+        """An embedding instance's pooling: a ``--pooling`` among the extra flags, else ``embedding_pooling``."""
+        for flag, value in zip(self.extra, self.extra[1:], strict=False):
+            if flag == "--pooling" and value in POOLINGS:
+                self.reasons.append(f"embeddings pooled by {value}, as requested (--pooling)")
+                return POOLINGS[POOLINGS.index(value)]
+        pooling, why = embedding_pooling(self.facts)
+        self.reasons.append(f"embeddings (--embeddings): {why}")
+        return pooling
+
     def _usable_gpus(self, inventory: Inventory) -> tuple[Device, ...]:
         chosen, skipped = _gpus_of(inventory)
         if skipped:
@@ -530,6 +570,7 @@ class _Planner:
             mmproj_offload=self.mmproj_offload,
             spec="mtp" if self.mtp else "none",
             spec_n_max=self.spec.n_draft,
+            embeddings=self.embeds,
         )
 
     def bill(self, n_ctx: int, ngl: int, gpus: tuple[Device, ...]) -> MemoryBill:
@@ -560,7 +601,9 @@ class _Planner:
             self.reasons.append("prompt cache: this llama-server has no --cache-ram; its cache is not bounded")
             return bill, None
         asked = self.request.cache_ram_mib
-        if asked is not None:
+        if asked is None and self.request.embeddings:
+            mib = 0  # an embedding instance: each input is embedded once, nothing continues it (said with its pooling)
+        elif asked is not None:
             mib = asked
             self.reasons.append(
                 "prompt cache: off, as requested" if mib == 0 else f"prompt cache: {mib} MiB, as requested"
@@ -630,6 +673,8 @@ class _Planner:
             self.warnings.append(f"the model does not say its native context; assuming {MIN_AUTO_CTX}")
         if self.rpc:
             gpus, offload, ngl, n_ctx = self.over_workers()
+        elif self.request.n_ctx is None and self.request.embeddings:
+            gpus, offload, ngl, n_ctx = self.explicit_ctx(self.embedding_ctx(), asked=False)
         elif self.request.n_ctx is None:
             gpus, offload, ngl, n_ctx = self.auto_ctx()
         else:
@@ -715,12 +760,13 @@ class _Planner:
         )
         return self.partial(self.floor)
 
-    def explicit_ctx(self, n_ctx: int) -> tuple[tuple[Device, ...], Offload, int, int]:
+    def explicit_ctx(self, n_ctx: int, *, asked: bool = True) -> tuple[tuple[Device, ...], Offload, int, int]:
         if self.native and n_ctx > self.native:
             self.warnings.append(
                 f"the context {n_ctx} is beyond the model's native {self.native} tokens; quality usually drops past it"
             )
-        self.reasons.append(f"context {n_ctx} tokens, as requested")
+        if asked:
+            self.reasons.append(f"context {n_ctx} tokens, as requested")
         if not self.gpus:
             self.reasons.append("no usable GPU: everything runs on the CPU (-ngl 0)")
             return (), "ngl", 0, n_ctx
@@ -814,6 +860,7 @@ class _Planner:
             n_gpu_layers=ngl,
             rpc_devices=tuple(d for d in gpus if d.endpoint is not None),
             cache_ram_mib=cache_ram_mib,
+            pooling=self.pooling,
             tensor_split=split,
             n_ctx=n_ctx,
             n_ctx_auto=self.request.n_ctx is None,
@@ -836,6 +883,22 @@ class _Planner:
             reasons=tuple(self.reasons),
             warnings=tuple(dict.fromkeys(self.warnings)),
         )
+
+    def embedding_ctx(self) -> int:
+        """An embedding instance's automatic context (``EMBEDDING_CTX``, ``EMBEDDING_CTX_LAST``), with the reason."""
+        last = self.pooling == "last"
+        want = EMBEDDING_CTX_LAST if last else EMBEDDING_CTX
+        n_ctx = min(want, self.native) if self.native else want
+        self.reasons.append(
+            f"embedding context: {n_ctx} tokens, "
+            + (
+                "enough for most inputs (last-token pooling splits an input over batches)"
+                if last
+                else f"one physical batch: llama-server embeds a {self.pooling}-pooled input in one batch, so an "
+                "input longer than that is refused and a longer context would hold nothing"
+            )
+        )
+        return n_ctx
 
     def threads(self, *, layers_on_cpu: bool) -> int | None:
         """``--threads``: as requested, else the usable cores, divided among the models that run layers on the CPU.
@@ -864,6 +927,23 @@ class _Planner:
             + crowded
         )
         return each
+
+
+def embedding_pooling(facts: ModelFacts) -> tuple[Pooling, str]:
+    """How an embedding instance of ``facts``' model pools its token states into one vector, and why.
+
+    The file's own ``pooling_type`` when it is mean, cls or last: an embedding model was trained for it.
+    Otherwise (a chat model's file names none; ``none`` gives no vector per input, and OpenAI's route refuses
+    it; ``rank`` scores instead) the mean of the tokens' states: a causal model's last state has seen the
+    whole input, but a chat model trained for the next token puts that token there; the mean of every state
+    is the steadier sentence vector for a model not trained to embed (SGPT, Muennighoff 2022), and what
+    llama.cpp's own embedding examples use.
+    """
+    declared = POOLINGS[facts.pooling_type] if 0 <= facts.pooling_type < len(POOLINGS) else None
+    if declared in ("mean", "cls", "last"):
+        return declared, f"{declared} pooling, as the model's file says ({facts.architecture}.pooling_type)"
+    said = f"the file says {declared}" if declared else "the file names no pooling, as a chat model's does"
+    return "mean", f"mean pooling ({said}; the mean of the tokens' states is the steadier vector for it)"
 
 
 def _layer_counts(facts: ModelFacts, options: MemoryOptions) -> str:
@@ -896,6 +976,8 @@ def _largest(ok: Callable[[int], bool], low: int, high: int) -> int:
 
 __all__ = [
     "BUDGET_FRACTION",
+    "EMBEDDING_CTX",
+    "EMBEDDING_CTX_LAST",
     "MAX_ESTIMATES",
     "MIN_AUTO_CTX",
     "MTP_BUDGET_FRACTION",
@@ -904,7 +986,9 @@ __all__ = [
     "ModelInfo",
     "PlanError",
     "PlanRequest",
+    "Pooling",
     "ProjectorError",
+    "embedding_pooling",
     "load_model",
     "plan",
     "predict",

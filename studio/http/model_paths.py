@@ -8,6 +8,7 @@ from fastapi import Request
 
 from studio.blocking import run_blocking
 from studio.errors import PathNotAllowedError
+from studio.residency.requests import base_name
 
 
 async def check_model_path(request: Request, model: str | None) -> None:
@@ -32,7 +33,7 @@ async def check_model_path(request: Request, model: str | None) -> None:
         check = checking[model] = asyncio.ensure_future(
             run_blocking(
                 state.paths.check,
-                model,
+                base_name(model),  # an embedding instance's name: its model's file
                 manager.catalog,
                 timeout=manager.work_timeout,
                 what=f"checking the path of {model}",

@@ -57,6 +57,7 @@ from studio.http.router_api import router as router_api
 from studio.library.downloads import DownloadManager
 from studio.residency.lifecycle import ResidentState
 from studio.residency.manager import ModelManager
+from studio.residency.requests import base_name
 from studio.residency.resident import Lease, LoadedModel
 from studio.views.residency import status_json
 
@@ -438,13 +439,13 @@ async def _stream(
 
 @router.post("/api/embed")
 async def embed(request: Request) -> JSONResponse:
-    """Embeddings of ``input`` (a model loaded with ``--embeddings --pooling mean``)."""
+    """Embeddings of ``input``, by the model's embedding instance (or its own, when it was given ``--embeddings``)."""
     began = time.perf_counter()
     body = await _body(request)
     status, content, loaded, acquired = await _embeddings(request, body)
     if status != 200:
         return _upstream_error(status, content)
-    return JSONResponse(ollama.embed_reply(loaded.name, json.loads(content), _durations(began, acquired)))
+    return JSONResponse(ollama.embed_reply(base_name(loaded.name), json.loads(content), _durations(began, acquired)))
 
 
 @router.post("/api/embeddings")
@@ -463,12 +464,12 @@ async def _embeddings(request: Request, body: dict[str, Any]) -> tuple[int, byte
     payload = ollama.embed_request(body)
     manager = _manager(request)
     await check_model_path(request, name)
-    loaded, lease = await manager.acquire(name)
+    loaded, lease = await manager.acquire(name, embeddings=True)
     acquired = time.perf_counter()
     try:
         _keep_alive(manager, loaded.name, ttl)
         _unload_when_done(manager, loaded.name, ttl)
-        payload["model"] = loaded.name
+        payload["model"] = base_name(loaded.name)
         resp = await send_upstream(request, loaded, ollama.EMBEDDINGS, payload, lease)
     except BaseException:
         await lease()

@@ -25,6 +25,10 @@ which closes the connection; llama-server notices and frees the slot. A non-stre
 answer is read while the client's side is watched: a client that leaves stops
 the generation the same way, instead of keeping the slot busy to ``max_tokens``.
 
+An embeddings request (``Route.embeds``) goes to an instance of its model that embeds: the model's
+embedding instance, started beside its chat instance when that one does not
+(``studio.residency.manager``).
+
 A request holds its model through a ``Lease``; when the model goes away under it
 (an unload past its grace, an eviction), the error it gets says so.
 
@@ -83,6 +87,7 @@ from studio.http.model_paths import check_model_path
 from studio.http.relay import Relay, client_gone
 from studio.http.upstream import Upstream
 from studio.residency.manager import ModelManager
+from studio.residency.requests import base_name
 from studio.residency.resident import Lease, LoadedModel
 
 router = APIRouter()
@@ -164,7 +169,7 @@ async def _forward(request: Request, route: Route, upstream_path: str) -> Respon
 
     if body is not None and body.get("stream") and route.generates:  # a cold load: keep-alives meanwhile
         return await answer_when_loaded(_manager(request), model, answer, dialect=route.dialect)
-    loaded, lease = await _manager(request).acquire(model)
+    loaded, lease = await _manager(request).acquire(model, embeddings=route.embeds)
     try:
         return await answer(loaded, lease)
     except BaseException:
@@ -189,7 +194,7 @@ async def _answer(
     chat = route.upstream == "/v1/chat/completions"
     if body is not None:
         route.prepare(body, loaded)
-        body["model"] = loaded.name
+        body["model"] = base_name(loaded.name)  # llama-server answers with it: an embedding instance's is its model's
         if chat:
             await _manager(request).warm(loaded, body)  # a conversation saved before an eviction comes back warm
         elif route.generates and (as_chat := chat_body(route.upstream, body)) is not None:
@@ -454,6 +459,7 @@ class Route:
     without_model: WithoutModel = "default"  # a GET that names no model
     check: Callable[[dict[str, Any]], None] | None = None  # refuses a body before any load
     form: bool = False  # its body is a multipart form (an upload), passed on as it came
+    embeds: bool = False  # it needs an instance that embeds: the model's embedding instance, unless its own does
 
 
 def _native(summary: str, **options: Any) -> Route:
@@ -471,7 +477,9 @@ _NATIVE_COMPLETION = Route("/completion", _nothing_to_add, "llama-server's nativ
 _RESPONSES = Route("/v1/responses", _apply_reasoning, "OpenAI Responses", generates=True)
 _RESPONSES_TOKENS = Route("/v1/responses/input_tokens", _apply_reasoning, "Tokens a Responses request's input takes")
 _RERANK = Route("/v1/rerank", _nothing_to_add, "Rerank documents by a query (a model loaded with --reranking)")
-_EMBEDDING = Route("/embedding", _nothing_to_add, "llama-server's native embedding (a model loaded with --embeddings)")
+_EMBEDDING = Route(
+    "/embedding", _nothing_to_add, "llama-server's native embedding (any model: its embedding instance)", embeds=True
+)
 
 _TRANSCRIPTIONS = Route(
     "/v1/audio/transcriptions",
@@ -492,7 +500,7 @@ FORWARDED: dict[str, Route] = {
     "/completion": _NATIVE_COMPLETION,
     "/completions": _NATIVE_COMPLETION,
     "/v1/embeddings": Route(
-        "/v1/embeddings", _nothing_to_add, "OpenAI embeddings (a model loaded with --embeddings --pooling mean)"
+        "/v1/embeddings", _nothing_to_add, "OpenAI embeddings (any model: its embedding instance)", embeds=True
     ),
     "/embedding": _EMBEDDING,
     "/embeddings": _EMBEDDING,

@@ -142,21 +142,39 @@ async def list_models(request: Request) -> dict[str, Any]:
     """Every servable model with its router ``status``; resident ones carry their state and live context in ``meta``."""
     manager = _manager(request)
     loads = _loads(request)
-    resident = {r.settings.path: r for r in manager.residents}
+    resident = {r.settings.key: r for r in manager.residents}
     data = []
     for entry in manager.catalog.entries():
         item: dict[str, Any] = {"id": entry.name, "object": "model", "created": 0, "owned_by": "gguf-studio"}
-        r = resident.get(entry.path)
+        r = resident.get((entry.path, False))
         if r is not None:
-            item["meta"] = {
-                "n_ctx": r.loaded.n_ctx if r.loaded else None,
-                "n_ctx_train": r.facts.context_length,
-                "loaded": r.loaded is not None,
-                "state": r.state.value,
-            }
+            item["meta"] = _meta(r)
         item["status"] = model_status(manager, entry.name, loads)
         data.append(item)
+        embedding = resident.get((entry.path, True))
+        if embedding is not None:  # the model's embedding instance, listed while it is resident
+            data.append(
+                {
+                    "id": embedding.name,
+                    "object": "model",
+                    "created": 0,
+                    "owned_by": "gguf-studio",
+                    "instance": "embeddings",
+                    "meta": _meta(embedding),
+                    "status": model_status(manager, embedding.name, loads),
+                }
+            )
     return {"object": "list", "data": data}
+
+
+def _meta(r: ResidentModel) -> dict[str, Any]:
+    """A resident instance's live context and state."""
+    return {
+        "n_ctx": r.loaded.n_ctx if r.loaded else None,
+        "n_ctx_train": r.facts.context_length,
+        "loaded": r.loaded is not None,
+        "state": r.state.value,
+    }
 
 
 @router.post("/models/load")

@@ -17,6 +17,13 @@ waits behind more than two swaps.
 A request never changes a resident model's server settings: only an explicit
 load with other settings restarts it, once its requests in flight are done.
 
+An embeddings request for a model whose instance does not embed (it was not given ``--embeddings``)
+goes to the model's embedding instance, ``"M (embeddings)"`` (``studio.residency.requests``): a
+resident of its own, loaded on demand through the same queue and transaction, planned and billed by
+the planner's rules for one (``launcher.planner``), evicted like any other; the chat instance is not
+touched. A model file has at most one instance of each kind: residents and loads are keyed by
+``LoadSettings.key``.
+
 Every load is one transaction (``studio.residency.transaction.Load``), at most one
 per model file: checked before anything running is touched, its victims reserved
 under the placement lock and drained outside it, then committed or undone; an
@@ -69,7 +76,15 @@ from studio.library.downloads import DownloadManager, is_repo_spec
 from studio.residency import placement
 from studio.residency.lifecycle import COMING_UP, GOING_AWAY, HOLDS_MEMORY, ResidentState
 from studio.residency.placement import Holder, physical
-from studio.residency.requests import LoadRequest, LoadSettings, load_settings, model_defaults_for
+from studio.residency.requests import (
+    EMBEDDINGS_SUFFIX,
+    LoadRequest,
+    LoadSettings,
+    base_name,
+    embedding_name,
+    load_settings,
+    model_defaults_for,
+)
 from studio.residency.resident import Lease, LoadedModel, ResidentModel
 from studio.residency.slot_cache import SlotCache
 from studio.residency.transaction import Load, LoadStep, _Superseded
@@ -84,6 +99,8 @@ Planner = Callable[[ModelInfo, Inventory, Capabilities, PlanRequest], LaunchPlan
 #: after its last request ended, for the next one: a client that sends its requests one after another sends
 #: the next within milliseconds of an answer, and without this pause each of its requests would be a swap.
 GROUP_LINGER = 0.25
+#: Which instance of which model file: ``LoadSettings.key``.
+Key = tuple[Path, bool]
 #: States of a resident that serves no request and never will: a new load replaces it.
 _NOT_SERVING = frozenset({ResidentState.FAILED, ResidentState.UNLOADED})
 
@@ -156,10 +173,10 @@ class ModelManager:
         self.downloads = downloads  # fetches an uncached owner/repo:VARIANT when its auto_download is on
         self.spec_measurements = spec_measurements  # ``bench-spec``'s results, which ``auto`` follows
         self.slot_cache = slot_cache  # saves slots before a stop, restores them for the chat that continues one
-        self._residents: dict[Path, ResidentModel] = {}
+        self._residents: dict[Key, ResidentModel] = {}
         self._routes: dict[str, ResidentModel] = {}  # every name a request used for a resident model
         self._default: ResidentModel | None = None  # the model a request without ``model`` uses
-        self._loads: dict[Path, Load] = {}  # the one load in progress per model file
+        self._loads: dict[Key, Load] = {}  # the one load in progress per instance (``LoadSettings.key``)
         self._closing = False
         self._coming_default: str | None = None  # the first preload, until it is resident
         self._placement = asyncio.Lock()
@@ -179,10 +196,13 @@ class ModelManager:
 
     @property
     def default(self) -> ResidentModel | None:
-        """The model a request without ``model`` goes to: the last one loaded explicitly, else the latest."""
+        """The model a request without ``model`` goes to: the last one loaded explicitly, else the latest.
+
+        Never an embedding instance: a request without ``model`` is its default model's chat.
+        """
         if self._default is not None and self._default.state is not ResidentState.UNLOADED:
             return self._default
-        live = [r for r in self.residents if r.state in HOLDS_MEMORY]
+        live = [r for r in self.residents if r.state in HOLDS_MEMORY and not r.settings.embeddings]
         return max(live, key=lambda r: r.last_used) if live else None
 
     @property
@@ -206,40 +226,51 @@ class ModelManager:
         return list(self._loads.values())
 
     def find(self, model: str) -> ResidentModel | None:
-        """The resident model a request's ``model`` names, by any name it was used under, or its path."""
+        """The resident model a request's ``model`` names, by any name it was used under, or its path.
+
+        A path names the model's chat instance; its embedding instance goes by its own name.
+        """
         found = self._routes.get(model)
         if found is not None and found.state is not ResidentState.UNLOADED:
             return found
         for r in self._residents.values():
-            if model in (r.name, str(r.settings.path)):
+            if model == r.name or (model == str(r.settings.path) and not r.settings.embeddings):
                 return r
         return None
 
     # -- requests ------------------------------------------------------------------------------
-    async def acquire(self, model: str | None) -> tuple[LoadedModel, Lease]:
+    async def acquire(self, model: str | None, *, embeddings: bool = False) -> tuple[LoadedModel, Lease]:
         """Return the model a request should use (loading it if needed) and the lease to release.
+
+        An ``embeddings`` request gets an instance that embeds: the model's own when it does, else its
+        embedding instance (the module docstring). A name with ``EMBEDDINGS_SUFFIX`` names that instance.
 
         Raises:
             BusyError: too many requests wait already, or busy models hold the memory it needs.
             studio.errors.ModelNotFoundError: ``model`` is unknown.
             DoesNotFitError: the model cannot fit even with every idle model evicted.
         """
-        found = self.acquire_now(model)
+        found = self.acquire_now(model, embeddings=embeddings)
         if found is not None:
             return found
         resident = self._routes.get(model) if model is not None else self.default
         name = model if model is not None else resident.name if resident is not None else self._coming_default
         if name is None:
             raise BadRequestError("no model is loaded and the request names none; pass `model`", param="model")
+        if embeddings or name.endswith(EMBEDDINGS_SUFFIX):
+            return await self._queued(lambda: self._ready_embeddings(name))
         return await self._queued(lambda: self._ready(name, None))
 
-    def acquire_now(self, model: str | None) -> tuple[LoadedModel, Lease] | None:
+    def acquire_now(self, model: str | None, *, embeddings: bool = False) -> tuple[LoadedModel, Lease] | None:
         """The fast path of ``acquire``: the model and its lease when it is ready now, else ``None`` (no wait).
 
         A streamed request that would wait starts its answer early and sends keep-alives meanwhile
         (``studio.http.load_wait``).
         """
         resident = self._routes.get(model) if model is not None else self.default
+        if embeddings and (resident is None or not resident.settings.embeds):
+            base = model if model is not None else resident.name if resident is not None else None
+            resident = self._routes.get(embedding_name(base)) if base is not None else None
         if resident is None:
             return None
         try:
@@ -263,13 +294,17 @@ class ModelManager:
 
         A refused load (bad settings, a plan that does not fit) changes nothing: the running instance
         keeps serving with its settings. A load of a model that is loading with other settings takes
-        that load's place: the later settings win, after at most one restart.
+        that load's place: the later settings win, after at most one restart. A load of an embedding
+        instance (``request.embeddings``, or a name with ``EMBEDDINGS_SUFFIX``) never becomes the default.
         """
+        if request.embeddings or request.model.endswith(EMBEDDINGS_SUFFIX):
+            request = replace(request, model=embedding_name(request.model), embeddings=True)
         loaded, lease = await self._queued(lambda: self._ready(request.model, request))
         await lease()
         resident = self.find(request.model)
         if resident is not None:
-            self._default = resident
+            if not request.embeddings:
+                self._default = resident
             if request.ttl is not None:
                 resident.set_ttl(request.ttl)
             if request.pinned is not None:
@@ -300,6 +335,20 @@ class ModelManager:
         finally:
             self._waiting -= 1
 
+    async def _ready_embeddings(self, model: str) -> tuple[LoadedModel, Lease]:
+        """Wait for an instance of ``model`` that embeds and enter it: the model's own when it was given
+        ``--embeddings`` (running, or configured so), else its embedding instance."""
+        base = base_name(model)
+        if model == base:
+            entry = await self._entry(base)
+            chat = self._residents.get((entry.path, False))
+            serving = chat is not None and chat.state not in _NOT_SERVING
+            own = chat.settings if chat is not None and serving else self._settings(LoadRequest(model=base), entry)
+            if own.embeds:
+                return await self._ready(base, None)
+        name = embedding_name(base)
+        return await self._ready(name, LoadRequest(model=name, embeddings=True))
+
     async def _ready(self, model: str, request: LoadRequest | None) -> tuple[LoadedModel, Lease]:
         """Wait until ``model`` is resident and ready (with ``request``'s settings, when given) and enter it.
 
@@ -310,8 +359,9 @@ class ModelManager:
         while True:
             self._check_open()
             entry = await self._entry(model)
-            load = self._loads.get(entry.path)
-            resident = self._residents.get(entry.path)
+            key = (entry.path, request is not None and request.embeddings)
+            load = self._loads.get(key)
+            resident = self._residents.get(key)
             wanted = self._settings(request, entry) if request is not None else None
             if resident is not None and resident.state in GOING_AWAY and load is None:
                 await resident.wait_until({ResidentState.UNLOADED})  # evicted or unloading: then load it anew
@@ -355,7 +405,7 @@ class ModelManager:
         self._check_open()  # the shutdown may have begun while the entry was resolved
         request = request or LoadRequest(model=model)
         load = Load(model, entry, request, self._settings(request, entry), replacing=None, after=after)
-        self._loads[entry.path] = load
+        self._loads[load.settings.key] = load
         load.task = asyncio.create_task(self._run_load(load), name=f"load {entry.name}")
         load.task.add_done_callback(lambda _: self._settled(load))
         self._notify()  # a load began: /models/sse says "loading"
@@ -388,17 +438,17 @@ class ModelManager:
             load.outcome.set_exception(load.failure())
         if load.step not in (LoadStep.COMMITTED, LoadStep.UNDONE):
             load.move(LoadStep.UNDONE)  # cancelled before it touched anything
-        if self._loads.get(load.entry.path) is load:
-            del self._loads[load.entry.path]
+        if self._loads.get(load.settings.key) is load:
+            del self._loads[load.settings.key]
         self._notify()
 
     async def _transact(self, load: Load) -> ResidentModel:
         """Check, reserve, start; return the ready resident. Raises what refused or failed the load."""
-        path = load.entry.path
-        existing = self._residents.get(path)
+        key = load.settings.key
+        existing = self._residents.get(key)
         while existing is not None and existing.state in GOING_AWAY:  # evicted or unloading: let it go first
             await existing.wait_until({ResidentState.UNLOADED})
-            existing = self._residents.get(path)
+            existing = self._residents.get(key)
         if existing is not None and existing.state not in _NOT_SERVING and existing.settings == load.settings:
             return existing  # superseded back to what runs: nothing to do
         load.replacing = existing
@@ -514,7 +564,8 @@ class ModelManager:
     def _commit(self, load: Load, resident: ResidentModel) -> None:
         """The new resident is ready: route it, remember its extra flags, let the paused models serve on."""
         load.resume_paused()
-        self._last_extra_args[load.entry.path] = resident.settings.extra_args
+        if not resident.settings.embeddings:  # an embedding instance takes no extra flags
+            self._last_extra_args[load.entry.path] = resident.settings.extra_args
         self._route(load.model, resident)
         load.move(LoadStep.COMMITTED)
         load.outcome.set_result(resident)
@@ -541,7 +592,9 @@ class ModelManager:
                 self.caps,
                 binary=self.binary,
                 files_root=self.files_root,
-                slot_dir=self.slot_cache.folder(placed.plan) if self.slot_cache is not None else None,
+                slot_dir=self.slot_cache.folder(placed.plan)
+                if self.slot_cache is not None and not placed.settings.embeddings
+                else None,
             )
         except OSError as exc:
             raise StudioError(f"could not prepare llama-server's launch files: {exc}", code="launch_files") from exc
@@ -599,10 +652,16 @@ class ModelManager:
     async def preview(self, request: LoadRequest) -> Placed:
         """What a load of ``request`` would get, and which resident models it would evict; loads nothing."""
         entry = await self._entry(request.model)
-        return await self._place(entry, request, replacing=self._residents.get(entry.path))
+        return await self._place(entry, request, replacing=self._residents.get((entry.path, request.embeddings)))
 
     async def _entry(self, model: str) -> CatalogEntry:
-        """The catalog entry of ``model``; an uncached ``owner/repo:VARIANT`` is downloaded first when allowed."""
+        """The catalog entry of ``model``; an uncached ``owner/repo:VARIANT`` is downloaded first when allowed.
+
+        An embedding instance's name gives its model's entry under the instance's name.
+        """
+        if model.endswith(EMBEDDINGS_SUFFIX):
+            entry = await self._entry(base_name(model))
+            return replace(entry, name=embedding_name(entry.name))
         try:
             return await run_blocking(self.catalog.resolve, model, timeout=self.work_timeout, what=f"finding {model}")
         except ModelNotFoundError:
@@ -657,7 +716,7 @@ class ModelManager:
             ],
         )
         plan_request = replace(
-            settings.plan_request(entry.name),
+            settings.plan_request(base_name(entry.name)),  # an embedding instance answers as its model
             spec_measurements=self.spec_measurements,
             cpu_sharers=1 + sum(1 for r in live if r.plan.layers_on_cpu),  # the models whose threads share the cores
         )
@@ -764,10 +823,11 @@ class ModelManager:
             ttl=next(t for t in (request.ttl, was.ttl if was else None, own.ttl, self.residency.ttl) if t is not None),
             pinned=next(p for p in (request.pinned, was.pinned if was else None, own.pinned, False) if p is not None),
             on_change=self._on_resident_change,
-            before_stop=self.slot_cache.save if self.slot_cache is not None else None,
+            # an embedding instance's slots hold no conversation to continue: nothing is saved
+            before_stop=None if self.slot_cache is None or placed.settings.embeddings else self.slot_cache.save,
         )
         load.resident = resident
-        self._residents[entry.path] = resident
+        self._residents[placed.settings.key] = resident
         self.counters["loads"] += 1
         resident.start()
         return resident
@@ -804,8 +864,8 @@ class ModelManager:
         if resident.state is ResidentState.UNLOADED:
             if self.slot_cache is not None and resident.loaded is not None:
                 self.slot_cache.forget(resident.loaded.url)
-            if self._residents.get(resident.settings.path) is resident:
-                del self._residents[resident.settings.path]
+            if self._residents.get(resident.settings.key) is resident:
+                del self._residents[resident.settings.key]
             for name in [n for n, r in self._routes.items() if r is resident]:
                 del self._routes[name]
         self._notify()

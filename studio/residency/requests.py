@@ -1,4 +1,9 @@
-"""What a load asks for, and the settings a model runs with once the config's defaults fill the gaps."""
+"""What a load asks for, and the settings a model runs with once the config's defaults fill the gaps.
+
+A model may have two instances: its chat instance, and an embedding instance (``--embeddings``) that an
+embeddings request starts beside it when the chat one does not embed. The embedding instance is named
+``embedding_name(model)`` (``"M (embeddings)"``) wherever it is listed, and any request may name it so.
+"""
 
 from __future__ import annotations
 
@@ -7,11 +12,24 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from launcher.memory import CacheType, FlashAttn
-from launcher.planner import PlanRequest
+from launcher.planner import EMBEDDING_FLAGS, PlanRequest
 from studio.library.catalog import CatalogEntry
 from studio.library.projectors import chosen_projector
 from studio.library.scan import model_name
 from studio.settings import ModelDefaults
+
+#: What an embedding instance's name adds to its model's.
+EMBEDDINGS_SUFFIX = " (embeddings)"
+
+
+def embedding_name(model: str) -> str:
+    """The name of ``model``'s embedding instance."""
+    return model if model.endswith(EMBEDDINGS_SUFFIX) else model + EMBEDDINGS_SUFFIX
+
+
+def base_name(model: str) -> str:
+    """The model an instance's name names: ``"M (embeddings)"`` is an instance of ``M``."""
+    return model.removesuffix(EMBEDDINGS_SUFFIX)
 
 
 @dataclass(frozen=True)
@@ -39,6 +57,7 @@ class LoadRequest:
     pinned: bool | None = None  # None: the model's configured one
     force: bool = False  # load even when the plan says it does not fit
     mmproj: str | None = None  # a projector path; "none": without one; None, and none configured: the paired one
+    embeddings: bool = False  # the model's embedding instance, beside its chat one (module docstring)
 
 
 @dataclass(frozen=True)
@@ -59,6 +78,17 @@ class LoadSettings:
     flash_attn: FlashAttn | None = None
     context_shift: bool = False
     cache_ram: int | None = None
+    embeddings: bool = False  # the embedding instance
+
+    @property
+    def key(self) -> tuple[Path, bool]:
+        """Which instance these settings run: a model file has at most one chat and one embedding instance."""
+        return self.path, self.embeddings
+
+    @property
+    def embeds(self) -> bool:
+        """Whether the instance answers embeddings requests: the embedding one, or one given ``--embeddings``."""
+        return self.embeddings or any(a.split("=")[0] in EMBEDDING_FLAGS for a in self.extra_args)
 
     def plan_request(self, alias: str) -> PlanRequest:
         """What the planner is asked for these settings, serving the model as ``alias``."""
@@ -77,12 +107,13 @@ class LoadSettings:
             threads_batch=self.threads_batch,
             flash_attn=self.flash_attn,
             context_shift=self.context_shift,
+            embeddings=self.embeddings,
         )
 
 
 def model_defaults_for(entry: CatalogEntry, defaults: Mapping[str, ModelDefaults]) -> ModelDefaults:
-    """The config table of ``entry``'s model: by its name, then by its file name."""
-    return defaults.get(entry.name) or defaults.get(model_name(entry.path)) or ModelDefaults()
+    """The config table of ``entry``'s model (an embedding instance's too): by its name, then by its file name."""
+    return defaults.get(base_name(entry.name)) or defaults.get(model_name(entry.path)) or ModelDefaults()
 
 
 def load_settings(
@@ -93,8 +124,26 @@ def load_settings(
     last_extra_args: tuple[str, ...] | None = None,
 ) -> LoadSettings:
     """``request``'s settings for ``entry``: what it leaves out comes from the model's config table
-    (by name, then by file name), extra flags first from the last load, then the built-in defaults."""
+    (by name, then by file name), extra flags first from the last load, then the built-in defaults.
+
+    An embedding instance takes only what changes where and how fast it runs (cache type, threads, flash
+    attention) from the model's table: its context, slots, pooling, speculation and prompt cache are the
+    planner's, and the chat instance's flags, template and projector are no part of it.
+    """
     own = model_defaults_for(entry, defaults)
+    if request.embeddings:
+        return LoadSettings(
+            entry.path,
+            n_ctx=None,
+            n_parallel=None,
+            extra_args=(),
+            spec="off",
+            cache_type=own.cache_type_kv or "f16",
+            threads=own.threads,
+            threads_batch=own.threads_batch,
+            flash_attn=own.flash_attn,
+            embeddings=True,
+        )
     extra = next(e for e in (request.extra_args, last_extra_args, own.extra_args, ()) if e is not None)
     return LoadSettings(
         entry.path,

@@ -1,6 +1,7 @@
 """One load of one model, as a transaction: check, reserve, start, then commit or undo; cancellable.
 
-The manager (``studio.residency.manager``) owns every ``Load``, at most one per model file, and
+The manager (``studio.residency.manager``) owns every ``Load``, at most one per instance of a model
+file (its chat instance, its embedding instance), and
 runs its steps in one task:
 
 - *check*: settings, extra flags, projector, plan and launch files, before anything running is
@@ -93,8 +94,12 @@ class Load:
         return ModelUnloadedError(self.cancelled or f"the load of {self.entry.name} was interrupted")
 
     def names(self, model: str) -> bool:
-        """Whether ``model`` (a name a request used, the catalog name or the path) names this load's model."""
-        return model in (self.model, self.entry.name, str(self.entry.path))
+        """Whether ``model`` (a name a request used, the catalog name or the path) names this load's model.
+
+        A path names the model's chat instance, not its embedding instance.
+        """
+        by_path = model == str(self.entry.path) and not self.settings.embeddings
+        return by_path or model in (self.model, self.entry.name)
 
     def move(self, step: LoadStep) -> None:
         if step not in STEPS[self.step]:

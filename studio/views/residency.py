@@ -41,6 +41,10 @@ def resident_json(r: ResidentModel) -> dict[str, Any]:
     return {
         "state": r.state.value,
         "model": r.name,
+        # "embeddings": the model's embedding instance (``--embeddings``), named "M (embeddings)"; "chat": its own
+        "instance": "embeddings" if r.settings.embeddings else "chat",
+        "embeddings": r.settings.embeds,  # it answers embeddings requests
+        "pooling": plan.pooling,
         "path": str(r.settings.path),
         "mmproj": str(r.settings.mmproj) if r.settings.mmproj else None,
         "native_context": r.facts.context_length,
@@ -124,6 +128,9 @@ def bill_json(bill: MemoryBill, per_device: dict[str, int]) -> dict[str, Any]:
 
 
 _EMPTY: dict[str, Any] = {
+    "instance": None,
+    "embeddings": None,
+    "pooling": None,
     "path": None,
     "mmproj": None,
     "native_context": None,
