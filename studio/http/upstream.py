@@ -30,7 +30,7 @@ import asyncio
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import TypeVar
+from typing import TypeVar, cast
 
 import httpx
 
@@ -56,7 +56,7 @@ class _Connection:
     """One TCP connection to ``origin``; reusable while ``reusable_until`` lies ahead."""
 
     origin: tuple[str, int]
-    reader: asyncio.StreamReader
+    reader: _Reader
     writer: asyncio.StreamWriter
     reused: bool = False
     reusable_until: float = field(default=0.0)
@@ -356,7 +356,7 @@ def _request_head(request: httpx.Request, body: bytes) -> bytes:
 async def _connect(request: httpx.Request, origin: tuple[str, int], timeout: float | None) -> _Connection:
     try:
         async with asyncio.timeout(timeout):
-            reader, writer = await asyncio.open_connection(*origin, limit=READ_SIZE)
+            reader, writer = await _open(*origin)
     except TimeoutError as exc:
         raise httpx.ConnectTimeout(
             f"no connection to {origin[0]}:{origin[1]} within {timeout} s", request=request
@@ -364,6 +364,27 @@ async def _connect(request: httpx.Request, origin: tuple[str, int], timeout: flo
     except OSError as exc:
         raise httpx.ConnectError(f"cannot connect to {origin[0]}:{origin[1]}: {exc}", request=request) from exc
     return _Connection(origin, reader, writer)
+
+
+async def _open(host: str, port: int) -> tuple[_Reader, asyncio.StreamWriter]:
+    """``asyncio.open_connection``, with a reader that can hand over what it holds (``_Body.pipe``)."""
+    loop = asyncio.get_running_loop()
+    reader = _Reader(limit=READ_SIZE, loop=loop)
+    protocol = asyncio.StreamReaderProtocol(reader, loop=loop)
+    transport, _ = await loop.create_connection(lambda: protocol, host, port)
+    return reader, asyncio.StreamWriter(transport, protocol, reader, loop)
+
+
+class _Reader(asyncio.StreamReader):
+    """A ``StreamReader`` whose buffered bytes can be taken, when a protocol takes the connection over."""
+
+    _buffer: bytearray  # the base class's, undeclared in its stubs
+
+    def take_buffered(self) -> bytes:
+        """Return the bytes read off the connection and not yet asked for, and forget them."""
+        data = bytes(self._buffer)
+        self._buffer.clear()
+        return data
 
 
 async def _timed(awaitable: Awaitable[T], timeout: float | None) -> T:
@@ -423,6 +444,7 @@ class _Body(httpx.AsyncByteStream):
         self._request = request
         self._timeout = timeout
         self._complete = False
+        self._began = False  # read_some has read, or pipe took the connection
         lowered = {name.lower(): value.lower() for name, value in headers}
         chunked = b"chunked" in lowered.get(b"transfer-encoding", b"")
         self._chunked = _ChunkedDecoder() if chunked else None
@@ -445,6 +467,7 @@ class _Body(httpx.AsyncByteStream):
             return b""
         if self._conn is None:
             raise httpx.StreamClosed()
+        self._began = True
         try:
             decoder = self._chunked
             while True:
@@ -482,6 +505,20 @@ class _Body(httpx.AsyncByteStream):
                 f"it broke off its answer ({_plainly(exc)})", request=self._request
             ) from exc
 
+    def pipe(self, sink: Callable[[bytes], None]) -> Piped | None:
+        """A ``Piped`` that hands each arrival's payload to ``sink`` from the event loop's callback, once
+        started; ``None``: this body cannot be piped (not chunked, read within a timeout, begun or closed),
+        so ``read_some`` it.
+
+        No task wakes and no coroutine resumes per chunk: that was most of the relay's CPU per chunk
+        (``scripts/bench_proxy.py --stand-in``).
+        """
+        conn, decoder = self._conn, self._chunked
+        if conn is None or decoder is None or self._timeout is not None or self._complete or self._began:
+            return None
+        self._began = True
+        return Piped(self, conn, decoder, sink)
+
     async def __aiter__(self) -> AsyncIterator[bytes]:
         while data := await self.read_some():
             yield data
@@ -493,6 +530,76 @@ class _Body(httpx.AsyncByteStream):
             # A chunked answer is never reused: llama-server closes the connection after it (module docstring).
             reuse = self._reuse_for if self._complete and self._chunked is None else None
             self._transport._finish(conn, reuse, self._request)
+
+
+class Piped(asyncio.Protocol):
+    """A chunked body's connection once ``start`` took it over: payloads go to the sink as they arrive.
+
+    ``sink`` must not block: while it cannot take more it has reading paused
+    until it resumes it. ``done`` is done once the body is complete; it fails
+    as ``read_some`` does, or with what the sink raised.
+    """
+
+    def __init__(self, body: _Body, conn: _Connection, decoder: _ChunkedDecoder, sink: Callable[[bytes], None]) -> None:
+        self._body = body
+        self._conn = conn
+        self._decoder = decoder
+        self._sink = sink
+        self._transport = cast(asyncio.Transport, conn.writer.transport)
+        self.done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+
+    def start(self) -> None:
+        """Take the connection over from its reader: what the reader holds goes to the sink first."""
+        reader = self._conn.reader
+        buffered, ended, broken = reader.take_buffered(), reader.at_eof(), reader.exception()
+        self._transport.set_protocol(self)
+        if not self._transport.is_reading() and not self._transport.is_closing():  # the reader paused it (full)
+            self._transport.resume_reading()
+        if buffered:
+            self.data_received(buffered)
+        if ended or broken is not None:
+            self.connection_lost(broken)
+
+    def pause(self) -> None:
+        """Stop reading until ``resume``: the sink cannot take more yet."""
+        if not self._transport.is_closing():
+            self._transport.pause_reading()
+
+    def resume(self) -> None:
+        """Read on."""
+        if not self._transport.is_closing():
+            self._transport.resume_reading()
+
+    def data_received(self, data: bytes) -> None:
+        if self.done.done():
+            return
+        try:
+            payload = self._decoder.feed(data)
+        except ValueError as exc:
+            self._broke(exc)
+            return
+        if payload:
+            try:
+                self._sink(payload)
+            except Exception as exc:  # the sink's own failure, as it is
+                self.done.set_exception(exc)
+                return
+        if self._decoder.done:
+            self._body._complete = True
+            self.done.set_result(None)
+
+    def eof_received(self) -> bool:
+        self._broke(asyncio.IncompleteReadError(b"", None))
+        return False
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._broke(exc if exc is not None else asyncio.IncompleteReadError(b"", None))
+
+    def _broke(self, exc: BaseException) -> None:
+        if not self.done.done():
+            error = httpx.RemoteProtocolError(f"it broke off its answer ({_plainly(exc)})", request=self._body._request)
+            error.__cause__ = exc
+            self.done.set_exception(error)
 
 
 def _reuse_for(headers: dict[bytes, bytes]) -> float | None:
@@ -527,6 +634,12 @@ def body_reader(resp: httpx.Response) -> Callable[[], Awaitable[bytes]]:
         return b""
 
     return read
+
+
+def body_pipe(resp: httpx.Response, sink: Callable[[bytes], None]) -> Piped | None:
+    """Pipe ``resp``'s body into ``sink`` (``_Body.pipe``); ``None``: it cannot be, so ``body_reader`` it."""
+    stream = resp.stream
+    return stream.pipe(sink) if isinstance(stream, _Body) else None
 
 
 #: The longest chunk-size or trailer line accepted.
