@@ -239,8 +239,7 @@ class LoopbackTransport(httpx.AsyncBaseTransport):
         loop = asyncio.get_running_loop()
 
         async def opened() -> _Connection:
-            placeholder = httpx.Request("POST", f"http://{origin[0]}:{origin[1]}/")  # only for a connect error
-            conn = await _connect(placeholder, origin, connect_timeout)
+            conn = await _connect(None, origin, connect_timeout)  # its error is nobody's: no request to name
             conn.reused = True  # it waits idle: the server may drop it, and then a request retries on a new one
             conn.reusable_until = time.monotonic() + DEFAULT_IDLE
             renewal: asyncio.TimerHandle
@@ -354,7 +353,8 @@ def _request_head(request: httpx.Request, body: bytes) -> bytes:
     return b"\r\n".join(lines) + b"\r\n\r\n" + body
 
 
-async def _connect(request: httpx.Request, origin: tuple[str, int], timeout: float | None) -> _Connection:
+async def _connect(request: httpx.Request | None, origin: tuple[str, int], timeout: float | None) -> _Connection:
+    """A new connection to ``origin``; its errors name ``request`` (``None``: a spare's, which no request sees)."""
     try:
         async with asyncio.timeout(timeout):
             reader, writer = await _open(*origin)
