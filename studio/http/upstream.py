@@ -425,9 +425,10 @@ async def _read_head(reader: asyncio.StreamReader) -> tuple[int, list[tuple[byte
 class _Body(httpx.AsyncByteStream):
     """The body of one response, read off its connection as the caller asks.
 
-    ``read_some`` is the relay's way in: one await per arrival, the chunked
-    framing stripped by a decoder without a generator per layer; iterating
-    (``aiter_raw``, ``aread``) goes through it too.
+    ``pipe`` is the relay's way in: each arrival handed on from the connection's
+    callback. ``read_some`` is one await per arrival, the chunked framing
+    stripped by the same decoder; iterating (``aiter_raw``, ``aread``) goes
+    through it.
     """
 
     def __init__(
