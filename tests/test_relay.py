@@ -141,6 +141,33 @@ def test_an_upstream_that_breaks_off_mid_stream_ends_the_stream_with_the_error_e
     run(main())
 
 
+def test_a_client_that_reads_slowly_gets_every_byte_in_order_while_the_upstream_waits_for_it():
+    """Megabytes the client does not read yet fill the sockets: the relay stops reading upstream until it does."""
+    events = [b'data: {"n":%d,"pad":"%s"}\n\n' % (i, b"x" * 4000) for i in range(2000)]
+
+    async def flood(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, n: int) -> bool:
+        writer.write(CHUNKED_HEAD)
+        for event in events:
+            writer.write(_chunk(event))
+            await writer.drain()
+        writer.write(b"0\r\n\r\n")
+        await writer.drain()
+        return False
+
+    async def main() -> None:
+        async with relaying(flood) as (url, closed), httpx.AsyncClient() as client:
+            async with client.stream("POST", url, content=b"{}") as resp:
+                got = bytearray()
+                async for data in resp.aiter_raw():
+                    if not got:
+                        await asyncio.sleep(0.5)  # everything written meanwhile waits in the sockets' buffers
+                    got += data
+            assert bytes(got) == b"".join(events)
+            await asyncio.wait_for(closed.wait(), 5)
+
+    run(main())
+
+
 class _HoldsTheLastEvent:
     """A reshape that holds each event back until the next comes (as the tool-call healer holds markup)."""
 

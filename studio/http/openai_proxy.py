@@ -189,7 +189,7 @@ async def _answer(
     began: float,
 ) -> Response:
     """The answer of ``loaded``'s llama-server, streamed or whole; the caller lets ``lease`` go if this raises."""
-    count = _counter(request, route, request.url.path, loaded.name, began)
+    count = _counter(request, route, request.scope["path"], loaded.name, began)
     tools: dict[str, dict[str, Any]] = {}
     chat = route.upstream == "/v1/chat/completions"
     if body is not None:

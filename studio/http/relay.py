@@ -6,11 +6,14 @@ runs each stream in an anyio task group beside a disconnect listener and pulls
 bytes through a stack of async generators (ours, httpx's ``aiter_raw``, the
 transport's body); measured on the streaming path (``scripts/bench_proxy.py``)
 that was most of the studio's CPU per chunk. ``Relay`` sends each arrival with
-one ``send`` straight from the transport's ``read_some``: one await per arrival
-and nothing buffered (bytes that arrive together go on together, none waits for
-another). A disconnect is noticed by one watcher task per request, which
-cancels the relay; the upstream response is then closed, which tells
-llama-server to stop generating.
+one ``send`` from the upstream connection's own callback (``Piped``): no task
+wakes and no coroutine chain resumes per chunk, and nothing is buffered (bytes
+that arrive together go on together, none waits for another). The server's
+``send`` runs there up to its first wait (``send_now``); it waits only for a
+client that reads slower than the model writes, and then the upstream is not
+read until it has caught up. A disconnect is noticed by one watcher task per
+request, which cancels the relay; the upstream response is then closed, which
+tells llama-server to stop generating.
 
 A ``Reshape`` turns the bytes into something else on the way (a chat stream
 with tools, healed); without one they pass through byte for byte.
@@ -20,15 +23,15 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncGenerator, Awaitable, Callable, Mapping
-from typing import Protocol
+from collections.abc import AsyncGenerator, Awaitable, Callable, Generator, Mapping
+from typing import Any, Protocol
 
 import anyio
 import httpx
 from starlette.responses import Response
 from starlette.types import Message, Receive, Scope, Send
 
-from studio.http.upstream import body_reader
+from studio.http.upstream import body_pipe, body_reader
 
 
 class Reshape(Protocol):
@@ -99,36 +102,75 @@ class Relay(_Streamed):
         media_type: str | None = None,
     ) -> None:
         super().__init__(status_code=status_code, headers=headers, media_type=media_type)
-        self._read = body_reader(upstream)
+        self._upstream = upstream
         self._on_close = on_close
         self._on_break = on_break
         self._reshape = reshape
         self._first_at: float | None = None
-        self._tail = b""
+        self._before_last = self._last = b""  # the last two arrivals
 
     async def _close(self) -> None:
-        await self._on_close(self._first_at, self._tail)
+        await self._on_close(self._first_at, self._before_last + self._last)
 
     async def _body(self, send: Send) -> bytes:
         """Send the body on as it comes; return the last bytes (``b""``, what the reshape held, or an error event)."""
-        read, reshape = self._read, self._reshape
-        before_last = last = b""
+        reshape = self._reshape
         try:
-            data = await read()
-            if data:
-                self._first_at = time.perf_counter()
-            while data:
-                before_last, last = last, data
-                out = data if reshape is None else reshape.feed(data)
-                if out:
-                    await send({"type": "http.response.body", "body": out, "more_body": True})
-                data = await read()
+            await self._relayed(send)
             return b"" if reshape is None else reshape.close()
         except httpx.HTTPError as exc:
             held = b"" if reshape is None else reshape.close()  # held-back text is not lost
             return held + await self._on_break(exc)
+
+    def _arrived(self, data: bytes) -> bytes:
+        """What the client gets for ``data``, which arrived just now."""
+        if self._first_at is None:
+            self._first_at = time.perf_counter()
+        self._before_last, self._last = self._last, data
+        return data if self._reshape is None else self._reshape.feed(data)
+
+    async def _relayed(self, send: Send) -> None:
+        """Send each arrival on: from the upstream's callback where the body can be piped, else read by read."""
+        pending: asyncio.Future[None] | None = None
+
+        def sink(data: bytes) -> None:
+            nonlocal pending
+            out = self._arrived(data)
+            if out:
+                left = send_now(send, {"type": "http.response.body", "body": out, "more_body": True})
+                if left is not None:  # the client reads slower than the model writes: wait for it
+                    assert piped is not None  # sink runs once piped has started
+                    piped.pause()
+                    pending = asyncio.ensure_future(left)
+                    pending.add_done_callback(sent)
+
+        def sent(done: asyncio.Future[None]) -> None:
+            assert piped is not None
+            if done.cancelled():  # the relay ended first
+                return
+            error = done.exception()
+            if error is None:
+                piped.resume()
+            elif not piped.done.done():
+                piped.done.set_exception(error)
+
+        piped = body_pipe(self._upstream, sink)
+        if piped is None:
+            read = body_reader(self._upstream)
+            while data := await read():
+                out = self._arrived(data)
+                if out:
+                    await send({"type": "http.response.body", "body": out, "more_body": True})
+            return
+        try:
+            piped.start()
+            await piped.done
+            if pending is not None:
+                await pending
         finally:
-            self._tail = before_last + last
+            piped.done.cancel()  # a connection lost after this is nobody's error
+            if pending is not None and not pending.done():
+                pending.cancel()
 
 
 class EventStream(_Streamed):
@@ -167,6 +209,36 @@ class EventStream(_Streamed):
             await self._events.aclose()
         finally:
             await self._on_close()
+
+
+def send_now(send: Send, message: Message) -> Awaitable[None] | None:
+    """Run ``send(message)`` up to its first wait, here and now; return what is left of it to await, if anything.
+
+    An ASGI server's ``send`` waits only while the client does not read; else it
+    writes and returns, and running it here, in the upstream's callback, spares a
+    task waking per chunk.
+    """
+    sending = send(message).__await__()
+    try:
+        waiting = sending.send(None)
+    except StopIteration:
+        return None
+    return _send_rest(sending, waiting)
+
+
+async def _send_rest(sending: Generator[Any, None, None], waiting: object) -> None:
+    """Drive ``sending`` on from its first wait (``send_now``), waiting for what it waits for."""
+    try:
+        while True:
+            if isinstance(waiting, asyncio.Future):
+                await asyncio.wait((waiting,))
+            else:  # a bare yield: one turn of the loop
+                await asyncio.sleep(0)
+            waiting = sending.send(None)
+    except StopIteration:
+        return
+    finally:
+        sending.close()
 
 
 async def until_client_leaves(
