@@ -8,8 +8,9 @@ flags; this script runs the chosen modules twice on a copy of the suite:
 - **direct**: the pinned llama-server itself;
 - **studio**: an adapter in its place (this script with ``--as-llama-server``), which maps the
   suite's flags to a ``ggstudio serve`` (``--port``, ``--host``, the model, ``--ctx-size`` and
-  ``--parallel`` as the model's load defaults, ``--alias`` as its name, ``--api-key`` as the API
-  token, ``--cors-origins`` as ``allowed_origins``) and passes every other flag on as the model's
+  ``--parallel`` and ``--chat-template`` as the model's load defaults, ``--alias`` as its name,
+  ``--api-key`` as the API token, ``--cors-origins`` as ``allowed_origins``, and ``default_for_unknown``
+  on, as a one-model llama-server answers any ``model``) and passes every other flag on as the model's
   ``extra_args``; the flags the studio manages itself (``launcher.extra_args.MANAGED_FLAGS``:
   ``--threads``, ``--jinja``, ``--context-shift``, ...) are left out.
 
@@ -256,7 +257,7 @@ def as_llama_server(argv: list[str]) -> None:
         i += 2 if value is not None else 1
         if flag in ("--port", "--host", "--model", "-m", "--alias", "-a", "--ctx-size", "-c", "--parallel", "-np"):
             options[flag.lstrip("-")] = value or ""
-        elif flag in ("--api-key", "--cors-origins"):
+        elif flag in ("--api-key", "--cors-origins", "--chat-template"):
             options[flag.lstrip("-")] = value or ""
         elif flag in managed or flag in _DROPPED:
             dropped += [flag] if value is None else [flag, value]
@@ -274,10 +275,15 @@ def as_llama_server(argv: list[str]) -> None:
     defaults = {"extra_args": extra, "spec": "off"}
     if options.get("ctx-size") or options.get("c"):
         defaults["n_ctx"] = int(options.get("ctx-size") or options["c"])
+    if options.get("chat-template"):  # a built-in's name or Jinja text, as the load option takes both
+        defaults["chat_template"] = options["chat-template"]
     if options.get("parallel") or options.get("np"):
         defaults["n_parallel"] = int(options.get("parallel") or options["np"])
     config = home / "config.toml"
-    config.write_text(_toml({"model_dirs": [str(models)]}) + f"\n[models.{_quote(name)}]\n" + _toml(defaults))
+    # a one-model llama-server answers whatever `model` a request names ("gpt-3.5-turbo", "test"): the switch
+    # that makes the studio do the same
+    top = {"model_dirs": [str(models)], "default_for_unknown": True}
+    config.write_text(_toml(top) + f"\n[models.{_quote(name)}]\n" + _toml(defaults))
     env = {
         **os.environ,
         "GGUF_STUDIO_HOME": str(home),
@@ -309,10 +315,12 @@ def _quote(text: str) -> str:
 
 
 def _toml(values: dict[str, object]) -> str:
-    """``values`` as TOML lines (strings, ints and lists of strings are all the adapter writes)."""
+    """``values`` as TOML lines (strings, ints, booleans and lists of strings are all the adapter writes)."""
     lines = []
     for key, value in values.items():
-        if isinstance(value, list):
+        if isinstance(value, bool):
+            lines.append(f"{key} = {str(value).lower()}")
+        elif isinstance(value, list):
             lines.append(f"{key} = [{', '.join(_quote(str(v)) for v in value)}]")
         elif isinstance(value, str):
             lines.append(f"{key} = {_quote(value)}")

@@ -26,6 +26,7 @@ Precedence: environment variables, then the optional TOML file
     busy_wait = 30                  # seconds a load waits for busy models to go idle before a 503
     group_size = 4                  # requests a busy model still takes once a load waits for its memory (0: none)
     slot_cache_disk = "4GiB"        # disk for conversations saved before an eviction; 0: none saved
+    default_for_unknown = false     # true: a request naming no known model goes to the default (llama-server's way)
 
     [mcp_servers.files]             # an MCP server whose tools /api/chat may run (stdio: a command)
     command = "npx"
@@ -115,6 +116,7 @@ _TOP_KEYS = {
     "busy_wait",
     "group_size",
     "slot_cache_disk",
+    "default_for_unknown",
     "rpc_workers",
     "mcp_servers",
     "tools",
@@ -251,6 +253,9 @@ class ResidencySettings:
     busy_wait: float = 30.0
     group_size: int = 4  # requests a busy model still takes once a load waits for its memory: they go together
     slot_cache_disk: int = SLOT_CACHE_DISK  # bytes of saved slots in the studio home; 0: slots are not saved
+    #: a chat naming a model the studio does not know goes to the default model, as a one-model llama-server
+    #: ignores ``model`` (clients with a hard-wired name: "gpt-3.5-turbo"); off: a 404 that lists the models
+    default_for_unknown: bool = False
 
 
 @dataclass(frozen=True)
@@ -459,8 +464,9 @@ def _read_config(path: Path, *, explicit: bool) -> dict[str, Any]:
             problems.append(f"[models.{name!r}] must be a table")
             continue
         problems += [f"[models.{name!r}]: {problem}" for problem in _model_problems(d)]
-    if not isinstance(config.get("auto_download", False), bool):
-        problems.append("auto_download must be true or false")
+    for switch in ("auto_download", "default_for_unknown"):
+        if not isinstance(config.get(switch, False), bool):
+            problems.append(f"{switch} must be true or false")
     if not isinstance(config.get("max_body_bytes", DEFAULT_MAX_BODY_BYTES), int):
         problems.append("max_body_bytes must be an integer (bytes)")
     if not isinstance(config.get("model_dirs", []), list):
@@ -521,6 +527,7 @@ def _residency(config: dict[str, Any], env: Mapping[str, str], path: Path) -> Re
         busy_wait=config.get("busy_wait", 30.0),
         group_size=int(config.get("group_size", 4)),
         slot_cache_disk=_slot_cache_disk(config.get("slot_cache_disk", SLOT_CACHE_DISK)),
+        default_for_unknown=config.get("default_for_unknown", False),
     )
 
 

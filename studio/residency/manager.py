@@ -247,7 +247,8 @@ class ModelManager:
 
         Raises:
             BusyError: too many requests wait already, or busy models hold the memory it needs.
-            studio.errors.ModelNotFoundError: ``model`` is unknown.
+            studio.errors.ModelNotFoundError: ``model`` is unknown (and ``default_for_unknown`` is off, or there
+                is no default model).
             DoesNotFitError: the model cannot fit even with every idle model evicted.
         """
         found = self.acquire_now(model, embeddings=embeddings)
@@ -257,9 +258,16 @@ class ModelManager:
         name = model if model is not None else resident.name if resident is not None else self._coming_default
         if name is None:
             raise BadRequestError("no model is loaded and the request names none; pass `model`", param="model")
-        if embeddings or name.endswith(EMBEDDINGS_SUFFIX):
-            return await self._queued(lambda: self._ready_embeddings(name))
-        return await self._queued(lambda: self._ready(name, None))
+        try:
+            if embeddings or name.endswith(EMBEDDINGS_SUFFIX):
+                return await self._queued(lambda: self._ready_embeddings(name))
+            return await self._queued(lambda: self._ready(name, None))
+        except ModelNotFoundError:
+            fallback = self.default.name if self.default is not None else self._coming_default  # or the one loading
+            if model is None or not self.residency.default_for_unknown or fallback is None or fallback == model:
+                raise
+            log.info("an unknown model goes to the default", asked=model, model=fallback)
+            return await self.acquire(fallback, embeddings=embeddings)
 
     def acquire_now(self, model: str | None, *, embeddings: bool = False) -> tuple[LoadedModel, Lease] | None:
         """The fast path of ``acquire``: the model and its lease when it is ready now, else ``None`` (no wait).
