@@ -103,13 +103,13 @@ class StandInManager:
     def residents(self) -> list[Any]:
         return []
 
-    def acquire_now(self, model: str | None) -> tuple[Any, StandInLease]:
-        """The one model is always ready: no request waits for a load."""
+    def acquire_now(self, model: str | None, *, embeddings: bool = False) -> tuple[Any, StandInLease]:
+        """The one model is always ready, for chat and embeddings alike: no request waits for a load."""
         self.in_flight += 1
         return self.model, StandInLease(self)
 
-    async def acquire(self, model: str | None) -> tuple[Any, StandInLease]:
-        return self.acquire_now(model)
+    async def acquire(self, model: str | None, *, embeddings: bool = False) -> tuple[Any, StandInLease]:
+        return self.acquire_now(model, embeddings=embeddings)
 
     def status(self) -> dict[str, Any]:
         return {"state": "ready", "model": self.model.name}
