@@ -140,8 +140,10 @@ def test_a_streaming_model_is_never_evicted_and_nothing_evictable_is_a_503_namin
                 "stream": True,
             },
         ) as stream:
-            lines = stream.iter_lines()
-            next(lines)  # streaming now
+            lines = stream.iter_lines()  # held: dropping the iterator would close the stream
+            # streaming now: the first data line (a slow load first sends ": loading" comments)
+            while not next(lines).startswith("data: "):
+                pass
             assert models_of(s.url)[gemma]["in_flight"] == 1
             t0 = time.monotonic()
             refused = chat(s.url, b)
