@@ -88,8 +88,14 @@ def test_a_conversation_stream_replays_from_its_model_then_a_stop_drops_it(http)
     later = http.get("/v1/stream", params={"conv_id": CONV, "from": len(replay.content) - 10})
     assert later.status_code == 200 and later.content == replay.content[-10:]
 
+    listed = http.post("/v1/streams/lookup", json={"conversation_ids": [CONV, "never-streamed"]}).json()
+    assert [(s["conversation_id"], s["is_done"], s["total_bytes"]) for s in listed] == [
+        (CONV, True, len(replay.content))
+    ]
+
     stop = http.delete("/v1/stream", params={"conv_id": CONV})
     assert stop.status_code == 204
+    assert http.post("/v1/streams/lookup", json={"conversation_ids": [CONV]}).json() == []
     gone = http.get("/v1/stream", params={"conv_id": CONV, "from": 0})
     assert gone.status_code == 404
     assert _is_openai_error(gone, "stream_not_found")
@@ -104,6 +110,7 @@ def test_an_unknown_conversation_is_a_404_and_loads_no_model(studio, http):
     assert named.status_code == 404 and _is_openai_error(named, "stream_not_found")
     assert studio.manager.find(COLD) is None
     assert http.delete("/v1/stream", params={"conv_id": "never-streamed"}).status_code == 204  # as llama-server
+    assert http.post("/v1/streams/lookup", content=b"not json").json() == []
     missing = http.get("/v1/stream")
     assert missing.status_code == 400 and missing.json()["error"]["param"] == "conv_id"
 

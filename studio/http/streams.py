@@ -1,11 +1,13 @@
-"""llama-server's resumable streams through the studio: ``GET`` and ``DELETE /v1/stream?conv_id=<id>``.
+"""llama-server's resumable streams through the studio: ``GET``/``DELETE /v1/stream``, ``POST /v1/streams/lookup``.
 
 llama-server b11434 records a generation whose request carries ``X-Conversation-Id`` as a stream session
 (``tools/server/server-stream.cpp``): ``GET /v1/stream?conv_id=<id>&from=<n>`` replays its server-sent
 events from byte ``n`` and follows it live until it ends; ``DELETE /v1/stream?conv_id=<id>`` stops the
-generation and evicts the session (204, also for one it does not know; a ``GET`` then is a 404). llama.cpp's
-router serves both by the child that owns the conversation (``tools/server/server-models.cpp``:
-``router_stream_get``, ``router_stream_delete``).
+generation and evicts the session (204, also for one it does not know; a ``GET`` then is a 404);
+``POST /v1/streams/lookup`` ``{"conversation_ids": [...]}`` lists the sessions of the ids asked for (done or
+not, bytes so far). llama.cpp's router serves each by the child that owns the conversation
+(``tools/server/server-models.cpp``: ``router_stream_get``, ``router_stream_delete``,
+``router_streams_lookup``, which asks only the children that own some of the ids).
 
 The studio does the same: the generating routes pass the header on and remember the model that served it
 (``studio.http.stream_owners``); these routes go to that model, else to the one ``?model=`` names (a
@@ -17,12 +19,14 @@ to retry, as the router answers; a ``DELETE`` then cancels the request waiting f
 
 from __future__ import annotations
 
+import json
+from typing import Any
 from urllib.parse import quote, urlencode
 
 from fastapi import APIRouter, Request
-from fastapi.responses import Response
+from fastapi.responses import JSONResponse, Response
 
-from studio.errors import BadRequestError, NotReadyError, StreamNotFoundError
+from studio.errors import BadRequestError, NotReadyError, StreamNotFoundError, UpstreamError
 from studio.http.openai_proxy import broken_stream_event, close_upstream, read_answer, send_upstream
 from studio.http.relay import Relay
 from studio.http.stream_owners import stream_owners
@@ -32,8 +36,8 @@ from studio.residency.resident import Lease, LoadedModel
 
 router = APIRouter()
 
-#: llama-server's path of both routes.
-STREAM = "/v1/stream"
+#: llama-server's paths.
+STREAM, LOOKUP = "/v1/stream", "/v1/streams/lookup"
 
 
 @router.get(STREAM, summary="Replay a conversation's stream from byte `from`, then follow it live")
@@ -81,6 +85,49 @@ async def stop_stream(request: Request) -> Response:
             raise
         await read_answer(resp, lease, loaded)  # 204, or the error llama-server logs itself
     return Response(status_code=204)
+
+
+@router.post(LOOKUP, summary="The stream sessions of the conversations asked for")
+async def lookup_streams(request: Request) -> Response:
+    """Each remembered conversation's session (``conversation_id``, ``is_done``, ``total_bytes``, ...), from the
+    model that holds it; a body that is not ``{"conversation_ids": [...]}`` finds none, as the router answers."""
+    per_model: dict[str, list[str]] = {}
+    owners = stream_owners(request)
+    for conv_id in _requested(await request.body()):
+        claim = owners.owner(conv_id)
+        if claim is not None and claim.model is not None:
+            per_model.setdefault(claim.model, []).append(conv_id)
+    sessions: list[Any] = []
+    for model, ids in per_model.items():
+        found = _manager(request).acquire_now(model)
+        if found is None:
+            continue  # not ready: no session to list
+        loaded, lease = found
+        try:
+            resp = await send_upstream(request, loaded, LOOKUP, {"conversation_ids": ids}, lease)
+        except UpstreamError:
+            await lease()
+            continue  # the router leaves out a child that does not answer
+        except BaseException:
+            await lease()
+            raise
+        answer = _json_or_none(await read_answer(resp, lease, loaded))
+        if resp.status_code == 200 and isinstance(answer, list):
+            sessions += [entry for entry in answer if isinstance(entry, dict)]
+    return JSONResponse(sessions)
+
+
+def _requested(raw: bytes) -> list[str]:
+    body = _json_or_none(raw)
+    ids = body.get("conversation_ids") if isinstance(body, dict) else None
+    return [i for i in ids if isinstance(i, str) and i] if isinstance(ids, list) else []
+
+
+def _json_or_none(raw: bytes) -> Any:
+    try:
+        return json.loads(raw)
+    except ValueError:
+        return None
 
 
 def _conv_id(request: Request) -> str:
