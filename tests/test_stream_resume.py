@@ -8,7 +8,10 @@ there. A conversation no resident model holds is a 404, and looking for one load
 from __future__ import annotations
 
 import json
+import socket
 import threading
+import time
+from urllib.parse import urlsplit
 
 import httpx
 import pytest
@@ -19,7 +22,7 @@ from studio.settings import ModelDefaults
 from tests.helpers import wait_for
 from tests.support.studio import RunningStudio, running_studio
 
-SMOL, COLD = "smol", "smol-cold"
+SMOL, COLD, LATE = "smol", "smol-cold", "smol-late"
 #: As llama.cpp's web UI names a conversation: an id and the model, slashes and colons included.
 CONV = "conv-resume-test::ggml-org/tinygemma3-GGUF:Q8_0"
 
@@ -43,7 +46,7 @@ def studio(llama_server_bin, settings, tmp_path_factory):
     small = ModelDefaults(n_ctx=1024, n_parallel=1, spec="off")
     smol = ensure_default_model(settings.models_dir)
     with running_studio(
-        root, llama_server_bin, {SMOL: smol, COLD: smol}, defaults={SMOL: small, COLD: small}
+        root, llama_server_bin, {SMOL: smol, COLD: smol, LATE: smol}, defaults={SMOL: small, COLD: small, LATE: small}
     ) as running:
         yield running
 
@@ -135,3 +138,28 @@ def test_a_stop_while_the_model_loads_cancels_the_waiting_request(studio, http):
     thread.join(120)
     assert "cancelled by a stop" in answers[0].text  # an HTTP 400, or the stream's error event after keep-alives
     assert http.get("/v1/stream", params={"conv_id": conv_id}).status_code == 404
+
+
+@pytest.mark.slow
+@pytest.mark.shared_processes
+def test_a_client_that_leaves_while_the_model_loads_can_resume_its_stream(studio, http):
+    conv_id = "conv-left-during-load"
+    body = json.dumps(_chat(LATE))
+    address = urlsplit(studio.url)
+    client = socket.create_connection((address.hostname, address.port))
+    client.sendall(
+        f"POST /v1/chat/completions HTTP/1.1\r\nHost: {address.netloc}\r\nContent-Type: application/json\r\n"
+        f"X-Conversation-Id: {conv_id}\r\nContent-Length: {len(body)}\r\n\r\n{body}".encode()
+    )
+    wait_for(lambda: studio.manager.find(LATE) is not None, timeout=30, what="the model's load to begin")
+    client.close()  # a page reload while the model loads
+
+    deadline, seen = time.monotonic() + 120, set()
+    replay = http.get("/v1/stream", params={"conv_id": conv_id, "from": 0})
+    while replay.status_code != 200 and time.monotonic() < deadline:  # 503 while it loads, until llama-server has it
+        seen.add(replay.status_code)
+        time.sleep(0.1)
+        replay = http.get("/v1/stream", params={"conv_id": conv_id, "from": 0})
+    assert replay.status_code == 200, replay.text
+    assert 503 in seen  # the model was still loading when the client left
+    assert "data: " in replay.text and "[DONE]" in replay.text

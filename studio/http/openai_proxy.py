@@ -175,7 +175,10 @@ async def _forward(request: Request, route: Route, upstream_path: str) -> Respon
         return await _answer(request, route, upstream_path, body, form, query, loaded, lease, began)
 
     if body is not None and body.get("stream") and route.generates:  # a cold load: keep-alives meanwhile
-        return await answer_when_loaded(_manager(request), model, answer, dialect=route.dialect)
+        # a stream named by a conversation goes on to llama-server if its client leaves during the load: resumable
+        return await answer_when_loaded(
+            _manager(request), model, answer, dialect=route.dialect, detach=claim is not None
+        )
     loaded, lease = await _manager(request).acquire(model, embeddings=route.embeds)
     try:
         return await answer(loaded, lease)
