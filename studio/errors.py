@@ -26,6 +26,7 @@
     │   ├── HistoryUnavailableError         its database is corrupt, from a newer studio or unreadable
     │   └── HistoryWriteError (+OSError)    a write failed (a full disk): the chat goes on unsaved
     ├── ConversationNotFoundError (+LookupError) no stored conversation (or attachment) has that id
+    ├── StreamNotFoundError (+LookupError)  no resident model holds a resumable stream of that conversation id
     ├── AlreadyRunningError                 another studio holds this studio home (studio.instance)
     ├── StudioHomeError (+OSError)          the studio home cannot be locked or written (a read-only folder)
     ├── UpstreamError                       llama-server failed or went away
@@ -164,6 +165,10 @@ class HistoryWriteError(HistoryError, OSError):
 
 class ConversationNotFoundError(StudioError, LookupError):
     """No stored conversation (or attachment) has the id asked for."""
+
+
+class StreamNotFoundError(StudioError, LookupError):
+    """No resident model holds a resumable stream session (``GET /v1/stream``) for the conversation id asked for."""
 
 
 class UpstreamError(StudioError):

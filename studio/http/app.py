@@ -36,6 +36,8 @@ from studio.http.openai_proxy import router as proxy_router
 from studio.http.page import router as page_router
 from studio.http.router_api import RouterLoads
 from studio.http.router_api import router as router_api
+from studio.http.stream_owners import StreamOwners
+from studio.http.streams import router as streams_router
 from studio.http.upstream import Upstream
 from studio.library.downloads import DownloadManager
 from studio.library.hub_headers import header_cache
@@ -113,6 +115,7 @@ def create_app(
     app.state.max_body_bytes = max_body_bytes  # the Ollama listener's limit too
     app.state.metrics = metrics = StudioMetrics(manager)
     app.state.router_loads = RouterLoads()
+    app.state.stream_owners = StreamOwners()  # conv_id -> model, for /v1/stream (studio.http.streams)
     app.include_router(api_router)
     app.include_router(chat_router)
     app.include_router(pull_router)
@@ -120,6 +123,7 @@ def create_app(
     app.include_router(hub_router)
     app.include_router(proxy_router)
     app.include_router(router_api)
+    app.include_router(streams_router)
     app.include_router(page_router)
     app.add_middleware(OpenAIRoutes, on_error=error_response)
     app.add_middleware(GuiChatRoute, on_error=error_response)

@@ -57,9 +57,11 @@ async def answer_when_loaded(
     dialect: Dialect,
     beat: Callable[[], bytes] | None = None,
     media_type: str = "text/event-stream",
+    detach: bool = False,
 ) -> Response:
     """``answer``'s response for ``model``; when the model is not ready, a stream that keeps the client company
     until it is (see the module docstring). ``beat`` makes the keep-alive line (default: the SSE comment).
+    With ``detach`` a client that leaves during the load leaves the request going (``LoadWait``).
     """
     found = manager.acquire_now(model)
     if found is not None:
@@ -84,6 +86,7 @@ async def answer_when_loaded(
         every=BEAT,
         headers={"cache-control": "no-cache"},
         media_type=media_type,
+        detach=detach,
     )
 
 

@@ -54,6 +54,7 @@ from studio.http.openai_proxy import (
 from studio.http.openai_proxy import router as proxy_router
 from studio.http.relay import EventStream
 from studio.http.router_api import router as router_api
+from studio.http.streams import router as streams_router
 from studio.library.downloads import DownloadManager
 from studio.residency.lifecycle import ResidentState
 from studio.residency.manager import ModelManager
@@ -79,6 +80,7 @@ def create_ollama_app(studio: FastAPI, *, api_token: str | None = None, access: 
     app.include_router(router)
     app.include_router(proxy_router)
     app.include_router(router_api)
+    app.include_router(streams_router)  # the chats that name a conversation answer here too
     app.add_middleware(OpenAIRoutes, on_error=error_response)
     app.add_middleware(BodySizeLimit, max_body_bytes=studio.state.max_body_bytes, dialect_for=dialect_on_ollama_port)
     if api_token:

@@ -60,7 +60,7 @@ import asyncio
 import json
 import re
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 from urllib.parse import parse_qs
@@ -85,6 +85,7 @@ from studio.http.errors import Dialect, ErrorAnswer, describe, reshape_upstream,
 from studio.http.load_wait import answer_when_loaded
 from studio.http.model_paths import check_model_path
 from studio.http.relay import Relay, client_gone
+from studio.http.stream_owners import CONVERSATION_HEADER, conversation_of, stream_owners
 from studio.http.upstream import Upstream
 from studio.residency.manager import ModelManager
 from studio.residency.requests import base_name
@@ -94,6 +95,8 @@ router = APIRouter()
 
 #: Response headers worth passing on from llama-server.
 _PASS_HEADERS = ("content-type",)
+#: The methods the studio sends llama-server.
+Method = Literal["GET", "POST", "DELETE"]
 
 
 def _manager(request: Request) -> ModelManager:
@@ -163,12 +166,19 @@ async def _forward(request: Request, route: Route, upstream_path: str) -> Respon
     if chat and body is not None:
         await preflight_chat(_manager(request), body)
     query = request.scope["query_string"].decode("latin-1")
+    conv_id = conversation_of(request) if route.generates else None
+    claim = stream_owners(request).claim(conv_id, model) if conv_id else None  # before the load: a stop cancels it
 
     async def answer(loaded: LoadedModel, lease: Lease) -> Response:
+        if conv_id and claim and not stream_owners(request).settle(conv_id, claim, loaded.name):
+            raise BadRequestError("request cancelled by a stop while the model was loading")
         return await _answer(request, route, upstream_path, body, form, query, loaded, lease, began)
 
     if body is not None and body.get("stream") and route.generates:  # a cold load: keep-alives meanwhile
-        return await answer_when_loaded(_manager(request), model, answer, dialect=route.dialect)
+        # a stream named by a conversation goes on to llama-server if its client leaves during the load: resumable
+        return await answer_when_loaded(
+            _manager(request), model, answer, dialect=route.dialect, detach=claim is not None
+        )
     loaded, lease = await _manager(request).acquire(model, embeddings=route.embeds)
     try:
         return await answer(loaded, lease)
@@ -190,6 +200,8 @@ async def _answer(
 ) -> Response:
     """The answer of ``loaded``'s llama-server, streamed or whole; the caller lets ``lease`` go if this raises."""
     count = _counter(request, route, request.scope["path"], loaded.name, began)
+    conv_id = conversation_of(request) if route.generates else None
+    session = {CONVERSATION_HEADER: conv_id} if conv_id else None  # llama-server records the stream under it
     tools: dict[str, dict[str, Any]] = {}
     chat = route.upstream == "/v1/chat/completions"
     if body is not None:
@@ -211,8 +223,9 @@ async def _answer(
             lease,
             lambda status, content, headers: _answered(route, tools, count, status, content, headers),
             query=query,
+            headers=session,
         )
-    resp = await send_upstream(request, loaded, upstream_path, body, lease, query=query)
+    resp = await send_upstream(request, loaded, upstream_path, body, lease, query=query, headers=session)
     headers = {k: v for k, v in resp.headers.items() if k.lower() in _PASS_HEADERS}
     if resp.status_code == 200:
 
@@ -224,7 +237,7 @@ async def _answer(
             resp,
             headers=headers,
             on_close=closed,
-            on_break=lambda exc: _error_event(exc, lease, loaded, route.dialect),
+            on_break=lambda exc: broken_stream_event(exc, lease, loaded, route.dialect),
             reshape=HealingRelay(tools) if tools else None,
         )
     content = await read_answer(resp, lease, loaded)
@@ -275,14 +288,15 @@ async def answer_unless_client_leaves(
     finish: Callable[[int, bytes, dict[str, str]], Response],
     *,
     query: str = "",
+    headers: Mapping[str, str] | None = None,
 ) -> Response:
     """``finish``'s response to the whole answer, unless the client disconnects first: then the upstream
     request is dropped, which stops llama-server (it answers a non-streamed request only once it is done,
     so the wait is the whole generation). ``finish`` takes the status, the body and the headers to pass on.
-    Without a ``body`` the request is a ``GET``; a ``Form`` goes on as it came, as ``query`` does."""
+    Without a ``body`` the request is a ``GET``; a ``Form`` goes on as it came, as ``query`` and ``headers`` do."""
 
     async def exchange() -> Response:
-        resp = await send_upstream(request, loaded, path, body, lease, query=query)
+        resp = await send_upstream(request, loaded, path, body, lease, query=query, headers=headers)
         content = await read_answer(resp, lease, loaded)
         return finish(resp.status_code, content, {k: v for k, v in resp.headers.items() if k.lower() in _PASS_HEADERS})
 
@@ -302,7 +316,7 @@ async def answer_unless_client_leaves(
     return Response(status_code=499)  # nobody reads it: the client is gone
 
 
-async def _error_event(exc: httpx.HTTPError, lease: Lease, loaded: LoadedModel, dialect: Dialect) -> bytes:
+async def broken_stream_event(exc: httpx.HTTPError, lease: Lease, loaded: LoadedModel, dialect: Dialect) -> bytes:
     """The event that ends a stream whose upstream broke off: why, in the dialect's error shape."""
     cut = lease.interruption
     if cut:
@@ -328,19 +342,26 @@ async def send_upstream(
     lease: Lease | None = None,
     *,
     query: str = "",
+    headers: Mapping[str, str] | None = None,
+    method: Method | None = None,
 ) -> httpx.Response:
-    """POST ``body`` (GET, when it is ``None``) to llama-server's ``path`` on the pooled client; the response streams.
+    """Send ``body`` to llama-server's ``path`` on the pooled client; the response streams.
+
+    ``method`` defaults to ``POST`` with a body, ``GET`` without; ``headers`` go along with the
+    launch's API key (``X-Conversation-Id``).
 
     Raises:
         UpstreamError: llama-server did not answer.
         studio.errors.ModelUnloadedError: the model went away under the request.
     """
     url, upstream = loaded.url + path, _upstream(request)
+    method = method or ("GET" if body is None else "POST")
+    sent = {**loaded.auth_headers, **headers} if headers else loaded.auth_headers
     try:
         if isinstance(body, Form):
-            headers = {**loaded.auth_headers, "content-type": body.content_type}
-            return await upstream.send("POST", url, headers, query=query, content=body.content)
-        return await upstream.send("GET" if body is None else "POST", url, loaded.auth_headers, body, query)
+            form = {**sent, "content-type": body.content_type}
+            return await upstream.send(method, url, form, query=query, content=body.content)
+        return await upstream.send(method, url, sent, body, query)
     except httpx.HTTPError as exc:
         raise (lease and lease.interruption) or UpstreamError(f"llama-server did not answer: {exc}") from exc
 

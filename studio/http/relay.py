@@ -241,6 +241,18 @@ async def _send_rest(sending: Generator[Any, None, None], waiting: object) -> No
         sending.close()
 
 
+#: Detached answers (``LoadWait``'s ``detach``) still on their way, held until their response is closed.
+_DETACHED: set[asyncio.Task[None]] = set()
+
+
+async def _closed_when_answered(answer: asyncio.Future[Response]) -> None:
+    """Wait for a detached answer and close its response; its failure was the left client's (nobody to tell)."""
+    await asyncio.gather(answer, return_exceptions=True)
+    if not answer.cancelled() and answer.exception() is None and isinstance(response := answer.result(), _Streamed):
+        with anyio.CancelScope(shield=True):
+            await response._close()
+
+
 async def until_client_leaves(
     receive: Receive, work: Callable[[], Awaitable[bytes]], cleanup: Callable[[], Awaitable[None]]
 ) -> bytes | None:
@@ -284,6 +296,9 @@ class LoadWait(_Streamed):
         beat: the keep-alive line sent every ``every`` seconds until ``answer`` is done.
         ended: the last bytes when ``answer`` fails or returns a response that is not a stream: the error
             (an exception, or a whole error response's body) in the stream's own form.
+        detach: a client that leaves during the wait does not cancel ``answer``: it goes on to llama-server,
+            which records a stream named by ``X-Conversation-Id`` for a later resume (as llama.cpp's router
+            detaches such a request from the client), and its response is closed once it comes.
     """
 
     def __init__(
@@ -295,9 +310,11 @@ class LoadWait(_Streamed):
         every: float,
         headers: Mapping[str, str] | None = None,
         media_type: str | None = None,
+        detach: bool = False,
     ) -> None:
         super().__init__(status_code=200, headers=headers, media_type=media_type)
         self._answer = answer
+        self._detach = detach
         self._beat = beat
         self._ended = ended
         self._every = every
@@ -337,6 +354,11 @@ class LoadWait(_Streamed):
                 await asyncio.gather(body, return_exceptions=True)
 
     async def _close(self) -> None:
+        if not self._answer.done() and self._detach:
+            task = asyncio.ensure_future(_closed_when_answered(self._answer))
+            _DETACHED.add(task)
+            task.add_done_callback(_DETACHED.discard)
+            return
         if not self._answer.done():
             self._answer.cancel()
             await asyncio.gather(self._answer, return_exceptions=True)
