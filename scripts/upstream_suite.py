@@ -10,8 +10,9 @@ flags; this script runs the chosen modules twice on a copy of the suite:
   suite's flags to a ``ggstudio serve`` (``--port``, ``--host``, the model, ``--ctx-size`` and
   ``--parallel`` and ``--chat-template`` as the model's load defaults, ``--alias a,b,c`` as its name (the
   first in sorted order, as llama-server's) and ``[aliases]``, ``--tags`` as its ``tags``,
-  ``--api-key`` as the API token, ``--cors-origins`` as ``allowed_origins``, and ``default_for_unknown``
-  on, as a one-model llama-server answers any ``model``) and passes every other flag on as the model's
+  ``--no-jinja`` as ``jinja = false``, ``--api-key`` as the API token, ``--cors-origins`` as
+  ``allowed_origins``, and ``default_for_unknown`` on, as a one-model llama-server answers any
+  ``model``) and passes every other flag on as the model's
   ``extra_args``; the flags the studio manages itself (``launcher.extra_args.MANAGED_FLAGS``:
   ``--threads``, ``--jinja``, ``--context-shift``, ...) are left out.
 
@@ -260,6 +261,8 @@ def as_llama_server(argv: list[str]) -> None:
             options[flag.lstrip("-")] = value or ""
         elif flag in ("--api-key", "--cors-origins", "--chat-template", "--tags"):
             options[flag.lstrip("-")] = value or ""
+        elif flag == "--no-jinja":  # the suite's default for a server that does not ask for Jinja
+            options["no-jinja"] = ""
         elif flag in managed or flag in _DROPPED:
             dropped += [flag] if value is None else [flag, value]
         else:
@@ -282,6 +285,8 @@ def as_llama_server(argv: list[str]) -> None:
         defaults["n_ctx"] = int(options.get("ctx-size") or options["c"])
     if options.get("chat-template"):  # a built-in's name or Jinja text, as the load option takes both
         defaults["chat_template"] = options["chat-template"]
+    if "no-jinja" in options:
+        defaults["jinja"] = False
     if options.get("parallel") or options.get("np"):
         defaults["n_parallel"] = int(options.get("parallel") or options["np"])
     config = home / "config.toml"

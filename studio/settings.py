@@ -60,6 +60,7 @@ Precedence: environment variables, then the optional TOML file
     flash_attn = "on"               # on, off or auto (unset: on when the cache type needs it, else auto)
     context_shift = true            # past the context, drop the oldest tokens (unset: false, an error)
     chat_template = "chatml"        # a llama.cpp built-in template's name, or Jinja text (unset: the model's own)
+    jinja = false                   # llama-server's built-in template renderer, no tools (unset: Jinja)
     tags = ["chat", "small"]        # labels GET /models lists with the model (llama-server's --tags)
 
 | variable                | meaning                                                  |
@@ -150,6 +151,7 @@ _MODEL_KEYS = {
     "context_shift",
     "chat_template",
     "tags",
+    "jinja",
 }
 #: (least, most) a load may ask for; the load API and the config file check the same bounds. No real model
 #: has a context above 16M tokens (Llama 4 Scout's 10M is the largest); a bigger one is a typo, refused
@@ -279,6 +281,7 @@ class ModelDefaults:
     threads_batch: int | None = None
     flash_attn: FlashAttn | None = None
     context_shift: bool | None = None
+    jinja: bool | None = None  # False: llama-server's built-in template renderer (--no-jinja), which refuses tools
     tags: tuple[str, ...] = ()  # labels GET /models lists with the model (llama-server's --tags), no load setting
 
 
@@ -433,6 +436,7 @@ class Settings:
                         flash_attn=d.get("flash_attn"),
                         context_shift=d.get("context_shift"),
                         chat_template=d.get("chat_template"),
+                        jinja=d.get("jinja"),
                         tags=tuple(d.get("tags", ())),
                     )
                     for name, d in config.get("models", {}).items()
@@ -590,7 +594,7 @@ def _model_problems(d: dict[str, Any]) -> list[str]:
 
     problems = [f"unknown key {k!r} (known: {', '.join(sorted(_MODEL_KEYS))})" for k in d if k not in _MODEL_KEYS]
     problems += _number_problems(d, {"ttl": RESIDENCY_LIMITS["ttl"]})
-    for k in ("pinned", "context_shift"):
+    for k in ("pinned", "context_shift", "jinja"):
         if k in d and not isinstance(d[k], bool):
             problems.append(f"{k} must be true or false")
     if "flash_attn" in d and d["flash_attn"] not in FLASH_ATTN:
