@@ -387,7 +387,8 @@ async def _json_body(request: Request) -> dict[str, Any]:
 
 
 def prepare_chat_body(body: dict[str, Any], loaded: LoadedModel) -> None:
-    """Check the media against the model, then fill what the studio adds: reasoning kwargs, a default ``max_tokens``."""
+    """Check the media and tools against the model, then fill what the studio adds: reasoning kwargs, a default
+    ``max_tokens``."""
     check_chat_media(body, media_capabilities(loaded), loaded.name)
     _check_tools_render(body, loaded)
     _default_max_tokens(body, loaded)
