@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from gguf.template_names import BUILTIN_CHAT_TEMPLATES
 
-__all__ = ["BUILTIN_CHAT_TEMPLATES", "check_chat_template", "is_builtin_template", "renders_with_jinja"]
+__all__ = ["BUILTIN_CHAT_TEMPLATES", "check_chat_template", "is_builtin_template", "renders_with_jinja", "uses_jinja"]
 
 
 def is_builtin_template(template: str) -> bool:
@@ -23,6 +23,11 @@ def is_builtin_template(template: str) -> bool:
 def renders_with_jinja(template: str | None) -> bool:
     """Whether llama-server must run with ``--jinja`` to render ``template`` (None: the model's own)."""
     return template is None or template == "chatml" or not is_builtin_template(template)
+
+
+def uses_jinja(template: str | None, jinja: bool | None) -> bool:
+    """Whether llama-server runs with ``--jinja``: as the load's ``jinja`` says, else as ``template`` needs."""
+    return jinja if jinja is not None else renders_with_jinja(template)
 
 
 def check_chat_template(template: str) -> str | None:

@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING
 
 from gguf.templates import template_capabilities
 from launcher.capabilities import Capabilities
-from launcher.chat_templates import is_builtin_template, renders_with_jinja
+from launcher.chat_templates import is_builtin_template, uses_jinja
 from launcher.devices import usable_cores
 from launcher.errors import LoadError
 from launcher.planner import EMBEDDING_FLAGS
@@ -278,8 +278,11 @@ def _add_flags(out: _Argv, plan: LaunchPlan, key: Secret, threads: int | None) -
     else:
         out.add(("--no-context-shift",), why="it may shift the context instead of reporting an overflow")
     template = request.chat_template
-    if renders_with_jinja(template):
+    jinja = uses_jinja(template, request.jinja)
+    if jinja:
         out.add(("--jinja",), why="chat templates are rendered the legacy way")
+    elif request.jinja is False:
+        out.add(("--no-jinja",), why="chat templates are rendered with Jinja, not as jinja = false asks")
     else:  # a built-in template's name: llama-server renders those only without Jinja
         out.add(("--no-jinja",), why=f"the name {template!r} may be read as a Jinja template")
     if template is not None and is_builtin_template(template):
@@ -290,7 +293,7 @@ def _add_flags(out: _Argv, plan: LaunchPlan, key: Secret, threads: int | None) -
         else:
             out.add(("--chat-template",), template, why="the model's own template is used")
     kwargs = chat_template_kwargs(template if template is not None else plan.model.facts.chat_template)
-    if kwargs:
+    if kwargs and jinja:  # Jinja kwargs: the built-in renderer takes none
         out.add(("--chat-template-kwargs",), json.dumps(kwargs), why="llama-server's reasoning default applies")
     if plan.model.mmproj is not None:
         out.add(("--mmproj", "-mm"), str(plan.model.mmproj), why="images and audio cannot be used")

@@ -97,12 +97,12 @@ MANAGED_FLAGS: dict[tuple[str, ...], Managed] = {
     ("--context-shift", "--no-context-shift"): Managed(
         "the studio turns context shift off (overflow is an error)", "context_shift"
     ),
-    (
-        "--jinja",
-        "--no-jinja",
-        "--chat-template",
-        "--chat-template-file",
-    ): Managed("the studio passes the chat template (Jinja text, or a llama.cpp built-in's name)", "chat_template"),
+    ("--jinja", "--no-jinja"): Managed(
+        "the studio renders chat templates with Jinja unless the template is a llama.cpp built-in's name", "jinja"
+    ),
+    ("--chat-template", "--chat-template-file"): Managed(
+        "the studio passes the chat template (Jinja text, or a llama.cpp built-in's name)", "chat_template"
+    ),
     ("--chat-template-kwargs",): Managed(
         "the studio passes the template's own reasoning default; a request may send chat_template_kwargs"
     ),

@@ -66,7 +66,7 @@ import gguf
 from gguf.projector import ProjectorFacts, projector_facts, width_mismatch
 from launcher import spec_measurements, speculative
 from launcher.capabilities import Capabilities
-from launcher.chat_templates import check_chat_template
+from launcher.chat_templates import check_chat_template, renders_with_jinja
 from launcher.context_shape import needs_flash_attn, slot_context
 from launcher.devices import Device, Inventory
 from launcher.errors import LauncherError
@@ -224,6 +224,9 @@ class PlanRequest:
     context_shift: bool = False  # False: a conversation past the context is an error, not silently shifted
     alias: str | None = None  # the model name clients see; None: the file name without .gguf
     chat_template: str | None = None  # a Jinja template, or a llama.cpp built-in's name, overriding the model's own
+    #: render chat templates with Jinja (--jinja) or llama-server's built-in renderer (--no-jinja, no tool calls);
+    #: None: Jinja, unless ``chat_template`` names a built-in (``launcher.chat_templates``)
+    jinja: bool | None = None
     cache_ram_mib: int | None = None  # the prompt cache's cap (``--cache-ram``) in MiB; 0: off; None: automatic
     #: Where ``ggstudio bench-spec`` stores its measurements (``launcher.spec_measurements``); with one for this
     #: model, devices and binary, ``auto`` takes the measured winner. None: the policy alone.
@@ -311,7 +314,8 @@ def plan(
 
     Raises:
         PlanError: an invalid context, parallel count, thread count or cache type; flash attention off with a
-            quantized cache; a chat template that is neither Jinja text nor a llama.cpp built-in's name.
+            quantized cache; a chat template that is neither Jinja text nor a llama.cpp built-in's name, or
+            a built-in's name with jinja true.
         ExtraArgsError: the extra arguments contain managed or unknown flags.
         SpeculativeConfigError: an unknown speculative mode or draft length.
         MemoryPlanError: cache types llama-server would refuse for this model.
@@ -400,6 +404,11 @@ def _check(request: PlanRequest) -> None:
         )
     if request.chat_template is not None and (problem := check_chat_template(request.chat_template)):
         raise PlanError(problem)
+    if request.jinja and request.chat_template is not None and not renders_with_jinja(request.chat_template):
+        raise PlanError(
+            f"the built-in chat template {request.chat_template!r} is rendered only without Jinja, and jinja is "
+            "true: leave jinja unset or false, or give the template as Jinja text"
+        )
 
 
 def _mtp_engaged(spec: SpecPlan, extra: tuple[str, ...]) -> bool:

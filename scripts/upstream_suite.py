@@ -8,9 +8,11 @@ flags; this script runs the chosen modules twice on a copy of the suite:
 - **direct**: the pinned llama-server itself;
 - **studio**: an adapter in its place (this script with ``--as-llama-server``), which maps the
   suite's flags to a ``ggstudio serve`` (``--port``, ``--host``, the model, ``--ctx-size`` and
-  ``--parallel`` and ``--chat-template`` as the model's load defaults, ``--alias`` as its name,
-  ``--api-key`` as the API token, ``--cors-origins`` as ``allowed_origins``, and ``default_for_unknown``
-  on, as a one-model llama-server answers any ``model``) and passes every other flag on as the model's
+  ``--parallel`` and ``--chat-template`` as the model's load defaults, ``--alias a,b,c`` as its name (the
+  first in sorted order, as llama-server's) and ``[aliases]``, ``--tags`` as its ``tags``,
+  ``--no-jinja`` as ``jinja = false``, ``--api-key`` as the API token, ``--cors-origins`` as
+  ``allowed_origins``, and ``default_for_unknown`` on, as a one-model llama-server answers any
+  ``model``) and passes every other flag on as the model's
   ``extra_args``; the flags the studio manages itself (``launcher.extra_args.MANAGED_FLAGS``:
   ``--threads``, ``--jinja``, ``--context-shift``, ...) are left out.
 
@@ -257,8 +259,10 @@ def as_llama_server(argv: list[str]) -> None:
         i += 2 if value is not None else 1
         if flag in ("--port", "--host", "--model", "-m", "--alias", "-a", "--ctx-size", "-c", "--parallel", "-np"):
             options[flag.lstrip("-")] = value or ""
-        elif flag in ("--api-key", "--cors-origins", "--chat-template"):
+        elif flag in ("--api-key", "--cors-origins", "--chat-template", "--tags"):
             options[flag.lstrip("-")] = value or ""
+        elif flag == "--no-jinja":  # the suite's default for a server that does not ask for Jinja
+            options["no-jinja"] = ""
         elif flag in managed or flag in _DROPPED:
             dropped += [flag] if value is None else [flag, value]
         else:
@@ -270,20 +274,29 @@ def as_llama_server(argv: list[str]) -> None:
     shutil.rmtree(models, ignore_errors=True)
     models.mkdir(parents=True)
     source = Path(options.get("model") or options.get("m") or os.environ["UPSTREAM_SUITE_MODEL"]).resolve()
-    name = options.get("alias") or options.get("a") or source.name.removesuffix(".gguf")
+    # llama-server keeps --alias a,b,c in a std::set and is named by the first: the model's name, the rest aliases
+    names = sorted({a.strip() for a in (options.get("alias") or options.get("a") or "").split(",") if a.strip()})
+    name = names[0] if names else source.name.removesuffix(".gguf")
     (models / f"{name}.gguf").symlink_to(source)
-    defaults = {"extra_args": extra, "spec": "off"}
+    defaults: dict[str, object] = {"extra_args": extra, "spec": "off"}
+    if options.get("tags"):
+        defaults["tags"] = [t.strip() for t in options["tags"].split(",") if t.strip()]
     if options.get("ctx-size") or options.get("c"):
         defaults["n_ctx"] = int(options.get("ctx-size") or options["c"])
     if options.get("chat-template"):  # a built-in's name or Jinja text, as the load option takes both
         defaults["chat_template"] = options["chat-template"]
+    if "no-jinja" in options:
+        defaults["jinja"] = False
     if options.get("parallel") or options.get("np"):
         defaults["n_parallel"] = int(options.get("parallel") or options["np"])
     config = home / "config.toml"
     # a one-model llama-server answers whatever `model` a request names ("gpt-3.5-turbo", "test"): the switch
     # that makes the studio do the same
     top = {"model_dirs": [str(models)], "default_for_unknown": True}
-    config.write_text(_toml(top) + f"\n[models.{_quote(name)}]\n" + _toml(defaults))
+    aliases = "".join(f"{_quote(alias)} = {_quote(name)}\n" for alias in names[1:])
+    config.write_text(
+        _toml(top) + (f"\n[aliases]\n{aliases}" if aliases else "") + f"\n[models.{_quote(name)}]\n" + _toml(defaults)
+    )
     env = {
         **os.environ,
         "GGUF_STUDIO_HOME": str(home),

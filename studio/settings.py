@@ -60,6 +60,8 @@ Precedence: environment variables, then the optional TOML file
     flash_attn = "on"               # on, off or auto (unset: on when the cache type needs it, else auto)
     context_shift = true            # past the context, drop the oldest tokens (unset: false, an error)
     chat_template = "chatml"        # a llama.cpp built-in template's name, or Jinja text (unset: the model's own)
+    jinja = false                   # llama-server's built-in template renderer, no tools (unset: Jinja)
+    tags = ["chat", "small"]        # labels GET /models lists with the model (llama-server's --tags)
 
 | variable                | meaning                                                  |
 |-------------------------|----------------------------------------------------------|
@@ -148,6 +150,8 @@ _MODEL_KEYS = {
     "flash_attn",
     "context_shift",
     "chat_template",
+    "tags",
+    "jinja",
 }
 #: (least, most) a load may ask for; the load API and the config file check the same bounds. No real model
 #: has a context above 16M tokens (Llama 4 Scout's 10M is the largest); a bigger one is a typo, refused
@@ -277,6 +281,8 @@ class ModelDefaults:
     threads_batch: int | None = None
     flash_attn: FlashAttn | None = None
     context_shift: bool | None = None
+    jinja: bool | None = None  # False: llama-server's built-in template renderer (--no-jinja), which refuses tools
+    tags: tuple[str, ...] = ()  # labels GET /models lists with the model (llama-server's --tags), no load setting
 
 
 @dataclass(frozen=True)
@@ -430,6 +436,8 @@ class Settings:
                         flash_attn=d.get("flash_attn"),
                         context_shift=d.get("context_shift"),
                         chat_template=d.get("chat_template"),
+                        jinja=d.get("jinja"),
+                        tags=tuple(d.get("tags", ())),
                     )
                     for name, d in config.get("models", {}).items()
                 }
@@ -586,7 +594,7 @@ def _model_problems(d: dict[str, Any]) -> list[str]:
 
     problems = [f"unknown key {k!r} (known: {', '.join(sorted(_MODEL_KEYS))})" for k in d if k not in _MODEL_KEYS]
     problems += _number_problems(d, {"ttl": RESIDENCY_LIMITS["ttl"]})
-    for k in ("pinned", "context_shift"):
+    for k in ("pinned", "context_shift", "jinja"):
         if k in d and not isinstance(d[k], bool):
             problems.append(f"{k} must be true or false")
     if "flash_attn" in d and d["flash_attn"] not in FLASH_ATTN:
@@ -604,6 +612,8 @@ def _model_problems(d: dict[str, Any]) -> list[str]:
         isinstance(d["extra_args"], list) and all(isinstance(a, str) for a in d["extra_args"])
     ):
         problems.append("extra_args must be a list of strings")
+    if "tags" in d and not (isinstance(d["tags"], list) and all(isinstance(t, str) for t in d["tags"])):
+        problems.append("tags must be a list of strings")
     if "spec" in d and not isinstance(d["spec"], str):
         problems.append(f"spec must be a string, one of: {', '.join(MODES)}")
     elif "spec" in d:

@@ -29,6 +29,7 @@ from launcher.process import LlamaServer
 from launcher.units import MIB
 from studio.http.gui_api import LoadBody
 from studio.library.catalog import CatalogEntry
+from studio.library.default_model import ensure_default_model
 from studio.residency.requests import LoadRequest, load_settings
 from studio.settings import _MODEL_KEYS, _TOP_KEYS, ModelDefaults, Settings
 from tests.fake_llama import fake_children
@@ -240,6 +241,23 @@ def test_jinja_text_still_goes_in_a_private_file(gemma, real, argv_of):
     assert Path(value(argv, "--chat-template-file")).read_text() == JINJA and "--jinja" in argv
 
 
+def test_jinja_false_runs_llama_servers_built_in_renderer_and_true_or_unset_jinja(gemma, real, argv_of):
+    off = argv_of(plan(gemma, on_cpu(), real, PlanRequest(n_ctx=4096, jinja=False)), real)
+    assert "--no-jinja" in off and "--jinja" not in off and "--chat-template-kwargs" not in off
+    for jinja in (None, True):
+        on = argv_of(plan(gemma, on_cpu(), real, PlanRequest(n_ctx=4096, jinja=jinja)), real)
+        assert "--jinja" in on and "--no-jinja" not in on
+    named = argv_of(plan(gemma, on_cpu(), real, PlanRequest(n_ctx=4096, jinja=False, chat_template="llama3")), real)
+    assert value(named, "--chat-template") == "llama3" and "--no-jinja" in named
+
+
+def test_a_built_in_template_name_with_jinja_true_is_refused(gemma, real):
+    """The name would be read as a Jinja template whose whole text is the name."""
+    with pytest.raises(PlanError, match=r"the built-in chat template 'llama3' is rendered only without Jinja"):
+        plan(gemma, on_cpu(), real, PlanRequest(chat_template="llama3", jinja=True))
+    plan(gemma, on_cpu(), real, PlanRequest(chat_template="chatml", jinja=True))  # llama.cpp's Jinja ChatML
+
+
 def test_a_word_that_is_no_built_in_template_is_refused(gemma, real):
     with pytest.raises(PlanError, match=r"the chat template 'llama-3' is neither Jinja text nor one of llama.cpp"):
         plan(gemma, on_cpu(), real, PlanRequest(chat_template="llama-3"))
@@ -318,6 +336,18 @@ def test_load_options_reach_the_plan_request_from_the_api_and_the_config(tmp_pat
     assert (configured.threads, configured.flash_attn, configured.context_shift) == (1, "on", True)
     unset = load_settings(LoadRequest(model="m"), entry, {}).plan_request("m")
     assert (unset.threads, unset.threads_batch, unset.flash_attn, unset.context_shift) == (None, None, None, False)
+    assert unset.jinja is None
+
+
+def test_the_jinja_option_reaches_the_plan_request_from_the_api_and_the_config(tmp_path):
+    entry = CatalogEntry(name="m", path=tmp_path / "m.gguf")
+    assert load_settings(LoadBody(model="m", jinja=False).request(), entry, {}).plan_request("m").jinja is False
+    (tmp_path / "config.toml").write_text("[models.m]\njinja = false\n")
+    defaults = Settings.from_env({"GGUF_STUDIO_HOME": str(tmp_path)}).model_defaults
+    assert defaults["m"] == ModelDefaults(jinja=False)
+    assert load_settings(LoadRequest(model="m"), entry, defaults).plan_request("m").jinja is False
+    asked = load_settings(LoadRequest(model="m", jinja=True), entry, defaults).plan_request("m")
+    assert asked.jinja is True  # the request's own value wins
 
 
 def test_the_load_api_takes_the_options_and_refuses_flash_attention_off_with_a_quantized_cache(
@@ -344,6 +374,25 @@ def test_the_load_api_takes_the_options_and_refuses_flash_attention_off_with_a_q
         assert bad.status_code in (400, 422) and "flash_attn" in bad.text
 
 
+@pytest.mark.slow
+def test_tools_to_a_model_loaded_with_jinja_false_are_refused_in_words(tmp_path, llama_server_bin, settings):
+    """llama-server refuses them with "tools param requires --jinja flag", a flag the studio's users cannot pass."""
+    smol = ensure_default_model(settings.models_dir)
+    defaults = {"smol": ModelDefaults(n_ctx=512, spec="off", jinja=False)}
+    with running_studio(tmp_path, llama_server_bin, {"smol": smol}, defaults=defaults) as studio:
+        chat = {"model": "smol", "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 4}
+        plain = httpx.post(f"{studio.url}/v1/chat/completions", json=chat, timeout=300)
+        assert plain.status_code == 200, plain.text  # llama-server's built-in renderer
+        assert "--no-jinja" in studio.manager.find("smol").command.argv(1)
+        tool = {"type": "function", "function": {"name": "now", "parameters": {"type": "object", "properties": {}}}}
+        refused = httpx.post(f"{studio.url}/v1/chat/completions", json={**chat, "tools": [tool]}, timeout=300)
+        assert refused.status_code == 400, refused.text
+        error = refused.json()["error"]
+        assert (error["code"], error["param"]) == ("tools_need_jinja", "tools")
+        assert error["message"].startswith("smol renders its chat template without Jinja (jinja = false)")
+        assert "load option jinja true" in error["message"]
+
+
 @pytest.mark.parametrize(
     "line, words",
     [
@@ -351,6 +400,7 @@ def test_the_load_api_takes_the_options_and_refuses_flash_attention_off_with_a_q
         ("threads_batch = 'many'", "threads_batch must be an integer from 1 to 1024"),
         ("flash_attn = 'maybe'", "flash_attn must be one of on, off, auto"),
         ("context_shift = 'yes'", "context_shift must be true or false"),
+        ("jinja = 'no'", "jinja must be true or false"),
         ("chat_template = 'llama-3'", "chat_template: the chat template 'llama-3' is neither Jinja text"),
     ],
 )

@@ -83,6 +83,8 @@ def test_the_ollama_listener_is_off_unless_a_port_is_given(tmp_path):
         ("[models.m]\npinned = 'yes'", "pinned must be true or false"),
         ("[models.m]\nctx = 1", "unknown key 'ctx'"),
         ("[models.m]\nextra_args = '--temp 0.7'", "extra_args must be a list of strings"),
+        ("[models.m]\ntags = 'chat,small'", "[models.'m']: tags must be a list of strings"),
+        ("[models.m]\ntags = ['chat', 3]", "[models.'m']: tags must be a list of strings"),
         ("slot_cache_disk = 'lots'", "slot_cache_disk: 'lots' is not a size"),
     ],
 )

@@ -173,6 +173,14 @@ ContextShiftOption = Annotated[
         help="Past the context, drop the oldest tokens instead of failing (default: the config's, or off).",
     ),
 ]
+JinjaOption = Annotated[
+    bool | None,
+    typer.Option(
+        "--jinja/--no-jinja",
+        help="Render chat templates with Jinja; --no-jinja: llama-server's built-in renderer, which refuses tools "
+        "(default: the config's, or Jinja unless --chat-template names a built-in).",
+    ),
+]
 ChatTemplateOption = Annotated[
     str | None,
     typer.Option(
@@ -188,6 +196,7 @@ def load_options(
     flash_attn: str | None,
     context_shift: bool | None,
     chat_template: str | None,
+    jinja: bool | None = None,
 ) -> dict[str, Any]:
     """The load options given on the command line, by the load API's names."""
     if flash_attn is not None and flash_attn.lower() not in ("on", "off", "auto"):
@@ -198,6 +207,7 @@ def load_options(
         "flash_attn": flash_attn.lower() if flash_attn else None,
         "context_shift": context_shift,
         "chat_template": chat_template,
+        "jinja": jinja,
     }
     return {k: v for k, v in given.items() if v is not None}
 

@@ -14,6 +14,7 @@ from studio.cli.common import (
     ChatTemplateOption,
     ContextShiftOption,
     FlashAttnOption,
+    JinjaOption,
     JsonOption,
     RpcOption,
     ThreadsBatchOption,
@@ -98,6 +99,7 @@ def load(
     flash_attn: FlashAttnOption = None,
     context_shift: ContextShiftOption = None,
     chat_template: ChatTemplateOption = None,
+    jinja: JinjaOption = None,
     url: UrlOption = None,
     json_output: JsonOption = False,
 ) -> None:
@@ -108,7 +110,7 @@ def load(
     body: dict[str, Any] = {
         "model": model,
         "n_ctx": ctx,
-        **load_options(threads, threads_batch, flash_attn, context_shift, chat_template),
+        **load_options(threads, threads_batch, flash_attn, context_shift, chat_template, jinja),
     }
     status = load_in_studio(url, model, body, force=force)
     if json_output:
@@ -227,6 +229,7 @@ def plan_command(
     flash_attn: FlashAttnOption = None,
     context_shift: ContextShiftOption = None,
     chat_template: ChatTemplateOption = None,
+    jinja: JinjaOption = None,
     json_output: Annotated[bool, typer.Option("--json", help="Print JSON instead of text.")] = False,
     url: Annotated[
         str | None,
@@ -253,7 +256,7 @@ def plan_command(
     from studio.residency.requests import LoadRequest, load_settings
     from studio.views.plan import plan_json, render_plan
 
-    options = load_options(threads, threads_batch, flash_attn, context_shift, chat_template)
+    options = load_options(threads, threads_batch, flash_attn, context_shift, chat_template, jinja)
     if url is not None:  # a running studio plans it against what its resident models hold
         body = {
             "model": model,

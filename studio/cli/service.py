@@ -1,5 +1,6 @@
 """``ggstudio serve``: the studio service in the foreground, with its models, until Ctrl-C."""
 
+import errno
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
@@ -33,8 +34,9 @@ def serve(
     host: Annotated[
         str | None,
         typer.Option(
-            help="Address to listen on (default 127.0.0.1). Beyond loopback an API token is required; "
-            "without GGUF_STUDIO_API_TOKEN one is generated and printed."
+            help="Address to listen on (default 127.0.0.1); loopback ones may be a comma-separated list "
+            "(127.0.0.1,::1). Beyond loopback an API token is required; without GGUF_STUDIO_API_TOKEN one is "
+            "generated and printed."
         ),
     ] = None,
     port: Annotated[
@@ -143,6 +145,7 @@ def _serve_holding(
     parent: int | None,
 ) -> None:
     # The service's imports (FastAPI, uvicorn, httpx) stay here: other commands start fast without them.
+    from launcher.errors import PortInUseError
     from launcher.process import ensure_port_free
     from studio import __version__
     from studio.chat.toolbox import Toolbox
@@ -167,15 +170,24 @@ def _serve_holding(
         preload = [model, *(p for p in preload if p != model)]
     elif not preload:
         preload = [str(ensure_default_model(settings.models_dir))]
-    host = host or settings.host
+    hosts = listen_hosts(host or settings.host)
+    host = hosts[0]  # the address the studio is announced at; the token and the Host check go by it
     port = port if port is not None else settings.port
     ollama_port = ollama_port or settings.ollama_port
-    if port == 0:  # bound now, so the port is known before the service starts and nobody takes it meanwhile
-        sock = listening_socket(host, 0)
-        port = sock.getsockname()[1]
+    sockets = []
+    if port == 0 or len(hosts) > 1:  # bound now, so the port is known before the service starts and nobody takes it
+        for address in hosts:
+            try:
+                sockets.append(listening_socket(address, port))
+            except OSError as exc:
+                for bound in sockets:
+                    bound.close()
+                if exc.errno == errno.EADDRINUSE:
+                    raise PortInUseError(address, port) from exc
+                raise
+            port = sockets[0].getsockname()[1]  # port 0: the others take the one the first was given
     else:
         ensure_port_free(host, port)
-        sock = None
     if ollama_port is not None:
         ensure_port_free(host, ollama_port)
     workers = chosen_rpc_workers(rpc, settings)
@@ -224,7 +236,7 @@ def _serve_holding(
     )
     ollama_app = create_ollama_app(app, api_token=token, access=access) if ollama_port is not None else None
     listeners = Listeners(
-        app, host=host, port=port, ollama_app=ollama_app, ollama_port=ollama_port, announce=announce, sock=sock
+        app, host=host, port=port, ollama_app=ollama_app, ollama_port=ollama_port, announce=announce, sockets=sockets
     )
     if parent is not None:
         _stop_with_parent(listeners, parent)
@@ -234,8 +246,30 @@ def _serve_holding(
         pass
     finally:
         manager.close_now()  # the app's shutdown did it, unless uvicorn never started
-        if sock is not None:
+        for sock in sockets:
             sock.close()
+
+
+def listen_hosts(text: str) -> list[str]:
+    """The addresses ``--host`` names: one, or a comma-separated list of loopback ones (``127.0.0.1,::1``).
+
+    A list beyond loopback is refused: the API token and the Host check are decided for one address.
+
+    Raises:
+        typer.BadParameter: an empty list, or a list with an address beyond loopback.
+    """
+    from studio.http.access import is_loopback
+
+    hosts = [h.strip() for h in text.split(",") if h.strip()]
+    if not hosts:
+        raise typer.BadParameter(f"{text!r} names no address", param_hint="--host")
+    if len(hosts) > 1 and not all(is_loopback(h) for h in hosts):
+        raise typer.BadParameter(
+            f"{text!r}: several addresses are taken only when all are loopback ones (127.0.0.1,::1); beyond "
+            "loopback listen on one address, or on all of them (0.0.0.0 or ::)",
+            param_hint="--host",
+        )
+    return hosts
 
 
 def client_url(host: str, port: int) -> str:

@@ -111,6 +111,11 @@ class LoadBody(ApiBody):
         description="Past the context, drop the oldest tokens instead of answering with an error; default: the "
         "config's, or off.",
     )
+    jinja: bool | None = Field(
+        default=None,
+        description="Render chat templates with Jinja; false: llama-server's built-in renderer (--no-jinja), which "
+        "refuses requests with tools; default: the config's, or Jinja unless chat_template names a built-in.",
+    )
     force: bool = Field(default=False, description="Load even when the plan says it does not fit.")
     mmproj: str | None = Field(
         default=None,
@@ -137,6 +142,7 @@ class LoadBody(ApiBody):
             threads_batch=self.threads_batch,
             flash_attn=self.flash_attn,
             context_shift=self.context_shift,
+            jinja=self.jinja,
         )
 
 

@@ -73,6 +73,7 @@ from starlette.exceptions import HTTPException
 from starlette.formparsers import MultiPartException
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from launcher.chat_templates import uses_jinja
 from launcher.rpc import unreachable
 from studio.chat.media import check_chat_media, media_capabilities, preflight_chat
 from studio.chat.reasoning import reasoning_request, with_prompt_flag
@@ -407,10 +408,30 @@ async def _json_body(request: Request) -> dict[str, Any]:
 
 
 def prepare_chat_body(body: dict[str, Any], loaded: LoadedModel) -> None:
-    """Check the media against the model, then fill what the studio adds: reasoning kwargs, a default ``max_tokens``."""
+    """Check the media and tools against the model, then fill what the studio adds: reasoning kwargs, a default
+    ``max_tokens``."""
     check_chat_media(body, media_capabilities(loaded), loaded.name)
+    _check_tools_render(body, loaded)
     _default_max_tokens(body, loaded)
     _apply_reasoning(body, loaded)
+
+
+def _check_tools_render(body: dict[str, Any], loaded: LoadedModel) -> None:
+    """Refuse ``tools`` for a model running without Jinja, which llama-server would refuse naming its own flag.
+
+    Raises:
+        BadRequestError: the request offers tools and the model renders its template without Jinja.
+    """
+    settings = loaded.settings
+    if body.get("tools") and not uses_jinja(settings.chat_template, settings.jinja):
+        why = "jinja = false" if settings.jinja is False else f"the built-in chat template {settings.chat_template!r}"
+        raise BadRequestError(
+            f"{base_name(loaded.name)} renders its chat template without Jinja ({why}), and llama-server "
+            "renders tools only with Jinja: send the request without tools, or load the model with the load "
+            "option jinja true (and a Jinja chat template)",
+            param="tools",
+            code="tools_need_jinja",
+        )
 
 
 def _default_max_tokens(body: dict[str, Any], loaded: LoadedModel) -> None:

@@ -36,9 +36,10 @@ from pydantic import Field
 from studio.errors import BadRequestError
 from studio.http.bodies import ApiBody
 from studio.http.model_paths import check_model_path
+from studio.library.catalog import names_by_model
 from studio.residency.lifecycle import ResidentState
 from studio.residency.manager import ModelManager
-from studio.residency.requests import LoadRequest
+from studio.residency.requests import LoadRequest, model_defaults_for
 from studio.residency.resident import ResidentModel
 
 log = structlog.get_logger(__name__)
@@ -59,6 +60,8 @@ _STATUS: dict[ResidentState, str] = {
     ResidentState.FAILED: "unloaded",
     ResidentState.UNLOADED: "unloaded",
 }
+#: A model no instance or load of stands for, under a name.
+_UNLOADED: dict[str, Any] = {"value": "unloaded", "args": []}
 
 
 class ModelBody(ApiBody):
@@ -139,23 +142,37 @@ def _args(resident: ResidentModel) -> list[str]:
 @router.get("/models")
 @router.get("/v1/models")
 async def list_models(request: Request) -> dict[str, Any]:
-    """Every servable model with its router ``status``; resident ones carry their state and live context in ``meta``."""
+    """Every servable model with its router ``status``; resident ones carry their state and live context in ``meta``.
+
+    As llama-server's, each model is listed once, with ``aliases`` (every name a client may send for it, its
+    own included: the config's ``[aliases]`` of it) and ``tags`` (its ``[models.NAME]`` table's).
+    """
     manager = _manager(request)
     loads = _loads(request)
     resident = {r.settings.key: r for r in manager.residents}
+    entries = manager.catalog.entries()
+    names = names_by_model(entries)
     data = []
-    for entry in manager.catalog.entries():
-        item: dict[str, Any] = {"id": entry.name, "object": "model", "created": 0, "owned_by": "gguf-studio"}
+    for entry in entries:
+        if entry.name not in names:  # an alias, listed in its model's aliases
+            continue
+        tags = list(model_defaults_for(entry, manager.model_defaults).tags)
+        item: dict[str, Any] = {"id": entry.name, "aliases": names[entry.name], "tags": tags, "object": "model"}
+        item.update(created=0, owned_by="gguf-studio")
         r = resident.get((entry.path, False))
         if r is not None:
             item["meta"] = _meta(r)
-        item["status"] = model_status(manager, entry.name, loads)
+        # loaded (or failed) under an alias, the resident goes by that name
+        statuses = [model_status(manager, name, loads) for name in names[entry.name]]
+        item["status"] = next((s for s in statuses if s != _UNLOADED), statuses[0])
         data.append(item)
         embedding = resident.get((entry.path, True))
         if embedding is not None:  # the model's embedding instance, listed while it is resident
             data.append(
                 {
                     "id": embedding.name,
+                    "aliases": [embedding.name],
+                    "tags": tags,
                     "object": "model",
                     "created": 0,
                     "owned_by": "gguf-studio",

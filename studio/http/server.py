@@ -19,7 +19,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import socket
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from types import FrameType
 
 import uvicorn
@@ -121,9 +121,11 @@ class Listeners:
         ollama_port: int | None = None,
         announce: Callable[[], None] = lambda: None,
         log_level: str = "warning",
-        sock: socket.socket | None = None,
+        sockets: Sequence[socket.socket] = (),
     ) -> None:
-        self._sock = sock  # bound by the caller (``listening_socket``): its port is known before the service starts
+        #: bound by the caller (``listening_socket``): their port is known before the service starts, and the studio
+        #: listens on each (several addresses); none: uvicorn binds ``host:port``
+        self._sockets = list(sockets)
         companions = []
         if ollama_app is not None and ollama_port is not None:
             companions.append(
@@ -138,7 +140,7 @@ class Listeners:
 
     def run(self) -> None:
         """Serve until Ctrl-C or SIGTERM (from the main thread), or until ``stop``."""
-        self._main.run(sockets=[self._sock] if self._sock is not None else None)
+        self._main.run(sockets=self._sockets or None)
 
     def stop(self, *, force: bool = False) -> None:
         """Ask every listener to finish its requests and stop (``force``: without waiting for open connections);

@@ -25,6 +25,16 @@ class CatalogEntry:
     name: str
     path: Path
     mmproj: Path | None = None  # the multimodal projector found beside it, width checked
+    alias_of: str | None = None  # an ``[aliases]`` name of the listed model so named (listings fold it in there)
+
+
+def names_by_model(entries: list[CatalogEntry]) -> dict[str, list[str]]:
+    """Every name a client may send for each of ``entries`` that is no alias, sorted: its own and its aliases."""
+    found = {e.name: [e.name] for e in entries if e.alias_of is None}
+    for e in entries:
+        if e.alias_of is not None and e.alias_of in found:
+            found[e.alias_of].append(e.name)
+    return {name: sorted(names) for name, names in found.items()}
 
 
 class Catalog:
@@ -65,7 +75,8 @@ class Catalog:
                     found.setdefault(entry.name, CatalogEntry(entry.name, entry.path, entry.mmproj))
         for alias, target in self.aliases.items():
             if target in found:
-                found.setdefault(alias, CatalogEntry(alias, found[target].path, found[target].mmproj))
+                named = found[target]
+                found.setdefault(alias, CatalogEntry(alias, named.path, named.mmproj, named.alias_of or target))
             elif Path(target).expanduser().is_file():
                 found.setdefault(alias, CatalogEntry(alias, Path(target).expanduser().resolve()))
         return sorted(found.values(), key=lambda e: e.name)

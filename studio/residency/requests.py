@@ -53,6 +53,7 @@ class LoadRequest:
     threads_batch: int | None = None  # None, and none configured: the same as threads
     flash_attn: FlashAttn | None = None  # None, and none configured: on when the cache type needs it, else auto
     context_shift: bool | None = None  # None, and none configured: off (a conversation past the context is an error)
+    jinja: bool | None = None  # None, and none configured: Jinja unless the template is a built-in's name
     ttl: float | None = None  # seconds idle before unloading; None: the model's configured one, or the global
     pinned: bool | None = None  # None: the model's configured one
     force: bool = False  # load even when the plan says it does not fit
@@ -77,6 +78,7 @@ class LoadSettings:
     threads_batch: int | None = None
     flash_attn: FlashAttn | None = None
     context_shift: bool = False
+    jinja: bool | None = None  # False: llama-server's built-in renderer, which refuses tools
     cache_ram: int | None = None
     embeddings: bool = False  # the embedding instance
 
@@ -107,6 +109,7 @@ class LoadSettings:
             threads_batch=self.threads_batch,
             flash_attn=self.flash_attn,
             context_shift=self.context_shift,
+            jinja=self.jinja,
             embeddings=self.embeddings,
         )
 
@@ -160,4 +163,5 @@ def load_settings(
         threads_batch=request.threads_batch if request.threads_batch is not None else own.threads_batch,
         flash_attn=request.flash_attn if request.flash_attn is not None else own.flash_attn,
         context_shift=bool(request.context_shift if request.context_shift is not None else own.context_shift),
+        jinja=request.jinja if request.jinja is not None else own.jinja,
     )
