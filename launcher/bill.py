@@ -75,6 +75,9 @@ class DeviceBill:
     projector: int = 0  # the multimodal projector's weights and compute buffer (``MemoryBill.projector`` splits them)
     #: host memory llama-server's prompt cache may fill (``--cache-ram``) as prompts come: nothing at start
     prompt_cache: int = 0
+    #: the llama-server process's own host memory beyond its buffers (binary, libraries, vocabulary, HTTP
+    #: server, request state): on no line of its log (``launcher.memory.process_bytes`` says how it was measured)
+    process: int = 0
 
     @property
     def total(self) -> int:
@@ -88,6 +91,7 @@ class DeviceBill:
             + self.compute_growth
             + self.projector
             + self.prompt_cache
+            + self.process
         )
 
     @property
@@ -128,9 +132,14 @@ class MemoryBill:
 
     @property
     def startup_total(self) -> int:
-        """What llama-server has allocated once it listens (before a speculative batch grows the outputs, or a
-        long prompt the compute buffer)."""
+        """What llama-server holds once it listens (before a speculative batch grows the outputs, or a
+        long prompt the compute buffer), its process line included."""
         return self.total - sum(d.growth for d in self.devices)
+
+    @property
+    def logged_total(self) -> int:
+        """The share of ``startup_total`` llama-server's log prints (``-lv 4``): its buffers, not the process line."""
+        return self.startup_total - self.sum_of("process")
 
     def device(self, name: str) -> DeviceBill:
         """The bill of ``name``; an all-zero bill when nothing lives there."""
@@ -148,6 +157,7 @@ class MemoryBill:
             "compute_growth",
             "projector",
             "prompt_cache",
+            "process",
         ],
     ) -> int:
         return sum(getattr(d, part) for d in self.devices)

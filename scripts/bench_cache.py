@@ -8,7 +8,7 @@ Gemma 3 270M. Prints three tables:
 1. Memory against the bills: ``--prompts`` distinct prompts of about ``--tokens`` tokens to one
    resident, then as many spread over three residents under a budget that fits the three; every
    100 ms the RSS of the studio's process tree (the studio and every llama-server) is set against
-   the sum of the residents' bills. Largest ratio (target <= 1.0).
+   the sum of the residents' bills and the studio's reserve. Largest ratio (target <= 1.0).
 2. Swap back: a conversation of ``--conversation`` tokens on A; B's load evicts A under a budget
    that fits one model; A is loaded again and the next turn sent. Prompt tokens processed on that
    turn (``timings.prompt_n``) and its time to first token (the load excluded), against the same
@@ -51,6 +51,11 @@ from launcher.process import free_port  # noqa: E402
 from studio.library.default_model import ensure_default_model, ensure_gemma  # noqa: E402
 from studio.settings import Settings  # noqa: E402
 
+#: What the scratch studio home borrows from the real one (as the test suite's ``run_home``): the pinned
+#: build, the models, the zoo and the probe cache. Not its discovery file, lock, logs, history or slots: a
+#: benchmark run in the real home once left them to the test suite, which then talked to its studio.
+BORROWED = ("llama.cpp", "models", "zoo", "cache")
+
 MIB = 2**20
 A, B, GEMMA = "smol-a", "smol-b", "gemma"
 #: MiB of prompt cache for A and B in tables 2 and 3: fixed, so the bill a budget fitting one is made from is
@@ -73,6 +78,15 @@ def text_of(tokens: int, seed: int) -> str:
     """About ``tokens`` SmolLM2 tokens of distinct text (its tokenizer gives about 1.13 a word here)."""
     rng = random.Random(RUN * 10_000 + seed)
     return " ".join(rng.choice(WORDS) for _ in range(int(tokens / 1.13)))
+
+
+def scratch_home(real: Path) -> Path:
+    """A studio home of the run's own (kept, with the studios' logs), ``BORROWED`` linked in from ``real``."""
+    home = Path(tempfile.mkdtemp(prefix="bench-cache-"))
+    for name in BORROWED:
+        (real / name).mkdir(parents=True, exist_ok=True)
+        (home / name).symlink_to(real / name, target_is_directory=True)
+    return home
 
 
 @contextmanager
@@ -138,10 +152,11 @@ def load(url: str, model: str) -> None:
     httpx.post(f"{url}/api/load", json={"model": model}, timeout=300).raise_for_status()
 
 
-def bills(url: str) -> int:
-    """The sum of the resident models' predicted bills, in bytes."""
-    models = httpx.get(f"{url}/api/status", timeout=10).json()["models"]
-    return sum(m["memory"]["predicted"]["total"] for m in models if m["state"] == "ready")
+def bills(url: str) -> tuple[int, int]:
+    """The sum of the resident models' predicted bills, and the studio's own reserve, in bytes."""
+    status = httpx.get(f"{url}/api/status", timeout=10).json()
+    billed = sum(m["memory"]["predicted"]["total"] for m in status["models"] if m["state"] == "ready")
+    return billed, (status["memory_budget"] or {}).get("reserve", 0)
 
 
 def tree_rss(pid: int) -> tuple[int, int]:
@@ -154,11 +169,12 @@ def tree_rss(pid: int) -> tuple[int, int]:
 
 
 class Sampler:
-    """Every 100 ms: the process tree's RSS against the bills' sum; keeps the largest ratios."""
+    """Every 100 ms: the process tree's RSS against the bills' sum (and the studio's reserve); keeps the
+    largest ratios."""
 
     def __init__(self, url: str, pid: int) -> None:
         self.url, self.pid = url, pid
-        self.worst = (0.0, 0, 0)  # (studio + servers) / bills, studio, servers, bills
+        self.worst = (0.0, 0, 0, 0, 0)  # (studio + servers) / (bills + reserve), studio, servers, bills, reserve
         self.worst_servers = 0.0  # servers / bills: what the bills promise
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
@@ -172,16 +188,16 @@ class Sampler:
         self._thread.join()
 
     def _run(self) -> None:
-        billed, checked = 0, 0.0
+        billed, reserve, checked = 0, 0, 0.0
         while not self._stop.wait(0.1):
             if time.monotonic() - checked > 1.0:  # the bills change only when a model comes or goes
-                billed, checked = bills(self.url), time.monotonic()
+                (billed, reserve), checked = bills(self.url), time.monotonic()
             own, servers = tree_rss(self.pid)
             if not billed:
                 continue
             self.worst_servers = max(self.worst_servers, servers / billed)
-            if (own + servers) / billed > self.worst[0]:
-                self.worst = ((own + servers) / billed, own, servers, billed)
+            if (own + servers) / (billed + reserve) > self.worst[0]:
+                self.worst = ((own + servers) / (billed + reserve), own, servers, billed, reserve)
 
 
 def complete(url: str, model: str, prompt: str) -> dict[str, Any]:
@@ -225,8 +241,8 @@ def evictions(url: str) -> int:
     return total
 
 
-def memory_table(args: argparse.Namespace, scratch: Path, models: dict[str, Path], one: int) -> None:
-    budget = int(3.3 * one)  # three residents fit, with room for their caches' growth on the bills
+def memory_table(args: argparse.Namespace, scratch: Path, models: dict[str, Path], one: int, reserve: int) -> None:
+    budget = int(3.3 * one) + reserve  # three residents fit beside the studio, with room for their caches' growth
     rows: list[tuple[str, Sampler]] = []
     with studio(scratch / "memory", models, budget=budget, n_ctx=args.tokens + 1024) as (url, pid):
         load(url, A)
@@ -241,16 +257,19 @@ def memory_table(args: argparse.Namespace, scratch: Path, models: dict[str, Path
                 complete(url, (A, B, GEMMA)[i % 3], text_of(args.tokens, 1000 + i))
         rows.append(("three residents", three))
     print(f"\n1. Memory: {args.prompts} prompts of ~{args.tokens} tokens; budget {budget / MIB:.0f} MiB")
-    print(f"{'':17}{'servers/bills':>14}{'(servers+studio)/bills':>24}{'studio':>8}{'servers':>9}{'bills':>7}  (MiB)")
+    print(
+        f"{'':17}{'servers/bills':>14}{'(servers+studio)/(bills+reserve)':>34}{'studio':>8}{'servers':>9}"
+        f"{'bills':>7}{'reserve':>9}  (MiB)"
+    )
     for name, sampled in rows:
-        ratio, own, servers, billed = sampled.worst
+        ratio, own, servers, billed, reserve = sampled.worst
         print(
-            f"{name:17}{sampled.worst_servers:>14.2f}{ratio:>24.2f}{own / MIB:>8.0f}{servers / MIB:>9.0f}"
-            f"{billed / MIB:>7.0f}"
+            f"{name:17}{sampled.worst_servers:>14.2f}{ratio:>34.2f}{own / MIB:>8.0f}{servers / MIB:>9.0f}"
+            f"{billed / MIB:>7.0f}{reserve / MIB:>9.0f}"
         )
     print(
         f"largest ratio: {max(r.worst_servers for _, r in rows):.2f} for the llama-servers,"
-        f" {max(r.worst[0] for _, r in rows):.2f} with the studio's own RSS (target <= 1.0)"
+        f" {max(r.worst[0] for _, r in rows):.2f} with the studio's own RSS against its reserve (target <= 1.0)"
     )
 
 
@@ -309,21 +328,23 @@ def main() -> None:
     parser.add_argument("--requests", type=int, default=8, help="requests of each client in table 3")
     parser.add_argument("--only", choices=("memory", "swap", "grouping"), help="one table only")
     args = parser.parse_args()
+    scratch = scratch_home(Settings.from_env().home)
+    os.environ["GGUF_STUDIO_HOME"] = str(scratch)  # every studio below runs there, one after another
     settings = Settings.from_env()
     smol, gemma = ensure_default_model(settings.models_dir), ensure_gemma(settings.models_dir)
     models = {A: smol, B: smol, GEMMA: gemma}
-    scratch = Path(tempfile.mkdtemp(prefix="bench-cache-"))
     # one model's bill at the largest context used: from a studio that plans it without a budget
     n_ctx = max(args.tokens, args.conversation) + 1024
     with studio(scratch / "probe", {A: smol, GEMMA: gemma}, budget=64 << 30, n_ctx=n_ctx) as (url, _):
         plans = [httpx.post(f"{url}/api/plan", json={"model": m}, timeout=120).json() for m in (A, GEMMA)]
         fixed = httpx.post(f"{url}/api/plan", json={"model": A, "cache_ram": PAIR_CACHE}, timeout=120).json()
+        reserve = httpx.get(f"{url}/api/status", timeout=10).json()["memory_budget"]["reserve"]  # the studio's own
     bill = {m: sum(d["total_bytes"] for d in p["bill"]) for m, p in zip((A, GEMMA), plans, strict=True)}
     if args.only in (None, "memory"):
-        memory_table(args, scratch, models, max(bill.values()))
+        memory_table(args, scratch, models, max(bill.values()), reserve)
     if args.only in (None, "swap", "grouping"):
         pair = {A: smol, B: smol}
-        one_fits = int(1.5 * sum(d["total_bytes"] for d in fixed["bill"]))  # A or B, never both
+        one_fits = int(1.5 * sum(d["total_bytes"] for d in fixed["bill"])) + reserve  # A or B, never both
         swaps: dict[int, tuple[int, float, float]] = {}
         for group_size in (4, 0):
             with studio(

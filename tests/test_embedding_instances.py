@@ -229,7 +229,7 @@ def test_a_model_loaded_with_embeddings_embeds_with_its_own_instance(llama_serve
 
 def test_under_a_budget_for_one_the_chat_and_embedding_instances_evict_each_other(llama_server_bin, settings, tmp_path):
     smol = ensure_default_model(settings.models_dir)
-    residency = ResidencySettings(memory_budget=MemoryBudget(total=420 * MIB), busy_wait=60)
+    residency = ResidencySettings(memory_budget=MemoryBudget(total=460 * MIB), busy_wait=60)
     with _studio(tmp_path, smol, llama_server_bin, residency) as (url, _, manager):
         made = httpx.post(f"{url}/v1/embeddings", json={"model": SMOL, "input": "x"}, timeout=180)
         assert made.status_code == 200, made.text

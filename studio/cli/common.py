@@ -119,6 +119,8 @@ def model_manager(settings: "Settings", rpc_workers: tuple[str, ...] = ()) -> tu
 
     With ``rpc_workers``, every plan asks them for their devices (``launcher.rpc.RpcWorkers``).
     """
+    import psutil
+
     from launcher.capabilities import probe
     from launcher.devices import discover
     from launcher.registry import ChildRegistry
@@ -147,6 +149,7 @@ def model_manager(settings: "Settings", rpc_workers: tuple[str, ...] = ()) -> tu
         slot_cache=SlotCache(settings.home / "slots", binary=found.path, disk_budget=settings.residency.slot_cache_disk)
         if settings.residency.slot_cache_disk
         else None,
+        own_memory=lambda: psutil.Process().memory_info().rss,
     )
     return manager, found
 

@@ -60,6 +60,7 @@ from launcher.errors import LauncherError
 from launcher.planner import MIN_AUTO_CTX, LaunchPlan, ModelInfo, PlanRequest, plan
 from launcher.registry import ChildRegistry
 from launcher.supervisor import Status, Supervisor
+from launcher.units import format_mib
 from studio.blocking import run_blocking
 from studio.errors import (
     BadRequestError,
@@ -158,6 +159,7 @@ class ModelManager:
         downloads: DownloadManager | None = None,
         spec_measurements: Path | None = None,
         slot_cache: SlotCache | None = None,
+        own_memory: Callable[[], int] | None = None,
     ) -> None:
         self.catalog = catalog
         self.binary = binary
@@ -173,6 +175,7 @@ class ModelManager:
         self.downloads = downloads  # fetches an uncached owner/repo:VARIANT when its auto_download is on
         self.spec_measurements = spec_measurements  # ``bench-spec``'s results, which ``auto`` follows
         self.slot_cache = slot_cache  # saves slots before a stop, restores them for the chat that continues one
+        self.own_memory = own_memory  # the studio's RSS now; None: no reserve (a manager inside a test)
         self._residents: dict[Key, ResidentModel] = {}
         self._routes: dict[str, ResidentModel] = {}  # every name a request used for a resident model
         self._default: ResidentModel | None = None  # the model a request without ``model`` uses
@@ -189,6 +192,11 @@ class ModelManager:
         self._why: dict[ResidentModel, str] = {}  # why the manager unloads a model (else it was its TTL)
 
     # -- state ---------------------------------------------------------------------------------
+    @property
+    def reserve(self) -> int:
+        """Bytes of host memory a memory budget keeps for the studio itself (``placement.studio_reserve``)."""
+        return 0 if self.own_memory is None else placement.studio_reserve(self.own_memory())
+
     @property
     def residents(self) -> list[ResidentModel]:
         """The resident models, oldest first."""
@@ -767,9 +775,14 @@ class ModelManager:
         self, info: ModelInfo, inventory: Inventory, available: Mapping[str, int], request: PlanRequest, budgeted: bool
     ) -> LaunchPlan:
         shared = placement.inventory_for(inventory, available, budgeted=budgeted)
-        return await run_blocking(
+        launch = await run_blocking(
             self.planner, info, shared, self.caps, request, timeout=self.work_timeout, what=f"planning {info.path.name}"
         )
+        reserve = self.reserve
+        if not (budgeted and reserve):
+            return launch
+        why = f"reserve: the studio's own {format_mib(reserve)} of host memory comes off the memory budget"
+        return replace(launch, reasons=(*launch.reasons, why))
 
     def _without_busy_workers(self, inventory: Inventory, replacing: ResidentModel | None) -> Inventory:
         """An RPC worker serves one llama-server at a time: leave out the workers resident models use."""
@@ -795,7 +808,7 @@ class ModelManager:
         budget = self.residency.memory_budget
         if budget is None:
             return None
-        return placement.budget_map(budget.total, budget.per_device, inventory)
+        return placement.budget_map(budget.total, budget.per_device, inventory, reserve=self.reserve)
 
     def _loading_names(self) -> set[str]:
         return {r.name for r in self._residents.values() if r.state in COMING_UP}

@@ -18,10 +18,16 @@ from dataclasses import dataclass, field, replace
 from launcher.devices import Inventory
 from launcher.memory import DeviceBill, MemoryBill
 from launcher.planner import LaunchPlan
-from launcher.units import format_mib
+from launcher.units import MIB, format_mib
 
 #: The key of a budget on all devices together.
 TOTAL = "total"
+#: The least a memory budget keeps for the studio's own host memory (Python, FastAPI, uvicorn, the catalog),
+#: which no model's bill counts: ``ggstudio serve`` measured 79 MiB RSS once its first model was ready, and
+#: as much after five chats and a page (44 MiB when its model manager is made, before the server is up).
+RESERVE_FLOOR = 96 * MIB
+#: Beyond the studio's RSS at a placement: what it may grow by before the next one (requests, history).
+RESERVE_HEADROOM = 16 * MIB
 #: Past this many candidates the exact fewest-first search gives way to least-recently-used order.
 _EXACT_SEARCH_LIMIT = 12
 
@@ -159,8 +165,9 @@ def holder(
 ) -> Holder:
     """A resident model as placement sees it: what it allocated plus what it will still grow by, else its bill."""
     if actual is not None:  # what it allocated, plus what it will grow by (drafted logits, MiniMax's masks, cache)
-        growth = {k: d.growth for k, d in by_device(plan.bill, plan).items()}  # the prompt cache included
-        held = {k: d.total + growth.get(k, 0) for k, d in by_device(actual, plan).items()}
+        # the prompt cache included, and the process line, which the log that made ``actual`` never prints
+        unlogged = {k: d.growth + d.process for k, d in by_device(plan.bill, plan).items()}
+        held = {k: d.total + unlogged.get(k, 0) for k, d in by_device(actual, plan).items()}
     else:
         held = physical(plan.bill, plan)
     # mapped weights on the CPU are page cache: free memory already counts them as available
@@ -169,11 +176,26 @@ def holder(
     return Holder(name=name, held=held, reclaim=reclaim, last_used=last_used, busy=busy, pinned=pinned)
 
 
-def budget_map(total: int | None, per_device: Mapping[str, int], inventory: Inventory) -> dict[str, int]:
-    """A memory budget per device key: a total budget lets each device take all of it, and the sum is checked."""
+def studio_reserve(rss: int) -> int:
+    """The studio's own share of a memory budget, from its RSS now: that and some headroom, at least the floor."""
+    return max(RESERVE_FLOOR, rss + RESERVE_HEADROOM)
+
+
+def budget_map(
+    total: int | None, per_device: Mapping[str, int], inventory: Inventory, *, reserve: int = 0
+) -> dict[str, int]:
+    """A memory budget per device key: a total budget lets each device take all of it, and the sum is checked.
+
+    ``reserve`` (the studio's own host memory, on no model's bill) comes off the host's share and the total.
+    """
     if total is not None:
-        return {TOTAL: total, **{d.key: total for d in inventory.devices}}
-    return {d.key: per_device.get(d.key, 0) for d in inventory.devices}
+        out = {TOTAL: total, **{d.key: total for d in inventory.devices}}
+    else:
+        out = {d.key: per_device.get(d.key, 0) for d in inventory.devices}
+    for key in (TOTAL, "CPU"):
+        if key in out:
+            out[key] = max(0, out[key] - reserve)
+    return out
 
 
 def physical(bill: MemoryBill, launch: LaunchPlan) -> dict[str, int]:

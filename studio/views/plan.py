@@ -15,7 +15,7 @@ from launcher.spec_measurements import SpecMeasurement
 from launcher.units import format_size
 
 #: Parts shown per device; "output" is the grown size (logits rows for drafted tokens included), so rows sum.
-_PARTS = ("weights", "kv", "recurrent", "compute", "output", "prompt_cache")
+_PARTS = ("weights", "kv", "recurrent", "compute", "output", "prompt_cache", "process")
 #: Capabilities doctor reports by name: what the launcher relies on.
 DOCTOR_FLAGS = (
     "--fit",
@@ -214,6 +214,7 @@ def render_plan(info: dict[str, Any]) -> str:
         "compute",
         "output",
         "prompt cache",
+        "process",
         *parts[len(_PARTS) :],
         "total",
         "budget",

@@ -28,7 +28,14 @@ def status_json(manager: ModelManager) -> dict[str, Any]:
         **top,
         "models": models,
         "waiting": manager.waiting,
-        "memory_budget": None if budget is None else {"total": budget.total, "per_device": dict(budget.per_device)},
+        "memory_budget": None
+        if budget is None
+        else {
+            "total": budget.total,
+            "per_device": dict(budget.per_device),
+            # the studio's own host memory: off the total (or the CPU's share) before any model is placed
+            "reserve": manager.reserve,
+        },
     }
 
 
@@ -106,6 +113,7 @@ def bill_json(bill: MemoryBill, per_device: dict[str, int]) -> dict[str, Any]:
                 "compute_growth": d.compute_growth,
                 "projector": d.projector,
                 "prompt_cache": d.prompt_cache,
+                "process": d.process,
                 "total": d.total,
             }
             for d in bill.devices
@@ -114,6 +122,8 @@ def bill_json(bill: MemoryBill, per_device: dict[str, int]) -> dict[str, Any]:
         "total": bill.total,
         # what llama-server holds once it listens: the figure to set beside the actual total
         "startup_total": bill.startup_total,
+        # the share of it llama-server's log prints: the actual bill's total (the log has no process line)
+        "logged_total": bill.logged_total,
         "approximate": bill.approximate,
         "reasons": list(bill.reasons),
         "projector": {
