@@ -720,7 +720,9 @@ class ModelManager:
         live = [r for r in self.residents if r.state in HOLDS_MEMORY and r is not replacing]
         holders = [replace(self._holder(r), busy=True) if r in going else self._holder(r) for r in live]
         loading = self._loading_names()
-        budget = self._budget(inventory)
+        # the studio's RSS read once per placement: the budget and the plans' reasons show the same reserve
+        reserve = self.reserve if self.residency.memory_budget is not None else 0
+        budget = self._budget(inventory, reserve)
         budgeted = budget is not None
         base = placement.base_available(
             budget=budget,
@@ -736,7 +738,7 @@ class ModelManager:
             spec_measurements=self.spec_measurements,
             cpu_sharers=1 + sum(1 for r in live if r.plan.layers_on_cpu),  # the models whose threads share the cores
         )
-        first = await self._plan(info, inventory, base, plan_request, budgeted)
+        first = await self._plan(info, inventory, base, plan_request, budgeted, reserve)
         cap = self.residency.max_resident
         crowded = cap is not None and len(holders) >= cap
         if placement.fits(first, base) and not crowded:
@@ -749,7 +751,7 @@ class ModelManager:
             if plan_request.n_ctx is not None
             else replace(plan_request, n_ctx=min(MIN_AUTO_CTX, max(first.native_ctx, 256)))
         )
-        need = physical((await self._plan(info, inventory, everything, smallest, budgeted)).bill, first)
+        need = physical((await self._plan(info, inventory, everything, smallest, budgeted, reserve)).bill, first)
         evict = placement.choose_evictions(need, base, holders, budgeted=budgeted, max_count=cap)
         if evict is None:
             ready = {r.name for r in live if r.state is ResidentState.READY and r not in going}
@@ -768,18 +770,23 @@ class ModelManager:
                 shortfall=max(placement.shortfall(need, everything).values(), default=0),
             )
         freed = placement.with_evicted(base, [h for h in holders if h.name in evict], budgeted=budgeted)
-        final = await self._plan(info, inventory, freed, plan_request, budgeted)
+        final = await self._plan(info, inventory, freed, plan_request, budgeted, reserve)
         return Placed(final, evict, (), placement.fits(final, freed), model, settings)
 
     async def _plan(
-        self, info: ModelInfo, inventory: Inventory, available: Mapping[str, int], request: PlanRequest, budgeted: bool
+        self,
+        info: ModelInfo,
+        inventory: Inventory,
+        available: Mapping[str, int],
+        request: PlanRequest,
+        budgeted: bool,
+        reserve: int,
     ) -> LaunchPlan:
         shared = placement.inventory_for(inventory, available, budgeted=budgeted)
         launch = await run_blocking(
             self.planner, info, shared, self.caps, request, timeout=self.work_timeout, what=f"planning {info.path.name}"
         )
-        reserve = self.reserve
-        if not (budgeted and reserve):
+        if not reserve:
             return launch
         why = f"reserve: the studio's own {format_mib(reserve)} of host memory comes off the memory budget"
         return replace(launch, reasons=(*launch.reasons, why))
@@ -804,11 +811,11 @@ class ModelManager:
             ),
         )
 
-    def _budget(self, inventory: Inventory) -> dict[str, int] | None:
+    def _budget(self, inventory: Inventory, reserve: int) -> dict[str, int] | None:
         budget = self.residency.memory_budget
         if budget is None:
             return None
-        return placement.budget_map(budget.total, budget.per_device, inventory, reserve=self.reserve)
+        return placement.budget_map(budget.total, budget.per_device, inventory, reserve=reserve)
 
     def _loading_names(self) -> set[str]:
         return {r.name for r in self._residents.values() if r.state in COMING_UP}
