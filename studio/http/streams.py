@@ -23,11 +23,12 @@ import json
 from typing import Any
 from urllib.parse import quote, urlencode
 
+import httpx
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
 from studio.errors import BadRequestError, NotReadyError, StreamNotFoundError, UpstreamError
-from studio.http.openai_proxy import broken_stream_event, close_upstream, read_answer, send_upstream
+from studio.http.openai_proxy import Method, broken_stream_event, close_upstream, read_answer, send_upstream
 from studio.http.relay import Relay
 from studio.http.stream_owners import stream_owners
 from studio.residency.lifecycle import COMING_UP
@@ -48,11 +49,7 @@ async def replay_stream(request: Request) -> Response:
     query = {"conv_id": conv_id}
     if (start := request.query_params.get("from")) is not None:
         query["from"] = start  # llama-server checks it
-    try:
-        resp = await send_upstream(request, loaded, STREAM, None, lease, query=urlencode(query, quote_via=quote))
-    except BaseException:
-        await lease()
-        raise
+    resp = await _send(request, loaded, lease, STREAM, None, query=urlencode(query, quote_via=quote))
     headers = {"content-type": resp.headers.get("content-type", "text/event-stream")}
     if resp.status_code != 200:  # llama-server's own "not found or expired", in the OpenAI shape already
         return Response(await read_answer(resp, lease, loaded), status_code=resp.status_code, headers=headers)
@@ -78,11 +75,7 @@ async def stop_stream(request: Request) -> Response:
     if found is not None:
         loaded, lease = found
         query = urlencode({"conv_id": conv_id}, quote_via=quote)
-        try:
-            resp = await send_upstream(request, loaded, STREAM, None, lease, query=query, method="DELETE")
-        except BaseException:
-            await lease()
-            raise
+        resp = await _send(request, loaded, lease, STREAM, None, query=query, method="DELETE")
         await read_answer(resp, lease, loaded)  # 204, or the error llama-server logs itself
     return Response(status_code=204)
 
@@ -104,17 +97,31 @@ async def lookup_streams(request: Request) -> Response:
             continue  # not ready: no session to list
         loaded, lease = found
         try:
-            resp = await send_upstream(request, loaded, LOOKUP, {"conversation_ids": ids}, lease)
+            resp = await _send(request, loaded, lease, LOOKUP, {"conversation_ids": ids})
         except UpstreamError:
-            await lease()
             continue  # the router leaves out a child that does not answer
-        except BaseException:
-            await lease()
-            raise
         answer = _json_or_none(await read_answer(resp, lease, loaded))
         if resp.status_code == 200 and isinstance(answer, list):
             sessions += [entry for entry in answer if isinstance(entry, dict)]
     return JSONResponse(sessions)
+
+
+async def _send(
+    request: Request,
+    loaded: LoadedModel,
+    lease: Lease,
+    path: str,
+    body: dict[str, Any] | None,
+    *,
+    query: str = "",
+    method: Method | None = None,
+) -> httpx.Response:
+    """``send_upstream`` that lets ``lease`` go when nothing comes back (``read_answer`` lets it go otherwise)."""
+    try:
+        return await send_upstream(request, loaded, path, body, lease, query=query, method=method)
+    except BaseException:
+        await lease()
+        raise
 
 
 def _requested(raw: bytes) -> list[str]:
