@@ -242,35 +242,48 @@ def evictions(url: str) -> int:
 
 
 def memory_table(args: argparse.Namespace, scratch: Path, models: dict[str, Path], one: int, reserve: int) -> None:
+    """Prints each phase's row as soon as it is measured: at 50 x 2,000 tokens the run takes many minutes."""
     budget = int(3.3 * one) + reserve  # three residents fit beside the studio, with room for their caches' growth
-    rows: list[tuple[str, Sampler]] = []
-    with studio(scratch / "memory", models, budget=budget, n_ctx=args.tokens + 1024) as (url, pid):
-        load(url, A)
-        with Sampler(url, pid) as one_resident:
-            for i in range(args.prompts):
-                complete(url, A, text_of(args.tokens, i))
-        rows.append(("one resident", one_resident))
-        for m in (B, GEMMA):
-            load(url, m)
-        with Sampler(url, pid) as three:
-            for i in range(args.prompts):
-                complete(url, (A, B, GEMMA)[i % 3], text_of(args.tokens, 1000 + i))
-        rows.append(("three residents", three))
     print(f"\n1. Memory: {args.prompts} prompts of ~{args.tokens} tokens; budget {budget / MIB:.0f} MiB")
     print(
         f"{'':17}{'servers/bills':>14}{'(servers+studio)/(bills+reserve)':>34}{'studio':>8}{'servers':>9}"
-        f"{'bills':>7}{'reserve':>9}  (MiB)"
+        f"{'bills':>7}{'reserve':>9}  (MiB)",
+        flush=True,
     )
-    for name, sampled in rows:
-        ratio, own, servers, billed, reserve = sampled.worst
-        print(
-            f"{name:17}{sampled.worst_servers:>14.2f}{ratio:>34.2f}{own / MIB:>8.0f}{servers / MIB:>9.0f}"
-            f"{billed / MIB:>7.0f}{reserve / MIB:>9.0f}"
-        )
+    rows: list[Sampler] = []
+    with studio(scratch / "memory", models, budget=budget, n_ctx=args.tokens + 1024) as (url, pid):
+        load(url, A)
+        with Sampler(url, pid) as one_resident:
+            prompts(url, args, (A,), seed=0)
+        rows.append(memory_row("one resident", one_resident))
+        for m in (B, GEMMA):
+            load(url, m)
+        with Sampler(url, pid) as three:
+            prompts(url, args, (A, B, GEMMA), seed=1000)
+        rows.append(memory_row("three residents", three))
     print(
-        f"largest ratio: {max(r.worst_servers for _, r in rows):.2f} for the llama-servers,"
-        f" {max(r.worst[0] for _, r in rows):.2f} with the studio's own RSS against its reserve (target <= 1.0)"
+        f"largest ratio: {max(r.worst_servers for r in rows):.2f} for the llama-servers,"
+        f" {max(r.worst[0] for r in rows):.2f} with the studio's own RSS against its reserve (target <= 1.0)"
     )
+
+
+def prompts(url: str, args: argparse.Namespace, to: tuple[str, ...], seed: int) -> None:
+    """``--prompts`` distinct prompts spread over ``to``, with a progress line on stderr every ten."""
+    began = time.monotonic()
+    for i in range(args.prompts):
+        complete(url, to[i % len(to)], text_of(args.tokens, seed + i))
+        if (i + 1) % 10 == 0:
+            print(f"  {i + 1}/{args.prompts} prompts, {time.monotonic() - began:.0f} s", file=sys.stderr, flush=True)
+
+
+def memory_row(name: str, sampled: Sampler) -> Sampler:
+    ratio, own, servers, billed, reserve = sampled.worst
+    print(
+        f"{name:17}{sampled.worst_servers:>14.2f}{ratio:>34.2f}{own / MIB:>8.0f}{servers / MIB:>9.0f}"
+        f"{billed / MIB:>7.0f}{reserve / MIB:>9.0f}",
+        flush=True,
+    )
+    return sampled
 
 
 def swap_table(url: str, args: argparse.Namespace) -> None:
