@@ -34,7 +34,7 @@ from studio.residency.requests import LoadRequest, load_settings
 from studio.settings import _MODEL_KEYS, _TOP_KEYS, ModelDefaults, Settings
 from tests.fake_llama import fake_children
 from tests.helpers import free_port
-from tests.manager_harness import ZOO, fake_manager
+from tests.manager_harness import ZOO, fake_manager, zoo_bill
 from tests.support.studio import running_studio
 
 GIB = 1024 * MIB
@@ -161,6 +161,24 @@ def test_a_second_cpu_resident_gets_its_share_of_the_cores_not_all_of_them(tmp_p
             await manager.load(LoadRequest(model=b))
             threads = {r.name: (r.plan.request.cpu_sharers, r.plan.threads) for r in manager.residents}
             assert threads == {a: (1, 4), b: (2, 2)}
+            await manager.aclose()
+
+    asyncio.run(run())
+
+
+def test_a_model_swapped_in_gets_the_cores_of_the_model_it_evicts(tmp_path, real, zoo_dir):
+    """Regression: B's plan counted A, which its load evicts, as a resident sharing the cores: B ran alone on two
+    cores with one thread, at half speed (a swapped-back conversation took 1.9x its time to first token)."""
+    a, b = ZOO[:2]
+    models = {name: zoo_dir / f"{name}.gguf" for name in (a, b)}
+    one_fits = int(max(zoo_bill(real, p) for p in models.values()) * 1.5)
+
+    async def run() -> None:
+        with fake_children() as children:
+            manager = fake_manager(tmp_path, children, real, models, budget=one_fits, discover=lambda: on_cpu(2))
+            await manager.load(LoadRequest(model=a))
+            await manager.load(LoadRequest(model=b))
+            assert {r.name: (r.plan.request.cpu_sharers, r.plan.threads) for r in manager.residents} == {b: (1, 2)}
             await manager.aclose()
 
     asyncio.run(run())

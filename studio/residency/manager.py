@@ -44,7 +44,7 @@ import asyncio
 import contextlib
 import math
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Literal
@@ -106,6 +106,14 @@ Key = tuple[Path, bool]
 _NOT_SERVING = frozenset({ResidentState.FAILED, ResidentState.UNLOADED})
 
 __all__ = ["ModelManager", "Placed", "ResidencyEvent", "physical", "supervisor_factory"]
+
+
+def cpu_sharers(
+    live: Sequence[ResidentModel], *, leaving: Collection[ResidentModel], evicted: Collection[str] = ()
+) -> int:
+    """The models whose threads will share the cores: the one placed, and the residents running layers on the CPU
+    that stay (not ``leaving`` for another load, nor ``evicted`` for this one)."""
+    return 1 + sum(1 for r in live if r.plan.layers_on_cpu and r not in leaving and r.name not in evicted)
 
 
 def supervisor_factory(logs_dir: Path, registry: ChildRegistry) -> SupervisorFactory:
@@ -736,7 +744,7 @@ class ModelManager:
         plan_request = replace(
             settings.plan_request(base_name(entry.name)),  # an embedding instance answers as its model
             spec_measurements=self.spec_measurements,
-            cpu_sharers=1 + sum(1 for r in live if r.plan.layers_on_cpu),  # the models whose threads share the cores
+            cpu_sharers=cpu_sharers(live, leaving=going),
         )
         first = await self._plan(info, inventory, base, plan_request, budgeted, reserve)
         cap = self.residency.max_resident
@@ -770,7 +778,10 @@ class ModelManager:
                 shortfall=max(placement.shortfall(need, everything).values(), default=0),
             )
         freed = placement.with_evicted(base, [h for h in holders if h.name in evict], budgeted=budgeted)
-        final = await self._plan(info, inventory, freed, plan_request, budgeted, reserve)
+        # the models it evicts give their cores back too: a model swapped in planned 1 thread of 2 beside the
+        # model it replaced, and ran alone at half speed (scripts/bench_cache.py's swap back, 1.9x its TTFT)
+        staying = replace(plan_request, cpu_sharers=cpu_sharers(live, leaving=going, evicted=evict))
+        final = await self._plan(info, inventory, freed, staying, budgeted, reserve)
         return Placed(final, evict, (), placement.fits(final, freed), model, settings)
 
     async def _plan(
