@@ -6,6 +6,7 @@ back cold, its whole conversation processed again on the next turn.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import struct
 import time
@@ -15,10 +16,12 @@ import httpx
 import pytest
 
 from launcher.errors import SlotFileError
+from launcher.planner import PlanRequest, plan
 from launcher.slot_files import SEQ_MAGIC, SEQ_VERSION, read_tokens
 from studio.residency.slot_cache import SlotCache
 from studio.settings import ModelDefaults
 from tests.support.studio import running_studio
+from tests.test_command import cpu_only
 
 STORY = " ".join(f"Sentence {i} of a long story about a lighthouse keeper and her cat." for i in range(30))
 TURN1 = [{"role": "user", "content": f"{STORY}\nWho is the story about? Answer in one short sentence."}]
@@ -182,6 +185,22 @@ def test_a_stored_conversation_resumed_on_the_page_after_an_eviction_restores_it
         timings = done["timings"]
         conversation = timings["prompt_n"] + timings.get("cache_n", 0)
         assert timings["prompt_n"] <= 0.1 * conversation, timings
+
+
+def test_a_slot_file_from_another_model_file_or_build_is_never_restored(tmp_path, gemma, real, gemma_model):
+    """Restores look only in the launch's own folder: another model file or a rebuilt llama-server has another."""
+    binary = tmp_path / "llama-server"
+    binary.write_bytes(b"build one")
+    cache = SlotCache(tmp_path / "slots", binary=binary, disk_budget=1 << 30)
+    launch = plan(gemma, cpu_only(), real, PlanRequest(n_ctx=4096))
+    home = cache.folder(launch)
+    assert cache.folder(launch) == home  # the same model, settings and build find their files again
+    other_file = tmp_path / "copy.gguf"
+    other_file.symlink_to(gemma_model)  # the same bytes under another name: another model file to the user
+    other = dataclasses.replace(launch, model=dataclasses.replace(launch.model, path=other_file))
+    assert cache.folder(other) != home
+    binary.write_bytes(b"build two, rebuilt")
+    assert cache.folder(launch) != home
 
 
 @pytest.mark.slow
