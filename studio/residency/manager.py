@@ -108,12 +108,10 @@ _NOT_SERVING = frozenset({ResidentState.FAILED, ResidentState.UNLOADED})
 __all__ = ["ModelManager", "Placed", "ResidencyEvent", "physical", "supervisor_factory"]
 
 
-def cpu_sharers(
-    live: Sequence[ResidentModel], *, leaving: Collection[ResidentModel], evicted: Collection[str] = ()
-) -> int:
+def cpu_sharers(live: Sequence[ResidentModel], *, leaving: Collection[str]) -> int:
     """The models whose threads will share the cores: the one placed, and the residents running layers on the CPU
-    that stay (not ``leaving`` for another load, nor ``evicted`` for this one)."""
-    return 1 + sum(1 for r in live if r.plan.layers_on_cpu and r not in leaving and r.name not in evicted)
+    that stay (not ``leaving``: evicted by this load or another in flight)."""
+    return 1 + sum(1 for r in live if r.plan.layers_on_cpu and r.name not in leaving)
 
 
 def supervisor_factory(logs_dir: Path, registry: ChildRegistry) -> SupervisorFactory:
@@ -725,6 +723,7 @@ class ModelManager:
         # Models other loads reserved to evict still hold their memory until they are gone (their load may
         # yet be undone): they count as held and busy, and the memory those loads will take counts too.
         going = {victim for other in others for victim in other.victims}
+        going_names = {r.name for r in going}
         live = [r for r in self.residents if r.state in HOLDS_MEMORY and r is not replacing]
         holders = [replace(self._holder(r), busy=True) if r in going else self._holder(r) for r in live]
         loading = self._loading_names()
@@ -744,7 +743,7 @@ class ModelManager:
         plan_request = replace(
             settings.plan_request(base_name(entry.name)),  # an embedding instance answers as its model
             spec_measurements=self.spec_measurements,
-            cpu_sharers=cpu_sharers(live, leaving=going),
+            cpu_sharers=cpu_sharers(live, leaving=going_names),
         )
         first = await self._plan(info, inventory, base, plan_request, budgeted, reserve)
         cap = self.residency.max_resident
@@ -780,7 +779,7 @@ class ModelManager:
         freed = placement.with_evicted(base, [h for h in holders if h.name in evict], budgeted=budgeted)
         # the models it evicts give their cores back too: a model swapped in planned 1 thread of 2 beside the
         # model it replaced, and ran alone at half speed (scripts/bench_cache.py's swap back, 1.9x its TTFT)
-        staying = replace(plan_request, cpu_sharers=cpu_sharers(live, leaving=going, evicted=evict))
+        staying = replace(plan_request, cpu_sharers=cpu_sharers(live, leaving={*going_names, *evict}))
         final = await self._plan(info, inventory, freed, staying, budgeted, reserve)
         return Placed(final, evict, (), placement.fits(final, freed), model, settings)
 
