@@ -97,6 +97,7 @@ from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
 from studio.env import env_flag
+from studio.home import studio_home
 
 if TYPE_CHECKING:
     from launcher.memory import CacheType, FlashAttn
@@ -315,12 +316,6 @@ class ToolSettings:
 
     mcp_servers: Mapping[str, MCPServerConfig] = field(default_factory=lambda: MappingProxyType({}))
     python: PythonToolConfig = field(default_factory=PythonToolConfig)
-
-
-def studio_home(env: Mapping[str, str] | None = None) -> Path:
-    """Return the studio home ``GGUF_STUDIO_HOME`` names (default ``~/.gguf-studio``)."""
-    env = os.environ if env is None else env
-    return Path(env.get("GGUF_STUDIO_HOME") or Path.home() / ".gguf-studio").expanduser()
 
 
 @dataclass(frozen=True)
