@@ -1,5 +1,7 @@
 #!/usr/bin/env python3
-"""How fast the CLI starts: median wall and CPU time of commands that do no work (targets: --help <= 120 ms, serve/plan --help <= 250 ms).
+"""How fast the CLI starts: median wall and CPU time of commands that do no work.
+
+Targets (issue 33): ``--help`` <= 120 ms, ``serve --help`` and ``plan --help`` <= 250 ms.
 
 Measured next to a bare ``python -c pass`` in the same run, the floor any CLI
 written in Python pays (the studio's editable install adds its import hook to
@@ -30,8 +32,10 @@ ENV = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
 
 
 def measure(argv: list[str], runs: int) -> tuple[float, float, float]:
-    """Median wall, median CPU and least CPU seconds of ``runs`` runs of ``argv``, after one that warms the caches (the OS's file cache, and the
-    studio's cached ``--help`` text, as a second ``ggstudio --help`` finds it)."""
+    """Median wall, median CPU and least CPU seconds of ``runs`` runs of ``argv``, after one that warms the caches.
+
+    The caches: the OS's file cache, and the studio's ``--help`` text, as a second ``ggstudio --help`` finds it.
+    """
     subprocess.run(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=True, env=ENV)
     walls, cpus = [], []
     for _ in range(runs):
