@@ -17,8 +17,8 @@ PROBE = (
 )
 
 
-def _help(home: Path, *argv: str) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "GGUF_STUDIO_HOME": str(home), "COLUMNS": "100"}
+def _help(home: Path, *argv: str, columns: int = 100) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "GGUF_STUDIO_HOME": str(home), "COLUMNS": str(columns)}
     return subprocess.run(
         [sys.executable, "-c", PROBE, *(argv or ["--help"])], capture_output=True, text=True, env=env, timeout=60
     )
@@ -46,8 +46,7 @@ def test_a_cache_rendered_under_another_key_is_rendered_again(tmp_path):
 def test_a_width_change_renders_the_help_again(tmp_path):
     _help(tmp_path)
     key = (tmp_path / "cache" / "cli-help.txt").read_text(encoding="utf-8").split("\n", 1)[0]
-    env = {**os.environ, "GGUF_STUDIO_HOME": str(tmp_path), "COLUMNS": "60"}
-    out = subprocess.run([sys.executable, "-c", PROBE, "--help"], capture_output=True, text=True, env=env, timeout=60)
+    out = _help(tmp_path, columns=60)
     assert out.stderr.strip().splitlines()[-1] == "TYPER"
     assert (tmp_path / "cache" / "cli-help.txt").read_text(encoding="utf-8").split("\n", 1)[0] != key
 
