@@ -493,8 +493,15 @@ async def warm_up(paths: list[Route]) -> None:
 
 
 def studio_cpu(pid: int) -> float:
-    t = psutil.Process(pid).cpu_times()
-    return t.user + t.system
+    """Seconds of CPU ``pid`` has used: to the nanosecond from Linux's per-thread ``schedstat`` (psutil's figure
+    moves in 10 ms clock ticks, a twentieth of a short round's), else psutil's."""
+    try:
+        return (
+            sum(int((task / "schedstat").read_text().split()[0]) for task in Path(f"/proc/{pid}/task").iterdir()) / 1e9
+        )
+    except OSError:  # not Linux, or a thread ended while it was read
+        t = psutil.Process(pid).cpu_times()
+        return t.user + t.system
 
 
 async def round_of(path: Route, samples: Samples, concurrency: int, tokens: int) -> None:
