@@ -24,7 +24,7 @@ from starlette.types import Receive, Scope, Send
 from studio.chat.model_turn import Turn, TurnError, read_turn
 from studio.http.app import create_app
 from studio.http.ollama_app import create_ollama_app
-from studio.http.relay import Relay, Reshape
+from studio.http.relay import Relay, Reshape, with_server_send
 from studio.http.upstream import Upstream
 from tests.helpers import free_port
 from tests.standin_manager import StandInManager, StandInModel
@@ -75,7 +75,9 @@ async def relaying(
             await relay(scope, receive, send)
 
         port = free_port()
-        server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, lifespan="off", log_level="warning"))
+        server = uvicorn.Server(
+            uvicorn.Config(with_server_send(app), host="127.0.0.1", port=port, lifespan="off", log_level="warning")
+        )
         serving = asyncio.create_task(server.serve())
         while not server.started:
             await asyncio.sleep(0.01)

@@ -25,6 +25,8 @@ from types import FrameType
 import uvicorn
 from fastapi import FastAPI
 
+from studio.http.relay import with_server_send
+
 #: Seconds between two looks at the exit flag when nothing wakes the loop: uvicorn's own 0.1 s tick cost an
 #: idle studio 0.25 % of a core (scripts/bench_idle.py); a signal wakes it at once.
 TICK = 1.0
@@ -129,9 +131,15 @@ class Listeners:
         companions = []
         if ollama_app is not None and ollama_port is not None:
             companions.append(
-                _Companion(uvicorn.Config(ollama_app, host=host, port=ollama_port, log_level=log_level, lifespan="off"))
+                _Companion(
+                    uvicorn.Config(
+                        with_server_send(ollama_app), host=host, port=ollama_port, log_level=log_level, lifespan="off"
+                    )
+                )
             )
-        self._main = _MainServer(uvicorn.Config(app, host=host, port=port, log_level=log_level), companions, announce)
+        self._main = _MainServer(
+            uvicorn.Config(with_server_send(app), host=host, port=port, log_level=log_level), companions, announce
+        )
 
     @property
     def started(self) -> bool:
