@@ -27,6 +27,7 @@ from gguf.templates import template_capabilities
 from studio.dialects import ollama
 from studio.errors import BadRequestError, ModelNotResidentError
 from studio.http.access import AccessPolicy
+from studio.http.app import NO_TELEMETRY
 from studio.http.auth import BearerTokenMiddleware
 from studio.http.browser_guard import BrowserGuard
 from studio.http.errors import (
@@ -75,7 +76,9 @@ def create_ollama_app(studio: FastAPI, *, api_token: str | None = None, access: 
     """The Ollama listener's app, sharing ``studio``'s state, behind the same guards: the studio's body limit,
     ``api_token`` as the studio's, and ``access``, which ``Host`` names and page origins are let in (a page's
     request to a local Ollama port is the classic drive-by)."""
-    app = FastAPI(title="GGUF Studio: Ollama API", docs_url=None, redoc_url=None, openapi_url=None)
+    app = FastAPI(
+        title="GGUF Studio: Ollama API", docs_url=None, redoc_url=None, openapi_url=None, telemetry=NO_TELEMETRY
+    )
     app.state = studio.state  # the same manager, upstream and metrics (the studio's lifespan makes the upstream)
     app.include_router(router)
     app.include_router(proxy_router)
