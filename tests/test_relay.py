@@ -19,7 +19,7 @@ from contextlib import asynccontextmanager
 import httpx
 import pytest
 import uvicorn
-from starlette.types import Receive, Scope, Send
+from starlette.types import Message, Receive, Scope, Send
 
 from studio.chat.model_turn import Turn, TurnError, read_turn
 from studio.http.app import create_app
@@ -43,10 +43,12 @@ async def relaying(
     handler: Callable[[asyncio.StreamReader, asyncio.StreamWriter, int], Awaitable[bool]],
     reshape: Callable[[], Reshape] | None = None,
     seen: list[tuple[float | None, bytes]] | None = None,
+    layer_saw: list[tuple[str, bool]] | None = None,
 ) -> AsyncIterator[tuple[str, asyncio.Event]]:
     """A stand-in answering with ``handler`` and a uvicorn app relaying it; yields (app URL, upstream closed).
 
-    ``reshape`` makes each request's reshape; ``seen`` gets what ``on_close`` was given.
+    ``reshape`` makes each request's reshape; ``seen`` gets what ``on_close`` was given; ``layer_saw`` the
+    (type, more_body) of each message that passed a middleware-like ``send`` wrapper between server and relay.
     """
     closed = asyncio.Event()
     async with StandIn(handler) as standin:
@@ -72,7 +74,13 @@ async def relaying(
                 reshape=reshape() if reshape else None,
                 media_type="text/event-stream",
             )
-            await relay(scope, receive, send)
+
+            async def layer(message: Message) -> None:
+                if layer_saw is not None:
+                    layer_saw.append((message["type"], message.get("more_body", False)))
+                await send(message)
+
+            await relay(scope, receive, layer)
 
         port = free_port()
         server = uvicorn.Server(
@@ -125,6 +133,25 @@ def test_bytes_pass_through_unchanged_and_each_piece_goes_on_before_the_next_exi
             await asyncio.wait_for(closed.wait(), 5)
 
     run(main())
+
+
+def test_body_chunks_pass_the_middleware_by_while_the_start_and_the_end_go_through_it():
+    """The middleware's ``send`` wrappers look only at the start; the chunks between go to the server's ``send``."""
+    saw: list[tuple[str, bool]] = []
+
+    async def whole(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, n: int) -> bool:
+        writer.write(CHUNKED_HEAD + b"".join(_chunk(piece) for piece in PIECES) + b"0\r\n\r\n")
+        await writer.drain()
+        return False
+
+    async def main() -> None:
+        async with relaying(whole, layer_saw=saw) as (url, closed), httpx.AsyncClient() as client:
+            resp = await client.post(url, content=b"{}")
+            assert resp.content == b"".join(PIECES)
+            await asyncio.wait_for(closed.wait(), 5)
+
+    run(main())
+    assert saw == [("http.response.start", False), ("http.response.body", False)]
 
 
 def test_an_upstream_that_breaks_off_mid_stream_ends_the_stream_with_the_error_event():
