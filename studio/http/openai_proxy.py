@@ -368,9 +368,10 @@ async def send_upstream(
 
 
 async def close_upstream(resp: httpx.Response, lease: Callable[[], Any]) -> None:
-    """Close the upstream response and end the request, even while a client disconnect cancels us."""
-    with anyio.CancelScope(shield=True):
+    """Close the upstream response and end the request (the lease), the latter whatever the former raises."""
+    try:
         await resp.aclose()
+    finally:
         await lease()
 
 
