@@ -19,7 +19,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from studio.http import upstream as upstream_module
-from studio.http.upstream import LoopbackTransport, Upstream, _ChunkedDecoder
+from studio.http.upstream import Upstream
+from studio.http.upstream_wire import Answer, Wire
 from tests.helpers import free_port
 
 Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter, int], Awaitable[bool]]
@@ -368,12 +369,9 @@ def test_a_read_timeout_is_httpx_read_timeout():
         return False
 
     async def main() -> None:
-        async with StandIn(hangs) as server:
-            transport = LoopbackTransport()
-            request = httpx.Request("POST", server.url, json={}, extensions={"timeout": {"read": 0.1}})
+        async with serving(hangs) as (server, upstream):
             with pytest.raises(httpx.ReadTimeout):
-                await transport.handle_async_request(request)
-            await transport.aclose()
+                await upstream.get(server.url, {}, timeout=0.1)
 
     run(main())
 
@@ -392,6 +390,26 @@ def test_requests_beyond_max_connections_wait_for_a_free_one():
     run(main())
 
 
+def _fed(pieces: list[bytes]) -> tuple[list[bytes], Exception | None]:
+    """What a piped answer's sink got from ``pieces`` arriving one by one after ``CHUNKED_HEAD``, and how it ended
+    (``None``: complete; an exception: its error). An ``AssertionError``: it did neither."""
+
+    async def main() -> tuple[list[bytes], Exception | None]:
+        wire = Wire(("127.0.0.1", 0))
+        answer = wire.answer = Answer(wire, None, lambda _wire, _reuse: None)
+        wire.data_received(CHUNKED_HEAD)
+        got: list[bytes] = []
+        piped = answer.pipe(got.append)
+        assert piped is not None
+        piped.start()
+        for piece in pieces:
+            wire.data_received(piece)
+        assert piped.done.done(), "neither complete nor failed"
+        return got, piped.done.exception()
+
+    return asyncio.run(main())
+
+
 @settings(max_examples=300, deadline=None)
 @given(
     chunks=st.lists(st.binary(min_size=1, max_size=40), max_size=8),
@@ -400,14 +418,26 @@ def test_requests_beyond_max_connections_wait_for_a_free_one():
     trailer=st.sampled_from([b"", b"X-Checksum: 1\r\n"]),
 )
 def test_chunked_framing_comes_off_byte_for_byte_however_the_reads_split_it(chunks, cuts, extension, trailer):
-    """Each read's payload goes on at once, and together they are exactly the body's bytes."""
+    """Together the payloads are exactly the body's bytes, and the answer ends complete."""
     wire = b"".join(b"%x%s\r\n%s\r\n" % (len(c), extension, c) for c in chunks) + b"0\r\n" + trailer + b"\r\n"
-    decoder = _ChunkedDecoder()
-    got, start = b"", 0
-    for cut in sorted({min(c, len(wire)) for c in cuts}) + [len(wire)]:
-        got += decoder.feed(wire[start:cut])
-        start = cut
-    assert got == b"".join(chunks) and decoder.done
+    bounds = [0, *sorted({min(c, len(wire)) for c in cuts}), len(wire)]
+    got, error = _fed([wire[a:b] for a, b in zip(bounds, bounds[1:], strict=False)])
+    assert error is None and b"".join(got) == b"".join(chunks)
+
+
+def test_a_chunk_split_over_two_reads_passes_its_first_part_on_at_once():
+    """Nothing waits for a whole chunk: a token's bytes go on as they arrive."""
+
+    async def main() -> None:
+        wire = Wire(("127.0.0.1", 0))
+        answer = wire.answer = Answer(wire, None, lambda _wire, _reuse: None)
+        wire.data_received(CHUNKED_HEAD + b"a\r\n01234")
+        assert await answer.read_some() == b"01234"
+        wire.data_received(b"56789\r\n0\r\n\r\n")
+        assert await answer.read_some() == b"56789"
+        assert await answer.read_some() == b""
+
+    run(main())
 
 
 @pytest.mark.parametrize(
@@ -416,5 +446,5 @@ def test_chunked_framing_comes_off_byte_for_byte_however_the_reads_split_it(chun
     ids=["size not hex", "no CRLF after the data", "negative size", "endless size line"],
 )
 def test_broken_chunked_framing_is_an_error(wire):
-    with pytest.raises(ValueError):
-        _ChunkedDecoder().feed(wire)
+    _, error = _fed([wire])
+    assert isinstance(error, httpx.RemoteProtocolError)

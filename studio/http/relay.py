@@ -37,7 +37,7 @@ import httpx
 from starlette.responses import Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from studio.http.upstream import body_pipe, body_reader
+from studio.http.upstream_wire import body_pipe, body_reader
 
 #: The scope key under which ``with_server_send`` keeps the ASGI server's own ``send``.
 SERVER_SEND = "gguf_studio.server_send"
