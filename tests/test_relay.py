@@ -19,10 +19,11 @@ from contextlib import asynccontextmanager
 import httpx
 import pytest
 import uvicorn
-from starlette.types import Message, Receive, Scope, Send
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from studio.chat.model_turn import Turn, TurnError, read_turn
 from studio.http.app import create_app
+from studio.http.client_wire import ClientWire
 from studio.http.ollama_app import create_ollama_app
 from studio.http.relay import Relay, Reshape, with_server_send
 from studio.http.upstream import Upstream
@@ -82,19 +83,26 @@ async def relaying(
 
             await relay(scope, receive, layer)
 
-        port = free_port()
-        server = uvicorn.Server(
-            uvicorn.Config(with_server_send(app), host="127.0.0.1", port=port, lifespan="off", log_level="warning")
-        )
-        serving = asyncio.create_task(server.serve())
-        while not server.started:
-            await asyncio.sleep(0.01)
         try:
-            yield f"http://127.0.0.1:{port}/", closed
+            async with _uvicorn(with_server_send(app)) as url:
+                yield url, closed
         finally:
-            server.should_exit = True
-            await serving
             await upstream.aclose()
+
+
+@asynccontextmanager
+async def _uvicorn(app: ASGIApp) -> AsyncIterator[str]:
+    """``app`` served by uvicorn on a free port; yields its URL."""
+    port = free_port()
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, lifespan="off", log_level="warning"))
+    serving = asyncio.create_task(server.serve())
+    while not server.started:
+        await asyncio.sleep(0.01)
+    try:
+        yield f"http://127.0.0.1:{port}/"
+    finally:
+        server.should_exit = True
+        await serving
 
 
 def run(coro: Awaitable[None]) -> None:
@@ -152,6 +160,40 @@ def test_body_chunks_pass_the_middleware_by_while_the_start_and_the_end_go_throu
 
     run(main())
     assert saw == [("http.response.start", False), ("http.response.body", False)]
+
+
+def test_under_uvicorn_a_chunked_body_is_written_on_the_client_connection_and_ended_through_send():
+    """Once a response started chunked, ``ClientWire`` frames its body chunks itself; ``send`` ends the body. A sized
+    response, or a ``send`` some middleware wrapped, has none: the relay sends through ``send`` then."""
+    found: dict[str, bool] = {}
+
+    async def app(scope: Scope, receive: Receive, send: Send) -> None:
+        while (await receive())["more_body"]:
+            pass
+        sized = scope["path"] == "/sized"
+        await send({"type": "http.response.start", "status": 200, "headers": [(b"content-length", b"6")] * sized})
+
+        async def wrapped(message: Message) -> None:
+            await send(message)
+
+        wire = ClientWire.of(send)
+        found[scope["path"]] = wire is not None and ClientWire.of(wrapped) is None
+        if wire is None:
+            await send({"type": "http.response.body", "body": b"abcdef"})
+            return
+        for piece in (b"abc", b"def"):
+            assert wire.write(piece) is None  # a client that keeps up is never waited for
+        await send({"type": "http.response.body", "body": b"", "more_body": False})
+
+    async def main() -> None:
+        async with _uvicorn(app) as url, httpx.AsyncClient() as client:
+            for path in ("chunked", "sized", "chunked"):  # the connection is reused: each body ended cleanly
+                resp = await client.post(url + path, content=b"{}")
+                assert resp.content == b"abcdef"
+                assert ("content-length" in resp.headers) == (path == "sized")
+
+    run(main())
+    assert found == {"/chunked": True, "/sized": False}
 
 
 def test_an_upstream_that_breaks_off_mid_stream_ends_the_stream_with_the_error_event():

@@ -19,7 +19,9 @@ Body chunks go to the server's own ``send`` (``with_server_send``), past the
 middleware between (Starlette's error handler, the metrics, the body limit):
 each of those wraps ``send`` only to look at ``http.response.start``, which
 still goes through them, and passing a chunk through their wrappers cost a few
-µs of the ~20 µs of Python per chunk.
+µs of the ~20 µs of Python per chunk. Under uvicorn they go further still,
+framed and written on the client's connection itself (``studio.http.client_wire``);
+the body's end goes through ``send``.
 
 A ``Reshape`` turns the bytes into something else on the way (a chat stream
 with tools, healed); without one they pass through byte for byte.
@@ -37,6 +39,7 @@ import httpx
 from starlette.responses import Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from studio.http.client_wire import ClientWire
 from studio.http.upstream_wire import body_pipe, body_reader
 
 #: The scope key under which ``with_server_send`` keeps the ASGI server's own ``send``.
@@ -152,12 +155,16 @@ class Relay(_Streamed):
     async def _relayed(self, send: Send) -> None:
         """Send each arrival on: from the upstream's callback where the body can be piped, else read by read."""
         pending: asyncio.Future[None] | None = None
+        wire = ClientWire.of(send)
 
         def sink(data: bytes) -> None:
             nonlocal pending
             out = self._arrived(data)
             if out:
-                left = send_now(send, {"type": "http.response.body", "body": out, "more_body": True})
+                if wire is not None:
+                    left = wire.write(out)
+                else:
+                    left = send_now(send, {"type": "http.response.body", "body": out, "more_body": True})
                 if left is not None:  # the client reads slower than the model writes: wait for it
                     assert piped is not None  # sink runs once piped has started
                     piped.pause()
