@@ -173,7 +173,7 @@ async def _forward(request: Request, route: Route, upstream_path: str) -> Respon
     async def answer(loaded: LoadedModel, lease: Lease) -> Response:
         if conv_id and claim and not stream_owners(request).settle(conv_id, claim, loaded.name):
             raise BadRequestError("request cancelled by a stop while the model was loading")
-        return await _answer(request, route, upstream_path, body, form, query, loaded, lease, began)
+        return await _answer(request, route, upstream_path, body, form, query, conv_id, loaded, lease, began)
 
     if body is not None and body.get("stream") and route.generates:  # a cold load: keep-alives meanwhile
         # a stream named by a conversation goes on to llama-server if its client leaves during the load: resumable
@@ -195,13 +195,13 @@ async def _answer(
     body: dict[str, Any] | None,
     form: Form | None,
     query: str,
+    conv_id: str | None,
     loaded: LoadedModel,
     lease: Lease,
     began: float,
 ) -> Response:
     """The answer of ``loaded``'s llama-server, streamed or whole; the caller lets ``lease`` go if this raises."""
     count = _counter(request, route, request.scope["path"], loaded.name, began)
-    conv_id = conversation_of(request) if route.generates else None
     session = {CONVERSATION_HEADER: conv_id} if conv_id else None  # llama-server records the stream under it
     tools: dict[str, dict[str, Any]] = {}
     chat = route.upstream == "/v1/chat/completions"
