@@ -184,7 +184,15 @@ def _event(data: dict[str, object], name: str | None = None) -> bytes:
 
 
 def stand_in_llama_server(port: int, tokens_per_s: float) -> None:
-    """Answer every chat completion as llama-server b11434 streams one, at ``tokens_per_s`` per stream."""
+    """Answer every chat completion as llama-server b11434 streams one, at ``tokens_per_s`` per stream.
+
+    A stream's first token comes one token period after its request (its prompt's turn). Its next ones
+    come, as llama-server's decode loop makes them (``update_slots``: one batch a step, a token for each
+    slot that generates), on steps of one clock all streams share: streams under way together send their
+    tokens together, however far apart their requests came. (Each stream on its own timer kept the
+    spread of its requests' arrival for its whole length, which no llama-server does, and a relay paid
+    one wake-up per chunk where a real one wakes once for several.)
+    """
     head = (
         b"HTTP/1.1 200 OK\r\nServer: llama.cpp\r\nContent-Type: text/event-stream\r\n"
         b"Transfer-Encoding: chunked\r\nKeep-Alive: timeout=5, max=100\r\n\r\n"
@@ -222,7 +230,7 @@ def stand_in_llama_server(port: int, tokens_per_s: float) -> None:
                 )
             )
             for i in range(n):
-                await asyncio.sleep(1 / tokens_per_s)
+                await (asyncio.sleep(1 / tokens_per_s) if i == 0 else step())
                 writer.write(
                     _event(
                         {
@@ -288,7 +296,7 @@ def stand_in_llama_server(port: int, tokens_per_s: float) -> None:
             )
         )
         for i in range(n):
-            await asyncio.sleep(1 / tokens_per_s)
+            await (asyncio.sleep(1 / tokens_per_s) if i == 0 else step())
             delta = {"type": "text_delta", "text": " sea" if i % 2 else " the"}
             writer.write(_event({"type": "content_block_delta", "index": 0, "delta": delta}, "content_block_delta"))
         writer.write(
@@ -305,6 +313,18 @@ def stand_in_llama_server(port: int, tokens_per_s: float) -> None:
             + b"0\r\n\r\n"
         )
         await writer.drain()
+
+    steps: list[asyncio.Future[None]] = []  # the next step of the shared clock, while one is awaited
+
+    def step() -> asyncio.Future[None]:
+        """The next step of the decode clock: done at the next multiple of the token period."""
+        if not steps:
+            loop = asyncio.get_running_loop()
+            period = 1 / tokens_per_s
+            at = (loop.time() // period + 1) * period
+            steps.append(loop.create_future())
+            loop.call_at(at, lambda: steps.pop().set_result(None))
+        return steps[0]
 
     async def main() -> None:
         server = await asyncio.start_server(answer, "127.0.0.1", port, backlog=256)
