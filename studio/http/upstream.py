@@ -295,7 +295,7 @@ class Upstream:
                     return None  # the spare was cancelled (the upstream is closing), not this request
                 opening.add_done_callback(_close_if_made)  # this request was cancelled: nobody takes the spare
                 raise
-            except httpx.HTTPError:
+            except OSError:
                 return None  # the request connects itself, and says why if it cannot
         if wire is not None and wire.alive():
             return wire
@@ -314,7 +314,9 @@ class Upstream:
         loop = asyncio.get_running_loop()
 
         async def opened() -> Wire:
-            wire = await _connect(origin, self._connect_timeout)  # its error is nobody's: no request to name
+            # Its error is nobody's (no request to name); the deadline below bounds it without an asyncio.timeout,
+            # whose context costs a spare as much Python as the rest of its making.
+            _, wire = await loop.create_connection(functools.partial(Wire, origin), *origin)
             wire.reused = True  # it waits idle: the server may drop it, and then a request retries on a new one
             wire.reusable_until = time.monotonic() + DEFAULT_IDLE
             renewal: asyncio.TimerHandle
@@ -327,13 +329,14 @@ class Upstream:
             self._renewals.add(renewal)
             return wire
 
-        def failed(done: asyncio.Task[Wire]) -> None:
-            # No error: the next request connects itself, and says why if it cannot.
-            if _made(done) is None:
+        def ended(done: asyncio.Task[Wire]) -> None:
+            deadline.cancel()
+            if _made(done) is None:  # no error: the next request connects itself, and says why if it cannot
                 self._forget_spare(origin, done)
 
         task = asyncio.ensure_future(opened())
-        task.add_done_callback(failed)
+        deadline = loop.call_later(self._connect_timeout, task.cancel)
+        task.add_done_callback(ended)
         spares.append(task)
 
     def _forget_spare(self, origin: Origin, opening: asyncio.Task[Wire]) -> bool:

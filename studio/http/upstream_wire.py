@@ -38,6 +38,7 @@ class Wire(asyncio.Protocol):
 
     def __init__(self, origin: tuple[str, int]) -> None:
         self.origin = origin
+        self.loop = asyncio.get_running_loop()  # once: each answer makes futures on it
         self.transport: asyncio.Transport | None = None
         self.reused = False  # it waited idle: the server may have dropped it, so a request retries on a new one
         self.reusable_until = 0.0
@@ -91,7 +92,7 @@ class Answer(httpx.AsyncByteStream):
         self._timeout = read_timeout
         self._on_end = on_end
         self._parser = httptools.HttpResponseParser(self)
-        self.head: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self.head: asyncio.Future[None] = wire.loop.create_future()
         self.status = 0
         self.reason = b""
         self.headers: list[tuple[bytes, bytes]] = []
@@ -209,7 +210,7 @@ class Answer(httpx.AsyncByteStream):
                 return b""
             if self._error is not None:
                 raise self._error
-            self._waiter = asyncio.get_running_loop().create_future()
+            self._waiter = self._wire.loop.create_future()
             try:
                 if self._timeout is None:
                     await self._waiter
@@ -263,7 +264,7 @@ class Piped:
     def __init__(self, answer: Answer, sink: Callable[[bytes], None]) -> None:
         self._answer = answer
         self._sink = sink
-        self.done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self.done: asyncio.Future[None] = answer._wire.loop.create_future()
 
     def start(self) -> None:
         """From now on each arrival goes to the sink: what arrived before goes first."""
