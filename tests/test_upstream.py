@@ -391,8 +391,9 @@ def test_requests_beyond_max_connections_wait_for_a_free_one():
 
 
 def _fed(pieces: list[bytes]) -> tuple[list[bytes], Exception | None]:
-    """What a piped answer's sink got from ``pieces`` arriving one by one after ``CHUNKED_HEAD``, and how it ended
-    (``None``: complete; an exception: its error). An ``AssertionError``: it did neither."""
+    """What a piped answer handed on from ``pieces`` arriving one by one after ``CHUNKED_HEAD`` (the sink's, then
+    ``done``'s last bytes), and how it ended (``None``: complete; an exception: its error). An ``AssertionError``:
+    it did neither."""
 
     async def main() -> tuple[list[bytes], Exception | None]:
         wire = Wire(("127.0.0.1", 0))
@@ -405,7 +406,8 @@ def _fed(pieces: list[bytes]) -> tuple[list[bytes], Exception | None]:
         for piece in pieces:
             wire.data_received(piece)
         assert piped.done.done(), "neither complete nor failed"
-        return got, piped.done.exception()
+        error = piped.done.exception()
+        return (got if error is not None else [*got, piped.done.result()]), error
 
     return asyncio.run(main())
 
@@ -448,3 +450,10 @@ def test_a_chunk_split_over_two_reads_passes_its_first_part_on_at_once():
 def test_broken_chunked_framing_is_an_error(wire):
     _, error = _fed([wire])
     assert isinstance(error, httpx.RemoteProtocolError)
+
+
+def test_what_arrives_together_goes_on_in_one_piece_and_what_comes_with_the_end_is_the_last_bytes():
+    """Several chunks in one read are one hand-on (one write to the client); the last ones are ``done``'s result,
+    so the relay sends them with the body's end (one write with the terminator)."""
+    got, error = _fed([b"3\r\nabc\r\n2\r\nde\r\n", b"1\r\nf\r\n", b"2\r\ngh\r\n0\r\n\r\n"])
+    assert error is None and got == [b"abcde", b"f", b"gh"]

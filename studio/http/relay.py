@@ -139,8 +139,9 @@ class Relay(_Streamed):
         """Send the body on as it comes; return the last bytes (``b""``, what the reshape held, or an error event)."""
         reshape = self._reshape
         try:
-            await self._relayed(send)
-            return b"" if reshape is None else reshape.close()
+            last = await self._relayed(send)
+            out = self._arrived(last) if last else b""  # it goes with the body's end, in one write
+            return out if reshape is None else out + reshape.close()
         except httpx.HTTPError as exc:
             held = b"" if reshape is None else reshape.close()  # held-back text is not lost
             return held + await self._on_break(exc)
@@ -152,8 +153,11 @@ class Relay(_Streamed):
         self._before_last, self._last = self._last, data
         return data if self._reshape is None else self._reshape.feed(data)
 
-    async def _relayed(self, send: Send) -> None:
-        """Send each arrival on: from the upstream's callback where the body can be piped, else read by read."""
+    async def _relayed(self, send: Send) -> bytes:
+        """Send each arrival on: from the upstream's callback where the body can be piped, else read by read.
+
+        Returns what arrived with the upstream body's end, not yet sent: the caller sends it as the last bytes.
+        """
         pending: asyncio.Future[None] | None = None
         wire = ClientWire.of(send)
 
@@ -188,12 +192,13 @@ class Relay(_Streamed):
                 out = self._arrived(data)
                 if out:
                     await send({"type": "http.response.body", "body": out, "more_body": True})
-            return
+            return b""
         try:
             piped.start()
-            await piped.done
+            last = await piped.done
             if pending is not None:
                 await pending
+            return last
         finally:
             piped.done.cancel()  # a connection lost after this is nobody's error
             if pending is not None and not pending.done():

@@ -103,8 +103,7 @@ class Answer(httpx.AsyncByteStream):
         self._held: list[bytes] = []  # payload that arrived and was not read yet
         self._held_size = 0
         self._waiter: asyncio.Future[None] | None = None
-        self._sink: Callable[[bytes], None] | None = None
-        self._piped: Piped | None = None
+        self._flowing: Piped | None = None  # the pipe, once started: each arrival's payload goes to it
         self._error: Exception | None = None
         self._began = False  # read, or piped
         self._closed = False
@@ -133,11 +132,9 @@ class Answer(httpx.AsyncByteStream):
         self.head.set_result(None)
 
     def on_body(self, body: bytes) -> None:
-        sink = self._sink
-        if sink is not None:
-            sink(body)
-            return
         self._held.append(body)
+        if self._flowing is not None:
+            return  # handed on once the arrival is parsed
         self._held_size += len(body)
         if self._held_size > READ_HIGH and self._wire.transport is not None:
             self._wire.transport.pause_reading()  # until it is read
@@ -148,8 +145,6 @@ class Answer(httpx.AsyncByteStream):
             return  # the end of an interim answer
         self.complete = True
         self._wake()
-        if self._piped is not None and not self._piped.done.done():
-            self._piped.done.set_result(None)
 
     # -- the wire's side -----------------------------------------------------------------------
     def feed(self, data: bytes) -> None:
@@ -159,14 +154,12 @@ class Answer(httpx.AsyncByteStream):
         self.arrived = True
         try:
             self._parser.feed_data(data)
-        except httptools.HttpParserCallbackError as exc:  # the sink's own failure: the answer ends with it, as it is
-            cause = exc.__context__
-            self._fail(cause if isinstance(cause, Exception) else exc)
-            self._wire.close()
         except httptools.HttpParserError as exc:
             if not self.complete:  # else it is what follows the answer
                 self._fail(httpx.RemoteProtocolError(f"it sent a broken answer ({exc})"))
                 self._wire.close()
+        if self._flowing is not None:
+            self._flowing.hand_on()
 
     def lost(self, exc: Exception | None) -> None:
         """The connection closed: the end of a body that runs to the close, else an answer broken off."""
@@ -174,19 +167,18 @@ class Answer(httpx.AsyncByteStream):
             return
         if self.head.done() and self._until_close and exc is None:
             self.on_message_complete()
-            return
-        if not self.arrived:
+        elif not self.arrived:
             self._fail(httpx.RemoteProtocolError("it closed the connection without an answer"))
-            return
-        self._fail(httpx.RemoteProtocolError(f"it broke off its answer ({plainly(exc)})"))
+        else:
+            self._fail(httpx.RemoteProtocolError(f"it broke off its answer ({plainly(exc)})"))
+        if self._flowing is not None:
+            self._flowing.hand_on()
 
     def _fail(self, error: Exception) -> None:
         self._error = error
         if not self.head.done():
             self.head.set_exception(error)
         self._wake()
-        if self._piped is not None and not self._piped.done.done():
-            self._piped.done.set_exception(error)
 
     def _wake(self) -> None:
         waiter = self._waiter
@@ -234,8 +226,7 @@ class Answer(httpx.AsyncByteStream):
         if self._timeout is not None or self._began or self._closed:
             return None
         self._began = True
-        self._piped = Piped(self, sink)
-        return self._piped
+        return Piped(self, sink)
 
     async def __aiter__(self) -> AsyncIterator[bytes]:
         while data := await self.read_some():
@@ -255,36 +246,50 @@ class Answer(httpx.AsyncByteStream):
 
 
 class Piped:
-    """An answer's body once ``start`` has it go to the sink: payloads are handed on as they arrive.
+    """An answer's body once ``start`` has it flow to the sink: each arrival's payload is handed on at once.
 
+    What one read brings goes on in one piece (several of llama-server's chunks that came together are
+    one write to the client, not one each), and what arrives with the body's end is not handed on but
+    is ``done``'s result, so that the caller can send it with its own end in one piece too.
     ``sink`` must not block: while it cannot take more it has reading paused until it resumes it.
-    ``done`` is done once the body is complete; it fails as ``read_some`` does, or with what the sink raised.
+    ``done`` fails as ``read_some`` does (after the bytes before the failure went to the sink), or with
+    what the sink raised.
     """
 
     def __init__(self, answer: Answer, sink: Callable[[bytes], None]) -> None:
         self._answer = answer
         self._sink = sink
-        self.done: asyncio.Future[None] = answer._wire.loop.create_future()
+        self.done: asyncio.Future[bytes] = answer._wire.loop.create_future()
 
     def start(self) -> None:
         """From now on each arrival goes to the sink: what arrived before goes first."""
-        answer, sink = self._answer, self._sink
-        held, answer._held = answer._held, []
-        answer._sink = sink
+        answer = self._answer
+        answer._flowing = self
         if answer._held_size > READ_HIGH:
             self.resume()
         answer._held_size = 0
-        try:
-            for data in held:
-                sink(data)
-        except Exception as exc:  # the sink's own failure, as it is
-            self.done.set_exception(exc)
-            answer._wire.close()
+        self.hand_on()
+
+    def hand_on(self) -> None:
+        """Hand what arrived to the sink, or to ``done`` with the body's end (or its failure)."""
+        answer, done = self._answer, self.done
+        if done.done():
             return
+        held = answer._held
+        data = b"" if not held else held[0] if len(held) == 1 else b"".join(held)
+        held.clear()
         if answer.complete:
-            self.done.set_result(None)
-        elif answer._error is not None:
-            self.done.set_exception(answer._error)
+            done.set_result(data)
+            return
+        if data:
+            try:
+                self._sink(data)
+            except Exception as exc:  # the sink's own failure, as it is
+                done.set_exception(exc)
+                answer._wire.close()
+                return
+        if answer._error is not None:
+            done.set_exception(answer._error)
 
     def pause(self) -> None:
         """Stop reading until ``resume``: the sink cannot take more yet."""
