@@ -23,7 +23,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from studio.chat.model_turn import Turn, TurnError, read_turn
 from studio.http.app import create_app
-from studio.http.client_wire import ClientWire
+from studio.http.client_wire import chunk_writer
 from studio.http.ollama_app import create_ollama_app
 from studio.http.relay import Relay, Reshape, with_server_send
 from studio.http.upstream import Upstream
@@ -163,7 +163,7 @@ def test_body_chunks_pass_the_middleware_by_while_the_start_and_the_end_go_throu
 
 
 def test_under_uvicorn_a_chunked_body_is_written_on_the_client_connection_and_ended_through_send():
-    """Once a response started chunked, ``ClientWire`` frames its body chunks itself; ``send`` ends the body. A sized
+    """Once a response started chunked, ``chunk_writer`` frames its body chunks itself; ``send`` ends the body. A sized
     response, or a ``send`` some middleware wrapped, has none: the relay sends through ``send`` then."""
     found: dict[str, bool] = {}
 
@@ -176,13 +176,13 @@ def test_under_uvicorn_a_chunked_body_is_written_on_the_client_connection_and_en
         async def wrapped(message: Message) -> None:
             await send(message)
 
-        wire = ClientWire.of(send)
-        found[scope["path"]] = wire is not None and ClientWire.of(wrapped) is None
-        if wire is None:
+        write = chunk_writer(send)
+        found[scope["path"]] = write is not None and chunk_writer(wrapped) is None
+        if write is None:
             await send({"type": "http.response.body", "body": b"abcdef"})
             return
         for piece in (b"abc", b"def"):
-            assert wire.write(piece) is None  # a client that keeps up is never waited for
+            assert write(piece) is None  # a client that keeps up is never waited for
         await send({"type": "http.response.body", "body": b"", "more_body": False})
 
     async def main() -> None:

@@ -396,15 +396,14 @@ def _fed(pieces: list[bytes]) -> tuple[list[bytes], Exception | None]:
     it did neither."""
 
     async def main() -> tuple[list[bytes], Exception | None]:
-        wire = Wire(("127.0.0.1", 0))
-        answer = wire.answer = Answer(wire, None, lambda _wire, _reuse: None)
-        wire.data_received(CHUNKED_HEAD)
+        answer = Answer(Wire(("127.0.0.1", 0)), None, lambda _wire, _reuse: None)  # the bytes go to it, as its
+        answer.data_received(CHUNKED_HEAD)  # connection's protocol
         got: list[bytes] = []
         piped = answer.pipe(got.append)
         assert piped is not None
         piped.start()
         for piece in pieces:
-            wire.data_received(piece)
+            answer.data_received(piece)
         assert piped.done.done(), "neither complete nor failed"
         error = piped.done.exception()
         return (got if error is not None else [*got, piped.done.result()]), error
@@ -431,11 +430,10 @@ def test_a_chunk_split_over_two_reads_passes_its_first_part_on_at_once():
     """Nothing waits for a whole chunk: a token's bytes go on as they arrive."""
 
     async def main() -> None:
-        wire = Wire(("127.0.0.1", 0))
-        answer = wire.answer = Answer(wire, None, lambda _wire, _reuse: None)
-        wire.data_received(CHUNKED_HEAD + b"a\r\n01234")
+        answer = Answer(Wire(("127.0.0.1", 0)), None, lambda _wire, _reuse: None)
+        answer.data_received(CHUNKED_HEAD + b"a\r\n01234")
         assert await answer.read_some() == b"01234"
-        wire.data_received(b"56789\r\n0\r\n\r\n")
+        answer.data_received(b"56789\r\n0\r\n\r\n")
         assert await answer.read_some() == b"56789"
         assert await answer.read_some() == b""
 

@@ -10,45 +10,41 @@ through ``send`` as before, which writes the last chunk and lets uvicorn finish 
 
 This is the one module that knows uvicorn's objects (its httptools protocol's per-request
 ``RequestResponseCycle``, whose bound ``send`` the server hands the app); under any other server,
-protocol or framing ``ClientWire.of`` finds none and the relay sends through ``send``.
+protocol or framing ``chunk_writer`` finds none and the relay sends through ``send``.
 """
 
 from __future__ import annotations
 
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Callable
 
 from starlette.types import Send
 from uvicorn.protocols.http.httptools_impl import RequestResponseCycle
 
+#: Writes one body chunk; returns what to await before the next while the client is behind, if it is.
+ChunkWriter = Callable[[bytes], Awaitable[None] | None]
 
-class ClientWire:
-    """The client's connection of one started, chunked response: ``write`` frames and writes a body chunk."""
 
-    __slots__ = ("_cycle", "_transport", "_flow")
+def chunk_writer(send: Send) -> ChunkWriter | None:
+    """A writer of body chunks on the connection under the server's own ``send``, once its response started
+    chunked; ``None``: send through ``send``.
 
-    def __init__(self, cycle: RequestResponseCycle) -> None:
-        self._cycle = cycle
-        self._transport = cycle.transport
-        self._flow = cycle.flow
+    A closure over the connection's transport and flow control: it runs once per relayed chunk, where
+    every attribute looked up is paid again. A client that is gone is written nothing: its disconnect
+    ends the stream (``studio.http.relay.until_client_leaves``).
+    """
+    cycle = getattr(send, "__self__", None)
+    if type(cycle) is not RequestResponseCycle:
+        return None
+    if not cycle.response_started or cycle.response_complete or not cycle.chunked_encoding:
+        return None
+    if cycle.scope["method"] == "HEAD":
+        return None
+    write, flow = cycle.transport.write, cycle.flow
 
-    @classmethod
-    def of(cls, send: Send) -> ClientWire | None:
-        """The wire under the server's own ``send``, once its response started chunked; ``None``: send through it."""
-        cycle = getattr(send, "__self__", None)
-        if type(cycle) is not RequestResponseCycle:
+    def write_chunk(data: bytes) -> Awaitable[None] | None:
+        if cycle.disconnected:
             return None
-        if not cycle.response_started or cycle.response_complete or not cycle.chunked_encoding:
-            return None
-        if cycle.scope["method"] == "HEAD":
-            return None
-        return cls(cycle)
+        write(b"%x\r\n%s\r\n" % (len(data), data))
+        return flow.drain() if flow.write_paused else None
 
-    def write(self, data: bytes) -> Awaitable[None] | None:
-        """Write ``data`` as one chunk; return what to await before the next while the client is behind, if it is.
-
-        A client that is gone is written nothing: its disconnect ends the stream (``until_client_leaves``).
-        """
-        if self._cycle.disconnected:
-            return None
-        self._transport.write(b"%x\r\n%s\r\n" % (len(data), data))
-        return self._flow.drain() if self._flow.write_paused else None
+    return write_chunk

@@ -39,7 +39,7 @@ import httpx
 from starlette.responses import Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from studio.http.client_wire import ClientWire
+from studio.http.client_wire import chunk_writer
 from studio.http.upstream_wire import body_pipe, body_reader
 
 #: The scope key under which ``with_server_send`` keeps the ASGI server's own ``send``.
@@ -159,14 +159,14 @@ class Relay(_Streamed):
         Returns what arrived with the upstream body's end, not yet sent: the caller sends it as the last bytes.
         """
         pending: asyncio.Future[None] | None = None
-        wire = ClientWire.of(send)
+        write = chunk_writer(send)
 
         def sink(data: bytes) -> None:
             nonlocal pending
             out = self._arrived(data)
             if out:
-                if wire is not None:
-                    left = wire.write(out)
+                if write is not None:
+                    left = write(out)
                 else:
                     left = send_now(send, {"type": "http.response.body", "body": out, "more_body": True})
                 if left is not None:  # the client reads slower than the model writes: wait for it

@@ -216,9 +216,9 @@ class Upstream:
 
     def _ended(self, wire: Wire, reusable_for: float | None) -> None:
         """An answer was closed: its connection back to the pool (``reusable_for`` s) or closed; its slot freed."""
-        wire.answer = None
         if reusable_for is not None and reusable_for > 0:
             wire.reusable_until = time.monotonic() + reusable_for
+            wire.idle()
             self._pool(wire)
         else:
             wire.close()

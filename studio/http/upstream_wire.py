@@ -43,24 +43,18 @@ class Wire(asyncio.Protocol):
         self.reused = False  # it waited idle: the server may have dropped it, so a request retries on a new one
         self.reusable_until = 0.0
         self.lost = False
-        self.answer: Answer | None = None  # the exchange under way
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = cast(asyncio.Transport, transport)
 
     def data_received(self, data: bytes) -> None:
-        if self.answer is not None:
-            self.answer.feed(data)
-        else:  # bytes that answer no request: not a connection to trust further
-            self.close()
+        self.close()  # bytes that answer no request (an answer reads its own): not a connection to trust further
 
     def eof_received(self) -> bool:
         return False  # close; connection_lost says the rest
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.lost = True
-        if self.answer is not None:
-            self.answer.lost(exc)
 
     def alive(self) -> bool:
         """Whether it may carry another request now: open, and within the time the server keeps it."""
@@ -71,14 +65,25 @@ class Wire(asyncio.Protocol):
             self.transport.close()
 
     def ask(self, request: bytes, *, read_timeout: float | None, on_end: OnEnd) -> Answer:
-        """Send ``request`` (its head and body, whole) and return its answer, its head still to come."""
-        assert self.transport is not None
-        answer = self.answer = Answer(self, read_timeout, on_end)
-        self.transport.write(request)
+        """Send ``request`` (its head and body, whole) and return its answer, its head still to come.
+
+        The answer is the connection's protocol until it is closed: each arrival goes straight to its parser,
+        one Python call less per chunk than through this object.
+        """
+        transport = self.transport
+        assert transport is not None
+        answer = Answer(self, read_timeout, on_end)
+        transport.set_protocol(answer)
+        transport.write(request)
         return answer
 
+    def idle(self) -> None:
+        """Its answer is over and it is kept for another: it is the connection's protocol again."""
+        if self.transport is not None:
+            self.transport.set_protocol(self)
 
-class Answer(httpx.AsyncByteStream):
+
+class Answer(httpx.AsyncByteStream, asyncio.Protocol):
     """One answer on a ``Wire``: ``head`` is done once its status and headers are in; its body comes after.
 
     The body is read with ``read_some`` (what has arrived, at least one byte; also what iterating it and
@@ -146,9 +151,9 @@ class Answer(httpx.AsyncByteStream):
         self.complete = True
         self._wake()
 
-    # -- the wire's side -----------------------------------------------------------------------
-    def feed(self, data: bytes) -> None:
-        """Parse what just arrived; a broken answer, or a sink's own failure, ends the answer with that error."""
+    # -- the connection's protocol, while the exchange is under way ----------------------------
+    def data_received(self, data: bytes) -> None:
+        """Parse what just arrived; a broken answer ends the answer with that error."""
         if self.complete or self._error is not None:
             return  # what follows a complete answer is no part of it
         self.arrived = True
@@ -161,8 +166,12 @@ class Answer(httpx.AsyncByteStream):
         if self._flowing is not None:
             self._flowing.hand_on()
 
-    def lost(self, exc: Exception | None) -> None:
+    def eof_received(self) -> bool:
+        return False  # close; connection_lost says the rest
+
+    def connection_lost(self, exc: Exception | None) -> None:
         """The connection closed: the end of a body that runs to the close, else an answer broken off."""
+        self._wire.lost = True
         if self.complete or self._error is not None:
             return
         if self.head.done() and self._until_close and exc is None:
