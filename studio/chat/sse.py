@@ -7,8 +7,9 @@ b11434 writes every event as ``data: ...\\n\\n`` (``format_oai_sse`` in
 
 from __future__ import annotations
 
-import json
 from typing import Any
+
+from studio import json_codec
 
 DONE = b"data: [DONE]"
 
@@ -40,11 +41,11 @@ def event_json(event: bytes) -> Any:
     if not line.startswith(b"data:") or b"\n" in line or line == DONE:
         return None
     try:
-        return json.loads(line[5:])
+        return json_codec.loads(line[5:])
     except ValueError:
         return None
 
 
 def encode(payload: Any) -> bytes:
     """One ``data:`` event, compact as llama-server writes them."""
-    return b"data: " + json.dumps(payload, ensure_ascii=False, separators=(",", ":")).encode() + b"\n\n"
+    return b"data: " + json_codec.dumps(payload) + b"\n\n"

@@ -27,7 +27,6 @@ than FastAPI's routing and ``StreamingResponse`` (``scripts/bench_proxy.py``).
 
 from __future__ import annotations
 
-import json
 from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from typing import Any
 
@@ -39,6 +38,7 @@ from fastapi.responses import Response
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from studio import json_codec
 from studio.chat.media import preflight_chat
 from studio.chat.model_turn import Turn, TurnError, read_turn
 from studio.chat.tool_loop import LoopLimits, run_tool_loop
@@ -125,7 +125,7 @@ async def _chat_body(request: Request) -> ChatBody | Response:
     """The validated body, or the app's 422 answer for one that does not match ``ChatBody``."""
     raw = await request.body()  # outside the try: a body over the limit is a 413, not "not valid JSON"
     try:
-        data = json.loads(raw)
+        data = json_codec.loads(raw)
     except ValueError as exc:
         raise BadRequestError(f"the request body is not valid JSON: {exc}") from None
     try:
@@ -266,7 +266,7 @@ async def _broken_stream(own: tuple[LoadedModel, Lease], exc: httpx.HTTPError) -
 async def _sse_events(events: AsyncIterator[dict[str, Any]]) -> AsyncGenerator[bytes, None]:
     try:
         async for event in events:
-            yield f"data: {json.dumps(event)}\n\n".encode()
+            yield b"data: " + json_codec.dumps(event) + b"\n\n"
     finally:
         await events.aclose()  # type: ignore[attr-defined]
 

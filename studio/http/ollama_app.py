@@ -24,6 +24,7 @@ from fastapi.responses import JSONResponse, PlainTextResponse, Response, Streami
 
 import gguf
 from gguf.templates import template_capabilities
+from studio import json_codec
 from studio.dialects import ollama
 from studio.errors import BadRequestError, ModelNotResidentError
 from studio.http.access import AccessPolicy
@@ -111,7 +112,7 @@ def _metrics(request: Request) -> StudioMetrics:
 async def _body(request: Request) -> dict[str, Any]:
     raw = await request.body()  # outside the try: a body over the limit is a 413, not "not valid JSON"
     try:
-        body = json.loads(raw or b"{}")
+        body = json_codec.loads(raw or b"{}")
     except ValueError as exc:
         raise BadRequestError(f"the request body is not valid JSON: {exc}") from None
     if not isinstance(body, dict):
@@ -157,7 +158,7 @@ def _upstream_error(status: int, content: bytes) -> JSONResponse:
 
 
 def _line(obj: dict[str, Any]) -> bytes:
-    return json.dumps(obj).encode() + b"\n"
+    return json_codec.dumps(obj) + b"\n"
 
 
 # -- the server --------------------------------------------------------------------------------------
@@ -343,7 +344,7 @@ async def _generate(request: Request, kind: ollama.Kind) -> Response:
             def finish(status: int, content: bytes, headers: dict[str, str]) -> Response:
                 if status != 200:
                     return _upstream_error(status, content)
-                reply.add(ollama.piece_of(route, json.loads(content)))
+                reply.add(ollama.piece_of(route, json_codec.loads(content)))
                 final = reply.final(_durations(began, acquired), streamed=False)
                 count(None, final, reply)
                 return JSONResponse(final)
@@ -418,7 +419,7 @@ async def _stream(
         async for line in resp.aiter_lines():
             if not line.startswith("data: ") or line == "data: [DONE]":
                 continue
-            data = json.loads(line[6:])
+            data = json_codec.loads(line[6:])
             if "error" in data:
                 yield _line({"error": (data["error"] or {}).get("message", "llama-server failed")})
                 return

@@ -57,7 +57,6 @@ ends (``studio.http.metrics.generation_counts``).
 from __future__ import annotations
 
 import asyncio
-import json
 import re
 import time
 from collections.abc import Callable, Mapping
@@ -75,6 +74,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from launcher.chat_templates import uses_jinja
 from launcher.rpc import unreachable
+from studio import json_codec
 from studio.chat.media import check_chat_media, media_capabilities, preflight_chat
 from studio.chat.reasoning import reasoning_request, with_prompt_flag
 from studio.chat.tool_healing import heal_completion
@@ -400,7 +400,7 @@ async def _form_body(request: Request) -> Form:
 async def _json_body(request: Request) -> dict[str, Any]:
     raw = await request.body()  # outside the try: a body over the limit is a 413, not "not valid JSON"
     try:
-        body = json.loads(raw)
+        body = json_codec.loads(raw)
     except ValueError as exc:
         raise BadRequestError(f"the request body is not valid JSON: {exc}") from None
     if not isinstance(body, dict):
@@ -627,7 +627,7 @@ for _path, _route in FORWARDED.items():  # the FastAPI routes of the forwarded p
 def _finished_answer(content: bytes, tools: dict[str, dict[str, Any]]) -> bytes:
     """The answer with leaked tool-call markup healed (when ``tools``) and ``usage`` filled in."""
     try:
-        data = json.loads(content)
+        data = json_codec.loads(content)
     except ValueError:
         return content
     if not isinstance(data, dict):
@@ -635,7 +635,7 @@ def _finished_answer(content: bytes, tools: dict[str, dict[str, Any]]) -> bytes:
     healed = bool(tools) and heal_completion(data, tools)
     if not _with_usage(data) and not healed:
         return content
-    return json.dumps(data).encode()
+    return json_codec.dumps(data)
 
 
 def _with_usage(data: dict[str, Any]) -> bool:

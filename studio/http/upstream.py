@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import asyncio
 import functools
-import json
 import time
 from collections.abc import Awaitable, Mapping
 from typing import NamedTuple, TypeVar
@@ -36,6 +35,7 @@ from urllib.parse import urlsplit
 
 import httpx
 
+from studio import json_codec
 from studio.http.upstream_wire import DEFAULT_IDLE, Wire, plainly
 
 #: Seconds after a streamed answer during which a spare connection is kept ready, renewed before the server's
@@ -376,7 +376,7 @@ def _request(
             raise httpx.LocalProtocolError(f"the header {name!r} has a line break in it")
         lines.append(line.encode("latin-1"))
     if body is not None:
-        content = json.dumps(body, ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode()
+        content = json_codec.dumps(body)
         lines.append(b"Content-Type: application/json\r\n")
     if content is not None:
         lines.append(b"Content-Length: %d\r\n\r\n" % len(content))
