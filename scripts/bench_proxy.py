@@ -24,7 +24,8 @@ With the stand-in, the largest concurrency also runs Anthropic's ``/v1/messages`
 Ollama listener (against the direct request with usage, as it sends it). At the
 end, ``CPU per request``: the CPU time one request costs the process that relays
 it, over ``--requests`` one-token streams, 8 at a time (the studio's ``/v1`` and
-``/v1/messages``, and the Python floor's).
+``/v1/messages``, and the Python floor's), then with a ``--long-kb`` conversation (an
+agent sends its whole context every turn: what the studio parses and writes again).
 
 CPU per chunk is the steady number on a loaded machine; the ratios need
 several runs (``--runs`` repeats the whole set and prints the medians).
@@ -89,9 +90,9 @@ V1_TOKEN = re.compile(rb'"content":"')
 #: A token in Anthropic's Messages stream.
 ANTHROPIC_TOKEN = re.compile(rb'"type":"text_delta"')
 #: A token in Ollama's NDJSON chunks (the final chunk's empty content is none).
-OLLAMA_TOKEN = re.compile(rb'"content": "[^"]')
+OLLAMA_TOKEN = re.compile(rb'"content": ?"[^"]')
 #: Each of Ollama's NDJSON chunks.
-OLLAMA_CHUNK = b'"done": '
+OLLAMA_CHUNK = b'"done":'
 #: A token in ``/api/chat``'s typed events.
 GUI_TOKEN = re.compile(rb'"type": ?"content"')
 EVENT = b"data: "
@@ -478,9 +479,16 @@ async def one_stream(path: Route, tokens: int) -> Stream:
     return Stream(first - t0, (n - 1) / (last - first), data.count(path.event))
 
 
-async def one_request(path: Route) -> None:
+def conversation(kilobytes: int) -> list[dict[str, str]]:
+    """A conversation of about ``kilobytes`` KB as an agent sends it again each turn: 50 messages, taking turns."""
+    line = "The sea holds the ship; the wind fills the sails; the crew reads the stars. "
+    text = (line * (kilobytes * 1024 // 50 // len(line) + 1))[: kilobytes * 1024 // 50]
+    return [{"role": "user" if i % 2 == 0 else "assistant", "content": text} for i in range(50)]
+
+
+async def one_request(path: Route, messages: list[dict[str, str]] = PROMPT) -> None:
     """One streamed completion of one token on a fresh connection, read to its end."""
-    body = json.dumps({"model": MODEL, "messages": PROMPT, "max_tokens": 1, "stream": True, **path.extra}).encode()
+    body = json.dumps({"model": MODEL, "messages": messages, "max_tokens": 1, "stream": True, **path.extra}).encode()
     head = (
         f"POST {path.target} HTTP/1.1\r\nHost: 127.0.0.1:{path.port}\r\nContent-Type: application/json\r\n"
         f"Content-Length: {len(body)}\r\nConnection: close\r\n"
@@ -499,11 +507,11 @@ async def one_request(path: Route) -> None:
         raise SystemExit(f"{path.name}: {bytes(data[:300])!r}")
 
 
-async def cpu_per_request(path: Route, n: int, at_once: int) -> float:
+async def cpu_per_request(path: Route, n: int, at_once: int, messages: list[dict[str, str]] = PROMPT) -> float:
     """Milliseconds of ``path.pid``'s CPU per request over ``n`` one-token requests, ``at_once`` at a time."""
     before = studio_cpu(path.pid)
     for _ in range(n // at_once):
-        await asyncio.gather(*(one_request(path) for _ in range(at_once)))
+        await asyncio.gather(*(one_request(path, messages) for _ in range(at_once)))
     return (studio_cpu(path.pid) - before) / (n // at_once * at_once) * 1000
 
 
@@ -629,6 +637,12 @@ def main() -> int:
     parser.add_argument(
         "--requests", type=int, default=256, help="one-token requests for the CPU per request (0: leave it out)"
     )
+    parser.add_argument(
+        "--long-kb",
+        type=int,
+        default=100,
+        help="the CPU per request also with a conversation of this many KB, a quarter as many requests (0: not)",
+    )
     args = parser.parse_args()
     streams = [int(s) for s in args.streams.split(",")]
     if max(streams) > N_PARALLEL:
@@ -723,6 +737,14 @@ def main() -> int:
             measured = [p for p in paths if p.name in ("studio /v1", "floor py", "studio msgs")]
             figures = [f"{p.name} {asyncio.run(cpu_per_request(p, args.requests, at_once)):.2f}" for p in measured]
             print(f"CPU per request (ms, {args.requests} one-token streams, {at_once} at a time): {', '.join(figures)}")
+            if args.long_kb:
+                long = conversation(args.long_kb)
+                figures = [
+                    f"{p.name} {asyncio.run(cpu_per_request(p, args.requests // 4, at_once, long)):.2f}"
+                    for p in measured
+                    if p.name != "studio msgs"
+                ]
+                print(f"CPU per request (ms), a {args.long_kb} KB conversation: {', '.join(figures)}")
     finally:
         for process in (service, *helpers):  # SIGTERM: uvicorn shuts down and the app stops llama-server
             process.terminate()
