@@ -116,10 +116,12 @@ async def preflight_chat(manager: ModelManager, body: Mapping[str, Any]) -> None
     The live model costs nothing here (it is checked by ``check_chat_media`` once acquired); another
     model's files are read in a worker thread.
     """
-    check_media_form(body)
     model = body.get("model")
-    if not isinstance(model, str) or manager.find(model) is not None:
-        return  # the default model, or a resident one: checked once acquired
+    if isinstance(model, str) and manager.find(model) is not None:
+        return  # a resident one: checked once acquired (``check_chat_media``), with no load to spare
+    check_media_form(body)
+    if not isinstance(model, str):
+        return  # the default model: checked once acquired
     await asyncio.to_thread(_check_named_model, manager, body, model)
 
 

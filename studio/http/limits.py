@@ -30,7 +30,7 @@ class BodySizeLimit:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        declared = dict(scope.get("headers") or ()).get(b"content-length")
+        declared = next((value for name, value in scope.get("headers") or () if name == b"content-length"), None)
         if declared is not None and declared.isdigit() and int(declared) > self.max_body_bytes:
             await self._refuse(scope, send, int(declared))
             return

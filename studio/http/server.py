@@ -122,7 +122,7 @@ class Listeners:
         ollama_app: FastAPI | None = None,
         ollama_port: int | None = None,
         announce: Callable[[], None] = lambda: None,
-        log_level: str = "warning",
+        log_level: str = "warning",  # uvicorn's own; its access lines (INFO) are off: a logging call a request
         sockets: Sequence[socket.socket] = (),
     ) -> None:
         #: bound by the caller (``listening_socket``): their port is known before the service starts, and the studio
@@ -133,12 +133,19 @@ class Listeners:
             companions.append(
                 _Companion(
                     uvicorn.Config(
-                        with_server_send(ollama_app), host=host, port=ollama_port, log_level=log_level, lifespan="off"
+                        with_server_send(ollama_app),
+                        host=host,
+                        port=ollama_port,
+                        log_level=log_level,
+                        access_log=False,
+                        lifespan="off",
                     )
                 )
             )
         self._main = _MainServer(
-            uvicorn.Config(with_server_send(app), host=host, port=port, log_level=log_level), companions, announce
+            uvicorn.Config(with_server_send(app), host=host, port=port, log_level=log_level, access_log=False),
+            companions,
+            announce,
         )
 
     @property

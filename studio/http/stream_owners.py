@@ -22,6 +22,7 @@ from studio.errors import BadRequestError
 
 #: The request header llama-server keys its stream sessions by.
 CONVERSATION_HEADER = "X-Conversation-Id"
+_RAW_HEADER = CONVERSATION_HEADER.lower().encode()  # as ASGI servers give header names
 #: Conversations remembered; the oldest is forgotten beyond.
 CAPACITY = 4096
 #: The longest conversation id taken (llama.cpp's web UI sends a UUID and the model's name): bounds the map's memory.
@@ -85,7 +86,8 @@ def conversation_of(request: Request) -> str | None:
     Raises:
         BadRequestError: the id is longer than ``MAX_ID`` characters.
     """
-    conv_id = request.headers.get(CONVERSATION_HEADER)
+    raw = next((value for name, value in request.scope["headers"] if name == _RAW_HEADER), None)  # no Headers object
+    conv_id = raw.decode("latin-1") if raw is not None else None
     if conv_id and len(conv_id) > MAX_ID:
         raise BadRequestError(f"`{CONVERSATION_HEADER}` is longer than {MAX_ID} characters")
     return conv_id or None
