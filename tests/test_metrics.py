@@ -114,6 +114,15 @@ def test_routes_are_labelled_by_template_and_unknown_paths_as_other(manager):
     assert not any(labels and ("route", "/no/such/path") in labels for _, labels in got)
 
 
+def test_the_gui_chat_answered_ahead_of_the_router_is_counted_under_its_path_not_as_other(manager):
+    """``/api/chat`` never reaches FastAPI's router, so it has no matched route to be labelled by."""
+    with TestClient(create_app(manager), base_url=LOOPBACK) as client:
+        assert client.post("/api/chat", json={"messages": []}).status_code == 422
+        got = samples(client.get("/metrics").text)
+    key = ("ggstudio_http_requests_total", (("listener", "studio"), ("route", "/api/chat"), ("status", "422")))
+    assert got[key] == 1
+
+
 def test_a_request_that_raises_counts_as_a_500(manager):
     app = FastAPI()
 

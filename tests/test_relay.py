@@ -253,6 +253,8 @@ class _HoldsTheLastEvent:
         held, self._held = self._held, b""
         return held
 
+    finish = close
+
 
 def test_a_reshape_s_held_bytes_reach_the_client_before_the_error_event_when_the_upstream_breaks_off():
     async def dies(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, n: int) -> bool:

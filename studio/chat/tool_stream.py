@@ -37,3 +37,5 @@ class HealingRelay:
     def close(self) -> bytes:
         """What is still held when the upstream stream ends or breaks off."""
         return b"".join(encode(c) for c in self._healer.finish()) + self._split.rest()
+
+    finish = close  # a whole stream's end holds nothing more than a broken one's

@@ -26,7 +26,8 @@ from studio.http.auth import BearerTokenMiddleware
 from studio.http.browser_guard import BrowserGuard
 from studio.http.errors import dialect_of, error_response, install_error_handlers
 from studio.http.gui_api import router as api_router
-from studio.http.gui_chat import GuiChatRoute
+from studio.http.gui_chat import PATH as GUI_CHAT
+from studio.http.gui_chat import answer_chat
 from studio.http.gui_chat import router as chat_router
 from studio.http.gui_hub import router as hub_router
 from studio.http.gui_pull import router as pull_router
@@ -35,6 +36,7 @@ from studio.http.metrics import RequestMetrics, StudioMetrics
 from studio.http.openai_proxy import FORM_PATHS, FORWARDED, OpenAIRoutes
 from studio.http.openai_proxy import router as proxy_router
 from studio.http.page import router as page_router
+from studio.http.post_routes import PostRoutes
 from studio.http.router_api import RouterLoads
 from studio.http.router_api import router as router_api
 from studio.http.stream_owners import StreamOwners
@@ -132,14 +134,14 @@ def create_app(
     app.include_router(streams_router)
     app.include_router(page_router)
     app.add_middleware(OpenAIRoutes, on_error=error_response)
-    app.add_middleware(GuiChatRoute, on_error=error_response)
+    app.add_middleware(PostRoutes, routes={GUI_CHAT: answer_chat}, on_error=error_response, dialect="openai")
     app.add_middleware(BodySizeLimit, max_body_bytes=max_body_bytes)
     if api_token:
         app.add_middleware(BearerTokenMiddleware, token=api_token)
     # added last, so it runs first: a preflight carries no token, and a bad Host learns nothing else
     app.add_middleware(BrowserGuard, policy=access or AccessPolicy.create(), other_bodies=FORM_PATHS)
     # outermost: the guard's and the token's refusals are counted too
-    app.add_middleware(RequestMetrics, metrics=metrics, listener="studio", known=FORWARDED)
+    app.add_middleware(RequestMetrics, metrics=metrics, listener="studio", known=[*FORWARDED, GUI_CHAT])
 
     install_error_handlers(app, dialect_of)
 

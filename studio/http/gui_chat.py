@@ -19,15 +19,15 @@ With ``conversation_id`` (one of ``/api/conversations``) the turn is stored as i
 conversation remembers the model, its load settings and the options. A failure to store adds a
 ``history`` event and the answer goes on.
 
-``POST /api/chat`` is answered by ``GuiChatRoute``, pure ASGI ahead of FastAPI
-(as the OpenAI routes are), and its events go out through
+``POST /api/chat`` is answered by ``answer_chat``, pure ASGI ahead of FastAPI's routing
+(``studio.http.post_routes``), and its events go out through
 ``studio.http.relay.EventStream``: both cost less per request and per event
 than FastAPI's routing and ``StreamingResponse`` (``scripts/bench_proxy.py``).
 """
 
 from __future__ import annotations
 
-from collections.abc import AsyncGenerator, AsyncIterator, Callable
+from collections.abc import AsyncGenerator, AsyncIterator
 from typing import Any
 
 import anyio
@@ -36,7 +36,6 @@ from fastapi import APIRouter, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import Response
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
-from starlette.types import ASGIApp, Receive, Scope, Send
 
 from studio import json_codec
 from studio.chat.media import preflight_chat
@@ -50,7 +49,7 @@ from studio.history.api import history_of
 from studio.history.recorder import Turn as StoredTurn
 from studio.history.recorder import begin_turn, recorded
 from studio.http.bodies import ApiBody
-from studio.http.errors import Dialect, answer_response, describe, openai_shape, validation_answer
+from studio.http.errors import answer_response, describe, openai_shape, validation_answer
 from studio.http.model_paths import check_model_path
 from studio.http.openai_proxy import broke_off, prepare_chat_body, send_upstream
 from studio.http.relay import EventStream
@@ -91,34 +90,10 @@ async def tools(request: Request) -> dict[str, Any]:
     return _toolbox(request).status()
 
 
-class GuiChatRoute:
-    """Pure ASGI middleware that answers ``POST /api/chat`` itself; everything else goes on to the app.
-
-    FastAPI's routing, body and dependency layers cost more per request than
-    relaying a whole answer's chunks (``scripts/bench_proxy.py``), as for the
-    OpenAI routes (``studio.http.openai_proxy.OpenAIRoutes``). The body is
-    validated by the same ``ChatBody`` model, and a bad one gets the app's
-    422 answer. The FastAPI route of the same path stays for ``/docs``.
-    """
-
-    def __init__(self, app: ASGIApp, on_error: Callable[[Exception, Dialect], Response | None]) -> None:
-        self.app = app
-        self.on_error = on_error
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or scope["method"] != "POST" or scope["path"] != PATH:
-            await self.app(scope, receive, send)
-            return
-        request = Request(scope, receive)
-        try:
-            body = await _chat_body(request)
-            response = body if isinstance(body, Response) else await _chat(request, body)
-        except Exception as exc:
-            answer = self.on_error(exc, "openai")
-            if answer is None:
-                raise
-            response = answer
-        await response(scope, receive, send)
+async def answer_chat(request: Request) -> Response:
+    """``POST /api/chat`` as ``studio.http.post_routes.PostRoutes`` answers it, ahead of FastAPI's routing."""
+    body = await _chat_body(request)
+    return body if isinstance(body, Response) else await _chat(request, body)
 
 
 async def _chat_body(request: Request) -> ChatBody | Response:
@@ -137,7 +112,7 @@ async def _chat_body(request: Request) -> ChatBody | Response:
 
 @router.post("/chat")
 async def chat(request: Request, body: ChatBody) -> Response:
-    """Served by ``GuiChatRoute``; declared here for ``/docs``."""
+    """Served by ``answer_chat`` ahead of the router (``PostRoutes``); declared here for ``/docs``."""
     return await _chat(request, body)
 
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections.abc import AsyncGenerator, AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import httpx
@@ -25,6 +25,7 @@ from fastapi.responses import JSONResponse, PlainTextResponse, Response, Streami
 import gguf
 from gguf.templates import template_capabilities
 from studio import json_codec
+from studio.chat.sse import EventSplitter, event_json
 from studio.dialects import ollama
 from studio.errors import BadRequestError, ModelNotResidentError
 from studio.http.access import AccessPolicy
@@ -54,7 +55,8 @@ from studio.http.openai_proxy import (
     send_upstream,
 )
 from studio.http.openai_proxy import router as proxy_router
-from studio.http.relay import EventStream
+from studio.http.post_routes import PostRoutes
+from studio.http.relay import Relay
 from studio.http.router_api import router as router_api
 from studio.http.streams import router as streams_router
 from studio.library.downloads import DownloadManager
@@ -86,11 +88,13 @@ def create_ollama_app(studio: FastAPI, *, api_token: str | None = None, access: 
     app.include_router(router_api)
     app.include_router(streams_router)  # the chats that name a conversation answer here too
     app.add_middleware(OpenAIRoutes, on_error=error_response)
+    ahead = {"/api/chat": chat, "/api/generate": generate}
+    app.add_middleware(PostRoutes, routes=ahead, on_error=error_response, dialect="ollama")
     app.add_middleware(BodySizeLimit, max_body_bytes=studio.state.max_body_bytes, dialect_for=dialect_on_ollama_port)
     if api_token:
         app.add_middleware(BearerTokenMiddleware, token=api_token, dialect=dialect_on_ollama_port)
     app.add_middleware(BrowserGuard, policy=access or AccessPolicy.create(), other_bodies=FORM_PATHS)
-    app.add_middleware(RequestMetrics, metrics=studio.state.metrics, listener="ollama", known=FORWARDED)
+    app.add_middleware(RequestMetrics, metrics=studio.state.metrics, listener="ollama", known=[*FORWARDED, *ahead])
 
     install_error_handlers(app, dialect_on_ollama_port)
     return app
@@ -303,7 +307,8 @@ async def unsupported(request: Request) -> JSONResponse:
 
 @router.post("/api/chat")
 async def chat(request: Request) -> Response:
-    """Ollama's chat: NDJSON chunks, then one with ``done``, counts and durations."""
+    """Ollama's chat: NDJSON chunks, then one with ``done``, counts and durations (answered ahead of the
+    router, ``PostRoutes``; this route says so in FastAPI's table)."""
     return await _generate(request, "chat")
 
 
@@ -351,14 +356,23 @@ async def _generate(request: Request, kind: ollama.Kind) -> Response:
 
             return await answer_unless_client_leaves(request, loaded, route, payload, lease, finish)
         resp = await send_upstream(request, loaded, route, payload, lease)
-        if resp.status_code == 200:
-            return EventStream(
-                _stream(resp, lease, loaded, route, reply, began, acquired, count),
-                on_close=lambda: close_upstream(resp, lease),
-                media_type=_NDJSON,
-            )
-        status, content = resp.status_code, await read_answer(resp, lease, loaded)
-        return _upstream_error(status, content)
+        if resp.status_code != 200:
+            status, content = resp.status_code, await read_answer(resp, lease, loaded)
+            return _upstream_error(status, content)
+        ndjson = NdjsonStream(route, reply, began, acquired)
+
+        async def closed(first_at: float | None, tail: bytes) -> None:
+            await close_upstream(resp, lease)
+            first_token = None if ndjson.first_at is None else ndjson.first_at - began
+            count(first_token, ndjson.final, reply)
+
+        async def broken(exc: httpx.HTTPError) -> bytes:
+            if lease.interruption:
+                return _line({"error": lease.interruption.message})
+            message, _ = await broke_off(loaded, "llama-server went away mid-stream", exc)
+            return _line({"error": message})
+
+        return Relay(resp, on_close=closed, on_break=broken, reshape=ndjson, media_type=_NDJSON)
 
     if ollama.wants_stream(body):  # a cold load: empty chunks meanwhile, which Ollama's clients add as nothing
         waiting = ollama.Reply(kind, name)
@@ -402,42 +416,50 @@ def _counter(
     return count
 
 
-async def _stream(
-    resp: httpx.Response,
-    lease: Lease,
-    loaded: LoadedModel,
-    route: str,
-    reply: ollama.Reply,
-    began: float,
-    acquired: float,
-    count: Callable[[float | None, dict[str, Any], ollama.Reply], None],
-) -> AsyncGenerator[bytes, None]:
-    """llama-server's server-sent events as Ollama's NDJSON chunks; the ``EventStream`` closes ``resp``."""
-    first_at: float | None = None
-    final: dict[str, Any] = {}
-    try:
-        async for line in resp.aiter_lines():
-            if not line.startswith("data: ") or line == "data: [DONE]":
-                continue
-            data = json_codec.loads(line[6:])
-            if "error" in data:
-                yield _line({"error": (data["error"] or {}).get("message", "llama-server failed")})
-                return
-            chunk = reply.add(ollama.piece_of(route, data))
+class NdjsonStream:
+    """llama-server's server-sent events as Ollama's NDJSON chunks, as they arrive: a ``Relay``'s reshape.
+
+    Each ``data:`` event becomes the chunk ``ollama.Reply`` makes of it (none for a piece without text); an
+    ``error`` event becomes Ollama's ``{"error": ...}`` line, the stream's last; a whole stream ends with the
+    final chunk (``done``, counts and durations), kept in ``final`` for ``/metrics``.
+    """
+
+    def __init__(self, route: str, reply: ollama.Reply, began: float, acquired: float) -> None:
+        self._split = EventSplitter()
+        self._route = route
+        self._reply = reply
+        self._began = began
+        self._acquired = acquired
+        self.first_at: float | None = None  # when the first chunk with text went out
+        self.final: dict[str, Any] = {}
+        self._ended = False  # an error line ended it
+
+    def feed(self, data: bytes) -> bytes:
+        if self._ended:
+            return b""
+        out = []
+        for event in self._split.feed(data):
+            payload = event_json(event)
+            if not isinstance(payload, dict):
+                continue  # a ping, [DONE]
+            if "error" in payload:
+                out.append(_line({"error": (payload["error"] or {}).get("message", "llama-server failed")}))
+                self._ended = True
+                break
+            chunk = self._reply.add(ollama.piece_of(self._route, payload))
             if chunk is not None:
-                first_at = first_at or time.perf_counter()
-                yield _line(chunk)
-        final = reply.final(_durations(began, acquired), streamed=True)
-        yield _line(final)
-    except httpx.HTTPError as exc:
-        cut = lease.interruption
-        if cut:
-            yield _line({"error": cut.message})
-        else:
-            message, _ = await broke_off(loaded, "llama-server went away mid-stream", exc)
-            yield _line({"error": message})
-    finally:
-        count(None if first_at is None else first_at - began, final, reply)
+                self.first_at = self.first_at or time.perf_counter()
+                out.append(_line(chunk))
+        return b"".join(out)
+
+    def finish(self) -> bytes:
+        if self._ended:
+            return b""
+        self.final = self._reply.final(_durations(self._began, self._acquired), streamed=True)
+        return _line(self.final)
+
+    def close(self) -> bytes:
+        return b""  # the error line follows; a broken stream has no final chunk
 
 
 # -- embeddings --------------------------------------------------------------------------------------

@@ -63,8 +63,11 @@ class Reshape(Protocol):
     def feed(self, data: bytes) -> bytes:
         """Return what the client gets for ``data`` (``b""``: nothing yet)."""
 
+    def finish(self) -> bytes:
+        """Return what is still held, and whatever ends the reshaped stream, once the upstream body is complete."""
+
     def close(self) -> bytes:
-        """Return what is still held, once the upstream body is complete or broke off."""
+        """Return what is still held, once the upstream body broke off (the error event follows)."""
 
 
 class _Streamed(Response):
@@ -141,7 +144,7 @@ class Relay(_Streamed):
         try:
             last = await self._relayed(send)
             out = self._arrived(last) if last else b""  # it goes with the body's end, in one write
-            return out if reshape is None else out + reshape.close()
+            return out if reshape is None else out + reshape.finish()
         except httpx.HTTPError as exc:
             held = b"" if reshape is None else reshape.close()  # held-back text is not lost
             return held + await self._on_break(exc)
