@@ -229,7 +229,8 @@ def test_leaving_before_a_whole_answer_frees_the_slot(studio):
         "model": SMOL,
         "messages": [{"role": "user", "content": "Write a long story."}],
         "stream": False,
-        "options": {"num_predict": 2000},
+        # greedy: its story fills the slot's context (968 tokens, ~3.6 s here); sampled, it may end in 2.4 s
+        "options": {"num_predict": 2000, "temperature": 0},
     }
     httpx.post(f"{base}/api/chat", json={**body, "options": {"num_predict": 1}}, timeout=120)  # resident first
     loaded = manager.find(SMOL).loaded
@@ -239,7 +240,7 @@ def test_leaving_before_a_whole_answer_frees_the_slot(studio):
         return any(s["is_processing"] for s in slots)
 
     with pytest.raises(httpx.ReadTimeout):
-        httpx.post(f"{base}/api/chat", json=body, timeout=httpx.Timeout(10, read=3))
+        httpx.post(f"{base}/api/chat", json=body, timeout=httpx.Timeout(10, read=1))
     # llama-server looks for the closed connection when a 1 s wait for its results times out; every result
     # it queues meanwhile, a /slots answer too, restarts that wait (server_response::recv_with_timeout), so
     # polling /slots faster than once a second would keep it from ever looking.
