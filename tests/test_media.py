@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import gc
 from pathlib import Path
 
 import httpx
@@ -13,10 +14,12 @@ from fastapi import FastAPI, Request
 import gguf
 from gguf.speech import speech_facts
 from gguf.writer import write_gguf
+from studio.chat import media
 from studio.chat.media import MediaCapabilities, check_chat_media, check_media_form
 from studio.errors import BadRequestError, StudioError
 from studio.http.errors import error_response
 from studio.http.limits import BodySizeLimit
+from studio.residency.resident import LoadedModel
 from studio.settings import Settings
 
 PNG = "data:image/png;base64," + base64.b64encode(b"\x89PNG fake").decode()
@@ -40,6 +43,26 @@ def image(url: str) -> dict:
 
 def sound(data: str = "AAAA", fmt: str = "wav") -> dict:
     return {"type": "input_audio", "input_audio": {"data": data, "format": fmt}}
+
+
+def test_a_loaded_models_capabilities_are_read_once_and_forgotten_with_it(monkeypatch):
+    """Each chat asks; the files are read once per loaded model, and an unloaded one is not kept alive by it."""
+    reads: list[object] = []
+    monkeypatch.setattr(media, "plan_capabilities", lambda plan: reads.append(plan) or VISION)
+
+    def loaded(plan: str) -> LoadedModel:
+        fields = dict(settings=None, url="", api_key="", n_ctx=0, facts=None, template=None, command=None)
+        return LoadedModel(name="m", plan=plan, **fields)  # type: ignore[arg-type]
+
+    first = loaded("first plan")
+    assert media.media_capabilities(first) is VISION and media.media_capabilities(first) is VISION
+    assert reads == ["first plan"]
+    gone = id(first)
+    del first
+    gc.collect()
+    assert gone not in media._LOADED
+    media.media_capabilities(loaded("second plan"))  # a new incarnation is read anew, whatever its id
+    assert reads == ["first plan", "second plan"]
 
 
 def test_data_uri_images_and_audio_are_counted_for_a_model_that_takes_them():

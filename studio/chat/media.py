@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import weakref
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -67,22 +68,20 @@ class MediaCounts:
     audio: int = 0
 
 
-#: Each loaded model's capabilities, by the model itself (held, so its id stays its own): the files a running
-#: llama-server loaded do not change under it, and reading them (a ``stat`` a chat) was ~2 % of a forwarded
-#: request's CPU. A few incarnations at most; the oldest go together.
-_LOADED: dict[int, tuple[LoadedModel, MediaCapabilities]] = {}
-_LOADED_MAX = 64
+#: Each loaded model's capabilities, by the model's id while it lives: the files a running llama-server loaded
+#: do not change under it, and reading them (a ``stat`` a chat) was ~2 % of a forwarded request's CPU. An entry
+#: goes with its model (``weakref.finalize``), so an unloaded model is neither kept alive nor mistaken for a new
+#: one that got its id. (``LoadedModel`` hashes all its fields, too slow for a ``WeakKeyDictionary``'s key.)
+_LOADED: dict[int, MediaCapabilities] = {}
 
 
 def media_capabilities(loaded: LoadedModel) -> MediaCapabilities:
     """Return what ``loaded`` can take: from its plan's projector and its own vocabulary (once per loaded model)."""
     found = _LOADED.get(id(loaded))
-    if found is not None and found[0] is loaded:
-        return found[1]
-    capabilities = plan_capabilities(loaded.plan)
-    if len(_LOADED) >= _LOADED_MAX:
-        _LOADED.clear()
-    _LOADED[id(loaded)] = (loaded, capabilities)
+    if found is not None:
+        return found
+    capabilities = _LOADED[id(loaded)] = plan_capabilities(loaded.plan)
+    weakref.finalize(loaded, _LOADED.pop, id(loaded), None)
     return capabilities
 
 
