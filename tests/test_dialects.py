@@ -249,8 +249,10 @@ def test_metrics_move_by_what_was_served(studio, claude, oai):
     assert moved(requests, listener="studio", route="/v1/messages", status="404") == 1
     assert moved(requests, listener="studio", route="/v1/messages/count_tokens", status="200") == 1
     assert moved("ggstudio_http_request_duration_seconds_count", listener="studio", route="/v1/messages") == 4
-    assert moved("ggstudio_generated_tokens_total", model=GEMMA, route="/v1/messages") == generated
-    assert moved("ggstudio_time_to_first_token_seconds_count", model=GEMMA, route="/v1/messages") == 1
+    assert moved("ggstudio_generated_tokens_total", listener="studio", model=GEMMA, route="/v1/messages") == generated
+    assert (
+        moved("ggstudio_time_to_first_token_seconds_count", listener="studio", model=GEMMA, route="/v1/messages") == 1
+    )
     # tokens/s: the stream's own clock; llama-server's Anthropic answers carry no timings to read it from
     assert moved("ggstudio_generation_tokens_per_second_count", model=GEMMA) == 1
     assert moved("ggstudio_model_loads_total", model=GEMMA, outcome="ok") == 0  # it stayed resident

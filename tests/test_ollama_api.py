@@ -269,11 +269,48 @@ def test_metrics_count_the_ollama_listener(client, studio):
 
     assert moved("ggstudio_http_requests_total", listener="ollama", route="/api/chat", status="200") == 2
     assert (
-        moved("ggstudio_generated_tokens_total", model=SMOL, route="/api/chat")
+        moved("ggstudio_generated_tokens_total", listener="ollama", model=SMOL, route="/api/chat")
         == plain.eval_count + streamed[-1].eval_count
     )
-    assert moved("ggstudio_time_to_first_token_seconds_count", model=SMOL, route="/api/chat") == 1
+    assert moved("ggstudio_time_to_first_token_seconds_count", listener="ollama", model=SMOL, route="/api/chat") == 1
     assert moved("ggstudio_generation_tokens_per_second_count", model=SMOL) == 2  # llama-server's timings
+
+
+def test_the_guis_chats_count_in_metrics_apart_from_ollamas_on_the_same_path(client, studio):
+    """The GUI's ``/api/chat`` generated tokens that ``/metrics`` never counted, and shares its path with Ollama's:
+    each counts under its own listener, as do the OpenAI routes on the Ollama port."""
+    studio_base, ollama_base, _, _ = studio
+    client.generate(model=SMOL, prompt="Hi", options={"num_predict": 1})
+    before = scrape(studio_base)
+    with httpx.stream(
+        "POST", f"{studio_base}/api/chat", json={"model": SMOL, "messages": HI, "max_tokens": 5}, timeout=120
+    ) as resp:
+        events = [json.loads(line[5:]) for line in resp.iter_lines() if line.startswith("data:")]
+    asked = client.chat(model=SMOL, messages=HI, options={"num_predict": 3}, stream=True)
+    ollama_tokens = [part for part in asked][-1].eval_count
+    openai_here = httpx.post(
+        f"{ollama_base}/v1/chat/completions", json={"model": SMOL, "messages": HI, "max_tokens": 2}, timeout=120
+    ).json()
+    after = scrape(studio_base)
+
+    def moved(name: str, **labels: str) -> float:
+        key = (name, frozenset(labels.items()))
+        return after.get(key, 0.0) - before.get(key, 0.0)
+
+    done = events[-1]
+    assert done["type"] == "done" and done["usage"]["completion_tokens"] > 0
+    tokens = "ggstudio_generated_tokens_total"
+    first = "ggstudio_time_to_first_token_seconds_count"
+    assert moved(tokens, listener="studio", model=SMOL, route="/api/chat") == done["usage"]["completion_tokens"]
+    assert moved(first, listener="studio", model=SMOL, route="/api/chat") == 1
+    assert moved(tokens, listener="ollama", model=SMOL, route="/api/chat") == ollama_tokens
+    assert moved(first, listener="ollama", model=SMOL, route="/api/chat") == 1
+    assert (
+        moved(tokens, listener="ollama", model=SMOL, route="/v1/chat/completions")
+        == openai_here["usage"]["completion_tokens"]
+    )
+    assert moved(tokens, listener="studio", model=SMOL, route="/v1/chat/completions") == 0
+    assert moved("ggstudio_generation_tokens_per_second_count", model=SMOL) == 3
 
 
 def test_pull_from_hugging_face_with_ndjson_progress(client, studio):

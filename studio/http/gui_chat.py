@@ -27,6 +27,7 @@ than FastAPI's routing and ``StreamingResponse`` (``scripts/bench_proxy.py``).
 
 from __future__ import annotations
 
+import time
 from collections.abc import AsyncGenerator, AsyncIterator
 from typing import Any
 
@@ -50,6 +51,7 @@ from studio.history.recorder import Turn as StoredTurn
 from studio.history.recorder import begin_turn, recorded
 from studio.http.bodies import ApiBody
 from studio.http.errors import answer_response, describe, openai_shape, validation_answer
+from studio.http.metrics import Listener, StudioMetrics, listener_of
 from studio.http.model_paths import check_model_path
 from studio.http.openai_proxy import broke_off, prepare_chat_body, send_upstream
 from studio.http.relay import EventStream
@@ -117,6 +119,7 @@ async def chat(request: Request, body: ChatBody) -> Response:
 
 
 async def _chat(request: Request, body: ChatBody) -> Response:
+    began = time.perf_counter()
     manager: ModelManager = request.app.state.manager
     payload = body.model_dump(exclude_none=True, exclude={"use_tools", "tool_limits", "conversation_id"})
     asked = body.model_dump(exclude_none=True, exclude={"conversation_id"})  # as stored: before the model's changes
@@ -138,6 +141,7 @@ async def _chat(request: Request, body: ChatBody) -> Response:
         await lease()
         raise
     held: list[tuple[LoadedModel, Lease]] = [(loaded, lease)]
+    counted = _Counts(request.app.state.metrics, listener_of(request.scope), began)
 
     async def call_model(
         messages: list[dict[str, Any]],
@@ -160,6 +164,7 @@ async def _chat(request: Request, body: ChatBody) -> Response:
             async for item in read_turn(
                 resp, heal or None, split_think=bool(template and template.reasoning_style == "always")
             ):
+                counted.saw(own[0].name, item)
                 yield item
         except TurnError as exc:
             if not isinstance(exc.__cause__, httpx.HTTPError):
@@ -186,6 +191,30 @@ async def _chat(request: Request, body: ChatBody) -> Response:
             await unused()
 
     return EventStream(_sse_events(events), on_close=release_unused, media_type="text/event-stream")
+
+
+class _Counts:
+    """A chat's figures for ``/metrics``, counted as its model calls go: the time to the first generated event
+    (from the request's arrival, a load included), and each call's tokens and llama-server's tokens/s."""
+
+    def __init__(self, metrics: StudioMetrics, listener: Listener, began: float) -> None:
+        self._metrics = metrics
+        self._listener = listener
+        self._began = began
+        self._first_seen = False
+
+    def saw(self, model: str, item: dict[str, Any] | Turn) -> None:
+        """Count what ``item`` says: a model call's end (its ``Turn``), or the chat's first generated event."""
+        if isinstance(item, Turn):
+            tokens = (item.usage or {}).get("completion_tokens")
+            rate = (item.timings or {}).get("predicted_per_second")
+            self._metrics.observe_counts(self._listener, PATH, model, first_token_s=None, tokens=tokens, rate=rate)
+        elif not self._first_seen:
+            self._first_seen = True
+            first_token_s = time.perf_counter() - self._began
+            self._metrics.observe_counts(
+                self._listener, PATH, model, first_token_s=first_token_s, tokens=None, rate=None
+            )
 
 
 async def _store_turn(

@@ -4,10 +4,13 @@ Each figure is counted where that is cheapest:
 
 - Requests by listener, route and status, and their durations: ``RequestMetrics``, pure ASGI
   and outermost; it looks at each response's start message and at nothing else.
-- Time to first token, tokens generated and tokens/s: a relayed stream keeps the time of its
-  first chunk and its last two chunks (two assignments a chunk); once it ends,
-  ``generation_counts`` reads llama-server's own counts from those few bytes. No chunk of a
-  stream is parsed.
+- Time to first token, tokens generated and tokens/s, by listener, model and route: a relayed
+  stream keeps the time of its first chunk and its last two chunks (two assignments a chunk);
+  once it ends, ``generation_counts`` reads llama-server's own counts from those few bytes. No
+  chunk of a stream is parsed for it. The streams that are parsed anyway give their counts as
+  they have them: Ollama's (``studio.http.ollama_app``) and the GUI's chat, each of whose model
+  calls counts (``studio.http.gui_chat``). The listener is what ``RequestMetrics`` put in the
+  request's scope (``listener_of``): the GUI's ``/api/chat`` and Ollama's are two routes.
 - Loads, evictions, crashes, restarts and the durations of loads and evictions: the model
   manager's ``listeners`` (``ResidencyEvent``).
 - What is true now (resident models, requests in flight per model and waiting, predicted and
@@ -43,6 +46,9 @@ from studio.views.residency import status_json
 log = structlog.get_logger(__name__)
 
 Listener = Literal["studio", "ollama"]
+
+#: The scope key under which ``RequestMetrics`` names the listener a request came to.
+LISTENER = "gguf_studio.listener"
 
 #: Seconds a scrape waits for a llama-server's own /metrics.
 UPSTREAM_SCRAPE_TIMEOUT = 2.0
@@ -117,12 +123,15 @@ class StudioMetrics:
         self.first_token_seconds = Histogram(
             "ggstudio_time_to_first_token_seconds",
             "Seconds from a streamed request's arrival (a model load included) to its first generated chunk",
-            ["model", "route"],
+            ["listener", "model", "route"],
             buckets=_LATENCY_BUCKETS,
             registry=r,
         )
         self.tokens = Counter(
-            "ggstudio_generated_tokens", "Tokens generated, by model and route", ["model", "route"], registry=r
+            "ggstudio_generated_tokens",
+            "Tokens generated, by listener, model and route",
+            ["listener", "model", "route"],
+            registry=r,
         )
         self.tokens_per_second = Histogram(
             "ggstudio_generation_tokens_per_second",
@@ -184,7 +193,15 @@ class StudioMetrics:
             self.restarts.labels(event.model).inc()
 
     def observe_generation(
-        self, route: str, model: str, *, began: float, first_at: float | None, tail: bytes, ended: float | None = None
+        self,
+        listener: Listener,
+        route: str,
+        model: str,
+        *,
+        began: float,
+        first_at: float | None,
+        tail: bytes,
+        ended: float | None = None,
     ) -> None:
         """Count one finished answer from its timing and its last bytes (``perf_counter`` times)."""
         tokens, rate = generation_counts(tail)
@@ -192,17 +209,29 @@ class StudioMetrics:
         if rate is None and tokens and first_at is not None and ended > first_at:
             rate = tokens / (ended - first_at)
         self.observe_counts(
-            route, model, first_token_s=None if first_at is None else first_at - began, tokens=tokens, rate=rate
+            listener,
+            route,
+            model,
+            first_token_s=None if first_at is None else first_at - began,
+            tokens=tokens,
+            rate=rate,
         )
 
     def observe_counts(
-        self, route: str, model: str, *, first_token_s: float | None, tokens: int | None, rate: float | None
+        self,
+        listener: Listener,
+        route: str,
+        model: str,
+        *,
+        first_token_s: float | None,
+        tokens: int | None,
+        rate: float | None,
     ) -> None:
-        """Count one answer whose figures the caller already has (the Ollama dialect parses its stream)."""
+        """Count one answer whose figures the caller already has (the streams that are parsed anyway)."""
         if first_token_s is not None:
-            self.child(self.first_token_seconds, model, route).observe(first_token_s)
+            self.child(self.first_token_seconds, listener, model, route).observe(first_token_s)
         if tokens:
-            self.child(self.tokens, model, route).inc(tokens)
+            self.child(self.tokens, listener, model, route).inc(tokens)
         if rate:
             self.child(self.tokens_per_second, model).observe(rate)
 
@@ -296,11 +325,17 @@ class StatusCollector(Collector):
         yield ratio
 
 
+def listener_of(scope: Scope) -> Listener:
+    """The listener a request came to, as ``RequestMetrics`` noted it (the studio's, for an app without it)."""
+    return scope.get(LISTENER, "studio")
+
+
 class RequestMetrics:
     """Pure ASGI middleware: count each HTTP request by route and status, and time it to its last byte.
 
     The route is the matched route's template (``/api/models/{name:path}``), a path in ``known``
     (routes served ahead of the router), or ``other``, so unknown paths cannot grow the label set.
+    It names its listener in the request's scope (``LISTENER``) for the generation counts.
     """
 
     def __init__(self, app: ASGIApp, metrics: StudioMetrics, listener: Listener, known: Iterable[str] = ()) -> None:
@@ -315,6 +350,7 @@ class RequestMetrics:
             return
         began = time.perf_counter()
         status = 500  # what the client gets when the app raises before it answers
+        scope[LISTENER] = self.listener
 
         async def send_and_note(message: Message) -> None:
             nonlocal status

@@ -411,7 +411,9 @@ def _counter(
 
     def count(first_token_s: float | None, final: dict[str, Any], reply: ollama.Reply) -> None:
         rate = (reply.timings or {}).get("predicted_per_second")
-        metrics.observe_counts(route, model, first_token_s=first_token_s, tokens=final.get("eval_count"), rate=rate)
+        metrics.observe_counts(
+            "ollama", route, model, first_token_s=first_token_s, tokens=final.get("eval_count"), rate=rate
+        )
 
     return count
 

@@ -84,6 +84,7 @@ from studio.dialects.chat_shape import chat_body
 from studio.errors import BadRequestError, RouteRefusedError, UpstreamError
 from studio.http.errors import Dialect, ErrorAnswer, describe, reshape_upstream, stream_error_event
 from studio.http.load_wait import answer_when_loaded
+from studio.http.metrics import listener_of
 from studio.http.model_paths import check_model_path
 from studio.http.relay import Relay, client_gone
 from studio.http.stream_owners import CONVERSATION_HEADER, conversation_of, stream_owners
@@ -261,11 +262,11 @@ async def read_answer(resp: httpx.Response, lease: Lease, loaded: LoadedModel) -
 
 
 def _counter(request: Request, route: Route, path: str, model: str, began: float) -> Count:
-    metrics = request.app.state.metrics
+    metrics, listener = request.app.state.metrics, listener_of(request.scope)
 
     def count(first_at: float | None, tail: bytes) -> None:
         if route.generates:
-            metrics.observe_generation(path, model, began=began, first_at=first_at, tail=tail)
+            metrics.observe_generation(listener, path, model, began=began, first_at=first_at, tail=tail)
 
     return count
 
