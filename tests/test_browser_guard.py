@@ -28,6 +28,8 @@ from launcher.supervisor import owner_token
 from studio.http.access import AccessPolicy
 from studio.http.app import create_app
 from studio.http.browser_guard import BrowserGuard
+from studio.http.errors import dialect_of
+from studio.http.ollama_app import create_ollama_app
 from studio.library.catalog import Catalog
 from studio.residency.manager import ModelManager, supervisor_factory
 from tests.helpers import free_port, wait_for
@@ -79,8 +81,13 @@ def test_a_foreign_host_is_refused_on_every_route(app, client):
         for host in ("evil.example", "evil.example:8080"):
             resp = client.request(method, path, headers={"host": host}, json=CHAT if method == "POST" else None)
             assert resp.status_code == 403, (method, path, resp.status_code)
-            if method != "HEAD":
-                assert resp.json()["error"]["code"] == "host_not_allowed", (method, path)
+            if method == "HEAD":
+                continue
+            error = resp.json()["error"]
+            if dialect_of(path) == "anthropic":  # in the shape of the route's clients: Anthropic's has no code
+                assert error["type"] == "permission_error" and "Host header" in error["message"], (method, path)
+            else:
+                assert error["code"] == "host_not_allowed", (method, path)
 
 
 @pytest.mark.parametrize("host", ["localhost:8080", "127.0.0.1:8080", "[::1]:8080", "localhost"])
@@ -152,12 +159,53 @@ def test_preflights_are_answered_only_for_allowed_origins(client):
     ],
 )
 def test_a_body_that_is_not_declared_json_is_a_415(client, content_type):
-    """What a browser sends cross-site without a preflight never reaches a JSON route, Origin or not."""
+    """What a browser sends cross-site without a preflight never reaches a JSON route: from a page (``Origin``), or
+    from an old browser's form, which sent no ``Origin`` but a browser's ``User-Agent`` the page cannot change."""
+    page = {"origin": "http://localhost:3000"}
+    old_form = {"user-agent": "Mozilla/5.0 (X11; Linux x86_64; rv:68.0) Gecko/20100101 Firefox/68.0"}
     for path in ("/v1/chat/completions", "/api/load", "/api/unload", "/api/chat", "/api/plan"):
-        resp = client.post(path, content=b'{"model": "x"}', headers={"content-type": content_type})
-        assert resp.status_code == 415, (path, content_type)
-        assert resp.json()["error"]["code"] == "unsupported_media_type"
-        assert "application/json" in resp.json()["error"]["message"]
+        for sender in (page, old_form):
+            resp = client.post(path, content=b'{"model": "x"}', headers={"content-type": content_type, **sender})
+            assert resp.status_code == 415, (path, content_type, sender)
+            assert resp.json()["error"]["code"] == "unsupported_media_type"
+            assert "application/json" in resp.json()["error"]["message"]
+
+
+def test_curl_d_without_a_content_type_is_read_as_json_as_ollama_reads_it(app):
+    """``curl -d '{...}'`` declares a form; Ollama's own documentation calls it so, and Ollama reads the JSON. A
+    client that is no browser (no ``Origin``, not a browser's ``User-Agent``) has its body read as JSON on both
+    ports; the same form from a browser is still a 415, in the port's own error shape."""
+    curl = {"content-type": "application/x-www-form-urlencoded", "user-agent": "curl/8.5.0"}
+    browser = {**curl, "user-agent": "Mozilla/5.0 (Windows NT 10.0; Win64; x64) AppleWebKit/537.36"}
+    ollama_app = create_ollama_app(app)
+    with TestClient(app, base_url=BASE) as studio, TestClient(ollama_app, base_url=BASE) as ollama:
+        chat = studio.post("/v1/chat/completions", content=b'{"messages": []}', headers=curl)
+        assert chat.status_code == 400 and chat.json()["error"]["param"] == "model"  # read: it names no model
+        asked = b'{"model": "no-such-model", "messages": [{"role": "user", "content": "hi"}]}'
+        missing = ollama.post("/api/chat", content=asked, headers=curl)
+        assert missing.status_code == 404 and "no-such-model" in missing.json()["error"]
+        refused = ollama.post("/api/chat", content=asked, headers=browser)
+        assert refused.status_code == 415 and "application/json" in refused.json()["error"]
+        assert studio.post("/v1/chat/completions", content=b"{}", headers=browser).status_code == 415
+
+
+def test_refusals_are_shaped_for_the_routes_dialect(app):
+    """The guard's answers read as the client's own errors: Anthropic's on its routes, Ollama's on its port."""
+    ollama_app = create_ollama_app(app)
+    foreign = {"origin": "http://evil.example"}
+    with TestClient(app, base_url=BASE) as studio, TestClient(ollama_app, base_url=BASE) as ollama:
+        anthropic = studio.post("/v1/messages", json=CHAT, headers=foreign)
+        assert anthropic.status_code == 403 and anthropic.json()["type"] == "error"
+        assert "evil.example" in anthropic.json()["error"]["message"]
+        host = studio.post("/v1/messages", json=CHAT, headers={"host": "evil.example"})
+        assert host.status_code == 403 and host.json()["error"]["type"] == "permission_error"
+        assert "Host header" in host.json()["error"]["message"]
+        on_ollama = ollama.post("/api/chat", json=CHAT, headers=foreign)
+        assert on_ollama.status_code == 403 and "evil.example" in on_ollama.json()["error"]
+        preflight = ollama.options("/api/chat", headers={**foreign, "access-control-request-method": "POST"})
+        assert preflight.status_code == 403 and "evil.example" in preflight.json()["error"]
+        openai_there = ollama.post("/v1/chat/completions", json=CHAT, headers=foreign)
+        assert openai_there.json()["error"]["code"] == "origin_not_allowed"  # OpenAI's routes: OpenAI's shape
 
 
 def test_json_with_parameters_and_untyped_bodies_still_work(client):
@@ -179,7 +227,8 @@ def test_a_route_named_as_taking_other_bodies_is_left_to_itself():
     with TestClient(guarded, base_url=BASE) as client:
         form = {"content-type": "multipart/form-data; boundary=x"}
         assert client.post("/v1/upload", content=b"--x--", headers=form).json() == {"got": "--x--"}
-        assert client.post("/v1/other", content=b"--x--", headers=form).status_code == 415
+        from_a_page = {**form, "user-agent": "Mozilla/5.0 (X11; Linux x86_64; rv:68.0) Gecko/20100101 Firefox/68.0"}
+        assert client.post("/v1/other", content=b"--x--", headers=from_a_page).status_code == 415
         # the origin rule still holds there: a foreign page's form cannot upload
         assert (
             client.post("/v1/upload", content=b"--x--", headers={**form, "origin": "http://evil.example"}).status_code

@@ -93,7 +93,12 @@ def create_ollama_app(studio: FastAPI, *, api_token: str | None = None, access: 
     app.add_middleware(BodySizeLimit, max_body_bytes=studio.state.max_body_bytes, dialect_for=dialect_on_ollama_port)
     if api_token:
         app.add_middleware(BearerTokenMiddleware, token=api_token, dialect=dialect_on_ollama_port)
-    app.add_middleware(BrowserGuard, policy=access or AccessPolicy.create(), other_bodies=FORM_PATHS)
+    app.add_middleware(
+        BrowserGuard,
+        policy=access or AccessPolicy.create(),
+        other_bodies=FORM_PATHS,
+        dialect_for=dialect_on_ollama_port,
+    )
     app.add_middleware(RequestMetrics, metrics=studio.state.metrics, listener="ollama", known=[*FORWARDED, *ahead])
 
     install_error_handlers(app, dialect_on_ollama_port)
