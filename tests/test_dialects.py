@@ -176,6 +176,16 @@ def test_responses_streamed(oai):
     assert events[0].type == "response.created" and events[-1].type == "response.completed"
     deltas = "".join(e.delta for e in events if e.type == "response.output_text.delta")
     assert deltas and deltas == events[-1].response.output_text
+    assert [e.sequence_number for e in events] == list(range(len(events)))
+
+
+def test_the_openai_sdks_responses_stream_helper_builds_the_response(oai):
+    """``responses.stream()`` builds the response from the events' indexes, which b11434 leaves out: it failed at
+    the first text delta (``output.content[None]``) until the studio added them."""
+    with oai.responses.stream(model=SMOL, input="Say hi.", max_output_tokens=8) as stream:
+        deltas = "".join(e.delta for e in stream if e.type == "response.output_text.delta")
+        final = stream.get_final_response()
+    assert deltas and final.output_text == deltas and final.status == "completed"
 
 
 @pytest.mark.parametrize(

@@ -170,10 +170,11 @@ def test_a_responses_stream_waiting_for_a_cold_load_hears_loading_comments(cold)
     with openai.OpenAI(
         base_url=f"{cold[0]}/v1", api_key="none", http_client=httpx.Client(transport=timed.transport())
     ) as client:
-        # the raw event stream: the SDK's ``responses.stream`` helper wants a ``content_index`` b11434 leaves out
-        events = client.responses.create(model="smol", input="Say hi.", max_output_tokens=8, stream=True)
-        text = "".join(e.delta for e in events if e.type == "response.output_text.delta")
-    assert text.strip()
+        # the SDK's own helper, which builds the response from the indexes the studio adds to b11434's events
+        with client.responses.stream(model="smol", input="Say hi.", max_output_tokens=8) as stream:
+            text = "".join(e.delta for e in stream if e.type == "response.output_text.delta")
+            final = stream.get_final_response()
+    assert text.strip() and final.output_text == text
     assert_kept_company(timed, b"data: ")
 
 

@@ -47,7 +47,9 @@ last chunk always has both (b11434 ``tools/server/server-task.cpp``:
 A chat request that offers ``tools`` is checked first (``studio.chat.tool_schema``),
 and its answer is healed (``studio.chat.tool_healing``): tool-call markup the model
 wrote as text becomes ``tool_calls``. Only such a stream is parsed, event by event
-(``studio.chat.tool_stream``); every other stream stays bytes in, bytes out.
+(``studio.chat.tool_stream``), and a Responses stream, whose events get the indexes OpenAI's clients
+read and b11434 leaves out (``studio.dialects.responses_stream``); every other stream stays bytes in,
+bytes out.
 
 For ``/metrics`` the relay keeps the time of the first chunk and the last two chunks
 (two assignments a chunk), and reads the token counts from those once the stream
@@ -81,12 +83,13 @@ from studio.chat.tool_healing import heal_completion
 from studio.chat.tool_schema import check_tool_fields, tool_parameters
 from studio.chat.tool_stream import HealingRelay
 from studio.dialects.chat_shape import chat_body
+from studio.dialects.responses_stream import ResponsesIndexes
 from studio.errors import BadRequestError, RouteRefusedError, UpstreamError
 from studio.http.errors import Dialect, ErrorAnswer, describe, reshape_upstream, stream_error_event
 from studio.http.load_wait import answer_when_loaded
 from studio.http.metrics import listener_of
 from studio.http.model_paths import check_model_path
-from studio.http.relay import Relay, client_gone
+from studio.http.relay import Relay, Reshape, client_gone
 from studio.http.stream_owners import CONVERSATION_HEADER, conversation_of, stream_owners
 from studio.http.upstream import Upstream
 from studio.residency.manager import ModelManager
@@ -240,7 +243,7 @@ async def _answer(
             headers=headers,
             on_close=closed,
             on_break=lambda exc: broken_stream_event(exc, lease, loaded, route.dialect),
-            reshape=HealingRelay(tools) if tools else None,
+            reshape=HealingRelay(tools) if tools else route.stream_reshape() if route.stream_reshape else None,
         )
     content = await read_answer(resp, lease, loaded)
     return Response(
@@ -504,6 +507,7 @@ class Route:
     check: Callable[[dict[str, Any]], None] | None = None  # refuses a body before any load
     form: bool = False  # its body is a multipart form (an upload), passed on as it came
     embeds: bool = False  # it needs an instance that embeds: the model's embedding instance, unless its own does
+    stream_reshape: Callable[[], Reshape] | None = None  # makes what its streams' bytes go through on the way
 
 
 def _native(summary: str, **options: Any) -> Route:
@@ -518,7 +522,9 @@ _CHAT_TOKENS = Route(
     "/v1/chat/completions/input_tokens", _apply_reasoning, "Tokens a chat completion request's prompt takes"
 )
 _NATIVE_COMPLETION = Route("/completion", _nothing_to_add, "llama-server's native completion", generates=True)
-_RESPONSES = Route("/v1/responses", _apply_reasoning, "OpenAI Responses", generates=True)
+_RESPONSES = Route(
+    "/v1/responses", _apply_reasoning, "OpenAI Responses", generates=True, stream_reshape=ResponsesIndexes
+)
 _RESPONSES_TOKENS = Route("/v1/responses/input_tokens", _apply_reasoning, "Tokens a Responses request's input takes")
 _RERANK = Route("/v1/rerank", _nothing_to_add, "Rerank documents by a query (a model loaded with --reranking)")
 _EMBEDDING = Route(
