@@ -8,6 +8,7 @@ A real studio (the app under uvicorn, the real llama-server for the load) whose 
 from __future__ import annotations
 
 import httpx
+import openai
 import pytest
 
 from studio.library.default_model import ensure_default_model
@@ -58,3 +59,18 @@ def test_a_model_loaded_under_an_alias_is_listed_loaded(studio):
             timeout=60,
             what="the model to unload",
         )
+
+
+def test_openai_models_retrieve_finds_a_model_by_name_or_alias_and_an_unknown_one_is_a_404(studio):
+    """``GET /v1/models/{model}`` (the OpenAI SDK's ``models.retrieve``) was a "no such route" 404."""
+    with openai.OpenAI(base_url=f"{studio.url}/v1", api_key="unused", max_retries=0) as client:
+        assert client.models.retrieve("code").id == "code"
+        by_alias = client.models.retrieve("tinyllama-2")
+        assert by_alias.id == "code" and by_alias.model_extra["aliases"] == ["code", "fim", "tinyllama-2"]
+        with pytest.raises(openai.NotFoundError) as refused:
+            client.models.retrieve("no-such-model")
+    assert refused.value.body["code"] == "model_not_found" and "code, other" in refused.value.body["message"]
+
+
+def test_v1_health_answers_as_llama_servers_does(studio):
+    assert httpx.get(f"{studio.url}/v1/health", timeout=10).json() == {"status": "ok"}

@@ -363,6 +363,8 @@ def test_api_token_guards_everything_but_health(llama_server_bin, tmp_path):
     app = create_app(manager, api_token="s3cret")
     with TestClient(app, base_url="http://127.0.0.1") as client:  # TestClient's own "testserver" is no loopback name
         assert client.get("/health").status_code == 200
+        assert client.get("/v1/health").status_code == 200  # llama-server's other spelling, public there too
+        assert client.get("/v1/models/anything").status_code == 401
         denied = client.get("/v1/models")
         assert denied.status_code == 401 and denied.json()["error"]["code"] == "invalid_api_key"
         assert client.get("/api/status", headers={"Authorization": "Bearer wrong"}).status_code == 401

@@ -146,6 +146,7 @@ def create_app(
     install_error_handlers(app, dialect_of)
 
     @app.get("/health")
+    @app.get("/v1/health")  # llama-server answers both
     async def health() -> dict[str, str]:
         return {"status": "ok"}
 

@@ -1,8 +1,9 @@
 """An optional API token in front of the whole service, as pure ASGI middleware.
 
 Pure ASGI (not ``BaseHTTPMiddleware``) so the streaming path is not buffered.
-``/health`` stays open for supervisors and load balancers, and so do the studio page's
-files (``/`` and ``/static/``, which hold no data): the page asks for the token itself.
+``/health`` (and ``/v1/health``, as llama-server spells it too) stays open for supervisors and load
+balancers, and so do the studio page's files (``/`` and ``/static/``, which hold no data): the page
+asks for the token itself.
 The token comes as ``Authorization: Bearer <token>`` (OpenAI's clients) or ``x-api-key: <token>``
 (Anthropic's); it is compared in constant time and never logged. A refusal is
 shaped for the dialect of the path (Anthropic's on its routes, Ollama's on its port).
@@ -18,7 +19,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from studio.http.errors import SHAPES, Dialect, ErrorAnswer, dialect_of
 
-OPEN_PATHS = frozenset({"/health", "/"})
+OPEN_PATHS = frozenset({"/health", "/v1/health", "/"})
 OPEN_PREFIXES = ("/static/",)
 
 

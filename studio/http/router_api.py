@@ -33,7 +33,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import StreamingResponse
 from pydantic import Field
 
-from studio.errors import BadRequestError
+from studio.errors import BadRequestError, ModelNotFoundError
 from studio.http.bodies import ApiBody
 from studio.http.model_paths import check_model_path
 from studio.library.catalog import names_by_model
@@ -182,6 +182,25 @@ async def list_models(request: Request) -> dict[str, Any]:
                 }
             )
     return {"object": "list", "data": data}
+
+
+@router.get("/v1/models/{model:path}")  # a Hugging Face cache model's name has a slash: owner/repo:VARIANT
+async def retrieve_model(request: Request, model: str) -> dict[str, Any]:
+    """One model as ``/v1/models`` lists it, found by its name or one of its aliases (OpenAI's ``models.retrieve``).
+
+    Raises:
+        ModelNotFoundError: no listed model goes by that name (a file path is not looked up here).
+    """
+    listed = (await list_models(request))["data"]
+    found = next((item for item in listed if item["id"] == model), None) or next(
+        (item for item in listed if model in item["aliases"]), None
+    )
+    if found is None:
+        known = ", ".join(item["id"] for item in listed) or "none"
+        raise ModelNotFoundError(
+            f"model {model!r} not found: not one of the known models ({known})", param="model", code="model_not_found"
+        )
+    return found
 
 
 def _meta(r: ResidentModel) -> dict[str, Any]:
