@@ -125,6 +125,26 @@ def test_llama_servers_own_refusal_reaches_an_anthropic_client_in_anthropics_sha
     assert "context" in info.value.body["error"]["message"]
 
 
+#: A 1x1 PNG, base64.
+DOT = "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mNkYPhfDwAChwGA60e6kgAAAABJRU5ErkJggg=="
+
+
+def test_an_image_for_a_model_without_vision_is_a_400_that_says_so_in_every_dialect(claude, oai):
+    """llama-server answers an Anthropic or Responses image for a text-only model with a 500 naming its own
+    ``mmproj`` flag; the studio says what the chat route says, in the route's shape."""
+    image = {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": DOT}}
+    with pytest.raises(anthropic.BadRequestError) as refused:
+        claude.messages.create(
+            model=SMOL, max_tokens=4, messages=[{"role": "user", "content": [image, {"type": "text", "text": "What?"}]}]
+        )
+    assert refused.value.body["type"] == "error" and refused.value.body["error"]["type"] == "invalid_request_error"
+    assert "cannot read images" in refused.value.body["error"]["message"]
+    parts = [{"type": "input_image", "image_url": f"data:image/png;base64,{DOT}"}, {"type": "input_text", "text": "?"}]
+    with pytest.raises(openai.BadRequestError) as also:
+        oai.responses.create(model=SMOL, input=[{"role": "user", "content": parts}], max_output_tokens=4)
+    assert also.value.body["code"] == "model_has_no_vision" and also.value.body["param"] == "input"
+
+
 def test_a_bad_body_on_the_messages_route_is_anthropic_shaped(studio):
     base, _ = studio
     resp = httpx.post(f"{base}/v1/messages", content=b"{not json", timeout=10)

@@ -15,7 +15,7 @@ import gguf
 from gguf.speech import speech_facts
 from gguf.writer import write_gguf
 from studio.chat import media
-from studio.chat.media import MediaCapabilities, check_chat_media, check_media_form
+from studio.chat.media import MediaCapabilities, check_chat_media, check_dialect_images, check_media_form
 from studio.errors import BadRequestError, StudioError
 from studio.http.errors import error_response
 from studio.http.limits import BodySizeLimit
@@ -26,6 +26,7 @@ PNG = "data:image/png;base64," + base64.b64encode(b"\x89PNG fake").decode()
 VISION = MediaCapabilities(vision=True)
 AUDIO = MediaCapabilities(audio=True)
 TEXT = MediaCapabilities()
+HI_TEXT = [{"role": "user", "content": [{"type": "text", "text": "hi"}]}]
 
 
 def chat(*parts: dict) -> dict:
@@ -136,6 +137,18 @@ def test_a_codec_vocabulary_marks_a_tts_model(llama_tokens, tmp_path, added, cod
     with pytest.raises(BadRequestError, match="is a text-to-speech model") as info:
         check_chat_media({"messages": [{"role": "user", "content": "hi"}]}, MediaCapabilities(speech=facts), "orpheus")
     assert info.value.code == "model_is_tts"
+    with pytest.raises(BadRequestError, match="is a text-to-speech model"):  # in the other dialects too
+        check_dialect_images({"input": "hi"}, "input", "input_image", MediaCapabilities(speech=facts), "orpheus")
+
+
+def test_an_anthropic_or_responses_image_needs_a_model_with_vision():
+    image = {"messages": [{"role": "user", "content": [{"type": "image", "source": {}}, {"type": "text"}]}]}
+    check_dialect_images(image, "messages", "image", VISION, "m")
+    check_dialect_images({"messages": HI_TEXT}, "messages", "image", TEXT, "m")
+    check_dialect_images({"input": "a string is text"}, "input", "input_image", TEXT, "m")
+    with pytest.raises(BadRequestError, match="cannot read images") as info:
+        check_dialect_images(image, "messages", "image", TEXT, "m")
+    assert (info.value.param, info.value.code) == ("messages", "model_has_no_vision")
 
 
 @pytest.mark.parametrize(

@@ -172,22 +172,11 @@ def check_chat_media(body: Mapping[str, Any], capabilities: MediaCapabilities, m
         BadRequestError: a TTS model; a remote or malformed image; an audio part without data; images for a model
             without vision, audio for one without an audio encoder. ``param`` points at the part.
     """
-    if capabilities.speech is not None:
-        raise BadRequestError(
-            f"{model} is {capabilities.speech.describe()}. It answers with audio codes, not text, so it cannot "
-            "chat; use a text-to-speech pipeline with its vocoder",
-            param="model",
-            code="model_is_tts",
-        )
+    _refuse_speech(capabilities, model)
     counts = check_media_form(body)
     images, audio = counts.images, counts.audio
     if images and not capabilities.vision:
-        raise BadRequestError(
-            f"{model} cannot read images: it was loaded without a vision projector (mmproj). Load a vision model "
-            "with its projector, or send text only",
-            param="messages",
-            code="model_has_no_vision",
-        )
+        raise _no_vision(model, "messages")
     if audio and not capabilities.audio:
         raise BadRequestError(
             f"{model} cannot hear audio: it was loaded without an audio projector (mmproj). Load a model with an "
@@ -196,6 +185,45 @@ def check_chat_media(body: Mapping[str, Any], capabilities: MediaCapabilities, m
             code="model_has_no_audio",
         )
     return counts
+
+
+def check_dialect_images(
+    body: Mapping[str, Any], field: str, image_part: str, capabilities: MediaCapabilities, model: str
+) -> None:
+    """Refuse an Anthropic Messages or OpenAI Responses body the model cannot take, as ``check_chat_media`` does a
+    chat's: images (parts of type ``image_part`` in the items of ``field``) for a model without vision, anything for
+    a TTS model. llama-server answers the images with a 500 that names its own ``mmproj`` flag.
+
+    Raises:
+        BadRequestError: as above; ``param`` is ``field``.
+    """
+    _refuse_speech(capabilities, model)
+    items = body.get(field)
+    if capabilities.vision or not isinstance(items, list):
+        return
+    for item in items:
+        content = item.get("content") if isinstance(item, Mapping) else None
+        if isinstance(content, list) and any(isinstance(p, Mapping) and p.get("type") == image_part for p in content):
+            raise _no_vision(model, field)
+
+
+def _refuse_speech(capabilities: MediaCapabilities, model: str) -> None:
+    if capabilities.speech is not None:
+        raise BadRequestError(
+            f"{model} is {capabilities.speech.describe()}. It answers with audio codes, not text, so it cannot "
+            "chat; use a text-to-speech pipeline with its vocoder",
+            param="model",
+            code="model_is_tts",
+        )
+
+
+def _no_vision(model: str, param: str) -> BadRequestError:
+    return BadRequestError(
+        f"{model} cannot read images: it was loaded without a vision projector (mmproj). Load a vision model "
+        "with its projector, or send text only",
+        param=param,
+        code="model_has_no_vision",
+    )
 
 
 def check_media_form(body: Mapping[str, Any]) -> MediaCounts:

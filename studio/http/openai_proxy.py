@@ -77,7 +77,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from launcher.chat_templates import uses_jinja
 from launcher.rpc import unreachable
 from studio import json_codec
-from studio.chat.media import check_chat_media, media_capabilities, preflight_chat
+from studio.chat.media import check_chat_media, check_dialect_images, media_capabilities, preflight_chat
 from studio.chat.reasoning import reasoning_request, with_prompt_flag
 from studio.chat.tool_healing import heal_completion
 from studio.chat.tool_schema import check_tool_fields, tool_parameters
@@ -460,6 +460,18 @@ def _apply_reasoning(body: dict[str, Any], loaded: LoadedModel) -> None:
         body["messages"] = with_prompt_flag(body["messages"], wanted.prompt_flag)
 
 
+def prepare_messages_body(body: dict[str, Any], loaded: LoadedModel) -> None:
+    """An Anthropic Messages body: images checked against the model, then the reasoning controls."""
+    check_dialect_images(body, "messages", "image", media_capabilities(loaded), loaded.name)
+    _apply_reasoning(body, loaded)
+
+
+def prepare_responses_body(body: dict[str, Any], loaded: LoadedModel) -> None:
+    """An OpenAI Responses body: images checked against the model, then the reasoning controls."""
+    check_dialect_images(body, "input", "input_image", media_capabilities(loaded), loaded.name)
+    _apply_reasoning(body, loaded)
+
+
 def _nothing_to_add(body: dict[str, Any], loaded: LoadedModel) -> None:
     """An embedding, rerank or infill request goes as it came."""
 
@@ -523,7 +535,7 @@ _CHAT_TOKENS = Route(
 )
 _NATIVE_COMPLETION = Route("/completion", _nothing_to_add, "llama-server's native completion", generates=True)
 _RESPONSES = Route(
-    "/v1/responses", _apply_reasoning, "OpenAI Responses", generates=True, stream_reshape=ResponsesIndexes
+    "/v1/responses", prepare_responses_body, "OpenAI Responses", generates=True, stream_reshape=ResponsesIndexes
 )
 _RESPONSES_TOKENS = Route("/v1/responses/input_tokens", _apply_reasoning, "Tokens a Responses request's input takes")
 _RERANK = Route("/v1/rerank", _nothing_to_add, "Rerank documents by a query (a model loaded with --reranking)")
@@ -560,7 +572,9 @@ FORWARDED: dict[str, Route] = {
     "/responses": _RESPONSES,
     "/v1/responses/input_tokens": _RESPONSES_TOKENS,
     "/responses/input_tokens": _RESPONSES_TOKENS,
-    "/v1/messages": Route("/v1/messages", _apply_reasoning, "Anthropic Messages", dialect="anthropic", generates=True),
+    "/v1/messages": Route(
+        "/v1/messages", prepare_messages_body, "Anthropic Messages", dialect="anthropic", generates=True
+    ),
     "/v1/messages/count_tokens": Route(
         "/v1/messages/count_tokens", _apply_reasoning, "Anthropic token counting", dialect="anthropic"
     ),
