@@ -38,8 +38,8 @@ from studio.http.errors import (
     describe,
     dialect_of,
     error_response,
-    reshape_upstream,
     stream_error_event,
+    upstream_response,
 )
 
 
@@ -141,17 +141,36 @@ def test_llama_servers_own_errors_are_reshaped_for_anthropic_and_ollama():
             }
         }
     ).encode()
-    assert reshape_upstream(400, upstream, "openai") == upstream  # OpenAI's own shape passes as it came
-    assert json.loads(reshape_upstream(400, upstream, "anthropic")) == {
+    assert upstream_response(400, upstream, "openai").body == upstream  # OpenAI's own shape passes as it came
+    assert json.loads(upstream_response(400, upstream, "anthropic").body) == {
         "type": "error",
         "error": {"type": "invalid_request_error", "message": "the request exceeds the available context size"},
     }
-    assert json.loads(reshape_upstream(400, upstream, "ollama")) == {
+    assert json.loads(upstream_response(400, upstream, "ollama").body) == {
         "error": "the request exceeds the available context size"
     }
-    assert json.loads(reshape_upstream(502, b"<html>bad gateway</html>", "ollama")) == {
-        "error": "<html>bad gateway</html>"
-    }
+    broken = upstream_response(502, b"<html>bad gateway</html>", "ollama")
+    assert broken.status_code == 502 and json.loads(broken.body) == {"error": "<html>bad gateway</html>"}
+
+
+def test_an_embedding_input_longer_than_a_batch_is_the_clients_400_not_llama_servers_500():
+    """b11434 answers it 500, telling the client to raise ``--ubatch-size``: a flag the client has no say in."""
+    upstream = json.dumps(
+        {
+            "error": {
+                "code": 500,
+                "message": "input (9001 tokens) is too large to process. increase the physical batch size "
+                "(current batch size: 512)",
+                "type": "server_error",
+            }
+        }
+    ).encode()
+    for dialect in ("openai", "anthropic", "ollama"):
+        answer = upstream_response(500, upstream, dialect)
+        assert answer.status_code == 400, dialect
+        assert "9001 tokens" in answer.body.decode() and "at most 512 tokens" in answer.body.decode()
+        assert "batch size" not in answer.body.decode()
+    assert json.loads(upstream_response(500, upstream, "openai").body)["error"]["code"] == "input_too_long"
 
 
 def test_a_broken_stream_ends_with_the_dialects_error_event():

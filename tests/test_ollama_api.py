@@ -165,6 +165,19 @@ def test_embed(client):
     assert older.embedding == pytest.approx(reply.embeddings[0], abs=1e-4)
 
 
+def test_an_input_longer_than_the_model_embeds_at_once_is_a_400_that_says_so(client, studio):
+    """llama-server answers it with a 500 telling the client to raise its physical batch size."""
+    studio_base, _, _, _ = studio
+    long = "hello " * 1000
+    with pytest.raises(ollama.ResponseError) as refused:
+        client.embed(model=SMOL, input=long)
+    assert refused.value.status_code == 400 and "at most 512 tokens" in refused.value.error
+    with openai.OpenAI(base_url=f"{studio_base}/v1", api_key="unused", max_retries=0) as oai:
+        with pytest.raises(openai.BadRequestError) as also:
+            oai.embeddings.create(model=SMOL, input=long)
+    assert also.value.body["code"] == "input_too_long" and "batch size" not in also.value.body["message"]
+
+
 def test_ps_and_show_report_the_resident_model(client, studio):
     studio_base, _, _, _ = studio
     client.generate(model=SMOL, prompt="Hi", options={"num_predict": 1})

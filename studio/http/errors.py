@@ -10,20 +10,23 @@ writes that answer the way its clients parse errors:
   for 503...);
 - Ollama: ``{"error": "message"}``.
 
-llama-server answers its own errors in OpenAI's shape on every route; ``reshape_upstream``
-rewrites such an answer for a dialect that is not OpenAI's.
+llama-server answers its own errors in OpenAI's shape on every route; ``upstream_response``
+rewrites such an answer for a dialect that is not OpenAI's, and words anew the few whose status or
+words are llama-server's own business (``_REWORDED``: an embedding input longer than one ubatch is a
+500 that tells the client to raise a server flag).
 """
 
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal, overload
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from studio.error_table import ROOTS, outcome
@@ -161,21 +164,49 @@ def install_error_handlers(app: FastAPI, dialect_for: Callable[[str], Dialect]) 
         return answer_response(answer, dialect_for(request.url.path))
 
 
+#: llama-server b11434's 500 for an embedding input longer than one ubatch (``server-context.cpp``).
+_INPUT_TOO_LARGE = re.compile(r"input \((\d+) tokens\) is too large to process\. increase the physical batch size")
+_BATCH = re.compile(r"current batch size: (\d+)")
+
+
+def _reworded(message: str) -> ErrorAnswer | None:
+    """The studio's answer to a llama-server error that is the client's to fix, not llama-server's flags."""
+    found = _INPUT_TOO_LARGE.search(message)
+    if found is None:
+        return None
+    batch = _BATCH.search(message)
+    most = f"at most {batch.group(1)} tokens" if batch else "fewer tokens"
+    return ErrorAnswer(
+        400,
+        f"the input is {found.group(1)} tokens, and the model embeds {most} in one input: split it into shorter "
+        "pieces and embed each",
+        "invalid_request_error",
+        "input",
+        "input_too_long",
+    )
+
+
 def upstream_answer(status: int, content: bytes) -> ErrorAnswer:
-    """The answer inside llama-server's own (OpenAI-shaped) error body."""
+    """The answer inside llama-server's own (OpenAI-shaped) error body, reworded where ``_reworded`` says."""
     error = error_in(content)
     if error is None:
         return ErrorAnswer(
             status, content.decode("utf-8", "replace")[:2000] or f"llama-server answered {status}", "upstream_error"
         )
-    return ErrorAnswer(status, str(error.get("message", "")), str(error.get("type", "upstream_error")))
+    message = str(error.get("message", ""))
+    return _reworded(message) or ErrorAnswer(status, message, str(error.get("type", "upstream_error")))
 
 
-def reshape_upstream(status: int, content: bytes, dialect: Dialect) -> bytes:
-    """llama-server's error body as ``dialect`` writes errors (OpenAI's passes unchanged)."""
-    if dialect == "openai":
-        return content
-    return json.dumps(SHAPES[dialect](upstream_answer(status, content))).encode()
+def upstream_response(
+    status: int, content: bytes, dialect: Dialect, headers: Mapping[str, str] | None = None
+) -> Response:
+    """llama-server's error answer as ``dialect`` writes errors: OpenAI's passes as it came, unless reworded."""
+    error = error_in(content)
+    reworded = _reworded(str(error.get("message", ""))) if error is not None else None
+    if dialect == "openai" and reworded is None:
+        return Response(content, status_code=status, headers=headers)  # llama-server's own words, as they came
+    answer = reworded or upstream_answer(status, content)
+    return Response(json.dumps(SHAPES[dialect](answer)).encode(), status_code=answer.status, headers=headers)
 
 
 def stream_error_event(answer: ErrorAnswer, dialect: Dialect) -> bytes:

@@ -163,7 +163,8 @@ def _durations(began: float, acquired: float) -> ollama.Durations:
 
 def _upstream_error(status: int, content: bytes) -> JSONResponse:
     """llama-server's (OpenAI-shaped) error answer as Ollama writes errors, with its status."""
-    return JSONResponse(ollama_shape(upstream_answer(status, content)), status)
+    answer = upstream_answer(status, content)
+    return JSONResponse(ollama_shape(answer), answer.status)
 
 
 def _line(obj: dict[str, Any]) -> bytes:

@@ -85,7 +85,7 @@ from studio.chat.tool_stream import HealingRelay
 from studio.dialects.chat_shape import chat_body
 from studio.dialects.responses_stream import ResponsesIndexes
 from studio.errors import BadRequestError, RouteRefusedError, UpstreamError
-from studio.http.errors import Dialect, ErrorAnswer, describe, reshape_upstream, stream_error_event
+from studio.http.errors import Dialect, ErrorAnswer, describe, stream_error_event, upstream_response
 from studio.http.load_wait import answer_when_loaded
 from studio.http.metrics import listener_of
 from studio.http.model_paths import check_model_path
@@ -246,9 +246,7 @@ async def _answer(
             reshape=HealingRelay(tools) if tools else route.stream_reshape() if route.stream_reshape else None,
         )
     content = await read_answer(resp, lease, loaded)
-    return Response(
-        reshape_upstream(resp.status_code, content, route.dialect), status_code=resp.status_code, headers=headers
-    )
+    return upstream_response(resp.status_code, content, route.dialect, headers)
 
 
 async def read_answer(resp: httpx.Response, lease: Lease, loaded: LoadedModel) -> bytes:
@@ -279,7 +277,7 @@ def _answered(
 ) -> Response:
     """A whole (non-streamed) answer of a forwarded route: counted, healed, or an error in the route's shape."""
     if status != 200:
-        return Response(reshape_upstream(status, content, route.dialect), status_code=status, headers=headers)
+        return upstream_response(status, content, route.dialect, headers)
     count(None, content)
     return Response(_finished_answer(content, tools) if route.fill_usage else content, status_code=200, headers=headers)
 
