@@ -12,7 +12,7 @@ writes that answer the way its clients parse errors:
 
 llama-server answers its own errors in OpenAI's shape on every route; ``upstream_response``
 rewrites such an answer for a dialect that is not OpenAI's, and words anew the few whose status or
-words are llama-server's own business (``_REWORDED``: an embedding input longer than one ubatch is a
+words are llama-server's own business (``_reworded``: an embedding input longer than one ubatch is a
 500 that tells the client to raise a server flag).
 """
 
