@@ -25,7 +25,7 @@ from studio.chat.model_turn import Turn, TurnError, read_turn
 from studio.http.app import create_app
 from studio.http.client_wire import chunk_writer
 from studio.http.ollama_app import create_ollama_app
-from studio.http.relay import Relay, Reshape, with_server_send
+from studio.http.relay import Relay, Reshape, send_now, with_server_send
 from studio.http.upstream import Upstream
 from tests.helpers import free_port
 from tests.standin_manager import StandInManager, StandInModel
@@ -488,3 +488,43 @@ async def _asgi_post(app: Callable[..., Awaitable[None]], path: str, body: objec
 async def _until(condition: Callable[[], bool]) -> None:
     while not condition():
         await asyncio.sleep(0.005)
+
+
+class _BareAwaitable:
+    """What granian's ``send`` returns: an awaitable whose ``__await__`` is a bare iterator, with no ``send`` or
+    ``close`` (``granian._granian.PyEmptyAwaitable``; granian is no dependency, so it is imitated here)."""
+
+    def __init__(self, waits: list[object]) -> None:
+        self._waits = waits
+
+    def __await__(self):
+        return iter(self._waits)
+
+
+def test_a_server_whose_send_awaitable_is_a_bare_iterator_is_driven_too():
+    """``send_now`` stepped the awaitable with ``.send(None)``: under granian every chunk raised AttributeError."""
+
+    async def main() -> None:
+        sent: list[Message] = []
+
+        def writes_at_once(message: Message) -> _BareAwaitable:
+            sent.append(message)
+            return _BareAwaitable([])
+
+        assert send_now(writes_at_once, {"type": "http.response.body", "body": b"a"}) is None
+        client_reads: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+
+        def waits_for_the_client(message: Message) -> _BareAwaitable:
+            sent.append(message)
+            return _BareAwaitable([client_reads])
+
+        left = send_now(waits_for_the_client, {"type": "http.response.body", "body": b"b"})
+        assert left is not None
+        rest = asyncio.ensure_future(left)
+        await asyncio.sleep(0.01)
+        assert not rest.done()  # it waits while the client does not read
+        client_reads.set_result(None)
+        await asyncio.wait_for(rest, 1)
+        assert [m["body"] for m in sent] == [b"a", b"b"]
+
+    run(main())

@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncGenerator, Awaitable, Callable, Generator, Mapping
+from collections.abc import AsyncGenerator, Awaitable, Callable, Iterator, Mapping
 from typing import Any, Protocol
 
 import anyio
@@ -251,17 +251,18 @@ def send_now(send: Send, message: Message) -> Awaitable[None] | None:
 
     An ASGI server's ``send`` waits only while the client does not read; else it
     writes and returns, and running it here, in the upstream's callback, spares a
-    task waking per chunk.
+    task waking per chunk. Its awaitable is stepped as an iterator, which every awaitable
+    is: a coroutine's also takes ``send``, a server's own may not (granian's does not).
     """
     sending = send(message).__await__()
     try:
-        waiting = sending.send(None)
+        waiting = next(sending)
     except StopIteration:
         return None
     return _send_rest(sending, waiting)
 
 
-async def _send_rest(sending: Generator[Any, None, None], waiting: object) -> None:
+async def _send_rest(sending: Iterator[Any], waiting: object) -> None:
     """Drive ``sending`` on from its first wait (``send_now``), waiting for what it waits for."""
     try:
         while True:
@@ -269,11 +270,13 @@ async def _send_rest(sending: Generator[Any, None, None], waiting: object) -> No
                 await asyncio.wait((waiting,))
             else:  # a bare yield: one turn of the loop
                 await asyncio.sleep(0)
-            waiting = sending.send(None)
+            waiting = next(sending)
     except StopIteration:
         return
     finally:
-        sending.close()
+        close = getattr(sending, "close", None)  # a coroutine's: its ``finally`` runs if it was left half-way
+        if close is not None:
+            close()
 
 
 #: Detached answers (``LoadWait``'s ``detach``) still on their way, held until their response is closed.
