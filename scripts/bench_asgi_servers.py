@@ -33,29 +33,9 @@ from typing import Any
 
 import httptools
 
+from studio.http.relay import send_now  # the studio's own: run ``send`` up to its first wait
+
 HERE = Path(__file__).resolve().parent
-
-
-def send_now(send: Callable[[dict[str, Any]], Awaitable[None]], message: dict[str, Any]) -> asyncio.Future[None] | None:
-    """Run ``send`` up to its first wait; what is left of it, as a task, if it waits (a slow client)."""
-    steps = send(message).__await__()
-    try:
-        waiting = next(steps)
-    except StopIteration:
-        return None
-
-    async def rest(waiting: object) -> None:
-        try:
-            while True:
-                if isinstance(waiting, asyncio.Future):
-                    await asyncio.wait((waiting,))
-                else:
-                    await asyncio.sleep(0)
-                waiting = next(steps)
-        except StopIteration:
-            return
-
-    return asyncio.ensure_future(rest(waiting))
 
 
 class Back(asyncio.Protocol):
@@ -85,8 +65,8 @@ class Back(asyncio.Protocol):
             out = held[0] if len(held) == 1 else b"".join(held)
             held.clear()
             left = send_now(self.send, {"type": "http.response.body", "body": out, "more_body": True})
-            if left is not None:
-                self.pending.append(left)
+            if left is not None:  # a slow client: the rest of the send goes on meanwhile
+                self.pending.append(asyncio.ensure_future(left))
 
     def connection_lost(self, exc: Exception | None) -> None:
         if not self.done.done():
