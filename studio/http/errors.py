@@ -169,8 +169,9 @@ _INPUT_TOO_LARGE = re.compile(r"input \((\d+) tokens\) is too large to process\.
 _BATCH = re.compile(r"current batch size: (\d+)")
 
 
-def _reworded(message: str) -> ErrorAnswer | None:
+def _reworded(error: Mapping[str, Any] | None) -> ErrorAnswer | None:
     """The studio's answer to a llama-server error that is the client's to fix, not llama-server's flags."""
+    message = str(error.get("message", "")) if error is not None else ""
     found = _INPUT_TOO_LARGE.search(message)
     if found is None:
         return None
@@ -189,12 +190,15 @@ def _reworded(message: str) -> ErrorAnswer | None:
 def upstream_answer(status: int, content: bytes) -> ErrorAnswer:
     """The answer inside llama-server's own (OpenAI-shaped) error body, reworded where ``_reworded`` says."""
     error = error_in(content)
+    return _reworded(error) or _as_sent(status, content, error)
+
+
+def _as_sent(status: int, content: bytes, error: Mapping[str, Any] | None) -> ErrorAnswer:
     if error is None:
         return ErrorAnswer(
             status, content.decode("utf-8", "replace")[:2000] or f"llama-server answered {status}", "upstream_error"
         )
-    message = str(error.get("message", ""))
-    return _reworded(message) or ErrorAnswer(status, message, str(error.get("type", "upstream_error")))
+    return ErrorAnswer(status, str(error.get("message", "")), str(error.get("type", "upstream_error")))
 
 
 def upstream_response(
@@ -202,10 +206,10 @@ def upstream_response(
 ) -> Response:
     """llama-server's error answer as ``dialect`` writes errors: OpenAI's passes as it came, unless reworded."""
     error = error_in(content)
-    reworded = _reworded(str(error.get("message", ""))) if error is not None else None
+    reworded = _reworded(error)
     if dialect == "openai" and reworded is None:
         return Response(content, status_code=status, headers=headers)  # llama-server's own words, as they came
-    answer = reworded or upstream_answer(status, content)
+    answer = reworded or _as_sent(status, content, error)
     return Response(json.dumps(SHAPES[dialect](answer)).encode(), status_code=answer.status, headers=headers)
 
 
