@@ -152,8 +152,11 @@ def _speech(path: Path, size: int, mtime_ns: int) -> SpeechFacts | None:
         return None
 
 
-def media_parts(messages: Any) -> Iterator[tuple[int, str, Mapping[str, Any]]]:
-    """Yield ``(message index, part type, part)`` for every ``image_url`` and ``input_audio`` content part."""
+def media_parts(
+    messages: Any, types: tuple[str, ...] = ("image_url", "input_audio")
+) -> Iterator[tuple[int, str, Mapping[str, Any]]]:
+    """Yield ``(message index, part type, part)`` for every content part of one of ``types`` (a chat's media by
+    default; an Anthropic ``image`` block or a Responses ``input_image`` part, each in its list of items)."""
     if not isinstance(messages, list):
         return
     for i, message in enumerate(messages):
@@ -161,7 +164,7 @@ def media_parts(messages: Any) -> Iterator[tuple[int, str, Mapping[str, Any]]]:
         if not isinstance(content, list):
             continue
         for part in content:
-            if isinstance(part, Mapping) and part.get("type") in ("image_url", "input_audio"):
+            if isinstance(part, Mapping) and part.get("type") in types:
                 yield i, part["type"], part
 
 
@@ -198,13 +201,8 @@ def check_dialect_images(
         BadRequestError: as above; ``param`` is ``field``.
     """
     _refuse_speech(capabilities, model)
-    items = body.get(field)
-    if capabilities.vision or not isinstance(items, list):
-        return
-    for item in items:
-        content = item.get("content") if isinstance(item, Mapping) else None
-        if isinstance(content, list) and any(isinstance(p, Mapping) and p.get("type") == image_part for p in content):
-            raise _no_vision(model, field)
+    if not capabilities.vision and any(media_parts(body.get(field), (image_part,))):
+        raise _no_vision(model, field)
 
 
 def _refuse_speech(capabilities: MediaCapabilities, model: str) -> None:
