@@ -192,9 +192,7 @@ async def retrieve_model(request: Request, model: str) -> dict[str, Any]:
         ModelNotFoundError: no listed model goes by that name (a file path is not looked up here).
     """
     listed = (await list_models(request))["data"]
-    found = next((item for item in listed if item["id"] == model), None) or next(
-        (item for item in listed if model in item["aliases"]), None
-    )
+    found = next((item for item in listed if model in item["aliases"]), None)  # a model's own name is one of them
     if found is None:
         known = ", ".join(item["id"] for item in listed) or "none"
         raise ModelNotFoundError(
