@@ -33,6 +33,9 @@ Targets (issue 19): CPU per chunk <= 40 us at 8 streams, tokens/s >= 0.99x at
 1, 8 and 32 streams, added TTFT p50 <= 1 ms. Issue 33, with the stand-in: added
 TTFT p50 within the Python floor's + 1 ms at 1 stream and + 3 ms at 8 and 32, CPU
 per request <= 1 ms, CPU per chunk <= 1.3x the Python floor's at 8 and 32 streams.
+``--split`` also separates, at 8 streams, what one more chunk costs from what a
+stream costs besides (rounds of 16 and 256 tokens): at 64 tokens a stream's
+set-up and end weigh as much in the CPU per chunk as the chunks themselves.
 
 With ``--stand-in`` a stand-in takes llama-server's place: a small asyncio
 server that answers every request the way b11434 streams (its head, one
@@ -52,7 +55,7 @@ The client is a bare asyncio socket per stream (``Connection: close``, bytes
 counted, nothing parsed), cheap enough not to crowd the paths it measures.
 
     .venv/bin/python scripts/bench_proxy.py [--runs 3] [--tokens 64] [--streams 1,8,32]
-    .venv/bin/python scripts/bench_proxy.py --stand-in [--stand-in-tps 50]
+    .venv/bin/python scripts/bench_proxy.py --stand-in [--stand-in-tps 50] [--split]
 """
 
 from __future__ import annotations
@@ -217,7 +220,10 @@ def stand_in_llama_server(port: int, tokens_per_s: float) -> None:
                 if line.lower().startswith(b"content-length:")
             )
             body = json.loads(await reader.readexactly(length))
-            n = int(body.get("max_tokens") or body.get("n_predict") or 16)
+            # llama-server's own precedence (``oaicompat_chat_params_parse``): ``n_predict`` overrides ``max_tokens``,
+            # which the studio fills with the context size when a request names none (Ollama's ``num_predict``
+            # arrives as ``n_predict``)
+            n = int(body.get("n_predict") or body.get("max_tokens") or 16)
             if request.startswith(b"POST /v1/messages "):
                 await anthropic(writer, n)
                 return
@@ -234,6 +240,8 @@ def stand_in_llama_server(port: int, tokens_per_s: float) -> None:
             )
             for i in range(n):
                 await (asyncio.sleep(1 / tokens_per_s) if i == 0 else step())
+                if writer.transport.is_closing():
+                    return  # the client left: llama-server stops generating
                 writer.write(
                     _event(
                         {
@@ -300,6 +308,8 @@ def stand_in_llama_server(port: int, tokens_per_s: float) -> None:
         )
         for i in range(n):
             await (asyncio.sleep(1 / tokens_per_s) if i == 0 else step())
+            if writer.transport.is_closing():
+                return
             delta = {"type": "text_delta", "text": " sea" if i % 2 else " the"}
             writer.write(_event({"type": "content_block_delta", "index": 0, "delta": delta}, "content_block_delta"))
         writer.write(
@@ -589,6 +599,34 @@ async def run_once(
     return rows
 
 
+async def cpu_split(paths: list[Route], concurrency: int, low: int, high: int, rounds: int) -> None:
+    """Print each path's CPU as a part per chunk plus a part per stream, from rounds of ``low`` and ``high`` tokens.
+
+    CPU per chunk at one stream length mixes the two: a stream's set-up and end (the CPU per request)
+    spread over its chunks. The slope between two lengths is what one more chunk costs, the intercept
+    what a stream costs besides; their ratios to the floor's say which of the two the studio spends more on.
+    """
+    samples = {(p.name, t): Samples() for p in paths for t in (low, high)}
+    for i in range(rounds):
+        for t in (low, high):
+            for p in paths if i % 2 == 0 else paths[::-1]:
+                await round_of(p, samples[p.name, t], concurrency, t)
+    parts = {}
+    for p in paths:
+        lo, hi = samples[p.name, low], samples[p.name, high]
+        cpu_lo, cpu_hi = lo.cpu_s / len(lo.streams), hi.cpu_s / len(hi.streams)
+        ev_lo, ev_hi = lo.events / len(lo.streams), hi.events / len(hi.streams)
+        per_chunk = (cpu_hi - cpu_lo) / (ev_hi - ev_lo)
+        parts[p.name] = per_chunk * 1e6, (cpu_lo - per_chunk * ev_lo) * 1e3
+    print(f"CPU split at {concurrency} streams ({low} and {high} tokens, {rounds} rounds each): per chunk + per stream")
+    floor = parts.get("floor py")
+    for name, (chunk, stream) in parts.items():
+        ratio = ""
+        if floor is not None and name != "floor py":
+            ratio = f" ({chunk / floor[0]:.2f}x, {stream / floor[1]:.2f}x the floor py's)"
+        print(f"  {name:>14} {chunk:6.1f} us + {stream:5.3f} ms{ratio}")
+
+
 def report(
     runs: list[dict[tuple[int, str], Row]], paths: list[Route], baseline_of: dict[str, str], streams: Sequence[int]
 ) -> None:
@@ -638,6 +676,11 @@ def main() -> int:
     parser.add_argument("--stand-in-tps", type=float, default=50.0, help="the stand-in's tokens/s per stream")
     parser.add_argument(
         "--requests", type=int, default=256, help="one-token requests for the CPU per request (0: leave it out)"
+    )
+    parser.add_argument(
+        "--split",
+        action="store_true",
+        help="with --stand-in: also split CPU into a part per chunk and a part per stream (16 and 256 tokens)",
     )
     parser.add_argument(
         "--long-kb",
@@ -734,6 +777,9 @@ def main() -> int:
             if args.runs > 1:
                 print(f"run {i + 1}/{args.runs} done, load {psutil.getloadavg()[0]:.1f}", file=sys.stderr)
         report(runs, paths, baseline_of, streams)
+        if args.split and args.stand_in:
+            split = [p for p in paths if p.name in ("studio /v1", "floor py", "floor C")]
+            asyncio.run(cpu_split(split, 8, 16, 256, 4))
         if args.requests:
             at_once = 8
             measured = [p for p in paths if p.name in ("studio /v1", "floor py", "studio msgs")]
