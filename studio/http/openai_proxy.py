@@ -437,6 +437,23 @@ def _check_tools_render(body: dict[str, Any], loaded: LoadedModel) -> None:
         )
 
 
+def check_messages(body: dict[str, Any]) -> None:
+    """Refuse a chat whose ``messages`` is missing or no list, before any load: a cold load for a request
+    llama-server refuses anyway is seconds for nothing.
+
+    And the refusal is the client's, said as one: b11434 answers a missing ``messages`` on ``/v1/messages``
+    with a 500 (a ``runtime_error`` in ``server_chat_convert_anthropic_to_oai``). An empty list passes, as
+    llama-server takes it (its suite's ``test_anthropic_empty_messages`` expects a 200).
+
+    Raises:
+        BadRequestError: ``messages`` is missing or not a list.
+    """
+    messages = body.get("messages")
+    if not isinstance(messages, list):
+        why = "is missing" if messages is None else "must be a list"
+        raise BadRequestError(f"`messages` {why}: send the conversation as a list of messages", param="messages")
+
+
 def _default_max_tokens(body: dict[str, Any], loaded: LoadedModel) -> None:
     if body.get("max_tokens") is None and body.get("max_completion_tokens") is None:
         body["max_tokens"] = loaded.n_ctx
@@ -527,7 +544,14 @@ def _native(summary: str, **options: Any) -> Route:
 
 _GET = frozenset({"GET"})
 _GET_POST = frozenset({"GET", "POST"})
-_CHAT = Route("/v1/chat/completions", prepare_chat_body, "OpenAI chat completions", generates=True, fill_usage=True)
+_CHAT = Route(
+    "/v1/chat/completions",
+    prepare_chat_body,
+    "OpenAI chat completions",
+    generates=True,
+    fill_usage=True,
+    check=check_messages,
+)
 _CHAT_TOKENS = Route(
     "/v1/chat/completions/input_tokens", _apply_reasoning, "Tokens a chat completion request's prompt takes"
 )
@@ -571,7 +595,12 @@ FORWARDED: dict[str, Route] = {
     "/v1/responses/input_tokens": _RESPONSES_TOKENS,
     "/responses/input_tokens": _RESPONSES_TOKENS,
     "/v1/messages": Route(
-        "/v1/messages", prepare_messages_body, "Anthropic Messages", dialect="anthropic", generates=True
+        "/v1/messages",
+        prepare_messages_body,
+        "Anthropic Messages",
+        dialect="anthropic",
+        generates=True,
+        check=check_messages,
     ),
     "/v1/messages/count_tokens": Route(
         "/v1/messages/count_tokens", _apply_reasoning, "Anthropic token counting", dialect="anthropic"
