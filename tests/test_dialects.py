@@ -208,6 +208,18 @@ def test_the_openai_sdks_responses_stream_helper_builds_the_response(oai):
     assert deltas and final.output_text == deltas and final.status == "completed"
 
 
+def test_a_conversation_kept_as_openais_guide_keeps_it_goes_on_past_the_second_turn(oai):
+    """The guide's history: each output item as ``{"role", "content"}``, no ``type``. b11434 refused the
+    assistant's item ("Cannot determine type of 'item'"), so the second turn was a 400."""
+    history: list = [{"role": "user", "content": "Say hi."}]
+    first = oai.responses.create(model=SMOL, input=history, max_output_tokens=4)
+    history += [{"role": item.role, "content": item.content} for item in first.output if item.type == "message"]
+    history.append({"role": "user", "content": "Again."})
+    second = oai.responses.create(model=SMOL, input=history, max_output_tokens=4)
+    assert second.status == "completed" and second.output_text
+    assert second.usage.input_tokens > first.usage.input_tokens  # the assistant's turn is in the prompt
+
+
 @pytest.mark.parametrize(
     "path, body",
     [

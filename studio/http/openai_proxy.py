@@ -482,9 +482,27 @@ def prepare_messages_body(body: dict[str, Any], loaded: LoadedModel) -> None:
 
 
 def prepare_responses_body(body: dict[str, Any], loaded: LoadedModel) -> None:
-    """An OpenAI Responses body: images checked against the model, then the reasoning controls."""
+    """An OpenAI Responses body: its assistant messages typed, images checked against the model, then the
+    reasoning controls."""
+    _type_assistant_messages(body)
     check_dialect_images(body, "input", "input_image", media_capabilities(loaded), loaded.name)
     _apply_reasoning(body, loaded)
+
+
+def _type_assistant_messages(body: dict[str, Any]) -> None:
+    """Give an ``input`` item with ``role`` "assistant" and no ``type`` the ``type`` "message" it stands for.
+
+    OpenAI takes a message item without its ``type`` (an "easy input message"), and its own guide keeps a
+    conversation so (``{"role": el.role, "content": el.content}`` for each output item); b11434 takes an
+    untyped item only for the user, system and developer roles and refuses the assistant's turn with
+    "Cannot determine type of 'item'" (``server_chat_convert_responses_to_chatcmpl``), so every second
+    turn of such a conversation failed.
+    """
+    items = body.get("input")
+    if isinstance(items, list):
+        for item in items:
+            if isinstance(item, dict) and item.get("role") == "assistant" and "type" not in item:
+                item["type"] = "message"
 
 
 def _nothing_to_add(body: dict[str, Any], loaded: LoadedModel) -> None:
