@@ -101,6 +101,24 @@ def test_a_streamed_message(claude):
     assert 0 < final.usage.output_tokens <= 8
 
 
+SEA = [{"role": "user", "content": "Describe the sea in two sentences."}]  # greedy, SmolLM2 writes a comma
+
+
+def test_a_message_ended_by_a_stop_sequence_says_stop_sequence_whole_and_streamed(claude):
+    """b11434 says "end_turn" for a stop at a stop sequence (while it names the sequence); Anthropic's answer
+    says "stop_sequence", and a client that stops the model on a marker of its own tells the two apart so."""
+    greedy = {"temperature": 0}  # the SDK takes no temperature: llama-server does
+    kwargs = {"model": SMOL, "max_tokens": 40, "stop_sequences": [","], "messages": SEA, "extra_body": greedy}
+    whole = claude.messages.create(**kwargs)
+    assert (whole.stop_reason, whole.stop_sequence) == ("stop_sequence", ",")
+    with claude.messages.stream(**kwargs) as stream:
+        final = stream.get_final_message()
+    assert (final.stop_reason, final.stop_sequence) == ("stop_sequence", ",")
+    assert final.content[0].text == whole.content[0].text
+    plain = claude.messages.create(model=SMOL, max_tokens=40, messages=SEA, extra_body=greedy)
+    assert plain.stop_reason in ("end_turn", "max_tokens") and plain.stop_sequence is None
+
+
 def test_count_tokens_is_what_the_message_then_takes(claude):
     counted = claude.messages.count_tokens(model=GEMMA, messages=HI).input_tokens
     message = claude.messages.create(model=GEMMA, max_tokens=1, messages=HI)

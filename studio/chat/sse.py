@@ -29,6 +29,10 @@ class EventSplitter:
             self._buf = self._buf[end + 2 :]
         return events
 
+    def holding(self) -> bool:
+        """Whether bytes of an event that has not ended yet are held."""
+        return bool(self._buf)
+
     def rest(self) -> bytes:
         """Bytes of an event that never ended (the stream broke off)."""
         rest, self._buf = self._buf, b""

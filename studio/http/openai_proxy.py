@@ -82,6 +82,7 @@ from studio.chat.reasoning import reasoning_request, with_prompt_flag
 from studio.chat.tool_healing import heal_completion
 from studio.chat.tool_schema import check_tool_fields, tool_parameters
 from studio.chat.tool_stream import HealingRelay
+from studio.dialects.anthropic_stop import StopSequenceStream, mended_answer
 from studio.dialects.chat_shape import chat_body
 from studio.dialects.responses_stream import ResponsesIndexes
 from studio.errors import BadRequestError, RouteRefusedError, UpstreamError
@@ -279,7 +280,11 @@ def _answered(
     if status != 200:
         return upstream_response(status, content, route.dialect, headers)
     count(None, content)
-    return Response(_finished_answer(content, tools) if route.fill_usage else content, status_code=200, headers=headers)
+    if route.fill_usage:
+        content = _finished_answer(content, tools)
+    elif route.whole_reshape is not None:
+        content = route.whole_reshape(content)
+    return Response(content, status_code=200, headers=headers)
 
 
 async def answer_unless_client_leaves(
@@ -553,6 +558,7 @@ class Route:
     form: bool = False  # its body is a multipart form (an upload), passed on as it came
     embeds: bool = False  # it needs an instance that embeds: the model's embedding instance, unless its own does
     stream_reshape: Callable[[], Reshape] | None = None  # makes what its streams' bytes go through on the way
+    whole_reshape: Callable[[bytes], bytes] | None = None  # what a whole answer's body goes through
 
 
 def _native(summary: str, **options: Any) -> Route:
@@ -619,6 +625,8 @@ FORWARDED: dict[str, Route] = {
         dialect="anthropic",
         generates=True,
         check=check_messages,
+        stream_reshape=StopSequenceStream,
+        whole_reshape=mended_answer,
     ),
     "/v1/messages/count_tokens": Route(
         "/v1/messages/count_tokens", _apply_reasoning, "Anthropic token counting", dialect="anthropic"
