@@ -11,10 +11,11 @@ import shutil
 from pathlib import Path
 
 import httpx
+import ollama
 import pytest
 
 from studio.library import hub
-from tests.helpers import wait_for
+from tests.helpers import free_port, wait_for
 from tests.support.home_studio import cli_in, home_env, serving
 from tests.test_cli import CLI, Terminal
 from tests.test_hub import add_shards, hf_env, mmproj_bytes, model_bytes, server  # noqa: F401 (fixtures)
@@ -175,3 +176,27 @@ def test_rm_through_the_running_studio_refuses_a_resident_model_unless_forced(zo
         assert json.loads(forced.stdout)["files"] == [str(model)] and not model.exists()
         status = httpx.get(f"{url}/api/status", timeout=10).json()
         assert status["models"] == [] and status["state"] == "unloaded"
+
+
+@pytest.mark.slow
+def test_ollama_rm_removes_a_library_model_and_refuses_a_resident_one(zoo_dir, llama_server_bin, tmp_path):
+    """``ollama rm`` was a 501; it is ``ggstudio rm`` now, and a model in use is not deleted under its llama-server."""
+    models = tmp_path / "home" / "models"
+    resident, spare = models / "tiny-dense.gguf", models / "spare-dense.gguf"
+    models.mkdir(parents=True)
+    for model in (resident, spare):
+        shutil.copy(zoo_dir / "llama-dense.gguf", model)
+    env = home_env(tmp_path / "home", llama_server_bin)
+    port = free_port()
+    with serving(env, resident, "--ollama-port", str(port)) as (_, ready):
+        wait_for(lambda: httpx.get(f"{ready['url']}/api/status", timeout=10).json()["state"] == "ready", timeout=60)
+        with ollama.Client(host=f"http://127.0.0.1:{port}", timeout=60) as client:
+            with pytest.raises(ollama.ResponseError) as refused:
+                client.delete("tiny-dense")
+            assert refused.value.status_code == 409 and "`ollama stop tiny-dense`" in refused.value.error
+            assert client.delete("spare-dense:latest").status == "success"
+            assert resident.exists() and not spare.exists()
+            assert [m.model for m in client.list().models] == ["tiny-dense"]
+            with pytest.raises(ollama.ResponseError) as missing:
+                client.delete("spare-dense")
+            assert missing.value.status_code == 404 and "spare-dense" in missing.value.error

@@ -3,13 +3,11 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
-import structlog
 from fastapi import APIRouter, Request
 from fastapi.responses import StreamingResponse
 from pydantic import Field
@@ -18,12 +16,12 @@ import gguf
 from launcher.memory import CacheType, FlashAttn
 from launcher.speculative import MODES
 from studio.chat.media import file_capabilities
-from studio.errors import ModelNotResidentError, ModelResidentError
+from studio.errors import ModelNotResidentError
 from studio.http.bodies import ApiBody
 from studio.http.gui_hub import is_remote, remote_plan
+from studio.http.library_removal import remove_from_library
 from studio.http.model_paths import check_extra_args, check_model_path, check_projector_path
 from studio.library.catalog import CatalogEntry
-from studio.library.removal import find_entry, plan_removal, remove
 from studio.residency.manager import ModelManager
 from studio.residency.requests import LoadRequest
 from studio.settings import LOAD_LIMITS, RESIDENCY_LIMITS
@@ -32,7 +30,6 @@ from studio.views.plan import plan_json
 from studio.views.residency import status_json
 
 router = APIRouter(prefix="/api")
-log = structlog.get_logger("studio.library")
 
 #: Seconds between two looks at the state for the event streams.
 POLL = 0.2
@@ -215,35 +212,9 @@ async def inspect_model(request: Request, name: str) -> dict[str, Any]:
 
 @router.delete("/models/{name:path}")
 async def remove_model(request: Request, name: str, force: bool = False, dry_run: bool = False) -> dict[str, Any]:
-    """Remove a model from the library (its shards and projector; a Hugging Face cache entry through
-    huggingface_hub's cache API); what was removed, or with ``dry_run`` what would be.
-
-    Raises:
-        ModelResidentError: the model is resident or loading (409) and ``force`` is not given; with it, it is
-            unloaded first.
-        ModelNotFoundError: no library model has that name (404).
-        PathNotAllowedError: a path that is not a library model's file (403).
-    """
-    manager = _manager(request)
-    catalog = manager.catalog
-    entry, library = await asyncio.to_thread(find_entry, name, catalog.folders, catalog.hf_cache)
-    removal = await asyncio.to_thread(plan_removal, entry, library)
-    if dry_run:
-        return {**removal.to_json(), "removed": False}
-    files = {p.resolve() for p in removal.files}
-    using = [r.name for r in manager.residents if r.settings.path.resolve() in files]
-    using += [load.entry.name for load in manager.loads if load.entry.path.resolve() in files]
-    if using and not force:
-        raise ModelResidentError(
-            f"{entry.name} is resident ({', '.join(sorted(set(using)))}): unload it first, or remove it with force",
-            param="model",
-        )
-    for resident in sorted(set(using)):
-        with contextlib.suppress(ModelNotResidentError):  # gone meanwhile: that is what was wanted
-            await manager.unload(resident)
-    await asyncio.to_thread(remove, removal, catalog.hf_cache)
-    log.info("model_removed", model=entry.name, source=removal.source, files=len(removal.files), size=removal.size)
-    return {**removal.to_json(), "removed": True}
+    """Remove a model from the library (``studio.http.library_removal``); what was removed, or with ``dry_run``
+    what would be. A resident or loading model is a 409 unless ``force`` unloads it first."""
+    return await remove_from_library(_manager(request), name, force=force, dry_run=dry_run)
 
 
 @router.post("/load")

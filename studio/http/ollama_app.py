@@ -40,6 +40,7 @@ from studio.http.errors import (
     ollama_shape,
     upstream_answer,
 )
+from studio.http.library_removal import remove_from_library
 from studio.http.limits import BodySizeLimit
 from studio.http.load_wait import answer_when_loaded
 from studio.http.metrics import RequestMetrics, StudioMetrics
@@ -293,10 +294,18 @@ async def pull(request: Request) -> Response:
     return StreamingResponse(lines(), media_type=_NDJSON)
 
 
+@router.delete("/api/delete")
+async def delete(request: Request) -> Response:
+    """``ollama rm``: the model leaves the library as with ``ggstudio rm`` (``studio.http.library_removal``).
+    Ollama deletes a running model's files under it; the studio refuses a resident one (409) instead."""
+    name = ollama.model_name(await _body(request))
+    await remove_from_library(_manager(request), name, force=False, instead=f"with `ollama stop {name}`")
+    return Response(status_code=200)
+
+
 @router.post("/api/create")
 @router.post("/api/copy")
 @router.post("/api/push")
-@router.delete("/api/delete")
 async def unsupported(request: Request) -> JSONResponse:
     """Model management the studio does through its model folders and Hugging Face, not here."""
     return JSONResponse(
