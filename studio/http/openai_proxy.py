@@ -148,6 +148,8 @@ class OpenAIRoutes:
 
 #: Counts a finished answer for /metrics: the time of its first chunk (streams) and its last bytes.
 Count = Callable[[float | None, bytes], None]
+#: The tools a request offers: each function's parameter schema by its name (``tool_parameters``).
+Tools = dict[str, dict[str, Any]]
 
 
 async def _forward(request: Request, route: Route, upstream_path: str) -> Response:
@@ -208,7 +210,7 @@ async def _answer(
     """The answer of ``loaded``'s llama-server, streamed or whole; the caller lets ``lease`` go if this raises."""
     count = _counter(request, route, request.scope["path"], loaded.name, began)
     session = {CONVERSATION_HEADER: conv_id} if conv_id else None  # llama-server records the stream under it
-    tools: dict[str, dict[str, Any]] = {}
+    tools: Tools = {}
     chat = route.upstream == "/v1/chat/completions"
     if body is not None:
         route.prepare(body, loaded)
@@ -274,16 +276,14 @@ def _counter(request: Request, route: Route, path: str, model: str, began: float
 
 
 def _answered(
-    route: Route, tools: dict[str, dict[str, Any]], count: Count, status: int, content: bytes, headers: dict[str, str]
+    route: Route, tools: Tools, count: Count, status: int, content: bytes, headers: dict[str, str]
 ) -> Response:
     """A whole (non-streamed) answer of a forwarded route: counted, healed, or an error in the route's shape."""
     if status != 200:
         return upstream_response(status, content, route.dialect, headers)
     count(None, content)
-    if route.fill_usage:
-        content = _finished_answer(content, tools)
-    elif route.whole_reshape is not None:
-        content = route.whole_reshape(content)
+    if route.whole_reshape is not None:
+        content = route.whole_reshape(content, tools)
     return Response(content, status_code=200, headers=headers)
 
 
@@ -542,6 +542,31 @@ def check_slot_file(body: dict[str, Any]) -> None:
 WithoutModel = Literal["default", "studio"]
 
 
+def _finished_answer(content: bytes, tools: Tools) -> bytes:
+    """An OpenAI chat or completion answer with leaked tool-call markup healed (when ``tools``) and ``usage``
+    filled in from llama-server's ``timings``."""
+    try:
+        data = json_codec.loads(content)
+    except ValueError:
+        return content
+    if not isinstance(data, dict):
+        return content
+    healed = bool(tools) and heal_completion(data, tools)
+    if not _with_usage(data) and not healed:
+        return content
+    return json_codec.dumps(data)
+
+
+def _with_usage(data: dict[str, Any]) -> bool:
+    """Fill ``usage`` from llama-server's ``timings`` when the answer lacks it; return whether it did."""
+    if data.get("usage") or not isinstance(data.get("timings"), dict):
+        return False
+    t = data["timings"]
+    prompt, completion = int(t.get("prompt_n", 0)), int(t.get("predicted_n", 0))
+    data["usage"] = {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
+    return True
+
+
 @dataclass(frozen=True)
 class Route:
     """How one forwarded path is served."""
@@ -551,14 +576,13 @@ class Route:
     summary: str  # for /docs
     dialect: Dialect = "openai"  # the shape of its errors
     generates: bool = False  # its answers are generated tokens: time to first token and tokens are counted
-    fill_usage: bool = False  # an OpenAI chat or completion answer: healed, and ``usage`` filled from ``timings``
     methods: frozenset[str] = frozenset({"POST"})  # GET: the model comes from ``?model=``
     without_model: WithoutModel = "default"  # a GET that names no model
     check: Callable[[dict[str, Any]], None] | None = None  # refuses a body before any load
     form: bool = False  # its body is a multipart form (an upload), passed on as it came
     embeds: bool = False  # it needs an instance that embeds: the model's embedding instance, unless its own does
     stream_reshape: Callable[[], Reshape] | None = None  # makes what its streams' bytes go through on the way
-    whole_reshape: Callable[[bytes], bytes] | None = None  # what a whole answer's body goes through
+    whole_reshape: Callable[[bytes, Tools], bytes] | None = None  # what a whole answer goes through, given the tools
 
 
 def _native(summary: str, **options: Any) -> Route:
@@ -573,8 +597,8 @@ _CHAT = Route(
     prepare_chat_body,
     "OpenAI chat completions",
     generates=True,
-    fill_usage=True,
     check=check_messages,
+    whole_reshape=_finished_answer,
 )
 _CHAT_TOKENS = Route(
     "/v1/chat/completions/input_tokens", _apply_reasoning, "Tokens a chat completion request's prompt takes"
@@ -603,7 +627,7 @@ FORWARDED: dict[str, Route] = {
     "/v1/chat/completions": _CHAT,
     "/chat/completions": _CHAT,
     "/v1/completions": Route(
-        "/v1/completions", _default_max_tokens, "OpenAI completions", generates=True, fill_usage=True
+        "/v1/completions", _default_max_tokens, "OpenAI completions", generates=True, whole_reshape=_finished_answer
     ),
     "/completion": _NATIVE_COMPLETION,
     "/completions": _NATIVE_COMPLETION,
@@ -626,7 +650,7 @@ FORWARDED: dict[str, Route] = {
         generates=True,
         check=check_messages,
         stream_reshape=StopSequenceStream,
-        whole_reshape=mended_answer,
+        whole_reshape=lambda content, _tools: mended_answer(content),
     ),
     "/v1/messages/count_tokens": Route(
         "/v1/messages/count_tokens", _apply_reasoning, "Anthropic token counting", dialect="anthropic"
@@ -696,27 +720,3 @@ def _declare(path: str, route: Route) -> None:
 for _path, _route in FORWARDED.items():  # the FastAPI routes of the forwarded paths: /docs, and 405 for others
     if _route.without_model == "default":  # else the studio's own route of the path documents it
         _declare(_path, _route)
-
-
-def _finished_answer(content: bytes, tools: dict[str, dict[str, Any]]) -> bytes:
-    """The answer with leaked tool-call markup healed (when ``tools``) and ``usage`` filled in."""
-    try:
-        data = json_codec.loads(content)
-    except ValueError:
-        return content
-    if not isinstance(data, dict):
-        return content
-    healed = bool(tools) and heal_completion(data, tools)
-    if not _with_usage(data) and not healed:
-        return content
-    return json_codec.dumps(data)
-
-
-def _with_usage(data: dict[str, Any]) -> bool:
-    """Fill ``usage`` from llama-server's ``timings`` when the answer lacks it; return whether it did."""
-    if data.get("usage") or not isinstance(data.get("timings"), dict):
-        return False
-    t = data["timings"]
-    prompt, completion = int(t.get("prompt_n", 0)), int(t.get("predicted_n", 0))
-    data["usage"] = {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
-    return True
