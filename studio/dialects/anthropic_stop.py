@@ -13,11 +13,10 @@ from __future__ import annotations
 from typing import Any
 
 from studio import json_codec
-from studio.chat.sse import EventSplitter
+from studio.chat.sse import EventReshape, rewrite_data
 
 #: In llama-server's compact JSON only when a sequence was matched (``"stop_sequence":null`` otherwise).
 _MATCHED = b'"stop_sequence":"'
-_DATA = b"data:"
 
 
 def _mend(fields: Any) -> bool:
@@ -39,38 +38,23 @@ def mended_answer(content: bytes) -> bytes:
     return json_codec.dumps(answer) if _mend(answer) else content
 
 
-class StopSequenceStream:
+class StopSequenceStream(EventReshape):
     """A ``studio.http.relay.Reshape`` for a Messages stream: its ``message_delta`` mended as ``mended_answer``.
 
     Arrivals that are whole events without a matched sequence (all but the last, nearly always) go on as
     they are; only an event that is cut across arrivals waits for its end.
     """
 
-    def __init__(self) -> None:
-        self._split = EventSplitter()
-
     def feed(self, data: bytes) -> bytes:
         """The whole events ``data`` completes, as they came but for the ``message_delta``."""
         if not self._split.holding() and data.endswith(b"\n\n") and _MATCHED not in data:
             return data
-        return b"".join(self._mended(event) if _MATCHED in event else event for event in self._split.feed(data))
+        return super().feed(data)
 
-    def close(self) -> bytes:
-        """Bytes of an event that never ended (the upstream broke off): as they came."""
-        return self._split.rest()
+    def rewrite(self, event: bytes) -> bytes:
+        return rewrite_data(event, _mended_delta) if _MATCHED in event else event
 
-    finish = close  # a whole stream's end holds nothing more than a broken one's
 
-    def _mended(self, event: bytes) -> bytes:
-        lines = event.split(b"\n")
-        for i, line in enumerate(lines):
-            if line.startswith(_DATA):
-                try:
-                    payload = json_codec.loads(line[len(_DATA) :])
-                except ValueError:
-                    return event
-                if isinstance(payload, dict) and payload.get("type") == "message_delta" and _mend(payload.get("delta")):
-                    lines[i] = b"data: " + json_codec.dumps(payload)
-                    return b"\n".join(lines)
-                return event
-        return event
+def _mended_delta(payload: Any) -> bool:
+    """Mend a ``message_delta`` event's delta (``_mend``); whether it did."""
+    return isinstance(payload, dict) and payload.get("type") == "message_delta" and _mend(payload.get("delta"))

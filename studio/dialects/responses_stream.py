@@ -16,48 +16,30 @@ from __future__ import annotations
 
 from typing import Any
 
-from studio import json_codec
-from studio.chat.sse import EventSplitter
+from studio.chat.sse import EventReshape, rewrite_data
 
-_DATA = b"data:"
 #: The events about one part of an item's content: they take the part's ``content_index``.
 _PART_EVENTS = ("response.content_part.", "response.output_text.", "response.reasoning_text.", "response.refusal.")
 
 
-class ResponsesIndexes:
+class ResponsesIndexes(EventReshape):
     """A ``studio.http.relay.Reshape`` for a Responses stream: feed it upstream bytes, send what it returns."""
 
     def __init__(self) -> None:
-        self._split = EventSplitter()
+        super().__init__()
         self._outputs: dict[object, int] = {}  # item id -> output_index
         self._parts: dict[object, int] = {}  # item id -> content parts added so far
         self._sequence = 0
 
-    def feed(self, data: bytes) -> bytes:
-        """The whole events ``data`` completes, each with the indexes it lacked."""
-        return b"".join(self._mended(event) for event in self._split.feed(data))
+    def rewrite(self, event: bytes) -> bytes:
+        """A ``response.*`` event with the indexes it lacked; any other as it came."""
+        return rewrite_data(event, self._indexed)
 
-    def close(self) -> bytes:
-        """Bytes of an event that never ended (the upstream broke off): as they came."""
-        return self._split.rest()
-
-    finish = close  # a whole stream's end holds nothing more than a broken one's
-
-    def _mended(self, event: bytes) -> bytes:
-        lines = event.split(b"\n")
-        for i, line in enumerate(lines):
-            if not line.startswith(_DATA):
-                continue
-            try:
-                payload = json_codec.loads(line[len(_DATA) :])
-            except ValueError:
-                return event
-            if not isinstance(payload, dict) or not str(payload.get("type", "")).startswith("response."):
-                return event
-            self._index(payload)
-            lines[i] = b"data: " + json_codec.dumps(payload)
-            return b"\n".join(lines)
-        return event
+    def _indexed(self, payload: Any) -> bool:
+        if not isinstance(payload, dict) or not str(payload.get("type", "")).startswith("response."):
+            return False
+        self._index(payload)
+        return True
 
     def _index(self, payload: dict[str, Any]) -> None:
         """Add the ``sequence_number``, ``output_index`` and ``content_index`` that ``payload`` lacks."""
