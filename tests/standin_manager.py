@@ -71,7 +71,8 @@ class StandInLease:
 
 
 class StandInManager:
-    """``acquire`` returns the one model; ``in_flight`` shows requests not yet released."""
+    """``acquire`` returns the one model; ``in_flight`` shows requests not yet released, ``acquired`` how many
+    requests asked for it (each would be a load for a model not resident)."""
 
     work_timeout = 30.0  # seconds the HTTP layer gives a path check, as the real manager's
     # what ``/api/status`` reads: no resident model (the replay one is not one), nothing waiting, no budget
@@ -83,6 +84,7 @@ class StandInManager:
     def __init__(self, model: Any) -> None:
         self.model = model
         self.in_flight = 0
+        self.acquired = 0
         self.catalog = _NoCatalog()
         self.model_defaults: dict[str, Any] = {}
         self.downloads = None
@@ -106,6 +108,7 @@ class StandInManager:
     def acquire_now(self, model: str | None, *, embeddings: bool = False) -> tuple[Any, StandInLease]:
         """The one model is always ready, for chat and embeddings alike: no request waits for a load."""
         self.in_flight += 1
+        self.acquired += 1
         return self.model, StandInLease(self)
 
     async def acquire(self, model: str | None, *, embeddings: bool = False) -> tuple[Any, StandInLease]:

@@ -1,4 +1,5 @@
-"""Tool fields on the way to llama-server: passed through as sent, or refused with a 400 naming the field.
+"""A chat's tool fields and messages on the way to llama-server: passed through as sent, or refused with a 400
+naming the field, before any load.
 
 Runs the real proxy against ``tests.replay_upstream`` so the test sees exactly what
 would have reached llama-server (and that a refused request reached nothing).
@@ -26,8 +27,13 @@ def replay():
 
 
 @pytest.fixture(scope="module")
-def http(replay):
-    with serving(create_app(StandInManager(StandInModel(name="replay", url=replay.url)))) as base:
+def manager(replay):
+    return StandInManager(StandInModel(name="replay", url=replay.url))
+
+
+@pytest.fixture(scope="module")
+def http(manager):
+    with serving(create_app(manager)) as base:
         with httpx.Client(base_url=base, timeout=30) as client:
             yield client
 
@@ -106,3 +112,34 @@ def test_api_chat_refuses_malformed_tools_too(replay, http):
     resp = http.post("/api/chat", json={"messages": MESSAGES, "tools": [{"type": "function", "function": {}}]})
     assert resp.status_code == 400 and resp.json()["error"]["param"] == "tools[0].function.name"
     assert len(replay.requests) == seen
+
+
+# -- messages ------------------------------------------------------------------------------------------
+
+
+def test_anthropic_messages_missing_is_a_400_where_llama_server_answers_500(replay, manager, http):
+    seen, acquired = len(replay.requests), manager.acquired
+    resp = http.post("/v1/messages", json={"model": "replay", "max_tokens": 8})
+    assert resp.status_code == 400
+    body = resp.json()
+    assert body["type"] == "error" and body["error"]["type"] == "invalid_request_error"
+    assert "`messages` is missing" in body["error"]["message"]
+    assert (len(replay.requests), manager.acquired) == (seen, acquired)  # no load, nothing sent
+
+
+@pytest.mark.parametrize("messages", [None, "hi", {"role": "user", "content": "hi"}])
+def test_chat_messages_missing_or_no_list_is_refused_before_any_load(replay, manager, http, messages):
+    seen, acquired = len(replay.requests), manager.acquired
+    body = {"model": "replay"} if messages is None else {"model": "replay", "messages": messages}
+    resp = http.post("/v1/chat/completions", json=body)
+    assert resp.status_code == 400
+    error = resp.json()["error"]
+    assert error["param"] == "messages" and error["type"] == "invalid_request_error"
+    assert (len(replay.requests), manager.acquired) == (seen, acquired)
+
+
+def test_an_empty_messages_list_goes_on_as_llama_server_takes_it(replay, http):
+    replay.script(Answer.text("ok"))
+    resp = http.post("/v1/chat/completions", json={"model": "replay", "messages": []})
+    assert resp.status_code == 200
+    assert replay.requests[-1]["messages"] == []
