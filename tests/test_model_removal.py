@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import threading
 from pathlib import Path
 
 import httpx
@@ -15,8 +16,10 @@ import ollama
 import pytest
 
 from studio.library import hub
+from studio.residency.lifecycle import ResidentState
 from tests.helpers import free_port, wait_for
 from tests.support.home_studio import cli_in, home_env, serving
+from tests.support.studio import running_studio
 from tests.test_cli import CLI, Terminal
 from tests.test_hub import add_shards, hf_env, mmproj_bytes, model_bytes, server  # noqa: F401 (fixtures)
 
@@ -200,3 +203,25 @@ def test_ollama_rm_removes_a_library_model_and_refuses_a_resident_one(zoo_dir, l
             with pytest.raises(ollama.ResponseError) as missing:
                 client.delete("spare-dense")
             assert missing.value.status_code == 404 and "spare-dense" in missing.value.error
+
+
+@pytest.mark.slow
+def test_a_removal_during_a_load_of_the_model_is_refused_and_the_load_goes_on(tmp_path, llama_server_bin, gemma_model):
+    """The removal looks at the loads as well as the residents: a model on its way in is not deleted under it."""
+    model = tmp_path / "gemma-copy.gguf"  # a copy: a removal that went through would delete the file itself
+    shutil.copy(gemma_model, model)
+    answers: list[httpx.Response] = []
+    with running_studio(tmp_path / "studio", llama_server_bin, {"gemma": model}) as s:
+
+        def load() -> None:
+            answers.append(httpx.post(f"{s.url}/api/load", json={"model": "gemma", "n_ctx": 2048}, timeout=120))
+
+        thread = threading.Thread(target=load)
+        thread.start()
+        wait_for(lambda: any(r.state is ResidentState.LOADING for r in s.manager.residents), timeout=30, what="loading")
+        refused = httpx.delete(f"{s.url}/api/models/gemma", timeout=30)
+        thread.join(120)
+        assert refused.status_code == 409 and refused.json()["error"]["code"] == "model_resident"
+        (loaded,) = answers
+        assert loaded.status_code == 200 and model.exists()
+        assert httpx.get(f"{s.url}/api/status", timeout=10).json()["state"] == "ready"
