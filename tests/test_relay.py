@@ -23,7 +23,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from studio.chat.model_turn import Turn, TurnError, read_turn
 from studio.http.app import create_app
-from studio.http.client_wire import chunk_writer
+from studio.http.client_wire import client_wire
 from studio.http.ollama_app import create_ollama_app
 from studio.http.relay import Relay, Reshape, send_now, with_server_send
 from studio.http.upstream import Upstream
@@ -163,7 +163,7 @@ def test_body_chunks_pass_the_middleware_by_while_the_start_and_the_end_go_throu
 
 
 def test_under_uvicorn_a_chunked_body_is_written_on_the_client_connection_and_ended_through_send():
-    """Once a response started chunked, ``chunk_writer`` frames its body chunks itself; ``send`` ends the body. A sized
+    """Once a response started chunked, ``client_wire`` frames its body chunks itself; ``send`` ends the body. A sized
     response, or a ``send`` some middleware wrapped, has none: the relay sends through ``send`` then."""
     found: dict[str, bool] = {}
 
@@ -176,13 +176,13 @@ def test_under_uvicorn_a_chunked_body_is_written_on_the_client_connection_and_en
         async def wrapped(message: Message) -> None:
             await send(message)
 
-        write = chunk_writer(send)
-        found[scope["path"]] = write is not None and chunk_writer(wrapped) is None
-        if write is None:
+        wire = client_wire(send)
+        found[scope["path"]] = wire is not None and client_wire(wrapped) is None
+        if wire is None:
             await send({"type": "http.response.body", "body": b"abcdef"})
             return
         for piece in (b"abc", b"def"):
-            assert write(piece) is None  # a client that keeps up is never waited for
+            assert wire.write_chunk(piece) is None  # a client that keeps up is never waited for
         await send({"type": "http.response.body", "body": b"", "more_body": False})
 
     async def main() -> None:
@@ -207,6 +207,58 @@ def test_an_upstream_that_breaks_off_mid_stream_ends_the_stream_with_the_error_e
         async with relaying(dies) as (url, closed), httpx.AsyncClient() as client:
             resp = await client.post(url, content=b"{}")
             assert resp.status_code == 200 and resp.content == PIECES[0] + BROKE
+            await asyncio.wait_for(closed.wait(), 5)
+
+    run(main())
+
+
+def test_an_upstream_that_breaks_off_inside_a_chunk_breaks_the_client_s_body_off_too():
+    """Its framing went on as it came: an error event after part of a chunk would be read as that chunk's bytes, so
+    the client's connection closes instead and its body is seen broken off."""
+
+    async def dies(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, n: int) -> bool:
+        writer.write(CHUNKED_HEAD)
+        await writer.drain()
+        await asyncio.sleep(0.05)
+        writer.write(_chunk(PIECES[0]) + _chunk(PIECES[1])[:9])
+        await writer.drain()
+        await asyncio.sleep(0.05)
+        return False  # the connection closes inside the second chunk
+
+    async def main() -> None:
+        async with relaying(dies) as (url, closed), httpx.AsyncClient() as client:
+            got = b""
+            with pytest.raises(httpx.RemoteProtocolError):
+                async with client.stream("POST", url, content=b"{}") as resp:
+                    async for data in resp.aiter_raw():
+                        got += data
+            assert got == PIECES[0] + PIECES[1][:6]
+            await asyncio.wait_for(closed.wait(), 5)
+
+    run(main())
+
+
+def test_the_client_gets_the_upstream_s_chunks_as_they_came_sizes_extensions_and_trailers_included():
+    body = _chunk(PIECES[0], b";n=1") + _chunk(PIECES[1]) + _chunk(PIECES[2] + PIECES[3]) + b"0\r\nX-Sum: 4\r\n\r\n"
+
+    async def paced(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, n: int) -> bool:
+        writer.write(CHUNKED_HEAD)
+        await writer.drain()
+        for at in range(0, len(body), 23):  # reads that end anywhere: inside sizes, payloads, the last chunk
+            await asyncio.sleep(0.01)
+            writer.write(body[at : at + 23])
+            await writer.drain()
+        return False
+
+    async def main() -> None:
+        async with relaying(paced) as (url, closed):
+            host, port = url.removeprefix("http://").strip("/").split(":")
+            reader, writer = await asyncio.open_connection(host, int(port))
+            writer.write(b"POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\nConnection: close\r\n\r\n{}")
+            answer = await reader.read()
+            writer.close()
+            head, _, got = answer.partition(b"\r\n\r\n")
+            assert b"transfer-encoding: chunked" in head.lower() and got == body
             await asyncio.wait_for(closed.wait(), 5)
 
     run(main())

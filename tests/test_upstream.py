@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 
 from studio.http import upstream as upstream_module
 from studio.http.upstream import Upstream
-from studio.http.upstream_wire import Answer, Wire
+from studio.http.upstream_wire import Answer, Framed, Wire
 from tests.helpers import free_port
 
 Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter, int], Awaitable[bool]]
@@ -448,6 +448,139 @@ def test_a_chunk_split_over_two_reads_passes_its_first_part_on_at_once():
 def test_broken_chunked_framing_is_an_error(wire):
     _, error = _fed([wire])
     assert isinstance(error, httpx.RemoteProtocolError)
+
+
+class _Connection:
+    """The upstream connection's transport as ``Framed`` uses it: it takes the protocol, and pauses and reads on."""
+
+    def __init__(self) -> None:
+        self.protocol: Any = None
+        self.reading = True
+
+    def set_protocol(self, protocol: Any) -> None:
+        self.protocol = protocol
+
+    def pause_reading(self) -> None:
+        self.reading = False
+
+    def resume_reading(self) -> None:
+        self.reading = True
+
+    def is_closing(self) -> bool:
+        return False
+
+    def close(self) -> None:
+        pass
+
+
+class _Client:
+    """The client's connection as ``Framed`` writes on it: what was written, and a flow control that never pauses."""
+
+    def __init__(self) -> None:
+        self.written: list[bytes] = []
+        self.write_paused = False
+
+    def write(self, data: bytes) -> None:
+        self.written.append(data)
+
+    def is_closing(self) -> bool:
+        return False
+
+    async def drain(self) -> None:
+        pass
+
+
+def _framed(before: bytes, pieces: list[bytes], *, lost: bool = False) -> tuple[bytes, Framed]:
+    """What a ``Framed`` wrote from ``before`` (arrived with the head) and ``pieces`` (arriving one by one after it
+    started), ``done``'s last bytes after them; ``lost``: the connection then closes."""
+
+    async def main() -> tuple[bytes, Framed]:
+        wire = Wire(("127.0.0.1", 0))
+        wire.transport = connection = _Connection()  # type: ignore[assignment]
+        answer = Answer(wire, None, lambda _wire, _reuse: None)
+        answer.data_received(CHUNKED_HEAD + before)
+        client = _Client()
+        framed = answer.pipe_framed(client, client)  # type: ignore[arg-type]
+        assert framed is not None
+        framed.start()
+        for piece in pieces:
+            connection.protocol.data_received(piece)
+        if lost:
+            connection.protocol.connection_lost(None)
+        assert framed.done.done(), "neither complete nor failed"
+        last = framed.done.result() if framed.done.exception() is None else b""
+        return b"".join(client.written) + last, framed
+
+    return asyncio.run(main())
+
+
+_CHUNKS = st.lists(st.binary(min_size=1, max_size=40), max_size=8)
+_CUTS = st.lists(st.integers(0, 400), max_size=6)
+
+
+def _cut(wire: bytes, cuts: list[int]) -> list[bytes]:
+    bounds = [0, *sorted({min(c, len(wire)) for c in cuts}), len(wire)]
+    return [wire[a:b] for a, b in zip(bounds, bounds[1:], strict=False) if b > a]
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    chunks=_CHUNKS,
+    cuts=_CUTS,
+    extension=st.sampled_from([b"", b";name=value"]),
+    trailer=st.sampled_from([b"", b"X-Checksum: 1\r\n"]),
+)
+def test_a_framed_body_goes_on_byte_for_byte_framing_and_all_however_the_reads_split_it(
+    chunks, cuts, extension, trailer
+):
+    """What the client's connection gets is the upstream body exactly, its chunk sizes, extensions, last chunk and
+    trailers included, whatever arrives together; it ends complete."""
+    wire = b"".join(b"%x%s\r\n%s\r\n" % (len(c), extension, c) for c in chunks) + b"0\r\n" + trailer + b"\r\n"
+    got, framed = _framed(b"", _cut(wire, cuts))
+    assert framed.done.exception() is None and got == wire
+
+
+def test_payload_that_came_with_the_head_goes_first_framed_again_then_the_rest_as_it_came():
+    got, framed = _framed(b"3\r\nabc\r\n", [b"2;x=y\r\nde\r\n", b"0\r\n\r\n"])
+    assert got == b"3\r\nabc\r\n2;x=y\r\nde\r\n0\r\n\r\n"
+
+
+def test_a_body_that_ended_with_the_head_is_framed_whole_with_its_end():
+    got, _ = _framed(b"3\r\nabc\r\n0\r\n\r\n", [])
+    assert got == b"3\r\nabc\r\n0\r\n\r\n"
+
+
+def test_a_body_cut_mid_chunk_before_the_relay_starts_is_not_framed_through():
+    """Payload of a chunk only partly there cannot be framed again: the answer is piped or read instead."""
+
+    async def main() -> None:
+        answer = Answer(Wire(("127.0.0.1", 0)), None, lambda _wire, _reuse: None)
+        answer.data_received(CHUNKED_HEAD + b"a\r\n01234")
+        assert answer.pipe_framed(_Client(), _Client()) is None  # type: ignore[arg-type]
+        assert answer.pipe(lambda data: None) is not None
+
+    asyncio.run(main())
+
+
+@settings(max_examples=300, deadline=None)
+@given(chunks=st.lists(st.binary(min_size=1, max_size=40), min_size=1, max_size=6), cuts=_CUTS, at=st.integers(0, 300))
+def test_a_framed_body_that_breaks_off_says_whether_what_was_written_ended_between_chunks(chunks, cuts, at):
+    """Between two chunks an error event can follow as a chunk of its own; inside one the client's body cannot go on.
+    Nothing after the break is written."""
+    framing = [b"%x\r\n%s\r\n" % (len(c), c) for c in chunks]
+    wire = b"".join(framing)
+    at = min(at, len(wire))
+    boundaries = {sum(len(f) for f in framing[:i]) for i in range(len(framing) + 1)}
+    got, framed = _framed(b"", _cut(wire[:at], cuts), lost=True)
+    assert isinstance(framed.done.exception(), httpx.RemoteProtocolError)
+    assert got == wire[:at]
+    assert framed.between_chunks == (at in boundaries)
+
+
+def test_broken_framing_in_a_framed_body_is_an_error_and_is_not_written_on():
+    got, framed = _framed(b"", [b"3\r\nabc\r\n", b"zz\r\nhello\r\n\r\n"])
+    assert isinstance(framed.done.exception(), httpx.RemoteProtocolError)
+    assert got == b"3\r\nabc\r\n" and framed.between_chunks
 
 
 def test_what_arrives_together_goes_on_in_one_piece_and_what_comes_with_the_end_is_the_last_bytes():

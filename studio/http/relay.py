@@ -21,7 +21,12 @@ each of those wraps ``send`` only to look at ``http.response.start``, which
 still goes through them, and passing a chunk through their wrappers cost a few
 µs of the ~20 µs of Python per chunk. Under uvicorn they go further still,
 framed and written on the client's connection itself (``studio.http.client_wire``);
-the body's end goes through ``send``.
+the body's end goes through ``send``. A chunked upstream body that is not reshaped
+goes further still: on the client's connection as it came, framing and all
+(``studio.http.upstream_wire.Framed``), one Python call an arrival; its own last
+chunk ends the client's body, and ``send`` only finishes the request. If it breaks
+off inside a chunk, the client's connection closes without an error event (which
+would be read as that chunk's bytes); between chunks the error event follows.
 
 A ``Reshape`` turns the bytes into something else on the way (a chat stream
 with tools, healed); without one they pass through byte for byte.
@@ -39,8 +44,8 @@ import httpx
 from starlette.responses import Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from studio.http.client_wire import chunk_writer
-from studio.http.upstream_wire import body_pipe, body_reader
+from studio.http.client_wire import ChunkWriter, ClientWire, client_wire
+from studio.http.upstream_wire import Framed, body_framed, body_pipe, body_reader
 
 #: The scope key under which ``with_server_send`` keeps the ASGI server's own ``send``.
 SERVER_SEND = "gguf_studio.server_send"
@@ -134,20 +139,46 @@ class Relay(_Streamed):
         self._reshape = reshape
         self._first_at: float | None = None
         self._before_last = self._last = b""  # the last two arrivals
+        self._framed: Framed | None = None
 
     async def _close(self) -> None:
-        await self._on_close(self._first_at, self._before_last + self._last)
+        if self._framed is not None:
+            await self._on_close(self._framed.first_at, self._framed.tail)
+        else:
+            await self._on_close(self._first_at, self._before_last + self._last)
 
     async def _body(self, send: Send) -> bytes:
         """Send the body on as it comes; return the last bytes (``b""``, what the reshape held, or an error event)."""
         reshape = self._reshape
+        wire = client_wire(send)
+        if wire is not None and reshape is None:
+            framed = body_framed(self._upstream, wire.transport, wire.flow)
+            if framed is not None:
+                self._framed = framed
+                return await self._framed_body(framed, wire)
         try:
-            last = await self._relayed(send)
+            last = await self._relayed(send, None if wire is None else wire.write_chunk)
             out = self._arrived(last) if last else b""  # it goes with the body's end, in one write
             return out if reshape is None else out + reshape.finish()
         except httpx.HTTPError as exc:
             held = b"" if reshape is None else reshape.close()  # held-back text is not lost
             return held + await self._on_break(exc)
+
+    async def _framed_body(self, framed: Framed, wire: ClientWire) -> bytes:
+        """Pass the chunked upstream body on as it came, framing and all, its own last chunk ending the client's."""
+        try:
+            framed.start()
+            last = await framed.done
+        except httpx.HTTPError as exc:
+            if framed.between_chunks:
+                return await self._on_break(exc)
+            wire.broken_framed()
+            return b""
+        finally:
+            framed.close()
+        wire.write_framed(last)
+        wire.ended_framed()
+        return b""
 
     def _arrived(self, data: bytes) -> bytes:
         """What the client gets for ``data``, which arrived just now."""
@@ -156,13 +187,13 @@ class Relay(_Streamed):
         self._before_last, self._last = self._last, data
         return data if self._reshape is None else self._reshape.feed(data)
 
-    async def _relayed(self, send: Send) -> bytes:
-        """Send each arrival on: from the upstream's callback where the body can be piped, else read by read.
+    async def _relayed(self, send: Send, write: ChunkWriter | None) -> bytes:
+        """Send each arrival on: from the upstream's callback where the body can be piped, else read by read;
+        ``write`` (if any) frames and writes a chunk on the client's connection.
 
         Returns what arrived with the upstream body's end, not yet sent: the caller sends it as the last bytes.
         """
         pending: asyncio.Future[None] | None = None
-        write = chunk_writer(send)
 
         def sink(data: bytes) -> None:
             nonlocal pending

@@ -18,7 +18,8 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import cast
+from functools import partial
+from typing import Protocol, cast
 
 import httptools
 import httpx
@@ -96,7 +97,6 @@ class Answer(httpx.AsyncByteStream, asyncio.Protocol):
         self._wire = wire
         self._timeout = read_timeout
         self._on_end = on_end
-        self._parser = httptools.HttpResponseParser(self)
         self.head: asyncio.Future[None] = wire.loop.create_future()
         self.status = 0
         self.reason = b""
@@ -105,13 +105,21 @@ class Answer(httpx.AsyncByteStream, asyncio.Protocol):
         self.arrived = False  # any byte of the answer: an idle connection the server dropped has none (retry)
         self._chunked = False
         self._until_close = False  # neither sized nor chunked: the body ends with the connection
-        self._held: list[bytes] = []  # payload that arrived and was not read yet
+        held: list[bytes] = []  # payload that arrived and was not read yet (always this list: the parser fills it)
+        self._held = held
         self._held_size = 0
+        #: (a chunked body) whether what arrived so far ends between two chunks, not inside one
+        self.between_chunks = True
         self._waiter: asyncio.Future[None] | None = None
-        self._flowing: Piped | None = None  # the pipe, once started: each arrival's payload goes to it
+        self._flowing: Piped | Framed | None = None  # the pipe, once started: each arrival goes to it
         self._error: Exception | None = None
         self._began = False  # read, or piped
         self._closed = False
+        # llhttp's callbacks for each chunk are C functions, not methods: no Python frame runs per chunk
+        self.on_body = held.append
+        self.on_chunk_header = partial(setattr, self, "between_chunks", False)
+        self.on_chunk_complete = partial(setattr, self, "between_chunks", True)
+        self._parser = httptools.HttpResponseParser(self)
 
     # -- httptools' callbacks ------------------------------------------------------------------
     def on_status(self, reason: bytes) -> None:
@@ -136,15 +144,6 @@ class Answer(httpx.AsyncByteStream, asyncio.Protocol):
         self._until_close = not self._chunked and not sized and status not in _NO_BODY_STATUS
         self.head.set_result(None)
 
-    def on_body(self, body: bytes) -> None:
-        self._held.append(body)
-        if self._flowing is not None:
-            return  # handed on once the arrival is parsed
-        self._held_size += len(body)
-        if self._held_size > READ_HIGH and self._wire.transport is not None:
-            self._wire.transport.pause_reading()  # until it is read
-        self._wake()
-
     def on_message_complete(self) -> None:
         if self.status == 0:
             return  # the end of an interim answer
@@ -165,6 +164,11 @@ class Answer(httpx.AsyncByteStream, asyncio.Protocol):
                 self._wire.close()
         if self._flowing is not None:
             self._flowing.hand_on()
+        elif self._held:  # payload for the reader
+            self._held_size += len(data)
+            if self._held_size > READ_HIGH and self._wire.transport is not None:
+                self._wire.transport.pause_reading()  # until it is read
+            self._wake()
 
     def eof_received(self) -> bool:
         return False  # close; connection_lost says the rest
@@ -222,11 +226,13 @@ class Answer(httpx.AsyncByteStream, asyncio.Protocol):
                 raise httpx.ReadTimeout(f"no data from llama-server for {self._timeout} s") from exc
             finally:
                 self._waiter = None
-        held, self._held = self._held, []
+        held = self._held
+        data = held[0] if len(held) == 1 else b"".join(held)
+        held.clear()
         if self._held_size > READ_HIGH and self._wire.transport is not None and not self._wire.lost:
             self._wire.transport.resume_reading()
         self._held_size = 0
-        return held[0] if len(held) == 1 else b"".join(held)
+        return data
 
     def pipe(self, sink: Callable[[bytes], None]) -> Piped | None:
         """A ``Piped`` that hands each arrival's payload to ``sink`` from the parser's callback, once started;
@@ -236,6 +242,15 @@ class Answer(httpx.AsyncByteStream, asyncio.Protocol):
             return None
         self._began = True
         return Piped(self, sink)
+
+    def pipe_framed(self, transport: asyncio.WriteTransport, flow: WriteFlow) -> Framed | None:
+        """A ``Framed`` that passes this chunked body on as it arrives, framing and all, on ``transport``, once started;
+        ``None``: it cannot be (it is not chunked, it stopped inside a chunk so far, or it cannot be piped), so
+        ``pipe`` or ``read_some`` it."""
+        if not self._chunked or not self.between_chunks or self._timeout is not None or self._began or self._closed:
+            return None
+        self._began = True
+        return Framed(self, transport, flow)
 
     async def __aiter__(self) -> AsyncIterator[bytes]:
         while data := await self.read_some():
@@ -313,6 +328,206 @@ class Piped:
             transport.resume_reading()
 
 
+class WriteFlow(Protocol):
+    """A connection's write flow control (uvicorn's ``FlowControl``): ``write_paused`` while it cannot take more."""
+
+    write_paused: bool
+
+    async def drain(self) -> None:
+        """Return once it can take more."""
+
+
+#: Arrivals a ``Framed`` writes on before it parses them, at most: parsing them together costs less than one by one.
+PARSE_EVERY = 64
+
+
+class Framed:
+    """A chunked answer's body passed on as it arrives, its chunked framing and all, on a client's connection
+    whose response is chunked too (``transport``, with its ``flow`` control: a client that reads slower than
+    the answer comes has reading paused until it has caught up; a client that is gone is written nothing).
+
+    Each arrival is written on as it came, from one Python call: the least a relay can do. It is parsed
+    (llhttp) later, several arrivals together, which on a busy machine costs a fraction of parsing each
+    (``scripts/bench_proxy.py``'s CPU per chunk); only an arrival that may end the body is parsed before it
+    is written on. That one is not written but is ``done``'s result, the body's end in it (its last chunk,
+    trailers), for the caller to write when it ends its response. What arrived before ``start`` (payload
+    only: its framing is parsed away) goes first, framed again. After a failure ``between_chunks`` says
+    whether what was written ended between two chunks, where an error event can follow as a chunk of its
+    own, or inside one, where the client's body cannot go on. ``first_at`` is when the first bytes came,
+    ``tail`` the last two arrivals.
+    """
+
+    def __init__(self, answer: Answer, transport: asyncio.WriteTransport, flow: WriteFlow) -> None:
+        self._answer = answer
+        self._transport = transport
+        self._flow = flow
+        self.done: asyncio.Future[bytes] = answer._wire.loop.create_future()
+        self.first_at: float | None = None
+        self.between_chunks = True
+        self._unparsed: list[bytes] = []  # arrivals written on, not parsed yet
+        self._recent: Callable[[], tuple[bytes, bytes]] = lambda: (b"", b"")  # the last two arrivals
+        self._pending: asyncio.Future[None] | None = None
+
+    @property
+    def tail(self) -> bytes:
+        """The last two arrivals (llama-server's ``timings`` and ``usage`` are in them once the body ended)."""
+        before, last = self._recent()
+        return before + last
+
+    def start(self) -> None:
+        """From now on each arrival goes to the writer: what arrived before goes first."""
+        answer, done = self._answer, self.done
+        answer._flowing = self
+        held = answer._held
+        payload = b"".join(held)
+        held.clear()
+        if answer._held_size > READ_HIGH:
+            self.resume()
+        answer._held_size = 0
+        framed = b"%x\r\n%s\r\n" % (len(payload), payload) if payload else b""
+        if payload:
+            self.first_at = time.perf_counter()
+            self._recent = lambda: (b"", framed)
+        if answer.complete:
+            done.set_result(framed + b"0\r\n\r\n")
+            return
+        if framed:
+            self._wrote(framed)
+        if answer._error is not None:
+            done.set_exception(answer._error)
+            return
+        transport = answer._wire.transport
+        assert transport is not None
+        transport.set_protocol(_Arrivals(self._arrivals(), self))
+
+    def _arrivals(self) -> Callable[[bytes], None]:
+        """The connection's ``data_received`` from ``start`` on (a closure: each attribute it would look up per
+        arrival is looked up once)."""
+        done, unparsed, parse, flow = self.done, self._unparsed, self._parse, self._flow
+        write, gone = self._transport.write, self._transport.is_closing
+        before, last = self._recent()
+
+        def arrived(data: bytes) -> None:
+            nonlocal before, last
+            if done.done() or gone():
+                return  # what follows the end or a failure is no part of the answer; a client gone ends the relay
+            before, last = last, data
+            if self.first_at is None:
+                self.first_at = time.perf_counter()
+            # a chunked body ends with "\r\n\r\n" (its last chunk, and trailers if any): an arrival that can end it
+            # ends so, or is shorter and ends what an earlier one began
+            if len(data) < 4 or data.endswith(b"\r\n\r\n") or len(unparsed) >= PARSE_EVERY:
+                if parse(data):
+                    return
+            else:
+                unparsed.append(data)
+            write(data)
+            if flow.write_paused:
+                self._behind(flow.drain())
+
+        def recent() -> tuple[bytes, bytes]:
+            return before, last
+
+        self._recent = recent
+        return arrived
+
+    def _parse(self, data: bytes) -> bool:
+        """Parse what was written unparsed, then ``data`` (not written yet); whether the answer ended with it, complete
+        or broken (``done`` then says which)."""
+        answer, unparsed, done = self._answer, self._unparsed, self.done
+        feed = answer._parser.feed_data
+        try:
+            for piece in unparsed:
+                feed(piece)
+            unparsed.clear()
+            # what was written so far ends between chunks: after a chunk's end, with not even part of a size line
+            # since (which ends with no "\n"; the first arrival since is ``data``, unless it is the connection's end)
+            written = self._recent()[0 if data else 1]
+            self.between_chunks = answer.between_chunks and (not written or written.endswith(b"\n"))
+            feed(data)
+        except httptools.HttpParserError as exc:
+            if not answer.complete:
+                if unparsed:  # the broken bytes were written
+                    self.between_chunks = False
+                answer._fail(httpx.RemoteProtocolError(f"it sent a broken answer ({exc})"))
+                answer._wire.close()
+        unparsed.clear()
+        answer._held.clear()  # the payload, parsed out: what is written is the framing and all
+        if answer.complete:
+            done.set_result(data)
+        elif answer._error is not None:
+            done.set_exception(answer._error)
+        else:
+            return False
+        return True
+
+    def _wrote(self, data: bytes) -> None:
+        """Write ``data`` on."""
+        if not self._transport.is_closing():
+            self._transport.write(data)
+            if self._flow.write_paused:
+                self._behind(self._flow.drain())
+
+    def _behind(self, left: Awaitable[None]) -> None:
+        """The writer is behind: stop reading until ``left`` says it has caught up."""
+        self.pause()
+        self._pending = pending = asyncio.ensure_future(left)
+        pending.add_done_callback(self._caught_up)
+
+    def _caught_up(self, pending: asyncio.Future[None]) -> None:
+        if pending.cancelled():  # the relay ended first
+            return
+        error = pending.exception()
+        if error is None:
+            self.resume()
+        elif not self.done.done():
+            self.done.set_exception(error)
+
+    def lost(self, exc: Exception | None) -> None:
+        """The connection closed: what was written unparsed is parsed first, so the answer knows how it ended."""
+        if not self.done.done():
+            self._parse(b"")
+        self._answer.connection_lost(exc)
+
+    def hand_on(self) -> None:
+        """The answer broke off (the connection closed): between chunks or inside one."""
+        answer, done = self._answer, self.done
+        if not done.done() and answer._error is not None:
+            done.set_exception(answer._error)
+
+    def pause(self) -> None:
+        """Stop reading until ``resume``."""
+        transport = self._answer._wire.transport
+        if transport is not None and not transport.is_closing():
+            transport.pause_reading()
+
+    def resume(self) -> None:
+        """Read on."""
+        transport = self._answer._wire.transport
+        if transport is not None and not transport.is_closing():
+            transport.resume_reading()
+
+    def close(self) -> None:
+        """Stop: nothing more is written, and a wait for the writer ends."""
+        self.done.cancel()  # a connection lost after this is nobody's error
+        if self._pending is not None and not self._pending.done():
+            self._pending.cancel()
+
+
+class _Arrivals(asyncio.BaseProtocol):
+    """A connection's protocol while ``Framed`` passes its answer on: its ``data_received`` is ``Framed``'s closure."""
+
+    def __init__(self, arrived: Callable[[bytes], None], framed: Framed) -> None:
+        self.data_received = arrived
+        self._framed = framed
+
+    def eof_received(self) -> bool:
+        return False  # close; connection_lost says the rest
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._framed.lost(exc)
+
+
 #: Seconds an idle connection is kept when the server announces no keep-alive timeout.
 DEFAULT_IDLE = 4.0
 #: Seconds of margin below the server's announced keep-alive timeout.
@@ -360,6 +575,12 @@ def body_reader(resp: httpx.Response) -> Callable[[], Awaitable[bytes]]:
         return b""
 
     return read
+
+
+def body_framed(resp: httpx.Response, transport: asyncio.WriteTransport, flow: WriteFlow) -> Framed | None:
+    """Pass ``resp``'s chunked body on framed (``Answer.pipe_framed``); ``None``: it cannot be, so ``body_pipe`` it."""
+    stream = resp.stream
+    return stream.pipe_framed(transport, flow) if isinstance(stream, Answer) else None
 
 
 def body_pipe(resp: httpx.Response, sink: Callable[[bytes], None]) -> Piped | None:
