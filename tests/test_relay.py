@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 
@@ -260,6 +261,31 @@ def test_the_client_gets_the_upstream_s_chunks_as_they_came_sizes_extensions_and
             head, _, got = answer.partition(b"\r\n\r\n")
             assert b"transfer-encoding: chunked" in head.lower() and got == body
             await asyncio.wait_for(closed.wait(), 5)
+
+    run(main())
+
+
+def test_a_stream_passed_through_tells_its_close_when_its_first_bytes_came_and_its_last_two_arrivals():
+    """For /metrics: llama-server's ``timings`` and ``usage`` come in the last events, here with the body's end."""
+    seen: list[tuple[float | None, bytes]] = []
+
+    async def paced(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, n: int) -> bool:
+        writer.write(CHUNKED_HEAD)
+        for data in (_chunk(PIECES[0]), _chunk(PIECES[1]), _chunk(PIECES[2]), _chunk(PIECES[3]) + b"0\r\n\r\n"):
+            await asyncio.sleep(0.02)
+            writer.write(data)
+            await writer.drain()
+        return False
+
+    async def main() -> None:
+        async with relaying(paced, seen=seen) as (url, closed), httpx.AsyncClient() as client:
+            began = time.perf_counter()
+            resp = await client.post(url, content=b"{}")
+            assert resp.content == b"".join(PIECES)
+            await asyncio.wait_for(closed.wait(), 5)
+            [(first_at, tail)] = seen
+            assert first_at is not None and began < first_at < time.perf_counter()
+            assert tail == _chunk(PIECES[2]) + _chunk(PIECES[3]) + b"0\r\n\r\n"
 
     run(main())
 
