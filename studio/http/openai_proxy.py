@@ -212,6 +212,7 @@ async def _answer(
     session = {CONVERSATION_HEADER: conv_id} if conv_id else None  # llama-server records the stream under it
     tools: Tools = {}
     chat = route.upstream == "/v1/chat/completions"
+    reshaping = body is None or route.reshapes is None or route.reshapes(body)
     if body is not None:
         route.prepare(body, loaded)
         body["model"] = base_name(loaded.name)  # llama-server answers with it: an embedding instance's is its model's
@@ -229,7 +230,7 @@ async def _answer(
             upstream_path,
             form or body,
             lease,
-            lambda status, content, headers: _answered(route, tools, count, status, content, headers),
+            lambda status, content, headers: _answered(route, tools, reshaping, count, status, content, headers),
             query=query,
             headers=session,
         )
@@ -241,12 +242,18 @@ async def _answer(
             await close_upstream(resp, lease)
             count(first_at, tail)
 
+        reshape: Reshape | None = None  # none: the stream goes on as it came
+        if tools:
+            reshape = HealingRelay(tools)
+        elif route.stream_reshape is not None and reshaping:
+            reshape = route.stream_reshape()
+
         return Relay(
             resp,
             headers=headers,
             on_close=closed,
             on_break=lambda exc: broken_stream_event(exc, lease, loaded, route.dialect),
-            reshape=HealingRelay(tools) if tools else route.stream_reshape() if route.stream_reshape else None,
+            reshape=reshape,
         )
     content = await read_answer(resp, lease, loaded)
     return upstream_response(resp.status_code, content, route.dialect, headers)
@@ -276,13 +283,13 @@ def _counter(request: Request, route: Route, path: str, model: str, began: float
 
 
 def _answered(
-    route: Route, tools: Tools, count: Count, status: int, content: bytes, headers: dict[str, str]
+    route: Route, tools: Tools, reshaping: bool, count: Count, status: int, content: bytes, headers: dict[str, str]
 ) -> Response:
     """A whole (non-streamed) answer of a forwarded route: counted, healed, or an error in the route's shape."""
     if status != 200:
         return upstream_response(status, content, route.dialect, headers)
     count(None, content)
-    if route.whole_reshape is not None:
+    if route.whole_reshape is not None and reshaping:
         content = route.whole_reshape(content, tools)
     return Response(content, status_code=200, headers=headers)
 
@@ -583,6 +590,9 @@ class Route:
     embeds: bool = False  # it needs an instance that embeds: the model's embedding instance, unless its own does
     stream_reshape: Callable[[], Reshape] | None = None  # makes what its streams' bytes go through on the way
     whole_reshape: Callable[[bytes, Tools], bytes] | None = None  # what a whole answer goes through, given the tools
+    #: whether a request's answer can need the reshapes (none: every one); a stream that needs none goes on as it
+    #: came, at the least cost (``studio.http.upstream_wire.Framed``)
+    reshapes: Callable[[dict[str, Any]], bool] | None = None
 
 
 def _native(summary: str, **options: Any) -> Route:
@@ -651,6 +661,7 @@ FORWARDED: dict[str, Route] = {
         check=check_messages,
         stream_reshape=StopSequenceStream,
         whole_reshape=lambda content, _tools: mended_answer(content),
+        reshapes=lambda body: bool(body.get("stop_sequences")),  # only a stop at the request's own is mended
     ),
     "/v1/messages/count_tokens": Route(
         "/v1/messages/count_tokens", _apply_reasoning, "Anthropic token counting", dialect="anthropic"
