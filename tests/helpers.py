@@ -75,11 +75,19 @@ def server_argv(
 
 @contextlib.contextmanager
 def serving(app: object) -> Iterator[str]:
-    """Serve an ASGI app with uvicorn on a free loopback port in a thread; yield its base URL."""
+    """Serve an ASGI app with uvicorn on a free loopback port in a thread; yield its base URL.
+
+    The server's ``send`` is in each request's scope, as ``ggstudio serve`` puts it (``with_server_send``): a
+    stream goes the way it goes there (written on the client's connection, passed through framed).
+    """
     import uvicorn  # only the tests that serve an app pay for it
 
+    from studio.http.relay import with_server_send
+
     port = free_port()
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
+    server = uvicorn.Server(
+        uvicorn.Config(with_server_send(app), host="127.0.0.1", port=port, log_level="warning")  # type: ignore[arg-type]
+    )
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
     try:
