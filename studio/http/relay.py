@@ -193,31 +193,14 @@ class Relay(_Streamed):
 
         Returns what arrived with the upstream body's end, not yet sent: the caller sends it as the last bytes.
         """
-        pending: asyncio.Future[None] | None = None
 
-        def sink(data: bytes) -> None:
-            nonlocal pending
+        def sink(data: bytes) -> Awaitable[None] | None:
             out = self._arrived(data)
-            if out:
-                if write is not None:
-                    left = write(out)
-                else:
-                    left = send_now(send, {"type": "http.response.body", "body": out, "more_body": True})
-                if left is not None:  # the client reads slower than the model writes: wait for it
-                    assert piped is not None  # sink runs once piped has started
-                    piped.pause()
-                    pending = asyncio.ensure_future(left)
-                    pending.add_done_callback(sent)
-
-        def sent(done: asyncio.Future[None]) -> None:
-            assert piped is not None
-            if done.cancelled():  # the relay ended first
-                return
-            error = done.exception()
-            if error is None:
-                piped.resume()
-            elif not piped.done.done():
-                piped.done.set_exception(error)
+            if not out:
+                return None
+            if write is not None:
+                return write(out)
+            return send_now(send, {"type": "http.response.body", "body": out, "more_body": True})
 
         piped = body_pipe(self._upstream, sink)
         if piped is None:
@@ -230,13 +213,10 @@ class Relay(_Streamed):
         try:
             piped.start()
             last = await piped.done
-            if pending is not None:
-                await pending
+            await piped.caught_up()
             return last
         finally:
-            piped.done.cancel()  # a connection lost after this is nobody's error
-            if pending is not None and not pending.done():
-                pending.cancel()
+            piped.close()
 
 
 class EventStream(_Streamed):

@@ -234,7 +234,7 @@ class Answer(httpx.AsyncByteStream, asyncio.Protocol):
         self._held_size = 0
         return data
 
-    def pipe(self, sink: Callable[[bytes], None]) -> Piped | None:
+    def pipe(self, sink: Sink) -> Piped | None:
         """A ``Piped`` that hands each arrival's payload to ``sink`` from the parser's callback, once started;
         ``None``: this body cannot be piped (it is read within a timeout, or was read or closed already), so
         ``read_some`` it."""
@@ -269,21 +269,73 @@ class Answer(httpx.AsyncByteStream, asyncio.Protocol):
         self._on_end(self._wire, reuse)
 
 
-class Piped:
+#: Takes the bytes handed on; returns what to await before the next while the client is behind, if it is.
+Sink = Callable[[bytes], Awaitable[None] | None]
+
+
+class _Flowing:
+    """What the two ways of passing an answer's body on share: ``done``, and the connection not read while the
+    client is behind (a write returned what to await), until it has caught up."""
+
+    def __init__(self, answer: Answer) -> None:
+        self._answer = answer
+        self.done: asyncio.Future[bytes] = answer._wire.loop.create_future()
+        self._pending: asyncio.Future[None] | None = None
+
+    def _behind(self, left: Awaitable[None]) -> None:
+        """The client is behind: stop reading until ``left`` says it has caught up (``done`` fails if it fails)."""
+        self.pause()
+        self._pending = pending = asyncio.ensure_future(left)
+        pending.add_done_callback(self._caught_up)
+
+    def _caught_up(self, pending: asyncio.Future[None]) -> None:
+        if pending.cancelled():  # the relay ended first
+            return
+        error = pending.exception()
+        if error is None:
+            self.resume()
+        elif not self.done.done():
+            self.done.set_exception(error)
+
+    async def caught_up(self) -> None:
+        """Return once what the last write left to do is done (a server's ``send`` run up to its first wait: what
+        the caller sends next must wait for it)."""
+        if self._pending is not None:
+            await self._pending
+
+    def pause(self) -> None:
+        """Stop reading until ``resume``."""
+        transport = self._answer._wire.transport
+        if transport is not None and not transport.is_closing():
+            transport.pause_reading()
+
+    def resume(self) -> None:
+        """Read on."""
+        transport = self._answer._wire.transport
+        if transport is not None and not transport.is_closing():
+            transport.resume_reading()
+
+    def close(self) -> None:
+        """Stop: nothing more is handed on, and a wait for the client ends."""
+        self.done.cancel()  # a connection lost after this is nobody's error
+        if self._pending is not None and not self._pending.done():
+            self._pending.cancel()
+
+
+class Piped(_Flowing):
     """An answer's body once ``start`` has it flow to the sink: each arrival's payload is handed on at once.
 
     What one read brings goes on in one piece (several of llama-server's chunks that came together are
     one write to the client, not one each), and what arrives with the body's end is not handed on but
     is ``done``'s result, so that the caller can send it with its own end in one piece too.
-    ``sink`` must not block: while it cannot take more it has reading paused until it resumes it.
-    ``done`` fails as ``read_some`` does (after the bytes before the failure went to the sink), or with
-    what the sink raised.
+    ``sink`` must not block: while the client is behind it returns what to await, and reading pauses
+    until that is done. ``done`` fails as ``read_some`` does (after the bytes before the failure went to
+    the sink), or with what the sink raised.
     """
 
-    def __init__(self, answer: Answer, sink: Callable[[bytes], None]) -> None:
-        self._answer = answer
+    def __init__(self, answer: Answer, sink: Sink) -> None:
+        super().__init__(answer)
         self._sink = sink
-        self.done: asyncio.Future[bytes] = answer._wire.loop.create_future()
 
     def start(self) -> None:
         """From now on each arrival goes to the sink: what arrived before goes first."""
@@ -307,25 +359,15 @@ class Piped:
             return
         if data:
             try:
-                self._sink(data)
+                left = self._sink(data)
             except Exception as exc:  # the sink's own failure, as it is
                 done.set_exception(exc)
                 answer._wire.close()
                 return
+            if left is not None:
+                self._behind(left)
         if answer._error is not None:
             done.set_exception(answer._error)
-
-    def pause(self) -> None:
-        """Stop reading until ``resume``: the sink cannot take more yet."""
-        transport = self._answer._wire.transport
-        if transport is not None and not transport.is_closing():
-            transport.pause_reading()
-
-    def resume(self) -> None:
-        """Read on."""
-        transport = self._answer._wire.transport
-        if transport is not None and not transport.is_closing():
-            transport.resume_reading()
 
 
 class WriteFlow(Protocol):
@@ -341,7 +383,7 @@ class WriteFlow(Protocol):
 PARSE_EVERY = 64
 
 
-class Framed:
+class Framed(_Flowing):
     """A chunked answer's body passed on as it arrives, its chunked framing and all, on a client's connection
     whose response is chunked too (``transport``, with its ``flow`` control: a client that reads slower than
     the answer comes has reading paused until it has caught up; a client that is gone is written nothing).
@@ -358,15 +400,13 @@ class Framed:
     """
 
     def __init__(self, answer: Answer, transport: asyncio.WriteTransport, flow: WriteFlow) -> None:
-        self._answer = answer
+        super().__init__(answer)
         self._transport = transport
         self._flow = flow
-        self.done: asyncio.Future[bytes] = answer._wire.loop.create_future()
         self.first_at: float | None = None
         self.between_chunks = True
         self._unparsed: list[bytes] = []  # arrivals written on, not parsed yet
         self._recent: Callable[[], tuple[bytes, bytes]] = lambda: (b"", b"")  # the last two arrivals
-        self._pending: asyncio.Future[None] | None = None
 
     @property
     def tail(self) -> bytes:
@@ -468,21 +508,6 @@ class Framed:
             if self._flow.write_paused:
                 self._behind(self._flow.drain())
 
-    def _behind(self, left: Awaitable[None]) -> None:
-        """The writer is behind: stop reading until ``left`` says it has caught up."""
-        self.pause()
-        self._pending = pending = asyncio.ensure_future(left)
-        pending.add_done_callback(self._caught_up)
-
-    def _caught_up(self, pending: asyncio.Future[None]) -> None:
-        if pending.cancelled():  # the relay ended first
-            return
-        error = pending.exception()
-        if error is None:
-            self.resume()
-        elif not self.done.done():
-            self.done.set_exception(error)
-
     def lost(self, exc: Exception | None) -> None:
         """The connection closed: what was written unparsed is parsed first, so the answer knows how it ended."""
         if not self.done.done():
@@ -494,24 +519,6 @@ class Framed:
         answer, done = self._answer, self.done
         if not done.done() and answer._error is not None:
             done.set_exception(answer._error)
-
-    def pause(self) -> None:
-        """Stop reading until ``resume``."""
-        transport = self._answer._wire.transport
-        if transport is not None and not transport.is_closing():
-            transport.pause_reading()
-
-    def resume(self) -> None:
-        """Read on."""
-        transport = self._answer._wire.transport
-        if transport is not None and not transport.is_closing():
-            transport.resume_reading()
-
-    def close(self) -> None:
-        """Stop: nothing more is written, and a wait for the writer ends."""
-        self.done.cancel()  # a connection lost after this is nobody's error
-        if self._pending is not None and not self._pending.done():
-            self._pending.cancel()
 
 
 class _Arrivals(asyncio.BaseProtocol):
@@ -583,7 +590,7 @@ def body_framed(resp: httpx.Response, transport: asyncio.WriteTransport, flow: W
     return stream.pipe_framed(transport, flow) if isinstance(stream, Answer) else None
 
 
-def body_pipe(resp: httpx.Response, sink: Callable[[bytes], None]) -> Piped | None:
+def body_pipe(resp: httpx.Response, sink: Sink) -> Piped | None:
     """Pipe ``resp``'s body into ``sink`` (``Answer.pipe``); ``None``: it cannot be, so ``body_reader`` it."""
     stream = resp.stream
     return stream.pipe(sink) if isinstance(stream, Answer) else None
