@@ -290,6 +290,30 @@ def test_a_stream_passed_through_tells_its_close_when_its_first_bytes_came_and_i
     run(main())
 
 
+def test_a_last_chunk_arriving_alone_leaves_the_tail_to_the_events_before_it():
+    """llama-server may send its last chunk in a read of its own: the tail was then that and one event, and the
+    usage event before them went uncounted (``ggstudio_generated_tokens_total`` short by a stream's tokens)."""
+    seen: list[tuple[float | None, bytes]] = []
+
+    async def paced(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, n: int) -> bool:
+        writer.write(CHUNKED_HEAD)
+        for data in (_chunk(PIECES[0]), _chunk(PIECES[1]), _chunk(PIECES[2]), _chunk(PIECES[3]), b"0\r\n\r\n"):
+            await asyncio.sleep(0.02)
+            writer.write(data)
+            await writer.drain()
+        return False
+
+    async def main() -> None:
+        async with relaying(paced, seen=seen) as (url, closed), httpx.AsyncClient() as client:
+            resp = await client.post(url, content=b"{}")
+            assert resp.content == b"".join(PIECES)
+            await asyncio.wait_for(closed.wait(), 5)
+            [(_, tail)] = seen
+            assert tail == _chunk(PIECES[2]) + _chunk(PIECES[3])
+
+    run(main())
+
+
 def test_a_client_that_reads_slowly_gets_every_byte_in_order_while_the_upstream_waits_for_it():
     """Megabytes the client does not read yet fill the sockets: the relay stops reading upstream until it does."""
     events = [b'data: {"n":%d,"pad":"%s"}\n\n' % (i, b"x" * 4000) for i in range(2000)]

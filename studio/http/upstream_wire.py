@@ -444,23 +444,28 @@ class Framed(_Flowing):
         """The connection's ``data_received`` from ``start`` on (a closure: each attribute it would look up per
         arrival is looked up once)."""
         done, unparsed, parse, flow = self.done, self._unparsed, self._parse, self._flow
-        write, gone = self._transport.write, self._transport.is_closing
+        write, gone, held = self._transport.write, self._transport.is_closing, self._answer._held
         before, last = self._recent()
 
         def arrived(data: bytes) -> None:
             nonlocal before, last
             if done.done() or gone():
                 return  # what follows the end or a failure is no part of the answer; a client gone ends the relay
-            before, last = last, data
             if self.first_at is None:
                 self.first_at = time.perf_counter()
             # a chunked body ends with "\r\n\r\n" (its last chunk, and trailers if any): an arrival that can end it
             # ends so, or is shorter and ends what an earlier one began
             if len(data) < 4 or data.endswith(b"\r\n\r\n") or len(unparsed) >= PARSE_EVERY:
-                if parse(data):
+                ended = parse(data)
+                carried = bool(held)  # payload: the framing is what goes on
+                held.clear()
+                if ended:
+                    if carried:  # a last chunk alone is none of the tail: /metrics reads the events before it
+                        before, last = last, data
                     return
             else:
                 unparsed.append(data)
+            before, last = last, data
             write(data)
             if flow.write_paused:
                 self._behind(flow.drain())
@@ -472,17 +477,18 @@ class Framed(_Flowing):
         return arrived
 
     def _parse(self, data: bytes) -> bool:
-        """Parse what was written unparsed, then ``data`` (not written yet); whether the answer ended with it, complete
-        or broken (``done`` then says which)."""
+        """Parse what was written unparsed, then ``data`` (not written yet; its payload is left held); whether the
+        answer ended with it, complete or broken (``done`` then says which)."""
         answer, unparsed, done = self._answer, self._unparsed, self.done
         feed = answer._parser.feed_data
         try:
             for piece in unparsed:
                 feed(piece)
             unparsed.clear()
+            answer._held.clear()  # their payload, parsed out: what was written is the framing and all
             # what was written so far ends between chunks: after a chunk's end, with not even part of a size line
-            # since (which ends with no "\n"; the first arrival since is ``data``, unless it is the connection's end)
-            written = self._recent()[0 if data else 1]
+            # since (which ends with no "\n")
+            written = self._recent()[1]
             self.between_chunks = answer.between_chunks and (not written or written.endswith(b"\n"))
             feed(data)
         except httptools.HttpParserError as exc:
@@ -492,7 +498,6 @@ class Framed(_Flowing):
                 answer._fail(httpx.RemoteProtocolError(f"it sent a broken answer ({exc})"))
                 answer._wire.close()
         unparsed.clear()
-        answer._held.clear()  # the payload, parsed out: what is written is the framing and all
         if answer.complete:
             done.set_result(data)
         elif answer._error is not None:
