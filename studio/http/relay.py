@@ -176,7 +176,8 @@ class Relay(_Streamed):
             return b""
         finally:
             framed.close()
-        wire.write_framed(last)
+        if (left := wire.write_framed(last)) is not None:
+            await left  # the client is behind: its drain is what the end waits for (a dropped one warns)
         wire.ended_framed()
         return b""
 
