@@ -43,6 +43,9 @@ from studio.http.upstream_wire import DEFAULT_IDLE, Wire, plainly
 SPARE_WINDOW = 60.0
 #: Seconds after it is made that a spare is replaced by a new one (within the window) or let go.
 SPARE_LIFE = DEFAULT_IDLE - 0.5
+#: Seconds for which a server's peak of simultaneous answers is remembered (one to two of them): as many spares are
+#: renewed, so a fan-out starts on spares again at its next turn while a person chatting afterwards keeps one.
+DEMAND_WINDOW = 10.0
 
 T = TypeVar("T")
 Origin = tuple[str, int]
@@ -69,10 +72,14 @@ class Upstream:
     the way to their first token). Before the server's keep-alive timeout would
     drop it, an unused spare is replaced by a new one for ``SPARE_WINDOW``
     seconds after the last such answer, then let go, so an idle studio keeps
-    no connection open. b11434's HTTP thread pool grows for connections beyond
-    its fixed threads, so idle spares take no request's place. One the server
-    dropped anyway is retried once on a new connection, as for any idle
-    connection.
+    no connection open. Only as many are renewed as the server's recent peak of
+    simultaneous answers (``DEMAND_WINDOW``) asks for, less those running: each
+    renewal is a new connection, and the 31 spares a fan-out of 32 left, which a
+    person's one stream at a time never takes, cost the studio ~0.5 ms of CPU a
+    second for the rest of the window. b11434's HTTP thread pool grows for
+    connections beyond its fixed threads, so idle spares take no request's
+    place. One the server dropped anyway is retried once on a new connection,
+    as for any idle connection.
 
     Idle connections are kept per server, so models taking turns each keep
     theirs; a request takes only one to its own server.
@@ -91,6 +98,7 @@ class Upstream:
         self._idle: dict[Origin, list[Wire]] = {}  # per server, oldest first
         self._spares: dict[Origin, list[asyncio.Task[Wire]]] = {}  # per server, oldest first
         self._spare_until: dict[Origin, float] = {}  # per server: when its spares stop being renewed
+        self._demand: dict[Origin, _Demand] = {}  # per server: its POSTs running now and their recent peak
         self._renewals: set[asyncio.TimerHandle] = set()
 
     async def post(self, url: str, body: object, headers: Mapping[str, str]) -> httpx.Response:
@@ -150,6 +158,7 @@ class Upstream:
             renewal.cancel()
         self._renewals.clear()
         self._spare_until.clear()
+        self._demand.clear()
         spares = [opening for openings in self._spares.values() for opening in openings]
         self._spares = {}
         for opening in spares:
@@ -181,10 +190,13 @@ class Upstream:
         ``spare``: a connection this answer closes is replaced by a spare (a ``POST``: a chat, maybe streamed).
         """
         await self._slots.acquire()
+        demand = self._demand_of(origin) if spare else None
+        if demand is not None:
+            demand.started()
         try:
             wire = self._take_idle(origin) or await self._take_spare(origin)
         except BaseException:
-            self._slots.release()
+            self._unslot(demand)
             raise
         on_end = self._ended_then_spare if spare else self._ended
         try:
@@ -203,7 +215,7 @@ class Upstream:
         except BaseException as exc:
             if wire is not None:
                 wire.close()  # mid-request: closing it is what tells llama-server to stop
-            self._slots.release()
+            self._unslot(demand)
             if isinstance(exc, TimeoutError):
                 raise httpx.ReadTimeout(f"no answer from llama-server within {read_timeout} s") from exc
             raise
@@ -224,8 +236,23 @@ class Upstream:
             wire.close()
         self._slots.release()
 
+    def _unslot(self, demand: _Demand | None) -> None:
+        """A request that got no answer lets its slot go (and is no longer running, for its server's demand)."""
+        if demand is not None:
+            demand.ended()
+        self._slots.release()
+
+    def _demand_of(self, origin: Origin) -> _Demand:
+        found = self._demand.get(origin)
+        if found is None:
+            found = self._demand[origin] = _Demand()
+        return found
+
     def _ended_then_spare(self, wire: Wire, reusable_for: float | None) -> None:
         """``_ended``, and a closed connection is replaced by a spare (see the class docstring)."""
+        demand = self._demand.get(wire.origin)
+        if demand is not None:  # none once the upstream closed
+            demand.ended()
         self._ended(wire, reusable_for)
         if reusable_for is None or reusable_for <= 0:
             self._spare_until[wire.origin] = time.monotonic() + SPARE_WINDOW
@@ -277,12 +304,14 @@ class Upstream:
     async def _take_spare(self, origin: Origin) -> Wire | None:
         """A spare connection to ``origin`` if there is one and it is still fresh: an open one first.
 
-        One still connecting is waited for: it is nearer done than a new one would be.
+        One still connecting is waited for: it is nearer done than a new one would be. The newest open one is
+        taken, so that those a fan-out left age unused and their renewal lets them go once no longer wanted
+        (taking the oldest, one stream every few seconds kept a dozen from ever reaching their renewal).
         """
         spares = self._spares.get(origin)
         if not spares:
             return None
-        opening = next((task for task in spares if task.done()), spares[0])
+        opening = next((task for task in reversed(spares) if task.done()), spares[0])
         self._forget_spare(origin, opening)
         if opening.done():
             wire = _made(opening)  # no wait: the usual case
@@ -350,14 +379,50 @@ class Upstream:
         return True
 
     def _renew_spare(self, origin: Origin, opening: asyncio.Task[Wire]) -> None:
-        """An unused spare is near the server's keep-alive timeout: replace it within the window, else let it go."""
+        """An unused spare is near the server's keep-alive timeout: replace it within the window if the server's
+        recent demand wants it, else let it go."""
         if not self._forget_spare(origin, opening):
             return  # taken by a request, or dropped
         _close_if_made(opening)
-        if time.monotonic() < self._spare_until.get(origin, 0.0):
-            self._open_spare(origin)
-        else:
+        demand = self._demand_of(origin)
+        if time.monotonic() >= self._spare_until.get(origin, 0.0):
             self._spare_until.pop(origin, None)
+            if not demand.running:
+                del self._demand[origin]
+        elif len(self._spares.get(origin, ())) < demand.wanted():
+            self._open_spare(origin)
+
+
+class _Demand:
+    """A server's ``POST`` answers running now, and the most that ran at once lately: how many spares it wants."""
+
+    def __init__(self) -> None:
+        self.running = 0
+        self._peak = 0  # the most at once since ``_since``
+        self._peak_before = 0  # the most at once in the window before
+        self._since = time.monotonic()
+
+    def started(self) -> None:
+        self._turn()
+        self.running += 1
+        self._peak = max(self._peak, self.running)
+
+    def ended(self) -> None:
+        self.running -= 1
+
+    def wanted(self) -> int:
+        """Spares worth keeping: the recent peak (at least one) less the answers running, each of which leaves a
+        spare when it ends."""
+        self._turn()
+        return max(self._peak, self._peak_before, 1) - self.running
+
+    def _turn(self) -> None:
+        """Start a new window once one has passed: the peak then covers the last one to two windows."""
+        now = time.monotonic()
+        if now - self._since >= DEMAND_WINDOW:
+            self._peak_before = self._peak if now - self._since < 2 * DEMAND_WINDOW else self.running
+            self._peak = self.running
+            self._since = now
 
 
 def _request(
