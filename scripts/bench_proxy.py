@@ -27,6 +27,9 @@ it, over ``--requests`` one-token streams, 8 at a time (the studio's ``/v1`` and
 ``/v1/messages``, and the Python floor's), then with a ``--long-kb`` conversation (an
 agent sends its whole context every turn: what the studio parses and writes again).
 
+``--after-fan-out`` ends with the idle studio's CPU from 20 to 40 s after a fan-out of the largest
+concurrency, and the connections it then holds to the upstream: what a burst leaves behind.
+
 CPU per chunk is the steady number on a loaded machine; the ratios need
 several runs (``--runs`` repeats the whole set and prints the medians).
 Targets (issue 19): CPU per chunk <= 40 us at 8 streams, tokens/s >= 0.99x at
@@ -55,7 +58,7 @@ The client is a bare asyncio socket per stream (``Connection: close``, bytes
 counted, nothing parsed), cheap enough not to crowd the paths it measures.
 
     .venv/bin/python scripts/bench_proxy.py [--runs 3] [--tokens 64] [--streams 1,8,32]
-    .venv/bin/python scripts/bench_proxy.py --stand-in [--stand-in-tps 50] [--split]
+    .venv/bin/python scripts/bench_proxy.py --stand-in [--stand-in-tps 50] [--split] [--after-fan-out]
 """
 
 from __future__ import annotations
@@ -552,6 +555,22 @@ async def round_of(path: Route, samples: Samples, concurrency: int, tokens: int)
     samples.events += sum(s.events for s in streams)
 
 
+def after_fan_out(studio: Route, fan_out: int, upstream_port: int, idle_before: float) -> None:
+    """Print the studio's idle CPU from 20 to 40 s after ``fan_out`` one-token streams at once (past the spares'
+    demand window: ``studio.http.upstream.DEMAND_WINDOW``), and the connections it then holds to the upstream,
+    beside its idle CPU at the start of the run."""
+    asyncio.run(cpu_per_request(studio, fan_out, fan_out))
+    time.sleep(20)
+    before, t0 = studio_cpu(studio.pid), time.perf_counter()
+    time.sleep(20)
+    rate = (studio_cpu(studio.pid) - before) / (time.perf_counter() - t0)
+    held = sum(1 for c in psutil.Process(studio.pid).net_connections() if c.raddr and c.raddr.port == upstream_port)
+    print(
+        f"studio idle 20-40 s after {fan_out} streams at once: {rate * 1000:.2f} ms CPU per second "
+        f"(at the start: {idle_before * 1000:.2f}), {held} connection(s) to the upstream held"
+    )
+
+
 def pct(values: Sequence[float], q: float) -> float:
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
@@ -683,6 +702,11 @@ def main() -> int:
         help="with --stand-in: also split CPU into a part per chunk and a part per stream (16 and 256 tokens)",
     )
     parser.add_argument(
+        "--after-fan-out",
+        action="store_true",
+        help="with --stand-in: also the idle studio's CPU 20-40 s after a fan-out, and the connections it holds",
+    )
+    parser.add_argument(
         "--long-kb",
         type=int,
         default=100,
@@ -793,6 +817,9 @@ def main() -> int:
                     if p.name != "studio msgs"
                 ]
                 print(f"CPU per request (ms), a {args.long_kb} KB conversation: {', '.join(figures)}")
+        if args.after_fan_out and args.stand_in:
+            studio = next(p for p in paths if p.name == "studio /v1")
+            after_fan_out(studio, max(streams), up_port, idle)
     finally:
         for process in (service, *helpers):  # SIGTERM: uvicorn shuts down and the app stops llama-server
             process.terminate()
