@@ -12,7 +12,9 @@ connection closed when the client leaves.
 from __future__ import annotations
 
 import asyncio
+import gc
 import json
+import socket
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
@@ -26,7 +28,7 @@ from studio.chat.model_turn import Turn, TurnError, read_turn
 from studio.http.app import create_app
 from studio.http.client_wire import client_wire
 from studio.http.ollama_app import create_ollama_app
-from studio.http.relay import Relay, Reshape, send_now, with_server_send
+from studio.http.relay import SERVER_SEND, Relay, Reshape, send_now, with_server_send
 from studio.http.upstream import Upstream
 from tests.helpers import free_port
 from tests.standin_manager import StandInManager, StandInModel
@@ -46,11 +48,13 @@ async def relaying(
     reshape: Callable[[], Reshape] | None = None,
     seen: list[tuple[float | None, bytes]] | None = None,
     layer_saw: list[tuple[str, bool]] | None = None,
+    client_transport: Callable[[asyncio.Transport], None] | None = None,
 ) -> AsyncIterator[tuple[str, asyncio.Event]]:
     """A stand-in answering with ``handler`` and a uvicorn app relaying it; yields (app URL, upstream closed).
 
     ``reshape`` makes each request's reshape; ``seen`` gets what ``on_close`` was given; ``layer_saw`` the
-    (type, more_body) of each message that passed a middleware-like ``send`` wrapper between server and relay.
+    (type, more_body) of each message that passed a middleware-like ``send`` wrapper between server and relay;
+    ``client_transport`` is handed the server's transport to the client before the relay writes on it.
     """
     closed = asyncio.Event()
     async with StandIn(handler) as standin:
@@ -68,6 +72,8 @@ async def relaying(
         async def app(scope: Scope, receive: Receive, send: Send) -> None:
             while (await receive())["more_body"]:
                 pass
+            if client_transport is not None:
+                client_transport(scope[SERVER_SEND].__self__.transport)
             resp = await upstream.post(standin.url, {}, {})
             relay = Relay(
                 resp,
@@ -339,6 +345,57 @@ def test_a_client_that_reads_slowly_gets_every_byte_in_order_while_the_upstream_
             await asyncio.wait_for(closed.wait(), 5)
 
     run(main())
+
+
+def test_a_client_behind_when_the_body_ends_is_waited_for_not_left_to_a_dropped_drain():
+    """The last bytes of a passed-through body, written while the client was behind, returned the client's drain;
+    dropped unawaited, it warned ("never awaited") and the end did not wait for the client. The client here
+    reads slowly through small socket buffers, so the body's end always finds it behind."""
+    events = [b'data: {"n":%d,"pad":"%s"}\n\n' % (i, b"x" * 2000) for i in range(40)]
+
+    async def at_once(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, n: int) -> bool:
+        writer.write(CHUNKED_HEAD + b"".join(_chunk(event) for event in events) + b"0\r\n\r\n")
+        await writer.drain()
+        return False
+
+    def small_buffers(transport: asyncio.Transport) -> None:
+        transport.get_extra_info("socket").setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4096)
+        transport.set_write_buffer_limits(high=1)  # paused while anything waits to be written
+
+    async def main() -> None:
+        async with relaying(at_once, client_transport=small_buffers) as (url, closed):
+            host, port = url.removeprefix("http://").strip("/").split(":")
+            sock = socket.socket()
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+            sock.setblocking(False)
+            await asyncio.get_running_loop().sock_connect(sock, (host, int(port)))
+            reader, writer = await asyncio.open_connection(sock=sock, limit=1024)
+            writer.write(b"POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\nConnection: close\r\n\r\n{}")
+            answer = bytearray()
+            while data := await reader.read(1024):
+                answer += data
+                await asyncio.sleep(0.002)
+            writer.close()
+            head, _, got = bytes(answer).partition(b"\r\n\r\n")
+            assert _payload(got) == b"".join(events)  # however the relay framed what came before it started
+            await asyncio.wait_for(closed.wait(), 5)
+        gc.collect()  # a drain dropped unawaited warns when it is collected: the suite makes that an error
+
+    run(main())
+
+
+def _payload(chunked: bytes) -> bytes:
+    """The payload of a complete chunked body (no extensions, no trailers)."""
+    payload, rest = bytearray(), chunked
+    while True:
+        size_line, _, rest = rest.partition(b"\r\n")
+        size = int(size_line, 16)
+        if size == 0:
+            assert rest == b"\r\n", "the body ends with its last chunk"
+            return bytes(payload)
+        payload += rest[:size]
+        assert rest[size : size + 2] == b"\r\n"
+        rest = rest[size + 2 :]
 
 
 class _HoldsTheLastEvent:
