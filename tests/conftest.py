@@ -1,9 +1,10 @@
-"""Fixtures for the real parts: the pinned llama-server build and the Gemma model."""
+"""Fixtures for the real parts: the pinned llama-server build and the Gemma model; and the replay upstream."""
 
 from __future__ import annotations
 
 import dataclasses
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import psutil
@@ -16,9 +17,17 @@ from launcher.planner import ModelInfo, load_model
 from studio.library.default_model import ensure_default_model, ensure_gemma
 from studio.settings import Settings
 from tests.helpers import assert_no_children, wait_for
+from tests.replay_upstream import ReplayUpstream
 from tests.support.zoo import derive_mtp_model, ensure_zoo
 
 FIXTURES = Path(__file__).parent / "fixtures"
+
+
+@pytest.fixture(scope="module")
+def replay() -> Iterator[ReplayUpstream]:
+    """A replay server in llama-server's place (``tests.replay_upstream``), one per test module."""
+    with ReplayUpstream() as upstream:
+        yield upstream
 
 
 @pytest.fixture(scope="session")

@@ -20,18 +20,12 @@ from fastapi.testclient import TestClient
 from studio.http.app import create_app
 from studio.http.ollama_app import create_ollama_app
 from tests.helpers import serving
-from tests.replay_upstream import Answer, ReplayUpstream
+from tests.replay_upstream import Answer
 from tests.standin_manager import StandInManager, StandInModel
 
 BASE = "http://127.0.0.1:8080"
 LIMIT = 1024 * 1024
 CHUNK = 64 * 1024
-
-
-@pytest.fixture(scope="module")
-def replay():
-    with ReplayUpstream() as upstream:
-        yield upstream
 
 
 def studio_app(url: str = "http://127.0.0.1:9") -> FastAPI:

@@ -21,7 +21,7 @@ from studio.chat.toolbox import Toolbox
 from studio.http.app import create_app
 from studio.settings import MCPServerConfig, PythonToolConfig, ToolSettings
 from tests.helpers import assert_no_children, free_port, serving, wait_for
-from tests.replay_upstream import Answer, ReplayUpstream
+from tests.replay_upstream import Answer
 from tests.standin_manager import StandInManager, StandInModel
 
 pytestmark = pytest.mark.shared_processes  # the MCP server child serves the module; checked at its end
@@ -55,12 +55,6 @@ def _listening(port: int) -> bool:
         return True
     except httpx.HTTPError:
         return False
-
-
-@pytest.fixture(scope="module")
-def replay():
-    with ReplayUpstream() as upstream:
-        yield upstream
 
 
 @pytest.fixture(scope="module")

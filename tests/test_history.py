@@ -33,12 +33,6 @@ PNG = base64.b64decode(
 )
 
 
-@pytest.fixture(scope="module")
-def replay():
-    with ReplayUpstream() as upstream:
-        yield upstream
-
-
 @pytest.fixture
 def home(tmp_path: Path) -> Path:
     return tmp_path / "history"

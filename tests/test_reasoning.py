@@ -33,12 +33,6 @@ def settings():
     return Settings.from_env()
 
 
-@pytest.fixture(scope="module")
-def replay():
-    with ReplayUpstream() as upstream:
-        yield upstream
-
-
 def studio_for(replay: ReplayUpstream, template):
     return serving(create_app(StandInManager(StandInModel(name="replay", url=replay.url, template=template))))
 

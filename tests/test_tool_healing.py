@@ -27,12 +27,6 @@ ASK = {"model": "replay", "messages": [{"role": "user", "content": "Weather in P
 
 
 @pytest.fixture(scope="module")
-def replay():
-    with ReplayUpstream() as upstream:
-        yield upstream
-
-
-@pytest.fixture(scope="module")
 def manager(replay):
     return StandInManager(StandInModel(name="replay", url=replay.url))
 

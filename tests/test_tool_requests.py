@@ -14,16 +14,10 @@ import pytest
 
 from studio.http.app import create_app
 from tests.helpers import serving
-from tests.replay_upstream import WEATHER_TOOL, Answer, ReplayUpstream
+from tests.replay_upstream import WEATHER_TOOL, Answer
 from tests.standin_manager import StandInManager, StandInModel
 
 MESSAGES = [{"role": "user", "content": "Weather in Paris?"}]
-
-
-@pytest.fixture(scope="module")
-def replay():
-    with ReplayUpstream() as upstream:
-        yield upstream
 
 
 @pytest.fixture(scope="module")
