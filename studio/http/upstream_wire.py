@@ -111,7 +111,7 @@ class Answer(httpx.AsyncByteStream, asyncio.Protocol):
         #: (a chunked body) whether what arrived so far ends between two chunks, not inside one
         self.between_chunks = True
         self._waiter: asyncio.Future[None] | None = None
-        self._flowing: Piped | Framed | None = None  # the pipe, once started: each arrival goes to it
+        self._flowing: _Flowing | None = None  # the pipe, once started: each arrival goes to it
         self._error: Exception | None = None
         self._began = False  # read, or piped
         self._closed = False
@@ -160,8 +160,7 @@ class Answer(httpx.AsyncByteStream, asyncio.Protocol):
             self._parser.feed_data(data)
         except httptools.HttpParserError as exc:
             if not self.complete:  # else it is what follows the answer
-                self._fail(httpx.RemoteProtocolError(f"it sent a broken answer ({exc})"))
-                self._wire.close()
+                self._garbled(exc)
         if self._flowing is not None:
             self._flowing.hand_on()
         elif self._held:  # payload for the reader
@@ -186,6 +185,11 @@ class Answer(httpx.AsyncByteStream, asyncio.Protocol):
             self._fail(httpx.RemoteProtocolError(f"it broke off its answer ({plainly(exc)})"))
         if self._flowing is not None:
             self._flowing.hand_on()
+
+    def _garbled(self, exc: httptools.HttpParserError) -> None:
+        """What arrived is no HTTP answer: the answer fails, and the connection, of no further use, closes."""
+        self._fail(httpx.RemoteProtocolError(f"it sent a broken answer ({exc})"))
+        self._wire.close()
 
     def _fail(self, error: Exception) -> None:
         self._error = error
@@ -226,12 +230,17 @@ class Answer(httpx.AsyncByteStream, asyncio.Protocol):
                 raise httpx.ReadTimeout(f"no data from llama-server for {self._timeout} s") from exc
             finally:
                 self._waiter = None
-        held = self._held
-        data = held[0] if len(held) == 1 else b"".join(held)
-        held.clear()
+        data = self._take_held()
         if self._held_size > READ_HIGH and self._wire.transport is not None and not self._wire.lost:
             self._wire.transport.resume_reading()
         self._held_size = 0
+        return data
+
+    def _take_held(self) -> bytes:
+        """The payload that arrived and was not handed on yet, in one piece; none is held after."""
+        held = self._held
+        data = b"" if not held else held[0] if len(held) == 1 else b"".join(held)
+        held.clear()
         return data
 
     def pipe(self, sink: Sink) -> Piped | None:
@@ -281,6 +290,19 @@ class _Flowing:
         self._answer = answer
         self.done: asyncio.Future[bytes] = answer._wire.loop.create_future()
         self._pending: asyncio.Future[None] | None = None
+
+    def hand_on(self) -> None:
+        """The answer has news (payload, its end, its failure): pass it on, each way as it does."""
+        raise NotImplementedError
+
+    def _take_over(self) -> None:
+        """Have the answer's arrivals come here from now on (what it holds is the caller's to take): reading
+        resumes if a reader had it paused."""
+        answer = self._answer
+        answer._flowing = self
+        if answer._held_size > READ_HIGH:
+            self.resume()
+        answer._held_size = 0
 
     def _behind(self, left: Awaitable[None]) -> None:
         """The client is behind: stop reading until ``left`` says it has caught up (``done`` fails if it fails)."""
@@ -339,11 +361,7 @@ class Piped(_Flowing):
 
     def start(self) -> None:
         """From now on each arrival goes to the sink: what arrived before goes first."""
-        answer = self._answer
-        answer._flowing = self
-        if answer._held_size > READ_HIGH:
-            self.resume()
-        answer._held_size = 0
+        self._take_over()
         self.hand_on()
 
     def hand_on(self) -> None:
@@ -351,9 +369,7 @@ class Piped(_Flowing):
         answer, done = self._answer, self.done
         if done.done():
             return
-        held = answer._held
-        data = b"" if not held else held[0] if len(held) == 1 else b"".join(held)
-        held.clear()
+        data = answer._take_held()
         if answer.complete:
             done.set_result(data)
             return
@@ -417,13 +433,8 @@ class Framed(_Flowing):
     def start(self) -> None:
         """From now on each arrival goes to the writer: what arrived before goes first."""
         answer, done = self._answer, self.done
-        answer._flowing = self
-        held = answer._held
-        payload = b"".join(held)
-        held.clear()
-        if answer._held_size > READ_HIGH:
-            self.resume()
-        answer._held_size = 0
+        self._take_over()
+        payload = answer._take_held()
         framed = b"%x\r\n%s\r\n" % (len(payload), payload) if payload else b""
         if payload:
             self.first_at = time.perf_counter()
@@ -495,8 +506,7 @@ class Framed(_Flowing):
             if not answer.complete:
                 if unparsed:  # the broken bytes were written
                     self.between_chunks = False
-                answer._fail(httpx.RemoteProtocolError(f"it sent a broken answer ({exc})"))
-                answer._wire.close()
+                answer._garbled(exc)
         unparsed.clear()
         if answer.complete:
             done.set_result(data)
