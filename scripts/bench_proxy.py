@@ -555,15 +555,20 @@ async def round_of(path: Route, samples: Samples, concurrency: int, tokens: int)
     samples.events += sum(s.events for s in streams)
 
 
+def idle_rate(pid: int, seconds: float) -> float:
+    """Seconds of CPU a second ``pid`` uses over the next ``seconds``, while nothing is asked of it."""
+    before, t0 = studio_cpu(pid), time.perf_counter()
+    time.sleep(seconds)
+    return (studio_cpu(pid) - before) / (time.perf_counter() - t0)
+
+
 def after_fan_out(studio: Route, fan_out: int, upstream_port: int, idle_before: float) -> None:
     """Print the studio's idle CPU from 20 to 40 s after ``fan_out`` one-token streams at once (past the spares'
     demand window: ``studio.http.upstream.DEMAND_WINDOW``), and the connections it then holds to the upstream,
     beside its idle CPU at the start of the run."""
     asyncio.run(cpu_per_request(studio, fan_out, fan_out))
     time.sleep(20)
-    before, t0 = studio_cpu(studio.pid), time.perf_counter()
-    time.sleep(20)
-    rate = (studio_cpu(studio.pid) - before) / (time.perf_counter() - t0)
+    rate = idle_rate(studio.pid, 20)
     held = sum(1 for c in psutil.Process(studio.pid).net_connections() if c.raddr and c.raddr.port == upstream_port)
     print(
         f"studio idle 20-40 s after {fan_out} streams at once: {rate * 1000:.2f} ms CPU per second "
@@ -791,9 +796,7 @@ def main() -> int:
                 break
             except OSError:
                 time.sleep(0.2)
-        before, t0 = studio_cpu(service.pid), time.perf_counter()
-        time.sleep(5)
-        idle = (studio_cpu(service.pid) - before) / (time.perf_counter() - t0)
+        idle = idle_rate(service.pid, 5)
         print(f"studio process idle: {idle * 1000:.1f} ms CPU per second")
         runs = []
         for i in range(args.runs):
