@@ -32,7 +32,7 @@ from studio.http.relay import SERVER_SEND, Relay, Reshape, send_now, with_server
 from studio.http.upstream import Upstream
 from tests.helpers import free_port
 from tests.standin_manager import StandInManager, StandInModel
-from tests.test_upstream import CHUNKED_HEAD, StandIn
+from tests.test_upstream import CHUNKED_HEAD, Handler, StandIn
 
 BROKE = b'data: {"error": "broke off"}\n\n'
 PIECES = [b'data: {"n":1}\n\n', b'data: {"n":2}\n\n', b'data: {"n":3}\n\ndata: {"n":4}\n\n', b"data: [DONE]\n\n"]
@@ -247,21 +247,12 @@ def test_an_upstream_that_breaks_off_inside_a_chunk_breaks_the_client_s_body_off
 
 def test_the_client_gets_the_upstream_s_chunks_as_they_came_sizes_extensions_and_trailers_included():
     body = _chunk(PIECES[0], b";n=1") + _chunk(PIECES[1]) + _chunk(PIECES[2] + PIECES[3]) + b"0\r\nX-Sum: 4\r\n\r\n"
-
-    async def paced(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, n: int) -> bool:
-        writer.write(CHUNKED_HEAD)
-        await writer.drain()
-        for at in range(0, len(body), 23):  # reads that end anywhere: inside sizes, payloads, the last chunk
-            await asyncio.sleep(0.01)
-            writer.write(body[at : at + 23])
-            await writer.drain()
-        return False
+    # reads that end anywhere: inside sizes, payloads, the last chunk
+    paced = _paced(*(body[at : at + 23] for at in range(0, len(body), 23)), pause=0.01)
 
     async def main() -> None:
         async with relaying(paced) as (url, closed):
-            host, port = url.removeprefix("http://").strip("/").split(":")
-            reader, writer = await asyncio.open_connection(host, int(port))
-            writer.write(b"POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\nConnection: close\r\n\r\n{}")
+            reader, writer = await _raw_post(url)
             answer = await reader.read()
             writer.close()
             head, _, got = answer.partition(b"\r\n\r\n")
@@ -274,14 +265,7 @@ def test_the_client_gets_the_upstream_s_chunks_as_they_came_sizes_extensions_and
 def test_a_stream_passed_through_tells_its_close_when_its_first_bytes_came_and_its_last_two_arrivals():
     """For /metrics: llama-server's ``timings`` and ``usage`` come in the last events, here with the body's end."""
     seen: list[tuple[float | None, bytes]] = []
-
-    async def paced(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, n: int) -> bool:
-        writer.write(CHUNKED_HEAD)
-        for data in (_chunk(PIECES[0]), _chunk(PIECES[1]), _chunk(PIECES[2]), _chunk(PIECES[3]) + b"0\r\n\r\n"):
-            await asyncio.sleep(0.02)
-            writer.write(data)
-            await writer.drain()
-        return False
+    paced = _paced(*(_chunk(piece) for piece in PIECES[:3]), _chunk(PIECES[3]) + b"0\r\n\r\n", pause=0.02)
 
     async def main() -> None:
         async with relaying(paced, seen=seen) as (url, closed), httpx.AsyncClient() as client:
@@ -300,14 +284,7 @@ def test_a_last_chunk_arriving_alone_leaves_the_tail_to_the_events_before_it():
     """llama-server may send its last chunk in a read of its own: the tail was then that and one event, and the
     usage event before them went uncounted (``ggstudio_generated_tokens_total`` short by a stream's tokens)."""
     seen: list[tuple[float | None, bytes]] = []
-
-    async def paced(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, n: int) -> bool:
-        writer.write(CHUNKED_HEAD)
-        for data in (_chunk(PIECES[0]), _chunk(PIECES[1]), _chunk(PIECES[2]), _chunk(PIECES[3]), b"0\r\n\r\n"):
-            await asyncio.sleep(0.02)
-            writer.write(data)
-            await writer.drain()
-        return False
+    paced = _paced(*(_chunk(piece) for piece in PIECES), b"0\r\n\r\n", pause=0.02)
 
     async def main() -> None:
         async with relaying(paced, seen=seen) as (url, closed), httpx.AsyncClient() as client:
@@ -364,13 +341,7 @@ def test_a_client_behind_when_the_body_ends_is_waited_for_not_left_to_a_dropped_
 
     async def main() -> None:
         async with relaying(at_once, client_transport=small_buffers) as (url, closed):
-            host, port = url.removeprefix("http://").strip("/").split(":")
-            sock = socket.socket()
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
-            sock.setblocking(False)
-            await asyncio.get_running_loop().sock_connect(sock, (host, int(port)))
-            reader, writer = await asyncio.open_connection(sock=sock, limit=1024)
-            writer.write(b"POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\nConnection: close\r\n\r\n{}")
+            reader, writer = await _raw_post(url, receive_buffer=4096)
             answer = bytearray()
             while data := await reader.read(1024):
                 answer += data
@@ -382,6 +353,38 @@ def test_a_client_behind_when_the_body_ends_is_waited_for_not_left_to_a_dropped_
         gc.collect()  # a drain dropped unawaited warns when it is collected: the suite makes that an error
 
     run(main())
+
+
+def _paced(*arrivals: bytes, pause: float) -> Handler:
+    """An upstream answer: the chunked head, then each of ``arrivals`` ``pause`` s after the one before (a read
+    of the relay's each), then the connection closes."""
+
+    async def paced(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, n: int) -> bool:
+        writer.write(CHUNKED_HEAD)
+        await writer.drain()
+        for data in arrivals:
+            await asyncio.sleep(pause)
+            writer.write(data)
+            await writer.drain()
+        return False
+
+    return paced
+
+
+async def _raw_post(
+    url: str, *, receive_buffer: int | None = None
+) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+    """A bare socket's request to the relay at ``url``, whose answer is read as it comes on the wire;
+    ``receive_buffer`` (bytes) shrinks the socket's receive buffer, and the reader's, so a slow reader is behind."""
+    host, port = url.removeprefix("http://").strip("/").split(":")
+    sock = socket.socket()
+    if receive_buffer is not None:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, receive_buffer)
+    sock.setblocking(False)
+    await asyncio.get_running_loop().sock_connect(sock, (host, int(port)))
+    reader, writer = await asyncio.open_connection(sock=sock, limit=receive_buffer or 2**16)
+    writer.write(b"POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\nConnection: close\r\n\r\n{}")
+    return reader, writer
 
 
 def _payload(chunked: bytes) -> bytes:

@@ -61,6 +61,11 @@ class StandIn:
         await self._server.wait_closed()
 
     @property
+    def open(self) -> int:
+        """The connections made and not yet over."""
+        return self.connections - self.ended
+
+    @property
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}/v1/chat/completions"
 
@@ -282,22 +287,19 @@ def test_spares_left_by_a_fan_out_were_renewed_for_the_whole_window_though_one_s
     monkeypatch.setattr(upstream_module, "SPARE_LIFE", 0.3)
     monkeypatch.setattr(upstream_module, "DEMAND_WINDOW", 0.2)
 
-    def open_now(server: StandIn) -> int:
-        return server.connections - server.ended
-
     async def main() -> None:
         async with serving(_streamed_then_closed) as (server, upstream):
             await asyncio.gather(*(_post(upstream, server.url) for _ in range(8)))
-            await asyncio.wait_for(_until(lambda: open_now(server) == 8), 2)  # a spare for each
+            await asyncio.wait_for(_until(lambda: server.open == 8), 2)  # a spare for each
             loop = asyncio.get_running_loop()
             began = loop.time()
             while loop.time() - began < 1.5:  # one stream at a time, past two windows and several lives
                 assert await _post(upstream, server.url) == (200, b"data: \n\n")
                 await asyncio.sleep(0.02)
             # the last stream's spare (and its connection, maybe not yet closed by the server)
-            await asyncio.wait_for(_until(lambda: open_now(server) <= 2), 0.1)
+            await asyncio.wait_for(_until(lambda: server.open <= 2), 0.1)
             await asyncio.sleep(0.7)
-            assert open_now(server) == 1  # one is still renewed: the next stream starts on it
+            assert server.open == 1  # one is still renewed: the next stream starts on it
 
     run(main())
 
@@ -311,7 +313,7 @@ def test_within_the_demand_window_a_fan_out_s_spares_are_all_renewed(monkeypatch
         async with serving(_streamed_then_closed) as (server, upstream):
             await asyncio.gather(*(_post(upstream, server.url) for _ in range(8)))
             await asyncio.wait_for(_until(lambda: server.connections >= 8 + 8 * 3), 2)  # each renewed twice
-            assert server.connections - server.ended == 8
+            assert server.open == 8
             served, opened = len(server.served), server.connections
             await asyncio.gather(*(_post(upstream, server.url) for _ in range(8)))
             assert sorted(server.served[served:]) == list(range(opened - 7, opened + 1))  # the 8 spares, none new
