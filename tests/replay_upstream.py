@@ -75,7 +75,8 @@ class Answer:
     ``content`` and ``reasoning`` are streamed one piece per chunk; ``tool_calls`` are calls
     llama-server parsed itself (``(name, arguments JSON)``), streamed as it streams them.
     ``split_at`` cuts the SSE body into two writes at that byte; ``delay`` sleeps before each
-    chunk; ``status``/``error`` answer with an error instead.
+    chunk; ``status``/``error`` answer with an error instead. ``events`` and ``whole`` answer as they are
+    (another dialect's stream, an event a chunk, and whole answer), in place of a chat's.
     """
 
     content: list[str] = field(default_factory=list)
@@ -87,6 +88,8 @@ class Answer:
     delay: float = 0.0
     status: int = 200
     error: dict[str, Any] | None = None
+    events: list[bytes] | None = None
+    whole: bytes | None = None
 
     @classmethod
     def text(cls, text: str, **kw: Any) -> Answer:
@@ -148,12 +151,17 @@ class ReplayUpstream:
             return
         if body.get("stream"):
             self._send_stream(handler, body, answer)
+        elif answer.whole is not None:
+            self._send_body(handler, 200, answer.whole)
         else:
             self._send_json(handler, 200, self._completion(answer))
 
+    @classmethod
+    def _send_json(cls, handler: BaseHTTPRequestHandler, status: int, payload: dict[str, Any]) -> None:
+        cls._send_body(handler, status, json.dumps(payload).encode())
+
     @staticmethod
-    def _send_json(handler: BaseHTTPRequestHandler, status: int, payload: dict[str, Any]) -> None:
-        data = json.dumps(payload).encode()
+    def _send_body(handler: BaseHTTPRequestHandler, status: int, data: bytes) -> None:
         handler.send_response(status)
         handler.send_header("Content-Type", "application/json; charset=utf-8")
         handler.send_header("Content-Length", str(len(data)))
@@ -165,11 +173,13 @@ class ReplayUpstream:
         handler.send_header("Content-Type", "text/event-stream")
         handler.send_header("Transfer-Encoding", "chunked")
         handler.end_headers()
-        events = [
-            b"data: " + json.dumps(c, separators=(",", ":")).encode() + b"\n\n"
-            for c in self._chunks(answer, bool((body.get("stream_options") or {}).get("include_usage")))
-        ]
-        events.append(b"data: [DONE]\n\n")
+        events = answer.events
+        if events is None:
+            usage = bool((body.get("stream_options") or {}).get("include_usage"))
+            events = [
+                b"data: " + json.dumps(c, separators=(",", ":")).encode() + b"\n\n" for c in self._chunks(answer, usage)
+            ]
+            events.append(b"data: [DONE]\n\n")
         if answer.split_at is not None:
             raw = b"".join(events)
             events = [raw[: answer.split_at], raw[answer.split_at :]]

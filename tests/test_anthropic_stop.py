@@ -7,8 +7,6 @@ and in pieces of every size, as arrivals cut it.
 from __future__ import annotations
 
 import json
-import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import httpx
 import pytest
@@ -16,6 +14,7 @@ import pytest
 from studio.dialects.anthropic_stop import StopSequenceStream, mended_answer
 from studio.http.app import create_app
 from tests.helpers import serving
+from tests.replay_upstream import Answer
 from tests.standin_manager import StandInManager, StandInModel
 
 
@@ -82,75 +81,39 @@ def test_a_whole_answer_ended_by_a_stop_sequence_says_so_and_others_are_untouche
         assert mended_answer(untouched) == untouched
 
 
-class _MessagesStandIn:
-    """llama-server's ``/v1/messages`` as b11434 answers one that stopped at a stop word it names: the stream (an
+#: The stop word b11434 names in ``stop_sequence`` when a stream stops at it.
+WORD = "</answer>"
+
+
+def stopped_at_a_word() -> Answer:
+    """llama-server's ``/v1/messages`` answer to a request that stopped at a stop word it names: the stream (an
     ``event:`` line a data, one chunk an event) or the whole answer, with ``stop_reason`` "end_turn". A template's
     own end marker matches so too, with no ``stop_sequences`` in the request (imitated: no real model stops on a
     marker of the studio's choosing)."""
-
-    WORD = "</answer>"
-
-    def __enter__(self) -> str:
-        events = stream("end_turn", self.WORD)
-        whole = json.dumps(
-            {
-                "id": "m",
-                "type": "message",
-                "role": "assistant",
-                "content": [{"type": "text", "text": "The sea"}],
-                "stop_reason": "end_turn",
-                "stop_sequence": self.WORD,
-                "usage": {"input_tokens": 3, "output_tokens": 3},
-            },
-            separators=(",", ":"),
-        ).encode()
-
-        class Handler(BaseHTTPRequestHandler):
-            protocol_version = "HTTP/1.1"
-
-            def log_message(self, *args: object) -> None:
-                pass
-
-            def do_POST(self) -> None:
-                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-                self.send_response(200)
-                if not body.get("stream"):
-                    self.send_header("Content-Type", "application/json")
-                    self.send_header("Content-Length", str(len(whole)))
-                    self.end_headers()
-                    self.wfile.write(whole)
-                    return
-                self.send_header("Content-Type", "text/event-stream")
-                self.send_header("Transfer-Encoding", "chunked")
-                self.send_header("Connection", "close")
-                self.end_headers()
-                for event in events:
-                    self.wfile.write(b"%x\r\n%s\r\n" % (len(event), event))
-                    self.wfile.flush()
-                self.wfile.write(b"0\r\n\r\n")
-                self.close_connection = True
-
-        self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        threading.Thread(target=self._server.serve_forever, daemon=True).start()
-        return f"http://127.0.0.1:{self._server.server_address[1]}"
-
-    def __exit__(self, *exc: object) -> None:
-        self._server.shutdown()
-        self._server.server_close()
+    whole = {
+        "id": "m",
+        "type": "message",
+        "role": "assistant",
+        "content": [{"type": "text", "text": "The sea"}],
+        "stop_reason": "end_turn",
+        "stop_sequence": WORD,
+        "usage": {"input_tokens": 3, "output_tokens": 3},
+    }
+    return Answer(events=stream("end_turn", WORD), whole=json.dumps(whole, separators=(",", ":")).encode())
 
 
 @pytest.mark.parametrize("streamed", [True, False])
-def test_only_a_stop_at_one_of_the_request_s_own_stop_sequences_says_stop_sequence(streamed):
+def test_only_a_stop_at_one_of_the_request_s_own_stop_sequences_says_stop_sequence(replay, streamed):
     """A stop word the request did not ask for (a template's end marker) is the end of the turn, as b11434 says;
     such an answer, and any answer to a request without ``stop_sequences``, comes byte for byte as it was sent."""
-    with _MessagesStandIn() as upstream:
-        app = create_app(StandInManager(StandInModel(name="m", url=upstream)))
-        with serving(app) as base, httpx.Client(base_url=base, timeout=30) as client:
-            ask = {"model": "m", "max_tokens": 8, "messages": [{"role": "user", "content": "Hi"}], "stream": streamed}
-            plain = client.post("/v1/messages", json=ask)
-            own = client.post("/v1/messages", json={**ask, "stop_sequences": [_MessagesStandIn.WORD]})
+    replay.script(stopped_at_a_word(), stopped_at_a_word())
+    app = create_app(StandInManager(StandInModel(name="m", url=replay.url)))
+    with serving(app) as base, httpx.Client(base_url=base, timeout=30) as client:
+        ask = {"model": "m", "max_tokens": 8, "messages": [{"role": "user", "content": "Hi"}], "stream": streamed}
+        plain = client.post("/v1/messages", json=ask)
+        own = client.post("/v1/messages", json={**ask, "stop_sequences": [WORD]})
     assert plain.status_code == own.status_code == 200
     assert b'"stop_reason":"end_turn","stop_sequence":"</answer>"' in plain.content
     assert b'"stop_reason":"stop_sequence"' in own.content and b'"end_turn"' not in own.content
     if streamed:
-        assert plain.content == b"".join(stream("end_turn", _MessagesStandIn.WORD))
+        assert plain.content == b"".join(stream("end_turn", WORD))
