@@ -321,6 +321,34 @@ def test_within_the_demand_window_a_fan_out_s_spares_are_all_renewed(monkeypatch
     run(main())
 
 
+def test_requests_that_failed_are_not_counted_as_running_when_spares_are_renewed(monkeypatch):
+    """Answers running are subtracted from the spares a server wants: a failed request still counted would leave the
+    next stream's spare unrenewed, and the stream after it connecting on its way."""
+    monkeypatch.setattr(upstream_module, "SPARE_LIFE", 0.05)
+    monkeypatch.setattr(upstream_module, "DEMAND_WINDOW", 0.1)
+    failures = 3
+
+    async def fails_then_streams(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, n: int) -> bool:
+        nonlocal failures
+        if failures:
+            failures -= 1
+            return False  # closed without an answer
+        return await _streamed_then_closed(reader, writer, n)
+
+    async def main() -> None:
+        async with serving(fails_then_streams) as (server, upstream):
+            for _ in range(3):
+                with pytest.raises(httpx.RemoteProtocolError):
+                    await _post(upstream, server.url)
+            assert await _post(upstream, server.url) == (200, b"data: \n\n")
+            await asyncio.sleep(0.4)  # past two windows: the peak is what runs now, none
+            opened = server.connections
+            await asyncio.wait_for(_until(lambda: server.connections >= opened + 2), 2)  # still renewed
+            assert server.open == 1
+
+    run(main())
+
+
 def test_closing_the_upstream_closes_its_spare_connection():
     async def main() -> None:
         async with serving(_streamed_then_closed) as (server, upstream):
