@@ -1,15 +1,22 @@
 #!/usr/bin/env python3
-"""Would another ASGI server relay a stream more cheaply than uvicorn? The same bare relay under each.
+"""Would another ASGI server relay a stream more cheaply than uvicorn, and how much does uvicorn itself cost?
 
 Issue 33 asked whether a Rust-based server (granian) gets closer to the Python floor than
 uvicorn. This runs one minimal ASGI app (parse llama-server's answer with httptools, send each
-arrival through the server's ``send``, nothing else) under uvicorn (uvloop, httptools) and under
-granian (one worker, uvloop, one runtime thread) in front of ``bench_proxy``'s stand-in, beside
-``bench_proxy``'s Python floor, interleaved, and prints the server process's CPU per relayed chunk
-at 8 and 32 streams and per one-token request. The studio itself runs under uvicorn and writes
-chunks past ``send`` (``studio.http.client_wire``), which no other server's objects allow.
+arrival through the server's ``send``, nothing else) under uvicorn (uvloop, httptools) and, if it
+is installed, under granian (one worker, uvloop, one runtime thread) in front of ``bench_proxy``'s
+stand-in, beside ``bench_proxy``'s Python floor, interleaved, and prints the server process's CPU
+per relayed chunk (64-token streams) at 8 and 32 streams and per one-token request.
 
-granian is no dependency of the studio; install it into the environment first:
+Two more rows set the studio's figures in their place. ``uvicorn direct`` is the least any relay
+under uvicorn can do: nothing parsed, each arrival written on the client's connection as it came
+(``studio.http.client_wire``, as the studio's ``Framed`` does), under the studio's own server
+class (``studio.http.server.StudioServer``, its main loop waking once a second): what uvicorn
+alone adds to the floor's stream. ``studio /v1`` is the studio itself (``bench_proxy``'s service, routing, auth,
+metrics and all). Issue 33's target is the studio at 1.3x the floor; what ``uvicorn direct`` takes of
+that leaves the studio's own work of a request its share.
+
+granian is no dependency of the studio; for its row install it into the environment first:
 
     .venv/bin/pip install granian
     .venv/bin/python scripts/bench_asgi_servers.py [--rounds 8]
@@ -19,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import importlib.util
 import multiprocessing
 import os
 import socket
@@ -33,6 +41,7 @@ from typing import Any
 
 import httptools
 
+from studio.http.client_wire import ChunkWriter, client_wire
 from studio.http.relay import send_now  # the studio's own: run ``send`` up to its first wait
 
 HERE = Path(__file__).resolve().parent
@@ -103,14 +112,78 @@ async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
     await send({"type": "http.response.body", "body": last, "more_body": False})
 
 
+class Passed(asyncio.Protocol):
+    """The upstream connection under ``direct_app``: its answer's head dropped, each arrival then written on as it
+    came (chunk framing and all); the end is the connection's, as the stand-in closes it after the body."""
+
+    def __init__(self, write: ChunkWriter, done: asyncio.Future[None]) -> None:
+        self.write, self.done = write, done
+        self.head = b""  # the answer's head until it is whole
+        self.in_body = False
+        self.pending: list[asyncio.Future[None]] = []
+
+    def data_received(self, data: bytes) -> None:
+        if not self.in_body:
+            self.head += data
+            end = self.head.find(b"\r\n\r\n")
+            if end < 0:
+                return
+            data, self.head, self.in_body = self.head[end + 4 :], b"", True
+            if not data:
+                return
+        left = self.write(data)
+        if left is not None:  # a slow client: its drain goes on meanwhile
+            self.pending.append(asyncio.ensure_future(left))
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if not self.done.done():
+            self.done.set_result(None)
+
+
+async def direct_app(scope: dict[str, Any], receive: Any, send: Any) -> None:
+    """The least a relay under uvicorn can do: the request's body to the stand-in, its chunked answer written on the
+    client's connection as it arrives, unparsed (``studio.http.client_wire``, the studio's own way past ``send``)."""
+    if scope["type"] == "lifespan":
+        await app(scope, receive, send)
+        return
+    body = b""
+    while True:
+        message = await receive()
+        body += message.get("body", b"")
+        if not message.get("more_body"):
+            break
+    await send({"type": "http.response.start", "status": 200, "headers": [(b"content-type", b"text/event-stream")]})
+    wire = client_wire(send)
+    if wire is None:
+        raise RuntimeError("uvicorn did not start a chunked response")
+    loop = asyncio.get_running_loop()
+    done: asyncio.Future[None] = loop.create_future()
+    passed = Passed(wire.write_framed, done)
+    transport, _ = await loop.create_connection(lambda: passed, "127.0.0.1", int(os.environ["BENCH_UPSTREAM"]))
+    transport.write(
+        b"POST /v1/chat/completions HTTP/1.1\r\nHost: stand-in\r\nContent-Type: application/json\r\n"
+        b"Content-Length: %d\r\n\r\n%s" % (len(body), body)
+    )
+    await done
+    for left in passed.pending:
+        await left
+    transport.close()
+    wire.ended_framed()  # the stand-in's own last chunk ended the body
+    await send({"type": "http.response.body", "body": b"", "more_body": False})
+
+
 def serve(server: str, port: int) -> None:
     """Serve ``app`` under ``server`` on ``port``; print ``ready`` once it accepts connections."""
     sys.path.insert(0, str(HERE))  # granian imports the app by name
-    if server == "uvicorn":
+    if server in ("uvicorn", "uvicorn direct"):
         import uvicorn
 
-        config = uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", access_log=False)
-        uvicorn_server = uvicorn.Server(config)
+        from studio.http.server import StudioServer
+
+        served = app if server == "uvicorn" else direct_app
+        config = uvicorn.Config(served, host="127.0.0.1", port=port, log_level="warning", access_log=False)
+        # the direct relay runs as the studio's own listener does: its main loop wakes once a second, not ten times
+        uvicorn_server = uvicorn.Server(config) if server == "uvicorn" else StudioServer(config)
         threading.Thread(target=announce, args=(port,), daemon=True).start()
         uvicorn_server.run()
         return
@@ -143,14 +216,15 @@ def announce(port: int) -> None:
 
 def serving_pid(server: str, process: subprocess.Popen[str]) -> int:
     """The process that runs the app: granian's worker is a child of the process started."""
-    if server == "uvicorn":
+    if server != "granian":
         return process.pid
     children = Path(f"/proc/{process.pid}/task/{process.pid}/children").read_text().split()
     return int(children[0])
 
 
-def measure(rounds: int) -> None:
-    """Print CPU per chunk at 8 and 32 streams and per request: the floor, uvicorn and granian, interleaved."""
+def measure(rounds: int, granian: bool) -> None:
+    """Print CPU per chunk at 8 and 32 streams and per request: the floor, the bare relays under uvicorn (and under
+    granian if ``granian``) and the studio, interleaved."""
     sys.path.insert(0, str(HERE))
     import bench_proxy as bench
 
@@ -162,13 +236,19 @@ def measure(rounds: int) -> None:
         spawn.Process(target=bench.stand_in_llama_server, args=(stand_in, 50.0), daemon=True),
         spawn.Process(target=bench.floor_relay, args=(floor, stand_in), daemon=True),
     ]
+    studio_port = free_port()
+    ours, theirs = multiprocessing.Pipe()
+    helpers.append(spawn.Process(target=bench.serve, args=(studio_port, theirs, stand_in, None), daemon=True))
     for helper in helpers:
         helper.start()
     servers: list[subprocess.Popen[str]] = []
     auth = {"Authorization": "Bearer stand-in"}
     routes = [bench.Route("floor py", floor, "/v1/chat/completions", auth, {}, bench.V1_TOKEN, True, helpers[1].pid)]
     try:
-        for name in ("uvicorn", "granian"):
+        if not ours.poll(120):
+            raise SystemExit("the studio service did not start within 120 s")
+        ours.recv()
+        for name in ("uvicorn", "uvicorn direct", *(("granian",) if granian else ())):
             port = free_port()
             process = subprocess.Popen(
                 [sys.executable, __file__, "--serve", name, str(port)],
@@ -183,6 +263,10 @@ def measure(rounds: int) -> None:
                 raise SystemExit(f"{name} did not start")
             pid = serving_pid(name, process)
             routes.append(bench.Route(name, port, "/v1/chat/completions", {}, {}, bench.V1_TOKEN, True, pid))
+        studio_pid = helpers[2].pid
+        routes.append(
+            bench.Route("studio /v1", studio_port, "/v1/chat/completions", {}, {}, bench.V1_TOKEN, True, studio_pid)
+        )
         asyncio.run(bench.warm_up(routes))
         for streams in (8, 32):
             samples = {route.name: bench.Samples() for route in routes}
@@ -197,14 +281,14 @@ def measure(rounds: int) -> None:
             for route in routes:
                 cpu = samples[route.name].cpu_s / samples[route.name].events
                 ratio = cpu / floor_cpu
-                print(f"{streams:>3} streams {route.name:>9}: {cpu * 1e6:6.1f} us per chunk ({ratio:.2f}x floor py)")
+                print(f"{streams:>3} streams {route.name:>14}: {cpu * 1e6:6.1f} us per chunk ({ratio:.2f}x floor py)")
         per: dict[str, list[float]] = {route.name: [] for route in routes}
         for block in range(4):
             for route in routes if block % 2 == 0 else routes[::-1]:
                 per[route.name].append(asyncio.run(bench.cpu_per_request(route, 128, 8)))
         for name, values in per.items():
             blocks = " ".join(f"{v:.3f}" for v in values)
-            print(f"CPU per request {name:>9}: {statistics.median(values):.3f} ms (blocks: {blocks})")
+            print(f"CPU per request {name:>14}: {statistics.median(values):.3f} ms (blocks: {blocks})")
     finally:
         for process in servers:
             process.terminate()
@@ -225,11 +309,10 @@ def main() -> None:
     if args.serve:
         serve(args.serve[0], int(args.serve[1]))
         return
-    try:
-        import granian  # noqa: F401
-    except ImportError:
-        raise SystemExit("granian is not installed here: .venv/bin/pip install granian, then run this again") from None
-    measure(args.rounds)
+    granian = importlib.util.find_spec("granian") is not None
+    if not granian:
+        print("granian is not installed here (.venv/bin/pip install granian for its row)", flush=True)
+    measure(args.rounds, granian)
 
 
 if __name__ == "__main__":
