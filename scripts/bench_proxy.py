@@ -38,7 +38,11 @@ TTFT p50 within the Python floor's + 1 ms at 1 stream and + 3 ms at 8 and 32, CP
 per request <= 1 ms, CPU per chunk <= 1.3x the Python floor's at 8 and 32 streams.
 ``--split`` also separates, at 8 streams, what one more chunk costs from what a
 stream costs besides (rounds of 16 and 256 tokens): at 64 tokens a stream's
-set-up and end weigh as much in the CPU per chunk as the chunks themselves.
+set-up and end weigh as much in the CPU per chunk as the chunks themselves. It
+first waits out the spares' demand window (``studio.http.upstream.DEMAND_WINDOW``):
+right after the 32-stream rounds the studio still renews the 24 spares that 8
+streams leave unused, every few seconds, and a 5 s round of 256 tokens booked
+that (~0.6 ms of CPU a second, none of it a chunk's) to its chunks.
 
 With ``--stand-in`` a stand-in takes llama-server's place: a small asyncio
 server that answers every request the way b11434 streams (its head, one
@@ -805,6 +809,9 @@ def main() -> int:
                 print(f"run {i + 1}/{args.runs} done, load {psutil.getloadavg()[0]:.1f}", file=sys.stderr)
         report(runs, paths, baseline_of, streams)
         if args.split and args.stand_in:
+            from studio.http.upstream import DEMAND_WINDOW
+
+            time.sleep(2 * DEMAND_WINDOW)  # a fan-out's spares are no longer wanted (see the docstring)
             split = [p for p in paths if p.name in ("studio /v1", "floor py", "floor C")]
             asyncio.run(cpu_split(split, 8, 16, 256, 4))
         if args.requests:
