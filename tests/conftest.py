@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import signal
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -102,6 +103,17 @@ def mtp_model(gemma) -> ModelInfo:
     """Gemma's facts as an 8B model with one MTP block (only the speculative policy reads these two)."""
     facts = dataclasses.replace(gemma.facts, nextn_predict_layers=1, parameter_count=8_000_000_000)
     return dataclasses.replace(gemma, path=gemma.path.with_name("big-MTP.gguf"), facts=facts)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Give the processes the tests start Ctrl-C back, when the run began with it ignored.
+
+    A shell starts a background job (``make test &``) with SIGINT ignored, and every process started from it
+    inherits that: the CLI's Ctrl-C tests then send a SIGINT nothing hears, and fail. A handler here is reset to
+    the default in each child the tests start, as the CLI finds it when a person runs it in a terminal.
+    """
+    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 @pytest.fixture(scope="session", autouse=True)
