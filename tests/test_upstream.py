@@ -360,6 +360,22 @@ def test_closing_the_upstream_closes_its_spare_connection():
     run(main())
 
 
+def test_a_stream_ended_after_the_upstream_closed_opened_a_spare_that_nothing_closed():
+    """At shutdown the app closes the upstream while streams still end: each one's end opened a spare connection
+    to a server being stopped, with nobody left to close it."""
+
+    async def main() -> None:
+        async with serving(_streamed_then_closed) as (server, upstream):
+            resp = await upstream.post(server.url, {"messages": []}, {"Authorization": "Bearer k"})
+            await upstream.aclose()
+            assert await resp.aread() == b"data: \n\n"
+            await resp.aclose()
+            await asyncio.sleep(0.1)  # a spare connects in well under this
+            assert server.connections == 1
+
+    run(main())
+
+
 def test_a_new_connection_closed_without_an_answer_is_an_error_not_a_retry():
     async def never_answers(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, n: int) -> bool:
         return False

@@ -100,6 +100,7 @@ class Upstream:
         self._spare_until: dict[Origin, float] = {}  # per server: when its spares stop being renewed
         self._demand: dict[Origin, _Demand] = {}  # per server: its POSTs running now and their recent peak
         self._renewals: set[asyncio.TimerHandle] = set()
+        self._closed = False  # ``aclose`` ran: a response ending after it opens no spare
 
     async def post(self, url: str, body: object, headers: Mapping[str, str]) -> httpx.Response:
         """Send ``body`` as JSON and return the response once its head is in; the caller closes it.
@@ -150,6 +151,7 @@ class Upstream:
 
     async def aclose(self) -> None:
         """Close idle and spare connections; responses still open keep theirs until they are closed."""
+        self._closed = True
         idle, self._idle = self._idle, {}
         for wires in idle.values():
             for wire in wires:
@@ -335,8 +337,11 @@ class Upstream:
     def _open_spare(self, origin: Origin) -> None:
         """Start opening one more spare connection to ``origin``, up to ``max_connections`` of them.
 
-        One that cannot be made (the server is gone: an unloaded model's) is forgotten at once.
+        One that cannot be made (the server is gone: an unloaded model's) is forgotten at once. None is opened once
+        the upstream is closed (the app shutting down): nothing would close it.
         """
+        if self._closed:
+            return
         spares = self._spares.setdefault(origin, [])
         if len(spares) >= self._max_idle:
             return
