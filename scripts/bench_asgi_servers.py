@@ -82,6 +82,27 @@ class Back(asyncio.Protocol):
             self.done.set_result(b"".join(self.held))
 
 
+async def request_body(receive: Any) -> bytes:
+    """The request's whole body, as the ASGI server hands it over."""
+    body = b""
+    while True:
+        message = await receive()
+        body += message.get("body", b"")
+        if not message.get("more_body"):
+            return body
+
+
+async def ask_stand_in(protocol: asyncio.Protocol, body: bytes) -> asyncio.Transport:
+    """Send ``body`` as a chat completion to the stand-in on a new connection whose protocol is ``protocol``."""
+    loop = asyncio.get_running_loop()
+    transport, _ = await loop.create_connection(lambda: protocol, "127.0.0.1", int(os.environ["BENCH_UPSTREAM"]))
+    transport.write(
+        b"POST /v1/chat/completions HTTP/1.1\r\nHost: stand-in\r\nContent-Type: application/json\r\n"
+        b"Content-Length: %d\r\n\r\n%s" % (len(body), body)
+    )
+    return transport
+
+
 async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
     """The bare relay: the request's body to the stand-in on a new connection, its answer's payload back."""
     if scope["type"] == "lifespan":
@@ -90,21 +111,12 @@ async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
             await send({"type": message["type"] + ".complete"})
             if message["type"] == "lifespan.shutdown":
                 return
-    body = b""
-    while True:
-        message = await receive()
-        body += message.get("body", b"")
-        if not message.get("more_body"):
-            break
+    body = await request_body(receive)
     await send({"type": "http.response.start", "status": 200, "headers": [(b"content-type", b"text/event-stream")]})
     loop = asyncio.get_running_loop()
     done: asyncio.Future[bytes] = loop.create_future()
     back = Back(send, done)
-    transport, _ = await loop.create_connection(lambda: back, "127.0.0.1", int(os.environ["BENCH_UPSTREAM"]))
-    transport.write(
-        b"POST /v1/chat/completions HTTP/1.1\r\nHost: stand-in\r\nContent-Type: application/json\r\n"
-        b"Content-Length: %d\r\n\r\n%s" % (len(body), body)
-    )
+    transport = await ask_stand_in(back, body)
     last = await done
     for left in back.pending:
         await left
@@ -146,12 +158,7 @@ async def direct_app(scope: dict[str, Any], receive: Any, send: Any) -> None:
     if scope["type"] == "lifespan":
         await app(scope, receive, send)
         return
-    body = b""
-    while True:
-        message = await receive()
-        body += message.get("body", b"")
-        if not message.get("more_body"):
-            break
+    body = await request_body(receive)
     await send({"type": "http.response.start", "status": 200, "headers": [(b"content-type", b"text/event-stream")]})
     wire = client_wire(send)
     if wire is None:
@@ -159,11 +166,7 @@ async def direct_app(scope: dict[str, Any], receive: Any, send: Any) -> None:
     loop = asyncio.get_running_loop()
     done: asyncio.Future[None] = loop.create_future()
     passed = Passed(wire.write_framed, done)
-    transport, _ = await loop.create_connection(lambda: passed, "127.0.0.1", int(os.environ["BENCH_UPSTREAM"]))
-    transport.write(
-        b"POST /v1/chat/completions HTTP/1.1\r\nHost: stand-in\r\nContent-Type: application/json\r\n"
-        b"Content-Length: %d\r\n\r\n%s" % (len(body), body)
-    )
+    transport = await ask_stand_in(passed, body)
     await done
     for left in passed.pending:
         await left
