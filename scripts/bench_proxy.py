@@ -45,8 +45,9 @@ streams leave unused, every few seconds, and a 5 s round of 256 tokens booked
 that (~0.6 ms of CPU a second, none of it a chunk's) to its chunks.
 
 With ``--stand-in`` a stand-in takes llama-server's place: a small asyncio
-server that answers every request the way b11434 streams (its head, one
-chunk per event with llama-server's event shapes, the timings and usage
+server that answers every request the way b11434 streams (nothing until
+the first token, then its head and that token's events in one chunk, one chunk
+per event after that with llama-server's event shapes, the timings and usage
 chunks, ``[DONE]``, then it closes the connection) at ``--stand-in-tps``
 tokens/s per stream, at next to no CPU. That measures the relay alone at the
 token rate of a fast machine, however slow the real llama-server runs here;
@@ -188,18 +189,31 @@ def serve_stand_in(port: int, conn: Connection, upstream: int, ollama_port: int 
     )
 
 
-def _event(data: dict[str, object], name: str | None = None) -> bytes:
-    """One server-sent event in its own HTTP chunk, as llama-server writes each (``event:`` line when named)."""
+def _sse(data: dict[str, object], name: str | None = None) -> bytes:
+    """One server-sent event as llama-server writes it (``event:`` line when named)."""
     payload = b"data: " + json.dumps(data, separators=(",", ":")).encode() + b"\n\n"
-    if name is not None:
-        payload = b"event: " + name.encode() + b"\n" + payload
+    return payload if name is None else b"event: " + name.encode() + b"\n" + payload
+
+
+def _chunk(*events: bytes) -> bytes:
+    """Server-sent events in one HTTP chunk: what llama-server writes for one result."""
+    payload = b"".join(events)
     return b"%x\r\n%s\r\n" % (len(payload), payload)
+
+
+def _event(data: dict[str, object], name: str | None = None) -> bytes:
+    """One server-sent event in its own HTTP chunk."""
+    return _chunk(_sse(data, name))
 
 
 def stand_in_llama_server(port: int, tokens_per_s: float) -> None:
     """Answer every chat completion as llama-server b11434 streams one, at ``tokens_per_s`` per stream.
 
-    A stream's first token comes one token period after its request (its prompt's turn). Its next ones
+    A stream's first token comes one token period after its request (its prompt's turn), and with it the
+    response's head and the role chunk: b11434 waits for a stream's first result before it answers at all
+    (``handle_completions_impl`` in ``tools/server/server-context.cpp``), and that first result carries the
+    role delta and the first token's delta together (``to_json_oaicompat_chat_stream``; for Anthropic,
+    ``message_start`` and ``content_block_start`` with the first delta), written as one HTTP chunk. Its next ones
     come, as llama-server's decode loop makes them (``update_slots``: one batch a step, a token for each
     slot that generates), on steps of one clock all streams share: streams under way together send their
     tokens together, however far apart their requests came. (Each stream on its own timer kept the
@@ -208,7 +222,7 @@ def stand_in_llama_server(port: int, tokens_per_s: float) -> None:
     """
     head = (
         b"HTTP/1.1 200 OK\r\nServer: llama.cpp\r\nContent-Type: text/event-stream\r\n"
-        b"Transfer-Encoding: chunked\r\nKeep-Alive: timeout=5, max=100\r\n\r\n"
+        b"Transfer-Encoding: chunked\r\nKeep-Alive: timeout=5, max=100\r\nX-Accel-Buffering: no\r\n\r\n"
     )
     base = {
         "created": 1764621234,
@@ -234,31 +248,16 @@ def stand_in_llama_server(port: int, tokens_per_s: float) -> None:
             if request.startswith(b"POST /v1/messages "):
                 await anthropic(writer, n)
                 return
-            writer.write(
-                head
-                + _event(
-                    {
-                        "choices": [
-                            {"finish_reason": None, "index": 0, "delta": {"role": "assistant", "content": None}}
-                        ],
-                        **base,
-                    }
-                )
-            )
+            role = {"choices": [{"finish_reason": None, "index": 0, "delta": {"role": "assistant", "content": None}}]}
             for i in range(n):
                 await (asyncio.sleep(1 / tokens_per_s) if i == 0 else step())
                 if writer.transport.is_closing():
                     return  # the client left: llama-server stops generating
-                writer.write(
-                    _event(
-                        {
-                            "choices": [
-                                {"finish_reason": None, "index": 0, "delta": {"content": " sea" if i % 2 else " the"}}
-                            ],
-                            **base,
-                        }
-                    )
-                )
+                token = {
+                    "choices": [{"finish_reason": None, "index": 0, "delta": {"content": " sea" if i % 2 else " the"}}],
+                    **base,
+                }
+                writer.write(head + _chunk(_sse({**role, **base}), _sse(token)) if i == 0 else _event(token))
             timings = {
                 "prompt_n": 14,
                 "prompt_ms": 20.1,
@@ -290,9 +289,8 @@ def stand_in_llama_server(port: int, tokens_per_s: float) -> None:
 
     async def anthropic(writer: asyncio.StreamWriter, n: int) -> None:
         """Anthropic's Messages stream as b11434 sends it (``format_anthropic_sse``: an ``event:`` line a data)."""
-        writer.write(
-            head
-            + _event(
+        start = [
+            _sse(
                 {
                     "type": "message_start",
                     "message": {
@@ -307,18 +305,19 @@ def stand_in_llama_server(port: int, tokens_per_s: float) -> None:
                     },
                 },
                 "message_start",
-            )
-            + _event(
+            ),
+            _sse(
                 {"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": ""}},
                 "content_block_start",
-            )
-        )
+            ),
+        ]
         for i in range(n):
             await (asyncio.sleep(1 / tokens_per_s) if i == 0 else step())
             if writer.transport.is_closing():
                 return
-            delta = {"type": "text_delta", "text": " sea" if i % 2 else " the"}
-            writer.write(_event({"type": "content_block_delta", "index": 0, "delta": delta}, "content_block_delta"))
+            text = {"type": "text_delta", "text": " sea" if i % 2 else " the"}
+            delta = _sse({"type": "content_block_delta", "index": 0, "delta": text}, "content_block_delta")
+            writer.write(head + _chunk(*start, delta) if i == 0 else _chunk(delta))
         writer.write(
             _event({"type": "content_block_stop", "index": 0}, "content_block_stop")
             + _event(

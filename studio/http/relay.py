@@ -387,8 +387,9 @@ class LoadWait(_Streamed):
         return self._ended(bytes(response.body))
 
     async def _relayed(self, response: _Streamed, send: Send) -> bytes:
-        """``response``'s body, with keep-alives until its first bytes: llama-server sends its headers before
-        the prompt is processed, and a long prompt on a busy machine takes seconds."""
+        """``response``'s body, with keep-alives until its first bytes. b11434 sends its head only with a stream's
+        first result (``handle_completions_impl``), after the prompt; a server that sent it before would leave the
+        client in silence for as long as a long prompt takes on a busy machine: seconds."""
         began = asyncio.Event()
 
         async def relay(message: Message) -> None:
