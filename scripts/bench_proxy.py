@@ -248,7 +248,10 @@ def stand_in_llama_server(port: int, tokens_per_s: float) -> None:
             if request.startswith(b"POST /v1/messages "):
                 await anthropic(writer, n)
                 return
-            role = {"choices": [{"finish_reason": None, "index": 0, "delta": {"role": "assistant", "content": None}}]}
+            role = {
+                "choices": [{"finish_reason": None, "index": 0, "delta": {"role": "assistant", "content": None}}],
+                **base,
+            }
             for i in range(n):
                 await (asyncio.sleep(1 / tokens_per_s) if i == 0 else step())
                 if writer.transport.is_closing():
@@ -257,7 +260,7 @@ def stand_in_llama_server(port: int, tokens_per_s: float) -> None:
                     "choices": [{"finish_reason": None, "index": 0, "delta": {"content": " sea" if i % 2 else " the"}}],
                     **base,
                 }
-                writer.write(head + _chunk(_sse({**role, **base}), _sse(token)) if i == 0 else _event(token))
+                writer.write(head + _chunk(_sse(role), _sse(token)) if i == 0 else _event(token))
             timings = {
                 "prompt_n": 14,
                 "prompt_ms": 20.1,
