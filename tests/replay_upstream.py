@@ -76,7 +76,7 @@ class Answer:
     llama-server parsed itself (``(name, arguments JSON)``), streamed as it streams them.
     ``split_at`` cuts the SSE body into two writes at that byte; ``delay`` sleeps before each
     chunk; ``status``/``error`` answer with an error instead. ``events`` and ``whole`` answer as they are
-    (another dialect's stream, an event a chunk, and whole answer), in place of a chat's.
+    (another dialect's stream, an event a chunk, and a whole answer), in place of a chat's.
     """
 
     content: list[str] = field(default_factory=list)
