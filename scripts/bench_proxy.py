@@ -30,6 +30,11 @@ agent sends its whole context every turn: what the studio parses and writes agai
 ``--after-fan-out`` ends with the idle studio's CPU from 20 to 40 s after a fan-out of the largest
 concurrency, and the connections it then holds to the upstream: what a burst leaves behind.
 
+Each concurrency starts with one round per path that is not recorded: the studio keeps as many spare
+connections as the last fan-outs wanted, so a new, larger fan-out's first round connects on the way, and
+whichever studio path came first paid that alone. The table is of fan-outs the studio has seen before;
+the added TTFT of that first round (``studio /v1``'s and the Python floor's) is printed below it.
+
 CPU per chunk is the steady number on a loaded machine; the ratios need
 several runs (``--runs`` repeats the whole set and prints the medians).
 Targets (issue 19): CPU per chunk <= 40 us at 8 streams, tokens/s >= 0.99x at
@@ -597,14 +602,21 @@ class Row:
     cpu_us_per_chunk: float | None
     #: Less what the studio spends anyway while llama-server streams (its rate over the direct rounds).
     net_us_per_chunk: float | None = None
+    #: TTFT p50 of the round before the recorded ones, the first at this concurrency (see the module docstring).
+    first_ttft_p50: float = 0.0
 
 
 async def run_once(
     paths: list[Route], baseline_of: dict[str, str], streams: Sequence[int], tokens: int, rounds: dict[int, int]
 ) -> dict[tuple[int, str], Row]:
+    """At each concurrency one round per path that is not recorded (a new fan-out's first: its TTFT is kept
+    apart, see the module docstring), then the recorded rounds, interleaved."""
     rows: dict[tuple[int, str], Row] = {}
     for concurrency in streams:
         here = [p for p in paths if not p.only or concurrency in p.only]
+        first = {p.name: Samples() for p in here}
+        for p in here:
+            await round_of(p, first[p.name], concurrency, tokens)
         samples = {p.name: Samples() for p in here}
         for i in range(rounds.get(concurrency, 2)):
             order = here if i % 2 == 0 else here[::-1]  # interleaved both ways so drift hits every path alike
@@ -618,6 +630,7 @@ async def run_once(
                 pct([x.ttft for x in s.streams], 0.9) * 1000,
                 statistics.median(x.tokens_per_s for x in s.streams),
                 None,
+                first_ttft_p50=pct([x.ttft for x in first[p.name].streams], 0.5) * 1000,
             )
             if p.studio:
                 base = next(b for b in paths if b.name == baseline_of[p.name])
@@ -685,6 +698,14 @@ def report(
                 net = statistics.median(r[c, p.name].net_us_per_chunk for r in runs)
                 line += f" {added50:+9.2f} {added90:+9.2f} {ratio:7.3f}x {cpu:12.1f} {net:6.1f}"
             print(line)
+
+    def first_added(c: int, name: str) -> float:
+        return statistics.median(r[c, name].first_ttft_p50 - r[c, baseline_of[name]].first_ttft_p50 for r in runs)
+
+    firsts = [p.name for p in paths if p.name in ("studio /v1", "floor py")]
+    print("+TTFT p50 of each concurrency's first round, not in the table (the studio's spares a smaller fan-out's):")
+    for c in streams:
+        print(f"{c:>7} streams: {', '.join(f'{name} {first_added(c, name):+.2f}' for name in firsts)}")
 
 
 def main() -> int:
