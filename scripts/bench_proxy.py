@@ -599,11 +599,11 @@ class Row:
     ttft_p50: float
     ttft_p90: float
     tps: float
-    cpu_us_per_chunk: float | None
+    #: TTFT p50 of the round before the recorded ones, the first at this concurrency (see the module docstring).
+    first_ttft_p50: float
+    cpu_us_per_chunk: float | None = None
     #: Less what the studio spends anyway while llama-server streams (its rate over the direct rounds).
     net_us_per_chunk: float | None = None
-    #: TTFT p50 of the round before the recorded ones, the first at this concurrency (see the module docstring).
-    first_ttft_p50: float = 0.0
 
 
 async def run_once(
@@ -629,8 +629,7 @@ async def run_once(
                 pct([x.ttft for x in s.streams], 0.5) * 1000,
                 pct([x.ttft for x in s.streams], 0.9) * 1000,
                 statistics.median(x.tokens_per_s for x in s.streams),
-                None,
-                first_ttft_p50=pct([x.ttft for x in first[p.name].streams], 0.5) * 1000,
+                pct([x.ttft for x in first[p.name].streams], 0.5) * 1000,
             )
             if p.studio:
                 base = next(b for b in paths if b.name == baseline_of[p.name])
@@ -676,6 +675,11 @@ def report(
     def med(c: int, name: str, attr: str) -> float:
         return statistics.median(getattr(r[c, name], attr) for r in runs)
 
+    def added(c: int, name: str, attr: str) -> float:
+        """The median over the runs of ``name``'s TTFT figure ``attr`` less its baseline's in the same run."""
+        base = baseline_of[name]
+        return statistics.median(getattr(r[c, name], attr) - getattr(r[c, base], attr) for r in runs)
+
     print(f"medians of {len(runs)} run(s)")
     print(
         f"{'streams':>7} {'path':>14} {'TTFT p50':>9} {'TTFT p90':>9} {'tok/s':>7} | {'+TTFT p50':>9} "
@@ -691,21 +695,18 @@ def report(
             )
             if p.studio:
                 base = baseline_of[p.name]
-                added50 = statistics.median(r[c, p.name].ttft_p50 - r[c, base].ttft_p50 for r in runs)
-                added90 = statistics.median(r[c, p.name].ttft_p90 - r[c, base].ttft_p90 for r in runs)
+                added50, added90 = added(c, p.name, "ttft_p50"), added(c, p.name, "ttft_p90")
                 ratio = statistics.median(r[c, p.name].tps / r[c, base].tps for r in runs)
                 cpu = statistics.median(r[c, p.name].cpu_us_per_chunk for r in runs)
                 net = statistics.median(r[c, p.name].net_us_per_chunk for r in runs)
                 line += f" {added50:+9.2f} {added90:+9.2f} {ratio:7.3f}x {cpu:12.1f} {net:6.1f}"
             print(line)
 
-    def first_added(c: int, name: str) -> float:
-        return statistics.median(r[c, name].first_ttft_p50 - r[c, baseline_of[name]].first_ttft_p50 for r in runs)
-
     firsts = [p.name for p in paths if p.name in ("studio /v1", "floor py")]
     print("+TTFT p50 of each concurrency's first round, not in the table (the studio's spares a smaller fan-out's):")
     for c in streams:
-        print(f"{c:>7} streams: {', '.join(f'{name} {first_added(c, name):+.2f}' for name in firsts)}")
+        figures = [f"{name} {added(c, name, 'first_ttft_p50'):+.2f}" for name in firsts]
+        print(f"{c:>7} streams: {', '.join(figures)}")
 
 
 def main() -> int:
