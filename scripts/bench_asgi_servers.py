@@ -241,7 +241,8 @@ def measure(rounds: int, granian: bool) -> None:
     ]
     studio_port = free_port()
     ours, theirs = multiprocessing.Pipe()
-    helpers.append(spawn.Process(target=bench.serve, args=(studio_port, theirs, stand_in, None), daemon=True))
+    studio = spawn.Process(target=bench.serve, args=(studio_port, theirs, stand_in, None), daemon=True)
+    helpers.append(studio)
     for helper in helpers:
         helper.start()
     servers: list[subprocess.Popen[str]] = []
@@ -266,9 +267,8 @@ def measure(rounds: int, granian: bool) -> None:
                 raise SystemExit(f"{name} did not start")
             pid = serving_pid(name, process)
             routes.append(bench.Route(name, port, "/v1/chat/completions", {}, {}, bench.V1_TOKEN, True, pid))
-        studio_pid = helpers[2].pid
         routes.append(
-            bench.Route("studio /v1", studio_port, "/v1/chat/completions", {}, {}, bench.V1_TOKEN, True, studio_pid)
+            bench.Route("studio /v1", studio_port, "/v1/chat/completions", {}, {}, bench.V1_TOKEN, True, studio.pid)
         )
         asyncio.run(bench.warm_up(routes))
         for streams in (8, 32):
@@ -299,9 +299,11 @@ def measure(rounds: int, granian: bool) -> None:
                 process.wait(5)
             except subprocess.TimeoutExpired:
                 process.kill()
-        for helper in helpers:
+        for helper in helpers:  # SIGTERM: the studio's uvicorn shuts down, the others just end
             helper.terminate()
-            helper.join()
+            helper.join(30)
+            if helper.is_alive():
+                helper.kill()
 
 
 def main() -> None:
