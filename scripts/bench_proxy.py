@@ -64,11 +64,17 @@ chunk (one protocol callback and one write on uvloop, nothing parsed), and
 one epoll wake-up, one read and one write: what the kernel alone charges per
 chunk on this machine right now, below which no relay in any language gets.
 
+``--against REV`` (with ``--stand-in``) also runs the studio of an earlier revision (its
+``studio``, ``launcher``, ``gguf`` and ``tests`` from ``git archive``, in a process of its own in
+front of the same stand-in) as the path ``REV /v1``, interleaved with the others: a before and
+after from one run, against the same direct rounds and the same floors. Its figures are in the
+table, the split and the CPU per request beside today's.
+
 The client is a bare asyncio socket per stream (``Connection: close``, bytes
 counted, nothing parsed), cheap enough not to crowd the paths it measures.
 
     .venv/bin/python scripts/bench_proxy.py [--runs 3] [--tokens 64] [--streams 1,8,32]
-    .venv/bin/python scripts/bench_proxy.py --stand-in [--stand-in-tps 50] [--split] [--after-fan-out]
+    .venv/bin/python scripts/bench_proxy.py --stand-in [--stand-in-tps 50] [--split] [--after-fan-out] [--against REV]
 """
 
 from __future__ import annotations
@@ -192,6 +198,44 @@ def serve_stand_in(port: int, conn: Connection, upstream: int, ollama_port: int 
         ollama_app=create_ollama_app(app) if ollama_port is not None else None,
         ollama_port=ollama_port,
     )
+
+
+#: The top-level packages an earlier revision's studio is imported from (its own, not this checkout's).
+PACKAGES = ("studio", "launcher", "gguf", "tests")
+
+
+def serve_earlier(root: str, port: int, conn: Connection, upstream: int) -> None:
+    """``serve_stand_in`` with the packages of the revision unpacked at ``root`` instead of this checkout's.
+
+    The bench module imported this checkout's ``launcher`` on the way here: those modules are dropped and
+    this checkout leaves ``sys.path``, so that nothing of today's is mixed in.
+    """
+    here = str(Path(__file__).resolve().parent.parent)
+    for name in [m for m in sys.modules if m.split(".")[0] in PACKAGES]:
+        del sys.modules[name]
+    sys.path[:] = [root, *(p for p in sys.path if Path(p or ".").resolve() != Path(here))]
+    import studio
+
+    if not str(Path(studio.__file__).resolve()).startswith(str(Path(root).resolve())):
+        raise SystemExit(f"the earlier studio was imported from {studio.__file__}, not from {root}")
+    serve_stand_in(port, conn, upstream, None)
+
+
+def unpack(rev: str, into: Path) -> str:
+    """Unpack ``rev``'s packages (``PACKAGES``) into ``into``; its short commit id."""
+    repo = Path(__file__).resolve().parent.parent
+    found = subprocess.run(
+        ["git", "-C", str(repo), "rev-parse", "--short", f"{rev}^{{commit}}"], capture_output=True, text=True
+    )
+    if found.returncode != 0:
+        raise SystemExit(f"--against {rev}: no such revision here ({found.stderr.strip()})")
+    archive = subprocess.run(
+        ["git", "-C", str(repo), "archive", "--format=tar", rev, *PACKAGES], capture_output=True, check=False
+    )
+    if archive.returncode != 0:
+        raise SystemExit(f"--against {rev}: git archive failed: {archive.stderr.decode(errors='replace').strip()}")
+    subprocess.run(["tar", "-x", "-C", str(into)], input=archive.stdout, check=True)
+    return found.stdout.strip()
 
 
 def _sse(data: dict[str, object], name: str | None = None) -> bytes:
@@ -670,7 +714,11 @@ async def cpu_split(paths: list[Route], concurrency: int, low: int, high: int, r
 
 
 def report(
-    runs: list[dict[tuple[int, str], Row]], paths: list[Route], baseline_of: dict[str, str], streams: Sequence[int]
+    runs: list[dict[tuple[int, str], Row]],
+    paths: list[Route],
+    baseline_of: dict[str, str],
+    streams: Sequence[int],
+    before: set[str],
 ) -> None:
     def med(c: int, name: str, attr: str) -> float:
         return statistics.median(getattr(r[c, name], attr) for r in runs)
@@ -702,7 +750,7 @@ def report(
                 line += f" {added50:+9.2f} {added90:+9.2f} {ratio:7.3f}x {cpu:12.1f} {net:6.1f}"
             print(line)
 
-    firsts = [p.name for p in paths if p.name in ("studio /v1", "floor py")]
+    firsts = [p.name for p in paths if p.name in ("studio /v1", "floor py") or p.name in before]
     print("+TTFT p50 of each concurrency's first round, not in the table (the studio's spares a smaller fan-out's):")
     for c in streams:
         figures = [f"{name} {added(c, name, 'first_ttft_p50'):+.2f}" for name in firsts]
@@ -745,7 +793,14 @@ def main() -> int:
         default=100,
         help="the CPU per request also with a conversation of this many KB, a quarter as many requests (0: not)",
     )
+    parser.add_argument(
+        "--against",
+        metavar="REV",
+        help="with --stand-in: also the studio of git revision REV, as the path 'REV /v1' (a before and after)",
+    )
     args = parser.parse_args()
+    if args.against and not args.stand_in:
+        raise SystemExit("--against needs --stand-in: an earlier studio is run in front of the stand-in")
     streams = [int(s) for s in args.streams.split(",")]
     if max(streams) > N_PARALLEL:
         raise SystemExit(f"at most {N_PARALLEL} streams: llama-server runs {N_PARALLEL} slots")
@@ -762,6 +817,16 @@ def main() -> int:
         ]
     ours, theirs = multiprocessing.Pipe()
     service = spawn.Process(target=serve, args=(port, theirs, stand_in, ollama_port), daemon=True)
+    earlier: tuple[str, int, multiprocessing.process.BaseProcess, Connection] | None = None
+    unpacked = tempfile.TemporaryDirectory(prefix="bench-proxy-") if args.against else None
+    if unpacked is not None and stand_in is not None:
+        rev, earlier_port = unpack(args.against, Path(unpacked.name)), free_port()
+        earlier_ours, earlier_theirs = multiprocessing.Pipe()
+        process = spawn.Process(
+            target=serve_earlier, args=(unpacked.name, earlier_port, earlier_theirs, stand_in), daemon=True
+        )
+        earlier = rev, earlier_port, process, earlier_ours
+        helpers.append(process)
     for process in (*helpers, service):
         process.start()
     try:
@@ -786,6 +851,15 @@ def main() -> int:
         if relay_c is not None:
             paths.append(Route("floor C", floor_c, "/v1/chat/completions", auth, {}, V1_TOKEN, True, relay_c.pid))
             baseline_of["floor C"] = "direct"
+        if earlier is not None:
+            rev, earlier_port, process, earlier_ours = earlier
+            deadline = time.monotonic() + 120
+            while not earlier_ours.poll(0.2):
+                if not process.is_alive() or time.monotonic() > deadline:
+                    raise SystemExit(f"the studio of {rev} did not start (its error, if any, is above)")
+            earlier_ours.recv()
+            paths.append(Route(f"{rev} /v1", earlier_port, "/v1/chat/completions", {}, {}, V1_TOKEN, True, process.pid))
+            baseline_of[f"{rev} /v1"] = "direct"
         if not args.no_gui:
             paths += [
                 Route("direct+usage", up_port, "/v1/chat/completions", auth, usage, V1_TOKEN, False, service.pid),
@@ -831,16 +905,17 @@ def main() -> int:
             runs.append(asyncio.run(run_once(paths, baseline_of, streams, args.tokens, rounds)))
             if args.runs > 1:
                 print(f"run {i + 1}/{args.runs} done, load {psutil.getloadavg()[0]:.1f}", file=sys.stderr)
-        report(runs, paths, baseline_of, streams)
+        before = {f"{earlier[0]} /v1"} if earlier is not None else set()
+        report(runs, paths, baseline_of, streams, before)
         if args.split and args.stand_in:
             from studio.http.upstream import DEMAND_WINDOW
 
             time.sleep(2 * DEMAND_WINDOW)  # a fan-out's spares are no longer wanted (see the docstring)
-            split = [p for p in paths if p.name in ("studio /v1", "floor py", "floor C")]
+            split = [p for p in paths if p.name in ("studio /v1", "floor py", "floor C") or p.name in before]
             asyncio.run(cpu_split(split, 8, 16, 256, 4))
         if args.requests:
             at_once = 8
-            measured = [p for p in paths if p.name in ("studio /v1", "floor py", "studio msgs")]
+            measured = [p for p in paths if p.name in ("studio /v1", "floor py", "studio msgs") or p.name in before]
             figures = [f"{p.name} {asyncio.run(cpu_per_request(p, args.requests, at_once)):.2f}" for p in measured]
             print(f"CPU per request (ms, {args.requests} one-token streams, {at_once} at a time): {', '.join(figures)}")
             if args.long_kb:
@@ -863,6 +938,8 @@ def main() -> int:
         if relay_c is not None:
             relay_c.kill()
             relay_c.wait()
+        if unpacked is not None:
+            unpacked.cleanup()
     return 0
 
 
