@@ -204,8 +204,11 @@ def serve_stand_in(port: int, conn: Connection, upstream: int, ollama_port: int 
 PACKAGES = ("studio", "launcher", "gguf", "tests")
 
 
-def serve_earlier(root: str, port: int, conn: Connection, upstream: int) -> None:
+def serve_earlier(root: str, port: int, conn: Connection, upstream: int, ollama_port: int) -> None:
     """``serve_stand_in`` with the packages of the revision unpacked at ``root`` instead of this checkout's.
+
+    It listens for Ollama too (nothing is asked there), as today's studio does: the same two listeners'
+    background in both processes' CPU.
 
     The bench module imported this checkout's ``launcher`` on the way here: those modules are dropped and
     this checkout leaves ``sys.path``, so that nothing of today's is mixed in.
@@ -218,7 +221,7 @@ def serve_earlier(root: str, port: int, conn: Connection, upstream: int) -> None
 
     if not str(Path(studio.__file__).resolve()).startswith(str(Path(root).resolve())):
         raise SystemExit(f"the earlier studio was imported from {studio.__file__}, not from {root}")
-    serve_stand_in(port, conn, upstream, None)
+    serve_stand_in(port, conn, upstream, ollama_port)
 
 
 def unpack(rev: str, into: Path) -> str:
@@ -823,7 +826,9 @@ def main() -> int:
         rev, earlier_port = unpack(args.against, Path(unpacked.name)), free_port()
         earlier_ours, earlier_theirs = multiprocessing.Pipe()
         process = spawn.Process(
-            target=serve_earlier, args=(unpacked.name, earlier_port, earlier_theirs, stand_in), daemon=True
+            target=serve_earlier,
+            args=(unpacked.name, earlier_port, earlier_theirs, stand_in, free_port()),
+            daemon=True,
         )
         earlier = rev, earlier_port, process, earlier_ours
         helpers.append(process)
