@@ -40,7 +40,8 @@ several runs (``--runs`` repeats the whole set and prints the medians).
 Targets (issue 19): CPU per chunk <= 40 us at 8 streams, tokens/s >= 0.99x at
 1, 8 and 32 streams, added TTFT p50 <= 1 ms. Issue 33, with the stand-in: added
 TTFT p50 within the Python floor's + 1 ms at 1 stream and + 3 ms at 8 and 32, CPU
-per request <= 1 ms, CPU per chunk <= 1.3x the Python floor's at 8 and 32 streams.
+per request <= 1 ms, CPU per chunk <= 1.3x the Python floor's at 8 and 32 streams;
+with the floor, each run prints these under its table, met or missed (``targets``).
 ``--split`` also separates, at 8 streams, what one more chunk costs from what a
 stream costs besides (rounds of 16 and 256 tokens): at 64 tokens a stream's
 set-up and end weigh as much in the CPU per chunk as the chunks themselves. It
@@ -95,6 +96,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
 from pathlib import Path
+from typing import cast
 
 import psutil
 
@@ -753,11 +755,46 @@ def report(
                 line += f" {added50:+9.2f} {added90:+9.2f} {ratio:7.3f}x {cpu:12.1f} {net:6.1f}"
             print(line)
 
+    names = {p.name for p in paths}
+    if "floor py" in names:
+        for name in ("studio /v1", *sorted(before)):
+            targets(runs, name, streams)
+
     firsts = [p.name for p in paths if p.name in ("studio /v1", "floor py") or p.name in before]
     print("+TTFT p50 of each concurrency's first round, not in the table (the studio's spares a smaller fan-out's):")
     for c in streams:
         figures = [f"{name} {added(c, name, 'first_ttft_p50'):+.2f}" for name in firsts]
         print(f"{c:>7} streams: {', '.join(figures)}")
+
+
+#: Issue 33's targets against the Python floor, by concurrency: added TTFT p50 at most the floor's + this many ms.
+TTFT_OVER_FLOOR = {1: 1.0, 8: 3.0, 32: 3.0}
+#: ... and CPU per chunk at most this many times the floor's (at 8 and 32 streams).
+CPU_OVER_FLOOR = {8: 1.3, 32: 1.3}
+
+
+def targets(runs: list[dict[tuple[int, str], Row]], name: str, streams: Sequence[int]) -> None:
+    """Print ``name``'s figures against issue 33's targets: each a median over the runs of the run's own ratio or
+    difference to ``floor py`` (the targets are set against the floor measured in the same run)."""
+
+    def verdict(ok: bool) -> str:
+        return "met" if ok else "MISSED"
+
+    print(f"issue 33's targets for {name} (medians over the runs of each run's figure against floor py's):")
+    for c in streams:
+        over = statistics.median(r[c, name].ttft_p50 - r[c, "floor py"].ttft_p50 for r in runs)
+        parts = [f"+TTFT p50 {over:+.2f} ms over the floor's"]
+        if c in TTFT_OVER_FLOOR:
+            parts[-1] += f" (<= +{TTFT_OVER_FLOOR[c]:g}: {verdict(over <= TTFT_OVER_FLOOR[c])})"
+        ratio = statistics.median(
+            cast(float, r[c, name].cpu_us_per_chunk) / cast(float, r[c, "floor py"].cpu_us_per_chunk) for r in runs
+        )
+        parts.append(f"CPU per chunk {ratio:.2f}x the floor's")
+        if c in CPU_OVER_FLOOR:
+            parts[-1] += f" (<= {CPU_OVER_FLOOR[c]:g}x: {verdict(ratio <= CPU_OVER_FLOOR[c])})"
+        tps = statistics.median(r[c, name].tps / r[c, "direct"].tps for r in runs)
+        parts.append(f"tokens/s {tps:.3f}x direct (>= 0.99x: {verdict(tps >= 0.99)})")
+        print(f"{c:>7} streams: {'; '.join(parts)}")
 
 
 def main() -> int:
