@@ -15,9 +15,10 @@ At 1, 8 and 32 concurrent streams it prints, per path, the median time to first
 token (TTFT) and tokens/s per stream, and for the studio's paths the added TTFT
 (p50 and p90 of the studio's TTFTs less the direct ones), the tokens/s ratio and
 the studio process's CPU time (user + sys) per relayed chunk over its rounds;
-``net`` is that less what the studio process spends anyway while llama-server
-streams (its CPU rate over the direct rounds: uvicorn's ticks, the supervisor's
-threads), which dominates when a loaded machine leaves llama-server few tokens/s.
+``net`` is that less what the process spends anyway while llama-server streams
+(its CPU rate over the direct rounds: uvicorn's ticks, the supervisor's threads;
+each relay's own, a floor's or an ``--against`` studio's, watched over the same
+rounds), which dominates when a loaded machine leaves llama-server few tokens/s.
 
 With the stand-in, the largest concurrency also runs Anthropic's ``/v1/messages``
 (against the same request sent directly) and Ollama's ``/api/chat`` on the
@@ -507,6 +508,8 @@ class Samples:
     cpu_s: float = 0.0  # the studio process's CPU time over this path's rounds
     wall_s: float = 0.0
     events: int = 0
+    #: CPU time over this path's rounds of other processes watched meanwhile (a baseline's: their background)
+    watched_s: dict[int, float] = field(default_factory=dict)
 
 
 async def one_stream(path: Route, tokens: int) -> Stream:
@@ -606,10 +609,15 @@ def studio_cpu(pid: int) -> float:
         return t.user + t.system
 
 
-async def round_of(path: Route, samples: Samples, concurrency: int, tokens: int) -> None:
+async def round_of(path: Route, samples: Samples, concurrency: int, tokens: int, watch: Sequence[int] = ()) -> None:
+    """One round of ``concurrency`` streams on ``path``, added to ``samples``; the CPU of the processes in ``watch``
+    over it too."""
+    others = {pid: studio_cpu(pid) for pid in watch}
     before, t0 = studio_cpu(path.pid), time.perf_counter()
     streams = await asyncio.gather(*(one_stream(path, tokens) for _ in range(concurrency)))
     samples.cpu_s += studio_cpu(path.pid) - before
+    for pid, was in others.items():
+        samples.watched_s[pid] = samples.watched_s.get(pid, 0.0) + studio_cpu(pid) - was
     samples.wall_s += time.perf_counter() - t0
     samples.streams += streams
     samples.events += sum(s.events for s in streams)
@@ -667,10 +675,14 @@ async def run_once(
         for p in here:
             await round_of(p, first[p.name], concurrency, tokens)
         samples = {p.name: Samples() for p in here}
+        # a baseline's rounds also watch the other processes measured against it: their background
+        watch = {
+            b.name: sorted({p.pid for p in here if baseline_of.get(p.name) == b.name and p.pid != b.pid}) for b in here
+        }
         for i in range(rounds.get(concurrency, 2)):
             order = here if i % 2 == 0 else here[::-1]  # interleaved both ways so drift hits every path alike
             for p in order:
-                await round_of(p, samples[p.name], concurrency, tokens)
+                await round_of(p, samples[p.name], concurrency, tokens, watch[p.name])
         print(f"  {concurrency} streams done, load {psutil.getloadavg()[0]:.1f}", file=sys.stderr)
         for p in here:
             s = samples[p.name]
@@ -683,8 +695,9 @@ async def run_once(
             if p.studio:
                 base = next(b for b in paths if b.name == baseline_of[p.name])
                 row.cpu_us_per_chunk = s.cpu_s / s.events * 1e6
-                # the background of the process charged: its rate while the baseline's rounds ran, if it is the same
-                rate = samples[base.name].cpu_s / samples[base.name].wall_s if base.pid == p.pid else 0.0
+                # the background of the process charged: its rate while the baseline's rounds ran
+                spent = samples[base.name].cpu_s if base.pid == p.pid else samples[base.name].watched_s[p.pid]
+                rate = spent / samples[base.name].wall_s
                 row.net_us_per_chunk = (s.cpu_s - rate * s.wall_s) / s.events * 1e6
             rows[concurrency, p.name] = row
     return rows
