@@ -101,7 +101,9 @@ from typing import cast
 
 import psutil
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+#: This checkout: its packages are the studio measured (an ``--against`` revision's come from its ``git archive``).
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
 
 from launcher.process import free_port
 
@@ -216,27 +218,25 @@ def serve_earlier(root: str, port: int, conn: Connection, upstream: int, ollama_
     The bench module imported this checkout's ``launcher`` on the way here: those modules are dropped and
     this checkout leaves ``sys.path``, so that nothing of today's is mixed in.
     """
-    here = str(Path(__file__).resolve().parent.parent)
     for name in [m for m in sys.modules if m.split(".")[0] in PACKAGES]:
         del sys.modules[name]
-    sys.path[:] = [root, *(p for p in sys.path if Path(p or ".").resolve() != Path(here))]
+    sys.path[:] = [root, *(p for p in sys.path if Path(p or ".").resolve() != REPO)]
     import studio
 
-    if not str(Path(studio.__file__).resolve()).startswith(str(Path(root).resolve())):
+    if not Path(studio.__file__).resolve().is_relative_to(Path(root).resolve()):
         raise SystemExit(f"the earlier studio was imported from {studio.__file__}, not from {root}")
     serve_stand_in(port, conn, upstream, ollama_port)
 
 
 def unpack(rev: str, into: Path) -> str:
     """Unpack ``rev``'s packages (``PACKAGES``) into ``into``; its short commit id."""
-    repo = Path(__file__).resolve().parent.parent
     found = subprocess.run(
-        ["git", "-C", str(repo), "rev-parse", "--short", f"{rev}^{{commit}}"], capture_output=True, text=True
+        ["git", "-C", str(REPO), "rev-parse", "--short", f"{rev}^{{commit}}"], capture_output=True, text=True
     )
     if found.returncode != 0:
         raise SystemExit(f"--against {rev}: no such revision here ({found.stderr.strip()})")
     archive = subprocess.run(
-        ["git", "-C", str(repo), "archive", "--format=tar", rev, *PACKAGES], capture_output=True, check=False
+        ["git", "-C", str(REPO), "archive", "--format=tar", rev, *PACKAGES], capture_output=True, check=False
     )
     if archive.returncode != 0:
         raise SystemExit(f"--against {rev}: git archive failed: {archive.stderr.decode(errors='replace').strip()}")
@@ -880,7 +880,7 @@ def main() -> int:
             args=(unpacked.name, earlier_port, earlier_theirs, stand_in, free_port()),
             daemon=True,
         )
-        earlier = rev, earlier_port, process, earlier_ours
+        earlier = f"{rev} /v1", earlier_port, process, earlier_ours  # its path's name
         helpers.append(process)
     for process in (*helpers, service):
         process.start()
@@ -907,14 +907,14 @@ def main() -> int:
             paths.append(Route("floor C", floor_c, "/v1/chat/completions", auth, {}, V1_TOKEN, True, relay_c.pid))
             baseline_of["floor C"] = "direct"
         if earlier is not None:
-            rev, earlier_port, process, earlier_ours = earlier
+            earlier_name, earlier_port, process, earlier_ours = earlier
             deadline = time.monotonic() + 120
             while not earlier_ours.poll(0.2):
                 if not process.is_alive() or time.monotonic() > deadline:
-                    raise SystemExit(f"the studio of {rev} did not start (its error, if any, is above)")
+                    raise SystemExit(f"the studio of {args.against} did not start (its error, if any, is above)")
             earlier_ours.recv()
-            paths.append(Route(f"{rev} /v1", earlier_port, "/v1/chat/completions", {}, {}, V1_TOKEN, True, process.pid))
-            baseline_of[f"{rev} /v1"] = "direct"
+            paths.append(Route(earlier_name, earlier_port, "/v1/chat/completions", {}, {}, V1_TOKEN, True, process.pid))
+            baseline_of[earlier_name] = "direct"
         if not args.no_gui:
             paths += [
                 Route("direct+usage", up_port, "/v1/chat/completions", auth, usage, V1_TOKEN, False, service.pid),
@@ -960,7 +960,7 @@ def main() -> int:
             runs.append(asyncio.run(run_once(paths, baseline_of, streams, args.tokens, rounds)))
             if args.runs > 1:
                 print(f"run {i + 1}/{args.runs} done, load {psutil.getloadavg()[0]:.1f}", file=sys.stderr)
-        before = {f"{earlier[0]} /v1"} if earlier is not None else set()
+        before = {earlier[0]} if earlier is not None else set()
         report(runs, paths, baseline_of, streams, before)
         if args.split and args.stand_in:
             from studio.http.upstream import DEMAND_WINDOW
