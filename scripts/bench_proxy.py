@@ -97,7 +97,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
 from pathlib import Path
-from typing import cast
 
 import psutil
 
@@ -663,12 +662,16 @@ class Row:
     net_us_per_chunk: float | None = None
 
 
+#: One run's rows, by (concurrency, path name).
+Rows = dict[tuple[int, str], Row]
+
+
 async def run_once(
     paths: list[Route], baseline_of: dict[str, str], streams: Sequence[int], tokens: int, rounds: dict[int, int]
-) -> dict[tuple[int, str], Row]:
+) -> Rows:
     """At each concurrency one round per path that is not recorded (a new fan-out's first: its TTFT is kept
     apart, see the module docstring), then the recorded rounds, interleaved."""
-    rows: dict[tuple[int, str], Row] = {}
+    rows: Rows = {}
     for concurrency in streams:
         here = [p for p in paths if not p.only or concurrency in p.only]
         first = {p.name: Samples() for p in here}
@@ -731,8 +734,18 @@ async def cpu_split(paths: list[Route], concurrency: int, low: int, high: int, r
         print(f"  {name:>14} {chunk:6.1f} us + {stream:5.3f} ms{ratio}")
 
 
+def median_difference(runs: list[Rows], c: int, name: str, other: str, attr: str) -> float:
+    """The median over the runs of ``name``'s figure ``attr`` at ``c`` streams less ``other``'s in the same run."""
+    return statistics.median(getattr(r[c, name], attr) - getattr(r[c, other], attr) for r in runs)
+
+
+def median_ratio(runs: list[Rows], c: int, name: str, other: str, attr: str) -> float:
+    """The median over the runs of ``name``'s figure ``attr`` at ``c`` streams over ``other``'s in the same run."""
+    return statistics.median(getattr(r[c, name], attr) / getattr(r[c, other], attr) for r in runs)
+
+
 def report(
-    runs: list[dict[tuple[int, str], Row]],
+    runs: list[Rows],
     paths: list[Route],
     baseline_of: dict[str, str],
     streams: Sequence[int],
@@ -742,9 +755,8 @@ def report(
         return statistics.median(getattr(r[c, name], attr) for r in runs)
 
     def added(c: int, name: str, attr: str) -> float:
-        """The median over the runs of ``name``'s TTFT figure ``attr`` less its baseline's in the same run."""
-        base = baseline_of[name]
-        return statistics.median(getattr(r[c, name], attr) - getattr(r[c, base], attr) for r in runs)
+        """``name``'s TTFT figure ``attr`` less its baseline's (median over the runs)."""
+        return median_difference(runs, c, name, baseline_of[name], attr)
 
     print(f"medians of {len(runs)} run(s)")
     print(
@@ -762,7 +774,7 @@ def report(
             if p.studio:
                 base = baseline_of[p.name]
                 added50, added90 = added(c, p.name, "ttft_p50"), added(c, p.name, "ttft_p90")
-                ratio = statistics.median(r[c, p.name].tps / r[c, base].tps for r in runs)
+                ratio = median_ratio(runs, c, p.name, base, "tps")
                 cpu = statistics.median(r[c, p.name].cpu_us_per_chunk for r in runs)
                 net = statistics.median(r[c, p.name].net_us_per_chunk for r in runs)
                 line += f" {added50:+9.2f} {added90:+9.2f} {ratio:7.3f}x {cpu:12.1f} {net:6.1f}"
@@ -771,7 +783,7 @@ def report(
     names = {p.name for p in paths}
     if "floor py" in names:
         for name in ("studio /v1", *sorted(before)):
-            targets(runs, name, streams)
+            targets(runs, name, baseline_of[name], streams)
 
     firsts = [p.name for p in paths if p.name in ("studio /v1", "floor py") or p.name in before]
     print("+TTFT p50 of each concurrency's first round, not in the table (the studio's spares a smaller fan-out's):")
@@ -786,27 +798,26 @@ TTFT_OVER_FLOOR = {1: 1.0, 8: 3.0, 32: 3.0}
 CPU_OVER_FLOOR = {8: 1.3, 32: 1.3}
 
 
-def targets(runs: list[dict[tuple[int, str], Row]], name: str, streams: Sequence[int]) -> None:
+def targets(runs: list[Rows], name: str, baseline: str, streams: Sequence[int]) -> None:
     """Print ``name``'s figures against issue 33's targets: each a median over the runs of the run's own ratio or
-    difference to ``floor py`` (the targets are set against the floor measured in the same run)."""
+    difference to ``floor py`` (the targets are set against the floor measured in the same run), tokens/s to
+    ``baseline``'s."""
 
     def verdict(ok: bool) -> str:
         return "met" if ok else "MISSED"
 
     print(f"issue 33's targets for {name} (medians over the runs of each run's figure against floor py's):")
     for c in streams:
-        over = statistics.median(r[c, name].ttft_p50 - r[c, "floor py"].ttft_p50 for r in runs)
+        over = median_difference(runs, c, name, "floor py", "ttft_p50")
         parts = [f"+TTFT p50 {over:+.2f} ms over the floor's"]
         if c in TTFT_OVER_FLOOR:
             parts[-1] += f" (<= +{TTFT_OVER_FLOOR[c]:g}: {verdict(over <= TTFT_OVER_FLOOR[c])})"
-        ratio = statistics.median(
-            cast(float, r[c, name].cpu_us_per_chunk) / cast(float, r[c, "floor py"].cpu_us_per_chunk) for r in runs
-        )
+        ratio = median_ratio(runs, c, name, "floor py", "cpu_us_per_chunk")
         parts.append(f"CPU per chunk {ratio:.2f}x the floor's")
         if c in CPU_OVER_FLOOR:
             parts[-1] += f" (<= {CPU_OVER_FLOOR[c]:g}x: {verdict(ratio <= CPU_OVER_FLOOR[c])})"
-        tps = statistics.median(r[c, name].tps / r[c, "direct"].tps for r in runs)
-        parts.append(f"tokens/s {tps:.3f}x direct (>= 0.99x: {verdict(tps >= 0.99)})")
+        tps = median_ratio(runs, c, name, baseline, "tps")
+        parts.append(f"tokens/s {tps:.3f}x {baseline} (>= 0.99x: {verdict(tps >= 0.99)})")
         print(f"{c:>7} streams: {'; '.join(parts)}")
 
 
