@@ -8,13 +8,17 @@ is installed, under granian (one worker, uvloop, one runtime thread) in front of
 stand-in, beside ``bench_proxy``'s Python floor, interleaved, and prints the server process's CPU
 per relayed chunk (64-token streams) at 8 and 32 streams and per one-token request.
 
-Two more rows set the studio's figures in their place. ``uvicorn direct`` is the least any relay
-under uvicorn can do: nothing parsed, each arrival written on the client's connection as it came
+More rows set the studio's figures in their place, each adding one layer to the one before, so that
+what each layer costs reads off one run. ``uvicorn direct`` is the least any relay under uvicorn can
+do: nothing parsed, each arrival written on the client's connection as it came
 (``studio.http.client_wire``, as the studio's ``Framed`` does), under the studio's own server
 class (``studio.http.server.StudioServer``, its main loop waking once a second): what uvicorn
-alone adds to the floor's stream. ``studio /v1`` is the studio itself (``bench_proxy``'s service, routing, auth,
-metrics and all). Issue 33's target is the studio at 1.3x the floor; what ``uvicorn direct`` takes of
-that leaves the studio's own work of a request its share.
+alone adds to the floor's stream. ``studio relay`` adds the studio's upstream client and relay (a
+spare connection, the answer's head parsed, the watcher of the client, ``Framed``) and nothing else;
+``studio routes`` adds the forwarded routes' own work (routing, the checks, the lease, the metrics),
+with no FastAPI or middleware around it (``studio_part``); ``studio /v1`` is the studio itself
+(``bench_proxy``'s service: FastAPI, auth, the guards and all). Issue 33's target is the studio at
+1.3x the floor.
 
 granian is no dependency of the studio; for its row install it into the environment first:
 
@@ -175,18 +179,75 @@ async def direct_app(scope: dict[str, Any], receive: Any, send: Any) -> None:
     await send({"type": "http.response.body", "body": b"", "more_body": False})
 
 
+def studio_part(part: str) -> Any:
+    """The studio with its outer layers taken off, in front of the stand-in, as an ASGI app.
+
+    ``studio routes`` is the forwarded routes' own handler (``OpenAIRoutes``: routing, the checks, the
+    lease, the metrics and the relay) with no FastAPI and no middleware around it. ``studio relay`` is the
+    studio's upstream client and relay alone (``Upstream.send`` on a spare connection, the answer's head
+    parsed, ``Relay`` with its watcher of the client and ``Framed``): the body parsed and written again as
+    the studio does, nothing checked, leased or counted. Both run on the studio app's own state (its lifespan
+    makes the pooled upstream), with the tests' stand-in manager as ``bench_proxy``'s service has.
+    """
+    import bench_proxy
+
+    from studio import json_codec
+    from studio.http.app import create_app
+    from studio.http.errors import error_response
+    from studio.http.openai_proxy import OpenAIRoutes
+    from studio.http.relay import Relay, with_server_send
+    from tests.standin_manager import StandInManager, StandInModel
+
+    loaded = StandInModel(
+        name=bench_proxy.MODEL,
+        url=f"http://127.0.0.1:{os.environ['BENCH_UPSTREAM']}",
+        auth_headers={"Authorization": "Bearer stand-in"},
+    )
+    studio = create_app(StandInManager(loaded))  # type: ignore[arg-type]
+    routes = OpenAIRoutes(studio, on_error=error_response)
+    url = loaded.url + "/v1/chat/completions"
+
+    async def relayed(scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] == "lifespan":
+            await studio(scope, receive, send)
+            return
+        if part == "studio routes":
+            scope["app"] = studio  # where the routes find the manager, the upstream and the metrics
+            await routes(scope, receive, send)
+            return
+        body = json_codec.loads(await request_body(receive))
+        resp = await studio.state.upstream.send("POST", url, loaded.auth_headers, body)
+
+        async def closed(first_at: float | None, tail: bytes) -> None:
+            await resp.aclose()
+
+        async def broken(exc: Exception) -> bytes:
+            return b""
+
+        relay = Relay(resp, headers={"content-type": "text/event-stream"}, on_close=closed, on_break=broken)
+        await relay(scope, receive, send)
+
+    return with_server_send(relayed)
+
+
+#: The rows served under the studio's own server class (``StudioServer``): all but plain ``uvicorn``.
+UNDER_STUDIO_SERVER = ("uvicorn direct", "studio relay", "studio routes")
+
+
 def serve(server: str, port: int) -> None:
-    """Serve ``app`` under ``server`` on ``port``; print ``ready`` once it accepts connections."""
+    """Serve ``server``'s app on ``port``; print ``ready`` once it accepts connections."""
     sys.path.insert(0, str(HERE))  # granian imports the app by name
-    if server in ("uvicorn", "uvicorn direct"):
+    if server in ("uvicorn", *UNDER_STUDIO_SERVER):
         import uvicorn
 
-        from studio.http.server import StudioServer
+        from studio.http.server import StudioServer, settle_heap
 
-        served = app if server == "uvicorn" else direct_app
+        served = {"uvicorn": app, "uvicorn direct": direct_app}.get(server) or studio_part(server)
         config = uvicorn.Config(served, host="127.0.0.1", port=port, log_level="warning", access_log=False)
-        # the direct relay runs as the studio's own listener does: its main loop wakes once a second, not ten times
+        # these run as the studio's own listener does: its main loop wakes once a second, not ten times
         uvicorn_server = uvicorn.Server(config) if server == "uvicorn" else StudioServer(config)
+        if server.startswith("studio"):
+            settle_heap()  # as the studio's service does once it listens: the app's heap out of the collector's way
         threading.Thread(target=announce, args=(port,), daemon=True).start()
         uvicorn_server.run()
         return
@@ -252,7 +313,7 @@ def measure(rounds: int, granian: bool) -> None:
         if not ours.poll(120):
             raise SystemExit("the studio service did not start within 120 s")
         ours.recv()
-        for name in ("uvicorn", "uvicorn direct", *(("granian",) if granian else ())):
+        for name in ("uvicorn", *UNDER_STUDIO_SERVER, *(("granian",) if granian else ())):
             port = free_port()
             process = subprocess.Popen(
                 [sys.executable, __file__, "--serve", name, str(port)],
