@@ -192,18 +192,12 @@ def studio_part(part: str) -> Any:
     import bench_proxy
 
     from studio import json_codec
-    from studio.http.app import create_app
     from studio.http.errors import error_response
     from studio.http.openai_proxy import OpenAIRoutes
     from studio.http.relay import Relay, with_server_send
-    from tests.standin_manager import StandInManager, StandInModel
+    from studio.http.server import settle_heap
 
-    loaded = StandInModel(
-        name=bench_proxy.MODEL,
-        url=f"http://127.0.0.1:{os.environ['BENCH_UPSTREAM']}",
-        auth_headers={"Authorization": "Bearer stand-in"},
-    )
-    studio = create_app(StandInManager(loaded))  # type: ignore[arg-type]
+    studio, loaded = bench_proxy.stand_in_studio(int(os.environ["BENCH_UPSTREAM"]))
     routes = OpenAIRoutes(studio, on_error=error_response)
     url = loaded.url + "/v1/chat/completions"
 
@@ -227,6 +221,7 @@ def studio_part(part: str) -> Any:
         relay = Relay(resp, headers={"content-type": "text/event-stream"}, on_close=closed, on_break=broken)
         await relay(scope, receive, send)
 
+    settle_heap()  # as the studio's service does once it listens: the app's heap out of the collector's way
     return with_server_send(relayed)
 
 
@@ -240,14 +235,12 @@ def serve(server: str, port: int) -> None:
     if server in ("uvicorn", *UNDER_STUDIO_SERVER):
         import uvicorn
 
-        from studio.http.server import StudioServer, settle_heap
+        from studio.http.server import StudioServer
 
         served = {"uvicorn": app, "uvicorn direct": direct_app}.get(server) or studio_part(server)
         config = uvicorn.Config(served, host="127.0.0.1", port=port, log_level="warning", access_log=False)
         # these run as the studio's own listener does: its main loop wakes once a second, not ten times
         uvicorn_server = uvicorn.Server(config) if server == "uvicorn" else StudioServer(config)
-        if server.startswith("studio"):
-            settle_heap()  # as the studio's service does once it listens: the app's heap out of the collector's way
         threading.Thread(target=announce, args=(port,), daemon=True).start()
         uvicorn_server.run()
         return

@@ -97,6 +97,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import psutil
 
@@ -105,6 +106,11 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from launcher.process import free_port
+
+if TYPE_CHECKING:  # the studio is imported in the processes that serve it, never at the bench's start
+    from fastapi import FastAPI
+
+    from tests.standin_manager import StandInModel
 
 PROMPT = [{"role": "user", "content": "Tell me about the sea."}]
 #: The model the requests name: the resident's name in both runs, so the studio routes by a look-up, as for a
@@ -179,21 +185,27 @@ def serve(port: int, conn: Connection, stand_in: int | None, ollama_port: int | 
         run_service(create_app(manager, preload=[load]), host="127.0.0.1", port=port, announce=announce)
 
 
-def serve_stand_in(port: int, conn: Connection, upstream: int, ollama_port: int | None) -> None:
-    """The studio service (and its Ollama listener) in front of the stand-in llama-server on ``upstream``.
+def stand_in_studio(upstream: int) -> tuple[FastAPI, StandInModel]:
+    """The studio app in front of the stand-in llama-server on ``upstream``, and the model it routes to.
 
     Its manager is the tests' stand-in (``tests.standin_manager``): one ready resident
     model at the stand-in's URL, what the request path asks of the real one.
     """
     from studio.http.app import create_app
-    from studio.http.ollama_app import create_ollama_app
-    from studio.http.server import run_service
     from tests.standin_manager import StandInManager, StandInModel
 
     loaded = StandInModel(
         name=MODEL, url=f"http://127.0.0.1:{upstream}", auth_headers={"Authorization": "Bearer stand-in"}
     )
-    app = create_app(StandInManager(loaded))  # type: ignore[arg-type]
+    return create_app(StandInManager(loaded)), loaded  # type: ignore[arg-type]
+
+
+def serve_stand_in(port: int, conn: Connection, upstream: int, ollama_port: int | None) -> None:
+    """The studio service (and its Ollama listener) in front of the stand-in llama-server on ``upstream``."""
+    from studio.http.ollama_app import create_ollama_app
+    from studio.http.server import run_service
+
+    app, loaded = stand_in_studio(upstream)
     run_service(
         app,
         host="127.0.0.1",
