@@ -723,7 +723,8 @@ async def cpu_split(paths: list[Route], concurrency: int, low: int, high: int, r
 
     CPU per chunk at one stream length mixes the two: a stream's set-up and end (the CPU per request)
     spread over its chunks. The slope between two lengths is what one more chunk costs, the intercept
-    what a stream costs besides; their ratios to the floor's say which of the two the studio spends more on.
+    what a stream costs besides. Against the floor's: the part per chunk as a ratio, the part per stream as a
+    difference (the floor's is near nothing, within noise of zero, and a ratio to it read -172x in one run).
     """
     samples = {(p.name, t): Samples() for p in paths for t in (low, high)}
     for i in range(rounds):
@@ -742,7 +743,7 @@ async def cpu_split(paths: list[Route], concurrency: int, low: int, high: int, r
     for name, (chunk, stream) in parts.items():
         ratio = ""
         if floor is not None and name != "floor py":
-            ratio = f" ({chunk / floor[0]:.2f}x, {stream / floor[1]:.2f}x the floor py's)"
+            ratio = f" ({chunk / floor[0]:.2f}x the floor py's per chunk, {stream - floor[1]:+.3f} ms per stream)"
         print(f"  {name:>14} {chunk:6.1f} us + {stream:5.3f} ms{ratio}")
 
 
