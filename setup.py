@@ -2,6 +2,11 @@
 
 from setuptools import Extension, setup
 
-# optional=True: without a C compiler the install still succeeds and the
-# reader uses its pure-Python path.
-setup(ext_modules=[Extension("gguf._skip", ["gguf/_skip.c"], optional=True)])
+# optional=True: without a C compiler (or, for the pump, off Linux) the install
+# still succeeds and the reader and the relay use their pure-Python paths.
+setup(
+    ext_modules=[
+        Extension("gguf._skip", ["gguf/_skip.c"], optional=True),
+        Extension("studio.http._pump", ["studio/http/_pump.c"], optional=True),
+    ]
+)

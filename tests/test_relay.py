@@ -25,6 +25,7 @@ import uvicorn
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from studio.chat.model_turn import Turn, TurnError, read_turn
+from studio.http import chunk_pump
 from studio.http.app import create_app
 from studio.http.client_wire import client_wire
 from studio.http.ollama_app import create_ollama_app
@@ -36,6 +37,16 @@ from tests.test_upstream import CHUNKED_HEAD, Handler, StandIn
 
 BROKE = b'data: {"error": "broke off"}\n\n'
 PIECES = [b'data: {"n":1}\n\n', b'data: {"n":2}\n\n', b'data: {"n":3}\n\ndata: {"n":4}\n\n', b"data: [DONE]\n\n"]
+
+
+@pytest.fixture(autouse=True, params=["C pump", "Python"])
+def chunk_path(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each test both ways a chunked body goes on under uvicorn: through the C chunk pump, and in Python (where the
+    pump was not built: no compiler, not Linux)."""
+    if request.param == "Python":
+        monkeypatch.setattr(chunk_pump, "_pump", None)
+    elif chunk_pump._pump is None:
+        pytest.skip("the C chunk pump was not built here (no C compiler, or not Linux)")
 
 
 def _chunk(data: bytes, extension: bytes = b"") -> bytes:

@@ -562,6 +562,9 @@ class _Connection:
     def close(self) -> None:
         pass
 
+    def get_extra_info(self, name: str, default: Any = None) -> Any:
+        return default  # no socket: ``Framed`` relays in Python (the chunk pump's own tests: test_chunk_pump.py)
+
 
 class _Client:
     """The client's connection as ``Framed`` writes on it: what was written, and a flow control that never pauses."""
@@ -575,6 +578,9 @@ class _Client:
 
     def is_closing(self) -> bool:
         return False
+
+    def get_extra_info(self, name: str, default: Any = None) -> Any:
+        return default  # no socket: ``Framed`` relays in Python
 
     async def drain(self) -> None:
         pass

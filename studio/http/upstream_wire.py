@@ -16,6 +16,7 @@ stream, failures are ``httpx.HTTPError``), so the code that reads the answers do
 from __future__ import annotations
 
 import asyncio
+import os
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from functools import partial
@@ -23,6 +24,8 @@ from typing import Protocol, cast
 
 import httptools
 import httpx
+
+from studio.http.chunk_pump import PumpEnd, pump
 
 #: Bytes of body held for a reader before reading from the connection pauses.
 READ_HIGH = 256 * 1024
@@ -413,6 +416,10 @@ class Framed(_Flowing):
     whether what was written ended between two chunks, where an error event can follow as a chunk of its
     own, or inside one, where the client's body cannot go on. ``first_at`` is when the first bytes came,
     ``tail`` the last two arrivals.
+
+    Where the C chunk pump was built (``studio.http.chunk_pump``), the arrivals after ``start`` go through it
+    instead, the same way (written as they came, the end handed back, a failure between or inside chunks),
+    with no Python per arrival.
     """
 
     def __init__(self, answer: Answer, transport: asyncio.WriteTransport, flow: WriteFlow) -> None:
@@ -423,6 +430,7 @@ class Framed(_Flowing):
         self.between_chunks = True
         self._unparsed: list[bytes] = []  # arrivals written on, not parsed yet
         self._recent: Callable[[], tuple[bytes, bytes]] = lambda: (b"", b"")  # the last two arrivals
+        self._stop_pump: Callable[[], None] | None = None  # the chunk pump passes the body on: what stops it
 
     @property
     def tail(self) -> bytes:
@@ -449,7 +457,34 @@ class Framed(_Flowing):
             return
         transport = answer._wire.transport
         assert transport is not None
-        transport.set_protocol(_Arrivals(self._arrivals(), self))
+        self._stop_pump = pump(transport, self._transport, self.first_at, framed, self._pumped)
+        if self._stop_pump is None:  # relayed here, arrival by arrival
+            transport.set_protocol(_Arrivals(self._arrivals(), self))
+
+    def _pumped(self, end: PumpEnd) -> None:
+        """The chunk pump passed the rest of the body on: how it ended, as ``_arrivals`` would have seen it."""
+        self._stop_pump = None
+        answer, done = self._answer, self.done
+        if self.first_at is None and end.first_at:
+            self.first_at = end.first_at
+        self._recent = lambda: (end.before, end.last)
+        self.between_chunks = end.between_chunks
+        if done.done():
+            return
+        if end.how == "complete":
+            answer.complete = True
+            done.set_result(end.end)
+            return
+        if end.how == "client gone":  # as uvicorn would on its own write: its disconnect ends the relay
+            self._transport.abort()
+            return
+        if end.how == "garbled":
+            answer._garbled(httptools.HttpParserError("invalid chunk framing"))
+        else:
+            lost = OSError(end.error, os.strerror(end.error)) if end.error else None
+            answer._fail(httpx.RemoteProtocolError(f"it broke off its answer ({plainly(lost)})"))
+        assert answer._error is not None
+        done.set_exception(answer._error)
 
     def _arrivals(self) -> Callable[[bytes], None]:
         """The connection's ``data_received`` from ``start`` on (a closure: each attribute it would look up per
@@ -522,6 +557,12 @@ class Framed(_Flowing):
             self._transport.write(data)
             if self._flow.write_paused:
                 self._behind(self._flow.drain())
+
+    def close(self) -> None:
+        if self._stop_pump is not None:
+            self._stop_pump()
+            self._stop_pump = None
+        super().close()
 
     def lost(self, exc: Exception | None) -> None:
         """The connection closed: what was written unparsed is parsed first, so the answer knows how it ended."""
