@@ -36,8 +36,9 @@ Linux only (epoll, eventfd): elsewhere the extension is not built and the relay 
 
 #define READ_SIZE 65536
 
-/* How a stream ended, as results() reports it. */
-enum { R_COMPLETE = 0, R_BROKEN = 1, R_GARBLED = 2, R_CLIENT_GONE = 3 };
+/* How a stream ended; results() reports it by name (HOW). */
+enum { R_COMPLETE, R_BROKEN, R_GARBLED, R_CLIENT_GONE };
+static const char *const HOW[] = {"complete", "broken", "garbled", "client gone"};
 
 /* Chunked framing (RFC 9112 7.1), one state per place a byte can be in. */
 enum {
@@ -52,6 +53,12 @@ enum {
     S_TRAILER_LF,  /* a trailer line's LF */
     S_END_LF,      /* the body's final LF */
 };
+
+/* Where the framing is: the state, and the chunk size read so far (its digits) or left to read. */
+typedef struct {
+    int state, digits;
+    uint64_t size;
+} Framing;
 
 typedef struct Channel Channel;
 
@@ -69,8 +76,7 @@ typedef struct Stream {
     uint64_t id;
     Channel *chan;
     int up, client;
-    int state, digits;
-    uint64_t size;
+    Framing framing; /* after what was written */
     char *pending;
     size_t pending_len, pending_off;
     char *before, *last;
@@ -99,6 +105,18 @@ static Stream *find(uint64_t id) {
     for (Stream *s = streams; s != NULL; s = s->next)
         if (s->id == id) return s;
     return NULL;
+}
+
+/* Whether what was written ends between two chunks (an error event can follow), not inside one. */
+static int between(const Stream *s) { return s->framing.state == S_SIZE && s->framing.digits == 0; }
+
+/* Register (EPOLL_CTL_ADD) or change (EPOLL_CTL_MOD) what wakes the thread for the stream's two connections;
+   -1 (errno set) on failure. The client's hang-up and errors wake it whatever its events. */
+static int watch(Stream *s, int op, uint32_t up_events, uint32_t client_events) {
+    struct epoll_event up = {.events = up_events, .data.u64 = s->id << 1};
+    struct epoll_event client = {.events = client_events, .data.u64 = (s->id << 1) | 1};
+    if (epoll_ctl(epfd, op, s->client, &client) < 0) return -1;
+    return epoll_ctl(epfd, op, s->up, &up);
 }
 
 static void unlink_stream(Stream *gone) {
@@ -143,7 +161,7 @@ static void finish(Stream *s, int kind, int err, const char *data, size_t len) {
         r->id = s->id;
         r->kind = kind;
         r->err = err;
-        r->between = s->state == S_SIZE && s->digits == 0;
+        r->between = between(s);
         r->first_at = s->first_at;
         if (len) {
             r->data = malloc(len);
@@ -176,24 +194,24 @@ static int hex(char c) {
     return -1;
 }
 
-/* Step the framing over [data, data + len): the offset just past the body's end, 0 if it does not end in it,
-   -1 if the framing is broken; *payload says whether any chunk bytes were in it. */
-static ssize_t frame(Stream *s, const char *data, size_t len, int *payload) {
+/* Step the framing f over [data, data + len): the offset just past the body's end, 0 if it does not end in
+   it, -1 if the framing is broken; *payload says whether any chunk bytes were in it. */
+static ssize_t frame(Framing *f, const char *data, size_t len, int *payload) {
     size_t i = 0;
     while (i < len) {
         char c = data[i];
-        switch (s->state) {
+        switch (f->state) {
         case S_SIZE: {
             int d = hex(c);
             if (d >= 0) {
-                if (++s->digits > 15) return -1;
-                s->size = s->size * 16 + (uint64_t)d;
-            } else if (s->digits == 0) {
+                if (++f->digits > 15) return -1;
+                f->size = f->size * 16 + (uint64_t)d;
+            } else if (f->digits == 0) {
                 return -1;
             } else if (c == '\r') {
-                s->state = S_SIZE_LF;
+                f->state = S_SIZE_LF;
             } else if (c == ';' || c == ' ' || c == '\t') {
-                s->state = S_EXT;
+                f->state = S_EXT;
             } else {
                 return -1;
             }
@@ -202,46 +220,46 @@ static ssize_t frame(Stream *s, const char *data, size_t len, int *payload) {
         }
         case S_EXT:
             if (c == '\n') return -1;
-            if (c == '\r') s->state = S_SIZE_LF;
+            if (c == '\r') f->state = S_SIZE_LF;
             i++;
             break;
         case S_SIZE_LF:
             if (c != '\n') return -1;
-            s->state = s->size == 0 ? S_TRAILER_BOL : S_DATA;
+            f->state = f->size == 0 ? S_TRAILER_BOL : S_DATA;
             i++;
             break;
         case S_DATA: {
             size_t take = len - i;
-            if ((uint64_t)take > s->size) take = (size_t)s->size;
-            s->size -= take;
+            if ((uint64_t)take > f->size) take = (size_t)f->size;
+            f->size -= take;
             i += take;
             *payload = 1;
-            if (s->size == 0) s->state = S_DATA_CR;
+            if (f->size == 0) f->state = S_DATA_CR;
             break;
         }
         case S_DATA_CR:
             if (c != '\r') return -1;
-            s->state = S_DATA_LF;
+            f->state = S_DATA_LF;
             i++;
             break;
         case S_DATA_LF:
             if (c != '\n') return -1;
-            s->state = S_SIZE;
-            s->digits = 0;
-            s->size = 0;
+            f->state = S_SIZE;
+            f->digits = 0;
+            f->size = 0;
             i++;
             break;
         case S_TRAILER_BOL:
-            s->state = c == '\r' ? S_END_LF : S_TRAILER;
+            f->state = c == '\r' ? S_END_LF : S_TRAILER;
             i++;
             break;
         case S_TRAILER:
-            if (c == '\r') s->state = S_TRAILER_LF;
+            if (c == '\r') f->state = S_TRAILER_LF;
             i++;
             break;
         case S_TRAILER_LF:
             if (c != '\n') return -1;
-            s->state = S_TRAILER_BOL;
+            f->state = S_TRAILER_BOL;
             i++;
             break;
         case S_END_LF:
@@ -270,21 +288,6 @@ static int flush(Stream *s) {
     return 1;
 }
 
-/* The client is behind: wait for it to take the rest before the upstream is read again. */
-static void wait_for_client(Stream *s) {
-    struct epoll_event up = {.events = 0, .data.u64 = s->id << 1};
-    struct epoll_event client = {.events = EPOLLOUT, .data.u64 = (s->id << 1) | 1};
-    epoll_ctl(epfd, EPOLL_CTL_MOD, s->up, &up);
-    epoll_ctl(epfd, EPOLL_CTL_MOD, s->client, &client);
-}
-
-static void client_caught_up(Stream *s) {
-    struct epoll_event up = {.events = EPOLLIN, .data.u64 = s->id << 1};
-    struct epoll_event client = {.events = 0, .data.u64 = (s->id << 1) | 1};
-    epoll_ctl(epfd, EPOLL_CTL_MOD, s->client, &client);
-    epoll_ctl(epfd, EPOLL_CTL_MOD, s->up, &up);
-}
-
 static void on_upstream(Stream *s, char *buf) {
     ssize_t n = recv(s->up, buf, READ_SIZE, MSG_DONTWAIT); /* whether or not the socket blocks: never here */
     if (n < 0) {
@@ -297,21 +300,19 @@ static void on_upstream(Stream *s, char *buf) {
         return;
     }
     if (s->first_at == 0.0) s->first_at = now();
-    int was_between = s->state == S_SIZE && s->digits == 0, payload = 0;
-    ssize_t end = frame(s, buf, (size_t)n, &payload);
-    if (end < 0) { /* nothing of it written: what went before ended where it did */
-        s->state = was_between ? S_SIZE : S_DATA;
-        s->digits = 0;
+    Framing after = s->framing; /* stepped on a copy: a broken arrival is not written, nor framed */
+    int payload = 0;
+    ssize_t end = frame(&after, buf, (size_t)n, &payload);
+    if (end < 0) {
         finish(s, R_GARBLED, 0, NULL, 0);
         return;
     }
+    s->framing = after;
     if (end > 0) { /* the body's end: the caller writes it with its own */
         if (payload && !remember(s, buf, (size_t)end)) {
             finish(s, R_BROKEN, ENOMEM, NULL, 0);
             return;
         }
-        s->state = S_SIZE;
-        s->digits = 0;
         finish(s, R_COMPLETE, 0, buf, (size_t)end);
         return;
     }
@@ -337,7 +338,7 @@ static void on_upstream(Stream *s, char *buf) {
         }
         memcpy(s->pending, buf + w, s->pending_len);
         s->pending_off = 0;
-        wait_for_client(s);
+        watch(s, EPOLL_CTL_MOD, 0, EPOLLOUT); /* the upstream is not read until the client took the rest */
     }
 }
 
@@ -348,7 +349,7 @@ static void on_client(Stream *s, uint32_t events) {
             finish(s, R_CLIENT_GONE, -flushed, NULL, 0);
             return;
         }
-        if (flushed > 0) client_caught_up(s);
+        if (flushed > 0) watch(s, EPOLL_CTL_MOD, EPOLLIN, 0);
         return;
     }
     if (events & (EPOLLHUP | EPOLLERR)) finish(s, R_CLIENT_GONE, 0, NULL, 0);
@@ -475,7 +476,7 @@ static PyObject *Pump_add(PumpObject *self, PyObject *args) {
     if (s == NULL) return PyErr_NoMemory();
     s->chan = &self->chan;
     s->first_at = first_at;
-    s->state = S_SIZE;
+    s->framing.state = S_SIZE;
     s->up = fcntl(up_fd, F_DUPFD_CLOEXEC, 0);
     s->client = s->up < 0 ? -1 : fcntl(client_fd, F_DUPFD_CLOEXEC, 0);
     if (s->client < 0 || (last_len && !remember(s, last, (size_t)last_len))) {
@@ -488,9 +489,7 @@ static PyObject *Pump_add(PumpObject *self, PyObject *args) {
     }
     pthread_mutex_lock(&lock);
     s->id = next_id++;
-    struct epoll_event up = {.events = EPOLLIN, .data.u64 = s->id << 1};
-    struct epoll_event client = {.events = 0, .data.u64 = (s->id << 1) | 1}; /* its hang-up only, until it is behind */
-    int failed = epoll_ctl(epfd, EPOLL_CTL_ADD, s->client, &client) < 0 || epoll_ctl(epfd, EPOLL_CTL_ADD, s->up, &up) < 0;
+    int failed = watch(s, EPOLL_CTL_ADD, EPOLLIN, 0) < 0; /* the client: its hang-up only, until it is behind */
     int err = errno;
     if (!failed) {
         s->next = streams;
@@ -540,7 +539,7 @@ static PyObject *Pump_results(PumpObject *self, PyObject *unused) {
     while (r != NULL) {
         Result *next = r->next;
         if (list != NULL) {
-            PyObject *item = Py_BuildValue("(KiiidNNN)", (unsigned long long)r->id, r->kind, r->err, r->between,
+            PyObject *item = Py_BuildValue("(KsiidNNN)", (unsigned long long)r->id, HOW[r->kind], r->err, r->between,
                                            r->first_at, bytes_of(r->data, r->data_len),
                                            bytes_of(r->before, r->before_len), bytes_of(r->last, r->last_len));
             if (item == NULL || PyList_Append(list, item) < 0) Py_CLEAR(list);
@@ -558,7 +557,7 @@ static PyMethodDef Pump_methods[] = {
      "add(upstream_fd, client_fd, first_at, last) -> id: pump a chunked body, at a chunk boundary, from now on."},
     {"cancel", (PyCFunction)Pump_cancel, METH_O, "cancel(id) -> bool: stop a stream; whether it was still running."},
     {"results", (PyCFunction)Pump_results, METH_NOARGS,
-     "results() -> [(id, kind, errno, between_chunks, first_at, end, before, last)] of the streams that ended."},
+     "results() -> [(id, how, errno, between_chunks, first_at, end, before, last)] of the streams that ended."},
     {NULL, NULL, 0, NULL},
 };
 
@@ -586,9 +585,5 @@ PyMODINIT_FUNC PyInit__pump(void) {
         Py_DECREF(m);
         return NULL;
     }
-    PyModule_AddIntConstant(m, "COMPLETE", R_COMPLETE);
-    PyModule_AddIntConstant(m, "BROKEN", R_BROKEN);
-    PyModule_AddIntConstant(m, "GARBLED", R_GARBLED);
-    PyModule_AddIntConstant(m, "CLIENT_GONE", R_CLIENT_GONE);
     return m;
 }

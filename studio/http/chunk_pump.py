@@ -44,9 +44,6 @@ class PumpEnd(NamedTuple):
     last: bytes
 
 
-_HOW = ("complete", "broken", "garbled", "client gone")
-
-
 class _Channel:
     """One event loop's way to the pump: its results arrive on an eventfd the loop reads."""
 
@@ -60,7 +57,7 @@ class _Channel:
         for stream, how, error, between, first_at, end, before, last in self.pump.results():
             on_end = self.waiting.pop(stream, None)
             if on_end is not None:
-                on_end(PumpEnd(_HOW[how], error, bool(between), first_at, end, before, last))
+                on_end(PumpEnd(how, error, bool(between), first_at, end, before, last))
 
 
 _channels: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _Channel] = weakref.WeakKeyDictionary()
