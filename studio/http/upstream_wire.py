@@ -480,11 +480,9 @@ class Framed(_Flowing):
             return
         if end.how == "garbled":
             answer._garbled(httptools.HttpParserError("invalid chunk framing"))
-        else:
-            lost = OSError(end.error, os.strerror(end.error)) if end.error else None
-            answer._fail(httpx.RemoteProtocolError(f"it broke off its answer ({plainly(lost)})"))
-        assert answer._error is not None
-        done.set_exception(answer._error)
+            self.hand_on()
+        else:  # broken: as if the connection had closed under the answer, which says so and hands it on
+            answer.connection_lost(OSError(end.error, os.strerror(end.error)) if end.error else None)
 
     def _arrivals(self) -> Callable[[bytes], None]:
         """The connection's ``data_received`` from ``start`` on (a closure: each attribute it would look up per
