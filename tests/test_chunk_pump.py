@@ -79,6 +79,11 @@ class _Pair:
                 return got
             got += data
 
+    async def passes(self, data: bytes) -> None:
+        """Send ``data`` as llama-server and see the client get exactly it."""
+        self.server.sendall(data)
+        assert await self.received(len(data)) == data
+
     async def ended(self) -> None:
         await asyncio.wait({self.framed.done}, timeout=5)
         assert self.framed.done.done(), "the pump never said how the body ended"
@@ -152,8 +157,7 @@ def test_what_came_with_the_head_goes_first_and_the_tail_and_first_bytes_are_kno
 def test_an_upstream_that_closes_early_fails_the_body_saying_whether_the_client_s_ended_between_chunks(sent, between):
     async def test(pair: _Pair) -> None:
         await pair.start()
-        pair.server.sendall(sent)
-        assert await pair.received(len(sent)) == sent
+        await pair.passes(sent)
         pair.server.close()
         await pair.ended()
         error = pair.framed.done.exception()
@@ -166,8 +170,7 @@ def test_an_upstream_that_closes_early_fails_the_body_saying_whether_the_client_
 def test_broken_framing_fails_the_body_and_none_of_the_broken_read_reaches_the_client():
     async def test(pair: _Pair) -> None:
         await pair.start()
-        pair.server.sendall(b"3\r\nabc\r\n")
-        assert await pair.received(8) == b"3\r\nabc\r\n"
+        await pair.passes(b"3\r\nabc\r\n")
         pair.server.sendall(b"zz\r\nnot a chunk\r\n")
         await pair.ended()
         error = pair.framed.done.exception()
@@ -184,8 +187,7 @@ def test_a_stopped_pump_writes_nothing_more_and_lets_both_connections_go():
 
     async def test(pair: _Pair) -> None:
         await pair.start()
-        pair.server.sendall(b"3\r\nabc\r\n")
-        assert await pair.received(8) == b"3\r\nabc\r\n"
+        await pair.passes(b"3\r\nabc\r\n")
         pair.framed.close()
         pair.server.sendall(b"3\r\ndef\r\n")
         assert await pair.received(quiet=0.2) == b""
@@ -207,8 +209,7 @@ def test_a_stopped_pump_writes_nothing_more_and_lets_both_connections_go():
 def test_a_client_gone_under_the_pump_has_its_connection_closed_so_the_relay_ends():
     async def test(pair: _Pair) -> None:
         await pair.start()
-        pair.server.sendall(b"3\r\nabc\r\n")
-        assert await pair.received(8) == b"3\r\nabc\r\n"
+        await pair.passes(b"3\r\nabc\r\n")
         pair.client.close()
         for _ in range(50):
             pair.server.sendall(b"3\r\ndef\r\n")
