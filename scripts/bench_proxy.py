@@ -748,7 +748,7 @@ async def cpu_split(paths: list[Route], concurrency: int, low: int, high: int, r
             ratio = f" ({chunk / floor[0]:.2f}x the floor py's per chunk, {stream - floor[1]:+.3f} ms per stream)"
             if concurrency in CPU_OVER_FLOOR:
                 ok = chunk / floor[0] <= CPU_OVER_FLOOR[concurrency]
-                ratio += f", per chunk alone <= {CPU_OVER_FLOOR[concurrency]:g}x: {'met' if ok else 'MISSED'}"
+                ratio += f", per chunk alone <= {CPU_OVER_FLOOR[concurrency]:g}x: {verdict(ok)}"
         print(f"  {name:>14} {chunk:6.1f} us + {stream:5.3f} ms{ratio}")
 
 
@@ -816,13 +816,15 @@ TTFT_OVER_FLOOR = {1: 1.0, 8: 3.0, 32: 3.0}
 CPU_OVER_FLOOR = {8: 1.3, 32: 1.3}
 
 
+def verdict(ok: bool) -> str:
+    """How a figure stands against its target, as every target line says it."""
+    return "met" if ok else "MISSED"
+
+
 def targets(runs: list[Rows], name: str, baseline: str, streams: Sequence[int]) -> None:
     """Print ``name``'s figures against issue 33's targets: each a median over the runs of the run's own ratio or
     difference to ``floor py`` (the targets are set against the floor measured in the same run), tokens/s to
     ``baseline``'s."""
-
-    def verdict(ok: bool) -> str:
-        return "met" if ok else "MISSED"
 
     print(f"issue 33's targets for {name} (medians over the runs of each run's figure against floor py's):")
     for c in streams:
@@ -999,7 +1001,8 @@ def main() -> int:
             for concurrency in sorted(CPU_OVER_FLOOR):
                 time.sleep(2 * DEMAND_WINDOW)  # a larger fan-out's spares are no longer wanted (see the docstring)
                 asyncio.run(cpu_split(split, concurrency, 16, 256, 4))
-            time.sleep(2 * DEMAND_WINDOW)  # nor the last split's, for the CPU per request
+            if args.requests:
+                time.sleep(2 * DEMAND_WINDOW)  # nor the last split's, for the CPU per request
         if args.requests:
             at_once = 8
             measured = [p for p in paths if p.name in ("studio /v1", "floor py", "studio msgs") or p.name in before]
