@@ -130,6 +130,9 @@ class ModelFacts:
     dense_ffn_widths: tuple[int, ...] = ()
     # the FFN is up -> activation -> down, with no gate (GELU MLPs: StarCoder2, Phi-2, Nemotron...)
     ffn_ungated: bool = False
+    #: the authors' sampling defaults (``general.sampling.*``, numbers only), as (key after the prefix, value):
+    #: llama-server applies these itself where its command line sets none
+    sampling: tuple[tuple[str, float], ...] = ()
     # no output.weight: the logits reuse token_embd.weight, which llama.cpp loads again on the output layer's
     # device when that is not the CPU (llama-model-loader.cpp TENSOR_DUPLICATED; an encoder with no output layer
     # at all is counted as tied too, erring on the safe side)

@@ -198,6 +198,7 @@ def _model_facts(model: ParsedModel, hf_config: Mapping[str, Any] | None) -> Mod
         moe_layers=tensor_layout.moe_layers(tensors, hp.n_layer_all),
         dense_ffn_widths=tensor_layout.dense_ffn_widths(tensors, n),
         ffn_ungated=tensor_layout.ffn_ungated(tensors),
+        sampling=_sampling(md),
         output_tied=tensor_layout.output_tied(tensors),
         fused_qkv=tensor_layout.fused_qkv(tensors, kv_layers),
         indexer_head_count=idx_heads,
@@ -236,3 +237,13 @@ def _special_ids(meta: Metadata, tokenizer_model: str | None, vocab_size: int) -
             value = given
         out.append(value)
     return out[0], out[1]
+
+
+def _sampling(md: Mapping[str, Any]) -> tuple[tuple[str, float], ...]:
+    """The numeric ``general.sampling.*`` keys; another type is left out, as llama.cpp ignores it (no error)."""
+    prefix = "general.sampling."
+    return tuple(
+        (key.removeprefix(prefix), float(v))
+        for key, v in md.items()
+        if key.startswith(prefix) and isinstance(v, (int, float)) and not isinstance(v, bool)
+    )

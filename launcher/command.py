@@ -319,6 +319,8 @@ def _add_flags(out: _Argv, plan: LaunchPlan, key: Secret, threads: int | None) -
     if plan.pooling is not None:  # the extra flags' own --pooling wins
         if "--pooling" not in plan.extra_args:
             out.add(("--pooling",), plan.pooling, why="embeddings are pooled as the model's file says")
+    if not plan.request.embeddings:  # the user's extra flags, after these, still win
+        out.argv += request.sampling.argv(plan.n_ctx // max(plan.n_parallel, 1))
     out.argv += [*plan.spec.argv, *plan.extra_args]
 
 

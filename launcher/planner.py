@@ -85,6 +85,7 @@ from launcher.memory import (
     projector_compute_bytes,
 )
 from launcher.rpc import LINK_WARNING
+from launcher.sampling import Sampling
 from launcher.spec_measurements import SpecMeasurement
 from launcher.speculative import SpecModel, SpecPlan
 from launcher.units import MIB, format_size
@@ -232,6 +233,7 @@ class PlanRequest:
     #: model, devices and binary, ``auto`` takes the measured winner. None: the policy alone.
     spec_measurements: Path | None = None
     embeddings: bool = False  # an embedding instance: --embeddings and a pooling (see the module docstring)
+    sampling: Sampling = Sampling()  # sampling defaults and the answer limit it starts with
 
 
 @dataclass(frozen=True)

@@ -14,6 +14,8 @@ Precedence: environment variables, then the optional TOML file
     allow_any_path = false          # true: API clients may load a .gguf from anywhere on the disk
     max_body_bytes = 33554432       # the largest request body accepted (32 MiB; 413 above)
     auto_download = false           # a load of an uncached owner/repo:VARIANT downloads it first
+    max_tokens = 4096               # an answer's token limit when its request sets none (never past the context)
+    max_seconds = 600               # wall-clock limit of one generation, seconds (0: none)
 
     [aliases]                       # extra names a client may send as `model`
     chat = "gemma-3-270m-Q4_K_M"    # a model name, a .gguf path, or owner/repo:VARIANT in the HF cache
@@ -62,6 +64,9 @@ Precedence: environment variables, then the optional TOML file
     chat_template = "chatml"        # a llama.cpp built-in template's name, or Jinja text (unset: the model's own)
     jinja = false                   # llama-server's built-in template renderer, no tools (unset: Jinja)
     tags = ["chat", "small"]        # labels GET /models lists with the model (llama-server's --tags)
+    temperature = 0.2               # sampling defaults a request's own values override (unset: the GGUF's
+    top_p = 0.9                     # general.sampling.* keys, else llama-server's); also top_k, min_p,
+    repeat_penalty = 1.1            # and max_tokens / max_seconds as above, for this model
 
 | variable                | meaning                                                  |
 |-------------------------|----------------------------------------------------------|
@@ -96,6 +101,8 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
+from launcher import sampling
+from launcher.sampling import Sampling
 from studio.env import env_flag
 from studio.home import studio_home
 
@@ -128,6 +135,8 @@ _TOP_KEYS = {
     "allow_any_path",
     "max_body_bytes",
     "auto_download",
+    "max_tokens",
+    "max_seconds",
 }
 #: The largest request body by default: a photo of a few MB is ~4/3 larger in base64, a minute of WAV ~2 MB.
 DEFAULT_MAX_BODY_BYTES = 32 * 1024 * 1024
@@ -153,6 +162,7 @@ _MODEL_KEYS = {
     "chat_template",
     "tags",
     "jinja",
+    *sampling.LIMITS,
 }
 #: (least, most) a load may ask for; the load API and the config file check the same bounds. No real model
 #: has a context above 16M tokens (Llama 4 Scout's 10M is the largest); a bigger one is a typo, refused
@@ -284,6 +294,7 @@ class ModelDefaults:
     context_shift: bool | None = None
     jinja: bool | None = None  # False: llama-server's built-in template renderer (--no-jinja), which refuses tools
     tags: tuple[str, ...] = ()  # labels GET /models lists with the model (llama-server's --tags), no load setting
+    sampling: Sampling = Sampling()  # its sampling defaults and answer limits (``launcher.sampling``)
 
 
 @dataclass(frozen=True)
@@ -345,6 +356,8 @@ class Settings:
     # Off by default: any client of the API may name a model, and a typo or a stray name must not start a
     # many-gigabyte download to this disk; downloads are asked for (POST /api/pull, ggstudio pull) unless set.
     auto_download: bool = False
+    #: the answer limits of every model whose own table sets none (``max_tokens``, ``max_seconds``)
+    sampling: Sampling = Sampling()
 
     @property
     def models_dir(self) -> Path:
@@ -433,6 +446,7 @@ class Settings:
                         chat_template=d.get("chat_template"),
                         jinja=d.get("jinja"),
                         tags=tuple(d.get("tags", ())),
+                        sampling=sampling.from_table(d),
                     )
                     for name, d in config.get("models", {}).items()
                 }
@@ -442,6 +456,7 @@ class Settings:
             allowed_origins=origins,
             allowed_hosts=hosts,
             allow_any_path=config.get("allow_any_path", False),
+            sampling=Sampling(max_tokens=config.get("max_tokens"), max_seconds=config.get("max_seconds")),
         )
 
 
@@ -472,6 +487,7 @@ def _read_config(path: Path, *, explicit: bool) -> dict[str, Any]:
             problems.append(f"{switch} must be true or false")
     if not isinstance(config.get("max_body_bytes", DEFAULT_MAX_BODY_BYTES), int):
         problems.append("max_body_bytes must be an integer (bytes)")
+    problems += sampling.problems({k: v for k, v in config.items() if k in ("max_tokens", "max_seconds")})
     if not isinstance(config.get("model_dirs", []), list):
         problems.append("model_dirs must be a list of folders")
     problems += _number_problems(config, RESIDENCY_LIMITS)
@@ -589,6 +605,7 @@ def _model_problems(d: dict[str, Any]) -> list[str]:
 
     problems = [f"unknown key {k!r} (known: {', '.join(sorted(_MODEL_KEYS))})" for k in d if k not in _MODEL_KEYS]
     problems += _number_problems(d, {"ttl": RESIDENCY_LIMITS["ttl"]})
+    problems += sampling.problems(d)
     for k in ("pinned", "context_shift", "jinja"):
         if k in d and not isinstance(d[k], bool):
             problems.append(f"{k} must be true or false")

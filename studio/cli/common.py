@@ -150,6 +150,7 @@ def model_manager(settings: "Settings", rpc_workers: tuple[str, ...] = ()) -> tu
         if settings.residency.slot_cache_disk
         else None,
         own_memory=lambda: psutil.Process().memory_info().rss,
+        sampling=settings.sampling,
     )
     return manager, found
 

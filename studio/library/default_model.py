@@ -15,7 +15,9 @@ temperature 0 that prompt sends the Q4_1 file off course: "What is the capital o
 France?" is answered "L'Étoile, la Marseillaise, la femme au martyre, ...". Without
 it the answer is "The capital of France is Paris." So the studio serves this model
 with plain ChatML, the same turns without the added system prompt
-(``builtin_model_defaults``); a chat's own system message still goes first.
+(``builtin_model_defaults``); a chat's own system message still goes first. It is also served at its
+authors' recommended sampling (``CHAT_SAMPLING``), so a first question is answered right at the page's
+and the terminal's default settings.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from gguf.files import replacing, write_atomically
+from launcher.sampling import Sampling
 from studio.errors import StudioError
 from studio.settings import ModelDefaults
 
@@ -48,6 +51,10 @@ CHATML = (
     "{%- if add_generation_prompt -%}{{- '<|im_start|>assistant\n' -}}{%- endif -%}"
 )
 
+#: SmolLM2's authors' recommended sampling (its model card: temperature 0.2, top_p 0.9). At llama-server's
+#: own defaults (0.8, 0.95) the 135M model named another city for the capital of France about 1 time in 4.
+CHAT_SAMPLING = Sampling(temperature=0.2, top_p=0.9)
+
 
 class DefaultModelError(StudioError):
     """An embedded model's package is missing, cannot be fetched, or produced a bad file."""
@@ -59,10 +66,18 @@ def ensure_default_model(models_dir: Path) -> Path:
 
 
 def builtin_model_defaults(configured: Mapping[str, ModelDefaults]) -> dict[str, ModelDefaults]:
-    """Return ``configured`` with the embedded chat default's template filled in (the config's own values win)."""
+    """Return ``configured`` with the embedded chat default's template and its authors' sampling filled in
+    (the config's own values win, each on its own)."""
     name = CHAT_FILENAME.removesuffix(".gguf")
     own = configured.get(name) or ModelDefaults()
-    return {**configured, name: own if own.chat_template is not None else replace(own, chat_template=CHATML)}
+    return {
+        **configured,
+        name: replace(
+            own,
+            chat_template=CHATML if own.chat_template is None else own.chat_template,
+            sampling=own.sampling.over(CHAT_SAMPLING),
+        ),
+    }
 
 
 def ensure_gemma(models_dir: Path) -> Path:

@@ -59,6 +59,7 @@ from launcher.devices import Inventory, discover, wait_for_memory_release
 from launcher.errors import LauncherError
 from launcher.planner import MIN_AUTO_CTX, LaunchPlan, ModelInfo, PlanRequest, plan
 from launcher.registry import ChildRegistry
+from launcher.sampling import Sampling
 from launcher.supervisor import Status, Supervisor
 from launcher.units import format_mib
 from studio.blocking import run_blocking
@@ -166,6 +167,7 @@ class ModelManager:
         spec_measurements: Path | None = None,
         slot_cache: SlotCache | None = None,
         own_memory: Callable[[], int] | None = None,
+        sampling: Sampling | None = None,
     ) -> None:
         self.catalog = catalog
         self.binary = binary
@@ -174,6 +176,7 @@ class ModelManager:
         self.discover_devices = discover_devices or (lambda: discover(llama_server=binary))
         self.files_root = files_root
         self.model_defaults = dict(model_defaults or {})  # per model name, from the config file
+        self.sampling = sampling or Sampling()  # the studio's answer limits, under each model's own
         self.residency = residency or ResidencySettings()
         self.max_waiting = max_waiting
         self.work_timeout = work_timeout  # seconds a header read, a plan or a device query may take
@@ -668,7 +671,13 @@ class ModelManager:
         self._routes.setdefault(resident.name, resident)
 
     def _settings(self, request: LoadRequest, entry: CatalogEntry) -> LoadSettings:
-        return load_settings(request, entry, self.model_defaults, last_extra_args=self._last_extra_args.get(entry.path))
+        return load_settings(
+            request,
+            entry,
+            self.model_defaults,
+            last_extra_args=self._last_extra_args.get(entry.path),
+            fallback=self.sampling,
+        )
 
     # -- placement -----------------------------------------------------------------------------
     async def preview(self, request: LoadRequest) -> Placed:

@@ -13,6 +13,7 @@ from pathlib import Path
 
 from launcher.memory import CacheType, FlashAttn
 from launcher.planner import EMBEDDING_FLAGS, PlanRequest
+from launcher.sampling import Sampling
 from studio.library.catalog import CatalogEntry
 from studio.library.projectors import chosen_projector
 from studio.library.scan import model_name
@@ -81,6 +82,7 @@ class LoadSettings:
     jinja: bool | None = None  # False: llama-server's built-in renderer, which refuses tools
     cache_ram: int | None = None
     embeddings: bool = False  # the embedding instance
+    sampling: Sampling = Sampling()  # sampling defaults and answer limits, on its command line
 
     @property
     def key(self) -> tuple[Path, bool]:
@@ -111,6 +113,7 @@ class LoadSettings:
             context_shift=self.context_shift,
             jinja=self.jinja,
             embeddings=self.embeddings,
+            sampling=self.sampling,
         )
 
 
@@ -119,15 +122,22 @@ def model_defaults_for(entry: CatalogEntry, defaults: Mapping[str, ModelDefaults
     return defaults.get(base_name(entry.name)) or defaults.get(model_name(entry.path)) or ModelDefaults()
 
 
+def sampling_for(entry: CatalogEntry, defaults: Mapping[str, ModelDefaults], fallback: Sampling) -> Sampling:
+    """``entry``'s sampling defaults: its config table's, what that leaves out from ``fallback``."""
+    return model_defaults_for(entry, defaults).sampling.over(fallback)
+
+
 def load_settings(
     request: LoadRequest,
     entry: CatalogEntry,
     defaults: Mapping[str, ModelDefaults],
     *,
     last_extra_args: tuple[str, ...] | None = None,
+    fallback: Sampling = Sampling(),
 ) -> LoadSettings:
     """``request``'s settings for ``entry``: what it leaves out comes from the model's config table
-    (by name, then by file name), extra flags first from the last load, then the built-in defaults.
+    (by name, then by file name), extra flags first from the last load, then the built-in defaults;
+    sampling defaults the table leaves out from ``fallback`` (the studio's answer limits).
 
     An embedding instance takes only what changes where and how fast it runs (cache type, threads, flash
     attention) from the model's table: its context, slots, pooling, speculation and prompt cache are the
@@ -164,4 +174,5 @@ def load_settings(
         flash_attn=request.flash_attn if request.flash_attn is not None else own.flash_attn,
         context_shift=bool(request.context_shift if request.context_shift is not None else own.context_shift),
         jinja=request.jinja if request.jinja is not None else own.jinja,
+        sampling=sampling_for(entry, defaults, fallback),
     )
