@@ -14,6 +14,7 @@ from pydantic import Field
 
 import gguf
 from launcher.memory import CacheType, FlashAttn
+from launcher.sampling import Sampling
 from launcher.speculative import MODES
 from studio.chat.media import file_capabilities
 from studio.errors import ModelNotResidentError
@@ -23,7 +24,7 @@ from studio.http.library_removal import remove_from_library
 from studio.http.model_paths import check_extra_args, check_model_path, check_projector_path
 from studio.library.catalog import CatalogEntry
 from studio.residency.manager import ModelManager
-from studio.residency.requests import LoadRequest
+from studio.residency.requests import LoadRequest, sampling_for
 from studio.settings import LOAD_LIMITS, RESIDENCY_LIMITS
 from studio.views.model import summary
 from studio.views.plan import plan_json
@@ -177,9 +178,10 @@ def _manager(request: Request) -> ModelManager:
 async def models(request: Request) -> list[dict[str, Any]]:
     """Every servable model with its facts."""
     out = []
-    for entry in _manager(request).catalog.entries():
+    manager = _manager(request)
+    for entry in manager.catalog.entries():
         try:
-            info = summary(await asyncio.to_thread(gguf.read, entry.path))
+            info = summary(await asyncio.to_thread(gguf.read, entry.path), _sampling(manager, entry))
         except gguf.GGUFError as exc:
             info = {"error": str(exc)}
         # ``name`` is what a load takes; the file's own general.name is ``general_name`` (it overwrote ``name``)
@@ -195,6 +197,10 @@ async def models(request: Request) -> list[dict[str, Any]]:
     return out
 
 
+def _sampling(manager: ModelManager, entry: CatalogEntry) -> Sampling:
+    return sampling_for(entry, manager.model_defaults, manager.sampling)
+
+
 async def _media(entry: CatalogEntry) -> dict[str, Any]:
     """The paired projector and what the model takes with it: vision, audio, or a TTS model's codec."""
     caps = await asyncio.to_thread(file_capabilities, entry.path, entry.mmproj)
@@ -205,8 +211,9 @@ async def _media(entry: CatalogEntry) -> dict[str, Any]:
 async def inspect_model(request: Request, name: str) -> dict[str, Any]:
     """One model's facts (the same as ``ggstudio inspect --json``)."""
     await check_model_path(request, name)
-    entry = _manager(request).catalog.resolve(name)
-    info = summary(await asyncio.to_thread(gguf.read, entry.path))
+    manager = _manager(request)
+    entry = manager.catalog.resolve(name)
+    info = summary(await asyncio.to_thread(gguf.read, entry.path), _sampling(manager, entry))
     return {**info, "name": entry.name, "general_name": info.get("name"), **await _media(entry)}
 
 

@@ -96,6 +96,7 @@ from studio.http.upstream import Upstream
 from studio.residency.manager import ModelManager
 from studio.residency.requests import base_name
 from studio.residency.resident import Lease, LoadedModel
+from studio.views.residency import template_source
 
 router = APIRouter()
 
@@ -423,11 +424,12 @@ async def _json_body(request: Request) -> dict[str, Any]:
 
 
 def prepare_chat_body(body: dict[str, Any], loaded: LoadedModel) -> None:
-    """Check the media and tools against the model, then fill what the studio adds: reasoning kwargs, a default
-    ``max_tokens``."""
+    """Check the media and tools against the model, then fill what the studio adds: reasoning kwargs, the
+    generation's time limit, and a base model's turn markers as stops."""
     check_chat_media(body, media_capabilities(loaded), loaded.name)
     _check_tools_render(body, loaded)
-    _default_max_tokens(body, loaded)
+    _limit_generation(body, loaded)
+    _stop_at_borrowed_turns(body, loaded)
     _apply_reasoning(body, loaded)
 
 
@@ -466,9 +468,39 @@ def check_messages(body: dict[str, Any]) -> None:
         raise BadRequestError(f"`messages` {why}: send the conversation as a list of messages", param="messages")
 
 
-def _default_max_tokens(body: dict[str, Any], loaded: LoadedModel) -> None:
-    if body.get("max_tokens") is None and body.get("max_completion_tokens") is None:
-        body["max_tokens"] = loaded.n_ctx
+def _limit_generation(body: dict[str, Any], loaded: LoadedModel) -> None:
+    """Give a generation the model's wall-clock limit unless the request sets its own.
+
+    Its token limit needs nothing here: the model's llama-server starts with it (``--n-predict``,
+    ``launcher.sampling``) and takes a request's own ``max_tokens`` over it.
+    """
+    limit = loaded.settings.sampling.max_predict_ms
+    if limit is not None and "t_max_predict_ms" not in body:
+        body["t_max_predict_ms"] = limit
+
+
+#: The turn markers of llama-server's fallback chat template (ChatML), which a model without a template of its
+#: own renders its chats with, and which a base model then writes as text instead of ending its turn.
+BORROWED_TURN_MARKERS = ("<|im_end|>", "<|im_start|>")
+
+
+def borrows_template(loaded: LoadedModel) -> bool:
+    """Whether ``loaded`` chats through llama-server's fallback template: no template of its own, none set."""
+    return template_source(loaded.settings.chat_template, loaded.facts.chat_template) == "fallback"
+
+
+def _stop_at_borrowed_turns(body: dict[str, Any], loaded: LoadedModel) -> None:
+    """End a base model's answer at the fallback template's turn markers, beside the request's own stops."""
+    if not borrows_template(loaded):
+        return
+    own = body.get("stop")
+    stops = [own] if isinstance(own, str) else list(own) if isinstance(own, list) else []
+    body["stop"] = stops + [m for m in BORROWED_TURN_MARKERS if m not in stops]
+
+
+def prepare_generation(body: dict[str, Any], loaded: LoadedModel) -> None:
+    """A completion or infill body (raw text, no template): the generation's time limit."""
+    _limit_generation(body, loaded)
 
 
 def _apply_reasoning(body: dict[str, Any], loaded: LoadedModel) -> None:
@@ -488,16 +520,21 @@ def _apply_reasoning(body: dict[str, Any], loaded: LoadedModel) -> None:
 
 
 def prepare_messages_body(body: dict[str, Any], loaded: LoadedModel) -> None:
-    """An Anthropic Messages body: images checked against the model, then the reasoning controls."""
+    """An Anthropic Messages body: images checked against the model, the answer's limit, then the reasoning
+    controls."""
     check_dialect_images(body, "messages", "image", media_capabilities(loaded), loaded.name)
+    if body.get("max_tokens") is None:  # b11434 gives a Messages body without one its own 4096, not the model's
+        body["max_tokens"] = loaded.settings.sampling.answer_limit(loaded.n_ctx)
     _apply_reasoning(body, loaded)
 
 
 def prepare_responses_body(body: dict[str, Any], loaded: LoadedModel) -> None:
-    """An OpenAI Responses body: its assistant messages typed, images checked against the model, then the
-    reasoning controls."""
+    """An OpenAI Responses body: its assistant messages typed, images checked against the model, the
+    generation's limits, then the reasoning controls."""
     _type_assistant_messages(body)
     check_dialect_images(body, "input", "input_image", media_capabilities(loaded), loaded.name)
+    _limit_generation(body, loaded)
+    _stop_at_borrowed_turns(body, loaded)
     _apply_reasoning(body, loaded)
 
 
@@ -613,7 +650,7 @@ _CHAT = Route(
 _CHAT_TOKENS = Route(
     "/v1/chat/completions/input_tokens", _apply_reasoning, "Tokens a chat completion request's prompt takes"
 )
-_NATIVE_COMPLETION = Route("/completion", _nothing_to_add, "llama-server's native completion", generates=True)
+_NATIVE_COMPLETION = Route("/completion", prepare_generation, "llama-server's native completion", generates=True)
 _RESPONSES = Route(
     "/v1/responses", prepare_responses_body, "OpenAI Responses", generates=True, stream_reshape=ResponsesIndexes
 )
@@ -637,7 +674,7 @@ FORWARDED: dict[str, Route] = {
     "/v1/chat/completions": _CHAT,
     "/chat/completions": _CHAT,
     "/v1/completions": Route(
-        "/v1/completions", _default_max_tokens, "OpenAI completions", generates=True, whole_reshape=_finished_answer
+        "/v1/completions", prepare_generation, "OpenAI completions", generates=True, whole_reshape=_finished_answer
     ),
     "/completion": _NATIVE_COMPLETION,
     "/completions": _NATIVE_COMPLETION,
@@ -670,7 +707,9 @@ FORWARDED: dict[str, Route] = {
     "/v1/reranking": _RERANK,
     "/rerank": _RERANK,
     "/reranking": _RERANK,
-    "/infill": Route("/infill", _nothing_to_add, "Fill in the middle (llama-server's native infill)", generates=True),
+    "/infill": Route(
+        "/infill", prepare_generation, "Fill in the middle (llama-server's native infill)", generates=True
+    ),
     "/tokenize": _native("Tokens of a text, by the model's vocabulary"),
     "/detokenize": _native("The text of tokens, by the model's vocabulary"),
     "/apply-template": _native("A chat rendered by the model's chat template, as the prompt it would get"),

@@ -14,11 +14,13 @@ from gguf import GGUFFile
 from gguf.projector import projector_facts
 from gguf.speech import speech_facts
 from gguf.templates import template_capabilities
+from launcher.sampling import Sampling, in_force
 from launcher.units import format_mib
 
 
-def summary(model: GGUFFile) -> dict[str, Any]:
-    """Return the facts a user asks about first, as plain JSON-able values."""
+def summary(model: GGUFFile, sampling: Sampling | None = None) -> dict[str, Any]:
+    """Return the facts a user asks about first, as plain JSON-able values; with ``sampling`` (the model's
+    configured defaults), also the sampling defaults in force and where each comes from."""
     projector = projector_facts(model)
     if projector is not None:
         return projector_summary(model)
@@ -55,6 +57,8 @@ def summary(model: GGUFFile) -> dict[str, Any]:
         "experts_used": f.expert_used_count,
         "vocab_size": f.vocab_size,
         "chat_template": dataclasses.asdict(caps) if caps else None,
+        "sampling_in_file": dict(f.sampling),
+        "sampling": in_force(sampling, f.sampling) if sampling is not None else None,
         "shards": [str(h.path) for h in model.shards],
         "speech": {
             "codec": speech.codec,
@@ -180,6 +184,7 @@ def render(info: dict[str, Any]) -> str:
         ),
         ("vocab", f"{info['vocab_size']:,} tokens"),
         ("chat template", _template_line(caps)),
+        ("sampling", _sampling_line(info)),
         ("shards", f"{len(info['shards'])} file(s)"),
     ]
     if info.get("speech"):
@@ -188,6 +193,14 @@ def render(info: dict[str, Any]) -> str:
         rows.append(("notes", "; ".join(info["notes"]) or "approximate"))
     width = max(len(k) for k, _ in rows)
     return "\n".join([info["path"]] + [f"  {k:<{width}}  {v}" for k, v in rows])
+
+
+def _sampling_line(info: dict[str, Any]) -> str:
+    """The defaults in force with their sources, else the file's own keys."""
+    if info.get("sampling"):
+        return ", ".join(f"{k} {v['value']:g} ({v['source']})" for k, v in info["sampling"].items())
+    own = info.get("sampling_in_file") or {}
+    return ", ".join(f"{k} {v:g}" for k, v in own.items()) + " (in the file)" if own else "none in the file"
 
 
 def _template_line(caps: dict[str, Any] | None) -> str:

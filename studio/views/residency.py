@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from launcher.memory import MemoryBill
+from launcher.sampling import in_force
 from studio.chat.media import plan_capabilities
 from studio.residency.lifecycle import ResidentState
 from studio.residency.manager import ModelManager
@@ -65,6 +66,10 @@ def resident_json(r: ResidentModel) -> dict[str, Any]:
             "measured": measured_json(plan.spec.measured),
         },
         "cache_type_kv": r.settings.cache_type,
+        # "own": the file's; "configured": the config's or the load's; "fallback": llama-server's ChatML, borrowed
+        "chat_template": template_source(r.settings.chat_template, r.facts.chat_template),
+        # what a request that sets none gets, and from where (``launcher.sampling.in_force``)
+        "sampling": in_force(r.settings.sampling, r.facts.sampling, loaded.n_ctx if loaded else None),
         "offload": {
             "gpus": [d.name for d in plan.gpus],
             "n_gpu_layers": plan.n_gpu_layers,
@@ -97,6 +102,11 @@ def resident_json(r: ResidentModel) -> dict[str, Any]:
         "pid": sup.pid,
         **r.status(),
     }
+
+
+def template_source(configured: str | None, own: str | None) -> str:
+    """Which chat template a model chats through: ``configured``, its ``own``, or llama-server's ``fallback``."""
+    return "configured" if configured is not None else "own" if own is not None else "fallback"
 
 
 def bill_json(bill: MemoryBill, per_device: dict[str, int]) -> dict[str, Any]:
@@ -148,6 +158,8 @@ _EMPTY: dict[str, Any] = {
     "largest_safe_context": None,
     "speculative": None,
     "cache_type_kv": None,
+    "chat_template": None,
+    "sampling": None,
     "offload": None,
     "reasons": None,
     "capabilities": None,
