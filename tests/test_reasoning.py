@@ -90,7 +90,7 @@ def test_an_all_reasoning_answer_stores_no_empty_assistant_turn(replay):
                 raise EOFError from None
 
         out = io.StringIO()
-        chat_loop(client, model="replay", max_tokens=None, read=read, out=out)
+        chat_loop(client, model="replay", options={}, read=read, out=out)
     second = replay.requests[-1]["messages"]
     assert [m["role"] for m in second] == ["user"] and second[0]["content"] == "And again?"
     assert "only reasoned" in out.getvalue()

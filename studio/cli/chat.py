@@ -21,6 +21,8 @@ from studio.cli.service import serve_studio
 from studio.errors import CommandError, Exit
 
 if TYPE_CHECKING:  # the service's modules load only in the commands that need them
+    import httpx
+
     from studio.cli.terminal_chat import LocalStudio
     from studio.residency.manager import ModelManager
     from studio.settings import Settings
@@ -36,7 +38,12 @@ def run(
         bool, typer.Option("--serve-only", help="Only serve the model's OpenAI endpoint (like `serve --model MODEL`).")
     ] = False,
     ctx: Annotated[int | None, typer.Option(help="Context size in tokens (default: the largest that fits).")] = None,
-    max_tokens: Annotated[int | None, typer.Option(help="Most tokens per answer (default: up to the context).")] = None,
+    max_tokens: Annotated[
+        int | None, typer.Option(help="Most tokens per answer (default: the model's max_tokens, else 4096).")
+    ] = None,
+    seed: Annotated[
+        int | None, typer.Option(help="Sampling seed, for an answer that repeats (default: random).")
+    ] = None,
     host: Annotated[str | None, typer.Option(help="With --serve-only: address to listen on.")] = None,
     port: Annotated[int | None, typer.Option(help="With --serve-only: port to listen on.")] = None,
     force: Annotated[
@@ -49,25 +56,26 @@ def run(
     Answers stream as they are generated (reasoning dimmed). Ctrl-C stops an
     answer; Ctrl-C at the prompt, Ctrl-D or /bye ends the chat. Examples:
 
-        ggstudio run gemma-3-270m-Q4_K_M
+        ggstudio run SmolLM2-135M-Instruct.Q4_1
 
         ggstudio run ./model.gguf --ctx 8192 --once "Name three primes."
 
         ggstudio run ./model.gguf --serve-only --port 8081
     """
     if serve_only:
-        if once is not None or max_tokens is not None:
+        if once is not None or max_tokens is not None or seed is not None:
             raise typer.BadParameter(
-                "--once and --max-tokens are for a chat, not --serve-only", param_hint="--serve-only"
+                "--once, --max-tokens and --seed are for a chat, not --serve-only", param_hint="--serve-only"
             )
         serve_studio(model, host=host, port=port, ctx=ctx, rpc=rpc)
         return
     if host is not None or port is not None:
         raise typer.BadParameter("--host and --port go with --serve-only", param_hint="--host/--port")
+    options = {k: v for k, v in (("max_tokens", max_tokens), ("seed", seed)) if v is not None}
     settings = studio_settings()
     running = discovered_studio(settings)
     if running is not None:  # this home's studio holds the memory: chat through it rather than beside it
-        _chat_in(running.url, settings, model=model, ctx=ctx, once=once, max_tokens=max_tokens, force=force)
+        _chat_in(running.url, settings, model=model, ctx=ctx, once=once, options=options, force=force)
         return
     from studio.cli.terminal_chat import LocalStudio
     from studio.instance import HomeLock
@@ -83,7 +91,7 @@ def run(
         manager, _ = model_manager(settings, workers)
         with LocalStudio(manager) as studio:
             threads_started()
-            _chat(studio, manager, model=model, ctx=ctx, once=once, max_tokens=max_tokens, force=force)
+            _chat(studio, manager, model=model, ctx=ctx, once=once, options=options, force=force)
 
 
 def _chat(
@@ -93,7 +101,7 @@ def _chat(
     model: str,
     ctx: int | None,
     once: str | None,
-    max_tokens: int | None,
+    options: dict[str, int],
     force: bool,
 ) -> None:
     """Load ``model`` in the in-process studio, then answer ``once`` or chat until the user ends it."""
@@ -117,10 +125,11 @@ def _chat(
             raise
         raise CommandError(f"cannot load {model}: {exc}", exit=Exit.LLAMA_FAILED) from exc
     with studio.client() as client:
+        _tell_if_base_model(client, loaded.name)
         if once is not None:
-            answer_once(client, once, max_tokens=max_tokens)
+            answer_once(client, once, options=options)
         else:
-            chat_loop(client, model=loaded.name, max_tokens=max_tokens)
+            chat_loop(client, model=loaded.name, options=options)
 
 
 def _chat_in(
@@ -130,7 +139,7 @@ def _chat_in(
     model: str,
     ctx: int | None,
     once: str | None,
-    max_tokens: int | None,
+    options: dict[str, int],
     force: bool,
 ) -> None:
     """Load ``model`` in the studio running at ``url``, then answer ``once`` or chat until the user ends it."""
@@ -144,10 +153,19 @@ def _chat_in(
     name = str(status.get("model") or model)
     headers = {"Authorization": f"Bearer {settings.api_token}"} if settings.api_token else {}
     with httpx.Client(base_url=url, timeout=httpx.Timeout(None, connect=5), headers=headers) as client:
+        _tell_if_base_model(client, name)
         if once is not None:
-            answer_once(client, once, max_tokens=max_tokens, model=name)
+            answer_once(client, once, options=options, model=name)
         else:
-            chat_loop(client, model=name, max_tokens=max_tokens, request_model=name)
+            chat_loop(client, model=name, options=options, request_model=name)
+
+
+def _tell_if_base_model(client: "httpx.Client", model: str) -> None:
+    from studio.cli.terminal_chat import base_model_notice
+
+    notice = base_model_notice(client, model)
+    if notice:
+        typer.echo(notice, err=True)
 
 
 def _gguf_error_type() -> type[Exception]:

@@ -22,7 +22,7 @@ import socket
 import sys
 import threading
 import time
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Mapping
 from dataclasses import dataclass, field
 from typing import Any, TextIO, TypeVar
 
@@ -158,7 +158,7 @@ def stream_reply(
     client: httpx.Client,
     messages: list[dict[str, Any]],
     *,
-    max_tokens: int | None,
+    options: Mapping[str, Any],
     on_content: Callable[[str], None],
     on_reasoning: Callable[[str], None],
     reply: Reply | None = None,
@@ -176,8 +176,7 @@ def stream_reply(
     body: dict[str, Any] = {"messages": messages}
     if model is not None:  # a shared studio: name the model, whatever its default is now
         body["model"] = model
-    if max_tokens is not None:
-        body["max_tokens"] = max_tokens
+    body.update(options)
     with client.stream("POST", "/api/chat", json=body) as resp:
         if resp.status_code != 200:
             raise AnsweredError.from_body(resp.status_code, resp.read())
@@ -208,11 +207,30 @@ def stream_reply(
     return reply
 
 
+def base_model_notice(client: httpx.Client, model: str) -> str | None:
+    """What to tell a person about to chat with ``model`` when it is a base model, else None.
+
+    A base model has no chat template of its own: llama-server renders its chats with a borrowed one
+    (ChatML), and the model may ramble on past its turn, so it is said before the first message.
+    """
+    resp = client.get("/api/status")
+    rows = resp.json().get("models", []) if resp.status_code == 200 else []
+    row = next((r for r in rows if r.get("model") == model and r.get("instance") == "chat"), None)
+    if row is None or row.get("chat_template") != "fallback":
+        return None
+    limit = ((row.get("sampling") or {}).get("max_tokens") or {}).get("value")
+    return (
+        f"note: {model} is a base model with no chat template of its own: it chats through a borrowed ChatML "
+        f"template and may ramble (its answers end at a turn marker or after {limit} tokens). For a chat, try an "
+        "instruct model (e.g. `ggstudio run SmolLM2-135M-Instruct.Q4_1`); for raw text, use /v1/completions."
+    )
+
+
 def answer_once(
     client: httpx.Client,
     prompt: str,
     *,
-    max_tokens: int | None,
+    options: Mapping[str, Any],
     out: TextIO = sys.stdout,
     err: TextIO = sys.stderr,
     model: str | None = None,
@@ -228,7 +246,7 @@ def answer_once(
     reply = stream_reply(
         client,
         [{"role": "user", "content": prompt}],
-        max_tokens=max_tokens,
+        options=options,
         on_content=lambda text: _write(out, text),
         on_reasoning=reasoning,
         model=model,
@@ -242,7 +260,7 @@ def chat_loop(
     client: httpx.Client,
     *,
     model: str,
-    max_tokens: int | None,
+    options: Mapping[str, Any],
     read: Callable[[str], str] = input,
     out: TextIO = sys.stdout,
     request_model: str | None = None,
@@ -292,7 +310,7 @@ def chat_loop(
             stream_reply(
                 client,
                 messages,
-                max_tokens=max_tokens,
+                options=options,
                 on_content=content,
                 on_reasoning=reasoning,
                 reply=reply,
