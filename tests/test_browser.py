@@ -12,6 +12,9 @@ name on the studio's port.
 Every response the studio sends is recorded by a spy around the app, so "refused"
 means the studio answered 403/415, not that the browser never sent it; llama-server's
 own token counters (``/metrics``) show whether the model ran.
+
+The API docs page (``/docs``) is opened with every request to another host cut off, as on a
+desktop without a network.
 """
 
 from __future__ import annotations
@@ -23,12 +26,13 @@ import re
 import shutil
 import threading
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import httpx
 import pytest
 import uvicorn
 from fastapi.responses import HTMLResponse
-from playwright.sync_api import Page, sync_playwright
+from playwright.sync_api import Page, Route, expect, sync_playwright
 
 from launcher.capabilities import probe
 from launcher.registry import ChildRegistry
@@ -263,3 +267,33 @@ def test_an_allow_listed_page_works_across_origins(studio, elsewhere, page):
     assert tokens(manager)[1] > before[1]
     methods = [(m, s) for m, _, _, s in spy.since(mark)]
     assert ("OPTIONS", 204) in methods and ("POST", 200) in methods  # a real preflight, then the request
+
+
+def test_docs_page_renders_offline(studio, page, tmp_path):
+    """Issue 55: Swagger UI's scripts came from a CDN, so offline ``/docs`` was a blank page. With every request
+    to another host aborted, the page lists the routes, from files the studio serves itself."""
+    url, _, spy = studio
+    offsite: list[str] = []
+    errors: list[str] = []
+
+    def local_only(route: Route) -> None:
+        if urlsplit(route.request.url).hostname in ("127.0.0.1", "localhost"):
+            route.continue_()
+        else:
+            offsite.append(route.request.url)
+            route.abort("internetdisconnected")
+
+    page.route("**/*", local_only)
+    page.on("pageerror", lambda error: errors.append(str(error)))
+    mark = len(spy.seen)
+    page.goto(f"{url}/docs")
+    operation = page.get_by_text("/v1/chat/completions", exact=True).first
+    try:
+        expect(operation).to_be_visible(timeout=20_000)
+        operation.scroll_into_view_if_needed()
+    finally:
+        page.screenshot(path=tmp_path / "docs-offline.png")  # blank on b5a9904
+    assert offsite == [] and errors == []
+    answered = [(p, status) for _, p, _, status in spy.since(mark) if p != "/favicon.ico"]
+    assert ("/openapi.json", 200) in answered
+    assert all(status == 200 for _, status in answered), answered

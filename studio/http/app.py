@@ -15,6 +15,7 @@ import structlog
 from fastapi import FastAPI, Request
 from fastapi.responses import Response
 from fastapi.telemetry import TelemetryConfig
+from fastapi_offline import FastAPIOffline
 from prometheus_client import CONTENT_TYPE_LATEST
 
 from studio import __version__
@@ -114,7 +115,13 @@ def create_app(
             finally:
                 await upstream.aclose()
 
-    app = FastAPI(title="GGUF Studio", version=__version__, lifespan=lifespan, telemetry=NO_TELEMETRY)
+    # /docs (Swagger UI) with its script and styles served by the studio itself, under /static-offline-docs, from
+    # the fastapi-offline package: FastAPI's own page loads them from a CDN, so offline it was blank. Behind the
+    # same guards as every route (and the token, where one is set). No /redoc: ReDoc's build loads its maker's
+    # logo from their CDN on every opening, with no option to leave it out, and shows what /docs shows.
+    app = FastAPIOffline(
+        title="GGUF Studio", version=__version__, lifespan=lifespan, telemetry=NO_TELEMETRY, redoc_url=None
+    )
     app.state.paths = paths or PathPolicy.for_catalog(manager.catalog)
     app.state.path_checks = {}  # model -> its path check in flight (``studio.http.model_paths``)
     app.state.manager = manager
