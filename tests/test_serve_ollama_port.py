@@ -44,6 +44,9 @@ def test_serve_answers_ollama_clients_on_their_port_from_the_same_model(gemma_mo
                 serve.stderr.read() if serve.poll() is not None else ""
             )
             assert httpx.get(ollama_url, timeout=10).text == "Ollama is running"
+            misdirected = httpx.get(f"{studio}/api/tags", timeout=10)  # an Ollama client given the main port
+            assert misdirected.status_code == 404
+            assert f"point Ollama clients at {ollama_url}" in misdirected.json()["error"]["message"]
             status = wait_for(
                 lambda: (s := httpx.get(f"{studio}/api/status", timeout=10).json())["state"] == "ready" and s,
                 timeout=120,

@@ -233,6 +233,7 @@ def _serve_holding(
         downloads=manager.downloads,
         history=History(settings.history_dir),
         hub_headers=header_cache(settings.home),
+        ollama_port=ollama_port,
     )
     ollama_app = create_ollama_app(app, api_token=token, access=access) if ollama_port is not None else None
     listeners = Listeners(

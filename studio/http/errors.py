@@ -21,7 +21,7 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Literal, overload
 
 from fastapi import FastAPI, Request
@@ -141,8 +141,16 @@ def error_response(exc: BaseException, dialect: Dialect = "openai") -> JSONRespo
     return None if answer is None else answer_response(answer, dialect)
 
 
-def install_error_handlers(app: FastAPI, dialect_for: Callable[[str], Dialect]) -> None:
-    """Answer the layers' errors, bad bodies and the router's refusals in the dialect of each path."""
+def install_error_handlers(
+    app: FastAPI,
+    dialect_for: Callable[[str], Dialect],
+    *,
+    not_found_hint: Callable[[Request], str | None] | None = None,
+) -> None:
+    """Answer the layers' errors, bad bodies and the router's refusals in the dialect of each path.
+
+    ``not_found_hint`` may say more about a path the app does not serve (where that route is served instead).
+    """
 
     async def translate(request: Request, exc: Exception) -> JSONResponse:
         response = error_response(exc, dialect_for(request.url.path))
@@ -161,6 +169,8 @@ def install_error_handlers(app: FastAPI, dialect_for: Callable[[str], Dialect]) 
     async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
         """Unknown routes and refused methods get the route's error shape too, not FastAPI's ``detail``."""
         answer = http_answer(exc, request.method, request.url.path)
+        if exc.status_code == 404 and not_found_hint is not None and (hint := not_found_hint(request)):
+            answer = replace(answer, message=f"{answer.message}; {hint}")
         return answer_response(answer, dialect_for(request.url.path))
 
 

@@ -21,6 +21,7 @@ from typing import Any
 import httpx
 from fastapi import APIRouter, FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
+from fastapi.routing import APIRoute
 
 import gguf
 from gguf.templates import template_capabilities
@@ -109,6 +110,32 @@ def create_ollama_app(studio: FastAPI, *, api_token: str | None = None, access: 
 def dialect_on_ollama_port(path: str) -> Dialect:
     """Ollama's error shape on its own routes; OpenAI's or Anthropic's on theirs (``/v1/...``)."""
     return dialect_of(path) if path.startswith("/v1/") else "ollama"
+
+
+def main_port_hint(request: Request, ollama_port: int | None) -> str | None:
+    """What the main port's 404 adds for one of this listener's ``/api/`` routes: where the Ollama API is, or how
+    to turn it on; None for any other path.
+
+    Only a path the main port does not serve gets its 404, so the studio's own routes of the same path
+    (``/api/chat``, ``/api/pull``) are never hinted at. The routes are this module's table: one added here is
+    hinted at there too.
+    """
+    path = request.url.path
+    if not path.startswith("/api/") or not any(
+        isinstance(route, APIRoute) and route.path == path for route in router.routes
+    ):
+        return None
+    if ollama_port is None:
+        return (
+            "that is an Ollama API route: the studio serves the Ollama API on a port of its own, which is off; start "
+            "the studio with `--ollama-port 11434` (or GGUF_STUDIO_OLLAMA_PORT=11434, or `ollama_port` in the config "
+            "file) and point Ollama clients at that port"
+        )
+    url = str(request.base_url.replace(port=ollama_port)).rstrip("/")
+    return (
+        "that is an Ollama API route: the studio serves the Ollama API on a port of its own (`--ollama-port`, "
+        f"GGUF_STUDIO_OLLAMA_PORT); point Ollama clients at {url}"
+    )
 
 
 def _manager(request: Request) -> ModelManager:
