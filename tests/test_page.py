@@ -444,3 +444,21 @@ def test_an_attached_image_goes_as_an_image_part_and_a_refusal_reads_plainly(wat
     assert page.locator("#chat-input").input_value() == "What is in the picture?"  # given back to try again
     watched.shot("image-refused")
     httpx.post(f"{studio.url}/api/unload", json={}, timeout=60)
+
+
+def test_a_loaded_model_is_shown_as_loaded_and_offers_unload_not_load(watched, studio):
+    """The library offered "Load…" on a model already loaded: its card says Loaded, and its button unloads it."""
+    page = watched.page
+    tiny = f"li.card.model[data-model='{TINY}']"
+    assert page.locator(f"{tiny} button").inner_text() == "Load…" and page.locator(f"{tiny} .badge").is_hidden()
+    status = httpx.post(f"{studio.url}/api/load", json={"model": TINY}, timeout=120).json()
+    assert status["state"] == "ready"
+    page.wait_for_selector(f"{tiny} .badge:text-is('Loaded')", timeout=10_000)  # from the next status poll
+    assert page.locator(f"{tiny} button").inner_text() == "Unload"
+    assert page.locator(f"li.card.model[data-model='{SMOL}'] button").inner_text() == "Load…"
+    watched.shot("loaded-in-library")
+    page.click(f"{tiny} button")
+    wait_for(lambda: not studio.manager.residents, timeout=60, what="the model to be unloaded")
+    page.wait_for_selector(f"{tiny} button:text-is('Load…')", timeout=10_000)
+    assert page.locator(f"{tiny} .badge").is_hidden() and page.locator("#load-dialog").is_hidden()
+    assert watched.errors == []

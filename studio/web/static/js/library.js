@@ -6,12 +6,25 @@ import { byId, el, fill } from "./dom.js";
 import { bytes, count, parameters, seconds } from "./format.js";
 import { plainError } from "./errors.js";
 
+/** How the library shows a model that is resident, by its state (one not listed is offered to load). */
+const RESIDENT = {
+  ready: { badge: "Loaded", action: "unload" },
+  draining: { badge: "Unloading…", action: "unload" },
+  loading: { badge: "Loading…", action: "unload" },
+  crashed: { badge: "Restarting…", action: "unload" },
+  unloading: { badge: "Unloading…", action: "busy" },
+};
+
 export class Library {
-  /** `onLoad(model)` opens the load dialog; `onPulled()` runs after a download finished. */
-  constructor({ onLoad, onPulled }) {
+  /** `onLoad(model)` opens the load dialog; `onUnload(name)` unloads a resident model; `onPulled()` runs after a
+   * download finished. */
+  constructor({ onLoad, onUnload, onPulled }) {
     this.onLoad = onLoad;
+    this.onUnload = onUnload;
     this.onPulled = onPulled;
     this.models = [];
+    this.states = new Map(); // model name -> its resident chat instance's state
+    this.cards = new Map(); // model name -> its card's badge and button
     this.list = byId("model-list");
     this.pull = new PullBox(() => this.onPulled());
   }
@@ -27,6 +40,7 @@ export class Library {
   }
 
   render() {
+    this.cards = new Map();
     if (!this.models.length) {
       fill(this.list, el("li.note", { text: "No models yet: put .gguf files in the models folder, or pull one." }));
       return;
@@ -34,15 +48,47 @@ export class Library {
     fill(this.list, this.models.map((m) => this.item(m)));
   }
 
+  /** Follow /api/status: a resident model's card says so and offers Unload instead of Load…, updated in place. */
+  setStatus(status) {
+    this.states = new Map((status.models || []).filter((r) => r.instance !== "embeddings")
+      .map((r) => [r.model, r.state]));
+    for (const [name, card] of this.cards) this.show(name, card);
+  }
+
   item(m) {
     const id = `model-${m.name.replace(/[^A-Za-z0-9_-]/g, "_")}`;
-    const load = el("button.primary", { type: "button", text: "Load…", "aria-label": `Load ${m.name}…`,
-                                        disabled: Boolean(m.error) || m.kind === "projector" });
-    load.addEventListener("click", () => this.onLoad(m));
+    const card = {
+      model: m,
+      badge: el("span.badge", { hidden: true }),
+      button: el("button", { type: "button" }),
+    };
+    card.button.addEventListener("click", () => {
+      if (card.action === "unload") this.onUnload(m.name);
+      else this.onLoad(m);
+    });
+    this.cards.set(m.name, card);
+    this.show(m.name, card);
     return el("li.card.model", { "aria-labelledby": `${id}-title`, dataset: { model: m.name } },
-      el("div.card-head", {}, el("h3", { id: `${id}-title`, text: m.name, title: m.path }), load),
+      el("div.card-head", {}, el("h3", { id: `${id}-title`, text: m.name, title: m.path }), card.badge, card.button),
       m.error ? el("p.error", { text: `Cannot be read: ${m.error}` }) : el("p.facts", { text: facts(m) }),
       m.error ? null : el("ul.chips", { "aria-label": "Capabilities" }, chips(m).map((c) => el("li.chip", { text: c }))));
+  }
+
+  /** Draw `card` as its model's resident state says: Load… when not resident (or failed), else its state and Unload. */
+  show(name, card) {
+    const state = this.states.get(name);
+    const resident = RESIDENT[state];
+    const action = resident ? resident.action : "load";
+    if (card.action === action && card.state === state) return; // unchanged: the button keeps its focus
+    card.action = action;
+    card.state = state;
+    card.badge.hidden = !state;
+    card.badge.textContent = resident ? resident.badge : state || "";
+    card.badge.className = `badge state-${state}`;
+    card.button.className = action === "load" ? "primary" : "danger";
+    card.button.textContent = action === "load" ? "Load…" : "Unload";
+    card.button.setAttribute("aria-label", action === "load" ? `Load ${name}…` : `Unload ${name}`);
+    card.button.disabled = action === "busy" || Boolean(card.model.error) || card.model.kind === "projector";
   }
 }
 

@@ -35,6 +35,7 @@ const residents = new Residents({
 const dialog = new LoadDialog({ onLoad: load });
 const library = new Library({
   onLoad: (model) => dialog.open(model),
+  onUnload: (name) => residents.act(residents.cards.get(name) || null, "/api/unload", { model: name }, "Unloading…"),
   onPulled: () => refreshLibrary(),
 });
 new HubSearch({ onDownload: (model) => library.pull.pullModel(model) });
@@ -50,6 +51,7 @@ function notice(text, isError = false) {
 function show(next) {
   status = next;
   residents.update(status);
+  library.setStatus(status);
   chat.setModels(status, library.models);
   historyPanel.setStatus(status.history);
   const n = (status.models || []).length;
