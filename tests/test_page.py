@@ -33,6 +33,7 @@ ROOT = Path(__file__).resolve().parent.parent
 SMOL = CHAT_FILENAME.removesuffix(".gguf")
 TINY = "llama-dense"
 WIDE = {"width": 1280, "height": 800}
+NARROW = {"width": 420, "height": 800}
 
 pytestmark = [
     pytest.mark.slow,
@@ -461,4 +462,35 @@ def test_a_loaded_model_is_shown_as_loaded_and_offers_unload_not_load(watched, s
     wait_for(lambda: not studio.manager.residents, timeout=60, what="the model to be unloaded")
     page.wait_for_selector(f"{tiny} button:text-is('Load…')", timeout=10_000)
     assert page.locator(f"{tiny} .badge").is_hidden() and page.locator("#load-dialog").is_hidden()
+    assert watched.errors == []
+
+
+# The placeholders of the visible one-line fields whose text is wider than the field's room for it (a number
+# field keeps room for its spin buttons): [id, placeholder, text width, room].
+CUT_PLACEHOLDERS = """() => {
+    const pen = document.createElement('canvas').getContext('2d');
+    return [...document.querySelectorAll('input[placeholder]')].filter((e) => e.checkVisibility()).map((e) => {
+        const s = getComputedStyle(e);
+        pen.font = `${s.fontStyle} ${s.fontWeight} ${s.fontSize} ${s.fontFamily}`;
+        const room = e.clientWidth - parseFloat(s.paddingLeft) - parseFloat(s.paddingRight)
+            - (e.type === 'number' ? 16 : 0);
+        return [e.id, e.placeholder, Math.ceil(pen.measureText(e.placeholder).width), Math.floor(room)];
+    }).filter(([, , width, room]) => width > room);
+}"""
+
+
+def test_no_placeholder_is_cut(watched, studio):
+    """The max-tokens field showed "up to the conte": every placeholder fits its field, wide and at 420 px,
+    in the chat's options and in the load dialog."""
+    page = watched.page
+    page.click("#chat-options summary")
+    for size in (WIDE, NARROW):
+        page.set_viewport_size(size)
+        assert page.locator("#opt-max-tokens").is_visible()
+        assert page.evaluate(CUT_PLACEHOLDERS) == [], size
+        page.click(f"li.card.model[data-model='{TINY}'] button")
+        page.wait_for_selector("#load-bill li.device")
+        assert page.locator("#load-ttl").is_visible()
+        assert page.evaluate(CUT_PLACEHOLDERS) == [], size
+        page.keyboard.press("Escape")
     assert watched.errors == []
