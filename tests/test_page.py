@@ -494,3 +494,37 @@ def test_no_placeholder_is_cut(watched, studio):
         assert page.evaluate(CUT_PLACEHOLDERS) == [], size
         page.keyboard.press("Escape")
     assert watched.errors == []
+
+
+def test_at_420_px_the_chat_comes_first_and_stays_on_the_first_screen(watched, studio):
+    """At 420 px the page put the chat below the library, the resident models and the chats: the chat comes first,
+    its messages, box and Send button on the first screen, even with a long conversation."""
+    page = watched.page
+    page.set_viewport_size(NARROW)
+    page.evaluate("window.scrollTo(0, 0)")
+    watched.shot("narrow-420")
+    assert page.evaluate("document.documentElement.scrollWidth") <= NARROW["width"]  # nothing sticks out sideways
+    chat = page.locator("#chat").bounding_box()
+    for panel in ("#library", "#residents", "#history"):
+        assert page.locator(panel).bounding_box()["y"] > chat["y"] + chat["height"], panel
+
+    def on_first_screen(selector: str) -> None:
+        box = page.locator(selector).bounding_box()
+        assert box["y"] >= 0 and box["y"] + box["height"] <= NARROW["height"], (selector, box)
+
+    for selector in ("#chat-model", "#messages", "#chat-input", "#send"):
+        on_first_screen(selector)
+    assert page.locator("#messages").bounding_box()["height"] >= 150
+    page.evaluate("""() => {  // forty turns' worth of messages, as a long chat leaves them
+        const list = document.getElementById('messages');
+        for (let i = 0; i < 40; i++) {
+            const m = document.createElement('li');
+            m.className = `msg ${i % 2 ? 'assistant' : 'user'}`;
+            m.textContent = `message ${i} `.repeat(12);
+            list.append(m);
+        }
+    }""")
+    for selector in ("#messages", "#chat-input", "#send"):
+        on_first_screen(selector)
+    watched.shot("narrow-420-long-chat")
+    assert watched.errors == []
