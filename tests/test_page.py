@@ -7,7 +7,8 @@ load a model through the dialog (the predicted memory follows the context slider
 progress reach ready, chat and see the answer stream, stop a long answer (llama-server's
 own ``/slots`` and ``/metrics`` show it stopped decoding), read the live log, unload.
 The browser must log no error on the way. Each step leaves a screenshot in the test's
-temporary directory (``step-*.png``).
+temporary directory (``step-*.png``). Gemma 3 270M is in the library as a base model (no chat
+template of its own); the tiny llama has none either, but its config table gives it one.
 """
 
 from __future__ import annotations
@@ -23,8 +24,14 @@ import httpx
 import pytest
 from playwright.sync_api import Page, sync_playwright
 
-from studio.library.default_model import CHAT_FILENAME, builtin_model_defaults, ensure_default_model
-from studio.settings import ResidencySettings
+from studio.library.default_model import (
+    CHAT_FILENAME,
+    CHATML,
+    GEMMA_FILENAME,
+    builtin_model_defaults,
+    ensure_default_model,
+)
+from studio.settings import ModelDefaults, ResidencySettings
 from tests.helpers import assert_no_children, wait_for
 from tests.support.browser import CHROMIUM, FLAGS
 from tests.support.studio import running_studio
@@ -32,6 +39,7 @@ from tests.support.studio import running_studio
 ROOT = Path(__file__).resolve().parent.parent
 SMOL = CHAT_FILENAME.removesuffix(".gguf")
 TINY = "llama-dense"
+GEMMA = GEMMA_FILENAME.removesuffix(".gguf")  # a base model: no chat template of its own
 WIDE = {"width": 1280, "height": 800}
 NARROW = {"width": 420, "height": 800}
 
@@ -43,14 +51,14 @@ pytestmark = [
 
 
 @pytest.fixture(scope="module")
-def studio(llama_server_bin, zoo_dir, settings, tmp_path_factory):
-    models = {SMOL: ensure_default_model(settings.models_dir), TINY: zoo_dir / f"{TINY}.gguf"}
+def studio(llama_server_bin, zoo_dir, gemma_model, settings, tmp_path_factory):
+    models = {SMOL: ensure_default_model(settings.models_dir), TINY: zoo_dir / f"{TINY}.gguf", GEMMA: gemma_model}
     # one model at a time, so that the load dialog has an eviction to show
     with running_studio(
         tmp_path_factory.mktemp("page-studio"),
         llama_server_bin,
         models,
-        defaults=builtin_model_defaults({}),
+        defaults=builtin_model_defaults({TINY: ModelDefaults(chat_template=CHATML)}),
         residency=ResidencySettings(max_resident=1),
     ) as s:
         yield s
@@ -140,7 +148,7 @@ def test_every_file_of_the_page_ships_as_package_data():
 def test_the_library_names_each_model_as_a_load_takes_it(studio):
     """The file's general.name used to overwrite ``name``: the page offered the zoo model as "n/a"."""
     models = {m["name"]: m for m in httpx.get(f"{studio.url}/api/models", timeout=30).json()}
-    assert set(models) == {SMOL, TINY}
+    assert set(models) == {SMOL, TINY, GEMMA}
     assert models[SMOL]["general_name"] != SMOL and models[SMOL]["architecture"] == "llama"
 
 
@@ -454,6 +462,7 @@ def test_a_loaded_model_is_shown_as_loaded_and_offers_unload_not_load(watched, s
     assert page.locator(f"{tiny} button").inner_text() == "Load…" and page.locator(f"{tiny} .badge").is_hidden()
     status = httpx.post(f"{studio.url}/api/load", json={"model": TINY}, timeout=120).json()
     assert status["state"] == "ready"
+    assert status["capabilities"]["fallback_template"] is False  # its config table gives it a template
     page.wait_for_selector(f"{tiny} .badge:text-is('Loaded')", timeout=10_000)  # from the next status poll
     assert page.locator(f"{tiny} button").inner_text() == "Unload"
     assert page.locator(f"li.card.model[data-model='{SMOL}'] button").inner_text() == "Load…"
@@ -527,4 +536,35 @@ def test_at_420_px_the_chat_comes_first_and_stays_on_the_first_screen(watched, s
     for selector in ("#messages", "#chat-input", "#send"):
         on_first_screen(selector)
     watched.shot("narrow-420-long-chat")
+    assert watched.errors == []
+
+
+def test_a_base_model_is_named_as_such_before_the_first_message(watched, studio):
+    """A base model was marked only by a small "no chat template" tag: before the first message the chat says it
+    borrows llama-server's fallback template, that answers may ramble, and what to use instead."""
+    models = {m["name"]: m for m in httpx.get(f"{studio.url}/api/models", timeout=30).json()}
+    assert models[GEMMA]["chat_template"] is None and models[GEMMA]["fallback_template"] is True
+    assert models[TINY]["chat_template"] is None and models[TINY]["fallback_template"] is False  # its config's
+    assert models[SMOL]["chat_template"] and models[SMOL]["fallback_template"] is False
+    assert httpx.get(f"{studio.url}/api/models/{GEMMA}", timeout=30).json()["fallback_template"] is True
+
+    page = watched.page
+    note = page.locator("#messages .model-note")
+    page.select_option("#chat-model", GEMMA)
+    note.wait_for()
+    text = note.inner_text()
+    assert f"{GEMMA} is a base model" in text and "fallback template, ChatML" in text and "ramble" in text, text
+    assert "instruct model" in text and "/v1/completions" in text, text
+    assert "base model" in page.locator(f"li.card.model[data-model='{GEMMA}'] .chips").inner_text()
+    watched.shot("base-model")
+    page.select_option("#chat-model", TINY)  # no template in its file, but one from its config
+    note.wait_for(state="detached")
+    assert "base model" not in page.locator(f"li.card.model[data-model='{TINY}'] .chips").inner_text()
+    page.select_option("#chat-model", GEMMA)
+    note.wait_for()
+    page.click(f"#messages .model-note button:text-is('Chat with {SMOL} instead')")
+    note.wait_for(state="detached")
+    assert page.locator("#chat-model").input_value() == SMOL
+    page.wait_for_timeout(1500)  # a status poll later, the choice holds
+    assert page.locator("#chat-model").input_value() == SMOL and note.count() == 0
     assert watched.errors == []

@@ -216,7 +216,7 @@ def base_model_notice(client: httpx.Client, model: str) -> str | None:
     resp = client.get("/api/status")
     rows = resp.json().get("models", []) if resp.status_code == 200 else []
     row = next((r for r in rows if r.get("model") == model and r.get("instance") == "chat"), None)
-    if row is None or row.get("chat_template") != "fallback":
+    if row is None or not (row.get("capabilities") or {}).get("fallback_template"):
         return None
     limit = ((row.get("sampling") or {}).get("max_tokens") or {}).get("value")
     return (

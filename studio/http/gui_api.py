@@ -24,11 +24,11 @@ from studio.http.library_removal import remove_from_library
 from studio.http.model_paths import check_extra_args, check_model_path, check_projector_path
 from studio.library.catalog import CatalogEntry
 from studio.residency.manager import ModelManager
-from studio.residency.requests import LoadRequest, sampling_for
+from studio.residency.requests import LoadRequest, model_defaults_for, sampling_for
 from studio.settings import LOAD_LIMITS, RESIDENCY_LIMITS
 from studio.views.model import summary
 from studio.views.plan import plan_json
-from studio.views.residency import status_json
+from studio.views.residency import status_json, template_source
 
 router = APIRouter(prefix="/api")
 
@@ -191,6 +191,7 @@ async def models(request: Request) -> list[dict[str, Any]]:
                 "name": entry.name,
                 "general_name": info.get("name"),
                 "path": str(entry.path),
+                **_template_source(request, entry, info),
                 **await _media(entry),
             }
         )
@@ -199,6 +200,14 @@ async def models(request: Request) -> list[dict[str, Any]]:
 
 def _sampling(manager: ModelManager, entry: CatalogEntry) -> Sampling:
     return sampling_for(entry, manager.model_defaults, manager.sampling)
+
+
+def _template_source(request: Request, entry: CatalogEntry, info: dict[str, Any]) -> dict[str, bool]:
+    """Whether a chat with the model goes through llama-server's fallback template (ChatML): neither the file
+    nor the model's config table gives one, as with a base model. The page warns before the first message."""
+    configured = model_defaults_for(entry, _manager(request).model_defaults).chat_template
+    own = info.get("chat_template")
+    return {"fallback_template": info.get("kind") == "model" and template_source(configured, own) == "fallback"}
 
 
 async def _media(entry: CatalogEntry) -> dict[str, Any]:
@@ -214,7 +223,13 @@ async def inspect_model(request: Request, name: str) -> dict[str, Any]:
     manager = _manager(request)
     entry = manager.catalog.resolve(name)
     info = summary(await asyncio.to_thread(gguf.read, entry.path), _sampling(manager, entry))
-    return {**info, "name": entry.name, "general_name": info.get("name"), **await _media(entry)}
+    return {
+        **info,
+        "name": entry.name,
+        "general_name": info.get("name"),
+        **_template_source(request, entry, info),
+        **await _media(entry),
+    }
 
 
 @router.delete("/models/{name:path}")

@@ -66,8 +66,6 @@ def resident_json(r: ResidentModel) -> dict[str, Any]:
             "measured": measured_json(plan.spec.measured),
         },
         "cache_type_kv": r.settings.cache_type,
-        # "own": the file's; "configured": the config's or the load's; "fallback": llama-server's ChatML, borrowed
-        "chat_template": template_source(r.settings.chat_template, r.facts.chat_template),
         # what a request that sets none gets, and from where (``launcher.sampling.in_force``)
         "sampling": in_force(r.settings.sampling, r.facts.sampling, loaded.n_ctx if loaded else None),
         "offload": {
@@ -81,6 +79,8 @@ def resident_json(r: ResidentModel) -> dict[str, Any]:
             "reasoning": bool(r.template and r.template.supports_reasoning),
             "reasoning_style": r.template.reasoning_style if r.template else "none",
             "tools": bool(r.template and r.template.supports_tools),
+            # no template from the file, the config or the load: llama-server chats through its fallback (ChatML)
+            "fallback_template": template_source(r.settings.chat_template, r.facts.chat_template) == "fallback",
             "has_mtp": r.facts.has_mtp,
             **plan_capabilities(plan).to_json(),
         },
@@ -158,7 +158,6 @@ _EMPTY: dict[str, Any] = {
     "largest_safe_context": None,
     "speculative": None,
     "cache_type_kv": None,
-    "chat_template": None,
     "sampling": None,
     "offload": None,
     "reasons": None,

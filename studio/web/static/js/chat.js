@@ -22,6 +22,9 @@ export class Chat {
     this.attachments = []; // {name, url} data URLs of images to send with the next message
     this.controller = null;
     this.models = new Map(); // name -> what the library and the status say about it
+    this.library = []; // the library's models (/api/models)
+    this.intro = null; // the base-model notice shown before the first message, for `introFor`
+    this.introFor = null;
     this.chosen = null; // the model the person picked; null: follow the studio's default
     this.form = byId("chat-form");
     this.input = byId("chat-input");
@@ -43,10 +46,7 @@ export class Chat {
       }
     });
     this.stop.addEventListener("click", () => this.controller?.abort());
-    this.select.addEventListener("change", () => {
-      this.chosen = this.select.value || null;
-      this.updateAttach();
-    });
+    this.select.addEventListener("change", () => this.choose(this.select.value));
     byId("chat-new").addEventListener("click", () => this.reset());
     this.opening = 0; // counts opens, so a slow one that was overtaken is dropped
     this.attach.addEventListener("click", () => this.files.click());
@@ -73,6 +73,7 @@ export class Chat {
   /** The models one may chat with: resident ones first, then the library's (loaded on the first message). */
   setModels(status, library) {
     this.models = new Map();
+    this.library = library;
     for (const m of library) this.models.set(m.name, { ...m, resident: null });
     for (const r of status.models || []) {
       this.models.set(r.model, { ...(this.models.get(r.model) || { name: r.model }), resident: r });
@@ -81,7 +82,10 @@ export class Chat {
     const others = library.map((m) => m.name).filter((n) => !resident.includes(n));
     const wanted = this.chosen ?? (status.model || resident[0] || "");
     const key = JSON.stringify([resident, others, wanted, (status.models || []).map((r) => r.state)]);
-    if (key === this.lastKey) return;
+    if (key === this.lastKey) {
+      this.showIntro(); // the library may have come after the status: what it says about the model counts
+      return;
+    }
     this.lastKey = key;
     const groups = [];
     if (resident.length) {
@@ -97,6 +101,43 @@ export class Chat {
     this.select.value = wanted;
     if (this.select.selectedIndex < 0 && this.select.options.length) this.select.selectedIndex = 0;
     this.updateAttach();
+    this.showIntro();
+  }
+
+  /** Chat with `name` from now on (the model list, or the base-model notice's suggestion). */
+  choose(name) {
+    this.chosen = name || null;
+    if (this.select.value !== name) this.select.value = name;
+    this.updateAttach();
+    this.showIntro();
+  }
+
+  /** Before the first message, a model that chats through llama-server's fallback template (a base model: no
+   * template of its own, none configured) is named as such in the conversation, with what to use instead. */
+  showIntro() {
+    if (this.list.querySelector(".msg")) return; // the conversation has begun: the notice stays as it was
+    const name = this.select.value;
+    const base = name && isBase(this.models.get(name)) ? name : null;
+    if (base === this.introFor && (!base || this.intro?.isConnected)) return;
+    this.introFor = base;
+    this.intro = base ? this.baseModelNote(base) : null;
+    fill(this.list, this.intro);
+  }
+
+  baseModelNote(name) {
+    const instructs = this.library.filter((m) => m.kind === "model" && m.chat_template); // a template of its own
+    const instruct = instructs.find((m) => this.models.get(m.name)?.resident) || instructs[0];
+    const other = instruct
+      ? el("button.quiet", { type: "button", text: `Chat with ${instruct.name} instead`,
+                             onclick: () => this.choose(instruct.name) })
+      : null;
+    return el("li.model-note", { role: "note", "aria-label": `${name} is a base model` },
+      el("p", {}, el("strong", { text: `${name} is a base model.` }),
+        " It has no chat template of its own, so this chat borrows one: llama-server's fallback template, ChatML. "
+        + "A base model continues text rather than answering it, so its answers may ramble, repeat or not stop."),
+      el("p", {}, "For a chat, pick an instruct model (one whose file carries a chat template); to continue a text "
+        + "of your own, send it to ", el("code", { text: "/v1/completions" }), "."),
+      other);
   }
 
   /** Images can be attached unless the model is known not to take them. */
@@ -143,6 +184,7 @@ export class Chat {
     this.load = {};
     this.history = [];
     fill(this.list);
+    this.showIntro();
     this.say("");
     this.onConversation(null);
     this.input.focus();
@@ -186,6 +228,7 @@ export class Chat {
       this.lastKey = null; // the model list is drawn again with this chat's model chosen
       if ([...this.select.options].some((o) => o.value === c.model)) this.select.value = c.model;
     }
+    this.showIntro(); // a stored chat with no message yet
     this.say("");
     this.onConversation(c.id);
     this.scroll(true);
@@ -322,6 +365,13 @@ export class Chat {
     const near = this.list.scrollHeight - this.list.scrollTop - this.list.clientHeight < 80;
     if (force || near) this.list.scrollTop = this.list.scrollHeight;
   }
+}
+
+/** Whether `info` (a library entry, with its resident view once loaded) chats through the fallback template. */
+function isBase(info) {
+  if (!info) return false;
+  const resident = info.resident?.capabilities?.fallback_template;
+  return resident ?? Boolean(info.fallback_template);
 }
 
 /** A stored message's images as {name, url} with data URLs (shown, and sent again when the chat continues). */

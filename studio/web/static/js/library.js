@@ -104,7 +104,7 @@ function facts(m) {
 function chips(m) {
   const out = [];
   const t = m.chat_template;
-  if (!t) out.push("no chat template");
+  if (!t) out.push(m.fallback_template ? "base model: no chat template" : "chat template from the config");
   if (t && t.supports_reasoning) out.push(t.always_thinks ? "reasoning (always)" : "reasoning");
   if (t && t.supports_tools) out.push("tools");
   if (m.vision) out.push("vision");
