@@ -568,3 +568,18 @@ def test_a_base_model_is_named_as_such_before_the_first_message(watched, studio)
     page.wait_for_timeout(1500)  # a status poll later, the choice holds
     assert page.locator("#chat-model").input_value() == SMOL and note.count() == 0
     assert watched.errors == []
+
+
+def test_the_option_fields_show_the_models_sampling_defaults(watched, studio):
+    """A field left empty sends nothing and the model's defaults apply: the field shows which (SmolLM2's authors'
+    temperature 0.2 from the studio's table for it, the answer limit capped at the context)."""
+    page = watched.page
+    page.click("#chat-options summary")  # the Options panel
+    page.select_option("#chat-model", SMOL)
+    temperature = page.locator("#opt-temperature")
+    page.wait_for_function("document.querySelector('#opt-temperature').placeholder === '0.2'")
+    assert "from config" in (temperature.get_attribute("title") or "")
+    page.select_option("#chat-model", GEMMA)  # no sampling of its own: llama-server's default
+    page.wait_for_function("document.querySelector('#opt-temperature').placeholder === '0.8'")
+    assert page.locator("#opt-max-tokens").get_attribute("placeholder") == "4096"
+    assert watched.errors == []

@@ -134,15 +134,23 @@ export class Chat {
     return el("li.model-note", { role: "note", "aria-label": `${name} is a base model` },
       el("p", {}, el("strong", { text: `${name} is a base model.` }),
         " It has no chat template of its own, so this chat borrows one: llama-server's fallback template, ChatML. "
-        + "A base model continues text rather than answering it, so its answers may ramble, repeat or not stop."),
+        + "A base model continues text rather than answering it, so its answers may ramble or repeat until they reach a turn marker or the token limit."),
       el("p", {}, "For a chat, pick an instruct model (one whose file carries a chat template); to continue a text "
         + "of your own, send it to ", el("code", { text: "/v1/completions" }), "."),
       other);
   }
 
-  /** Images can be attached unless the model is known not to take them. */
+  /** Images can be attached unless the model is known not to take them; the option fields show the model's
+   * defaults in force (a resident's, else the library's: its config, its file's or llama-server's). */
   updateAttach() {
     const info = this.models.get(this.select.value);
+    const defaults = info?.resident?.sampling || info?.sampling || {};
+    for (const [id, key] of [["opt-temperature", "temperature"], ["opt-max-tokens", "max_tokens"]]) {
+      const shown = defaults[key];
+      const field = byId(id);
+      field.placeholder = shown ? String(shown.value) : "default";
+      field.title = shown ? `Empty: ${shown.value}, this model's default (from ${shown.source})` : "Empty: the default";
+    }
     const blind = info && info.vision === false;
     this.attach.disabled = Boolean(blind);
     this.attach.title = blind ? `${info.name} does not take images (no vision projector)` : "Attach images";
