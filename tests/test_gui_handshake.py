@@ -1,7 +1,7 @@
 """The handshake a GUI relies on: ``serve --port 0 --ready-json --exit-with-parent``, as real processes.
 
 A parent program starts the studio, reads its one ready line, chats, and dies; the studio and its
-llama-servers must follow it. The README's example for GUI authors is run as it is written.
+llama-servers must follow it. The example for GUI authors in docs/desktop.md is run as it is written.
 """
 
 from __future__ import annotations
@@ -129,10 +129,11 @@ def test_port_0_beyond_loopback_generates_a_token_that_only_the_ready_line_carri
     assert token not in stderr_of(env) and token not in (home / "studio.log").read_text()
 
 
-def test_the_readme_example_for_gui_authors_runs_as_written(smollm_model, llama_server_bin, tmp_path):
-    readme = (ROOT / "README.md").read_text()
-    section = readme[readme.index("## Embedding the studio in a desktop app") :]
-    example = section[section.index("```python\n") + len("```python\n") : section.index("```\n\nThe studio's own log")]
+def test_the_docs_example_for_gui_authors_runs_as_written(smollm_model, llama_server_bin, tmp_path):
+    page = (ROOT / "docs" / "desktop.md").read_text()
+    section = page[page.index("## The handshake") :]
+    start = section.index("```python\n") + len("```python\n")
+    example = section[start : section.index("```\n", start)]
     assert len(example.strip().splitlines()) <= 16
     home = tmp_path / "home"
     (home / "models").mkdir(parents=True)  # the default model, as `make setup` leaves it, without a copy
