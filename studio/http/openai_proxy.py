@@ -736,7 +736,7 @@ FORWARDED: dict[str, Route] = {
 #: llama-server's routes that reach files, URLs or programs on its machine, and why the studio refuses them.
 REFUSED: dict[str, str] = {
     "/tools": "llama-server's built-in tools read and write files and run commands on this machine;"
-    " the studio runs tools in its own tool loop (/api/chat with tools, see the README)",
+    " the studio runs tools in its own tool loop (/api/chat with tools, see docs/tools.md)",
     "/cors-proxy": "llama-server's CORS proxy fetches any URL a web page names, from this machine",
 }
 

@@ -90,7 +90,7 @@ class PathPolicy:
         if token is not None:
             raise PathNotAllowedError(
                 f"extra_args: {token} is not among the llama-server flags API clients may pass (sampling, "
-                "batching, threads, template and reasoning settings; the README lists them); put it in the "
+                "batching, threads, template and reasoning settings; docs/security.md lists them); put it in the "
                 "model's extra_args in the studio's config file ([models.NAME]), or set `allow_any_path = true` "
                 "there",
                 path=token,
