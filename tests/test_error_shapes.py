@@ -212,3 +212,16 @@ def test_a_refused_token_is_shaped_for_the_paths_dialect(guarded):
     assert refused.status_code == 401 and refused.json()["type"] == "error"
     assert refused.json()["error"]["type"] == "authentication_error"
     assert guarded.get("/v1/models").json()["error"]["code"] == "invalid_api_key"
+
+
+def test_a_form_body_on_a_studio_route_names_the_content_type_not_none():
+    """curl -d sends a form's content type; /api/plan answered "None: Input should be a valid dictionary"."""
+    from studio.http.app import create_app
+    from tests.standin_manager import StandInManager, StandInModel
+
+    manager = StandInManager(StandInModel(name="standin", url="http://127.0.0.1:9"))
+    with TestClient(create_app(manager), base_url="http://127.0.0.1:8080") as client:
+        refused = client.post("/api/plan", content=b'{"model": "standin"}')
+    error = refused.json()["error"]
+    assert refused.status_code == 422 and "None" not in error["message"], error
+    assert "Content-Type: application/json" in error["message"] and error["param"] is None

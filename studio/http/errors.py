@@ -73,6 +73,12 @@ def validation_answer(exc: RequestValidationError) -> ErrorAnswer:
     """A body FastAPI's validation refused, named by its first bad field (a 422)."""
     first = exc.errors()[0] if exc.errors() else {}
     param = ".".join(str(p) for p in first.get("loc", ())[1:]) or None
+    if param is None:  # the body as a whole: not a JSON object (curl -d sends a form's content type)
+        message = (
+            f"the request body: {first.get('msg', 'invalid')}; send a JSON object with the header "
+            "Content-Type: application/json"
+        )
+        return ErrorAnswer(422, message, "invalid_request_error")
     return ErrorAnswer(422, f"{param}: {first.get('msg', 'invalid')}", "invalid_request_error", param)
 
 
