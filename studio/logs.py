@@ -24,6 +24,12 @@ LOG_FILE_BACKUPS = 3
 _LOGGER = "ggstudio"
 
 
+def _drop_none(logger: object, method: str, event: structlog.typing.EventDict) -> structlog.typing.EventDict:
+    """Leave out the fields that hold ``None``: a state change without a cause reads ``old=loading new=ready``,
+    not ``cause=None error=None`` (every caller would otherwise have to leave its empty fields out itself)."""
+    return {k: v for k, v in event.items() if v is not None}
+
+
 def log_file(home: Path) -> Path:
     """Return where the studio running in ``home`` writes its log."""
     return home / LOG_FILE_NAME
@@ -38,6 +44,7 @@ def configure_logging(
     the console only, and the command that needs the home says why).
     """
     shared: list[structlog.typing.Processor] = [
+        _drop_none,
         structlog.processors.add_log_level,
         structlog.processors.TimeStamper(fmt="iso"),
     ]

@@ -22,6 +22,7 @@ import sys
 import tempfile
 import time
 import uuid
+from dataclasses import dataclass
 from pathlib import Path
 
 import psutil
@@ -370,6 +371,69 @@ def test_ps_load_unload_against_a_running_serve(gemma_model, llama_server_bin):
             if serve.poll() is None:
                 serve.kill()
     assert_no_llama_server(env)
+
+
+@dataclass(frozen=True)
+class Served:
+    """What one ``serve --model SMOL --ctx 2048`` showed: its llama-server's argv, the launch files it named
+    while it ran, its console log and the studio home's JSON log."""
+
+    env: dict[str, str]
+    argv: list[str]
+    files_there: dict[str, bool]
+    console: list[str]
+    records: list[dict]
+
+
+@pytest.fixture(scope="module")
+def served_smol(smollm_model, llama_server_bin, tmp_path_factory) -> Served:
+    """SmolLM2 served, loaded, then stopped: a real load's argv and its log, shared by the tests that read them."""
+    env = tagged_env(GGUF_STUDIO_HOME=str(tmp_path_factory.mktemp("home")))
+    for name in BORROWED:  # the build and the models, not the shared test home's log
+        (Path(env["GGUF_STUDIO_HOME"]) / name).symlink_to(run_home() / name, target_is_directory=True)
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    log = tmp_path_factory.mktemp("serve") / "stderr.txt"
+    with (
+        log.open("w") as err,
+        subprocess.Popen(
+            [CLI, "serve", "--model", SMOL, "--ctx", "2048", "--port", str(port)],
+            stdout=subprocess.PIPE,
+            stderr=err,
+            text=True,
+            env=env,
+        ) as serve,
+    ):
+        try:
+            assert url in serve.stdout.readline(), log.read_text()
+
+            def ps() -> dict:
+                out = cli("ps", "--url", url, "--json", env=env)
+                assert out.returncode == 0, out.stderr
+                return json.loads(out.stdout)
+
+            status = wait_for(lambda: (s := ps())["state"] == "ready" and s, timeout=120, what="the start-up load")
+            argv = psutil.Process(status["pid"]).cmdline()
+            files = {
+                flag: Path(argv[argv.index(flag) + 1]).is_file() for flag in ("--chat-template-file", "--api-key-file")
+            }
+            serve.send_signal(signal.SIGINT)
+            assert serve.wait(timeout=30) == 0
+        finally:
+            if serve.poll() is None:
+                serve.kill()
+    assert_no_llama_server(env)
+    studio_log = Path(env["GGUF_STUDIO_HOME"]) / "studio.log"
+    records = [json.loads(line) for line in studio_log.read_text().splitlines()]
+    return Served(env, argv, files, log.read_text().splitlines(), records)
+
+
+def test_state_change_log_lines_carry_no_none(served_smol):
+    """The log's state-change lines read ``cause=None error=None``: a field with no value is left out."""
+    changes = [line for line in served_smol.console if "llama-server state" in line or "resident model" in line]
+    assert len(changes) >= 4, served_smol.console  # starting, ready, stopping, idle: they carried cause=None
+    assert [line for line in served_smol.console if "=None" in line] == []
+    assert [r for r in served_smol.records if None in r.values()] == []  # the same lines as JSON, in studio.log
 
 
 def test_ps_without_a_studio_is_one_line_and_exit_1():
