@@ -158,6 +158,71 @@ def test_a_subcommands_help_loads_no_logging(argv):
     assert out.stderr.strip().splitlines()[-1] == "LEAN"
 
 
+# --- help ------------------------------------------------------------------------------------------
+
+
+def _commands_listed(help_text: str) -> dict[str, str]:
+    """The "Commands:" section of a help text: each command's line, its wrapped continuation lines joined."""
+    listed: dict[str, str] = {}
+    section = help_text.split("\nCommands:\n", 1)[1]
+    for line in section.splitlines():
+        if not line.strip():
+            break
+        if line.startswith("  ") and not line.startswith("   "):  # a new command: "  name  Its help."
+            name, _, text = line.strip().partition(" ")
+            listed[name] = text.strip()
+        else:  # click wraps after a hyphen too
+            listed[name] += ("" if listed[name].endswith("-") else " ") + line.strip()
+    return listed
+
+
+@pytest.mark.parametrize("argv", [[], ["-h"], ["--help"]], ids=["bare", "-h", "--help"])
+def test_bare_ggstudio_and_dash_h_print_the_help_and_exit_0(argv, tmp_path):
+    """``ggstudio`` alone exited 2 and ``ggstudio -h`` was "No such option"; each rendered anew (a fresh home)."""
+    out = cli(*argv, env=tagged_env(GGUF_STUDIO_HOME=str(tmp_path), COLUMNS="80"))
+    assert out.returncode == 0 and out.stderr == "", out.stderr
+    assert out.stdout.startswith("Usage: ggstudio [OPTIONS] COMMAND") and "\nCommands:\n" in out.stdout
+    assert "-h, --help" in out.stdout
+
+
+def _commands() -> dict:
+    """Every command of the CLI by name, as click holds them."""
+    from typer.main import get_command
+
+    from studio.cli.app import app
+
+    return get_command(app).commands
+
+
+def test_every_subcommand_takes_dash_h():
+    names = sorted(_commands())
+    assert len(names) > 10
+    for name in names:
+        out = cli(name, "-h")
+        assert out.returncode == 0, (name, out.stderr)
+        assert out.stdout.startswith(f"Usage: ggstudio {name} "), out.stdout
+
+
+@pytest.mark.parametrize("columns", [80, 50])
+def test_help_lines_are_not_cut_mid_phrase(columns, tmp_path):
+    """``--help`` listed "Build the pinned llama-server into the studio home (a...": click cut each line at the width.
+
+    Each command is listed by its first sentence, whole (wrapped on a narrow terminal, never cut); at 80
+    columns each fits its line.
+    """
+    commands = _commands()
+    out = cli("--help", env=tagged_env(GGUF_STUDIO_HOME=str(tmp_path), COLUMNS=str(columns)))
+    assert out.returncode == 0, out.stderr
+    listed = _commands_listed(out.stdout)
+    assert sorted(listed) == sorted(name for name, c in commands.items() if not c.hidden)
+    for name, text in listed.items():
+        first_sentence = " ".join(commands[name].help.split("\n\n", 1)[0].split()).split(". ", 1)[0].rstrip(".")
+        assert not text.endswith("..."), (name, text)
+        assert text.endswith(".") and text == first_sentence + ".", (name, text)
+        if columns == 80:
+            assert len(f"  {max(listed, key=len):13}{text}") <= 80, (name, text)
+
+
 def test_usage_errors_exit_2():
     assert cli("run").returncode == 2
     assert cli("run", "m", "--serve-only", "--once", "hi").returncode == 2

@@ -13,6 +13,7 @@ import typer
 
 from studio.cli import build, chat, library, models, rpc, service  # noqa: F401  (each registers its commands)
 from studio.cli.common import app, error_lines, exit_code, state, studio_settings
+from studio.cli.entry import HELP_OPTIONS
 from studio.errors import Exit
 
 __all__ = ["app", "exit_code", "main"]
@@ -35,6 +36,7 @@ def _show_version(value: bool) -> None:
 
 @app.callback()
 def _root(
+    ctx: typer.Context,
     version: Annotated[
         bool, typer.Option("--version", callback=_show_version, is_eager=True, help="Print versions and exit.")
     ] = False,
@@ -46,6 +48,9 @@ def _root(
     6 another studio already runs in this studio home, 130 Ctrl-C.
     """
     state.debug = debug
+    if ctx.invoked_subcommand is None:  # bare `ggstudio` (or only root options): what there is to run
+        typer.echo(ctx.get_help())
+        raise typer.Exit()
     if _asks_for_help(sys.argv[1:]):  # a subcommand's --help runs after this callback and logs nothing
         return
     from studio.logs import configure_logging  # structlog (and rich): ~0.3 s, only when a command runs
@@ -56,7 +61,7 @@ def _root(
 def _asks_for_help(args: list[str]) -> bool:
     """Whether the command line asks for a help text (before any ``--`` that ends the options)."""
     options = args[: args.index("--")] if "--" in args else args
-    return "--help" in options
+    return any(a in HELP_OPTIONS for a in options)
 
 
 def main() -> None:

@@ -49,9 +49,10 @@ def build_llama(
     jobs: Annotated[int | None, typer.Option(help="Parallel compile jobs (default: all cores).")] = None,
     force: Annotated[bool, typer.Option(help="Rebuild even if a finished build is cached.")] = False,
 ) -> None:
-    """Build the pinned llama-server into the studio home (a no-op when cached).
+    """Build the pinned llama-server into the studio home.
 
-    Extra CMake arguments can be passed through the CMAKE_ARGS environment variable.
+    A no-op when a finished build is cached. Extra CMake arguments can be passed through the CMAKE_ARGS
+    environment variable.
     """
     from launcher.build import ensure_built
 
@@ -73,8 +74,11 @@ def doctor(
     rpc: RpcOption = None,
     json_output: Annotated[bool, typer.Option("--json", help="Print JSON instead of text.")] = False,
 ) -> None:
-    """Show the llama-server in use (where it was found, version, capabilities), the devices (RPC workers' too),
-    and a verdict per check."""
+    """Check this machine's llama-server and devices.
+
+    Shows the llama-server in use (where it was found, version, capabilities), the devices (RPC workers'
+    too), and a verdict per check.
+    """
     from launcher.capabilities import probe
     from launcher.devices import discover
     from launcher.rpc import RpcWorkers
@@ -203,10 +207,11 @@ def bench_spec(
     ctx: Annotated[int, typer.Option(min=512, help="Context of the measuring llama-server.")] = 2048,
     json_output: JsonOption = False,
 ) -> None:
-    """Measure tokens/s per speculative mode for a model on this machine; `auto` then uses the fastest.
+    """Measure which speculative mode is fastest here.
 
-    The result is stored per model file, device set and llama-server build: `plan`, `serve` and `run` resolve
-    `auto` to the measured winner until the binary or the devices change.
+    Measures tokens/s per speculative mode for a model on this machine; `auto` then takes the fastest.
+    The result is stored per model file, device set and llama-server build: `plan`, `serve` and `run`
+    resolve `auto` to the measured winner until the binary or the devices change.
     """
     import tempfile
 

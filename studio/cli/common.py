@@ -8,27 +8,48 @@ start. Names imported only for type checking are quoted.
 """
 
 import signal
+import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
+from typer.core import TyperGroup
 
 from launcher.errors import BuildError, LauncherError, ProcessError
+from studio.cli.entry import HELP_OPTIONS
 from studio.errors import AnsweredError, CommandError, Exit, StudioError
 
 if TYPE_CHECKING:  # the service's modules load only in the commands that need them
+    from typer._click.core import Context  # typer carries its own click
+    from typer._click.formatting import HelpFormatter
+
     from launcher.discovery import Discovered
     from studio.instance import Discovery
     from studio.library.catalog import Catalog
     from studio.residency.manager import ModelManager
     from studio.settings import Settings
 
+
+class _Commands(TyperGroup):
+    """The command group, whose listing shows each command's first sentence whole (wrapped, never cut)."""
+
+    def format_commands(self, ctx: "Context", formatter: "HelpFormatter") -> None:
+        """List the commands; click would cut each line at the terminal's width with "..." instead."""
+        found = ((name, self.get_command(ctx, name)) for name in self.list_commands(ctx))
+        rows = [(name, cmd.get_short_help_str(limit=sys.maxsize)) for name, cmd in found if cmd and not cmd.hidden]
+        if rows:
+            with formatter.section("Commands"):
+                formatter.write_dl(rows)
+
+
 app = typer.Typer(
     name="ggstudio",
+    cls=_Commands,
     help="GGUF Studio: run GGUF models locally with a supervised llama-server.",
-    no_args_is_help=True,
+    context_settings={"help_option_names": list(HELP_OPTIONS)},  # the subcommands inherit it
+    invoke_without_command=True,  # bare `ggstudio`: the help, exit 0 (the root callback prints it)
     add_completion=False,
     pretty_exceptions_enable=False,
     # Plain click help: rendering it with rich imports rich, most of what `ggstudio --help` cost (scripts/bench_cli.py).

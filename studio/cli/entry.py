@@ -1,4 +1,4 @@
-"""``ggstudio``'s console script: ``ggstudio --help`` from its cached text, everything else through the CLI.
+"""``ggstudio``'s console script: the top-level help from its cached text, everything else through the CLI.
 
 The top-level help is what a person runs first and most often, and rendering it
 imports typer, click and every command group (most of its ~180 ms; ``scripts/bench_cli.py``).
@@ -24,11 +24,13 @@ __all__ = ["help_key", "main"]
 
 #: The cached help, its first line the key it was rendered under.
 CACHE_NAME = "cli-help.txt"
+#: The options that ask for a help text (the subcommands' too).
+HELP_OPTIONS = ("-h", "--help")
 
 
 def main() -> None:
-    """Run the CLI; the bare ``ggstudio --help`` is served from the cache when it holds."""
-    if sys.argv[1:] != ["--help"]:
+    """Run the CLI; the top-level help (``ggstudio``, ``-h``, ``--help``) is served from the cache when it holds."""
+    if sys.argv[1:] not in ([], *([h] for h in HELP_OPTIONS)):
         _run()
         return
     path = os.path.join(studio_home(), "cache", CACHE_NAME)

@@ -27,7 +27,10 @@ if TYPE_CHECKING:  # the service's modules load only in the commands that need t
 
 @app.command("fetch-model")
 def fetch_model() -> None:
-    """Fetch the embedded models into the models dir: the chat default (SmolLM2-135M-Instruct) and Gemma 3 270M."""
+    """Fetch the two embedded models into the models dir.
+
+    The chat default (SmolLM2-135M-Instruct) and Gemma 3 270M.
+    """
     from studio.library.default_model import ensure_default_model, ensure_gemma
 
     models_dir = studio_settings().models_dir
@@ -40,7 +43,10 @@ def inspect(
     file: Annotated[Path, typer.Argument(help="A .gguf file (any shard of a split model).")],
     json_output: Annotated[bool, typer.Option("--json", help="Print JSON instead of text.")] = False,
 ) -> None:
-    """Summarise a GGUF model: architecture, size, context, KV cost, SWA, MTP, template."""
+    """Show what a GGUF model is and what it needs.
+
+    Its architecture, size, context, KV cost, SWA, MTP and chat template, read from its header.
+    """
     import gguf
     from studio.views.model import render, summary
 
@@ -63,10 +69,10 @@ def search(
         typer.Option(help="Ask a running studio instead: its fit counts what its resident models hold."),
     ] = None,
 ) -> None:
-    """Search the Hub for GGUF models: each variant's size and whether it fits here, from its header alone.
+    """Search the Hub for GGUF models, and whether each fits here.
 
-    No weights are downloaded; each header read is kept in the studio home. The variant marked * is the
-    largest that fits.
+    Each variant's size and fit come from its header alone. No weights are downloaded; each header read is kept
+    in the studio home. The variant marked * is the largest that fits.
     """
     from urllib.parse import urlencode
 
@@ -130,7 +136,10 @@ def pull(
         bool, typer.Option("--fallback", help="If the variant does not fit on the disk, take the largest that does.")
     ] = False,
 ) -> None:
-    """Download a GGUF model from Hugging Face into the shared cache (nothing is fetched twice)."""
+    """Download a GGUF model from Hugging Face.
+
+    Into the shared Hugging Face cache: nothing is fetched twice.
+    """
     from rich.console import Console
     from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn, TransferSpeedColumn
 
@@ -180,7 +189,10 @@ def pull(
 def ls_command(
     json_output: Annotated[bool, typer.Option("--json", help="Print JSON instead of text.")] = False,
 ) -> None:
-    """List the GGUF models here: the models folders (GGUF_STUDIO_MODEL_DIRS) and the Hugging Face cache."""
+    """List the GGUF models here.
+
+    The models folders (GGUF_STUDIO_MODEL_DIRS) and the Hugging Face cache.
+    """
     from studio.library.hub import HubConfig
     from studio.library.scan import scan
 
@@ -230,10 +242,11 @@ def rm_command(
     url: UrlOption = None,
     json_output: JsonOption = False,
 ) -> None:
-    """Remove a model from the library: its file(s) in a models folder, or its Hugging Face cache entry
-    (shards and projector included; a projector another model pairs with stays).
+    """Remove a model from the library.
 
-    Through the running studio when there is one, which refuses a resident model unless --force.
+    Its file(s) in a models folder, or its Hugging Face cache entry (shards and projector included; a projector
+    another model pairs with stays). Through the running studio when there is one, which refuses a resident
+    model unless --force.
     """
     settings = studio_settings()
     running = url or (found.url if (found := discovered_studio(settings)) is not None else None)

@@ -79,7 +79,9 @@ def _status_text(status: dict[str, Any]) -> str:
 
 @app.command()
 def ps(url: UrlOption = None, json_output: JsonOption = False) -> None:
-    """Show the models a running studio holds: state, context, memory, pid, requests, idle time, TTL.
+    """Show the models a running studio holds.
+
+    Each one's state, context, memory, pid, requests, idle time and TTL:
 
     ggstudio ps --url http://127.0.0.1:8081 --json
     """
@@ -103,7 +105,9 @@ def load(
     url: UrlOption = None,
     json_output: JsonOption = False,
 ) -> None:
-    """Load a model into a running studio (idle models are evicted if it needs their memory).
+    """Load a model into a running studio.
+
+    Idle models are evicted if it needs their memory:
 
     ggstudio load gemma-3-270m-Q4_K_M --ctx 4096 --threads 2 --chat-template chatml
     """
@@ -183,7 +187,10 @@ def unload(
     url: UrlOption = None,
     json_output: JsonOption = False,
 ) -> None:
-    """Unload one model of a running studio, or all of them (a load in progress is cancelled)."""
+    """Unload one model of a running studio, or all of them.
+
+    A load in progress is cancelled.
+    """
     try:
         status = call_studio("POST", url, "/api/unload", body={"model": model} if model else {}, timeout=120)
     except AnsweredError as exc:
@@ -239,9 +246,10 @@ def plan_command(
         ),
     ] = None,
 ) -> None:
-    """Show how a model would be launched here: GPUs, RPC workers, layers, context, speculative flags, memory, and why.
+    """Show how a model would be launched here, and why.
 
-    Settings left out come from the model's ``[models.NAME]`` table in the config file, as for a load.
+    The GPUs, RPC workers, layers, context, speculative flags, memory, and the llama-server command a
+    load runs. Settings left out come from the model's ``[models.NAME]`` table in the config file, as for a load.
     """
     if model.endswith(".gguf") and Path(model).is_file():
         import gguf
@@ -334,7 +342,10 @@ def logs(
     follow: Annotated[bool, typer.Option("--follow", "-f", help="Keep printing new lines until Ctrl-C.")] = False,
     url: UrlOption = None,
 ) -> None:
-    """Print a resident model's llama-server log from a running studio: the last 100 lines (-f: then new ones)."""
+    """Print a resident model's llama-server log.
+
+    From a running studio: the last 100 lines (-f: then new ones).
+    """
     from urllib.parse import urlencode
 
     query = {"follow": str(follow).lower(), **({"model": model} if model else {})}

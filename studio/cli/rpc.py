@@ -35,10 +35,11 @@ def rpc_worker(
         ),
     ] = False,
 ) -> None:
-    """Run a llama.cpp RPC worker (ggml-rpc-server) that lends this machine's devices to a studio elsewhere.
+    """Lend this machine's devices to a studio elsewhere.
 
-    The worker is supervised: Ctrl-C or SIGTERM stops it, and it dies with this command. On the main machine,
-    list it in rpc_workers (config file) or pass --rpc HOST:PORT to serve, run or plan. Examples:
+    Runs a llama.cpp RPC worker (ggml-rpc-server). The worker is supervised: Ctrl-C or SIGTERM stops it, and it
+    dies with this command. On the main machine, list it in rpc_workers (config file) or pass --rpc HOST:PORT to
+    serve, run or plan. Examples:
 
         ggstudio rpc-worker --port 50052
 

@@ -73,9 +73,10 @@ def serve(
         ),
     ] = False,
 ) -> None:
-    """Run the studio service (GUI, OpenAI, Anthropic and optionally Ollama APIs) with a model loaded, until Ctrl-C.
+    """Run the studio: its page and APIs, with a model loaded.
 
-    One studio runs per studio home: a second `serve` says where the first one is and exits with code 6.
+    Serves the GUI, the OpenAI and Anthropic APIs (and optionally Ollama's) until Ctrl-C. One studio runs per
+    studio home: a second `serve` says where the first one is and exits with code 6.
     """
     serve_studio(
         model,
