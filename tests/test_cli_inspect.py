@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -64,3 +65,19 @@ def test_inspect_reports_an_r1_distill_template_as_always_reasoning(llama_src, t
     out = run("inspect", str(model))
     assert out.returncode == 0, out.stderr
     assert "reasoning always on" in out.stdout
+
+
+def test_inspect_takes_a_model_name(smollm_model, tmp_path):
+    """``inspect NAME`` said "cannot open the file" where plan, run and load take the same name."""
+    env = {**os.environ, "GGUF_STUDIO_HOME": str(tmp_path), "GGUF_STUDIO_MODEL_DIRS": str(smollm_model.parent)}
+    name = smollm_model.name.removesuffix(".gguf")
+    by_name = subprocess.run([CLI, "inspect", "--json", name], capture_output=True, text=True, timeout=60, env=env)
+    assert by_name.returncode == 0, by_name.stderr
+    assert json.loads(by_name.stdout)["shards"] == [str(smollm_model)]
+    assert by_name.stdout == run("inspect", "--json", str(smollm_model)).stdout  # the same as by its path
+    usage = subprocess.run([CLI, "inspect", "-h"], capture_output=True, text=True, timeout=60, env=env).stdout
+    assert usage.startswith("Usage: ggstudio inspect [OPTIONS] {model}\n") and "{file}" not in usage
+
+    unknown = subprocess.run([CLI, "inspect", "no-such-model"], capture_output=True, text=True, timeout=60, env=env)
+    assert unknown.returncode == 3 and unknown.stderr.count("\n") == 1, unknown.stderr
+    assert unknown.stderr.startswith("error: model 'no-such-model' not found") and name in unknown.stderr

@@ -27,7 +27,8 @@ if TYPE_CHECKING:  # the service's modules load only in the commands that need t
 
     from launcher.discovery import Discovered
     from studio.instance import Discovery
-    from studio.library.catalog import Catalog
+    from studio.library.catalog import Catalog, CatalogEntry
+    from studio.library.hub_search import VariantHeaders
     from studio.residency.manager import ModelManager
     from studio.settings import Settings
 
@@ -133,6 +134,38 @@ def catalog_of(settings: "Settings") -> "Catalog":
     return Catalog(
         [settings.models_dir, *settings.model_dirs], hf_cache=HubConfig.from_env().cache_dir, aliases=settings.aliases
     )
+
+
+def model_entry(settings: "Settings", model: str) -> "tuple[CatalogEntry, VariantHeaders | None]":
+    """The catalog entry of ``model`` (a name, an alias, a path), as ``plan`` and ``inspect`` find it.
+
+    An ``owner/repo:VARIANT`` not downloaded is its header, read from the Hub and kept
+    (``studio.library.hub_search``), returned beside it.
+
+    Raises:
+        ModelNotFoundError: neither a known name, a file, nor a Hub repo's variant (exit 3).
+    """
+    from studio.errors import ModelNotFoundError
+    from studio.library.downloads import is_repo_spec
+
+    catalog = catalog_of(settings)
+    try:
+        return catalog.resolve(model), None
+    except ModelNotFoundError:
+        if not is_repo_spec(model):
+            raise
+    headers = _hub_headers(settings, model)
+    return catalog.resolve(str(headers.path)), headers
+
+
+def _hub_headers(settings: "Settings", model: str) -> "VariantHeaders":
+    from studio.library import hub
+    from studio.library.hub_headers import header_cache
+    from studio.library.hub_search import find_variant, repo_variants, variant_headers
+
+    name, label = hub.parse_spec(model)
+    repo = repo_variants(name)
+    return variant_headers(repo, find_variant(repo, label), root=header_cache(settings.home))
 
 
 def model_manager(settings: "Settings", rpc_workers: tuple[str, ...] = ()) -> tuple["ModelManager", "Discovered"]:

@@ -17,6 +17,7 @@ from studio.cli.common import (
     catalog_of,
     discovered_studio,
     find_binary,
+    model_entry,
     studio_settings,
 )
 from studio.errors import CommandError, Exit, StudioError
@@ -40,7 +41,13 @@ def fetch_model() -> None:
 
 @app.command()
 def inspect(
-    file: Annotated[Path, typer.Argument(help="A .gguf file (any shard of a split model).")],
+    model: Annotated[
+        str,
+        typer.Argument(
+            help="A model name (as `ls` shows it, as plan, run and load take it), owner/repo:VARIANT, or any .gguf "
+            "file (a projector, any shard of a split model)."
+        ),
+    ],
     json_output: Annotated[bool, typer.Option("--json", help="Print JSON instead of text.")] = False,
 ) -> None:
     """Show what a GGUF model is and what it needs.
@@ -50,7 +57,10 @@ def inspect(
     import gguf
     from studio.views.model import render, summary
 
-    info = summary(gguf.read(file))
+    path = Path(model).expanduser()
+    if not path.is_file():  # a name: found as `plan` finds it (a file is read as it is, projectors too)
+        path = model_entry(studio_settings(), model)[0].path
+    info = summary(gguf.read(path))
     typer.echo(as_json(info) if json_output else render(info))
 
 

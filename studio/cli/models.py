@@ -5,7 +5,7 @@ import threading
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import Annotated, Any
 
 import typer
 
@@ -23,20 +23,15 @@ from studio.cli.common import (
     app,
     as_json,
     call_studio,
-    catalog_of,
     chosen_rpc_workers,
     exit_code,
     find_binary,
     load_options,
+    model_entry,
     stream_studio_events,
     studio_settings,
 )
 from studio.errors import AnsweredError, CommandError, Exit, StudioError
-
-if TYPE_CHECKING:  # the service's modules load only in the commands that need them
-    from studio.library.catalog import CatalogEntry
-    from studio.library.hub_search import VariantHeaders
-    from studio.settings import Settings
 
 
 def _status_text(status: dict[str, Any]) -> str:
@@ -283,7 +278,7 @@ def plan_command(
     workers = RpcWorkers(chosen_rpc_workers(rpc, settings))
     found = find_binary(settings)
     caps = probe(found.path, cache_dir=settings.home / "cache")
-    entry, remote = _plan_entry(settings, model)
+    entry, remote = model_entry(settings, model)
     asked = LoadRequest(
         model,
         n_ctx=ctx,
@@ -306,32 +301,6 @@ def plan_command(
         info["model"]["path"] = f"{model} (not downloaded)"
         info["hub"] = {"model": model, "downloaded": False, "bytes_read": remote.bytes_read, "cached": remote.cached}
     typer.echo(as_json(info) if json_output else render_plan(info))
-
-
-def _plan_entry(settings: "Settings", model: str) -> "tuple[CatalogEntry, VariantHeaders | None]":
-    """The catalog entry to plan ``model`` with; an ``owner/repo:VARIANT`` not downloaded is planned on its
-    header, read from the Hub and kept (``studio.library.hub_search``)."""
-    from studio.errors import ModelNotFoundError
-    from studio.library.downloads import is_repo_spec
-
-    catalog = catalog_of(settings)
-    try:
-        return catalog.resolve(model), None
-    except ModelNotFoundError:
-        if not is_repo_spec(model):
-            raise
-    headers = _hub_headers(settings, model)
-    return catalog.resolve(str(headers.path)), headers
-
-
-def _hub_headers(settings: "Settings", model: str) -> "VariantHeaders":
-    from studio.library import hub
-    from studio.library.hub_headers import header_cache
-    from studio.library.hub_search import find_variant, repo_variants, variant_headers
-
-    name, label = hub.parse_spec(model)
-    repo = repo_variants(name)
-    return variant_headers(repo, find_variant(repo, label), root=header_cache(settings.home))
 
 
 @app.command()
