@@ -40,6 +40,12 @@ if TYPE_CHECKING:
 
 HOST = "127.0.0.1"
 REDACTED = "<redacted>"
+#: What ``LaunchCommand.shown_argv`` puts where each launch has a value of its own, and what goes there.
+PLACEHOLDERS = {
+    "<port>": "the free port each launch picks",
+    "<launch>": "the private folder each launch makes for its API key (a secret) and chat template files, "
+    "removed when it stops",
+}
 #: llama-server's log verbosity at which it prints every buffer it allocates (launcher.allocations).
 ALLOCATION_VERBOSITY = "4"
 #: How long each RPC worker has to answer right before a launch.
@@ -109,6 +115,15 @@ class LaunchCommand:
         argv = self.argv(port)
         return [REDACTED if a == self.api_key and i and argv[i - 1] == "--api-key" else a for i, a in enumerate(argv)]
 
+    def shown_argv(self) -> list[str]:
+        """``redacted_argv`` as every launch of this command runs it, with ``PLACEHOLDERS`` for what each
+        launch makes anew: its port, and its private folder (the key file's and the template file's)."""
+        argv = self.redacted_argv(0)
+        argv[argv.index("--port") + 1] = "<port>"
+        if self.files_dir is None:
+            return argv
+        return [a.replace(str(self.files_dir), str(self.files_dir.parent / "<launch>")) for a in argv]
+
     def launch_spec(self, *, start_timeout: float = 600.0) -> LaunchSpec:
         """The supervisor's LaunchSpec for this command."""
         return LaunchSpec(
@@ -153,8 +168,7 @@ class LaunchCommand:
         self.cleanup()
 
     def __repr__(self) -> str:
-        shown = " ".join(self.redacted_argv(0)).replace("--port 0", "--port <port>")
-        return f"LaunchCommand({shown!r})"
+        return f"LaunchCommand({' '.join(self.shown_argv())!r})"
 
 
 def build_command(

@@ -501,6 +501,28 @@ def test_state_change_log_lines_carry_no_none(served_smol):
     assert [r for r in served_smol.records if None in r.values()] == []  # the same lines as JSON, in studio.log
 
 
+def _launch_shape(argv: list[str]) -> list[str]:
+    """``argv`` with what each launch makes anew as ``ggstudio plan`` shows it: ``<port>``, ``<launch>``."""
+    shown = [re.sub(r"/ggstudio-launch-[^/]+/", "/<launch>/", a) for a in argv]
+    shown[shown.index("--port") + 1] = "<port>"
+    return shown
+
+
+def test_plan_prints_the_argv_a_load_runs(served_smol):
+    """``plan``'s "exact command" left out the chat template file and the slot folder a load passes, and showed
+    a key file that did not exist: it is the real llama-server's argv, but for the placeholders it names."""
+    out = cli("plan", SMOL, "--ctx", "2048", "--json", env=served_smol.env)
+    assert out.returncode == 0, out.stderr
+    planned = json.loads(out.stdout)
+    assert planned["argv"] == _launch_shape(served_smol.argv)
+    assert served_smol.files_there == {"--chat-template-file": True, "--api-key-file": True}
+    assert "--slot-save-path" in planned["argv"]
+    key_file = planned["argv"][planned["argv"].index("--api-key-file") + 1]
+    assert "/<launch>/" in key_file and set(planned["argv_placeholders"]) == {"<port>", "<launch>"}
+    text = cli("plan", SMOL, "--ctx", "2048", env=served_smol.env).stdout
+    assert "\n  <launch>: the private folder each launch makes for its API key (a secret)" in text
+
+
 def test_ps_without_a_studio_is_one_line_and_exit_1():
     port = free_port()
     out = cli("ps", "--url", f"http://127.0.0.1:{port}")

@@ -168,8 +168,11 @@ def _hub_headers(settings: "Settings", model: str) -> "VariantHeaders":
     return variant_headers(repo, find_variant(repo, label), root=header_cache(settings.home))
 
 
-def model_manager(settings: "Settings", rpc_workers: tuple[str, ...] = ()) -> tuple["ModelManager", "Discovered"]:
-    """A model manager over the models dir with the llama-server found here (orphans of earlier runs reaped).
+def model_manager(
+    settings: "Settings", rpc_workers: tuple[str, ...] = (), *, reap_orphans: bool = True
+) -> tuple["ModelManager", "Discovered"]:
+    """A model manager over the models dir with the llama-server found here (orphans of earlier runs reaped,
+    unless ``reap_orphans`` is False: ``plan`` starts nothing, and leaves them to the commands that do).
 
     With ``rpc_workers``, every plan asks them for their devices (``launcher.rpc.RpcWorkers``).
     """
@@ -187,7 +190,8 @@ def model_manager(settings: "Settings", rpc_workers: tuple[str, ...] = ()) -> tu
 
     found = find_binary(settings)
     registry = ChildRegistry(settings.home / "run", owner_token())
-    registry.reap_orphans()
+    if reap_orphans:
+        registry.reap_orphans()
     workers = RpcWorkers(rpc_workers) if rpc_workers else None
     manager = ModelManager(
         catalog=catalog_of(settings),

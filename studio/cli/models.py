@@ -3,7 +3,6 @@
 import sys
 import threading
 from collections.abc import Callable
-from dataclasses import replace
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -25,9 +24,9 @@ from studio.cli.common import (
     call_studio,
     chosen_rpc_workers,
     exit_code,
-    find_binary,
     load_options,
     model_entry,
+    model_manager,
     stream_studio_events,
     studio_settings,
 )
@@ -251,12 +250,10 @@ def plan_command(
 
         # a header the facts refuse is answered before the slower imports (read once: cached)
         _ = gguf.read(model).facts
-    from launcher.capabilities import probe
-    from launcher.command import build_command
-    from launcher.devices import discover
-    from launcher.planner import load_model, parse_cache_type, plan
-    from launcher.rpc import RpcWorkers
-    from studio.residency.requests import LoadRequest, load_settings
+    import asyncio
+
+    from launcher.planner import parse_cache_type
+    from studio.residency.requests import LoadRequest
     from studio.views.plan import plan_json, render_plan
 
     options = load_options(threads, threads_batch, flash_attn, context_shift, chat_template, jinja)
@@ -275,12 +272,11 @@ def plan_command(
         typer.echo(as_json(info) if json_output else render_plan(info))
         return
     settings = studio_settings()
-    workers = RpcWorkers(chosen_rpc_workers(rpc, settings))
-    found = find_binary(settings)
-    caps = probe(found.path, cache_dir=settings.home / "cache")
+    # the manager a `serve` or a `run` would load it with: its defaults, placement, files and slot folder
+    manager, found = model_manager(settings, chosen_rpc_workers(rpc, settings), reap_orphans=False)
     entry, remote = model_entry(settings, model)
     asked = LoadRequest(
-        model,
+        model if remote is None else str(entry.path),  # a Hub variant not downloaded: its kept header
         n_ctx=ctx,
         n_parallel=parallel,
         spec=spec,
@@ -289,14 +285,10 @@ def plan_command(
         mmproj=mmproj,
         **options,
     )
-    chosen = load_settings(asked, entry, settings.model_defaults)
-    request = replace(chosen.plan_request(entry.name), spec_measurements=settings.spec_dir)
-    launch = plan(
-        load_model(entry.path, mmproj=chosen.mmproj), discover(llama_server=found.path, workers=workers), caps, request
-    )
-    with build_command(launch, caps, binary=found.path) as command:
-        argv = command.redacted_argv(settings.port)
-    info = plan_json(launch, argv, found)
+    placed = asyncio.run(manager.preview(asked))
+    with manager.launch_command(placed) as command:
+        argv = command.shown_argv()
+    info = plan_json(placed.plan, argv, found)
     if remote is not None:  # planned on the kept header: the file is not here yet
         info["model"]["path"] = f"{model} (not downloaded)"
         info["hub"] = {"model": model, "downloaded": False, "bytes_read": remote.bytes_read, "cached": remote.cached}

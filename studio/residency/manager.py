@@ -486,7 +486,7 @@ class ModelManager:
                 placed = await self._place(load.entry, load.request, replacing=load.replacing, load=load)
                 behind = bool(placed.evict) and self._waits_behind(load)  # loads that must evict take turns
                 if (placed.fits or load.request.force) and not behind:
-                    command = self._command(placed)
+                    command = self.launch_command(placed)
                     victims = [v for name in placed.evict if (v := self.find(name)) is not None]
                     if load.replacing is not None:
                         victims.append(load.replacing)
@@ -610,7 +610,11 @@ class ModelManager:
         if load.step is not LoadStep.UNDONE:
             load.move(LoadStep.UNDONE)
 
-    def _command(self, placed: Placed) -> LaunchCommand:
+    def launch_command(self, placed: Placed) -> LaunchCommand:
+        """The command a load of ``placed`` runs: its private files under ``files_root``, its slot folder.
+
+        ``ggstudio plan`` prints it too, so the command it shows is the one a load runs.
+        """
         try:
             return build_command(
                 placed.plan,

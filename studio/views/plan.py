@@ -7,6 +7,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from launcher.capabilities import Capabilities
+from launcher.command import PLACEHOLDERS
 from launcher.devices import Device, Inventory
 from launcher.discovery import Discovered
 from launcher.planner import LaunchPlan
@@ -86,7 +87,7 @@ def measured_json(measured: SpecMeasurement | None) -> dict[str, Any] | None:
 
 
 def plan_json(plan: LaunchPlan, argv: Sequence[str] = (), binary: Discovered | None = None) -> dict[str, Any]:
-    """The plan as plain JSON-able values; ``argv`` is the (redacted) command, if built."""
+    """The plan as plain JSON-able values; ``argv`` is the command as shown (``LaunchCommand.shown_argv``), if built."""
     f = plan.model.facts
     return {
         "model": {
@@ -156,6 +157,8 @@ def plan_json(plan: LaunchPlan, argv: Sequence[str] = (), binary: Discovered | N
         "fits": plan.fits,
         "extra_args": list(plan.extra_args),
         "argv": list(argv),
+        # what stands in the argv where each launch has a value of its own (LaunchCommand.shown_argv)
+        "argv_placeholders": {k: v for k, v in PLACEHOLDERS.items() if any(k in a for a in argv)},
         "reasons": list(plan.reasons),
         "warnings": list(plan.warnings),
     }
@@ -242,7 +245,8 @@ def render_plan(info: dict[str, Any]) -> str:
     if info["warnings"]:
         lines += ["", "warnings", *(f"  ! {w}" for w in info["warnings"])]
     if info["argv"]:
-        lines += ["", "command", "  " + shlex.join(info["argv"])]
+        lines += ["", "command (as a load runs it)", "  " + shlex.join(info["argv"])]
+        lines += [f"  {k}: {v}" for k, v in info.get("argv_placeholders", {}).items()]
     return "\n".join(lines)
 
 
