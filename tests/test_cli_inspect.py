@@ -81,3 +81,29 @@ def test_inspect_takes_a_model_name(smollm_model, tmp_path):
     unknown = subprocess.run([CLI, "inspect", "no-such-model"], capture_output=True, text=True, timeout=60, env=env)
     assert unknown.returncode == 3 and unknown.stderr.count("\n") == 1, unknown.stderr
     assert unknown.stderr.startswith("error: model 'no-such-model' not found") and name in unknown.stderr
+
+
+def test_inspect_shows_the_sampling_defaults_in_force_and_where_each_comes_from(gemma_model, tmp_path):
+    """The studio had no notion of per-model sampling: the authors' ``general.sampling.*`` keys, the model's table
+    and llama-server's defaults are now one line, in the order a request without values of its own gets them."""
+    from gguf.writer import rewrite
+
+    model = rewrite(
+        gemma_model,
+        tmp_path / "gemma-tuned.gguf",
+        metadata_updates={"general.sampling.temp": 1.0, "general.sampling.top_k": 64},
+    )
+    config = tmp_path / "config.toml"
+    config.write_text('[models."gemma-tuned"]\ntop_p = 0.9\nmax_tokens = 512\n')
+    env = {**os.environ, "GGUF_STUDIO_CONFIG": str(config)}
+    out = subprocess.run([CLI, "inspect", "--json", str(model)], capture_output=True, text=True, timeout=60, env=env)
+    info = json.loads(out.stdout)
+    assert info["sampling_in_file"] == {"temp": 1.0, "top_k": 64.0}
+    shown = info["sampling"]
+    assert shown["temperature"] == {"value": 1.0, "source": "model file"}
+    assert shown["top_k"] == {"value": 64, "source": "model file"}
+    assert shown["top_p"] == {"value": 0.9, "source": "config"}
+    assert shown["min_p"] == {"value": 0.05, "source": "llama-server"}
+    assert shown["max_tokens"] == {"value": 512, "source": "config"}
+    text = subprocess.run([CLI, "inspect", str(model)], capture_output=True, text=True, timeout=60, env=env).stdout
+    assert "temperature 1 (model file), top_p 0.9 (config)" in text, text

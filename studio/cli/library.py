@@ -55,12 +55,20 @@ def inspect(
     Its architecture, size, context, KV cost, SWA, MTP and chat template, read from its header.
     """
     import gguf
+    from studio.library.catalog import CatalogEntry
+    from studio.library.default_model import builtin_model_defaults
+    from studio.library.scan import model_name
+    from studio.residency.requests import sampling_for
     from studio.views.model import render, summary
 
+    settings = studio_settings()
     path = Path(model).expanduser()
-    if not path.is_file():  # a name: found as `plan` finds it (a file is read as it is, projectors too)
-        path = model_entry(studio_settings(), model)[0].path
-    info = summary(gguf.read(path))
+    if path.is_file():  # a file is read as it is, projectors too
+        entry = CatalogEntry(model_name(path), path)
+    else:  # a name: found as `plan` finds it
+        entry = model_entry(settings, model)[0]
+    sampling = sampling_for(entry, builtin_model_defaults(settings.model_defaults), settings.sampling)
+    info = summary(gguf.read(entry.path), sampling)
     typer.echo(as_json(info) if json_output else render(info))
 
 
