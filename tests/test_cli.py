@@ -448,6 +448,7 @@ class Served:
     files_there: dict[str, bool]
     console: list[str]
     records: list[dict]
+    planned_there: dict  # ``plan --url --json`` of the same model, asked of the running studio
 
 
 @pytest.fixture(scope="module")
@@ -482,6 +483,8 @@ def served_smol(smollm_model, llama_server_bin, tmp_path_factory) -> Served:
             files = {
                 flag: Path(argv[argv.index(flag) + 1]).is_file() for flag in ("--chat-template-file", "--api-key-file")
             }
+            there = cli("plan", SMOL, "--ctx", "2048", "--url", url, "--json", env=env)
+            assert there.returncode == 0, there.stderr
             serve.send_signal(signal.SIGINT)
             assert serve.wait(timeout=30) == 0
         finally:
@@ -490,7 +493,7 @@ def served_smol(smollm_model, llama_server_bin, tmp_path_factory) -> Served:
     assert_no_llama_server(env)
     studio_log = Path(env["GGUF_STUDIO_HOME"]) / "studio.log"
     records = [json.loads(line) for line in studio_log.read_text().splitlines()]
-    return Served(env, argv, files, log.read_text().splitlines(), records)
+    return Served(env, argv, files, log.read_text().splitlines(), records, json.loads(there.stdout))
 
 
 def test_state_change_log_lines_carry_no_none(served_smol):
@@ -521,6 +524,7 @@ def test_plan_prints_the_argv_a_load_runs(served_smol):
     assert "/<launch>/" in key_file and set(planned["argv_placeholders"]) == {"<port>", "<launch>"}
     text = cli("plan", SMOL, "--ctx", "2048", env=served_smol.env).stdout
     assert "\n  <launch>: the private folder each launch makes for its API key (a secret)" in text
+    assert served_smol.planned_there["argv"] == planned["argv"]  # a running studio's plan shows it too
 
 
 def test_ps_without_a_studio_is_one_line_and_exit_1():

@@ -23,7 +23,7 @@ from studio.http.gui_hub import is_remote, remote_plan
 from studio.http.library_removal import remove_from_library
 from studio.http.model_paths import check_extra_args, check_model_path, check_projector_path
 from studio.library.catalog import CatalogEntry
-from studio.residency.manager import ModelManager
+from studio.residency.manager import ModelManager, Placed
 from studio.residency.requests import LoadRequest, model_defaults_for, sampling_for
 from studio.settings import LOAD_LIMITS, RESIDENCY_LIMITS
 from studio.views.model import summary
@@ -260,9 +260,11 @@ async def plan_preview(request: Request, body: LoadBody) -> dict[str, Any]:
     hub_part: dict[str, Any] = {}
     if await is_remote(request, body.model):  # not downloaded: planned on its header, read from the Hub
         placed, hub_part = await remote_plan(request, body.request())
+        argv: list[str] = []  # a file that is not here yet has no command to show
     else:
         placed = await _manager(request).preview(body.request())
-    info = plan_json(placed.plan)
+        argv = await asyncio.to_thread(_shown_argv, _manager(request), placed)
+    info = plan_json(placed.plan, argv)
     if hub_part:
         info["model"]["path"] = f"{hub_part['model']} (not downloaded)"
     return {
@@ -272,6 +274,12 @@ async def plan_preview(request: Request, body: LoadBody) -> dict[str, Any]:
         "blocked_by": list(placed.blocked_by),
         **({"hub": hub_part} if hub_part else {}),
     }
+
+
+def _shown_argv(manager: ModelManager, placed: Placed) -> list[str]:
+    """The command a load of ``placed`` would run (``ggstudio plan`` shows the same)."""
+    with manager.launch_command(placed) as command:
+        return command.shown_argv()
 
 
 @router.post("/unload")
