@@ -8,6 +8,7 @@ the server said.
 from __future__ import annotations
 
 import re
+import signal
 from dataclasses import dataclass
 from typing import Literal
 
@@ -19,6 +20,8 @@ Cause = Literal[
     "unsupported_flag",
     "port_in_use",
     "rpc_worker_failed",
+    "killed",
+    "crashed",
 ]
 
 # llama.cpp's log prefix: "0.00.004.632 E " (time, level) before the message.
@@ -97,3 +100,32 @@ def diagnose(log_lines: list[str]) -> Diagnosis:
 
 def _strip(line: str) -> str:
     return _PREFIX.sub("", line).strip()
+
+
+#: Signals that mean the program itself failed (a bug, a bad instruction, an assertion), not that it was stopped.
+_CRASH_SIGNALS = frozenset({signal.SIGSEGV, signal.SIGABRT, signal.SIGBUS, signal.SIGILL, signal.SIGFPE})
+
+
+def exit_by_signal(code: int, *, oom_killed: bool, log_lines: list[str]) -> Diagnosis | None:
+    """Why a child that exited with ``code`` died, when a signal ended it (``code`` < 0), else None.
+
+    A signal says more than the last log line, which is whatever llama-server printed before it died:
+    ``oom_killed`` (the kernel's out-of-memory killer killed something meanwhile) names the likely cause of a
+    SIGKILL; a crash signal comes with the log's last error.
+    """
+    if code >= 0:
+        return None
+    try:
+        name = signal.Signals(-code).name
+    except ValueError:
+        name = f"signal {-code}"
+    if -code == signal.SIGKILL and oom_killed:
+        return Diagnosis(
+            "out_of_memory",
+            "it was killed by SIGKILL, likely by the kernel's out-of-memory killer (the machine ran out of memory)",
+            "free memory (close programs, unload models) or load a smaller model or context",
+        )
+    if -code in _CRASH_SIGNALS:
+        said = diagnose(log_lines).reason if log_lines else "no output"
+        return Diagnosis("crashed", f"it crashed ({name}); its last words: {said}", None)
+    return Diagnosis("killed", f"it was killed by {name} (another program or the system stopped it)", None)

@@ -291,3 +291,16 @@ def peak_rss_bytes() -> int:
 
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     return peak if sys.platform == "darwin" else peak * 1024
+
+
+def oom_kills() -> int | None:
+    """How many processes the kernel's out-of-memory killer has killed since boot (``/proc/vmstat``
+    ``oom_kill``, Linux 4.13+, every cgroup's included); None where it cannot be read."""
+    try:
+        with open("/proc/vmstat") as stats:
+            for line in stats:
+                if line.startswith("oom_kill "):
+                    return int(line.split()[1])
+    except (OSError, ValueError):
+        pass
+    return None

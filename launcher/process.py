@@ -22,7 +22,7 @@ from pathlib import Path
 import httpx
 
 from launcher import platform
-from launcher.diagnosis import diagnose
+from launcher.diagnosis import Diagnosis, diagnose, exit_by_signal
 from launcher.errors import LoadError, PortInUseError, StartAbortedError, StartTimeoutError
 
 #: Lines of output kept in memory and attached to errors.
@@ -71,6 +71,7 @@ class ChildProcess:
         self._proc: subprocess.Popen[bytes] | None = None
         self._tail: deque[str] = deque(maxlen=TAIL_LINES)
         self._reader: threading.Thread | None = None
+        self._oom_kills_at_start: int | None = None
 
     @property
     def pid(self) -> int | None:
@@ -95,6 +96,12 @@ class ChildProcess:
         except subprocess.TimeoutExpired:
             return None
 
+    def death(self, code: int) -> Diagnosis | None:
+        """Why it died, when a signal ended it (``code`` < 0): killed, by the OOM killer likely, or a crash."""
+        now = platform.oom_kills()
+        oom = now is not None and self._oom_kills_at_start is not None and now > self._oom_kills_at_start
+        return exit_by_signal(code, oom_killed=oom, log_lines=list(self._tail))
+
     def log_tail(self, lines: int = 50) -> str:
         """Return the last ``lines`` lines the child printed."""
         return "\n".join(list(self._tail)[-lines:])
@@ -109,6 +116,7 @@ class ChildProcess:
             raise RuntimeError(f"this {type(self).__name__} was already started")
         ensure_port_free(self.host, self.port)
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        self._oom_kills_at_start = platform.oom_kills()
         self._proc = subprocess.Popen(
             self.argv,
             stdin=subprocess.DEVNULL,
@@ -256,10 +264,11 @@ class LlamaServer(ChildProcess):
                     time.sleep(poll_interval)
 
     def _load_error(self, code: int) -> LoadError:
-        found = diagnose(list(self._tail))
+        found = self.death(code) or diagnose(list(self._tail))
         hint = f" ({found.hint})" if found.hint else ""
+        how = "stopped" if code < 0 else f"exited with code {code}"
         return LoadError(
-            f"llama-server exited with code {code} while loading: {found.reason}{hint}",
+            f"llama-server {how} while loading: {found.reason}{hint}",
             pid=self.pid,
             exit_code=code,
             log_tail=self.log_tail(),

@@ -500,7 +500,9 @@ class Supervisor:
         if code is None and child.server.output_closed:  # it closed its output: exiting, give it a moment
             code = child.server.wait_exit(timeout=1.0)
         if code is not None:
-            self._crashed(child, f"llama-server exited unexpectedly with code {code}", code)
+            death = child.server.death(code)
+            how = f"stopped unexpectedly: {death.reason}" if death else f"exited unexpectedly with code {code}"
+            self._crashed(child, f"llama-server {how}", code)
             return
         if time.monotonic() - self._last_health < self.health_interval:
             return

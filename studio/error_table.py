@@ -51,6 +51,7 @@ _SERVER = "server_error"
 TABLE: Mapping[type[BaseException], Outcome] = {
     # studio
     s.UpstreamError: Outcome(502, "upstream_error", None, Exit.LLAMA_FAILED),
+    s.UpstreamDiedError: Outcome(502, "upstream_error", "llama_server_died", Exit.LLAMA_FAILED),
     s.ModelNotFoundError: Outcome(404, "not_found_error", "model_not_found", Exit.NOT_FOUND, "model"),
     s.ModelNotResidentError: Outcome(404, "not_found_error", "model_not_resident", Exit.NOT_FOUND, "model"),
     s.BadRequestError: Outcome(400, _BAD, None),
@@ -88,7 +89,7 @@ TABLE: Mapping[type[BaseException], Outcome] = {
     RemoteBindError: Outcome(400, _BAD, "remote_bind_refused", Exit.USAGE),
     # launcher: llama-server (or what it needs) failed
     l.StartAbortedError: Outcome(409, "load_cancelled", "load_cancelled", Exit.LLAMA_FAILED),
-    l.LoadError: Outcome(500, _SERVER, "load_failed", Exit.LLAMA_FAILED),
+    l.LoadError: Outcome(502, _SERVER, "load_failed", Exit.LLAMA_FAILED),  # a child's death is never a 500
     l.StartTimeoutError: Outcome(502, _SERVER, "load_failed", Exit.LLAMA_FAILED),
     l.ProcessError: Outcome(502, _SERVER, "load_failed", Exit.LLAMA_FAILED),
     l.BinaryNotFoundError: Outcome(502, _SERVER, "load_failed", Exit.NOT_FOUND),
@@ -101,7 +102,7 @@ TABLE: Mapping[type[BaseException], Outcome] = {
     l.BuildError: Outcome(502, _SERVER, "build_failed"),
     l.SlotFileError: Outcome(500, _SERVER, "slot_file_invalid"),
     l.LauncherError: Outcome(502, _SERVER, "load_failed"),
-    # the chat history (after the launcher's rows: a server's bare 500 answer means a load failed, exit 5)
+    # the chat history
     s.HistoryError: Outcome(500, _SERVER, "history_failed"),
     s.HistoryUnavailableError: Outcome(503, "history_unavailable", "history_unavailable"),
     s.HistoryWriteError: Outcome(507, "insufficient_storage", "history_write_failed"),

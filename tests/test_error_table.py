@@ -127,7 +127,7 @@ def test_the_cli_exit_code_comes_from_the_same_table(exc, code):
         (404, None, Exit.NOT_FOUND),
         (400, "does_not_fit", Exit.DOES_NOT_FIT),
         (507, None, Exit.DOES_NOT_FIT),
-        (500, "out_of_memory", Exit.LLAMA_FAILED),  # a code no row has: its status decides
+        (502, "out_of_memory", Exit.LLAMA_FAILED),  # a code no row has: its status decides
         (502, None, Exit.LLAMA_FAILED),
         (400, None, Exit.ERROR),
         (418, None, Exit.ERROR),
