@@ -30,6 +30,7 @@
     ├── AlreadyRunningError                 another studio holds this studio home (studio.instance)
     ├── StudioHomeError (+OSError)          the studio home cannot be locked or written (a read-only folder)
     ├── UpstreamError                       llama-server failed or went away
+    │   └── UpstreamDiedError               it died before answering: the request is sent again (a few times)
     ├── AnsweredError                       another server answered with an error: its status and code, kept
     │   └── TurnError                       llama-server, to one model call of a chat (studio.chat.model_turn)
     └── CommandError                        a CLI command's own refusal: one line, a hint, an exit code
@@ -173,6 +174,10 @@ class StreamNotFoundError(StudioError, LookupError):
 
 class UpstreamError(StudioError):
     """llama-server failed to answer or went away."""
+
+
+class UpstreamDiedError(UpstreamError):
+    """llama-server died under a request before the first byte of its answer."""
 
 
 class AnsweredError(StudioError):

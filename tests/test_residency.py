@@ -131,14 +131,9 @@ def test_a_streaming_model_is_never_evicted_and_nothing_evictable_is_a_503_namin
         assert httpx.post(f"{s.url}/api/pin", json={"model": a}, timeout=10).status_code == 200
         with httpx.stream(
             "POST",
-            f"{s.url}/v1/chat/completions",
+            f"{s.url}/v1/completions",  # raw text: a base model's chat would stop at its borrowed turn markers
             timeout=120,
-            json={
-                "model": gemma,
-                "messages": [{"role": "user", "content": "Write a long story."}],
-                "max_tokens": 1500,
-                "stream": True,
-            },
+            json={"model": gemma, "prompt": "Once upon a time", "max_tokens": 1500, "ignore_eos": True, "stream": True},
         ) as stream:
             lines = stream.iter_lines()  # held: dropping the iterator would close the stream
             # streaming now: the first data line (a slow load first sends ": loading" comments)

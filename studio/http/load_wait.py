@@ -11,6 +11,13 @@ Ollama's clients add to the answer as nothing (Ollama itself sends nothing while
 ``FIRST_BEAT`` seconds let the quick refusals (an unknown model, one that cannot fit) stay plain HTTP
 errors; an error after the headers ends the stream with the dialect's error event instead
 (``studio.http.errors.stream_error_line``).
+
+A request whose llama-server dies before the first byte of its answer (killed while loading, or while the
+request waited for its answer: the kernel's out-of-memory killer does this on a desktop) has lost nothing
+its client saw: ``answer_surviving`` sends it again once the model is back (the resident restarts it), up to
+``RETRIES`` times, each time through the queue like a new request. A model that dies on every start runs
+out of restarts, and the request then gets the cause. Bytes already on their way are not sent twice: a
+stream that broke off mid-answer ends with the dialect's error event.
 """
 
 from __future__ import annotations
@@ -22,6 +29,8 @@ from collections.abc import Awaitable, Callable
 import structlog
 from starlette.responses import Response
 
+from launcher.errors import LoadError
+from studio.errors import UpstreamDiedError
 from studio.http.errors import SHAPES, Dialect, ErrorAnswer, describe, stream_error_line
 from studio.http.relay import LoadWait
 from studio.residency.manager import ModelManager
@@ -33,6 +42,12 @@ log = structlog.get_logger(__name__)
 FIRST_BEAT = 1.0
 #: Seconds between keep-alive lines while the load goes on (the promise is at most 2).
 BEAT = 1.0
+
+#: Seconds a failed upstream request waits to hear whether its llama-server died (its owner hears of an exit at
+#: once; the bound only delays a failure that was not a death).
+DEATH_NOTICE = 3.0
+#: Times a request its llama-server died under, before any byte of its answer, is sent again.
+RETRIES = 2
 
 #: What a request does with its model once it has it: returns the response (a stream, or a whole answer).
 Answer = Callable[[LoadedModel, Lease], Awaitable[Response]]
@@ -65,9 +80,9 @@ async def answer_when_loaded(
     """
     found = manager.acquire_now(model)
     if found is not None:
-        return await _answer(found, answer)
+        return await answer_surviving(manager, model, answer, found=found)
     acquired: list[str] = []  # the model's name once the load is done and the request is on its way to it
-    task = asyncio.ensure_future(_loaded_then(manager, model, answer, acquired))
+    task = asyncio.ensure_future(answer_surviving(manager, model, answer, acquired=acquired))
     try:
         done, _ = await asyncio.wait({task}, timeout=FIRST_BEAT)
     except BaseException:
@@ -90,10 +105,38 @@ async def answer_when_loaded(
     )
 
 
-async def _loaded_then(manager: ModelManager, model: str | None, answer: Answer, acquired: list[str]) -> Response:
-    found = await manager.acquire(model)
-    acquired.append(found[0].name)
-    return await _answer(found, answer)
+async def answer_surviving(
+    manager: ModelManager,
+    model: str | None,
+    answer: Answer,
+    *,
+    embeddings: bool = False,
+    found: tuple[LoadedModel, Lease] | None = None,
+    acquired: list[str] | None = None,
+) -> Response:
+    """``answer``'s response on ``model`` (``found``: already acquired), sent again when its llama-server died
+    before answering (the module docstring); ``acquired`` gets the model's name each time it is acquired."""
+    for attempt in range(RETRIES + 1):
+        try:
+            if found is None:
+                found = await manager.acquire(model, embeddings=embeddings)
+            if acquired is not None:
+                acquired.append(found[0].name)
+            return await _answer(found, answer)
+        except (UpstreamDiedError, LoadError) as exc:
+            if attempt == RETRIES or not _survivable(exc):
+                raise
+            log.warning("sending a request again: its llama-server died first", model=model, error=str(exc))
+        found = None
+        if acquired is not None:
+            acquired.clear()  # loading again, until the model is back
+    raise AssertionError("unreachable: the last attempt returns or raises")
+
+
+def _survivable(exc: Exception) -> bool:
+    """Whether a request may be sent again after ``exc``: a death before its answer, by a signal when loading (a
+    file that fails on its own fails again, and says so at once)."""
+    return isinstance(exc, UpstreamDiedError) or (isinstance(exc, LoadError) and (exc.exit_code or 0) < 0)
 
 
 async def _answer(found: tuple[LoadedModel, Lease], answer: Answer) -> Response:

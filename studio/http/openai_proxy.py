@@ -85,9 +85,9 @@ from studio.chat.tool_stream import HealingRelay
 from studio.dialects.anthropic_stop import StopSequenceStream, mended_answer
 from studio.dialects.chat_shape import chat_body
 from studio.dialects.responses_stream import ResponsesIndexes
-from studio.errors import BadRequestError, RouteRefusedError, UpstreamError
+from studio.errors import BadRequestError, RouteRefusedError, UpstreamDiedError, UpstreamError
 from studio.http.errors import Dialect, ErrorAnswer, describe, stream_error_event, upstream_response
-from studio.http.load_wait import answer_when_loaded
+from studio.http.load_wait import DEATH_NOTICE, answer_surviving, answer_when_loaded
 from studio.http.metrics import listener_of
 from studio.http.model_paths import check_model_path
 from studio.http.relay import Relay, Reshape, client_gone
@@ -188,12 +188,7 @@ async def _forward(request: Request, route: Route, upstream_path: str) -> Respon
         return await answer_when_loaded(
             _manager(request), model, answer, dialect=route.dialect, detach=claim is not None
         )
-    loaded, lease = await _manager(request).acquire(model, embeddings=route.embeds)
-    try:
-        return await answer(loaded, lease)
-    except BaseException:
-        await lease()
-        raise
+    return await answer_surviving(_manager(request), model, answer, embeddings=route.embeds)
 
 
 async def _answer(
@@ -267,6 +262,8 @@ async def read_answer(resp: httpx.Response, lease: Lease, loaded: LoadedModel) -
     except httpx.HTTPError as exc:
         if lease.interruption:
             raise lease.interruption from exc
+        if died := await lease.died(within=DEATH_NOTICE):  # nothing reached the client: it may be sent again
+            raise UpstreamDiedError(f"llama-server died before it answered: {died}") from exc
         message, code = await broke_off(loaded, "llama-server broke off its answer", exc)
         raise UpstreamError(message, code=code) from exc
     finally:
@@ -337,6 +334,8 @@ async def broken_stream_event(exc: httpx.HTTPError, lease: Lease, loaded: Loaded
     cut = lease.interruption
     if cut:
         answer = describe(cut)
+    elif died := await lease.died(within=DEATH_NOTICE):
+        answer = ErrorAnswer(502, f"llama-server died mid-answer: {died}", "upstream_error", code="llama_server_died")
     else:
         message, code = await broke_off(loaded, "llama-server went away mid-stream", exc)
         answer = ErrorAnswer(502, message, "upstream_error", code=code)
@@ -379,7 +378,11 @@ async def send_upstream(
             return await upstream.send(method, url, form, query=query, content=body.content)
         return await upstream.send(method, url, sent, body, query)
     except httpx.HTTPError as exc:
-        raise (lease and lease.interruption) or UpstreamError(f"llama-server did not answer: {exc}") from exc
+        if lease is not None and lease.interruption:
+            raise lease.interruption from exc
+        if lease is not None and (died := await lease.died(within=DEATH_NOTICE)):
+            raise UpstreamDiedError(f"llama-server died before it answered: {died}") from exc
+        raise UpstreamError(f"llama-server did not answer: {exc}") from exc
 
 
 async def close_upstream(resp: httpx.Response, lease: Callable[[], Any]) -> None:

@@ -43,6 +43,9 @@ log = structlog.get_logger(__name__)
 
 #: Seconds before the n-th automatic restart: 0.5, 1, 2, ... at most 30.
 BACKOFF_BASE, BACKOFF_MAX = 0.5, 30.0
+#: Seconds up after which a death is a new incident: the restarts (and their back-off) count from zero again,
+#: so a model the OOM killer takes now and then is restarted each time, one that dies on every start is not.
+STABLE_AFTER = 10.0
 
 
 @dataclass(frozen=True)
@@ -67,11 +70,12 @@ class LoadedModel:
 class Lease:
     """One request's hold on a resident model; awaiting it releases the hold (once)."""
 
-    __slots__ = ("_resident", "_released")
+    __slots__ = ("_crashes", "_resident", "_released")
 
     def __init__(self, resident: ResidentModel) -> None:
         self._resident = resident
         self._released = False
+        self._crashes = resident.crashes  # its llama-server's deaths so far: one more is a death under this request
 
     async def __call__(self) -> None:
         if not self._released:
@@ -83,6 +87,21 @@ class Lease:
         """Why the model went away under this request, when it did: the error to give its client."""
         reason = self._resident.cut_reason
         return ModelUnloadedError(reason) if reason else None
+
+    async def died(self, within: float) -> str | None:
+        """Why the model's llama-server died under this request, once its owner has seen the death (it hears of
+        an exit at once; ``within`` seconds bound the wait); None: it did not die, the failure was another."""
+        resident = self._resident
+        deadline = resident._loop.time() + within
+        while resident.crashes == self._crashes:
+            left = deadline - resident._loop.time()
+            if left <= 0:
+                return None
+            try:
+                await asyncio.wait_for(resident._changed.wait(), left)
+            except TimeoutError:
+                return None
+        return resident.last_exit or "llama-server died"
 
 
 @dataclass
@@ -145,6 +164,9 @@ class ResidentModel:
         self.cut_reason: str | None = None  # set when an unload ended requests still in flight
         self.in_flight = 0
         self.restarts = 0
+        self._ready_since = 0.0  # when it last became ready (``STABLE_AFTER``)
+        self.crashes = 0  # deaths of its llama-server once ready (``Lease.died`` counts on them)
+        self.last_exit: str | None = None  # why its llama-server last died, kept past the restart
         self.created = self.last_used = time.monotonic()
         self._loop = asyncio.get_running_loop()
         self._inbox: asyncio.Queue[_Command] = asyncio.Queue()
@@ -346,6 +368,7 @@ class ResidentModel:
             plan=self.plan,
             command=self.command,
         )
+        self._ready_since = time.monotonic()
         self._set(ResidentState.READY)
         self._schedule_expiry()
 
@@ -391,6 +414,10 @@ class ResidentModel:
             return  # draining or already down: the unload in progress stops it anyway
         self.loaded = None
         self._cancel_expiry()
+        if time.monotonic() - self._ready_since >= STABLE_AFTER:
+            self.restarts = 0
+        self.crashes += 1
+        self.last_exit = cause.split("; last output:", 1)[0]  # the supervisor's reason, without the log's tail
         self._set(ResidentState.CRASHED, error=cause)
         if self.restarts >= self.max_restarts:
             await run_blocking(self.supervisor.stop, timeout=None, what=f"stopping {self.name}")

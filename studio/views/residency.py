@@ -97,6 +97,7 @@ def resident_json(r: ResidentModel) -> dict[str, Any]:
             "actual": bill_json(actual, physical(actual, plan)) if actual else None,
         },
         "error": r.error if r.state in (ResidentState.FAILED, ResidentState.CRASHED) else None,
+        "last_exit": r.last_exit,  # why its llama-server last died (killed by a signal, a crash), kept past restarts
         "rpc_workers": list(plan.rpc_workers),
         "failed_workers": list(sup.failed_workers),
         "pid": sup.pid,
@@ -165,6 +166,7 @@ _EMPTY: dict[str, Any] = {
     "progress": None,
     "memory": None,
     "error": None,
+    "last_exit": None,
     "pid": None,
     "in_flight": 0,
 }

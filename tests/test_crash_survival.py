@@ -1,0 +1,168 @@
+"""Nothing lost to a crash: a request that has received nothing yet survives its llama-server killed by a signal,
+at each moment one can die under it, and the studio says why it died.
+
+The kills are real ``kill -9`` of the real llama-server (what the kernel's out-of-memory killer does on a
+desktop); SIGSTOP first where the moment must be held still (a request sent, its answer not begun). On b5a9904
+each of these requests failed: 500 "llama-server exited with code -9 while loading: <its last log line>" for a
+load, 502 "llama-server did not answer" for one sent.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import threading
+import time
+from collections.abc import Iterator
+
+import httpx
+import psutil
+import pytest
+
+from launcher.diagnosis import exit_by_signal
+from tests.helpers import wait_for
+from tests.test_answer_limits import serving
+from tests.test_cli import SMOL, llama_servers, tagged_env
+
+pytestmark = [pytest.mark.slow, pytest.mark.shared_processes]
+
+QUESTION = {"messages": [{"role": "user", "content": "What is the capital of France?"}], "max_tokens": 16}
+
+
+def test_a_signal_is_named_with_its_likely_cause():
+    assert "killed by SIGKILL" in exit_by_signal(-9, oom_killed=False, log_lines=[]).reason
+    oom = exit_by_signal(-9, oom_killed=True, log_lines=[])
+    assert oom.cause == "out_of_memory" and "out-of-memory killer" in oom.reason
+    crash = exit_by_signal(-11, oom_killed=False, log_lines=["0.00.1.2 E ggml_abort: bad tensor"])
+    assert crash.cause == "crashed" and "SIGSEGV" in crash.reason and "bad tensor" in crash.reason
+    assert exit_by_signal(1, oom_killed=True, log_lines=[]) is None  # an exit code of its own says the rest
+
+
+@pytest.fixture(scope="module")
+def studio(llama_server_bin, smollm_model, tmp_path_factory) -> Iterator[tuple[str, dict[str, str]]]:
+    env = tagged_env()
+    with serving(tmp_path_factory.mktemp("crash"), "", "--model", SMOL, "--ctx", "2048", env=env) as (url, _):
+        yield url, env
+
+
+def _server(env: dict[str, str]) -> psutil.Process:
+    return wait_for(lambda: (found := llama_servers(env)) and found[0], timeout=60, what="a llama-server")
+
+
+def _fresh(url: str, env: dict[str, str]) -> psutil.Process:
+    """The model loaded anew (its restarts count from zero), and its llama-server."""
+    assert httpx.post(f"{url}/api/unload", json={"model": SMOL}, timeout=60).status_code == 200
+    assert httpx.post(f"{url}/api/load", json={"model": SMOL, "n_ctx": 2048}, timeout=120).status_code == 200
+    return _server(env)
+
+
+def _ready(url: str) -> dict:
+    def ready() -> dict | None:
+        status = httpx.get(f"{url}/api/status", timeout=30).json()
+        return status if status["state"] == "ready" else None
+
+    return wait_for(ready, timeout=120, interval=0.1, what="the model to be ready")
+
+
+def test_a_request_sent_but_unanswered_is_sent_again_when_its_llama_server_is_killed(studio):
+    url, env = studio
+    server = _fresh(url, env)
+    server.suspend()  # the request reaches it and waits: sent, not answered
+    answers: list[httpx.Response] = []
+    asking = threading.Thread(
+        target=lambda: answers.append(httpx.post(f"{url}/v1/chat/completions", json=QUESTION, timeout=120))
+    )
+    asking.start()
+    time.sleep(1.0)
+    server.kill()
+    asking.join(timeout=120)
+    assert answers and answers[0].status_code == 200, answers[0].text if answers else "no answer"
+    assert answers[0].json()["choices"][0]["message"]["content"]
+    status = _ready(url)
+    assert status["restarts"] == 1
+    assert "killed by SIGKILL" in status["last_exit"], status["last_exit"]
+
+
+def test_a_stream_waiting_for_its_first_token_is_sent_again_when_its_llama_server_is_killed(studio):
+    url, env = studio
+    server = _fresh(url, env)
+    server.suspend()
+    chunks: list[str] = []
+
+    def stream() -> None:
+        with httpx.stream("POST", f"{url}/v1/chat/completions", json={**QUESTION, "stream": True}, timeout=120) as r:
+            chunks.extend(line for line in r.iter_lines() if line.startswith("data: "))
+
+    asking = threading.Thread(target=stream)
+    asking.start()
+    time.sleep(1.5)  # past FIRST_BEAT: its 200 and a keep-alive went out, no answer byte did
+    server.kill()
+    asking.join(timeout=120)
+    assert chunks and chunks[-1] == "data: [DONE]", chunks
+    assert not any('"error"' in c for c in chunks), chunks
+    text = "".join((json.loads(c[6:])["choices"] or [{}])[0].get("delta", {}).get("content") or "" for c in chunks[:-1])
+    assert text, chunks
+
+
+def test_a_stream_killed_mid_answer_ends_with_the_dialects_error_naming_the_signal(studio):
+    url, env = studio
+    server = _fresh(url, env)
+    body = {**QUESTION, "max_tokens": 400, "ignore_eos": True, "stream": True}
+    lines = []
+    with httpx.stream("POST", f"{url}/v1/chat/completions", json=body, timeout=120) as r:
+        for line in r.iter_lines():
+            lines.append(line)
+            if sum(x.startswith("data: {") for x in lines) == 2:
+                os.kill(server.pid, signal.SIGKILL)
+    errors = [json.loads(x[6:]) for x in lines if x.startswith("data: {") and '"error"' in x]
+    assert errors, lines[-3:]
+    assert "killed by SIGKILL" in errors[-1]["error"]["message"], errors[-1]
+    _ready(url)  # and it is restarted for the next one
+
+
+def test_a_request_waiting_for_a_load_that_is_killed_gets_its_answer_from_the_next(studio):
+    url, env = studio
+    _ready(url)
+    assert httpx.post(f"{url}/api/unload", json={"model": SMOL}, timeout=60).status_code == 200
+    wait_for(lambda: not llama_servers(env), timeout=30, what="the model to unload")
+    answers: list[httpx.Response] = []
+    asking = threading.Thread(
+        target=lambda: answers.append(
+            httpx.post(f"{url}/v1/chat/completions", json={**QUESTION, "model": SMOL}, timeout=120)
+        )
+    )
+    asking.start()
+    _server(env).kill()  # at once: it has not loaded the weights yet
+    asking.join(timeout=120)
+    assert answers and answers[0].status_code == 200, answers[0].text if answers else "no answer"
+
+
+def test_a_model_that_dies_on_every_start_gets_the_cause_not_a_wait_for_ever(studio):
+    url, env = studio
+    _ready(url)
+    assert httpx.post(f"{url}/api/unload", json={"model": SMOL}, timeout=60).status_code == 200
+    stop = threading.Event()
+
+    def killer() -> None:  # every llama-server of this studio dies as it starts
+        while not stop.is_set():
+            for p in llama_servers(env):
+                try:
+                    p.kill()
+                except psutil.NoSuchProcess:
+                    pass
+            time.sleep(0.01)
+
+    thread = threading.Thread(target=killer, daemon=True)
+    thread.start()
+    try:
+        answer = httpx.post(f"{url}/v1/chat/completions", json={**QUESTION, "model": SMOL}, timeout=120)
+    finally:
+        stop.set()
+        thread.join()
+    assert answer.status_code == 502, answer.text
+    error = answer.json()["error"]
+    assert "killed by SIGKILL" in error["message"] and error["code"] == "killed", error
+    assert "exited with code" not in error["message"]  # not whatever log line came last
+    retried = httpx.post(f"{url}/v1/chat/completions", json={**QUESTION, "model": SMOL}, timeout=120)
+    assert retried.status_code == 200  # nothing is left broken
