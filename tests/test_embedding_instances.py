@@ -198,13 +198,23 @@ def test_the_embedding_instance_is_listed_and_billed_as_its_own_resident(studio)
     assert set(_instances(url)) == {SMOL}
 
 
-def test_ollama_keep_alive_0_unloads_the_embedding_instance_alone(studio):
+def test_ollama_keep_alive_0_unloads_every_instance_of_the_model(studio):
+    """On b5a9904 ``keep_alive: 0`` unloaded one instance and left the other, so Ollama's ``ps`` still listed the
+    model; in Ollama one model is one thing to unload. An instance's own name still unloads it alone."""
     url, ollama_url, _ = studio
-    chat_pid = _instances(url)[SMOL]["pid"]
     with ollama.Client(host=ollama_url, timeout=180) as client:
+        assert len(client.embed(model=SMOL, input="x").embeddings[0]) == WIDTH
+        assert set(_instances(url)) == {SMOL, EMBEDDING}
+        assert client.generate(model=SMOL, prompt="Hi", options={"num_predict": 2}, keep_alive=0).response
+        wait_for(lambda: not _instances(url), timeout=30, what="both instances to unload")
+        assert client.ps().models == []
         assert len(client.embed(model=SMOL, input="x", keep_alive=0).embeddings[0]) == WIDTH
-    wait_for(lambda: EMBEDDING not in _instances(url), timeout=30, what="the embedding instance to unload")
-    assert _instances(url)[SMOL]["pid"] == chat_pid
+        wait_for(lambda: not _instances(url), timeout=30, what="the embedding instance to unload")
+        client.embed(model=SMOL, input="x")
+        assert client.generate(model=SMOL, prompt="Hi", options={"num_predict": 2}).response
+    assert set(_instances(url)) == {SMOL, EMBEDDING}
+    assert httpx.post(f"{url}/api/unload", json={"model": SMOL}, timeout=60).status_code == 200  # by its name: both
+    assert not _instances(url)
 
 
 def test_an_embeddings_request_for_an_unknown_model_is_a_404_in_openais_shape(studio):

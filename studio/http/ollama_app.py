@@ -169,13 +169,14 @@ def _keep_alive(manager: ModelManager, model: str, ttl: Any) -> None:
 
 
 def _unload_when_done(manager: ModelManager, model: str, ttl: Any) -> None:
-    """``keep_alive: 0``: unload the model once its requests (this one included) are done."""
+    """``keep_alive: 0``: unload the model once its requests (this one included) are done: every instance of it,
+    its chat and its embedding instance alike, as in Ollama one model is one thing to unload."""
     if ttl != 0:
         return
 
     async def unload() -> None:
         try:
-            await manager.unload(model, grace=float("inf"))
+            await manager.unload(base_name(model), grace=float("inf"))
         except ModelNotResidentError:
             pass  # already gone
 

@@ -964,16 +964,26 @@ class ModelManager:
             ModelNotResidentError: ``model`` is neither resident nor loading.
         """
         grace = self.residency.unload_grace if grace is None else grace
-        loads = [load for load in self._loads.values() if model is None or load.names(model)]
-        if model is not None and not loads:
-            self._resident_named(model)  # raises when there is nothing to unload
+        names = None if model is None else self._instance_names(model)
+        loads = [load for load in self._loads.values() if names is None or any(load.names(n) for n in names)]
+        targets = list(self._residents.values()) if names is None else [r for n in names if (r := self.find(n))]
+        if model is not None and not loads and not targets:
+            self._resident_named(model)  # raises: there is nothing to unload
         await self._cancel(loads, "{} was unloaded while it was loading")
-        targets = list(self._residents.values()) if model is None else [r for r in [self.find(model)] if r]
         for r in targets:
             self._why.setdefault(r, "unload")
         await asyncio.gather(
             *(r.unload(grace=grace, reason=f"{r.name} was unloaded while this request ran") for r in targets)
         )
+
+    def _instance_names(self, model: str) -> tuple[str, ...]:
+        """The instances an unload of ``model`` ends: the one it names and, when it names a model, that model's
+        embedding instance too (one model is one thing to unload, as in Ollama); an embedding instance's own
+        name names it alone."""
+        if model.endswith(EMBEDDINGS_SUFFIX):
+            return (model,)
+        found = self.find(model)
+        return (model, embedding_name(found.name if found is not None else model))
 
     async def _cancel(self, loads: Sequence[Load], why: str) -> None:
         for load in loads:
