@@ -5,11 +5,19 @@ A model's name is its file name without ``.gguf`` (and without the
 to a ``.gguf`` file directly. Projector files are not models; each entry carries
 the projector the library paired with it (``studio.library.scan``: same folder or
 Hugging Face snapshot, matching width), or None.
+
+One file is one model, however it is reached (``model_identity``: the same device and inode, links
+followed, or the same resolved path; and the same paired projector, since another one launches it
+otherwise): a symlink under another name in a model folder (how people share one file between LM Studio,
+Ollama and the studio), a hard link, a file two folders hold, one blob two Hugging Face cache names point
+at, or a path to any of them. The first name found is the model's (``entries``' order, the file's own
+name before a link's); every other one is an alias of it, as an ``[aliases]`` name is, and carries its
+path, so the residency manager, which keys instances by path, runs one instance of it whatever name asked.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -25,7 +33,68 @@ class CatalogEntry:
     name: str
     path: Path
     mmproj: Path | None = None  # the multimodal projector found beside it, width checked
-    alias_of: str | None = None  # an ``[aliases]`` name of the listed model so named (listings fold it in there)
+    alias_of: str | None = None  # another name of the listed model so named: an ``[aliases]`` one, or another
+    # link to (or name of) its file; listings fold it in there
+
+    @property
+    def model(self) -> str:
+        """The name the model is listed and resident under, whichever of its names found this entry."""
+        return self.alias_of or self.name
+
+    def named(self, alias: str) -> CatalogEntry:
+        """Return this model's entry under another of its names."""
+        return CatalogEntry(alias, self.path, self.mmproj, self.model)
+
+
+#: Which file: its device and inode (links followed), or its resolved path when it cannot be stat'ed.
+FileId = tuple[int, int] | str
+#: Which model: its file, and its paired projector's (None: none).
+ModelId = tuple[FileId, FileId | None]
+
+
+def file_identity(path: Path) -> FileId:
+    """Return which file ``path`` reaches, however named: its device and inode, else its resolved path."""
+    try:
+        found = path.stat()
+    except (OSError, ValueError):  # a dangling link, a NUL byte: the path the name resolves to
+        try:
+            return str(path.expanduser().resolve())
+        except (OSError, RuntimeError):  # a link loop
+            return str(path.absolute())
+    return found.st_dev, found.st_ino
+
+
+def model_identity(entry: CatalogEntry) -> ModelId:
+    """Return which model ``entry`` is: its file and its projector's (the same weights with another
+    projector launch with other flags, and the library pairs each folder's own)."""
+    return file_identity(entry.path), file_identity(entry.mmproj) if entry.mmproj is not None else None
+
+
+def one_per_file(entries: Iterable[CatalogEntry]) -> tuple[dict[str, CatalogEntry], dict[ModelId, CatalogEntry]]:
+    """Return ``entries`` by name, each further name of a model an alias of its first one, and the models
+    by identity.
+
+    The first: the first entry not reached through a symlink (a hard link or a copy's own name, before a
+    link to it), else the first in order. An alias carries its model's path and projector.
+    """
+    listed = [(entry, model_identity(entry)) for entry in entries]
+    first: dict[ModelId, CatalogEntry] = {}
+    for entry, ident in sorted(listed, key=lambda pair: pair[0].path.is_symlink()):  # stable: order kept within
+        first.setdefault(ident, entry)
+    by_name: dict[str, CatalogEntry] = {}
+    for entry, ident in listed:
+        model = first[ident]
+        by_name[entry.name] = entry if model is entry else model.named(entry.name)
+    return by_name, first
+
+
+def model_of(models: Mapping[ModelId, CatalogEntry], entry: CatalogEntry) -> CatalogEntry | None:
+    """Return the model ``entry`` (a path's) is: the one with its file and projector, else one with its file."""
+    found = models.get(model_identity(entry))
+    if found is None:
+        file = file_identity(entry.path)
+        found = next((model for (other, _), model in models.items() if other == file), None)
+    return found
 
 
 def names_by_model(entries: list[CatalogEntry]) -> dict[str, list[str]]:
@@ -61,33 +130,44 @@ class Catalog:
         return found
 
     def entries(self) -> list[CatalogEntry]:
-        """Every servable model, sorted by name; the first folder holding a name wins, then the HF cache.
+        """Every servable model and each further name of one (``alias_of`` set), sorted by name.
 
-        A folder's unreadable file stays listed (loading it names the problem); a cache entry with one is left out.
+        The first folder holding a name wins, then the HF cache; the first name of a file is its model's (the
+        module docstring). A folder's unreadable file stays listed (loading it names the problem); a cache
+        entry with one is left out.
         """
-        found: dict[str, CatalogEntry] = {}
+        return self._entries()[0]
+
+    def _entries(self) -> tuple[list[CatalogEntry], dict[ModelId, CatalogEntry]]:
+        """``entries``, and the models by identity (``one_per_file``)."""
+        scanned: dict[str, CatalogEntry] = {}
         for folder in self.folders:
             for entry in self._library(folder).scan():
-                found.setdefault(entry.name, CatalogEntry(entry.name, entry.path, entry.mmproj))
+                scanned.setdefault(entry.name, CatalogEntry(entry.name, entry.path, entry.mmproj))
         if self.hf_cache is not None:
             for entry in self._library(None).scan():
                 if entry.error is None:
-                    found.setdefault(entry.name, CatalogEntry(entry.name, entry.path, entry.mmproj))
+                    scanned.setdefault(entry.name, CatalogEntry(entry.name, entry.path, entry.mmproj))
+        found, models = one_per_file(scanned.values())
         for alias, target in self.aliases.items():
             if target in found:
-                named = found[target]
-                found.setdefault(alias, CatalogEntry(alias, named.path, named.mmproj, named.alias_of or target))
+                found.setdefault(alias, found[target].named(alias))
             elif Path(target).expanduser().is_file():
-                found.setdefault(alias, CatalogEntry(alias, Path(target).expanduser().resolve()))
-        return sorted(found.values(), key=lambda e: e.name)
+                own = CatalogEntry(alias, Path(target).expanduser().resolve())
+                named = model_of(models, own)  # a path to a model the library holds is that model
+                found.setdefault(alias, own if named is None else named.named(alias))
+        return sorted(found.values(), key=lambda e: e.name), models
 
     def resolve(self, name_or_path: str) -> CatalogEntry:
         """Return the entry for a model name or a path to a .gguf file.
 
+        A path to a file the library holds (through any link) is that model's entry.
+
         Raises:
             ModelNotFoundError: neither a known name nor an existing file.
         """
-        for entry in self.entries():
+        entries, models = self._entries()
+        for entry in entries:
             if entry.name == name_or_path:
                 return entry
         path = Path(name_or_path).expanduser()
@@ -100,14 +180,15 @@ class Catalog:
                     code="projector_not_model",
                 )
             # paired beside the path as given: a Hugging Face snapshot link resolves into blobs/, projector-less
-            return CatalogEntry(model_name(path), path.resolve(), projector_for(path.absolute()))
+            entry = CatalogEntry(model_name(path), path.resolve(), projector_for(path.absolute()))
+            return model_of(models, entry) or entry
         if name_or_path in self.aliases:
             raise ModelNotFoundError(
                 f"alias {name_or_path!r} points at {self.aliases[name_or_path]!r}, which is not a known model or file",
                 param="model",
                 code="model_not_found",
             )
-        known = ", ".join(e.name for e in self.entries()) or "none"
+        known = ", ".join(e.name for e in entries) or "none"
         raise ModelNotFoundError(
             f"model {name_or_path!r} not found: not a file, and not one of the known models ({known})",
             param="model",
