@@ -22,7 +22,7 @@ from studio.http.bodies import ApiBody
 from studio.http.gui_hub import is_remote, remote_plan
 from studio.http.library_removal import remove_from_library
 from studio.http.model_paths import check_extra_args, check_model_path, check_projector_path
-from studio.library.catalog import CatalogEntry
+from studio.library.catalog import CatalogEntry, names_by_model
 from studio.residency.manager import ModelManager, Placed
 from studio.residency.requests import LoadRequest, model_defaults_for, sampling_for
 from studio.settings import LOAD_LIMITS, RESIDENCY_LIMITS
@@ -176,10 +176,15 @@ def _manager(request: Request) -> ModelManager:
 
 @router.get("/models")
 async def models(request: Request) -> list[dict[str, Any]]:
-    """Every servable model with its facts."""
+    """Every servable model with its facts, once, with ``aliases``: every name a request may use for it, its own
+    included (another link to its file, an ``[aliases]`` name)."""
     out = []
     manager = _manager(request)
-    for entry in manager.catalog.entries():
+    entries = manager.catalog.entries()
+    names = names_by_model(entries)
+    for entry in entries:
+        if entry.name not in names:  # another name of a model, listed in its aliases
+            continue
         try:
             info = summary(await asyncio.to_thread(gguf.read, entry.path), _sampling(manager, entry))
         except gguf.GGUFError as exc:
@@ -189,6 +194,7 @@ async def models(request: Request) -> list[dict[str, Any]]:
             {
                 **info,
                 "name": entry.name,
+                "aliases": names[entry.name],
                 "general_name": info.get("name"),
                 "path": str(entry.path),
                 **_template_source(request, entry, info),

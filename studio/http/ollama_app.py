@@ -249,7 +249,7 @@ async def show(request: Request) -> dict[str, Any]:
     model = await asyncio.to_thread(gguf.read, entry.path)
     f = model.facts
     caps = template_capabilities(f.chat_template) if f.chat_template else None
-    resident = manager.find(entry.name)
+    resident = manager.find(entry.model)
     loaded = resident.loaded if resident is not None else None
     return {
         "modelfile": f"# served by GGUF Studio\nFROM {entry.path}\n",

@@ -133,6 +133,13 @@ def model_status(manager: ModelManager, name: str, loads: RouterLoads) -> dict[s
     return {"value": "unloaded", "args": []}
 
 
+def status_by_names(manager: ModelManager, names: list[str], loads: RouterLoads) -> dict[str, Any]:
+    """The router ``status`` of the model going by ``names``: under the first of them it is not unloaded (a
+    router load that failed under an alias is kept under that name)."""
+    statuses = [model_status(manager, name, loads) for name in names]
+    return next((s for s in statuses if s != _UNLOADED), statuses[0])
+
+
 def _args(resident: ResidentModel) -> list[str]:
     """The resident's llama-server arguments, its key redacted, as the router lists its children's."""
     port = urlsplit(resident.loaded.url).port if resident.loaded is not None else None
@@ -162,9 +169,7 @@ async def list_models(request: Request) -> dict[str, Any]:
         r = resident.get((entry.path, False))
         if r is not None:
             item["meta"] = _meta(r)
-        # loaded (or failed) under an alias, the resident goes by that name
-        statuses = [model_status(manager, name, loads) for name in names[entry.name]]
-        item["status"] = next((s for s in statuses if s != _UNLOADED), statuses[0])
+        item["status"] = status_by_names(manager, names[entry.name], loads)
         data.append(item)
         embedding = resident.get((entry.path, True))
         if embedding is not None:  # the model's embedding instance, listed while it is resident
@@ -220,8 +225,8 @@ async def load_model(request: Request, body: ModelBody) -> dict[str, Any]:
     """
     manager = _manager(request)
     await check_model_path(request, body.model)
-    manager.catalog.resolve(body.model)  # an unknown model is a 404 now, not a failed load later
-    if model_status(manager, body.model, _loads(request))["value"] != "unloaded":
+    entry = manager.catalog.resolve(body.model)  # an unknown model is a 404 now, not a failed load later
+    if model_status(manager, entry.model, _loads(request))["value"] != "unloaded":  # by any of its names
         raise BadRequestError(f"{body.model} is already running", param="model")
     _loads(request).begin(manager, body.model)
     return {"success": True}
@@ -240,12 +245,13 @@ async def unload_model(request: Request, body: ModelBody) -> dict[str, Any]:
 
 @router.get("/models/sse")
 async def model_events(request: Request) -> StreamingResponse:
-    """Server-sent events, one per status change of a model, in the router's shape."""
+    """Server-sent events, one per status change of a model (as ``/models`` lists it), in the router's shape."""
     manager = _manager(request)
     loads = _loads(request)
 
     def now() -> dict[str, dict[str, Any]]:
-        return {e.name: model_status(manager, e.name, loads) for e in manager.catalog.entries()}
+        by_model = names_by_model(manager.catalog.entries())
+        return {model: status_by_names(manager, names, loads) for model, names in by_model.items()}
 
     async def events() -> AsyncIterator[bytes]:
         seen = now()

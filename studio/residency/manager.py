@@ -22,7 +22,9 @@ goes to the model's embedding instance, ``"M (embeddings)"`` (``studio.residency
 resident of its own, loaded on demand through the same queue and transaction, planned and billed by
 the planner's rules for one (``launcher.planner``), evicted like any other; the chat instance is not
 touched. A model file has at most one instance of each kind: residents and loads are keyed by
-``LoadSettings.key``.
+``LoadSettings.key``. Every name that reaches one file (a link under another name, an alias, a path:
+``studio.library.catalog``) resolves to its model's entry, path and name, so a request by any of them
+finds the one resident, which goes by the model's name; an unload by any of them unloads it.
 
 Every load is one transaction (``studio.residency.transaction.Load``), at most one
 per model file: checked before anything running is touched, its victims reserved
@@ -692,13 +694,15 @@ class ModelManager:
     async def _entry(self, model: str) -> CatalogEntry:
         """The catalog entry of ``model``; an uncached ``owner/repo:VARIANT`` is downloaded first when allowed.
 
-        An embedding instance's name gives its model's entry under the instance's name.
+        Another name of a model (a link to its file, an alias) gives the model's own entry: its instances go
+        by the model's name. An embedding instance's name gives its model's entry under the instance's name.
         """
         if model.endswith(EMBEDDINGS_SUFFIX):
             entry = await self._entry(base_name(model))
             return replace(entry, name=embedding_name(entry.name))
         try:
-            return await run_blocking(self.catalog.resolve, model, timeout=self.work_timeout, what=f"finding {model}")
+            entry = await run_blocking(self.catalog.resolve, model, timeout=self.work_timeout, what=f"finding {model}")
+            return replace(entry, name=entry.model, alias_of=None)
         except ModelNotFoundError:
             if self.downloads is None or not is_repo_spec(model):
                 raise
@@ -964,7 +968,7 @@ class ModelManager:
             ModelNotResidentError: ``model`` is neither resident nor loading.
         """
         grace = self.residency.unload_grace if grace is None else grace
-        names = None if model is None else self._instance_names(model)
+        names = None if model is None else self._instance_names(await self._known_as(model))
         loads = [load for load in self._loads.values() if names is None or any(load.names(n) for n in names)]
         targets = list(self._residents.values()) if names is None else [r for n in names if (r := self.find(n))]
         if model is not None and not loads and not targets:
@@ -984,6 +988,18 @@ class ModelManager:
             return (model,)
         found = self.find(model)
         return (model, embedding_name(found.name if found is not None else model))
+
+    async def _known_as(self, model: str) -> str:
+        """The name ``model``'s instance goes by: ``model`` when a resident or a load goes by it, else its
+        model's name in the catalog (``model`` names another link to its file, an alias, a path), else ``model``."""
+        if self.find(model) is not None or any(load.names(model) for load in self._loads.values()):
+            return model
+        try:
+            base = base_name(model)
+            entry = await run_blocking(self.catalog.resolve, base, timeout=self.work_timeout, what=f"finding {base}")
+        except StudioError:  # no longer in the catalog (or never was): only the names in use are left
+            return model
+        return embedding_name(entry.model) if model.endswith(EMBEDDINGS_SUFFIX) else entry.model
 
     async def _cancel(self, loads: Sequence[Load], why: str) -> None:
         for load in loads:
