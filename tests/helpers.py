@@ -1,8 +1,9 @@
-"""Small helpers shared by tests: free ports and deadline-bounded waits."""
+"""Small helpers shared by tests: free ports, deadline-bounded waits, a model file of its own."""
 
 from __future__ import annotations
 
 import contextlib
+import shutil
 import socket
 import threading
 import time
@@ -36,6 +37,16 @@ def leave_mid_answer(
             if generating():
                 return
     raise AssertionError(f"the model finished its answer before the client could leave, {attempts} times")
+
+
+def copy_of(model: Path, folder: Path, name: str) -> Path:
+    """A file of its own holding ``model``'s bytes, for a test that needs two models of the same weights: two
+    names of one file (links to it) are one model (``studio.library.catalog``)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    copy = folder / f"{name}.gguf"
+    if not copy.exists():
+        shutil.copyfile(model, copy)
+    return copy
 
 
 def free_port() -> int:

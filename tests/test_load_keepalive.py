@@ -107,7 +107,7 @@ class Timed:
 
 
 @pytest.fixture(scope="module")
-def studio(llama_server_bin, smollm_model, tmp_path_factory):
+def studio(llama_server_bin, smollm_model, gemma_model, tmp_path_factory):
     """Both listeners over one manager whose llama-servers start ``DELAY`` s late; ``broken`` fails then."""
     root = tmp_path_factory.mktemp("keepalive")
     stand_in = root / "llama-server"
@@ -115,8 +115,8 @@ def studio(llama_server_bin, smollm_model, tmp_path_factory):
     stand_in.chmod(stand_in.stat().st_mode | stat.S_IEXEC)
     models = root / "models"
     models.mkdir()
-    for name in ("smol", "broken"):
-        (models / f"{name}.gguf").symlink_to(smollm_model)
+    (models / "smol.gguf").symlink_to(smollm_model)
+    (models / "broken.gguf").symlink_to(gemma_model)  # another file: two links to one file are one model
     manager = ModelManager(
         catalog=Catalog([models]),
         binary=stand_in,

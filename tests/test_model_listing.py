@@ -20,14 +20,14 @@ pytestmark = [pytest.mark.slow]
 
 
 @pytest.fixture(scope="module")
-def studio(llama_server_bin, settings, tmp_path_factory):
+def studio(llama_server_bin, settings, gemma_model, tmp_path_factory):
     root = tmp_path_factory.mktemp("model-listing")
     smol = ensure_default_model(settings.models_dir)
     defaults = {"code": ModelDefaults(n_ctx=512, spec="off", tags=("chat", "fim", "small"))}
     with running_studio(
         root,
         llama_server_bin,
-        {"code": smol, "other": smol},
+        {"code": smol, "other": gemma_model},  # two files: two links to one file are one model
         defaults=defaults,
         aliases={"fim": "code", "tinyllama-2": "code"},
     ) as running:
@@ -44,7 +44,7 @@ def test_a_model_with_aliases_is_listed_once_with_its_aliases_and_tags(studio, r
 
 
 def test_a_model_loaded_under_an_alias_is_listed_loaded(studio):
-    """Loaded as ``fim``, the resident goes by that name: the model's one entry still shows it loaded."""
+    """Loaded as ``fim``, the resident goes by the model's name: the model's one entry shows it loaded."""
     with httpx.Client(base_url=studio.url, timeout=300) as http:
         reply = http.post("/v1/completions", json={"model": "fim", "prompt": "Hello", "max_tokens": 2})
         assert reply.status_code == 200, reply.text

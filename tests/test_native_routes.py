@@ -19,7 +19,7 @@ import pytest
 from studio.library.default_model import ensure_default_model
 from studio.residency.slot_cache import SlotCache
 from studio.settings import ModelDefaults
-from tests.helpers import wait_for
+from tests.helpers import copy_of, wait_for
 from tests.support.projectors import write_audio_projector
 from tests.support.studio import RunningStudio, running_studio
 
@@ -38,7 +38,7 @@ def studio(llama_server_bin, settings, gemma_model, tmp_path_factory):
     with running_studio(
         root,
         llama_server_bin,
-        {SMOL: smol, GEMMA: gemma_model, EAR: smol},
+        {SMOL: smol, GEMMA: gemma_model, EAR: copy_of(smol, root / "copies", EAR)},
         defaults={SMOL: small, GEMMA: small, EAR: replace(small, mmproj=str(projector))},
         files_root=root / "run",
         slot_cache=SlotCache(root / "slots", binary=llama_server_bin, disk_budget=1 << 30),

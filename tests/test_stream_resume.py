@@ -19,7 +19,7 @@ import pytest
 from studio.http.stream_owners import StreamOwners
 from studio.library.default_model import ensure_default_model
 from studio.settings import ModelDefaults
-from tests.helpers import wait_for
+from tests.helpers import copy_of, wait_for
 from tests.support.studio import RunningStudio, running_studio
 
 SMOL, COLD, LATE = "smol", "smol-cold", "smol-late"
@@ -46,7 +46,10 @@ def studio(llama_server_bin, settings, tmp_path_factory):
     small = ModelDefaults(n_ctx=1024, n_parallel=1, spec="off")
     smol = ensure_default_model(settings.models_dir)
     with running_studio(
-        root, llama_server_bin, {SMOL: smol, COLD: smol, LATE: smol}, defaults={SMOL: small, COLD: small, LATE: small}
+        root,
+        llama_server_bin,
+        {SMOL: smol, **{name: copy_of(smol, root / "copies", name) for name in (COLD, LATE)}},
+        defaults={SMOL: small, COLD: small, LATE: small},
     ) as running:
         yield running
 
