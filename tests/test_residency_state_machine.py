@@ -1,12 +1,13 @@
 """The model manager's invariants under random sequences of everything a user or a fault can do.
 
 Hypothesis drives the real manager (``tests.manager_harness``: real catalog, headers, planner and
-placement; fake llama-servers) over three zoo models under a budget that fits two, with rules
+placement; fake llama-servers) over three zoo models under a budget that fits two, each also reached by
+a second name (a link to its file, as people share one file between apps), with rules
 for loads with good and bad settings (awaited, or left running while other rules act), unloads,
 chats, streams held across steps, clients leaving, crashes of a llama-server, TTL expiry, pinning
 and shutdown. After every step it checks:
 
-- at most one llama-server per model, and none without its resident;
+- at most one llama-server per model file, whichever names asked for it, and none without its resident;
 - the resident total within the budget;
 - no busy or pinned model evicted (a held request is only ever cut by the test's own unload);
 - no request held once every request ended;
@@ -38,6 +39,7 @@ from launcher.capabilities import Capabilities
 from launcher.registry import ChildRegistry
 from launcher.supervisor import owner_token
 from studio.error_table import outcome
+from studio.library.catalog import file_identity
 from studio.residency.lifecycle import HOLDS_MEMORY, ResidentState
 from studio.residency.manager import ModelManager, ResidencyEvent, supervisor_factory
 from studio.residency.placement import physical
@@ -50,7 +52,9 @@ from tests.manager_harness import ZOO, fake_manager, zoo_bill
 
 pytestmark = pytest.mark.slow
 
-MODELS = st.sampled_from(ZOO)
+#: A second name of each zoo model: a link to its file in the models folder, which the catalog makes an alias.
+LINK = "-link"
+MODELS = st.sampled_from(ZOO + tuple(name + LINK for name in ZOO))
 STEP_TIMEOUT = 20.0
 #: The slot cache's disk budget on real llama-servers: two or three zoo slot files (80-170 KiB), so it prunes.
 SLOT_DISK = 256 << 10
@@ -127,7 +131,7 @@ class ManagerMachine(RuleBasedStateMachine):
 
     def _on_event(self, event: ResidencyEvent) -> None:
         if event.kind == "evicted" and event.reason == "evicted":
-            if event.model in self.pinned:
+            if event.model in self.pinned:  # a resident goes by its model's name, never a link's
                 self.violations.append(f"pinned {event.model} was evicted")
             held = [
                 lease for lease, r, _ in self.leases if r.name == event.model and not self.unloaded_after[id(lease)]
@@ -185,9 +189,9 @@ class ManagerMachine(RuleBasedStateMachine):
     def unload(self, model: str | None) -> None:
         async def go() -> None:
             for lease, r, _ in self.leases:
-                if model is None or r.name == model:
+                if model is None or r.name == _model(model):
                     self.unloaded_after[id(lease)] = True
-            self.pinned = set() if model is None else self.pinned - {model}
+            self.pinned = set() if model is None else self.pinned - {_model(model)}
             try:
                 await self.manager.unload(model, grace=0.05)
             except Exception as exc:
@@ -281,7 +285,7 @@ class ManagerMachine(RuleBasedStateMachine):
         resident = self.manager.find(model)
         if resident is None or resident.state is not ResidentState.READY:
             return
-        if pinned and len(self.pinned - {model}) >= 1:
+        if pinned and len(self.pinned - {_model(model)}) >= 1:
             return  # two pinned models would fill the budget: loads of the third could never fit
         self._run(self._pin(model, pinned))
 
@@ -291,7 +295,7 @@ class ManagerMachine(RuleBasedStateMachine):
         except Exception as exc:
             self._failed_as_the_api_answers(exc, f"pin of {model}")
             return
-        (self.pinned.add if pinned else self.pinned.discard)(model)
+        (self.pinned.add if pinned else self.pinned.discard)(_model(model))
 
     @rule()
     def settle(self) -> None:
@@ -325,13 +329,16 @@ class ManagerMachine(RuleBasedStateMachine):
     def one_llama_server_per_model_and_none_without_its_resident(self) -> None:
         if self.children is None:
             pids = {r.supervisor.status().pid for r in self.manager.residents} - {None}
+            files = []
             for child in psutil.Process().children(recursive=True):
-                if _serving_llama_server(child):
+                if (served := _served_file(child)) is not None:
                     assert child.pid in pids, "a llama-server runs without its resident"
+                    files.append(file_identity(served))
+            assert len(files) == len(set(files)), "two llama-servers of one model file"
             return
         running = self.children.running()
-        names = list(running.values())
-        assert len(names) == len(set(names)), f"two llama-servers of one model: {running}"
+        files = [file_identity(self.root / "models" / name) for name in running.values()]
+        assert len(files) == len(set(files)), f"two llama-servers of one model file: {running}"
         owned = {r.supervisor for r in self.manager.residents}
         for sup in self.children.supervisors:
             if sup.status().pid is not None:
@@ -373,16 +380,22 @@ class ManagerMachine(RuleBasedStateMachine):
                 self.children_cm.__exit__(None, None, None)
 
 
-def _serving_llama_server(child: psutil.Process) -> bool:
-    """A llama-server serving a model; not the short ``--list-devices`` run a background load's placement starts."""
+def _model(name: str) -> str:
+    """The model a name of the machine's names: a link's is its file's model (the catalog's first name)."""
+    return name.removesuffix(LINK)
+
+
+def _served_file(child: psutil.Process) -> Path | None:
+    """The model file a llama-server child serves; None for any other child: the short ``--list-devices`` run a
+    background load's placement starts, or a llama-server exiting (its command line reads empty then: a
+    ``--list-devices`` run caught so failed the check once in a few runs)."""
     try:
-        return (
-            child.name() == "llama-server"
-            and child.status() != psutil.STATUS_ZOMBIE
-            and "--list-devices" not in child.cmdline()
-        )
+        if child.name() != "llama-server" or child.status() == psutil.STATUS_ZOMBIE:
+            return None
+        argv = child.cmdline()
     except psutil.Error:  # it exited meanwhile
-        return False
+        return None
+    return Path(argv[argv.index("-m") + 1]) if "-m" in argv[:-1] else None
 
 
 @pytest.fixture(scope="module")
@@ -393,7 +406,7 @@ def loop():
 
 
 def _configure(loop: LoopThread, root: Path, caps: Capabilities, zoo_dir: Path, real_binary: Path | None) -> None:
-    models = {name: zoo_dir / f"{name}.gguf" for name in ZOO}
+    models = {name + link: zoo_dir / f"{name}.gguf" for name in ZOO for link in ("", LINK)}
     ManagerMachine.loop, ManagerMachine.root, ManagerMachine.caps = loop, root, caps
     ManagerMachine.models = models
     ManagerMachine.bill = max(zoo_bill(caps, p) for p in models.values())
