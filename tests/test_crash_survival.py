@@ -40,10 +40,16 @@ def test_a_signal_is_named_with_its_likely_cause():
 
 
 @pytest.fixture(scope="module")
-def studio(llama_server_bin, smollm_model, tmp_path_factory) -> Iterator[tuple[str, dict[str, str]]]:
+def listening(llama_server_bin, smollm_model, tmp_path_factory) -> Iterator[tuple[str, str, dict[str, str]]]:
+    """The studio: its URL, its Ollama listener's, its environment."""
     env = tagged_env()
-    with serving(tmp_path_factory.mktemp("crash"), "", "--model", SMOL, "--ctx", "2048", env=env) as (url, _):
-        yield url, env
+    with serving(tmp_path_factory.mktemp("crash"), "", "--model", SMOL, "--ctx", "2048", env=env) as (url, ollama):
+        yield url, ollama, env
+
+
+@pytest.fixture
+def studio(listening) -> tuple[str, dict[str, str]]:
+    return listening[0], listening[2]
 
 
 def _server(env: dict[str, str]) -> psutil.Process:
@@ -65,20 +71,25 @@ def _ready(url: str) -> dict:
     return wait_for(ready, timeout=120, interval=0.1, what="the model to be ready")
 
 
-def test_a_request_sent_but_unanswered_is_sent_again_when_its_llama_server_is_killed(studio):
-    url, env = studio
+@pytest.mark.parametrize("route", ["/v1/chat/completions", "/api/chat (the page's)", "/api/chat (Ollama's)"])
+def test_a_request_sent_but_unanswered_is_sent_again_when_its_llama_server_is_killed(listening, route):
+    url, ollama, env = listening
     server = _fresh(url, env)
     server.suspend()  # the request reaches it and waits: sent, not answered
+    asked = {
+        "/v1/chat/completions": (f"{url}/v1/chat/completions", QUESTION),
+        "/api/chat (the page's)": (f"{url}/api/chat", QUESTION),
+        "/api/chat (Ollama's)": (f"{ollama}/api/chat", {"model": SMOL, **QUESTION, "stream": False}),
+    }
+    target, body = asked[route]
     answers: list[httpx.Response] = []
-    asking = threading.Thread(
-        target=lambda: answers.append(httpx.post(f"{url}/v1/chat/completions", json=QUESTION, timeout=120))
-    )
+    asking = threading.Thread(target=lambda: answers.append(httpx.post(target, json=body, timeout=120)))
     asking.start()
     time.sleep(1.0)
     server.kill()
     asking.join(timeout=120)
     assert answers and answers[0].status_code == 200, answers[0].text if answers else "no answer"
-    assert answers[0].json()["choices"][0]["message"]["content"]
+    assert '"error"' not in answers[0].text and "Paris" in answers[0].text, answers[0].text
     status = _ready(url)
     assert status["restarts"] == 1
     assert "killed by SIGKILL" in status["last_exit"], status["last_exit"]

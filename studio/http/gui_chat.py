@@ -45,12 +45,20 @@ from studio.chat.tool_loop import LoopLimits, run_tool_loop
 from studio.chat.tool_schema import check_tool_fields, tool_parameters
 from studio.chat.toolbox import Toolbox
 from studio.chat.usage import UsageTotals
-from studio.errors import BadRequestError, ConversationNotFoundError, HistoryError, StudioError, error_body
+from studio.errors import (
+    BadRequestError,
+    ConversationNotFoundError,
+    HistoryError,
+    StudioError,
+    UpstreamDiedError,
+    error_body,
+)
 from studio.history.api import history_of
 from studio.history.recorder import Turn as StoredTurn
 from studio.history.recorder import begin_turn, recorded
 from studio.http.bodies import ApiBody
 from studio.http.errors import answer_response, describe, openai_shape, validation_answer
+from studio.http.load_wait import RETRIES, acquire_surviving
 from studio.http.metrics import Listener, StudioMetrics, listener_of
 from studio.http.model_paths import check_model_path
 from studio.http.openai_proxy import broke_off, prepare_chat_body, send_upstream
@@ -133,7 +141,7 @@ async def _chat(request: Request, body: ChatBody) -> Response:
         selected = _toolbox(request).select(body.use_tools)
     await check_model_path(request, body.model)
     await preflight_chat(manager, payload)
-    loaded, lease = await manager.acquire(body.model)
+    loaded, lease = await acquire_surviving(manager, body.model)
     try:
         prepare_chat_body(payload, loaded)
         turn, unsaved = await _store_turn(request, body.conversation_id, asked, loaded)
@@ -157,8 +165,17 @@ async def _chat(request: Request, body: ChatBody) -> Response:
                 turn_body["tools"] = offer
         resp: httpx.Response | None = None
         try:
-            await manager.warm(own[0], turn_body)  # a stored conversation resumed after an eviction: its slot first
-            resp = await send_upstream(request, own[0], "/v1/chat/completions", turn_body, own[1])
+            for attempt in range(RETRIES + 1):  # sent again when its llama-server died before answering
+                try:
+                    await manager.warm(own[0], turn_body)  # a resumed conversation after an eviction: its slot first
+                    resp = await send_upstream(request, own[0], "/v1/chat/completions", turn_body, own[1])
+                    break
+                except UpstreamDiedError:
+                    if attempt == RETRIES:
+                        raise
+                    await own[1]()
+                    own = await _acquire(manager, body.model)
+            assert resp is not None  # sent, or the last try raised
             heal = tool_parameters(turn_body) if turn_body.get("tool_choice") != "none" else None
             template = own[0].template
             async for item in read_turn(
@@ -277,7 +294,7 @@ async def _sse_events(events: AsyncIterator[dict[str, Any]]) -> AsyncGenerator[b
 
 async def _acquire(manager: ModelManager, model: str | None) -> tuple[LoadedModel, Lease]:
     try:
-        return await manager.acquire(model)
+        return await acquire_surviving(manager, model)
     except Exception as exc:  # a failed load mid-chat: an error event, not a broken stream
         raise _turn_error(exc, "the model could not be loaded") from exc
 

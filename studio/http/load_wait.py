@@ -119,7 +119,7 @@ async def answer_surviving(
     for attempt in range(RETRIES + 1):
         try:
             if found is None:
-                found = await manager.acquire(model, embeddings=embeddings)
+                found = await acquire_surviving(manager, model, embeddings=embeddings)
             if acquired is not None:
                 acquired.append(found[0].name)
             return await _answer(found, answer)
@@ -130,6 +130,20 @@ async def answer_surviving(
         found = None
         if acquired is not None:
             acquired.clear()  # loading again, until the model is back
+    raise AssertionError("unreachable: the last attempt returns or raises")
+
+
+async def acquire_surviving(
+    manager: ModelManager, model: str | None, *, embeddings: bool = False
+) -> tuple[LoadedModel, Lease]:
+    """``manager.acquire``, loading again when the load was killed (a load that fails on its own says so)."""
+    for attempt in range(RETRIES + 1):
+        try:
+            return await manager.acquire(model, embeddings=embeddings)
+        except LoadError as exc:
+            if attempt == RETRIES or not _survivable(exc):
+                raise
+            log.warning("loading again: its llama-server was killed while loading", model=model, error=str(exc))
     raise AssertionError("unreachable: the last attempt returns or raises")
 
 

@@ -43,7 +43,7 @@ from studio.http.errors import (
 )
 from studio.http.library_removal import remove_from_library
 from studio.http.limits import BodySizeLimit
-from studio.http.load_wait import answer_when_loaded
+from studio.http.load_wait import answer_surviving, answer_when_loaded
 from studio.http.metrics import RequestMetrics, StudioMetrics
 from studio.http.model_paths import check_model_path
 from studio.http.openai_proxy import (
@@ -422,12 +422,7 @@ async def _generate(request: Request, kind: ollama.Kind) -> Response:
         return await answer_when_loaded(
             manager, name, answer, dialect="ollama", beat=lambda: _line(waiting.keep_alive()), media_type=_NDJSON
         )
-    loaded, lease = await manager.acquire(name)
-    try:
-        return await answer(loaded, lease)
-    except BaseException:
-        await lease()
-        raise
+    return await answer_surviving(manager, name, answer)
 
 
 async def _load_or_unload(manager: ModelManager, kind: ollama.Kind, name: str, ttl: Any) -> JSONResponse:
