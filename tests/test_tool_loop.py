@@ -157,6 +157,17 @@ def test_a_repeated_call_is_told_once_then_stops(loop, toolbox):
     assert len(script.sent) == 3 and events[-1]["stop_reason"] == "repeated_call"
 
 
+def test_a_failed_call_may_be_retried_with_the_same_arguments(loop, toolbox):
+    """Only a call that succeeded is blocked when repeated: a failure may pass the second time."""
+    failing = call("standin__crash", {})
+    script = Script(turn("", failing), turn("", {**failing, "id": "c2"}), turn("It keeps crashing."))
+    events = run(loop, toolbox, script, ["standin__crash"])
+    assert kinds(events).count("tool_start") == 2 and "status:repeated_call" not in kinds(events)
+    assert [e["ok"] for e in events if e["type"] == "tool_end"] == [False, False]
+    assert len(tool_results(script, 2)) == 2 and "already called" not in tool_results(script, 2)[-1]
+    assert events[-1]["stop_reason"] == "answer"
+
+
 def test_a_plan_without_action_is_re_prompted_at_most_twice(loop, toolbox):
     plan = "I'll check the weather in Paris for you using the tool."
     script = Script(turn(plan), turn(plan), turn(plan), turn("never asked"))

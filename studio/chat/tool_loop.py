@@ -14,9 +14,11 @@ events ``/api/chat`` sends:
 
 It stops at a final answer (``stop_reason: "answer"``); after ``max_iterations``
 model calls that all asked for tools, with one more call without tools that is
-told to answer now (``"iteration_cap"``); at a call repeated with the same
-arguments, which is not run but answered "you already did this" once and ends
-the loop the second time (``"repeated_call"``); or when ``total_timeout`` runs out
+told to answer now (``"iteration_cap"``); at a repeat of a call that succeeded,
+with the same arguments, which is not run but answered "you already did this"
+once and ends the loop the second time (``"repeated_call"``; a call that failed
+may be retried as it was, as the reference backend allows: a timeout or a
+flaky server can pass the second time); or when ``total_timeout`` runs out
 (``"timeout"``). When the model announces that it will use a tool but calls none,
 it is told to go ahead, at most ``max_replans`` times.
 
@@ -152,7 +154,6 @@ async def run_tool_loop(
                 yield _status("repeated_call", f"the model repeated {name} with the same arguments; telling it so")
                 conversation.append(_tool_message(call, REPEATED.format(name=name)))
                 continue
-            seen.add(key)
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 yield _status("timeout", f"the chat ran past its {limits.total_timeout:g} s limit")
@@ -173,6 +174,8 @@ async def run_tool_loop(
             }
             if result.notice:
                 yield _status("tool_unavailable", result.notice)
+            if not result.is_error:
+                seen.add(key)
             conversation.append(_tool_message(call, text))
 
 
