@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import time
 from pathlib import Path
@@ -10,7 +11,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from launcher.devices import Device, discover, parse_list_devices, visible, wait_for_memory_release
+from launcher.devices import Device, discover, free_memory_of, parse_list_devices, visible, wait_for_memory_release
 from launcher.units import MIB
 
 FIXTURES = Path(__file__).parent / "fixtures"
@@ -294,7 +295,8 @@ def test_visible_without_mask_keeps_everything():
 
 
 def test_memory_release_wait_returns_once_free_memory_stops_rising():
-    reads = iter([{"GPU-a": 10}, {"GPU-a": 50}, {"GPU-a": 80}, {"GPU-a": 80}])
+    gib = 1 << 30
+    reads = iter([{"GPU-a": 10 * gib}, {"GPU-a": 50 * gib}, {"GPU-a": 80 * gib}, {"GPU-a": 80 * gib + (3 << 20)}])
     clock = iter(range(100))
     slept = []
     assert (
@@ -304,7 +306,7 @@ def test_memory_release_wait_returns_once_free_memory_stops_rising():
 
 
 def test_memory_release_wait_gives_up_at_the_deadline():
-    rising = iter(range(0, 10**6, 7))
+    rising = iter(range(0, 1 << 50, 1 << 30))  # a GiB more at every read: still being released
     now = [0.0]
 
     def sleep(s: float) -> None:
@@ -317,3 +319,21 @@ def test_memory_release_wait_gives_up_at_the_deadline():
         is False
     )
     assert now[0] == 1.0
+
+
+def test_memory_release_wait_ends_quickly_when_free_memory_only_jitters(tmp_path, monkeypatch):
+    """A desktop GPU's free memory moves by a few MiB between reads (a compositor, a browser); the wait took
+    its whole bound when it asked for two exactly equal reads."""
+    tools = tmp_path / "tools"
+    tools.mkdir()
+    shutil.copy2(FIXTURES / "gpu-tools" / "nvidia-smi", tools / "nvidia-smi")
+    monkeypatch.setenv("PATH", f"{tools}{os.pathsep}/usr/bin{os.pathsep}/bin")
+    monkeypatch.setenv("FAKE_NVIDIA_SMI", "jitter")
+    monkeypatch.setenv("FAKE_NVIDIA_SMI_READS", str(tmp_path / "reads"))
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    read = free_memory_of(["GPU-2f6b8c1e-7a53-4b9e-9d2c-1f0e3a4b5c6d"])
+    gpu = "GPU-2f6b8c1e-7a53-4b9e-9d2c-1f0e3a4b5c6d"
+    assert read()[gpu] - read()[gpu] == 3 * MIB  # no two successive reads are equal
+    started = time.monotonic()
+    assert wait_for_memory_release(read, timeout=10.0) is True
+    assert time.monotonic() - started < 2.0

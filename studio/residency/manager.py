@@ -57,7 +57,7 @@ import gguf
 from gguf.templates import template_capabilities
 from launcher.capabilities import Capabilities
 from launcher.command import LaunchCommand, build_command
-from launcher.devices import Inventory, discover, wait_for_memory_release
+from launcher.devices import RELEASE_WAIT_S, Inventory, discover, wait_for_memory_release
 from launcher.errors import LauncherError
 from launcher.planner import MIN_AUTO_CTX, LaunchPlan, ModelInfo, PlanRequest, plan
 from launcher.registry import ChildRegistry
@@ -903,7 +903,7 @@ class ModelManager:
 
         def wait() -> None:
             try:
-                settled = wait_for_memory_release(read_free, timeout=min(self.work_timeout, 10.0))
+                settled = wait_for_memory_release(read_free, timeout=min(self.work_timeout, RELEASE_WAIT_S))
             except (StudioError, LauncherError, OSError) as exc:  # a failing device query must not block a stop
                 log.warning("could not watch GPU memory being released", error=str(exc))
                 return
