@@ -20,6 +20,7 @@ import json
 import os
 import secrets
 import shutil
+import site
 import tempfile
 import weakref
 from collections.abc import Mapping, Sequence
@@ -53,6 +54,8 @@ WORKER_READY_TIMEOUT_S = 5.0
 
 #: Environment variables that would override what the studio passes (llama.cpp reads LLAMA_ARG_*).
 _ENV_OVERRIDES = ("LLAMA_ARG_", "LLAMA_API_KEY", "LLAMA_CHAT_TEMPLATE_KWARGS", "LLAMA_LOG_")
+#: Where a CUDA toolkit keeps its libraries, under its root (``CUDA_HOME``, ``CUDA_PATH``, ``/usr/local/cuda``).
+_CUDA_LIB_DIRS = ("lib64", "lib", "targets/x86_64-linux/lib", "targets/sbsa-linux/lib")
 
 
 class Secret(str):
@@ -338,11 +341,23 @@ def _add_flags(out: _Argv, plan: LaunchPlan, key: Secret, threads: int | None) -
     out.argv += [*plan.spec.argv, *plan.extra_args]
 
 
-def child_env(plan: LaunchPlan, binary: Path, base_env: Mapping[str, str] | None = None) -> dict[str, str]:
-    """The child's environment: pinned GPUs, the binary's libraries, no LLAMA_ARG_* overrides."""
+def child_env(
+    plan: LaunchPlan,
+    binary: Path,
+    base_env: Mapping[str, str] | None = None,
+    *,
+    site_dirs: Sequence[str] | None = None,
+    cuda_roots: Sequence[str] | None = None,
+) -> dict[str, str]:
+    """The child's environment: pinned GPUs, the binary's libraries, no LLAMA_ARG_* overrides.
+
+    ``site_dirs`` and ``cuda_roots`` say where to look for CUDA libraries (``library_path``); None: this
+    interpreter's site-packages, and ``CUDA_HOME``, ``CUDA_PATH`` and ``/usr/local/cuda``.
+    """
     env = {k: v for k, v in (os.environ if base_env is None else base_env).items() if not k.startswith(_ENV_OVERRIDES)}
-    lib = str(binary.resolve().parent)
-    env["LD_LIBRARY_PATH"] = os.pathsep.join([lib, *filter(None, [env.get("LD_LIBRARY_PATH")])])
+    if cuda_roots is None:
+        cuda_roots = [r for r in (env.get("CUDA_HOME"), env.get("CUDA_PATH"), "/usr/local/cuda") if r]
+    env["LD_LIBRARY_PATH"] = library_path(binary, env.get("LD_LIBRARY_PATH"), site_dirs, cuda_roots)
     if plan.rpc_workers:
         # A worker that dies makes llama-server abort; ggml's backtrace would first attach gdb for seconds.
         env["GGML_NO_BACKTRACE"] = "1"
@@ -364,3 +379,21 @@ def child_env(plan: LaunchPlan, binary: Path, base_env: Mapping[str, str] | None
         env["HIP_VISIBLE_DEVICES"] = ",".join(str(i) for i in range(len(gpus)))
         env.pop("CUDA_VISIBLE_DEVICES", None)  # HIP reads it too; the parent's mask must not apply on top
     return env
+
+
+def library_path(
+    binary: Path, inherited: str | None, site_dirs: Sequence[str] | None, cuda_roots: Sequence[str]
+) -> str:
+    """The child's ``LD_LIBRARY_PATH``: the binary's folder, the inherited path, then the CUDA libraries found.
+
+    A prebuilt dynamic llama-server (a release archive, a wheel) finds its ggml libraries beside it, and its
+    CUDA runtime and cuBLAS in pip's NVIDIA wheels (``site-packages/nvidia/*/lib``) or a CUDA toolkit, which
+    the dynamic loader does not search by itself; the reference backend adds the same folders. The inherited
+    path comes before these guesses, so a user's own choice wins.
+    """
+    sites = site_dirs if site_dirs is not None else [*site.getsitepackages(), site.getusersitepackages()]
+    toolkit = [Path(root, sub) for root in cuda_roots for sub in _CUDA_LIB_DIRS]
+    pip = [lib for folder in sites for lib in sorted(Path(folder).glob("nvidia/*/lib"))]
+    found = [str(d) for d in (*toolkit, *pip) if d.is_dir()]
+    parts = [str(binary.resolve().parent), *filter(None, [inherited]), *found]
+    return os.pathsep.join(dict.fromkeys(parts))

@@ -218,10 +218,31 @@ def test_cuda_gpus_are_pinned_by_uuid(gemma, real):
             "LLAMA_ARG_N_GPU_LAYERS": "99",
             "LLAMA_API_KEY": "leak",
         },
+        site_dirs=(),
+        cuda_roots=(),
     )
     assert env["CUDA_VISIBLE_DEVICES"] == "GPU-0001" and env["CUDA_DEVICE_ORDER"] == "PCI_BUS_ID"
     assert env["LD_LIBRARY_PATH"] == f"{BIN.parent}:/usr/lib/x" and env["PATH"] == "/bin"
     assert "LLAMA_ARG_N_GPU_LAYERS" not in env and "LLAMA_API_KEY" not in env
+
+
+def test_a_prebuilt_llama_server_finds_pip_and_toolkit_cuda_libraries(gemma, real, tmp_path):
+    """A release llama-server linked against libcudart/libcublas finds them in pip's NVIDIA wheels or the
+    CUDA toolkit, which the dynamic loader does not search; the child got only the binary's folder."""
+    site = tmp_path / "site-packages"
+    for wheel in ("cublas", "cuda_runtime"):
+        (site / "nvidia" / wheel / "lib").mkdir(parents=True)
+    (site / "nvidia" / "no_libs").mkdir()  # a wheel without a lib folder adds nothing
+    toolkit = tmp_path / "cuda"
+    (toolkit / "lib64").mkdir(parents=True)
+    p = plan(gemma, gpus(70 * GIB), real)
+    env = child_env(p, BIN, {"CUDA_HOME": str(toolkit), "LD_LIBRARY_PATH": "/mine"}, site_dirs=[str(site)])
+    parts = env["LD_LIBRARY_PATH"].split(":")
+    assert parts[:3] == [str(BIN.parent), "/mine", str(toolkit / "lib64")]  # the user's own path before guesses
+    assert parts[-2:] == [str(site / "nvidia" / "cublas" / "lib"), str(site / "nvidia" / "cuda_runtime" / "lib")]
+    assert all(p.startswith("/usr/local/cuda/") for p in parts[3:-2])  # this machine's toolkit, where it has one
+    bare = child_env(p, BIN, {}, site_dirs=[str(tmp_path / "empty")], cuda_roots=[str(tmp_path / "none")])
+    assert bare["LD_LIBRARY_PATH"] == str(BIN.parent)
 
 
 def test_gpus_without_uuids_are_pinned_by_index(gemma, real):
