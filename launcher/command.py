@@ -378,6 +378,10 @@ def child_env(
         env["ROCR_VISIBLE_DEVICES"] = ids
         env["HIP_VISIBLE_DEVICES"] = ",".join(str(i) for i in range(len(gpus)))
         env.pop("CUDA_VISIBLE_DEVICES", None)  # HIP reads it too; the parent's mask must not apply on top
+        if any(d.integrated for d in gpus):
+            # An APU's VRAM is a small carve-out of system memory; managed allocations can use the rest of it, as
+            # the reference backend sets for APUs (ggml-cuda.cu reads the variable in HIP builds too).
+            env.setdefault("GGML_CUDA_ENABLE_UNIFIED_MEMORY", "1")
     return env
 
 

@@ -51,6 +51,25 @@ NVIDIA_QUERY = (
 ROCM_QUERY = ("--showproductname", "--showmeminfo", "vram", "--showuniqueid", "--json")
 # "  CUDA0: NVIDIA H100 80GB HBM3 (81079 MiB, 80488 MiB free)" (common_print_available_devices)
 _LISTED_DEVICE = re.compile(r"^\s+(?P<name>\S+): (?P<desc>.*) \((?P<total>\d+) MiB, (?P<free>\d+) MiB free\)$")
+#: AMD GPU targets that only integrated GPUs have (APUs, sharing the system's memory), as rocm-smi's "GFX Version"
+#: names them: Strix Halo (gfx1151), Strix / Krackan Point (gfx1150, gfx1152), Phoenix / Hawk Point (gfx1103),
+#: Rembrandt / Raphael / Mendocino (gfx1035-gfx1037), Van Gogh (gfx1033), Renoir / Cezanne (gfx90c), Raven (gfx902,
+#: gfx909). No discrete card uses one of these targets.
+AMD_APU_TARGETS = frozenset(
+    {
+        "gfx1151",
+        "gfx1150",
+        "gfx1152",
+        "gfx1103",
+        "gfx1035",
+        "gfx1036",
+        "gfx1037",
+        "gfx1033",
+        "gfx90c",
+        "gfx902",
+        "gfx909",
+    }
+)
 # Backends a vendor tool already reports, by the tool that reports them.
 _COVERED_BY: dict[str, Source] = {"CUDA": "nvidia-smi", "ROCm": "rocm-smi", "HIP": "rocm-smi"}
 
@@ -74,6 +93,8 @@ class Device:
     #: The CPU: the physical cores this process may run on (``usable_cores``), which the planner divides among
     #: the resident models; None: not counted (a hand-made inventory), and llama-server gets them all.
     cores: int | None = None
+    #: An integrated GPU (an AMD APU) whose "VRAM" is a carve-out of system memory; only rocm-smi tells.
+    integrated: bool = False
 
     @property
     def key(self) -> str:
@@ -254,7 +275,8 @@ def parse_rocm_smi(text: str) -> list[Device]:
         name = info.get("card series") or info.get("card model") or card
         uid = info.get("unique id")
         uuid = f"GPU-{uid.removeprefix('0x')}" if uid and uid.startswith("0x") else None
-        devices.append(Device("ROCm", _card_number(card), name, total, total - used, "rocm-smi", uuid))
+        apu = info.get("gfx version", "").strip().lower() in AMD_APU_TARGETS
+        devices.append(Device("ROCm", _card_number(card), name, total, total - used, "rocm-smi", uuid, integrated=apu))
     return devices
 
 

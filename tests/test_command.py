@@ -259,6 +259,20 @@ def test_amd_gpus_are_pinned_through_rocr_and_hip(gemma, real):
     assert "CUDA_VISIBLE_DEVICES" not in env
 
 
+def test_an_amd_apu_gets_unified_memory(gemma, real):
+    """An APU's VRAM is a small carve-out of system memory: llama-server allocates managed memory there, as the
+    reference backend has it do; a discrete AMD card keeps plain device allocations."""
+    apu = Device("ROCm", 0, "Radeon 8060S", 64 * GIB, 60 * GIB, "rocm-smi", integrated=True)
+    cpu = Device("CPU", None, "c", 64 * GIB, 60 * GIB, "psutil")
+    env = child_env(plan(gemma, Inventory((apu, cpu), ()), real), BIN, {})
+    assert env["GGML_CUDA_ENABLE_UNIFIED_MEMORY"] == "1"
+    mine = child_env(plan(gemma, Inventory((apu, cpu), ()), real), BIN, {"GGML_CUDA_ENABLE_UNIFIED_MEMORY": "0"})
+    assert mine["GGML_CUDA_ENABLE_UNIFIED_MEMORY"] == "0"  # the user's own setting wins
+    assert "GGML_CUDA_ENABLE_UNIFIED_MEMORY" not in child_env(
+        plan(gemma, gpus(80 * GIB, backend="ROCm"), real), BIN, {}
+    )
+
+
 def test_a_cpu_plan_hides_every_gpu(gemma, real):
     env = child_env(plan(gemma, cpu_only(), real), BIN, {"CUDA_VISIBLE_DEVICES": "0"})
     assert env["CUDA_VISIBLE_DEVICES"] == "" and env["HIP_VISIBLE_DEVICES"] == ""

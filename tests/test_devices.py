@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import time
 from pathlib import Path
@@ -321,19 +320,22 @@ def test_memory_release_wait_gives_up_at_the_deadline():
     assert now[0] == 1.0
 
 
-def test_memory_release_wait_ends_quickly_when_free_memory_only_jitters(tmp_path, monkeypatch):
+def test_memory_release_wait_ends_quickly_when_free_memory_only_jitters(tools, tmp_path, monkeypatch):
     """A desktop GPU's free memory moves by a few MiB between reads (a compositor, a browser); the wait took
     its whole bound when it asked for two exactly equal reads."""
-    tools = tmp_path / "tools"
-    tools.mkdir()
-    shutil.copy2(FIXTURES / "gpu-tools" / "nvidia-smi", tools / "nvidia-smi")
-    monkeypatch.setenv("PATH", f"{tools}{os.pathsep}/usr/bin{os.pathsep}/bin")
-    monkeypatch.setenv("FAKE_NVIDIA_SMI", "jitter")
+    tools(nvidia_smi="jitter")
     monkeypatch.setenv("FAKE_NVIDIA_SMI_READS", str(tmp_path / "reads"))
-    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
-    read = free_memory_of(["GPU-2f6b8c1e-7a53-4b9e-9d2c-1f0e3a4b5c6d"])
     gpu = "GPU-2f6b8c1e-7a53-4b9e-9d2c-1f0e3a4b5c6d"
+    read = free_memory_of([gpu])
     assert read()[gpu] - read()[gpu] == 3 * MIB  # no two successive reads are equal
     started = time.monotonic()
     assert wait_for_memory_release(read, timeout=10.0) is True
     assert time.monotonic() - started < 2.0
+
+
+def test_an_amd_apu_is_known_as_integrated(tools):
+    tools(rocm_smi="apu")
+    (apu,) = discover().gpus
+    assert (apu.backend, apu.free_bytes, apu.integrated) == ("ROCm", 536870912 - 160432128, True)
+    tools(rocm_smi="one")
+    assert [d.integrated for d in discover().gpus] == [False]  # an MI300X (gfx942) is a card of its own
