@@ -157,6 +157,10 @@ class ModelFacts:
     compress_ratios: tuple[int, ...] = ()
     # DeepSeek-V4's hyper-connections: the residual stream is this many n_embd-wide copies (dsv4_hc_mult)
     hyper_connections: int = 1
+    # the first MTP block's NextN projection (``blk.{n_layer}.nextn.eh_proj.weight``) is in the file, the probe
+    # llama.cpp's loaders use (models/deepseek2.cpp ``mtp_probe``): a trunk-only file keeps ``nextn_predict_layers``
+    # but drops those tensors, and llama-server then refuses draft-mtp ("failed to create MTP context")
+    mtp_tensors: bool = False
     # rotary dims per head of full-attention layers (llama.cpp n_rot: rope.dimension_count, else the K head size)
     rope_dimension_count: int = 0
     # how the file asks its embeddings pooled (``<arch>.pooling_type``, llama.cpp's llama_pooling_type: 0 none,
@@ -171,8 +175,13 @@ class ModelFacts:
 
     @property
     def has_mtp(self) -> bool:
-        """The file carries multi-token-prediction (nextn) blocks."""
-        return self.nextn_predict_layers > 0
+        """The file carries multi-token-prediction (nextn) blocks, their tensors included."""
+        return self.nextn_predict_layers > 0 and self.mtp_tensors
+
+    @property
+    def trunk_only(self) -> bool:
+        """The file declares MTP blocks but carries none of their tensors (the trunk of an MTP model)."""
+        return self.nextn_predict_layers > 0 and not self.mtp_tensors
 
     @property
     def is_swa_any(self) -> bool:

@@ -132,6 +132,10 @@ def _model_facts(model: ParsedModel, hf_config: Mapping[str, Any] | None) -> Mod
     idx_heads, idx_size, idx_layers, idx_k, idx_v = arch_rules.indexer_cache(arch, meta, hp)
     kpool, topk_layers = arch_rules.indexer_selection(arch, meta, hp)
     ple_state, ple_layers = arch_rules.ple_state(arch, meta, hp)
+    mtp_blocks = arch_rules.mtp_block_count(meta, hp)
+    # the first MTP block's projection, as llama.cpp probes it; an MTP-only draft model (gemma4-assistant) has one
+    # projection for all its blocks instead
+    mtp_probes = (f"blk.{n - mtp_blocks}.nextn.eh_proj.weight", "nextn.pre_projection.weight")
 
     facts = ModelFacts(
         architecture=arch,
@@ -149,7 +153,8 @@ def _model_facts(model: ParsedModel, hf_config: Mapping[str, Any] | None) -> Mod
         embedding_length=hp.n_embd,
         block_count=n,
         layer_count=hp.n_layer,
-        nextn_predict_layers=arch_rules.mtp_block_count(meta, hp),
+        nextn_predict_layers=mtp_blocks,
+        mtp_tensors=mtp_blocks > 0 and any(t.name in mtp_probes for t in tensors),
         head_count=tuple(hp.n_head[:n]),
         head_count_kv=tuple(hp.n_head_kv[:n]),
         feed_forward_length=tuple(hp.n_ff[:n]),

@@ -485,6 +485,7 @@ class _Planner:
             extra_args=extra,
             measured=self._measured_spec(),
         )
+        self.warnings += self.spec.warnings
         self.mtp = _mtp_engaged(self.spec, extra)
         self.fraction = MTP_BUDGET_FRACTION if self.mtp else BUDGET_FRACTION
         self.native = self.facts.context_length

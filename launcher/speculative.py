@@ -13,7 +13,12 @@ measured winner instead, and says so.
 
 A mode that would crash llama-server is never emitted: ``draft-mtp`` on a model
 without MTP layers makes it exit while loading ("failed to create MTP context"),
-so MTP is dropped for such models, with the reason recorded.
+so MTP is dropped for such models, with the reason recorded. A trunk-only file
+(``nextn_predict_layers`` kept, the NextN tensors left out: ``gguf.facts.ModelFacts.
+mtp_tensors``) fails the same way: ``auto`` leaves MTP out and says why, and a
+mode that asks for MTP is refused before anything starts, with what to do.
+Asking for MTP on a model under 3B parameters works but draws a warning, as the
+reference backend gives: MTP was measured slower there than ngram-mod alone.
 """
 
 from __future__ import annotations
@@ -56,16 +61,22 @@ class SpecModel:
     name: str  # file name, used only when the MTP layer count is unknown
     parameter_count: int
     nextn_layers: int | None = None  # None: facts unavailable
+    mtp_tensors: bool = True  # the NextN tensors are in the file (False: a trunk-only file)
 
     @classmethod
     def from_facts(cls, facts: ModelFacts, path: Path) -> SpecModel:
-        return cls(path.name, facts.parameter_count, facts.nextn_predict_layers)
+        return cls(path.name, facts.parameter_count, facts.nextn_predict_layers, facts.mtp_tensors)
 
     @property
     def has_mtp(self) -> bool:
         if self.nextn_layers is not None:
-            return self.nextn_layers > 0
+            return self.nextn_layers > 0 and self.mtp_tensors
         return "-MTP" in self.name.upper()
+
+    @property
+    def trunk_only(self) -> bool:
+        """The file declares MTP blocks but left their tensors out."""
+        return bool(self.nextn_layers) and not self.mtp_tensors
 
 
 @dataclass(frozen=True)
@@ -81,6 +92,7 @@ class SpecPlan:
     n_draft: int = 0
     #: The measurement ``auto`` followed (``ggstudio bench-spec``); None: the policy chose.
     measured: SpecMeasurement | None = field(default=None, compare=False)
+    warnings: tuple[str, ...] = ()  # what works but is likely a mistake (MTP forced on a small model)
 
 
 def normalize_mode(text: str) -> SpecMode:
@@ -124,7 +136,8 @@ def plan(
     measured for this model, devices and binary: ``auto`` then takes its winner.
 
     Raises:
-        SpeculativeConfigError: an unknown mode, or ``n_max`` below 1.
+        SpeculativeConfigError: an unknown mode, ``n_max`` below 1, or a mode that asks for MTP on a
+            trunk-only file.
     """
     mode = normalize_mode(requested)
     if n_max is not None and n_max < 1:
@@ -148,6 +161,13 @@ def plan(
         mtp, ngram, simple = _wanted(mode, model, on_gpu, reasons)
         if mode == "auto" and not (mtp or ngram):
             return _spec_default(caps, reasons, mode)
+    if mtp and model.trunk_only:
+        raise SpeculativeConfigError(
+            f"spec = {mode} needs the model's MTP heads, but {model.name} is a trunk-only file: it declares "
+            f"{model.nextn_layers} MTP block{'s' if model.nextn_layers != 1 else ''} without their NextN tensors "
+            "(nextn.eh_proj), and llama-server would fail with 'failed to create MTP context'. Use the model's file "
+            "that keeps the MTP heads, or spec = auto or ngram for this one."
+        )
     if mtp and not model.has_mtp:
         mtp = False
         reasons.append(f"{model.name} has no MTP layers; llama-server would exit with 'failed to create MTP context'")
@@ -162,12 +182,18 @@ def plan(
         reasons.append("this llama-server has no ngram-simple speculative type")
     if mode == "auto" and measured is None and not (mtp or ngram):
         return _spec_default(caps, reasons, mode)
+    warnings = []
+    if mtp and mode != "auto" and model.parameter_count < SMALL_MODEL_PARAMS:
+        warnings.append(
+            f"MTP asked for on a model under 3B parameters ({model.parameter_count / 1e9:.1f}B): it was measured "
+            "slower there than ngram-mod alone, which spec = auto picks"
+        )
     default_n = GPU_MTP_N_MAX if on_gpu else CPU_MTP_N_MAX
     argv, n_draft = _flags(caps, mtp=mtp, ngram=ngram, simple=simple, n_max=n_max, default_n=default_n, reasons=reasons)
     resolved: ResolvedMode = (
         "mtp+ngram" if mtp and ngram else "mtp" if mtp else "ngram" if ngram else "ngram-simple" if simple else "off"
     )
-    return SpecPlan(mode, resolved, argv, tuple(reasons), n_draft=n_draft, measured=measured)
+    return SpecPlan(mode, resolved, argv, tuple(reasons), n_draft=n_draft, measured=measured, warnings=tuple(warnings))
 
 
 def _measured(measured: SpecMeasurement, reasons: list[str]) -> tuple[bool, bool, bool]:
@@ -181,6 +207,12 @@ def _wanted(mode: SpecMode, model: SpecModel, on_gpu: bool, reasons: list[str]) 
     """Return (mtp, ngram-mod, ngram-simple) wanted for ``mode`` before the binary is consulted."""
     if mode != "auto":
         return "mtp" in mode, mode in ("ngram", "mtp+ngram"), mode == "ngram-simple"
+    if model.trunk_only:
+        reasons.append(
+            "auto: the file declares MTP blocks but not their NextN tensors (a trunk-only file); no MTP, "
+            "which llama-server would refuse"
+        )
+        return False, False, False
     if not model.has_mtp:
         reasons.append("auto: the model has no MTP layers")
         return False, False, False

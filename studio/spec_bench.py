@@ -90,7 +90,7 @@ def modes_for(caps: Capabilities, info: ModelInfo) -> tuple[str, ...]:
         modes.append("ngram")
     if "ngram-simple" in caps.spec_types:
         modes.append("ngram-simple")
-    if (info.facts.nextn_predict_layers or 0) > 0 and caps.mtp_type is not None:
+    if info.facts.has_mtp and caps.mtp_type is not None:  # a trunk-only file cannot draft with MTP
         modes.append("mtp")
         if "ngram-mod" in caps.spec_types:
             modes.append("mtp+ngram")

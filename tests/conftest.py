@@ -101,7 +101,7 @@ def gemma(gemma_model) -> ModelInfo:
 @pytest.fixture(scope="session")
 def mtp_model(gemma) -> ModelInfo:
     """Gemma's facts as an 8B model with one MTP block (only the speculative policy reads these two)."""
-    facts = dataclasses.replace(gemma.facts, nextn_predict_layers=1, parameter_count=8_000_000_000)
+    facts = dataclasses.replace(gemma.facts, nextn_predict_layers=1, mtp_tensors=True, parameter_count=8_000_000_000)
     return dataclasses.replace(gemma, path=gemma.path.with_name("big-MTP.gguf"), facts=facts)
 
 

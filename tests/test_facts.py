@@ -483,7 +483,8 @@ def test_mtp_layers_are_counted_apart(gemma_meta):
     md = dict(gemma_meta)
     md["gemma3.nextn_predict_layers"] = 2
     f = model_facts(_model(md))
-    assert (f.block_count, f.layer_count, f.nextn_predict_layers, f.has_mtp) == (18, 16, 2, True)
+    assert (f.block_count, f.layer_count, f.nextn_predict_layers) == (18, 16, 2)
+    assert (f.has_mtp, f.trunk_only) == (False, True)  # the key alone: no blk.16.nextn.eh_proj.weight in the file
     # the built-in SWA pattern covers the main layers only; MTP blocks are dense
     assert f.swa_layers[16:] == (False, False) and f.swa_layers[:16] == tuple(il % 6 != 5 for il in range(16))
 
@@ -507,7 +508,8 @@ def test_qwen35_hybrid_layout_from_the_interval():
     assert f.recurrent_layers == (True, True, True, False, True, True, True, False, False)
     # the MTP block (layer 8) gets its cache in the draft context, not the main one
     assert f.kv_layers == (False, False, False, True, False, False, False, True, False)
-    assert f.is_hybrid and f.full_attention_interval == 4 and f.has_mtp
+    assert f.is_hybrid and f.full_attention_interval == 4 and f.nextn_predict_layers == 1
+    assert f.trunk_only  # the metadata alone: no blk.8.nextn.eh_proj.weight here
     assert f.kv_bytes_per_token(2).full == 2 * (64 + 64) * 2
     assert f.recurrent_state_bytes_per_sequence() == 6 * (3 * (256 + 2 * 2 * 128) + 128 * 256) * 4
 

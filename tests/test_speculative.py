@@ -11,6 +11,9 @@ import pytest
 
 import gguf
 from launcher.capabilities import Capabilities
+from launcher.devices import Device, Inventory
+from launcher.planner import PlanRequest, load_model
+from launcher.planner import plan as plan_launch
 from launcher.process import LlamaServer
 from launcher.speculative import (
     GPU_MTP_N_MAX,
@@ -23,6 +26,7 @@ from launcher.speculative import (
     plan,
 )
 from tests.helpers import free_port, server_argv
+from tests.support.zoo import derive_mtp_model
 
 FIXTURES = Path(__file__).parent / "fixtures"
 
@@ -251,3 +255,68 @@ def test_every_mode_starts_the_real_server_on_gemma(real, llama_server_bin, gemm
 def test_the_plan_says_how_many_tokens_a_step_may_draft(real, requested, model, on_gpu, n_max, n_draft):
     """The memory estimate sizes the logits for n_parallel x (1 + n_draft) rows."""
     assert plan(requested, real, model, on_gpu=on_gpu, n_max=n_max).n_draft == n_draft
+
+
+# --- MTP needs its NextN tensors ---------------------------------------------------------------------------------
+
+CPU_ONLY = Inventory((Device("CPU", None, "Test CPU", 64 << 30, 60 << 30, "psutil"),), ())
+
+
+@pytest.fixture(scope="module")
+def trunk_only_model(zoo_dir, tmp_path_factory) -> Path:
+    """The zoo's GLM-4 MoE as a trunk-only file: ``nextn_predict_layers`` = 1, the NextN block's tensors left out
+    (llama.cpp's glm4-moe loader accepts such a file: ``trunk_only`` in models/glm4-moe.cpp)."""
+    out = tmp_path_factory.mktemp("trunk") / "glm4moe-trunk-only.gguf"
+    return derive_mtp_model(zoo_dir / "glm4moe-moe.gguf", out, trunk_only=True)
+
+
+def test_the_nextn_tensors_presence_is_a_model_fact(trunk_only_model, qwen35_mtp_model, gemma_model):
+    trunk = gguf.read(trunk_only_model).facts
+    assert (trunk.nextn_predict_layers, trunk.mtp_tensors, trunk.trunk_only, trunk.has_mtp) == (1, False, True, False)
+    heads = gguf.read(qwen35_mtp_model).facts
+    assert (heads.mtp_tensors, heads.trunk_only, heads.has_mtp) == (True, False, True)
+    plain = gguf.read(gemma_model).facts
+    assert (plain.mtp_tensors, plain.trunk_only) == (False, False)
+
+
+def test_auto_plans_no_mtp_on_a_trunk_only_file(real, trunk_only_model):
+    """``auto`` trusted ``nextn_predict_layers`` alone, and would have passed draft-mtp, which llama-server
+    refuses on such a file. The zoo file is tiny; made as big as the 80B MTP models auto gives MTP to."""
+    facts = gguf.read(trunk_only_model).facts
+    model = dataclasses.replace(SpecModel.from_facts(facts, trunk_only_model), parameter_count=80_000_000_000)
+    for on_gpu in (True, False):
+        result = plan("auto", real, model, on_gpu=on_gpu)
+        assert "draft-mtp" not in " ".join(result.argv) and "mtp" not in result.resolved
+        assert any("trunk-only" in r for r in result.reasons), result.reasons
+
+
+@pytest.mark.parametrize("mode", ["mtp", "mtp+ngram", "draft-mtp"])
+def test_forced_mtp_on_a_trunk_only_file_is_refused_before_launch(real, trunk_only_model, mode):
+    with pytest.raises(SpeculativeConfigError, match="trunk-only file") as refused:
+        plan_launch(load_model(trunk_only_model), CPU_ONLY, real, PlanRequest(n_ctx=2048, spec=mode))
+    assert "Use the model's file that keeps the MTP heads, or spec = auto or ngram" in str(refused.value)
+
+
+def test_llama_server_aborts_on_draft_mtp_without_the_nextn_tensors(llama_server_bin, trunk_only_model, tmp_path):
+    """Why the refusal above: the pin loads the trunk-only file, then asserts in the MTP graph (glm4-moe.cpp)."""
+    for extra, ready in (((), True), (("--spec-type", "draft-mtp"), False)):
+        port = free_port()
+        argv = server_argv(llama_server_bin, trunk_only_model, host="127.0.0.1", port=port, n_ctx=512, extra=extra)
+        server = LlamaServer(argv, host="127.0.0.1", port=port, log_path=tmp_path / f"server-{port}.log")
+        server.start()
+        try:
+            if ready:
+                server.wait_ready(timeout=60)
+            else:
+                assert server.wait_exit(timeout=60) not in (None, 0)
+                assert "missing nextn.eh_proj" in (tmp_path / f"server-{port}.log").read_text()
+        finally:
+            server.stop()
+
+
+def test_mtp_forced_on_a_model_under_3b_warns(real, qwen35_mtp_model):
+    assert any("under 3B" in w for w in plan("mtp", real, SMALL_MTP, on_gpu=True).warnings)
+    assert plan("mtp", real, BIG_MTP, on_gpu=True).warnings == ()
+    assert plan("auto", real, SMALL_MTP, on_gpu=True).warnings == ()  # auto leaves MTP out there itself
+    launch = plan_launch(load_model(qwen35_mtp_model), CPU_ONLY, real, PlanRequest(n_ctx=2048, spec="mtp"))
+    assert launch.spec.resolved == "mtp" and any("MTP asked for on a model under 3B" in w for w in launch.warnings)

@@ -50,7 +50,7 @@ def ensure_zoo(build: BuildResult, home: Path) -> Path:
     return out
 
 
-def derive_mtp_model(src: Path, dst: Path, *, seed: int = 0) -> Path:
+def derive_mtp_model(src: Path, dst: Path, *, seed: int = 0, trunk_only: bool = False) -> Path:
     """Write ``src`` (a zoo model) to ``dst`` with one NextN (MTP) block appended.
 
     Follows the pinned loader (``llama_model_qwen35::load_arch_tensors``'s
@@ -60,6 +60,8 @@ def derive_mtp_model(src: Path, dst: Path, *, seed: int = 0) -> Path:
     ``[2 * n_embd, n_embd]`` (small random f32) and ``nextn.enorm`` /
     ``nextn.hnorm`` (ones); the optional embed / shared-head tensors fall back to
     the trunk's. ``block_count`` grows by one and ``nextn_predict_layers`` is 1.
+    ``trunk_only`` writes that metadata without the new block's tensors, as a
+    trunk-only conversion of an MTP model does (llama.cpp loads it, minus MTP).
     """
     model = gguf.read(src)
     if len(model.shards) > 1:
@@ -83,6 +85,8 @@ def derive_mtp_model(src: Path, dst: Path, *, seed: int = 0) -> Path:
 
     prefix = f"blk.{template}."
     tensors = [copy_of(head, t) for t in head.tensors]
+    if trunk_only:
+        return write_gguf(dst, metadata, tensors, value_types=head.value_types, version=head.version)
     tensors += [
         copy_of(head, t, f"blk.{n_layer}.{t.name[len(prefix) :]}")
         for t in head.tensors
