@@ -135,6 +135,16 @@ class ArchTraits:
     architecture's NextN graph (``graph_mtp``), with a zoo model given an appended NextN block
     (``tests.support.zoo.derive_mtp_model``); not a llama.cpp behaviour, how well the estimate is known."""
 
+    thinking_from_params: int = 0
+    """Models of this architecture below this many parameters start with thinking off: not a llama.cpp
+    behaviour, the reference backend's (Unsloth Studio) load-time rule for Qwen3.5/3.6, which think on only from
+    the 9B size; small ones reason long and answer little. 0: no such rule (``launcher.thinking``)."""
+
+
+#: Qwen3.5/3.6's line between the 4B and 9B sizes, in counted tensor elements: the 9B holds about 8.95B of them
+#: without its MTP block (32 blocks of 4096, 248k vocabulary, untied output), so a line at 9.0B would turn its
+#: thinking off; the 4B holds under 5B.
+_QWEN35_THINKING_FROM = 8_500_000_000
 
 #: The traits of an architecture none of ``TRAITS`` names, known to llama.cpp or not.
 DEFAULT_TRAITS = ArchTraits()
@@ -190,8 +200,13 @@ _TABLE: dict[str, ArchTraits] = {
     "nemotron_h_moe": ArchTraits(recurrent_graph="mamba-2", rs_rollback=True),
     "phi2": _PARALLEL,
     "plamo": _PARALLEL,
-    "qwen35": ArchTraits(last_ffn_on_all_tokens=True, rs_rollback=True, mtp_draft_measured=True),
-    "qwen35moe": ArchTraits(last_ffn_on_all_tokens=True, rs_rollback=True),
+    "qwen35": ArchTraits(
+        last_ffn_on_all_tokens=True,
+        rs_rollback=True,
+        mtp_draft_measured=True,
+        thinking_from_params=_QWEN35_THINKING_FROM,
+    ),
+    "qwen35moe": ArchTraits(last_ffn_on_all_tokens=True, rs_rollback=True, thinking_from_params=_QWEN35_THINKING_FROM),
     "qwen3next": _LAST_FFN,
     "qwen4exp": ArchTraits(sparse_attention="kpool-qsa", rs_rollback=True),
     "refact": ArchTraits(runs_experts=False),

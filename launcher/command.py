@@ -27,7 +27,6 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from gguf.templates import template_capabilities
 from launcher.capabilities import Capabilities
 from launcher.chat_templates import is_builtin_template, uses_jinja
 from launcher.devices import usable_cores
@@ -35,6 +34,7 @@ from launcher.errors import LoadError
 from launcher.planner import EMBEDDING_FLAGS
 from launcher.rpc import RpcWorkers, explain_failure
 from launcher.supervisor import ExitExplanation, LaunchSpec
+from launcher.thinking import switch_kwargs, template_of
 
 if TYPE_CHECKING:
     from launcher.planner import LaunchPlan
@@ -65,11 +65,14 @@ class Secret(str):
         return repr(REDACTED)
 
 
-def chat_template_kwargs(template: str | None) -> dict[str, object] | None:
-    """The kwargs that keep the template's own reasoning default (llama-server otherwise passes its own)."""
-    if not template or is_builtin_template(template):  # a built-in renders no Jinja kwargs
+def chat_template_kwargs(template: str | None, thinking: bool | None = None) -> dict[str, object] | None:
+    """The kwargs that start thinking as ``thinking`` says (``launcher.thinking``), else as the template's own
+    default does (llama-server otherwise passes its own)."""
+    found = template_of(template)  # a built-in renders no Jinja kwargs
+    if found is None:
         return None
-    found = template_capabilities(template)
+    if thinking is not None:
+        return switch_kwargs(found.reasoning_style, thinking) or None
     if found.reasoning_style == "enable_thinking" and found.reasoning_default is not None:
         return {"enable_thinking": found.reasoning_default}
     return None
@@ -309,7 +312,7 @@ def _add_flags(out: _Argv, plan: LaunchPlan, key: Secret, threads: int | None) -
             out.argv += ["--chat-template-file", str(out.private_file("chat-template.jinja", template))]
         else:
             out.add(("--chat-template",), template, why="the model's own template is used")
-    kwargs = chat_template_kwargs(template if template is not None else plan.model.facts.chat_template)
+    kwargs = chat_template_kwargs(template if template is not None else plan.model.facts.chat_template, plan.thinking)
     if kwargs and jinja:  # Jinja kwargs: the built-in renderer takes none
         out.add(("--chat-template-kwargs",), json.dumps(kwargs), why="llama-server's reasoning default applies")
     if plan.model.mmproj is not None:

@@ -66,7 +66,7 @@ import gguf
 from gguf.projector import ProjectorFacts, projector_facts, width_mismatch
 from launcher import spec_measurements, speculative
 from launcher.capabilities import Capabilities
-from launcher.chat_templates import check_chat_template, renders_with_jinja
+from launcher.chat_templates import check_chat_template, renders_with_jinja, uses_jinja
 from launcher.context_shape import needs_flash_attn, slot_context
 from launcher.devices import Device, Inventory
 from launcher.errors import LauncherError
@@ -88,6 +88,7 @@ from launcher.rpc import LINK_WARNING
 from launcher.sampling import Sampling
 from launcher.spec_measurements import SpecMeasurement
 from launcher.speculative import SpecModel, SpecPlan
+from launcher.thinking import load_thinking
 from launcher.units import MIB, format_size
 
 if TYPE_CHECKING:
@@ -234,6 +235,9 @@ class PlanRequest:
     spec_measurements: Path | None = None
     embeddings: bool = False  # an embedding instance: --embeddings and a pooling (see the module docstring)
     sampling: Sampling = Sampling()  # sampling defaults and the answer limit it starts with
+    #: thinking on or off at load (the template's switch); None: the template's default, or off for a small model
+    #: of an architecture that starts small ones so (``launcher.thinking``)
+    thinking: bool | None = None
 
 
 @dataclass(frozen=True)
@@ -283,6 +287,7 @@ class LaunchPlan:
     rpc_devices: tuple[Device, ...] = ()  # the RPC workers' devices the layers are split over (``RPC<n>`` order)
     cache_ram_mib: int | None = None  # ``--cache-ram``, on the CPU's bill as ``prompt_cache``; None: flag missing
     pooling: Pooling | None = None  # an embedding server's ``--pooling`` (an embedding instance's, or ``--embeddings``)
+    thinking: bool | None = None  # the template's thinking switch at load; None: its own default (launcher.thinking)
 
     @property
     def rpc_workers(self) -> tuple[str, ...]:
@@ -862,6 +867,7 @@ class _Planner:
                 "context shift on, as requested: past the context, llama-server drops the oldest tokens instead of "
                 "answering with an error"
             )
+        thinking = self.thinking()
         self.reasons += [f"speculative: {r}" for r in self.spec.reasons]
         self.reasons += [f"estimate: {r}" for r in bill.reasons]
         return LaunchPlan(
@@ -873,6 +879,7 @@ class _Planner:
             rpc_devices=tuple(d for d in gpus if d.endpoint is not None),
             cache_ram_mib=cache_ram_mib,
             pooling=self.pooling,
+            thinking=thinking,
             tensor_split=split,
             n_ctx=n_ctx,
             n_ctx_auto=self.request.n_ctx is None,
@@ -895,6 +902,17 @@ class _Planner:
             reasons=tuple(self.reasons),
             warnings=tuple(dict.fromkeys(self.warnings)),
         )
+
+    def thinking(self) -> bool | None:
+        """The thinking switch passed at load (``launcher.thinking``), with its reason; None: the template's own."""
+        request = self.request
+        if request.embeddings or not uses_jinja(request.chat_template, request.jinja):
+            return None  # an embedding instance chats not, or the built-in renderer, which takes no template kwargs
+        template = request.chat_template if request.chat_template is not None else self.facts.chat_template
+        decided = load_thinking(self.facts, template, request.thinking)
+        if decided.reason:
+            self.reasons.append(decided.reason)
+        return decided.on
 
     def embedding_ctx(self) -> int:
         """An embedding instance's automatic context (``EMBEDDING_CTX``, ``EMBEDDING_CTX_LAST``), with the reason."""

@@ -63,6 +63,8 @@ Precedence: environment variables, then the optional TOML file
     context_shift = true            # past the context, drop the oldest tokens (unset: false, an error)
     chat_template = "chatml"        # a llama.cpp built-in template's name, or Jinja text (unset: the model's own)
     jinja = false                   # llama-server's built-in template renderer, no tools (unset: Jinja)
+    thinking = true                 # start with thinking on or off (unset: the template's default; off for
+                                    # Qwen3.5/3.6 under 9B); a request's enable_thinking still wins
     tags = ["chat", "small"]        # labels GET /models lists with the model (llama-server's --tags)
     temperature = 0.2               # sampling defaults a request's own values override (unset: the GGUF's
     top_p = 0.9                     # general.sampling.* keys, else llama-server's); also top_k, min_p,
@@ -162,6 +164,7 @@ _MODEL_KEYS = {
     "chat_template",
     "tags",
     "jinja",
+    "thinking",
     *sampling.LIMITS,
 }
 #: (least, most) a load may ask for; the load API and the config file check the same bounds. No real model
@@ -293,6 +296,7 @@ class ModelDefaults:
     flash_attn: FlashAttn | None = None
     context_shift: bool | None = None
     jinja: bool | None = None  # False: llama-server's built-in template renderer (--no-jinja), which refuses tools
+    thinking: bool | None = None  # thinking on or off at load; None: the template's default (launcher.thinking)
     tags: tuple[str, ...] = ()  # labels GET /models lists with the model (llama-server's --tags), no load setting
     sampling: Sampling = Sampling()  # its sampling defaults and answer limits (``launcher.sampling``)
 
@@ -445,6 +449,7 @@ class Settings:
                         context_shift=d.get("context_shift"),
                         chat_template=d.get("chat_template"),
                         jinja=d.get("jinja"),
+                        thinking=d.get("thinking"),
                         tags=tuple(d.get("tags", ())),
                         sampling=sampling.from_table(d),
                     )
@@ -606,7 +611,7 @@ def _model_problems(d: dict[str, Any]) -> list[str]:
     problems = [f"unknown key {k!r} (known: {', '.join(sorted(_MODEL_KEYS))})" for k in d if k not in _MODEL_KEYS]
     problems += _number_problems(d, {"ttl": RESIDENCY_LIMITS["ttl"]})
     problems += sampling.problems(d)
-    for k in ("pinned", "context_shift", "jinja"):
+    for k in ("pinned", "context_shift", "jinja", "thinking"):
         if k in d and not isinstance(d[k], bool):
             problems.append(f"{k} must be true or false")
     if "flash_attn" in d and d["flash_attn"] not in FLASH_ATTN:

@@ -178,6 +178,66 @@ def test_the_models_own_template_sets_the_kwargs(gemma, real, build):
     assert "--chat-template-file" not in argv
 
 
+# --- the thinking a model starts with ----------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def small_qwen35(zoo_dir):
+    """The zoo's Qwen3.5 (a few million parameters) with a template that thinks unless told not to."""
+    model = load_model(zoo_dir / "qwen35-dense.gguf")
+    return dataclasses.replace(model, facts=dataclasses.replace(model.facts, chat_template=THINK_ON))
+
+
+def test_a_small_qwen35_starts_with_thinking_off(small_qwen35, real, build):
+    """The reference backend starts Qwen3.5/3.6 under 9B without thinking; the studio kept the template's own
+    default (thinking), decided by the GGUF's parameter count and architecture, not its name."""
+    p = plan(small_qwen35, cpu_only(), real, PlanRequest(n_ctx=2048))
+    assert json.loads(value(build(p, real).argv(1), "--chat-template-kwargs")) == {"enable_thinking": False}
+    assert any(r.startswith("thinking off at load: a qwen35 model of 0.0B parameters") for r in p.reasons)
+    big = dataclasses.replace(small_qwen35, facts=dataclasses.replace(small_qwen35.facts, parameter_count=9 * 10**9))
+    p = plan(big, cpu_only(), real, PlanRequest(n_ctx=2048))
+    assert json.loads(value(build(p, real).argv(1), "--chat-template-kwargs")) == {"enable_thinking": True}
+    assert not any(r.startswith("thinking") for r in p.reasons)
+
+
+def test_the_small_model_rule_is_qwen35s_alone(gemma, real, build):
+    model = dataclasses.replace(gemma, facts=dataclasses.replace(gemma.facts, chat_template=THINK_ON))
+    assert model.facts.parameter_count < 10**9  # small, but of an architecture without the rule
+    argv = build(plan(model, cpu_only(), real), real).argv(1)
+    assert json.loads(value(argv, "--chat-template-kwargs")) == {"enable_thinking": True}
+
+
+@pytest.mark.parametrize("on", [True, False])
+def test_the_models_config_sets_the_thinking_at_load(small_qwen35, gemma, real, build, on):
+    for model in (small_qwen35, dataclasses.replace(gemma, facts=small_qwen35.facts)):
+        p = plan(model, cpu_only(), real, PlanRequest(n_ctx=2048, thinking=on))
+        assert json.loads(value(build(p, real).argv(1), "--chat-template-kwargs")) == {"enable_thinking": on}
+        assert f"thinking {'on' if on else 'off'} at load, as the model's config says" in " ".join(p.reasons)
+    no_switch = dataclasses.replace(gemma, facts=dataclasses.replace(gemma.facts, chat_template="{{ messages }}"))
+    p = plan(no_switch, cpu_only(), real, PlanRequest(thinking=on))
+    assert "--chat-template-kwargs" not in build(p, real).argv(1)
+    assert any("ignored: the chat template has no switch" in r for r in p.reasons)
+
+
+@pytest.mark.slow
+def test_a_request_still_turns_thinking_on_for_a_small_qwen35(small_qwen35, llama_server_bin, real, tmp_path):
+    """The load's default is only a default: llama-server lays a request's kwargs over it (the studio's proxy
+    spells a request's enable_thinking there)."""
+    p = plan(small_qwen35, cpu_only(), real, PlanRequest(n_ctx=2048, chat_template=THINK_ON))  # the file has none
+    assert p.thinking is False
+    with _serving(p, real, llama_server_bin, tmp_path) as (server, command):
+
+        def prompt(**body: object) -> str:
+            messages = [{"role": "user", "content": "hi"}]
+            resp = httpx.post(
+                f"{server.url}/apply-template", json={"messages": messages, **body}, headers=command.auth_headers
+            )
+            return resp.raise_for_status().json()["prompt"]
+
+        assert "<think>" not in prompt()
+        assert "<think>" in prompt(chat_template_kwargs={"enable_thinking": True})
+
+
 # --- the API key --------------------------------------------------------------------------------------
 
 

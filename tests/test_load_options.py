@@ -368,6 +368,15 @@ def test_the_jinja_option_reaches_the_plan_request_from_the_api_and_the_config(t
     assert asked.jinja is True  # the request's own value wins
 
 
+def test_the_thinking_option_reaches_the_plan_request_from_the_config(tmp_path):
+    entry = CatalogEntry(name="m", path=tmp_path / "m.gguf")
+    (tmp_path / "config.toml").write_text("[models.m]\nthinking = true\n")
+    defaults = Settings.from_env({"GGUF_STUDIO_HOME": str(tmp_path)}).model_defaults
+    assert defaults["m"] == ModelDefaults(thinking=True)
+    assert load_settings(LoadRequest(model="m"), entry, defaults).plan_request("m").thinking is True
+    assert load_settings(LoadRequest(model="m"), entry, {}).plan_request("m").thinking is None
+
+
 def test_the_load_api_takes_the_options_and_refuses_flash_attention_off_with_a_quantized_cache(
     tmp_path, llama_server_bin, zoo_dir
 ):
@@ -419,6 +428,7 @@ def test_tools_to_a_model_loaded_with_jinja_false_are_refused_in_words(tmp_path,
         ("flash_attn = 'maybe'", "flash_attn must be one of on, off, auto"),
         ("context_shift = 'yes'", "context_shift must be true or false"),
         ("jinja = 'no'", "jinja must be true or false"),
+        ("thinking = 'off'", "thinking must be true or false"),
         ("chat_template = 'llama-3'", "chat_template: the chat template 'llama-3' is neither Jinja text"),
     ],
 )

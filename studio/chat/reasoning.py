@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gguf.templates import TemplateCapabilities
+from launcher.thinking import switch_kwargs
 
 THINK, NO_THINK = "/think", "/no_think"
 
@@ -41,13 +42,8 @@ def reasoning_request(template: TemplateCapabilities | None, controls: dict[str,
     kwargs: dict[str, Any] = {}
     flag = None
     if on is not None:
-        if style == "enable_thinking":
-            kwargs["enable_thinking"] = bool(on)
-        elif style == "thinking":
-            kwargs["thinking"] = bool(on)
-        elif style == "thinking_mode":
-            kwargs["thinking_mode"] = "enabled" if on else "disabled"
-        elif style == "thinking_budget" and not on:
+        kwargs.update(switch_kwargs(style, bool(on)))  # the same switch a load passes (launcher.thinking)
+        if style == "thinking_budget" and not on:
             kwargs["thinking_budget"] = 0
         elif style == "prompt_flag":
             flag = THINK if on else NO_THINK

@@ -83,6 +83,7 @@ class LoadSettings:
     cache_ram: int | None = None
     embeddings: bool = False  # the embedding instance
     sampling: Sampling = Sampling()  # sampling defaults and answer limits, on its command line
+    thinking: bool | None = None  # thinking on or off at load (the model's config); None: the planner's default
 
     @property
     def key(self) -> tuple[Path, bool]:
@@ -114,6 +115,7 @@ class LoadSettings:
             jinja=self.jinja,
             embeddings=self.embeddings,
             sampling=self.sampling,
+            thinking=self.thinking,
         )
 
 
@@ -175,4 +177,5 @@ def load_settings(
         context_shift=bool(request.context_shift if request.context_shift is not None else own.context_shift),
         jinja=request.jinja if request.jinja is not None else own.jinja,
         sampling=sampling_for(entry, defaults, fallback),
+        thinking=own.thinking,
     )
