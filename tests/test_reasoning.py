@@ -15,7 +15,7 @@ import pytest
 from gguf.templates import template_capabilities
 from studio.chat.reasoning import NO_THINK, THINK, reasoning_request, with_prompt_flag
 from studio.chat.think_split import ThinkSplitter
-from studio.cli.terminal_chat import chat_loop
+from studio.cli.terminal_chat import answer_once, chat_loop
 from studio.http.app import create_app
 from studio.settings import Settings
 from tests.helpers import serving
@@ -78,10 +78,13 @@ def test_prompt_flag_style_is_applied_to_the_last_user_message(settings, replay)
     assert parts[0]["content"][-1] == {"type": "text", "text": NO_THINK}
 
 
-def test_an_all_reasoning_answer_stores_no_empty_assistant_turn(replay):
+def test_an_all_reasoning_answer_is_shown_and_kept_as_the_answer(replay):
+    """A reply that is only reasoning said "(the model only reasoned ...)" and was dropped; the reference
+    backend shows the reasoning as the answer. An empty reply is still not kept."""
+    start = len(replay.requests)  # the replay upstream serves the whole session
     with studio_for(replay, None) as base, httpx.Client(base_url=base, timeout=30) as client:
-        replay.script(Answer(reasoning=["Thinking about it..."]), Answer.text("Paris."))
-        prompts = iter(["Capital of France?", "And again?"])
+        replay.script(Answer(reasoning=["Paris, surely."]), Answer.text(""), Answer.text("Yes."))
+        prompts = iter(["Capital of France?", "Again?", "And now?"])
 
         def read(_: str) -> str:
             try:
@@ -91,9 +94,14 @@ def test_an_all_reasoning_answer_stores_no_empty_assistant_turn(replay):
 
         out = io.StringIO()
         chat_loop(client, model="replay", options={}, read=read, out=out)
-    second = replay.requests[-1]["messages"]
-    assert [m["role"] for m in second] == ["user"] and second[0]["content"] == "And again?"
-    assert "only reasoned" in out.getvalue()
+        once = io.StringIO()
+        replay.script(Answer(reasoning=["Thinking only."]))
+        answer_once(client, "Capital?", options={}, out=once, err=io.StringIO())
+    second, third = (r["messages"] for r in replay.requests[start + 1 : start + 3])
+    assert second[1] == {"role": "assistant", "content": "Paris, surely."}
+    assert [m["role"] for m in third] == ["user", "assistant", "user"]  # the empty reply left no turn
+    assert "only reasoned" not in out.getvalue() and "Paris, surely.\n" in out.getvalue()
+    assert once.getvalue() == "Thinking only.\n"  # on stdout, where a script reads the answer
 
 
 def test_r1_distill_thinking_in_content_reaches_api_chat_as_reasoning(settings, replay):

@@ -153,6 +153,11 @@ class Reply:
     def text(self) -> str:
         return "".join(self.content)
 
+    @property
+    def answer(self) -> str:
+        """The text, or the reasoning when the model gave nothing else: shown as the answer, as the reference does."""
+        return self.text if self.text.strip() else "".join(self.reasoning).strip()
+
 
 def stream_reply(
     client: httpx.Client,
@@ -251,7 +256,7 @@ def answer_once(
         on_reasoning=reasoning,
         model=model,
     )
-    out.write("\n")
+    out.write(("" if reply.text.strip() else reply.answer) + "\n")
     out.flush()
     return reply
 
@@ -324,13 +329,12 @@ def chat_loop(
             continue
         else:
             _write(out, (RESET if tty else "") + "\n" + _stats(reply, tty))
-        if not reply.text.strip():
-            # An empty assistant turn would go back to the model as if it had answered nothing.
-            messages.pop()
-            if reply.reasoning:
-                _write(out, "(the model only reasoned and gave no answer; this turn is not kept)\n")
+        if not reply.answer:
+            messages.pop()  # an empty assistant turn would go back to the model as if it had answered nothing
             continue
-        messages.append({"role": "assistant", "content": reply.text})
+        if not reply.text.strip():  # it only reasoned: that is its answer
+            _write(out, reply.answer + "\n")
+        messages.append({"role": "assistant", "content": reply.answer})
 
 
 def _stats(reply: Reply, tty: bool) -> str:
