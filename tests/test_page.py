@@ -433,6 +433,32 @@ def test_reasoning_tool_events_and_speculative_numbers_render(watched, studio):
     assert watched.errors == []
 
 
+def test_a_reply_that_only_reasoned_shows_its_reasoning_as_the_answer(watched, studio):
+    """It showed "(no answer)" with the reasoning collapsed; the reference backend shows the reasoning as the
+    answer. A stand-in ``/api/chat`` stream: no model here can be made to reason without answering."""
+    page = watched.page
+    chats: list[dict] = []
+
+    def answer(route) -> None:
+        chats.append(json.loads(route.request.post_data or "{}"))
+        events = [{"type": "reasoning", "text": "Paris is the capital. "}, {"type": "reasoning", "text": "Say so."}]
+        if len(chats) > 1:
+            events = [{"type": "content", "text": "Yes."}]
+        route.fulfill(status=200, content_type="text/event-stream", body=sse(*events, {"type": "done", "usage": {}}))
+
+    page.route(f"{studio.url}/api/chat", answer)
+    page.fill("#chat-input", "Capital of France?")
+    page.keyboard.press("Enter")
+    page.wait_for_selector("#messages .msg.assistant[aria-busy='false']")
+    assert page.locator("#messages .msg.assistant .body").inner_text() == "Paris is the capital. Say so."
+    assert not page.locator("#messages .reasoning").is_visible()  # shown once, as the answer
+    page.fill("#chat-input", "Sure?")
+    page.keyboard.press("Enter")
+    wait_for(lambda: len(chats) == 2, timeout=10, what="the second message")
+    assert chats[1]["messages"][1] == {"role": "assistant", "content": "Paris is the capital. Say so."}
+    assert watched.errors == []
+
+
 def test_an_attached_image_goes_as_an_image_part_and_a_refusal_reads_plainly(watched, studio, llama_src):
     page = watched.page
     page.set_input_files("#image-input", str(llama_src / "tools" / "mtmd" / "test-1.jpeg"))

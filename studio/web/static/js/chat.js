@@ -221,8 +221,9 @@ export class Chat {
           ? [{ type: "text", text: m.content }, ...images.map((a) => ({ type: "image_url", image_url: { url: a.url } }))]
           : m.content });
       } else if (m.role === "assistant") {
-        shown.push(AnswerView.stored(m, c.model || "the default model").node);
-        if (m.content) history.push({ role: "assistant", content: m.content });
+        const view = AnswerView.stored(m, c.model || "the default model");
+        shown.push(view.node);
+        if (view.answer) history.push({ role: "assistant", content: view.answer });
       }
     }
     if (mine !== this.opening) return;
@@ -504,7 +505,13 @@ class AnswerView {
     this.finished = true;
     this.node.setAttribute("aria-busy", "false");
     this.body.classList.remove("pending");
-    if (!this.answer && !this.calls.size) this.body.textContent = "(no answer)";
+    const thought = this.reasoningText.data.trim();
+    if (!this.answer && !this.calls.size && thought) {
+      // It only reasoned: that is its answer, as the reference backend shows it (and the next turn reads it).
+      this.answer = thought;
+      this.text.data = thought;
+      this.reasoning.hidden = true;
+    } else if (!this.answer && !this.calls.size) this.body.textContent = "(no answer)";
     const parts = [];
     const usage = event.usage || {};
     if (usage.completion_tokens !== undefined) parts.push(`${count(usage.completion_tokens)} tokens`);
