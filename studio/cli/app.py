@@ -13,7 +13,7 @@ import typer
 
 from studio.cli import build, chat, library, models, rpc, service  # noqa: F401  (each registers its commands)
 from studio.cli.common import app, error_lines, exit_code, state, studio_settings
-from studio.cli.entry import HELP_OPTIONS
+from studio.cli.help_options import HELP_OPTIONS
 from studio.errors import Exit
 
 __all__ = ["app", "exit_code", "main"]

@@ -18,7 +18,7 @@ import typer
 from typer.core import TyperGroup
 
 from launcher.errors import BuildError, LauncherError, ProcessError
-from studio.cli.entry import HELP_OPTIONS
+from studio.cli.help_options import HELP_OPTIONS
 from studio.errors import AnsweredError, CommandError, Exit, StudioError
 
 if TYPE_CHECKING:  # the service's modules load only in the commands that need them

@@ -18,14 +18,13 @@ import shutil
 import sys
 
 from studio import __version__
+from studio.cli.help_options import HELP_OPTIONS
 from studio.home import studio_home
 
 __all__ = ["help_key", "main"]
 
 #: The cached help, its first line the key it was rendered under.
 CACHE_NAME = "cli-help.txt"
-#: The options that ask for a help text (the subcommands' too).
-HELP_OPTIONS = ("-h", "--help")
 
 
 def main() -> None:
