@@ -8,12 +8,13 @@ needs no model. ``tests/test_serve_ollama_port.py`` checks the same through ``gg
 
 from __future__ import annotations
 
-from typing import Any
+import functools
 
 import pytest
 from fastapi.testclient import TestClient
 
 from studio.http.app import create_app
+from studio.http.ollama_app import main_port_hint
 from tests.standin_manager import StandInManager, StandInModel
 
 #: What Ollama clients ask first (``ollama list``, ``ollama ps``, ``ollama show``, ``ollama run``, embeddings).
@@ -29,10 +30,11 @@ OLLAMA_ROUTES = [
 ]
 
 
-def main_port(**options: Any) -> TestClient:
-    """The studio's main port, as ``create_app(**options)`` builds it (no options: the Ollama listener is off)."""
+def main_port(ollama_port: int | None = None) -> TestClient:
+    """The studio's main port, as ``ggstudio serve`` builds it (no ``ollama_port``: the Ollama listener is off)."""
     manager = StandInManager(StandInModel(name="standin", url="http://127.0.0.1:9"))
-    return TestClient(create_app(manager, **options), base_url="http://127.0.0.1:8080")
+    hint = functools.partial(main_port_hint, ollama_port=ollama_port)
+    return TestClient(create_app(manager, not_found_hint=hint), base_url="http://127.0.0.1:8080")
 
 
 @pytest.mark.parametrize("method, path", OLLAMA_ROUTES)

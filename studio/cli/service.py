@@ -1,6 +1,7 @@
 """``ggstudio serve``: the studio service in the foreground, with its models, until Ctrl-C."""
 
 import errno
+import functools
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
@@ -153,7 +154,7 @@ def _serve_holding(
     from studio.history.service import History
     from studio.http.access import AccessPolicy
     from studio.http.app import create_app
-    from studio.http.ollama_app import create_ollama_app
+    from studio.http.ollama_app import create_ollama_app, main_port_hint
     from studio.http.server import Listeners, listening_socket
     from studio.library.default_model import ensure_default_model
     from studio.library.hub_headers import header_cache
@@ -234,7 +235,7 @@ def _serve_holding(
         downloads=manager.downloads,
         history=History(settings.history_dir),
         hub_headers=header_cache(settings.home),
-        ollama_port=ollama_port,
+        not_found_hint=functools.partial(main_port_hint, ollama_port=ollama_port),
     )
     ollama_app = create_ollama_app(app, api_token=token, access=access) if ollama_port is not None else None
     listeners = Listeners(

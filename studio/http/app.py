@@ -7,7 +7,7 @@ the shape of the route's dialect: OpenAI's, or Anthropic's on the Messages route
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
 from pathlib import Path
 
@@ -71,7 +71,7 @@ def create_app(
     downloads: DownloadManager | None = None,
     history: History | None = None,
     hub_headers: Path | None = None,
-    ollama_port: int | None = None,
+    not_found_hint: Callable[[Request], str | None] | None = None,
 ) -> FastAPI:
     """Return the service app around ``manager``; the ``preload`` models start loading at start-up, in order.
 
@@ -85,8 +85,9 @@ def create_app(
     manager's, else one over huggingface_hub's environment, without auto-download). ``history`` stores
     conversations (``/api/conversations``, ``/api/chat`` with a ``conversation_id``); it opens with the app, and
     a database it cannot use leaves the rest of the studio working. ``hub_headers`` keeps the headers Hub
-    searches and plans read (default: under the studio home, ``studio.library.hub_headers``). ``ollama_port`` is
-    where the Ollama listener serves (None: off); an Ollama route asked of this app gets a 404 that says so.
+    searches and plans read (default: under the studio home, ``studio.library.hub_headers``). ``not_found_hint``
+    adds to the 404 of a path the app does not serve (``ggstudio serve`` says where the Ollama API is:
+    ``studio.http.ollama_app.main_port_hint``, wired there so that this app knows nothing of that one).
     ``app.state`` holds what the routes share (the manager, the metrics, the path policy, the body limit and, once
     started, the pooled upstream, the downloads and the toolbox): the Ollama listener's app shares
     it too (``studio.http.ollama_app``).
@@ -152,13 +153,7 @@ def create_app(
     # outermost: the guard's and the token's refusals are counted too
     app.add_middleware(RequestMetrics, metrics=metrics, listener="studio", known=[*FORWARDED, GUI_CHAT])
 
-    def ollama_hint(request: Request) -> str | None:
-        # imported at a 404 only: the Ollama app is built on this module, and a start does not need it
-        from studio.http.ollama_app import main_port_hint
-
-        return main_port_hint(request, ollama_port)
-
-    install_error_handlers(app, dialect_of, not_found_hint=ollama_hint)
+    install_error_handlers(app, dialect_of, not_found_hint=not_found_hint)
 
     @app.get("/health")
     @app.get("/v1/health")  # llama-server answers both
