@@ -38,6 +38,14 @@ class _NoWorkers:
     model: _TextOnly = field(default_factory=_TextOnly)
 
 
+@dataclass(frozen=True)
+class _OwnTemplate:
+    """A model's facts as the request path reads them: a chat template of its own (no borrowed turn markers)."""
+
+    chat_template: str | None = "{{ messages }}"
+    sampling: tuple[tuple[str, float], ...] = ()
+
+
 class _NoBudget:
     memory_budget = None
 
@@ -53,6 +61,7 @@ class StandInModel:
     auth_headers: dict[str, str] = field(default_factory=dict)
     plan: _NoWorkers = field(default_factory=_NoWorkers)
     settings: LoadSettings = LoadSettings(path=_TextOnly.path, n_ctx=4096, n_parallel=1, extra_args=())
+    facts: _OwnTemplate = field(default_factory=_OwnTemplate)
 
 
 class StandInLease:
@@ -68,6 +77,10 @@ class StandInLease:
         if not self._released:
             self._released = True
             self._manager.in_flight -= 1
+
+    async def died(self, within: float) -> str | None:
+        """Its stand-in llama-server never dies: a failure is always another."""
+        return None
 
 
 class StandInManager:
