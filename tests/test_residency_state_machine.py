@@ -4,8 +4,8 @@ Hypothesis drives the real manager (``tests.manager_harness``: real catalog, hea
 placement; fake llama-servers) over three zoo models under a budget that fits two, each also reached by
 a second name (a link to its file, as people share one file between apps), with rules
 for loads with good and bad settings (awaited, or left running while other rules act), unloads,
-chats, streams held across steps, clients leaving, crashes of a llama-server, TTL expiry, pinning
-and shutdown. After every step it checks:
+chats, streams held across steps, clients leaving, crashes of a llama-server (alone, or under a request
+that is then sent again), TTL expiry, pinning and shutdown. After every step it checks:
 
 - at most one llama-server per model file, whichever names asked for it, and none without its resident;
 - the resident total within the budget;
@@ -34,11 +34,14 @@ import pytest
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
+from starlette.responses import Response
 
 from launcher.capabilities import Capabilities
 from launcher.registry import ChildRegistry
 from launcher.supervisor import owner_token
 from studio.error_table import outcome
+from studio.errors import UpstreamDiedError
+from studio.http.load_wait import answer_surviving
 from studio.library.catalog import file_identity
 from studio.residency.lifecycle import HOLDS_MEMORY, ResidentState
 from studio.residency.manager import ModelManager, ResidencyEvent, supervisor_factory
@@ -257,15 +260,48 @@ class ManagerMachine(RuleBasedStateMachine):
 
     @rule(model=MODELS)
     def crash(self, model: str) -> None:
+        self._kill(model)
+
+    def _kill(self, model: str) -> bool:
+        """Kill the model's ready llama-server (SIGKILL, or the fake's crash); whether there was one to kill."""
         resident = self.manager.find(model)
         if resident is None:
-            return
+            return False
         if self.children is not None:
-            resident.supervisor.crash()  # type: ignore[attr-defined]
-            return
+            return bool(resident.supervisor.crash())  # type: ignore[attr-defined]
         status = resident.supervisor.status()
         if status.pid is not None and status.state.value == "ready":
             os.kill(status.pid, signal.SIGKILL)
+            return True
+        return False
+
+    @rule(model=MODELS)
+    def request_through_a_crash(self, model: str) -> None:
+        """Its llama-server dies before it answers (killed as the request reaches it): the request is sent again
+        once the model is back and answered once, or gets why, in the API's shape; never answered twice."""
+
+        async def go() -> None:
+            attempts: list[LoadedModel] = []
+
+            async def answer(loaded: LoadedModel, lease: Lease) -> Response:
+                attempts.append(loaded)
+                if len(attempts) == 1 and self._kill(loaded.name):
+                    died = await lease.died(within=STEP_TIMEOUT)
+                    assert died, "the death of a killed llama-server went unseen"
+                    raise UpstreamDiedError(f"llama-server died before it answered: {died}")
+                await lease()  # an answer lets its lease go when it is sent (the relay's on_close)
+                return Response(b"answered")
+
+            try:
+                answered = await answer_surviving(self.manager, model, answer)
+            except Exception as exc:
+                self._failed_as_the_api_answers(exc, f"request to {model} through a crash")
+                return
+            assert answered.body == b"answered" and 1 <= len(attempts) <= 2, attempts
+            if len(attempts) == 2:
+                assert attempts[0] is not attempts[1], "sent again to the llama-server that died"
+
+        self._run(go())
 
     @rule(model=MODELS)
     def ttl_expires(self, model: str) -> None:
