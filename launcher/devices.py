@@ -198,8 +198,8 @@ def _unreachable_warning(source: Source, backend: str, count: int, built: str | 
     """Say which GPUs are left out and the fix: another build, or the driver when the build is right."""
     wanted = backend.lower()  # ggml's "CUDA" / "ROCm" are the pin's "cuda" / "rocm" backends
     rebuild = (
-        f"to use them, run `ggstudio build-llama --backend {wanted}` and set LLAMA_SERVER_PATH to the "
-        "llama-server it prints"
+        f"to use them, run `ggstudio build-llama --backend {wanted}`: the studio then runs that build "
+        "(unless LLAMA_SERVER_PATH names another)"
     )
     if built == wanted:
         has, fix = (

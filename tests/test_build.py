@@ -5,16 +5,19 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
+from launcher.backends import Machine, choose_backend, detect_machine
 from launcher.build import BuildResult, built_backend, ensure_built, load_pin, verify_sha256
 from launcher.errors import BuildError, ChecksumError, DownloadError, ToolMissingError
 
 VENV_BIN = Path(sys.executable).parent
+FIXTURES = Path(__file__).parent / "fixtures"
 
 
 def test_pin_names_build_11434_and_a_sha256():
@@ -176,3 +179,200 @@ def test_a_changed_recipe_rebuilds(fake_toolchain):
     ensure_built(home)
     assert ensure_built(home, extra_cmake_args=("-DGGML_NATIVE=OFF",)).built_now is True
     assert "-DGGML_NATIVE=OFF" in log.read_text().splitlines()[-2]
+
+
+# --- the backend a machine gets (launcher.backends) ------------------------------------------------------------
+
+NVCC = "/usr/local/cuda/bin/nvcc"
+VULKAN_TOOLS = {"vulkan_headers": True, "glslc": True}
+
+
+@pytest.mark.parametrize(
+    ("machine", "backend", "run_order", "install"),
+    [
+        (Machine(), "cpu", ("cpu",), None),
+        (Machine(nvidia_gpus=1, nvcc=NVCC), "cuda", ("cuda", "vulkan", "cpu"), None),
+        # the driver brings Vulkan, the toolkit is missing: Vulkan meanwhile, and what to install for CUDA
+        (
+            Machine(nvidia_gpus=1, vulkan_gpus=1, **VULKAN_TOOLS),
+            "vulkan",
+            ("cuda", "vulkan", "cpu"),
+            "`sudo apt-get install nvidia-cuda-toolkit` for the faster CUDA build",
+        ),
+        (
+            Machine(nvidia_gpus=2, vulkan_gpus=2),
+            "cpu",
+            ("cuda", "vulkan", "cpu"),
+            "`sudo apt-get install nvidia-cuda-toolkit` for the CUDA build (or `sudo apt-get install libvulkan-dev "
+            "glslc` for the Vulkan build)",
+        ),
+        (Machine(nvidia_gpus=1), "cpu", ("cuda", "vulkan", "cpu"), "nvidia-cuda-toolkit` for the CUDA build, then"),
+        (Machine(amd_gpus=1, hip_compiler="/opt/rocm/llvm/bin/clang"), "rocm", ("rocm", "vulkan", "cpu"), None),
+        (Machine(amd_gpus=1, family="fedora"), "cpu", ("rocm", "vulkan", "cpu"), "dnf install rocm-hip-devel"),
+        (Machine(vulkan_gpus=1, **VULKAN_TOOLS), "vulkan", ("vulkan", "cpu"), None),
+        (Machine(vulkan_gpus=1, glslc=True), "cpu", ("vulkan", "cpu"), "`sudo apt-get install libvulkan-dev glslc`"),
+        (Machine(vulkan_gpus=1, family="arch"), "cpu", ("vulkan", "cpu"), "pacman -S vulkan-headers"),
+        (Machine(apple_silicon=True), "metal", ("metal", "cpu"), None),
+        # a toolkit without a GPU (this project's CI machines have nvcc): nothing to run it on
+        (Machine(nvcc=NVCC, vulkan_headers=True, glslc=True), "cpu", ("cpu",), None),
+    ],
+    ids=[
+        "none",
+        "nvidia+cuda",
+        "nvidia+vulkan-no-cuda",
+        "nvidia-no-toolkits",
+        "nvidia-no-vulkan-driver",
+        "amd+hip",
+        "amd-no-hip-fedora",
+        "vulkan",
+        "vulkan-no-headers",
+        "vulkan-no-tools-arch",
+        "apple",
+        "toolkit-no-gpu",
+    ],
+)
+def test_each_machine_gets_its_backend(machine, backend, run_order, install):
+    choice = choose_backend(machine)
+    assert (choice.backend, choice.run_order) == (backend, run_order)
+    if install is None:
+        assert choice.install is None
+    else:
+        assert install in choice.install and "\n" not in choice.install
+    assert choice.run_order[-1] == "cpu" and choice.backend in choice.run_order
+
+
+def test_a_cuda_choice_names_nvcc_for_cmake():
+    choice = choose_backend(Machine(nvidia_gpus=2, nvcc=NVCC))
+    assert choice.cmake_args == (f"-DCMAKE_CUDA_COMPILER={NVCC}",)
+    assert choice.why == f"nvidia-smi lists 2 NVIDIA GPUs and nvcc is at {NVCC}"
+
+
+def fake_tool(folder: Path, name: str, body: str) -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / name
+    path.write_text(f"#!/bin/sh\n{body}\n")
+    path.chmod(0o755)
+    return path
+
+
+VULKANINFO_GPU = """/bin/cat <<'EOF'
+Devices:
+========
+GPU0:
+\tapiVersion         = 1.3.277
+\tdeviceType         = PHYSICAL_DEVICE_TYPE_DISCRETE_GPU
+\tdeviceName         = NVIDIA GeForce RTX 4090
+GPU1:
+\tdeviceType         = PHYSICAL_DEVICE_TYPE_CPU
+\tdeviceName         = llvmpipe (LLVM 15.0.7, 256 bits)
+EOF"""
+
+
+@pytest.fixture
+def fake_machine(tmp_path):
+    """A folder of stand-in vendor tools and toolkits, and an empty filesystem root; tests pick what is on PATH."""
+    tools = tmp_path / "gpu-tools"
+    tools.mkdir()
+    shutil.copy2(FIXTURES / "gpu-tools" / "nvidia-smi", tools / "nvidia-smi")
+    shutil.copy2(FIXTURES / "gpu-tools" / "rocm-smi", tools / "rocm-smi")
+    return tools, tmp_path / "root"
+
+
+def test_detect_finds_nothing_on_a_bare_machine(fake_machine):
+    _, root = fake_machine
+    assert detect_machine({"PATH": str(root / "bin")}, root=root, system="Linux", arch="x86_64") == Machine()
+
+
+def test_detect_an_nvidia_machine_with_its_toolkit(fake_machine):
+    tools, root = fake_machine
+    nvcc = fake_tool(root / "usr" / "local" / "cuda" / "bin", "nvcc", "echo 'Cuda compilation tools, release 12.4'")
+    env = {"PATH": str(tools / "nvidia-only"), "FAKE_NVIDIA_SMI": "two"}
+    (tools / "nvidia-only").mkdir()
+    (tools / "nvidia-only" / "nvidia-smi").symlink_to(tools / "nvidia-smi")
+    found = detect_machine(env, root=root, system="Linux", arch="x86_64")
+    assert (found.nvidia_gpus, found.nvcc, found.amd_gpus) == (2, str(nvcc), 0)
+    # a mask that hides every GPU leaves nothing to build CUDA for
+    hidden = detect_machine({**env, "CUDA_VISIBLE_DEVICES": ""}, root=root, system="Linux", arch="x86_64")
+    assert hidden.nvidia_gpus == 0 and choose_backend(hidden).backend == "cpu"
+
+
+def test_detect_vulkan_leaves_software_devices_out(fake_machine, tmp_path):
+    tools, root = fake_machine
+    vulkan = tmp_path / "vulkan-tools"
+    fake_tool(vulkan, "vulkaninfo", VULKANINFO_GPU)
+    fake_tool(vulkan, "glslc", "exit 0")
+    sdk = tmp_path / "sdk"
+    (sdk / "include" / "vulkan").mkdir(parents=True)
+    (sdk / "include" / "vulkan" / "vulkan.h").write_text("")
+    found = detect_machine({"PATH": str(vulkan), "VULKAN_SDK": str(sdk)}, root=root, system="Linux", arch="x86_64")
+    assert (found.vulkan_gpus, found.vulkan_headers, found.glslc) == (1, True, True)
+    assert choose_backend(found).backend == "vulkan"
+
+
+def test_detect_render_nodes_count_only_with_a_gpu_vulkan_driver(fake_machine):
+    _, root = fake_machine
+    (root / "dev" / "dri").mkdir(parents=True)
+    (root / "dev" / "dri" / "renderD128").touch()
+    icds = root / "usr" / "share" / "vulkan" / "icd.d"
+    icds.mkdir(parents=True)
+    (icds / "lvp_icd.x86_64.json").write_text("{}")  # lavapipe: Vulkan on the CPU
+    env = {"PATH": str(root / "bin")}
+    assert detect_machine(env, root=root, system="Linux", arch="x86_64").vulkan_gpus == 0
+    (icds / "radeon_icd.x86_64.json").write_text("{}")
+    assert detect_machine(env, root=root, system="Linux", arch="x86_64").vulkan_gpus == 1
+
+
+def test_detect_amd_by_kfd_and_the_distributions_names(fake_machine):
+    _, root = fake_machine
+    (root / "dev").mkdir(parents=True)
+    (root / "dev" / "kfd").touch()
+    (root / "etc").mkdir()
+    (root / "etc" / "os-release").write_text('NAME="Fedora Linux"\nID=fedora\n')
+    found = detect_machine({"PATH": str(root / "bin")}, root=root, system="Linux", arch="x86_64")
+    assert (found.amd_gpus, found.hip_compiler, found.family) == (1, None, "fedora")
+    assert "sudo dnf install rocm-hip-devel" in choose_backend(found).install
+
+
+def test_detect_apple_silicon_runs_no_tool(tmp_path):
+    assert detect_machine({"PATH": str(tmp_path)}, root=tmp_path, system="Darwin", arch="arm64").apple_silicon
+
+
+def cli_build(home: Path, path: str, log: Path, **env: str) -> subprocess.CompletedProcess[str]:
+    """``ggstudio build-llama`` with the fake cmake and compilers, and ``path``'s fake GPU tools."""
+    clean = {k: v for k, v in os.environ.items() if not k.startswith(("FAKE_", "CUDA", "VULKAN", "LLAMA_SERVER"))}
+    full = {**clean, "GGUF_STUDIO_HOME": str(home), "FAKE_CMAKE_LOG": str(log), "PATH": path, **env}
+    return subprocess.run([str(VENV_BIN / "ggstudio"), "build-llama"], capture_output=True, text=True, env=full)
+
+
+def test_build_llama_on_an_nvidia_machine_configures_cuda_with_its_nvcc(fake_toolchain, fake_machine):
+    home, log = fake_toolchain
+    tools, _ = fake_machine
+    nvcc = fake_tool(tools, "nvcc", "echo 'Cuda compilation tools, release 12.4'")
+    out = cli_build(home, f"{tools}:{os.environ['PATH']}", log, FAKE_NVIDIA_SMI="one", FAKE_ROCM_SMI="fail")
+    assert out.returncode == 0, out.stderr
+    assert f"build-llama: the cuda build: nvidia-smi lists 1 NVIDIA GPU and nvcc is at {nvcc}" in out.stderr
+    configure = log.read_text().splitlines()[0].split()
+    assert configure[configure.index("-B") + 1].endswith("/llama.cpp/b11434-cuda/build")
+    assert "-DGGML_CUDA=ON" in configure and f"-DCMAKE_CUDA_COMPILER={nvcc}" in configure
+    assert "-DGGML_VULKAN=ON" not in configure
+    assert out.stdout.strip().endswith("/llama.cpp/b11434-cuda/bin/llama-server")
+
+
+def test_build_llama_without_rocm_says_what_to_install_and_builds_cpu(fake_toolchain, fake_machine):
+    # (an NVIDIA machine without nvcc is the table's: this machine has a CUDA toolkit in /usr/local/cuda)
+    home, log = fake_toolchain
+    tools, _ = fake_machine
+    amd = tools / "amd-only"
+    amd.mkdir()
+    (amd / "rocm-smi").symlink_to(tools / "rocm-smi")
+    out = cli_build(home, f"{amd}:{os.environ['PATH']}", log, FAKE_ROCM_SMI="two")
+    assert out.returncode == 0, out.stderr
+    assert "build-llama: the cpu build: 2 AMD GPUs, but ROCm/HIP (hipcc) is missing" in out.stderr
+    hint = [line for line in out.stderr.splitlines() if "install" in line]
+    assert hint == [
+        "build-llama: 2 AMD GPUs: `sudo apt-get install hipcc libhipblas-dev librocblas-dev` for the ROCm build, "
+        "then `ggstudio build-llama`; the CPU build runs meanwhile"
+    ]
+    configure = log.read_text().splitlines()[0].split()
+    assert configure[configure.index("-B") + 1].endswith("/llama.cpp/b11434-cpu/build")
+    assert not any(a.startswith(("-DGGML_HIP", "-DCMAKE_HIP")) for a in configure)

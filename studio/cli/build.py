@@ -17,6 +17,7 @@ from studio.cli.common import (
     chosen_rpc_workers,
     discovered_studio,
     find_binary,
+    find_build,
     studio_settings,
 )
 
@@ -45,22 +46,37 @@ def _progress_printer() -> "ProgressFn":
 
 @app.command("build-llama")
 def build_llama(
-    backend: Annotated[str, typer.Option(help="cpu, cuda, rocm, vulkan or metal.")] = "cpu",
+    backend: Annotated[
+        str | None,
+        typer.Option(help="cpu, cuda, rocm, vulkan or metal (default: what this machine's GPUs and toolkits allow)."),
+    ] = None,
     jobs: Annotated[int | None, typer.Option(help="Parallel compile jobs (default: all cores).")] = None,
     force: Annotated[bool, typer.Option(help="Rebuild even if a finished build is cached.")] = False,
 ) -> None:
     """Build the pinned llama-server into the studio home.
 
-    A no-op when a finished build is cached. Extra CMake arguments can be passed through the CMAKE_ARGS
-    environment variable.
+    A no-op when a finished build is cached. With no --backend, the machine decides: an NVIDIA GPU with the CUDA toolkit gets CUDA, an AMD one with
+    ROCm/HIP gets ROCm, Apple silicon Metal, another GPU with a Vulkan driver Vulkan, anything else the CPU; a
+    GPU whose toolkit is missing gets one line saying what to install. The studio then runs that build.
+    Extra CMake arguments can be passed through the CMAKE_ARGS environment variable.
     """
+    from launcher.backends import choose_backend, detect_machine
     from launcher.build import ensure_built
 
     settings = studio_settings()
+    extra = tuple(shlex.split(settings.cmake_args))
+    choice = choose_backend(detect_machine())
+    if backend is None:
+        backend = choice.backend
+        typer.echo(f"build-llama: the {backend} build: {choice.why}", err=True)
+        if choice.install:
+            typer.echo(f"build-llama: {choice.install}", err=True)
+    if backend == choice.backend:  # the toolkit found here (nvcc's path...), which CMake might not find alone
+        extra = (*choice.cmake_args, *extra)
     result = ensure_built(
         settings.home,
         backend=backend,
-        extra_cmake_args=tuple(shlex.split(settings.cmake_args)),
+        extra_cmake_args=extra,
         jobs=jobs,
         force=force,
         progress=_progress_printer(),
@@ -85,11 +101,12 @@ def doctor(
     from studio.views.plan import doctor_json, render_doctor
 
     settings = studio_settings()
-    found = find_binary(settings)
+    found, build = find_build(settings)
     workers = RpcWorkers(chosen_rpc_workers(rpc, settings))
     info = doctor_json(
         found, probe(found.path, cache_dir=settings.home / "cache"), discover(llama_server=found.path, workers=workers)
     )
+    info["backend"] = build
     info["checks"] = _doctor_checks(info, settings)
     from studio.logs import log_file
 
@@ -120,6 +137,13 @@ def _doctor_checks(info: dict[str, Any], settings: "Settings") -> list[dict[str,
 
     source = info["binary"]["source"]
     check("llama-server", True, f"{info['binary']['path']} ({source})")
+    backend = info["backend"]
+    check(
+        "backend",
+        backend["install"] is None,
+        f"{backend['backend'] or 'not built by the studio'}: {backend['why']}",
+        backend["install"],
+    )
     build = info["build"]
     check(
         "version",

@@ -119,11 +119,25 @@ def as_json(value: Any) -> str:
 
 def find_binary(settings: "Settings") -> "Discovered":
     """The llama-server to use (``launcher.discovery.find_llama_server``: LLAMA_SERVER_PATH, else a search)."""
+    return find_build(settings)[0]
+
+
+def find_build(settings: "Settings") -> tuple["Discovered", dict[str, Any]]:
+    """The llama-server to use, and which build it is and why (``launcher.backends.running_build``).
+
+    Of the pinned builds, the one whose backend reaches this machine's GPUs runs (``launcher.backends``).
+    """
+    from launcher.backends import choose_backend, detect_machine, running_build
     from launcher.discovery import find_llama_server
 
-    return find_llama_server(
-        home=settings.home, explicit=settings.llama_server_path, llama_cpp_dir=settings.llama_cpp_dir
+    choice = choose_backend(detect_machine())
+    found = find_llama_server(
+        home=settings.home,
+        explicit=settings.llama_server_path,
+        llama_cpp_dir=settings.llama_cpp_dir,
+        backends=choice.run_order,
     )
+    return found, running_build(found, choice)
 
 
 def catalog_of(settings: "Settings") -> "Catalog":
@@ -188,7 +202,7 @@ def model_manager(
     from studio.residency.manager import ModelManager, supervisor_factory
     from studio.residency.slot_cache import SlotCache
 
-    found = find_binary(settings)
+    found, build = find_build(settings)
     registry = ChildRegistry(settings.home / "run", owner_token())
     if reap_orphans:
         registry.reap_orphans()
@@ -196,6 +210,7 @@ def model_manager(
     manager = ModelManager(
         catalog=catalog_of(settings),
         binary=found.path,
+        build=build,
         make_supervisor=supervisor_factory(settings.logs_dir / "llama-server", registry),
         model_defaults=builtin_model_defaults(settings.model_defaults),
         residency=settings.residency,

@@ -45,6 +45,7 @@ def rpc_worker(
 
         ggstudio rpc-worker --host 192.168.1.20 --allow-remote
     """
+    from launcher.backends import choose_backend, detect_machine
     from launcher.devices import usable_cores
     from launcher.discovery import find_rpc_server
     from launcher.registry import ChildRegistry
@@ -66,6 +67,7 @@ def rpc_worker(
         explicit=settings.rpc_server_path,
         llama_server=settings.llama_server_path,
         llama_cpp_dir=settings.llama_cpp_dir,
+        backends=choose_backend(detect_machine()).run_order,
     )
     registry = ChildRegistry(settings.home / "run", owner_token())
     registry.reap_orphans()

@@ -157,6 +157,7 @@ class ModelManager:
         catalog: Catalog,
         binary: Path,
         caps: Capabilities,
+        build: Mapping[str, Any] | None = None,
         make_supervisor: SupervisorFactory,
         discover_devices: Callable[[], Inventory] | None = None,
         files_root: Path | None = None,
@@ -173,6 +174,8 @@ class ModelManager:
     ) -> None:
         self.catalog = catalog
         self.binary = binary
+        #: which build runs and why (``launcher.backends.running_build``); None: only the binary is known
+        self.build = dict(build) if build is not None else None
         self.caps = caps
         self.make_supervisor = make_supervisor
         self.discover_devices = discover_devices or (lambda: discover(llama_server=binary))

@@ -280,6 +280,11 @@ def render_doctor(info: dict[str, Any]) -> str:
     lines = [
         f"binary     {info['binary']['path']}",
         f"found via  {info['binary']['source']}",
+        *(
+            [f"backend    {info['backend']['backend'] or 'unknown'}: {info['backend']['why']}"]
+            if "backend" in info
+            else []
+        ),
         f"version    {info['version'] or 'unknown'}{build}",
         f"flags      {c['flag_count']} ({c['removed_flag_count']} removed stubs)",
         f"has        {' '.join(have) or '-'}",

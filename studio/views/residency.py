@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from launcher.build import built_backend
 from launcher.memory import MemoryBill
 from launcher.sampling import in_force
 from studio.chat.media import plan_capabilities
@@ -29,6 +30,9 @@ def status_json(manager: ModelManager) -> dict[str, Any]:
         **top,
         "models": models,
         "waiting": manager.waiting,
+        # which llama-server build runs and why (``launcher.backends.running_build``)
+        "build": manager.build
+        or {"backend": built_backend(manager.binary), "path": str(manager.binary), "why": None, "install": None},
         "memory_budget": None
         if budget is None
         else {
