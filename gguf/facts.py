@@ -133,6 +133,8 @@ class ModelFacts:
     #: the authors' sampling defaults (``general.sampling.*``, numbers only), as (key after the prefix, value):
     #: llama-server applies these itself where its command line sets none
     sampling: tuple[tuple[str, float], ...] = ()
+    #: BPE merge rules (``tokenizer.ggml.merges``): llama-server keeps each in a map, a host-memory cost per rule
+    merge_count: int = 0
     # no output.weight: the logits reuse token_embd.weight, which llama.cpp loads again on the output layer's
     # device when that is not the CPU (llama-model-loader.cpp TENSOR_DUPLICATED; an encoder with no output layer
     # at all is counted as tied too, erring on the safe side)

@@ -119,6 +119,8 @@ def _model_facts(model: ParsedModel, hf_config: Mapping[str, Any] | None) -> Mod
     else:
         vocab_size = len(tokens) if tokens is not None else meta.u32("vocab_size", 0) or 0
     bos, eos = _special_ids(meta, tokenizer_model, vocab_size)
+    merges = md.get("tokenizer.ggml.merges")
+    merge_count = len(merges) if isinstance(merges, (list, LazyArray)) else 0
     chat_template = meta.raw_str("tokenizer.chat_template")
 
     # -- file type and weights ------------------------------------------------
@@ -203,6 +205,7 @@ def _model_facts(model: ParsedModel, hf_config: Mapping[str, Any] | None) -> Mod
         moe_layers=tensor_layout.moe_layers(tensors, hp.n_layer_all),
         dense_ffn_widths=tensor_layout.dense_ffn_widths(tensors, n),
         ffn_ungated=tensor_layout.ffn_ungated(tensors),
+        merge_count=merge_count,
         sampling=_sampling(md),
         output_tied=tensor_layout.output_tied(tensors),
         fused_qkv=tensor_layout.fused_qkv(tensors, kv_layers),

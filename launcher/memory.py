@@ -74,24 +74,26 @@ _REPACKED_TYPES = frozenset({"Q4_0", "Q4_K", "IQ4_NL"})
 _DRAFT_CACHE_TYPE: CacheType = "f16"
 
 
-#: The llama-server process beyond its buffers, whatever the model: the binary and its libraries' mapped pages
-#: (12 MiB, file-backed) and a heap of about 9 MiB (threads' stacks, the HTTP server, a slot, the template engine).
-PROCESS_BASE = 22 * MIB
+#: The llama-server process beyond its buffers, whatever the model: the binary and its libraries' mapped pages,
+#: threads' stacks, the HTTP server, the slots, the graph's metadata (13.3 MiB measured on the zoo's models).
+PROCESS_BASE = 53 * MIB // 4  # 13.25 MiB
 #: Heap per vocabulary entry: the tokenizer's tables (token text, scores, the piece cache, the text-to-id map)
 #: and the sampler's per-token candidates.
-PROCESS_PER_VOCAB = 272
+PROCESS_PER_VOCAB = 260
+#: Heap per BPE merge rule (the vocabulary's ``bpe_ranks`` map of string pairs).
+PROCESS_PER_MERGE = 180
 
 
 def process_bytes(facts: ModelFacts) -> int:
     """The host memory a llama-server holds beyond what its log prints: the ``process`` line of the CPU bill.
 
-    Measured on the pinned CPU build (b11434) as ``VmRSS`` after one 1,600-token prompt, less the
-    weights, KV, compute and output buffers the log prints: 10 MiB on four zoo models of 128
-    tokens, 34 MiB on SmolLM2-135M (49,152 tokens), 76 MiB on Gemma 3 270M (262,144 tokens), at
-    ``-c 2048`` and ``-c 3000``; the rest of the RSS stays put over 12 prompts but for the prompt cache,
-    which has its own line. A GPU build's driver and libraries hold more, which is not measured.
+    Measured on the pinned CPU build (b11434) as the RSS after a prompt that fills a 1,000-token context (every
+    KV cell and the compute buffer touched), less the buffers the log prints (``scripts/memory_accuracy.py``'s
+    process check): 13.3 MiB on the zoo's models (median; 128 tokens, no merges), 33.9 MiB on SmolLM2-135M
+    (49,152 tokens, 48,900 merges), 78.4 MiB on Gemma 3 270M (262,144 tokens, no merges). The prompt cache
+    has its own line. A GPU build's driver and libraries hold more, which is not measured.
     """
-    return PROCESS_BASE + PROCESS_PER_VOCAB * facts.vocab_size
+    return PROCESS_BASE + PROCESS_PER_VOCAB * facts.vocab_size + PROCESS_PER_MERGE * facts.merge_count
 
 
 def layer_devices(facts: ModelFacts, options: MemoryOptions) -> tuple[tuple[str, ...], str]:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import subprocess
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from launcher import platform
@@ -28,14 +28,17 @@ def load_report(
     until: Sequence[str] = (LISTENING,),
     timeout: float = 60.0,
     attempts: int = 3,
+    then: Callable[[int, int], None] | None = None,
 ) -> tuple[str, int | None]:
     """Return (llama-server's output up to the first ``until`` line or its exit, its exit code if it exited).
 
-    A port another process grabbed between choosing and binding it is retried.
+    ``then`` is called with the server's pid and port once an ``until`` line is read, before the server stops
+    (to send it a request, to read its memory); the log then goes on to what the server printed meanwhile. A
+    port another process grabbed between choosing and binding it is retried.
     """
     log, code = "", None
     for _ in range(attempts):
-        log, code = _once(binary, model, args, until, timeout)
+        log, code = _once(binary, model, args, until, timeout, then)
         if "couldn't bind" not in log:
             break
     return log, code
@@ -47,7 +50,9 @@ def _once(
     args: Sequence[str],
     until: Sequence[str],
     timeout: float,
+    then: Callable[[int, int], None] | None,
 ) -> tuple[str, int | None]:
+    port = free_port()
     argv = [
         str(binary),
         "-m",
@@ -55,7 +60,7 @@ def _once(
         "--host",
         "127.0.0.1",
         "--port",
-        str(free_port()),
+        str(port),
         "-fit",
         "off",
         "--no-warmup",
@@ -76,6 +81,7 @@ def _once(
     timer.start()
     lines: list[str] = []
     reached = False
+    drain: threading.Thread | None = None
     try:
         assert proc.stdout is not None
         for line in proc.stdout:
@@ -83,8 +89,15 @@ def _once(
             if any(marker in line for marker in until):
                 reached = True
                 break
+        if reached and then is not None:
+            # -lv 4 logs every request: keep reading, or a full pipe stops the server mid-request
+            drain = threading.Thread(target=lines.extend, args=(proc.stdout,), daemon=True)
+            drain.start()
+            then(proc.pid, port)
     finally:
         timer.cancel()
         platform.kill_group(proc.pid)
+        if drain is not None:
+            drain.join()
         proc.communicate()
     return "".join(lines), None if reached else proc.returncode
