@@ -55,10 +55,11 @@ def build_llama(
 ) -> None:
     """Build the pinned llama-server into the studio home.
 
-    A no-op when a finished build is cached. With no --backend, the machine decides: an NVIDIA GPU with the CUDA toolkit gets CUDA, an AMD one with
-    ROCm/HIP gets ROCm, Apple silicon Metal, another GPU with a Vulkan driver Vulkan, anything else the CPU; a
-    GPU whose toolkit is missing gets one line saying what to install. The studio then runs that build.
-    Extra CMake arguments can be passed through the CMAKE_ARGS environment variable.
+    A no-op when a finished build is cached. With no --backend, the machine decides: an NVIDIA GPU with
+    the CUDA toolkit gets CUDA, an AMD one with ROCm/HIP gets ROCm, Apple silicon Metal, another GPU with a
+    Vulkan driver Vulkan, anything else the CPU; a GPU whose toolkit is missing gets one line saying what
+    to install. The studio then runs that build. Extra CMake arguments can be passed through the
+    CMAKE_ARGS environment variable.
     """
     from launcher.backends import choose_backend, detect_machine
     from launcher.build import ensure_built
