@@ -23,7 +23,7 @@ import pytest
 from launcher.diagnosis import exit_by_signal
 from tests.helpers import wait_for
 from tests.test_answer_limits import serving
-from tests.test_cli import SMOL, llama_servers, tagged_env
+from tests.test_cli import SMOL, cli, llama_servers, tagged_env
 
 pytestmark = [pytest.mark.slow, pytest.mark.shared_processes]
 
@@ -130,6 +130,8 @@ def test_a_stream_killed_mid_answer_ends_with_the_dialects_error_naming_the_sign
     assert errors, lines[-3:]
     assert "killed by SIGKILL" in errors[-1]["error"]["message"], errors[-1]
     _ready(url)  # and it is restarted for the next one
+    shown = cli("ps", "--url", url, env=env)
+    assert f"{SMOL}: restarted 1x; last: llama-server stopped unexpectedly: it was killed by SIGKILL" in shown.stdout
 
 
 def test_a_request_waiting_for_a_load_that_is_killed_gets_its_answer_from_the_next(studio):

@@ -65,6 +65,8 @@ def _status_text(status: dict[str, Any]) -> str:
             )
         if m.get("error"):
             notes.append(f"{m['model']}: error: {m['error']}")
+        elif m.get("last_exit"):
+            notes.append(f"{m['model']}: restarted {m.get('restarts', 0)}x; last: {m['last_exit']}")
     widths = {k: max(len(k), *(len(r[k]) for r in rows)) for k in rows[0]}
     lines = ["  ".join(k.ljust(widths[k]) for k in rows[0]).rstrip()]
     lines += ["  ".join(v.ljust(widths[k]) for k, v in r.items()).rstrip() for r in rows]

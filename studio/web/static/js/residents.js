@@ -132,8 +132,10 @@ class Card {
     this.showProgress(m);
     if (m.memory) this.showMemory(m.memory);
     if (m.in_flight !== undefined) this.life.textContent = life(m);
-    this.problem.hidden = !m.error;
-    this.problem.textContent = m.error ? `It failed: ${m.error}` : "";
+    // a failure now, else the last death it was restarted after (killed by a signal, a crash)
+    const died = !m.error && m.last_exit ? `Restarted after: ${m.last_exit}` : "";
+    this.problem.hidden = !m.error && !died;
+    this.problem.textContent = m.error ? `It failed: ${m.error}` : died;
     if (m.pinned !== undefined) {
       this.pin.setAttribute("aria-pressed", String(Boolean(m.pinned)));
       this.pin.textContent = m.pinned ? "Pinned" : "Pin";
