@@ -368,7 +368,12 @@ class ManagerMachine(RuleBasedStateMachine):
             files = []
             for child in psutil.Process().children(recursive=True):
                 if (served := _served_file(child)) is not None:
-                    assert child.pid in pids, "a llama-server runs without its resident"
+                    assert child.pid in pids, (  # what it is and what each resident says, for the next one
+                        "a llama-server runs without its resident",
+                        child.pid,
+                        child.status(),
+                        [(r.name, r.state, r.supervisor.status().pid) for r in self.manager.residents],
+                    )
                     files.append(file_identity(served))
             assert len(files) == len(set(files)), "two llama-servers of one model file"
             return
