@@ -533,3 +533,15 @@ def test_ps_without_a_studio_is_one_line_and_exit_1():
     assert_one_error_line(out, 1, f"error: no GGUF Studio is running at http://127.0.0.1:{port}")
     out = cli("unload", env=tagged_env(GGUF_STUDIO_PORT=str(port)))
     assert_one_error_line(out, 1, f"error: no GGUF Studio is running at http://127.0.0.1:{port}")
+
+
+def test_plan_without_a_studio_honours_the_memory_budget(gemma_model, llama_server_bin):
+    """On b5a9904 ``GGUF_STUDIO_MEMORY_BUDGET=200MiB ggstudio plan gemma`` said it fits in 20 GiB: the plan
+    without a running studio skipped the budget a load applies. It plans as a load does now."""
+    env = tagged_env(GGUF_STUDIO_MEMORY_BUDGET="200MiB")
+    out = cli("plan", GEMMA, "--ctx", "1024", "--json", env=env)
+    assert out.returncode == 0, out.stderr
+    planned = json.loads(out.stdout)
+    assert planned["fits"] is False and any("over the budget" in w for w in planned["warnings"]), planned["warnings"]
+    roomy = json.loads(cli("plan", GEMMA, "--ctx", "1024", "--json", env=tagged_env()).stdout)
+    assert roomy["fits"] is True
