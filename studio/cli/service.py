@@ -17,10 +17,13 @@ from studio.cli.common import (
 )
 
 if TYPE_CHECKING:  # the service's modules load only in the commands that need them
+    from collections.abc import Callable, Sequence
     from typing import TextIO
 
     from studio.http.server import Listeners
     from studio.instance import HomeLock
+    from studio.residency.manager import ModelManager
+    from studio.residency.requests import LoadRequest
     from studio.settings import Settings
 
 
@@ -146,19 +149,15 @@ def _serve_holding(
     ready_json: bool,
     parent: int | None,
 ) -> None:
-    # The service's imports (FastAPI, uvicorn, httpx) stay here: other commands start fast without them.
+    """Start the first model, then build and run the service while it loads.
+
+    What a model's start needs (the catalog, the manager, its plan) is imported first; the web stack (FastAPI,
+    uvicorn, the app's routes: most of a start's imports) is imported and built in a thread while llama-server
+    loads (``_serve_while_loading``), so the first answer waits for the longer of the two, not their sum.
+    """
     from launcher.errors import PortInUseError
     from launcher.process import ensure_port_free
-    from studio import __version__
-    from studio.chat.toolbox import Toolbox
-    from studio.history.service import History
-    from studio.http.access import AccessPolicy
-    from studio.http.app import create_app
-    from studio.http.ollama_app import create_ollama_app, main_port_hint
-    from studio.http.server import Listeners, listening_socket
     from studio.library.default_model import ensure_default_model
-    from studio.library.hub_headers import header_cache
-    from studio.library.paths import PathPolicy
     from studio.residency.requests import LoadRequest
 
     ready_out = _claim_stdout() if ready_json else None
@@ -178,6 +177,8 @@ def _serve_holding(
     ollama_port = ollama_port or settings.ollama_port
     sockets = []
     if port == 0 or len(hosts) > 1:  # bound now, so the port is known before the service starts and nobody takes it
+        from studio.http.server import listening_socket
+
         for address in hosts:
             try:
                 sockets.append(listening_socket(address, port))
@@ -194,11 +195,6 @@ def _serve_holding(
         ensure_port_free(host, ollama_port)
     workers = chosen_rpc_workers(rpc, settings)
     token, generated = _api_token(settings, host, no_auth=no_auth)
-    access = AccessPolicy.create(
-        bind_host=host, allowed_hosts=settings.allowed_hosts, allowed_origins=settings.allowed_origins
-    )
-    # the model named here is the user's choice: API clients may reload it by its path too
-    paths = PathPolicy.for_catalog(catalog, home=settings.home, files=named, allow_any=settings.allow_any_path)
     manager, found = model_manager(settings, workers)
     url = f"http://{f'[{host}]' if ':' in host else host}:{port}"
     typer.echo(f"loading {', '.join(preload)} with llama-server ({found.source}: {found.path}) ...", err=True)
@@ -206,6 +202,8 @@ def _serve_holding(
     ollama_line = f", Ollama API: {url.rsplit(':', 1)[0]}:{ollama_port}" if ollama_port is not None else ""
 
     def announce() -> None:
+        from studio import __version__
+
         found = held.publish(client_url(host, port), token_required=token is not None, version=__version__)
         typer.echo(
             f"GGUF Studio at {url}/  (open it in a browser; OpenAI API: {url}/v1, Anthropic API: {url}, "
@@ -224,33 +222,84 @@ def _serve_holding(
                 "`x-api-key: <token>`; set GGUF_STUDIO_API_TOKEN to choose your own)"
             )
 
-    app = create_app(
-        manager,
-        preload=requests,
-        api_token=token,
-        access=access,
-        paths=paths,
-        toolbox=Toolbox(settings.tools, scratch_dir=settings.home / "scratch", logs_dir=settings.logs_dir),
-        max_body_bytes=settings.max_body_bytes,
-        downloads=manager.downloads,
-        history=History(settings.history_dir),
-        hub_headers=header_cache(settings.home),
-        not_found_hint=functools.partial(main_port_hint, ollama_port=ollama_port),
-    )
-    ollama_app = create_ollama_app(app, api_token=token, access=access) if ollama_port is not None else None
-    listeners = Listeners(
-        app, host=host, port=port, ollama_app=ollama_app, ollama_port=ollama_port, announce=announce, sockets=sockets
-    )
-    if parent is not None:
-        _stop_with_parent(listeners, parent)
+    def listeners() -> "Listeners":
+        """The service around ``manager``: imported and built while the first model loads."""
+        from studio.chat.toolbox import Toolbox
+        from studio.history.service import History
+        from studio.http.access import AccessPolicy
+        from studio.http.app import create_app
+        from studio.http.ollama_app import create_ollama_app, main_port_hint
+        from studio.http.server import Listeners
+        from studio.library.hub_headers import header_cache
+        from studio.library.paths import PathPolicy
+
+        access = AccessPolicy.create(
+            bind_host=host, allowed_hosts=settings.allowed_hosts, allowed_origins=settings.allowed_origins
+        )
+        # the model named here is the user's choice: API clients may reload it by its path too
+        paths = PathPolicy.for_catalog(catalog, home=settings.home, files=named, allow_any=settings.allow_any_path)
+        app = create_app(
+            manager,
+            api_token=token,
+            access=access,
+            paths=paths,
+            toolbox=Toolbox(settings.tools, scratch_dir=settings.home / "scratch", logs_dir=settings.logs_dir),
+            max_body_bytes=settings.max_body_bytes,
+            downloads=manager.downloads,
+            history=History(settings.history_dir),
+            hub_headers=header_cache(settings.home),
+            not_found_hint=functools.partial(main_port_hint, ollama_port=ollama_port),
+        )
+        ollama_app = create_ollama_app(app, api_token=token, access=access) if ollama_port is not None else None
+        return Listeners(
+            app,
+            host=host,
+            port=port,
+            ollama_app=ollama_app,
+            ollama_port=ollama_port,
+            announce=announce,
+            sockets=sockets,
+        )
+
     try:
-        listeners.run()
+        _serve_while_loading(manager, requests, listeners, parent)
     except KeyboardInterrupt:  # uvicorn re-raises Ctrl-C after a clean shutdown: that is a normal stop
         pass
     finally:
         manager.close_now()  # the app's shutdown did it, unless uvicorn never started
         for sock in sockets:
             sock.close()
+
+
+def _serve_while_loading(
+    manager: "ModelManager",
+    requests: "Sequence[LoadRequest]",
+    build: "Callable[[], Listeners]",
+    parent: int | None,
+) -> None:
+    """Run the service on one event loop in this (the main) thread: begin ``requests``' loads on it, then
+    ``build`` the listeners in a thread while llama-server loads, then serve.
+
+    The manager owns the loads from the start, as it does every other: the app's shutdown (or
+    ``close_now``) stops them. The loop is uvicorn's ``auto`` one: uvloop where it is installed.
+    """
+    import asyncio
+
+    async def serve() -> None:
+        manager.start_preload(requests)  # llama-server starts now, not once uvicorn is imported and started
+        listeners = await asyncio.to_thread(build)
+        if parent is not None:
+            _stop_with_parent(listeners, parent)
+        await listeners.serve()
+
+    try:
+        import uvloop
+
+        new_loop: Callable[[], asyncio.AbstractEventLoop] | None = uvloop.new_event_loop
+    except ImportError:  # no uvloop (Windows): asyncio's own loop
+        new_loop = None
+    with asyncio.Runner(loop_factory=new_loop) as runner:
+        runner.run(serve())
 
 
 def listen_hosts(text: str) -> list[str]:

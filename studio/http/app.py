@@ -99,7 +99,7 @@ def create_app(
         app.state.downloads = downloads or manager.downloads or DownloadManager()
         app.state.toolbox = tools = toolbox or Toolbox.empty()
         app.state.tools_started = asyncio.create_task(tools.start())
-        preloading = asyncio.create_task(manager.preload(preload)) if preload else None
+        manager.start_preload(preload)  # none from ``serve``: it began its own before building this app
         if history is not None:
             history.start()
         try:
@@ -108,11 +108,8 @@ def create_app(
             try:
                 if history is not None:
                     await asyncio.to_thread(history.close)  # the answers' last saves are written first
-                # A preload still running would otherwise start its model again after the manager stopped it.
-                for task in (preloading, app.state.tools_started):
-                    if task is not None:
-                        task.cancel()
-                        await asyncio.gather(task, return_exceptions=True)
+                app.state.tools_started.cancel()
+                await asyncio.gather(app.state.tools_started, return_exceptions=True)
                 await tools.aclose()
                 await manager.aclose()
             finally:

@@ -187,6 +187,11 @@ class Listeners:
         """Serve until Ctrl-C or SIGTERM (from the main thread), or until ``stop``."""
         self._main.run(sockets=self._sockets or None)
 
+    async def serve(self) -> None:
+        """``run`` on a loop already running (in the main thread, for the signals): ``serve`` starts a model on it
+        first, while this is built."""
+        await self._main.serve(sockets=self._sockets or None)
+
     def stop(self, *, force: bool = False) -> None:
         """Ask every listener to finish its requests and stop (``force``: without waiting for open connections);
         ``run`` then returns. Safe from any thread."""

@@ -196,6 +196,7 @@ class ModelManager:
         self._loads: dict[Key, Load] = {}  # the one load in progress per instance (``LoadSettings.key``)
         self._closing = False
         self._coming_default: str | None = None  # the first preload, until it is resident
+        self._preloading: asyncio.Task[None] | None = None  # ``start_preload``'s, until ``aclose`` ends it
         self._placement = asyncio.Lock()
         self._changed = asyncio.Event()  # set whenever a resident model goes idle, changes state or goes
         self._waiting = 0
@@ -355,6 +356,14 @@ class ModelManager:
                     self._coming_default = None
         finally:
             self._coming_default = None
+
+    def start_preload(self, requests: Sequence[LoadRequest]) -> None:
+        """Begin ``preload`` in the background, on the running loop; ``aclose`` cancels what is left of it first.
+
+        ``serve`` calls it before the web stack is even imported, so that llama-server loads while that happens.
+        """
+        if requests:
+            self._preloading = asyncio.create_task(self.preload(requests))
 
     async def _queued(self, work: Callable[[], Any]) -> Any:
         if self._waiting >= self.max_waiting:
@@ -1027,7 +1036,13 @@ class ModelManager:
         return found
 
     async def aclose(self) -> None:
-        """Cancel the loads in progress, then unload every model now (at shutdown no request waits)."""
+        """Cancel the preload and the loads in progress, then unload every model now (at shutdown no request waits).
+
+        The preload first: still running, it would start its next model again after this stopped the last one.
+        """
+        if self._preloading is not None:
+            self._preloading.cancel()
+            await asyncio.gather(self._preloading, return_exceptions=True)
         self._closing = True
         await self._cancel(list(self._loads.values()), "the studio is shutting down while {} was loading")
         for r in self._residents.values():
