@@ -19,14 +19,15 @@ from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
-import httpx
-
 from launcher import platform
 from launcher.diagnosis import Diagnosis, diagnose, exit_by_signal
 from launcher.errors import LoadError, PortInUseError, StartAbortedError, StartTimeoutError
 
 #: Lines of output kept in memory and attached to errors.
 TAIL_LINES = 300
+#: Seconds between two ``/health`` asks while llama-server loads: the time a ready server waits to be seen, half of
+#: it on average (it was 50 ms, on the path of every first answer).
+READY_POLL = 0.01
 
 
 def ensure_port_free(host: str, port: int) -> None:
@@ -196,19 +197,12 @@ class LlamaServer(ChildProcess):
         """Base URL of the server, e.g. ``http://127.0.0.1:8081``."""
         return f"http://{self.host}:{self.port}"
 
-    def health(self, client: httpx.Client) -> int:
-        """Return the HTTP status of ``/health``, or 0 when nothing answers."""
-        headers = {"Authorization": f"Bearer {self.api_key}"} if self.api_key else None
-        try:
-            return client.get(f"{self.url}/health", headers=headers).status_code
-        except httpx.TransportError:
-            return 0
-
     def probe_health(self, timeout: float) -> int:
         """Return the HTTP status of ``/health`` over a plain socket, or 0 when nothing answers in time.
 
-        The watchdog asks every few seconds for as long as a model is resident: a raw request
-        costs tens of microseconds, an ``httpx`` client (pool, TLS context) about a millisecond.
+        The watchdog asks every few seconds for as long as a model is resident, and ``wait_ready`` every
+        ``READY_POLL`` s while it loads: a raw request costs tens of microseconds, an ``httpx`` client about a
+        millisecond a request and 30 ms or more to make (its TLS context).
         """
         auth = f"Authorization: Bearer {self.api_key}\r\n" if self.api_key else ""
         request = f"GET /health HTTP/1.1\r\nHost: {self.host}:{self.port}\r\n{auth}Connection: close\r\n\r\n"
@@ -224,7 +218,7 @@ class LlamaServer(ChildProcess):
     def wait_ready(
         self,
         timeout: float = 120.0,
-        poll_interval: float = 0.02,
+        poll_interval: float = READY_POLL,
         *,
         abort: threading.Event | None = None,
         on_tick: Callable[[], None] | None = None,
@@ -238,30 +232,29 @@ class LlamaServer(ChildProcess):
         """
         assert self._proc is not None, "start() first"
         deadline = time.monotonic() + timeout
-        with httpx.Client(timeout=2.0) as client:
-            while True:
-                code = self._proc.poll()
-                if code is not None:
-                    self._join_reader()
-                    raise self._load_error(code)
-                if abort is not None and abort.is_set():
-                    raise StartAbortedError("the start was cancelled by a stop", pid=self._proc.pid)
-                status = self.health(client)
-                self.health_history.append(status)
-                if status == 200:
-                    return
-                if on_tick is not None:
-                    on_tick()
-                if time.monotonic() >= deadline:
-                    raise StartTimeoutError(
-                        f"llama-server did not become healthy within {timeout:.0f} s; last output:\n{self.log_tail()}",
-                        pid=self._proc.pid,
-                        log_tail=self.log_tail(),
-                    )
-                if abort is not None:
-                    abort.wait(poll_interval)
-                else:
-                    time.sleep(poll_interval)
+        while True:
+            code = self._proc.poll()
+            if code is not None:
+                self._join_reader()
+                raise self._load_error(code)
+            if abort is not None and abort.is_set():
+                raise StartAbortedError("the start was cancelled by a stop", pid=self._proc.pid)
+            status = self.probe_health(timeout=2.0)
+            self.health_history.append(status)
+            if status == 200:
+                return
+            if on_tick is not None:
+                on_tick()
+            if time.monotonic() >= deadline:
+                raise StartTimeoutError(
+                    f"llama-server did not become healthy within {timeout:.0f} s; last output:\n{self.log_tail()}",
+                    pid=self._proc.pid,
+                    log_tail=self.log_tail(),
+                )
+            if abort is not None:
+                abort.wait(poll_interval)
+            else:
+                time.sleep(poll_interval)
 
     def _load_error(self, code: int) -> LoadError:
         found = self.death(code) or diagnose(list(self._tail))

@@ -372,11 +372,7 @@ class Supervisor:
                 if spec.before_start is not None:
                     spec.before_start()
                 self.registry.add(child.server.start(), spec.binary)
-                child.server.wait_ready(
-                    timeout=spec.start_timeout,
-                    poll_interval=0.05,
-                    abort=abort,
-                )
+                child.server.wait_ready(timeout=spec.start_timeout, abort=abort)
             except (PortInUseError, LoadError) as exc:
                 self._reap(child)
                 retry = isinstance(exc, PortInUseError) or exc.cause == "port_in_use"
