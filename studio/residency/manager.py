@@ -357,13 +357,15 @@ class ModelManager:
         finally:
             self._coming_default = None
 
-    def start_preload(self, requests: Sequence[LoadRequest]) -> None:
-        """Begin ``preload`` in the background, on the running loop; ``aclose`` cancels what is left of it first.
+    def start_preload(self, requests: Sequence[LoadRequest]) -> asyncio.Task[None] | None:
+        """Begin ``preload`` in the background, on the running loop, and return its task (None: nothing to load);
+        ``aclose`` cancels what is left of it first.
 
         ``serve`` calls it before the web stack is even imported, so that llama-server loads while that happens.
         """
         if requests:
             self._preloading = asyncio.create_task(self.preload(requests))
+        return self._preloading
 
     async def _queued(self, work: Callable[[], Any]) -> Any:
         if self._waiting >= self.max_waiting:
