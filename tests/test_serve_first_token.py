@@ -10,6 +10,7 @@ from __future__ import annotations
 import signal
 import socket
 import subprocess
+import sys
 import time
 
 import httpx
@@ -18,7 +19,18 @@ import pytest
 from tests.helpers import free_port
 from tests.test_cli import CLI, assert_no_llama_server, llama_servers, tagged_env
 
-pytestmark = pytest.mark.slow
+
+def test_what_serve_starts_a_model_with_imports_no_web_stack():
+    """Before its first llama-server starts, ``serve`` imports only what the start needs: on b5a9904 the manager's
+    modules alone imported httpx (through the error table and the slot cache), ~30 ms before every start."""
+    probe = (
+        "import sys\n"
+        "import studio.cli.service, studio.cli.common, studio.residency.manager, studio.library.default_model\n"
+        "print(sorted(m for m in ('httpx', 'fastapi', 'uvicorn', 'pydantic', 'starlette') if m in sys.modules))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "[]"
 
 
 def listens(port: int) -> bool:
@@ -52,6 +64,7 @@ def serve_process(model: str, port: int, env: dict[str, str]) -> subprocess.Pope
     )
 
 
+@pytest.mark.slow
 def test_serve_starts_the_model_before_the_web_stack_listens(smollm_model, llama_server_bin):
     """On b5a9904 the load began in the app's start-up, once FastAPI and uvicorn were imported: the port
     listened first, and the model's start waited for the whole web stack."""
@@ -80,6 +93,7 @@ def test_serve_starts_the_model_before_the_web_stack_listens(smollm_model, llama
     assert_no_llama_server(env)
 
 
+@pytest.mark.slow
 def test_ctrl_c_while_the_web_stack_imports_leaves_no_llama_server(smollm_model, llama_server_bin):
     """Ctrl-C in the new window (the model started, the service not yet listening) stops cleanly: exit 0,
     "stopped", and the llama-server begun for the model stopped with it."""

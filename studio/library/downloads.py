@@ -43,7 +43,6 @@ from typing import Any
 
 import structlog
 
-from studio.error_table import outcome
 from studio.errors import DownloadCancelledError, HubError, ModelNotFoundError, StudioError
 from studio.library import hub
 
@@ -340,6 +339,8 @@ def _same(a: hub.Resolved, b: hub.Resolved) -> bool:
 
 
 def _error(exc: StudioError) -> dict[str, Any]:
+    from studio.error_table import outcome  # here, not on serve's way to its first model's start: it imports httpx
+
     found = outcome(exc)
     return {
         "message": exc.message,

@@ -18,13 +18,15 @@ table to ``unloaded``, so that no waiter waits for ever.
 from __future__ import annotations
 
 import asyncio
+import json
 import threading
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
+from http.client import HTTPConnection, HTTPException
 from typing import Any
+from urllib.parse import urlsplit
 
-import httpx
 import structlog
 
 from gguf.facts import ModelFacts
@@ -374,11 +376,11 @@ class ResidentModel:
 
     async def _effective_context(self, status: Status) -> int:
         """The slot size llama-server really gave each request (``/props``)."""
-        try:  # plain HTTP on loopback: no TLS context to build (httpx's default one took 30-60 ms of each start)
-            async with httpx.AsyncClient(timeout=10, verify=False) as client:
-                props = (await client.get(f"{status.url}/props", headers=self.command.auth_headers)).json()
+        what = f"reading {self.name}'s /props"
+        try:
+            props = await run_blocking(_props, status.url, self.command.auth_headers, timeout=10, what=what)
             return int(props["default_generation_settings"]["n_ctx"])
-        except (httpx.HTTPError, ValueError, KeyError, TypeError) as exc:
+        except (OSError, HTTPException, ValueError, KeyError, TypeError) as exc:
             raise RuntimeError(f"llama-server started but its /props could not be read: {exc}") from exc
 
     async def _unload(self, command: _Unload) -> None:
@@ -490,3 +492,19 @@ class ResidentModel:
             "pinned": self.pinned,
             "restarts": self.restarts,
         }
+
+
+def _props(url: str, headers: Mapping[str, str]) -> Any:
+    """llama-server's ``/props`` at ``url``, decoded; read on a thread with the standard library, as each start does
+    once: an ``httpx`` client's first request cost 30-60 ms of it (its TLS context, its async backend)."""
+    where = urlsplit(url)
+    conn = HTTPConnection(where.hostname or "127.0.0.1", where.port, timeout=10)
+    try:
+        conn.request("GET", "/props", headers=dict(headers))
+        response = conn.getresponse()
+        body = response.read()
+        if response.status != 200:
+            raise ValueError(f"HTTP {response.status}: {body[:200]!r}")
+        return json.loads(body)
+    finally:
+        conn.close()

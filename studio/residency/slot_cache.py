@@ -24,15 +24,17 @@ import json
 import time
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import httpx
 import structlog
 
 from launcher.errors import SlotFileError
 from launcher.planner import LaunchPlan
 from launcher.slot_files import read_tokens
 from studio.residency.resident import LoadedModel
+
+if TYPE_CHECKING:  # imported where used: not on serve's way to its first model's start (the web stack imports it)
+    import httpx
 
 log = structlog.get_logger(__name__)
 
@@ -73,6 +75,8 @@ class SlotCache:
     # -- save, before a stop -----------------------------------------------------------------------------
     async def save(self, loaded: LoadedModel) -> int:
         """Save every slot of ``loaded`` that holds tokens; return how many files were written."""
+        import httpx
+
         folder = self.folder(loaded.plan)
         written = 0
         async with httpx.AsyncClient(base_url=loaded.url, headers=loaded.auth_headers, timeout=self.timeout) as client:
@@ -132,6 +136,8 @@ class SlotCache:
         to bring back costs its chats nothing after that. Returns the tokens restored (0: none). Never raises:
         a cold start is only slower.
         """
+        import httpx
+
         warmth = self._warm.get(loaded.url)
         if warmth is None:
             warmth = self._warm[loaded.url] = _Warmth(self.folder(loaded.plan))
@@ -157,6 +163,8 @@ class SlotCache:
 
     async def _restore(self, loaded: LoadedModel, body: Mapping[str, Any], warmth: _Warmth) -> int:
         """Restore the candidate sharing the longest prefix with ``body``'s prompt into an idle slot."""
+        import httpx
+
         assert warmth.candidates is not None
         async with httpx.AsyncClient(base_url=loaded.url, headers=loaded.auth_headers, timeout=self.timeout) as client:
             rendered = await client.post("/apply-template", json={k: body[k] for k in _TEMPLATE_FIELDS if k in body})
