@@ -335,7 +335,10 @@ def first_token(model: str, runs: int, base: Path | None) -> int:
         )
         print(f"{label:34} {median:9.3f} {min(times):7.3f} {median / hand:9.2f}x{cpu}")
     target = statistics.median(rows["studio: serve first token"]) / hand
-    print(f"target serve first token <= 1.2x by hand: {target:.2f}x, {'met' if target <= 1.2 else 'MISSED'}")
+    busy = max(loads) >= (os.cpu_count() or 1)  # others' work then slows llama-server by hand too, and the ratio lies
+    verdict = "not judged: the machine was busy, rerun it when the load average is under the cores" if busy else None
+    verdict = verdict or ("met" if target <= 1.2 else "MISSED")
+    print(f"target serve first token <= 1.2x by hand: {target:.2f}x, {verdict}")
     return 0
 
 
