@@ -48,6 +48,24 @@ def free_port(host: str = "127.0.0.1") -> int:
         return port
 
 
+def listening_socket(host: str, port: int) -> socket.socket:
+    """Return a TCP socket bound to ``host:port`` (port 0: one the OS picks), for a listener that must know its
+    port before it starts; bound here, it cannot be taken between choosing and listening.
+
+    Here, not beside the service that listens on it: ``serve`` binds it before it starts its first model, and
+    imports the web stack only then.
+    """
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host.strip("[]"), port))
+    except BaseException:
+        sock.close()
+        raise
+    return sock
+
+
 class ChildProcess:
     """One server child bound to ``host:port``, from start to reaped."""
 

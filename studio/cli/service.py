@@ -178,7 +178,7 @@ def _serve_holding(
     ollama_port = ollama_port or settings.ollama_port
     sockets = []
     if port == 0 or len(hosts) > 1:  # bound now, so the port is known before the service starts and nobody takes it
-        from studio.http.server import listening_socket
+        from launcher.process import listening_socket
 
         for address in hosts:
             try:

@@ -155,8 +155,8 @@ class Listeners:
         log_level: str = "warning",  # uvicorn's own; its access lines (INFO) are off: a logging call a request
         sockets: Sequence[socket.socket] = (),
     ) -> None:
-        #: bound by the caller (``listening_socket``): their port is known before the service starts, and the studio
-        #: listens on each (several addresses); none: uvicorn binds ``host:port``
+        #: bound by the caller (``launcher.process.listening_socket``): their port is known before the service
+        #: starts, and the studio listens on each (several addresses); none: uvicorn binds ``host:port``
         self._sockets = list(sockets)
         companions = []
         if ollama_app is not None and ollama_port is not None:
@@ -199,20 +199,6 @@ class Listeners:
         if force:
             self._main.force_exit = True
         self._main.wake()
-
-
-def listening_socket(host: str, port: int) -> socket.socket:
-    """Return a TCP socket bound to ``host:port`` (port 0: one the OS picks), for a listener that must know its
-    port before it starts; bound here, it cannot be taken between choosing and listening."""
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
-    try:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.bind((host.strip("[]"), port))
-    except BaseException:
-        sock.close()
-        raise
-    return sock
 
 
 def run_service(
