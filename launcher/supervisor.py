@@ -497,8 +497,8 @@ class Supervisor:
             code = child.server.wait_exit(timeout=1.0)
         if code is not None:
             death = child.server.death(code)
-            how = f"stopped unexpectedly: {death.reason}" if death else f"exited unexpectedly with code {code}"
-            self._crashed(child, f"llama-server {how}", code)
+            why = f": {death.reason}" if death else ""
+            self._crashed(child, f"llama-server exited unexpectedly with code {code}{why}", code)
             return
         if time.monotonic() - self._last_health < self.health_interval:
             return

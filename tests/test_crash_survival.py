@@ -131,7 +131,9 @@ def test_a_stream_killed_mid_answer_ends_with_the_dialects_error_naming_the_sign
     assert "killed by SIGKILL" in errors[-1]["error"]["message"], errors[-1]
     _ready(url)  # and it is restarted for the next one
     shown = cli("ps", "--url", url, env=env)
-    assert f"{SMOL}: restarted 1x; last: llama-server stopped unexpectedly: it was killed by SIGKILL" in shown.stdout
+    assert f"{SMOL}: restarted 1x; last: llama-server exited unexpectedly with code -9: it was killed by SIGKILL" in (
+        shown.stdout
+    )
 
 
 def test_a_request_waiting_for_a_load_that_is_killed_gets_its_answer_from_the_next(studio):
