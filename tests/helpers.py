@@ -13,6 +13,9 @@ from typing import Any, TypeVar
 
 import psutil
 
+from studio.library.default_model import CHATML
+from studio.settings import ModelDefaults
+
 T = TypeVar("T")
 
 
@@ -129,3 +132,10 @@ class LoopThread:
         self.loop.call_soon_threadsafe(self.loop.stop)
         self._thread.join(10)
         self.loop.close()
+
+
+def chatting_as_before(model: str) -> dict[str, ModelDefaults]:
+    """``model``, a base model, with ChatML set as its chat template: its chats render as llama-server's fallback
+    renders them, without the stops the studio adds for a borrowed template, so it rambles on as tests of long
+    answers (a client leaving mid-stream, a stream cut) need."""
+    return {model: ModelDefaults(chat_template=CHATML)}

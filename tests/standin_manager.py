@@ -101,10 +101,14 @@ class StandInManager:
         self.catalog = _NoCatalog()
         self.model_defaults: dict[str, Any] = {}
         self.downloads = None
+        self.build = {"backend": None, "path": None, "why": "a stand-in: no llama-server runs", "install": None}
         self.listeners: list[Any] = []  # /metrics' subscription to loads and evictions (this one has none)
 
     async def warm(self, loaded: Any, body: Any) -> None:
         """Restores no saved slot: the replay upstream keeps none."""
+
+    def start_preload(self, requests: Any) -> None:
+        """Its one model is ready from the start: nothing to preload."""
 
     def find(self, model: str) -> Any:
         """The resident model ``model`` names: the one model, by its name."""

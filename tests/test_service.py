@@ -24,7 +24,7 @@ from studio.library.catalog import Catalog
 from studio.residency.manager import ModelManager, supervisor_factory
 from studio.settings import ModelDefaults
 from studio.views.residency import status_json
-from tests.helpers import assert_no_children, free_port, leave_mid_answer, wait_for
+from tests.helpers import assert_no_children, chatting_as_before, free_port, leave_mid_answer, wait_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.shared_processes]
 
@@ -47,7 +47,7 @@ def studio(llama_server_bin, gemma_model, zoo_dir, tmp_path_factory):
         binary=llama_server_bin,
         make_supervisor=supervisors,
         caps=probe(llama_server_bin, cache_dir=root / "cache"),
-        model_defaults={TINY: ModelDefaults(n_ctx=512, spec="off")},
+        model_defaults={TINY: ModelDefaults(n_ctx=512, spec="off"), **chatting_as_before(GEMMA)},
     )
     port = free_port()
     server = uvicorn.Server(uvicorn.Config(create_app(manager), host="127.0.0.1", port=port, log_level="warning"))

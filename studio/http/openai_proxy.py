@@ -335,7 +335,10 @@ async def broken_stream_event(exc: httpx.HTTPError, lease: Lease, loaded: Loaded
     if cut:
         answer = describe(cut)
     elif died := await lease.died(within=DEATH_NOTICE):
-        answer = ErrorAnswer(502, f"llama-server died mid-answer: {died}", "upstream_error", code="llama_server_died")
+        _, code = await broke_off(loaded, "", exc)  # an RPC worker that went away is the cause to name
+        answer = ErrorAnswer(
+            502, f"llama-server died mid-answer: {died}", "upstream_error", code=code or "llama_server_died"
+        )
     else:
         message, code = await broke_off(loaded, "llama-server went away mid-stream", exc)
         answer = ErrorAnswer(502, message, "upstream_error", code=code)
