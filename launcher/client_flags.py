@@ -20,10 +20,10 @@ Left out on purpose, besides the managed flags:
   rely on;
 - memory and devices behind the planner's back: placement (``-ot``, ``--cpu-moe``,
   ``--n-cpu-moe``, ``-sm``, ``-mg``, ``--no-kv-offload``, the draft's devices and cache
-  types), cache shapes it does not model (``--swa-full``, ``--kv-unified``,
-  ``--kv-unified-per-slot``, and ``--override-kv``, which can rewrite the facts it plans
-  from), memory that grows while serving (``--cache-ram``, ``--ctx-checkpoints``), locked
-  memory (``--load-mode mlock``) and real-time priority (``--prio``);
+  types), cache shapes it does not model (``--swa-full``, ``--kv-unified-per-slot``, and
+  ``--override-kv``, which can rewrite the facts it plans from), memory that grows while
+  serving (``--cache-ram``, ``--ctx-checkpoints``), locked memory (``--load-mode mlock``)
+  and real-time priority (``--prio``);
 - what the studio's own options choose: ``--spec-type``, ``--spec-default``,
   ``--spec-draft-n-max`` and the ngram-mod knobs (``spec``, ``spec_n_max``).
 

@@ -261,6 +261,8 @@ def _add_flags(out: _Argv, plan: LaunchPlan, key: Secret, threads: int | None) -
     request = plan.request
     out.add(("--ctx-size", "-c"), str(plan.n_ctx), why="the context is its default")
     out.add(("--parallel", "-np"), str(plan.n_parallel), why="its default slot count is used")
+    if plan.kv_unified:  # an explicit -np splits the cache per slot unless told otherwise
+        out.add(("--kv-unified", "-kvu"), why="each slot gets its share of the context, not the whole of it")
     if plan.rpc_workers:  # the planner left the workers out unless the binary has --rpc
         out.argv += ["--rpc", ",".join(plan.rpc_workers)]
     if plan.offload == "fit":
@@ -340,7 +342,7 @@ def _add_flags(out: _Argv, plan: LaunchPlan, key: Secret, threads: int | None) -
         if "--pooling" not in plan.extra_args:
             out.add(("--pooling",), plan.pooling, why="embeddings are pooled as the model's file says")
     if not plan.request.embeddings:  # the user's extra flags, after these, still win
-        out.argv += request.sampling.argv(plan.n_ctx // max(plan.n_parallel, 1))
+        out.argv += request.sampling.argv(plan.slot_ctx)
     out.argv += [*plan.spec.argv, *plan.extra_args]
 
 

@@ -70,6 +70,9 @@ MANAGED_FLAGS: dict[tuple[str, ...], Managed] = {
     ("-a", "--alias"): Managed("the studio serves the model under its name; more names for it", "aliases", "config"),
     ("-c", "--ctx-size"): Managed("the planner chooses the context", "n_ctx"),
     ("-np", "--parallel"): Managed("the planner sizes the slots", "n_parallel"),
+    ("-kvu", "--kv-unified", "-no-kvu", "--no-kv-unified"): Managed(
+        "the planner shapes the KV cache with the slots (unified on GPUs, split per slot on the CPU)", "n_parallel"
+    ),
     (
         "-ngl",
         "--gpu-layers",

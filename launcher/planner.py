@@ -34,6 +34,15 @@ Policy:
   with it there is not the best one (the model no longer fits fully offloaded, or
   the automatic context shrinks), the plan is made again with the projector on the
   CPU (``--no-mmproj-offload``), and kept when it is better; a reason says so.
+- Slots (``-np``): as requested; else 4 on one unified KV cache (``--kv-unified``, llama-server's own
+  ``-np -1``) when the model is planned onto local GPUs, where batching several requests is where the
+  throughput is; 1 on the CPU (on 2 cores one slot gave eight clients 1.17x the aggregate tokens/s of four
+  unified ones: ``scripts/bench_concurrency.py``), over RPC workers alone (their devices may be CPUs), and
+  for an embedding instance. Several slots on GPUs always share one unified cache: its cells are the
+  context's (each slot may fill them all), so a full-attention cache costs what one slot's does; what they
+  add, all on the bill, is a window per slot in a sliding-window cache (``n_swa x slots + n_ubatch`` cells),
+  an output row of logits per slot, and those rows in the compute buffer. Several slots on the CPU split the
+  context between them, as before.
 - Threads: as requested; else the CPU's usable physical cores (``Device.cores``), divided among the
   resident models that run layers on the CPU (``PlanRequest.cpu_sharers``, this one included) when this
   one does too: llama.cpp's threads spin while they wait, so servers that each take every core thrash.
@@ -129,6 +138,8 @@ PROMPT_CACHE_MAX = 4096 * MIB
 EMBEDDING_CTX = 512
 #: ...and with last-token pooling, which llama-server splits over batches, up to this (or the native context).
 EMBEDDING_CTX_LAST = 2048
+#: Slots a model planned onto GPUs gets by default, on one unified KV cache: llama-server's own ``-np -1``.
+GPU_SLOTS = 4
 #: Backends whose GPUs a vendor tool reports; preferred over devices only llama-server lists.
 _VENDOR_BACKENDS = ("CUDA", "ROCm")
 
@@ -211,7 +222,8 @@ class PlanRequest:
     """What the user asked for; ``None`` fields are the planner's to choose."""
 
     n_ctx: int | None = None  # None: automatic
-    n_parallel: int = 1  # server slots; each gets n_ctx / n_parallel tokens
+    #: server slots; None: 4 on a unified KV cache on GPUs, 1 on the CPU (see the module docstring)
+    n_parallel: int | None = None
     cache_type_k: CacheType = "f16"
     cache_type_v: CacheType = "f16"
     spec: str = "auto"  # a speculative mode, llama.cpp spellings accepted
@@ -288,6 +300,12 @@ class LaunchPlan:
     cache_ram_mib: int | None = None  # ``--cache-ram``, on the CPU's bill as ``prompt_cache``; None: flag missing
     pooling: Pooling | None = None  # an embedding server's ``--pooling`` (an embedding instance's, or ``--embeddings``)
     thinking: bool | None = None  # the template's thinking switch at load; None: its own default (launcher.thinking)
+    kv_unified: bool = False  # ``--kv-unified``: the slots share one KV cache of ``n_ctx`` cells
+
+    @property
+    def slot_ctx(self) -> int:
+        """The tokens one slot may hold: the whole context on a unified cache, else its share."""
+        return self.n_ctx if self.kv_unified else self.n_ctx // max(self.n_parallel, 1)
 
     @property
     def rpc_workers(self) -> tuple[str, ...]:
@@ -394,7 +412,7 @@ def parse_cache_type(value: str, what: str = "K") -> CacheType:
 def _check(request: PlanRequest) -> None:
     if request.n_ctx is not None and request.n_ctx < 1:
         raise PlanError(f"the context must be a positive number of tokens, not {request.n_ctx}")
-    if request.n_parallel < 1:
+    if request.n_parallel is not None and request.n_parallel < 1:
         raise PlanError(f"the number of parallel slots must be at least 1, not {request.n_parallel}")
     for what, value in (("K", request.cache_type_k), ("V", request.cache_type_v)):
         parse_cache_type(value, what)  # a request built from untyped input (a test, a script) is checked too
@@ -498,6 +516,7 @@ class _Planner:
         self.cap = max(round_down(self.native), CTX_STEP) if self.native else MIN_AUTO_CTX
         self.floor = min(MIN_AUTO_CTX, self.cap)
         self.flash_attn = self._flash_attn()
+        self.n_parallel, self.kv_unified = self._slots()
         self.full = self.facts.block_count + 1  # every block plus the output layer
         # the layer bytes left on the CPU for each -ngl, summed once (every candidate split asks)
         self.cpu_layer_bytes = (0, *itertools.accumulate(self.facts.layer_weight_bytes))
@@ -546,6 +565,38 @@ class _Planner:
             )
         return _rpc_of(inventory, self.caps)
 
+    def _slots(self) -> tuple[int, bool]:
+        """(slots, unified KV cache): as requested, else by where the model runs (module docstring), with the reason."""
+        asked = self.request.n_parallel
+        on_gpus = bool(self.gpus)  # an RPC worker's device may be a CPU: the studio cannot tell
+        if asked is not None:
+            unified = asked > 1 and on_gpus
+            if unified:
+                self.reasons.append(
+                    f"slots: {asked}, as requested, on a unified KV cache: the model runs on GPUs, where the slots "
+                    "share the context's cells (each may use the whole context)"
+                )
+            elif asked > 1:
+                self.reasons.append(f"slots: {asked}, as requested; they split the context between them")
+            else:
+                self.reasons.append("slots: 1, as requested")
+            return asked, unified
+        if self.request.embeddings:
+            return 1, False  # one input fills a batch (the embedding context's reason says so)
+        if on_gpus:
+            self.reasons.append(
+                f"slots: {GPU_SLOTS} on a unified KV cache: the model runs on GPUs, where batching several requests "
+                "is where the throughput is; the slots share the context's cells (each may use the whole context)"
+            )
+            return GPU_SLOTS, True
+        self.reasons.append(
+            "slots: 1: no local GPU, and the RPC workers' devices may be CPUs; set n_parallel for more"
+            if self.rpc
+            else "slots: 1: a CPU plan; on the CPU one slot gets the most out of the cores (eight clients got more "
+            "aggregate tokens/s through one slot than through four); set n_parallel for more"
+        )
+        return 1, False
+
     def _flash_attn(self) -> FlashAttn:
         quantized = needs_flash_attn(self.request.cache_type_k, self.request.cache_type_v)
         asked = self.request.flash_attn
@@ -573,7 +624,8 @@ class _Planner:
             repack = repack * self.cpu_layer_bytes[kept] // max(self.cpu_layer_bytes[-1], 1)
         return MemoryOptions(
             n_ctx=n_ctx,
-            n_parallel=self.request.n_parallel,
+            n_parallel=self.n_parallel,
+            kv_unified=self.kv_unified,
             cache_type_k=self.request.cache_type_k,
             cache_type_v=self.request.cache_type_v,
             flash_attn=self.flash_attn,
@@ -829,9 +881,9 @@ class _Planner:
             )
         else:
             self.reasons.append(f"budget: {pct} % of free memory per device{why}")
-        if self.request.n_parallel > 1:
-            per_slot = slot_context(n_ctx, self.request.n_parallel)
-            self.reasons.append(f"{self.request.n_parallel} parallel slots share the context: {per_slot} tokens each")
+        if self.n_parallel > 1 and not self.kv_unified:
+            per_slot = slot_context(n_ctx, self.n_parallel)
+            self.reasons.append(f"{self.n_parallel} parallel slots share the context: {per_slot} tokens each")
         # The slider's end: the largest context an explicit request would still place fully in budget (it
         # may pin more GPUs than this plan does); failing that, the most this plan's layer split allows.
         if self.rpc:  # the workers are always used: the slider moves along this plan's split
@@ -885,7 +937,8 @@ class _Planner:
             n_ctx_auto=self.request.n_ctx is None,
             max_safe_ctx=max_safe,
             native_ctx=self.native,
-            n_parallel=self.request.n_parallel,
+            n_parallel=self.n_parallel,
+            kv_unified=self.kv_unified,
             cache_type_k=self.request.cache_type_k,
             cache_type_v=self.request.cache_type_v,
             flash_attn=self.flash_attn,
@@ -1008,6 +1061,7 @@ __all__ = [
     "BUDGET_FRACTION",
     "EMBEDDING_CTX",
     "EMBEDDING_CTX_LAST",
+    "GPU_SLOTS",
     "MAX_ESTIMATES",
     "MIN_AUTO_CTX",
     "MTP_BUDGET_FRACTION",

@@ -98,6 +98,16 @@ def test_gpu_argv_fit_and_split(gemma, real, build):
     assert value(build(split, real).argv(1), "--tensor-split") == "200,400"
 
 
+def test_a_gpu_plan_runs_four_slots_on_a_unified_cache(gemma, real, build):
+    """The slots share the cache, so each slot's answer may run to the whole context, not to a quarter of it."""
+    on_gpu = build(plan(gemma, gpus(80 * GIB), real, PlanRequest(n_ctx=8192)), real).argv(1)
+    assert value(on_gpu, "--parallel") == "4" and "--kv-unified" in on_gpu
+    assert value(on_gpu, "--n-predict") == "4096"  # the default answer limit, within the 8192 a slot may hold
+    split = build(plan(gemma, cpu_only(), real, PlanRequest(n_ctx=8192, n_parallel=4)), real).argv(1)
+    assert value(split, "--parallel") == "4" and "--kv-unified" not in split
+    assert value(split, "--n-predict") == "2048"  # each slot's share of the context
+
+
 def test_quantized_cache_argv(gemma, real, build):
     p = plan(gemma, cpu_only(), real, PlanRequest(n_ctx=4096, cache_type_k="q8_0", cache_type_v="q4_0"))
     argv = build(p, real).argv(1)

@@ -487,3 +487,17 @@ def test_ggstudio_plan_takes_the_load_options(gemma_model, llama_server_bin):
         [*CLI, "plan", str(gemma_model), "--flash-attn", "maybe"], capture_output=True, text=True, timeout=120, cwd=ROOT
     )
     assert bad.returncode != 0 and "on, off or auto" in bad.stderr
+
+
+def test_slots_left_unset_are_the_planners_by_device(tmp_path, gemma_model, real):
+    """On main an unset n_parallel became 1 before the planner saw it, so a GPU plan could not choose 4."""
+    entry = CatalogEntry(name="m", path=tmp_path / "m.gguf")
+    unset = load_settings(LoadRequest(model="m"), entry, {}).plan_request("m")
+    assert unset.n_parallel is None
+    configured = {"m": ModelDefaults(n_parallel=2)}
+    assert load_settings(LoadRequest(model="m"), entry, configured).plan_request("m").n_parallel == 2
+    assert load_settings(LoadRequest(model="m", n_parallel=3), entry, configured).plan_request("m").n_parallel == 3
+    gpu = Device("CUDA", 0, "GPU 0", 80 * 1024 * MIB, 80 * 1024 * MIB, "nvidia-smi", "GPU-0000")
+    model = load_model(gemma_model)
+    assert plan(model, Inventory((gpu, *on_cpu().devices), ()), real, unset).n_parallel == 4
+    assert plan(model, on_cpu(), real, unset).n_parallel == 1

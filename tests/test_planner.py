@@ -16,12 +16,15 @@ from pathlib import Path
 
 import pytest
 
+import gguf
+from launcher.allocations import parse_allocations
 from launcher.capabilities import Capabilities
 from launcher.devices import Device, Inventory, discover
 from launcher.extra_args import ExtraArgsError
-from launcher.memory import MemoryPlanError
+from launcher.memory import MemoryOptions, MemoryPlanError, estimate, for_file
 from launcher.planner import (
     BUDGET_FRACTION,
+    GPU_SLOTS,
     MTP_BUDGET_FRACTION,
     LaunchPlan,
     ModelInfo,
@@ -33,6 +36,8 @@ from launcher.planner import (
 )
 from launcher.speculative import SpeculativeConfigError
 from launcher.units import MIB
+from scripts.memory_accuracy import DONE_MARKERS
+from tests.support.dry_run import load_report
 
 FIXTURES = Path(__file__).parent / "fixtures"
 CLI = str(Path(sys.executable).parent / "ggstudio")
@@ -294,6 +299,76 @@ def test_parallel_slots_share_the_context(gemma, real):
     assert p.n_parallel == 4 and "4 parallel slots share the context: 8192 tokens each" in reasons(p)
     single = plan(gemma, machine(), real, PlanRequest(n_ctx=32768))
     assert p.bill.sum_of("output") == 4 * single.bill.sum_of("output")
+
+
+# --- slots by device ---------------------------------------------------------------------------------
+
+
+def test_a_gpu_plan_gets_four_slots_on_a_unified_kv_cache(gemma, real):
+    """On main every model got one slot, on GPUs too, where batching several requests is the throughput."""
+    p = plan(gemma, machine(gpu(0, 80 * GIB)), real)
+    assert (p.n_parallel, p.kv_unified, p.n_ctx, p.slot_ctx) == (GPU_SLOTS, True, 32768, 32768)
+    assert "slots: 4 on a unified KV cache: the model runs on GPUs, where batching several requests" in reasons(p)
+    one = plan(gemma, machine(gpu(0, 80 * GIB)), real, PlanRequest(n_parallel=1))
+    assert (one.n_parallel, one.kv_unified, one.n_ctx) == (1, False, 32768)
+    # one stream: the full-attention cache costs what one slot's does; the sliding window is kept per slot
+    # (512 x 4 + the 512-token ubatch), and each slot adds a row of logits
+    cells = lambda q: [(c.label, c.cells, c.streams) for c in q.bill.caches]  # noqa: E731
+    assert cells(one) == [("non-SWA", 32768, 1), ("SWA", 1024, 1)]
+    assert cells(p) == [("non-SWA", 32768, 1), ("SWA", 2560, 1)]
+    assert p.bill.sum_of("output") == 4 * one.bill.sum_of("output")
+
+
+def test_a_cpu_plan_keeps_one_slot(gemma, real):
+    p = plan(gemma, machine(), real)
+    assert (p.n_parallel, p.kv_unified, p.slot_ctx) == (1, False, 32768)
+    assert "slots: 1: a CPU plan" in reasons(p)
+
+
+def test_the_requested_slots_win_on_either_device(gemma, real):
+    on_gpu = plan(gemma, machine(gpu(0, 80 * GIB)), real, PlanRequest(n_parallel=2))
+    assert (on_gpu.n_parallel, on_gpu.kv_unified, on_gpu.slot_ctx) == (2, True, 32768)
+    assert "slots: 2, as requested, on a unified KV cache" in reasons(on_gpu)
+    on_cpu = plan(gemma, machine(), real, PlanRequest(n_parallel=2))
+    assert (on_cpu.n_parallel, on_cpu.kv_unified, on_cpu.slot_ctx) == (2, False, 16384)
+    assert "2 parallel slots share the context: 16384 tokens each" in reasons(on_cpu)
+
+
+def test_rpc_workers_alone_and_an_embedding_instance_keep_one_slot(gemma, real):
+    rpc = Device("RPC", 0, "10.0.0.2:50052", 24 * GIB, 24 * GIB, "rpc", endpoint="10.0.0.2:50052", worker_index=0)
+    with_rpc = dataclasses.replace(real, flags=real.flags | {"--rpc"})  # a build with -DGGML_RPC=ON
+    over_rpc = plan(gemma, Inventory((rpc, cpu(64 * GIB)), ()), with_rpc)
+    assert over_rpc.rpc_workers == ("10.0.0.2:50052",)
+    assert (over_rpc.n_parallel, over_rpc.kv_unified) == (1, False)
+    assert "slots: 1: no local GPU, and the RPC workers' devices may be CPUs" in reasons(over_rpc)
+    embedder = plan(gemma, machine(gpu(0, 80 * GIB)), real, PlanRequest(embeddings=True))
+    assert (embedder.n_parallel, embedder.kv_unified) == (1, False)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("fixture", ["smollm_model", "gemma_model"])
+def test_the_gpu_slot_default_bills_what_llama_server_allocates(fixture, llama_server_bin, real, request):
+    """Four slots on a unified cache, as a GPU plan has them, run on the CPU: KV exact, compute within 10 %.
+
+    SmolLM2 has one full-attention cache; Gemma 3 a sliding-window one too, which grows with the slots.
+    """
+    path = request.getfixturevalue(fixture)
+    p = plan(load_model(path), machine(gpu(0, 80 * GIB)), real)
+    assert (p.n_parallel, p.kv_unified) == (4, True)
+    file = gguf.read(path)
+    for slots, flags in ((1, ["-np", "1"]), (p.n_parallel, ["-np", str(p.n_parallel), "--kv-unified"])):
+        options = MemoryOptions(n_ctx=p.n_ctx, n_parallel=slots, kv_unified=slots > 1)
+        predicted = estimate(file.facts, for_file(file, options))
+        log, _ = load_report(llama_server_bin, path, ["-c", str(p.n_ctx), *flags], until=DONE_MARKERS)
+        actual = parse_allocations(log)
+        shape = lambda b: [(c.label, c.cells, c.streams, c.k_bytes, c.v_bytes) for c in b.caches]  # noqa: E731
+        assert shape(predicted) == shape(actual) and predicted.sum_of("kv") == actual.sum_of("kv")
+        assert predicted.sum_of("output") == slots * file.facts.vocab_size * 4
+        assert f"{predicted.sum_of('output') / MIB:.2f}" == f"{actual.sum_of('output') / MIB:.2f}"  # as the log has it
+        p_compute, a_compute = predicted.sum_of("compute"), actual.sum_of("compute")
+        assert abs(p_compute - a_compute) <= 0.10 * a_compute, (slots, p_compute / MIB, a_compute / MIB)
+    # the GPU plan's own bill holds the same KV cache and output rows
+    assert p.bill.device("GPU0").kv == actual.sum_of("kv") and p.bill.sum_of("output") == predicted.sum_of("output")
 
 
 def test_a_quantized_cache_turns_flash_attention_on_and_shrinks_the_kv(gemma, real):

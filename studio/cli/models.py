@@ -205,7 +205,10 @@ def plan_command(
     model: Annotated[str, typer.Argument(help="A model name, or a .gguf file (any shard of a split model).")],
     ctx: Annotated[int | None, typer.Option(help="Context in tokens (default: the config's, or automatic).")] = None,
     parallel: Annotated[
-        int | None, typer.Option(help="Parallel server slots; they share the context (default: the config's, or 1).")
+        int | None,
+        typer.Option(
+            help="Parallel server slots (default: the config's, else 4 on a unified KV cache on GPUs, 1 on the CPU)."
+        ),
     ] = None,
     spec: Annotated[
         str | None,

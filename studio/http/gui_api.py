@@ -50,7 +50,7 @@ class LoadBody(ApiBody):
         default=None,
         ge=LOAD_LIMITS["n_parallel"][0],
         le=LOAD_LIMITS["n_parallel"][1],
-        description="Server slots; default: the config's, or 1.",
+        description="Server slots; default: the config's, else 4 on a unified KV cache on GPUs, 1 on the CPU.",
     )
     cache_type_kv: CacheType | None = Field(
         default=None, description="KV cache type (quantized types need flash attention); default: the config's, or f16."

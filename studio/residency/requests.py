@@ -43,7 +43,7 @@ class LoadRequest:
 
     model: str
     n_ctx: int | None = None  # None, and none configured: the planner's largest safe context (up to the native one)
-    n_parallel: int | None = None  # None, and none configured: 1 slot
+    n_parallel: int | None = None  # None, and none configured: the planner's (4 unified on GPUs, 1 on the CPU)
     extra_args: tuple[str, ...] | None = None
     spec: str | None = None  # None, and none configured: "auto"
     spec_n_max: int | None = None  # None, and none configured: the speculative policy's
@@ -99,7 +99,7 @@ class LoadSettings:
         """What the planner is asked for these settings, serving the model as ``alias``."""
         return PlanRequest(
             n_ctx=self.n_ctx,
-            n_parallel=self.n_parallel or 1,
+            n_parallel=self.n_parallel,
             cache_type_k=self.cache_type,
             cache_type_v=self.cache_type,
             spec=self.spec,

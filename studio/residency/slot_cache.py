@@ -257,6 +257,7 @@ def _key(launch: LaunchPlan, binary: Path) -> str:
         list(launch.spec.argv),
         str(launch.model.mmproj) if launch.model.mmproj else None,
         identity(binary),
+        *(["kv_unified"] if launch.kv_unified else []),  # the old key unchanged for a split cache
     ]
     digest = hashlib.sha256(json.dumps(shape, default=str).encode()).hexdigest()[:20]
     return f"{launch.model.path.stem[:40]}-{digest}"

@@ -108,6 +108,7 @@ def plan_json(plan: LaunchPlan, argv: Sequence[str] = (), binary: Discovered | N
             "native": plan.native_ctx,
         },
         "n_parallel": plan.n_parallel,
+        "kv_unified": plan.kv_unified,
         "gpus": [device_json(d) for d in plan.gpus],
         "rpc_workers": list(plan.rpc_workers),
         "rpc_devices": [device_json(d) for d in plan.rpc_devices],
@@ -195,7 +196,7 @@ def render_plan(info: dict[str, Any]) -> str:
     lines += [
         f"context    {ctx['n_ctx']} tokens ({'automatic' if ctx['automatic'] else 'requested'}; native "
         f"{ctx['native']}; largest safe {ctx['max_safe']})",
-        f"slots      {info['n_parallel']}",
+        f"slots      {info['n_parallel']}" + (" on a unified KV cache" if info.get("kv_unified") else ""),
         f"offload    {where}",
         f"cache      K {info['cache_type_k']}, V {info['cache_type_v']}; flash attention {info['flash_attn']}"
         + ("; context shift on" if info["context_shift"] else ""),
