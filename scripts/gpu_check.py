@@ -14,7 +14,12 @@ inventory (``launcher.devices.discover`` + ``launcher.planner.plan``), runs that
 plan and reads what the GPU really holds (``nvidia-smi``), then runs the
 memory-accuracy comparison (``scripts/memory_accuracy.compare``: the estimate
 against the ``-lv 4`` allocation lines) on the subset (``ZOO``, ``WIDE``, ``MOE``,
-Gemma) with every layer on the GPU and with half of them. ``gpu_check.json`` and
+Gemma) with every layer on the GPU and with half of them. Between the two, the
+slot default (``slots_check``): the planned model runs as planned (4 slots on a
+unified KV cache on a GPU), with one slot (the studio's old default), and as
+llama-server's own defaults (``-np -1``), each at 1, 4 and 8 streaming clients
+(``scripts/bench_concurrency.measure``: aggregate tokens/s, p50/p90 time to
+first token). ``gpu_check.json`` and
 ``gpu_check.md`` (one row per case and device: predicted/actual weights, KV,
 compute, total; KV exact, compute within 10 %, total within 2 % or 32 MiB) are
 rewritten into OUT after each phase, and the build's log goes there too.
@@ -39,6 +44,7 @@ import tempfile
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import ExitStack
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -75,6 +81,11 @@ GEMMA = "gemma-3-270m"
 GEMMA_EXTRA_CONFIG = "c32768-np1"
 #: A plan's run: the prompt that makes the CUDA backend take its working memory (cuBLAS, the pool).
 PROMPT_TOKENS = 300
+#: The slot default's check: clients at once, counted rounds each, tokens an answer (a dry run's CPU: fewer).
+SLOT_CLIENTS, SLOT_ROUNDS, SLOT_TOKENS = (1, 4, 8), 2, 32
+DRY_SLOT_CLIENTS, DRY_SLOT_ROUNDS, DRY_SLOT_TOKENS = (1, 4), 1, 8
+#: What the slot default's check may take: three servers started, warmed up and streamed to.
+SLOTS_TIMEOUT_S = 150
 
 
 def say(msg: str) -> None:
@@ -313,6 +324,8 @@ def planner_check(binary: Path, model_path: Path, work: Path) -> dict[str, Any]:
             "offload": lp.offload,
             "n_gpu_layers": lp.n_gpu_layers,
             "n_ctx": lp.n_ctx,
+            "n_parallel": lp.n_parallel,
+            "kv_unified": lp.kv_unified,
             "flash_attn": lp.flash_attn,
             "budget_fraction": lp.budget_fraction,
             "fits": lp.fits,
@@ -362,6 +375,66 @@ def planner_check(binary: Path, model_path: Path, work: Path) -> dict[str, Any]:
         for when, rows in (("loaded", loaded[1]), ("after_prompt", prompted[1]))
     }
     return out
+
+
+def slots_check(binary: Path, model_path: Path, work: Path, *, dry_run: bool) -> dict[str, Any]:
+    """The slot default measured: the plan as the studio makes it, the same plan with one slot, and llama-server's
+    own defaults (``-np -1``: 4 slots on a unified cache) at the same context, each with several clients at once."""
+    import dataclasses
+
+    from bench_concurrency import Target, compare, llama_server_defaults
+
+    from launcher.capabilities import probe
+    from launcher.command import HOST, build_command
+    from launcher.devices import discover
+    from launcher.planner import PlanRequest, load_model, plan
+    from launcher.process import LlamaServer, free_port
+
+    clients, rounds, tokens = (
+        (DRY_SLOT_CLIENTS, DRY_SLOT_ROUNDS, DRY_SLOT_TOKENS) if dry_run else (SLOT_CLIENTS, SLOT_ROUNDS, SLOT_TOKENS)
+    )
+    caps = probe(binary, cache_dir=work / "caps")
+    model, inventory = load_model(model_path), discover(llama_server=binary)
+    default = plan(model, inventory, caps, PlanRequest(spec="off"))
+    one = plan(model, inventory, caps, PlanRequest(n_ctx=default.n_ctx, spec="off", n_parallel=1))
+    out: dict[str, Any] = {
+        "default": {"n_parallel": default.n_parallel, "kv_unified": default.kv_unified, "n_ctx": default.n_ctx},
+        "reason": next((r for r in default.reasons if r.startswith("slots:")), ""),
+        "clients": list(clients),
+        "rounds": rounds,
+        "tokens": tokens,
+    }
+    logs = work / "slots"
+    logs.mkdir(parents=True, exist_ok=True)
+    with ExitStack() as stack:
+        targets = []
+        for name, lp in ((f"studio default ({_slots(default)})", default), ("one slot", one)):
+            cmd = stack.enter_context(build_command(lp, caps, binary=binary, files_root=logs / "launch"))
+            port = free_port()
+            log = logs / f"{lp.n_parallel}-slots.log"
+            server = LlamaServer(cmd.argv(port), host=HOST, port=port, log_path=log, env=cmd.env, api_key=cmd.api_key)
+            stack.enter_context(server)
+            server.wait_ready(timeout=60)
+            targets.append(Target(name, server.url, dict(cmd.auth_headers), model_path.stem))
+        own = stack.enter_context(llama_server_defaults(binary, model_path, default.n_ctx, logs))
+        targets.append(dataclasses.replace(own, name="llama-server -np -1"))
+        results = compare(targets, clients, rounds, tokens, say=say)
+    out["rows"] = [
+        {
+            "clients": n,
+            "server": name,
+            "tokens_per_s": round(t.tokens_per_s, 1),
+            "ttft_p50_ms": round(t.percentile(0.5) * 1000),
+            "ttft_p90_ms": round(t.percentile(0.9) * 1000),
+        }
+        for n, tallies in results.items()
+        for name, t in tallies.items()
+    ]
+    return out
+
+
+def _slots(lp: Any) -> str:
+    return f"{lp.n_parallel} slot{'s' if lp.n_parallel > 1 else ''}" + (", unified" if lp.kv_unified else "")
 
 
 def _process_mib(rows: list[list[str]] | str, pid: int | None) -> int | None:
@@ -425,7 +498,8 @@ def markdown(report: dict[str, Any]) -> str:
             pl = p["plan"]
             lines += [
                 f"chose: gpus={pl['gpus'] or 'none'} offload={pl['offload']} -ngl {pl['n_gpu_layers']} "
-                f"n_ctx={pl['n_ctx']} fits={pl['fits']}",
+                f"n_ctx={pl['n_ctx']} slots={pl.get('n_parallel')}{' unified' if pl.get('kv_unified') else ''} "
+                f"fits={pl['fits']}",
                 *(f"- {r}" for r in pl["reasons"]),
                 *(f"- warning: {w}" for w in pl["warnings"]),
             ]
@@ -445,7 +519,41 @@ def markdown(report: dict[str, Any]) -> str:
                     f"- per process (MiB): {json.dumps(run['compute_apps_mib'])}",
                     f"- on the GPU beyond the allocation lines (MiB): {json.dumps(run['gpu_beyond_allocations_mib'])}",
                 ]
+    lines += _slots_markdown(report.get("slots"))
     return "\n".join(lines) + "\n"
+
+
+def _slots_markdown(slots: dict[str, Any] | None) -> list[str]:
+    """The slot default's table: per count of clients and server, aggregate tokens/s, TTFT p50/p90, the ratios."""
+    if not slots:
+        return []
+    lines = ["", "## slot default", ""]
+    if "error" in slots:
+        return [*lines, f"error: {slots['error']}"]
+    d = slots["default"]
+    lines += [
+        f"planned: {d['n_parallel']} slot(s){' on a unified KV cache' if d['kv_unified'] else ''}, "
+        f"n_ctx {d['n_ctx']}; {slots['tokens']} tokens an answer, {slots['rounds']} round(s) per count; "
+        "speculative decoding off in both studio plans",
+        f"- {slots['reason']}",
+        "",
+        "| clients | server | aggregate tok/s | TTFT p50 (ms) | TTFT p90 (ms) | x one slot | x llama-server |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    by = {(r["clients"], r["server"]): r for r in slots["rows"]}
+    servers = list(dict.fromkeys(r["server"] for r in slots["rows"]))
+    for clients in slots["clients"]:
+        one = by.get((clients, "one slot"), {}).get("tokens_per_s") or float("nan")
+        own = by.get((clients, "llama-server -np -1"), {}).get("tokens_per_s") or float("nan")
+        for server in servers:
+            r = by.get((clients, server))
+            if r is None:
+                continue
+            lines.append(
+                f"| {clients} | {server} | {r['tokens_per_s']:.1f} | {r['ttft_p50_ms']} | {r['ttft_p90_ms']} | "
+                f"{r['tokens_per_s'] / one:.2f} | {r['tokens_per_s'] / own:.2f} |"
+            )
+    return lines
 
 
 def write_report(out: Path, report: dict[str, Any]) -> None:
@@ -593,6 +701,15 @@ def run_check(
         except Exception as exc:  # the report must still be written: the error is the finding
             report["planner"] = {"error": f"{type(exc).__name__}: {exc}"}
     phase("planner", start)
+
+    start = time.monotonic()
+    if planned is not None and time.monotonic() + SLOTS_TIMEOUT_S < deadline:
+        say(f"slots: {planned.stem}, the planned slots against one and llama-server's own")
+        try:
+            report["slots"] = slots_check(binary, planned, work, dry_run=dry_run)
+        except (Exception, SystemExit) as exc:  # the report must still be written: the error is the finding
+            report["slots"] = {"error": f"{type(exc).__name__}: {exc}"}
+    phase("slots", start)
 
     from memory_accuracy import SERVER_TIMEOUT_S  # after the wheels: it imports httpx
 

@@ -278,6 +278,35 @@ def test_only_wheels_this_python_lacks_are_unpacked(tmp_path, monkeypatch):
     assert not (tmp_path / "site" / "json").exists()  # the standard library's json stays
 
 
+def test_the_slot_default_is_set_against_one_slot_and_llama_servers_own():
+    """The GPU machine's table: each server's aggregate tokens/s over one slot's and over llama-server's own."""
+    row = lambda server, tps: {  # noqa: E731
+        "clients": 8,
+        "server": server,
+        "tokens_per_s": tps,
+        "ttft_p50_ms": 40,
+        "ttft_p90_ms": 60,
+    }
+    slots = {
+        "default": {"n_parallel": 4, "kv_unified": True, "n_ctx": 32768},
+        "reason": "slots: 4 on a unified KV cache: the model runs on GPUs",
+        "clients": [8],
+        "rounds": 2,
+        "tokens": 32,
+        "rows": [
+            row("studio default (4 slots, unified)", 900.0),
+            row("one slot", 300.0),
+            row("llama-server -np -1", 1000.0),
+        ],
+    }
+    report = {"mode": "cuda", "pin": "b11434", "timings_s": {}, "slots": slots}
+    text = gpu_check.markdown(report)
+    assert "planned: 4 slot(s) on a unified KV cache, n_ctx 32768" in text
+    assert "| 8 | studio default (4 slots, unified) | 900.0 | 40 | 60 | 3.00 | 0.90 |" in text
+    assert "| 8 | one slot | 300.0 | 40 | 60 | 1.00 | 0.30 |" in text
+    assert "error: RuntimeError: no GPU" in gpu_check.markdown({**report, "slots": {"error": "RuntimeError: no GPU"}})
+
+
 # -- the whole dry run --------------------------------------------------------------------------------------------
 @pytest.mark.slow
 def test_dry_run_in_a_bare_python_writes_the_report(tmp_path, pinned_build, zoo_dir):
@@ -332,5 +361,12 @@ def test_dry_run_in_a_bare_python_writes_the_report(tmp_path, pinned_build, zoo_
     assert planner["inventory_vendor_tools"][0]["name"] == "NVIDIA H100 80GB HBM3"  # nvidia-smi sees it...
     assert planner["plan"]["gpus"] == [] and any("no CUDA backend" in w for w in planner["plan"]["warnings"])
     assert planner["run"]["completion_status"] == 200 and "CPU" in planner["run"]["allocations"]
+    assert (planner["plan"]["n_parallel"], planner["plan"]["kv_unified"]) == (1, False)  # a CPU plan's one slot
+    slots = report["slots"]
+    assert slots["default"]["n_parallel"] == 1 and slots["reason"].startswith("slots: 1: a CPU plan")
+    servers = ("studio default (1 slot)", "one slot", "llama-server -np -1")
+    assert [(r["clients"], r["server"]) for r in slots["rows"]] == [(c, s) for c in (1, 4) for s in servers]
+    assert all(r["tokens_per_s"] > 0 and r["ttft_p90_ms"] >= r["ttft_p50_ms"] > 0 for r in slots["rows"]), slots
     table = (out / "gpu_check.md").read_text()
     assert "| llama-dense | c1000-auto | none (0) | CPU |" in table and "## planner" in table
+    assert "## slot default" in table and "| 4 | llama-server -np -1 |" in table
