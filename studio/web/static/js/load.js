@@ -84,7 +84,7 @@ export class LoadDialog {
     this.ctxNumber.max = String(this.ctxLimit || native);
     this.ctx.value = String(Math.min(native, 4096));
     this.ctxNumber.value = this.ctx.value;
-    this.slots.value = "1";
+    this.slots.value = "";
     this.draft.value = "";
     this.ttl.value = "";
     this.pinned.checked = false;
@@ -101,9 +101,9 @@ export class LoadDialog {
 
   /** The request the dialog stands for; the context only once the person moved it (else the plan picks). */
   body() {
-    const body = { model: this.model.name, n_parallel: Number(this.slots.value) || 1,
-                   cache_type_kv: this.cache.value, spec: this.spec.value };
+    const body = { model: this.model.name, cache_type_kv: this.cache.value, spec: this.spec.value };
     if (this.touchedCtx) body.n_ctx = Number(this.ctx.value);
+    if (this.slots.value !== "") body.n_parallel = Number(this.slots.value);  // else the planner's, by device
     if (this.draft.value !== "") body.spec_n_max = Number(this.draft.value);
     return body;
   }
