@@ -36,9 +36,9 @@ Policy:
   CPU (``--no-mmproj-offload``), and kept when it is better; a reason says so.
 - Slots (``-np``): as requested; else 4 on one unified KV cache (``--kv-unified``, llama-server's own
   ``-np -1``) when the model is planned onto local GPUs, where batching several requests is where the
-  throughput is; 1 on the CPU (on 2 cores one slot gave eight clients 1.17x the aggregate tokens/s of four
-  unified ones: ``scripts/bench_concurrency.py``), over RPC workers alone (their devices may be CPUs), and
-  for an embedding instance. Several slots on GPUs always share one unified cache: its cells are the
+  throughput is; 1 on the CPU, as before (``scripts/bench_concurrency.py --also 4`` measures whether four
+  serve several clients better on a machine), over RPC workers alone (their devices may be CPUs), and for
+  an embedding instance. Several slots on GPUs always share one unified cache: its cells are the
   context's (each slot may fill them all), so a full-attention cache costs what one slot's does; what they
   add, all on the bill, is a window per slot in a sliding-window cache (``n_swa x slots + n_ubatch`` cells),
   an output row of logits per slot, and those rows in the compute buffer. Several slots on the CPU split the
@@ -592,8 +592,7 @@ class _Planner:
         self.reasons.append(
             "slots: 1: no local GPU, and the RPC workers' devices may be CPUs; set n_parallel for more"
             if self.rpc
-            else "slots: 1: a CPU plan; on the CPU one slot gets the most out of the cores (eight clients got more "
-            "aggregate tokens/s through one slot than through four); set n_parallel for more"
+            else "slots: 1: a CPU plan: each request gets every core in turn; set n_parallel to batch several at once"
         )
         return 1, False
 
