@@ -35,6 +35,9 @@ from pathlib import Path
 import httpx
 import psutil
 
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the checkout's tests/, as bench_proxy uses them
+from tests.helpers import stop_studio  # noqa: E402
+
 REPO = Path(__file__).resolve().parent.parent
 CLI = str(Path(sys.executable).parent / "ggstudio")
 MODELS = ("SmolLM2-135M-Instruct.Q4_1", "gemma-3-270m-Q4_K_M")
@@ -203,11 +206,7 @@ def main() -> int:
             t.join(timeout=max(0.0, deadline - time.monotonic()) + 240)
         end = footprint(proc)
     finally:
-        serve.send_signal(signal.SIGTERM)
-        try:
-            serve.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            serve.kill()
+        stop_studio(serve, signal.SIGTERM)
         err.close()
     left = [
         p

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import contextlib
 import shutil
+import signal
 import socket
+import subprocess
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -139,3 +141,13 @@ def chatting_as_before(model: str) -> dict[str, ModelDefaults]:
     renders them, without the stops the studio adds for a borrowed template, so it rambles on as tests of long
     answers (a client leaving mid-stream, a stream cut) need."""
     return {model: ModelDefaults(chat_template=CHATML)}
+
+
+def stop_studio(serve: subprocess.Popen[Any], sig: int = signal.SIGINT, *, timeout: float = 60) -> None:
+    """Stop a ``ggstudio serve`` process as a person or a service manager does (Ctrl-C, SIGTERM), killed after
+    ``timeout`` seconds if it has not ended by then."""
+    serve.send_signal(sig)
+    try:
+        serve.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        serve.kill()

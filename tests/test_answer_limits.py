@@ -9,6 +9,7 @@ chatting through llama-server's fallback ChatML wrote ``<|im_end|>\\n<|im_start|
 from __future__ import annotations
 
 import json
+import signal
 import subprocess
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -18,7 +19,7 @@ import httpx
 import pytest
 
 from launcher.sampling import DEFAULT_MAX_TOKENS, Sampling, in_force, problems
-from tests.helpers import free_port, wait_for
+from tests.helpers import free_port, stop_studio, wait_for
 from tests.test_cli import CLI, GEMMA, SMOL, assert_no_llama_server, cli, tagged_env
 
 QUESTION = "What is the capital of France?"
@@ -78,11 +79,7 @@ def serving(tmp_path: Path, config: str, *args: str, env: dict[str, str] | None 
             wait_for(ready, timeout=300, interval=0.25, what="the model to load")
             yield url, f"http://127.0.0.1:{ollama}"
         finally:
-            serve.terminate()
-            try:
-                serve.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                serve.kill()
+            stop_studio(serve, signal.SIGTERM)
     assert_no_llama_server(env)
 
 

@@ -27,7 +27,7 @@ import httpx
 import pytest
 
 from studio.library.default_model import CHAT_FILENAME
-from tests.helpers import assert_no_children, free_port, wait_for
+from tests.helpers import assert_no_children, free_port, stop_studio, wait_for
 from tests.test_cli import CLI, assert_no_llama_server, tagged_env
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -219,11 +219,7 @@ def studio(llama_server_bin, smollm_model, tmp_path_factory) -> Iterator[Studio]
             wait_for(ready, timeout=180, interval=0.2, what="the studio and its default model")
             yield Studio(port, ollama_port, env)
         finally:
-            serve.send_signal(signal.SIGINT)
-            try:
-                serve.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                serve.kill()
+            stop_studio(serve)
     assert_no_llama_server(env)
     assert_no_children()
 

@@ -10,7 +10,6 @@ Canada?<|im_end|>..."; under SmolLM2's own template (with the system prompt it a
 from __future__ import annotations
 
 import os
-import signal
 import subprocess
 from pathlib import Path
 
@@ -22,7 +21,7 @@ from studio.library.catalog import CatalogEntry
 from studio.library.default_model import CHAT_FILENAME, CHATML, builtin_model_defaults
 from studio.residency.requests import LoadRequest, load_settings
 from studio.settings import ModelDefaults
-from tests.helpers import free_port, wait_for
+from tests.helpers import free_port, stop_studio, wait_for
 from tests.test_cli import CLI, assert_no_llama_server, tagged_env
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -92,9 +91,5 @@ def test_the_default_model_names_paris_at_temperature_0_and_make_run_prints_the_
             assert "Paris" in answer, answer
             assert "capital of France?" not in answer and "<|im_" not in answer, answer
         finally:
-            serve.send_signal(signal.SIGINT)
-            try:
-                serve.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                serve.kill()
+            stop_studio(serve)
     assert_no_llama_server(env)
