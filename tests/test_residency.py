@@ -21,6 +21,7 @@ import pytest
 from launcher.capabilities import probe
 from launcher.devices import discover
 from launcher.planner import PlanRequest, load_model, plan
+from studio.library.default_model import CHATML
 from studio.residency.requests import LoadRequest
 from studio.residency.resident import ResidentModel
 from studio.settings import MemoryBudget, ModelDefaults, ResidencySettings
@@ -323,7 +324,8 @@ def test_unload_with_requests_in_flight_ends_them_with_a_clear_error_after_the_g
         tmp_path,
         llama_server_bin,
         {"gemma": gemma_model},
-        defaults={"gemma": ModelDefaults(n_ctx=4096, n_parallel=2, spec="off")},
+        # ChatML as its template: a base model's borrowed one would stop its long answers at a turn marker
+        defaults={"gemma": ModelDefaults(n_ctx=4096, n_parallel=2, spec="off", chat_template=CHATML)},
     ) as s:
         assert chat(s.url, "gemma").status_code == 200
         results: dict[str, object] = {}
