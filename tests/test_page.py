@@ -456,7 +456,8 @@ def test_a_reply_that_only_reasoned_shows_its_reasoning_as_the_answer(watched, s
     assert not page.locator("#messages .reasoning").is_visible()  # shown once, as the answer
     page.fill("#chat-input", "Sure?")
     page.keyboard.press("Enter")
-    wait_for(lambda: len(chats) == 2, timeout=10, what="the second message")
+    # Playwright runs the route's handler only inside its own calls: wait in one, not in a sleep
+    wait_for(lambda: page.wait_for_timeout(50) or len(chats) == 2, timeout=10, what="the second message")
     assert chats[1]["messages"][1] == {"role": "assistant", "content": "Paris is the capital. Say so."}
     assert watched.errors == []
 
