@@ -34,25 +34,12 @@ FLAGS: Mapping[str, tuple[str, str, float]] = MappingProxyType(
         "repeat_penalty": ("--repeat-penalty", "penalty_repeat", 1.0),
     }
 )
-#: (least, most) of each field; the config file and the load API check the same bounds.
-LIMITS: Mapping[str, tuple[float, float]] = MappingProxyType(
-    {
-        "temperature": (0.0, 5.0),
-        "top_p": (0.0, 1.0),
-        "top_k": (0, 1_000_000),
-        "min_p": (0.0, 1.0),
-        "repeat_penalty": (0.0, 10.0),
-        "max_tokens": (1, 1 << 24),
-        "max_seconds": (0, 7 * 86400),
-    }
-)
-
-_WHOLE = frozenset({"top_k", "max_tokens"})
 
 
 @dataclass(frozen=True)
 class Sampling:
-    """A model's sampling defaults; ``None``: the GGUF's own value, else llama-server's default."""
+    """A model's sampling defaults; ``None``: the GGUF's own value, else llama-server's default. Their names,
+    bounds and help are the studio's load options (``studio.load_options``)."""
 
     temperature: float | None = None
     top_p: float | None = None
@@ -118,23 +105,3 @@ def in_force(
         "source": "studio" if configured.max_seconds is None else "config",
     }
     return out
-
-
-def problems(table: Mapping[str, object]) -> list[str]:
-    """What is wrong with the sampling keys of ``table`` (the others are not looked at)."""
-    out = []
-    for key, (least, most) in LIMITS.items():
-        if key not in table:
-            continue
-        value = table[key]
-        whole = key in _WHOLE
-        kind = int if whole else (int, float)
-        if isinstance(value, bool) or not isinstance(value, kind) or not least <= value <= most:
-            out.append(f"{key} must be {'an integer' if whole else 'a number'} from {least} to {most}")
-    return out
-
-
-def from_table(table: Mapping[str, object]) -> Sampling:
-    """The sampling keys of a checked table (``problems`` found none) as a ``Sampling``."""
-    values = {k: table[k] for k in LIMITS if k in table}
-    return Sampling(**{k: v if k in _WHOLE else float(v) for k, v in values.items()})  # type: ignore[arg-type]

@@ -97,20 +97,18 @@ from __future__ import annotations
 import os
 import re
 import tomllib
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from launcher import sampling
 from launcher.sampling import Sampling
 from studio.env import env_flag
 from studio.home import studio_home
+from studio.load_options import BY_NAME, OPTIONS, Option, OptionValues, config_problems
 
-if TYPE_CHECKING:
-    from launcher.memory import CacheType, FlashAttn
-    from launcher.speculative import SpecMode
+_SAMPLING_KEYS = frozenset(o.name for o in OPTIONS if o.plan == "sampling")
 
 _TOP_KEYS = {
     "host",
@@ -146,44 +144,12 @@ _MCP_KEYS = {"command", "args", "env", "cwd", "url"}
 _PYTHON_KEYS = {"enabled", "timeout", "cpu_seconds", "memory_mb", "max_output_kb", "max_processes"}
 #: MCP server names become part of tool names (``NAME__tool``), which OpenAI limits to these characters.
 _SERVER_NAME = re.compile(r"[A-Za-z0-9_-]{1,32}")
-_MODEL_KEYS = {
-    "n_ctx",
-    "n_parallel",
-    "extra_args",
-    "spec",
-    "spec_n_max",
-    "cache_type_kv",
-    "cache_ram",
-    "ttl",
-    "pinned",
-    "mmproj",
-    "threads",
-    "threads_batch",
-    "flash_attn",
-    "context_shift",
-    "chat_template",
-    "tags",
-    "jinja",
-    "thinking",
-    *sampling.LIMITS,
-}
-#: (least, most) a load may ask for; the load API and the config file check the same bounds. No real model
-#: has a context above 16M tokens (Llama 4 Scout's 10M is the largest); a bigger one is a typo, refused
-#: before anything is planned.
-LOAD_LIMITS: Mapping[str, tuple[int, int | None]] = MappingProxyType(
-    {
-        "n_ctx": (256, 1 << 24),
-        "n_parallel": (1, 64),
-        "spec_n_max": (1, 64),
-        "cache_ram": (0, 1 << 20),  # MiB of llama-server's prompt cache; 0: off
-        "threads": (1, 1024),
-        "threads_batch": (1, 1024),
-    }
-)
+#: The keys of a ``[models.NAME]`` table: the load options (``studio.load_options``).
+_MODEL_KEYS = frozenset(BY_NAME)
 #: (least, most) for the residency keys, in seconds or models.
 RESIDENCY_LIMITS: Mapping[str, tuple[float, float]] = MappingProxyType(
     {
-        "ttl": (0, 365 * 86400),
+        "ttl": (BY_NAME["ttl"].least or 0, BY_NAME["ttl"].most or 0),
         "max_resident": (1, 64),
         "unload_grace": (0, 3600),
         "busy_wait": (0, 3600),
@@ -276,29 +242,15 @@ class ResidencySettings:
     default_for_unknown: bool = False
 
 
-@dataclass(frozen=True)
-class ModelDefaults:
-    """Load settings one model gets when a request leaves them out."""
+class ModelDefaults(OptionValues):
+    """Load settings one model gets when a request leaves them out: its ``[models.NAME]`` table."""
 
-    n_ctx: int | None = None
-    n_parallel: int | None = None
-    extra_args: tuple[str, ...] | None = None
-    spec: SpecMode | None = None
-    spec_n_max: int | None = None
-    cache_ram: int | None = None  # MiB of prompt cache (--cache-ram); 0: off; None: the planner's
-    cache_type_kv: CacheType | None = None
-    ttl: float | None = None  # None: the global ttl
-    pinned: bool = False
-    chat_template: str | None = None  # a Jinja template, or a llama.cpp built-in's name, replacing the model's own
-    mmproj: str | None = None  # a projector path, or "none"; unset: the one the library pairs
-    threads: int | None = None
-    threads_batch: int | None = None
-    flash_attn: FlashAttn | None = None
-    context_shift: bool | None = None
-    jinja: bool | None = None  # False: llama-server's built-in template renderer (--no-jinja), which refuses tools
-    thinking: bool | None = None  # thinking on or off at load; None: the template's default (launcher.thinking)
-    tags: tuple[str, ...] = ()  # labels GET /models lists with the model (llama-server's --tags), no load setting
-    sampling: Sampling = Sampling()  # its sampling defaults and answer limits (``launcher.sampling``)
+    __slots__ = ()
+
+    @property
+    def sampling(self) -> Sampling:
+        """Its sampling defaults and answer limits (``launcher.sampling``)."""
+        return Sampling(**{k: v for k, v in self.values.items() if k in _SAMPLING_KEYS})
 
 
 @dataclass(frozen=True)
@@ -384,12 +336,13 @@ class Settings:
         return self.home / "spec"
 
     @classmethod
-    def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
-        """Return settings read from ``env`` (default: the process environment)."""
+    def from_env(cls, env: Mapping[str, str] | None = None, *, options: Sequence[Option] = OPTIONS) -> Settings:
+        """Return settings read from ``env`` (default: the process environment); ``options``: the load options
+        a ``[models.NAME]`` table may set."""
         env = os.environ if env is None else env
         home = studio_home(env)
         config_path = Path(env.get("GGUF_STUDIO_CONFIG") or home / "config.toml").expanduser()
-        config = _read_config(config_path, explicit="GGUF_STUDIO_CONFIG" in env)
+        config = _read_config(config_path, explicit="GGUF_STUDIO_CONFIG" in env, options=options)
         port = _port("GGUF_STUDIO_PORT", env.get("GGUF_STUDIO_PORT") or str(config.get("port", 8080)))
         ollama_text = env.get("GGUF_STUDIO_OLLAMA_PORT") or config.get("ollama_port")
         ollama_port = _port("GGUF_STUDIO_OLLAMA_PORT", str(ollama_text)) if ollama_text else None
@@ -429,32 +382,7 @@ class Settings:
             rpc_workers=workers,
             rpc_server_path=_optional_path(env.get("GGML_RPC_SERVER_PATH")),
             model_defaults=MappingProxyType(
-                {
-                    name: ModelDefaults(
-                        n_ctx=d.get("n_ctx"),
-                        n_parallel=d.get("n_parallel"),
-                        extra_args=tuple(d["extra_args"]) if "extra_args" in d else None,
-                        spec=_spec_mode(d["spec"]) if "spec" in d else None,
-                        spec_n_max=d.get("spec_n_max"),
-                        cache_ram=d.get("cache_ram"),
-                        cache_type_kv=d.get("cache_type_kv"),
-                        ttl=d.get("ttl"),
-                        pinned=bool(d.get("pinned", False)),
-                        mmproj=str(Path(d["mmproj"]).expanduser())
-                        if d.get("mmproj") not in (None, "none")
-                        else d.get("mmproj"),
-                        threads=d.get("threads"),
-                        threads_batch=d.get("threads_batch"),
-                        flash_attn=d.get("flash_attn"),
-                        context_shift=d.get("context_shift"),
-                        chat_template=d.get("chat_template"),
-                        jinja=d.get("jinja"),
-                        thinking=d.get("thinking"),
-                        tags=tuple(d.get("tags", ())),
-                        sampling=sampling.from_table(d),
-                    )
-                    for name, d in config.get("models", {}).items()
-                }
+                {name: ModelDefaults.of(table) for name, table in config.get("models", {}).items()}
             ),
             residency=_residency(config, env, config_path),
             tools=_tool_settings(config),
@@ -465,8 +393,9 @@ class Settings:
         )
 
 
-def _read_config(path: Path, *, explicit: bool) -> dict[str, Any]:
-    """The TOML config at ``path`` checked for shape, or {} when there is none (and none was asked for)."""
+def _read_config(path: Path, *, explicit: bool, options: Sequence[Option] = OPTIONS) -> dict[str, Any]:
+    """The TOML config at ``path`` checked for shape, or {} when there is none (and none was asked for); its
+    ``[models.NAME]`` tables as the load options' values they set (``studio.load_options``)."""
     try:
         text = path.read_text()
     except FileNotFoundError:
@@ -482,17 +411,23 @@ def _read_config(path: Path, *, explicit: bool) -> dict[str, Any]:
         isinstance(v, str) for v in config.get("aliases", {}).values()
     ):
         problems.append("[aliases] must map names to model names or paths (strings)")
-    for name, d in (config.get("models", {}) or {}).items():
+    tables = config.get("models", {})
+    if not isinstance(tables, dict):
+        problems.append("[models] must hold one table per model: [models.NAME]")
+        tables = {}
+    for name, d in tables.items():
         if not isinstance(d, dict):
             problems.append(f"[models.{name!r}] must be a table")
             continue
-        problems += [f"[models.{name!r}]: {problem}" for problem in _model_problems(d)]
+        tables[name], wrong = config_problems(d, options)
+        problems += [f"[models.{name!r}]: {problem}" for problem in wrong]
     for switch in ("auto_download", "default_for_unknown"):
         if not isinstance(config.get(switch, False), bool):
             problems.append(f"{switch} must be true or false")
     if not isinstance(config.get("max_body_bytes", DEFAULT_MAX_BODY_BYTES), int):
         problems.append("max_body_bytes must be an integer (bytes)")
-    problems += sampling.problems({k: v for k, v in config.items() if k in ("max_tokens", "max_seconds")})
+    limits = [BY_NAME[k] for k in ("max_tokens", "max_seconds") if k in config]
+    problems += config_problems({o.name: config[o.name] for o in limits}, limits)[1]
     if not isinstance(config.get("model_dirs", []), list):
         problems.append("model_dirs must be a list of folders")
     problems += _number_problems(config, RESIDENCY_LIMITS)
@@ -593,56 +528,6 @@ def _normalize_host(text: str) -> str:
     from studio.http.access import normalize_host
 
     return normalize_host(text)
-
-
-def _spec_mode(text: str) -> SpecMode:
-    from launcher.speculative import normalize_mode  # not at import: ``ggstudio --help`` never needs it
-
-    return normalize_mode(text)
-
-
-def _model_problems(d: dict[str, Any]) -> list[str]:
-    """What is wrong with one ``[models.NAME]`` table, checked as the load API checks a request."""
-    # imported here, not at the top: the launcher's planning modules cost ~80 ms of every command's start-up
-    from launcher.chat_templates import check_chat_template
-    from launcher.memory import CACHE_TYPES, FLASH_ATTN
-    from launcher.speculative import MODES, SpeculativeConfigError, normalize_mode
-
-    problems = [f"unknown key {k!r} (known: {', '.join(sorted(_MODEL_KEYS))})" for k in d if k not in _MODEL_KEYS]
-    problems += _number_problems(d, {"ttl": RESIDENCY_LIMITS["ttl"]})
-    problems += sampling.problems(d)
-    for k in ("pinned", "context_shift", "jinja", "thinking"):
-        if k in d and not isinstance(d[k], bool):
-            problems.append(f"{k} must be true or false")
-    if "flash_attn" in d and d["flash_attn"] not in FLASH_ATTN:
-        problems.append(f"flash_attn must be one of {', '.join(FLASH_ATTN)}")
-    if "chat_template" in d and not isinstance(d["chat_template"], str):
-        problems.append("chat_template must be a llama.cpp built-in template's name or Jinja text")
-    elif "chat_template" in d and (problem := check_chat_template(d["chat_template"])):
-        problems.append(f"chat_template: {problem}")
-    for k, (least, most) in LOAD_LIMITS.items():
-        if k in d and (
-            not isinstance(d[k], int) or isinstance(d[k], bool) or d[k] < least or (most is not None and d[k] > most)
-        ):
-            problems.append(f"{k} must be an integer from {least}" + (f" to {most}" if most else " up"))
-    if "extra_args" in d and not (
-        isinstance(d["extra_args"], list) and all(isinstance(a, str) for a in d["extra_args"])
-    ):
-        problems.append("extra_args must be a list of strings")
-    if "tags" in d and not (isinstance(d["tags"], list) and all(isinstance(t, str) for t in d["tags"])):
-        problems.append("tags must be a list of strings")
-    if "spec" in d and not isinstance(d["spec"], str):
-        problems.append(f"spec must be a string, one of: {', '.join(MODES)}")
-    elif "spec" in d:
-        try:
-            normalize_mode(d["spec"])
-        except SpeculativeConfigError as exc:
-            problems.append(f"spec: {exc}")
-    if "mmproj" in d and not isinstance(d["mmproj"], str):
-        problems.append('mmproj must be the path of a projector .gguf, or "none"')
-    if "cache_type_kv" in d and d["cache_type_kv"] not in CACHE_TYPES:
-        problems.append(f"cache_type_kv: unknown cache type {d['cache_type_kv']!r}; valid: {', '.join(CACHE_TYPES)}")
-    return problems
 
 
 def _tool_problems(config: dict[str, Any]) -> list[str]:

@@ -21,6 +21,7 @@ from typing import Any
 
 from gguf.templates import TemplateCapabilities
 from studio.errors import ModelNotFoundError
+from studio.load_options import OptionValues
 from studio.residency.requests import LoadSettings
 
 
@@ -60,7 +61,7 @@ class StandInModel:
     template: TemplateCapabilities | None = None
     auth_headers: dict[str, str] = field(default_factory=dict)
     plan: _NoWorkers = field(default_factory=_NoWorkers)
-    settings: LoadSettings = LoadSettings(path=_TextOnly.path, n_ctx=4096, n_parallel=1, extra_args=())
+    settings: LoadSettings = LoadSettings(_TextOnly.path, OptionValues(n_ctx=4096, n_parallel=1))
     facts: _OwnTemplate = field(default_factory=_OwnTemplate)
 
 

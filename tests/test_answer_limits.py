@@ -18,7 +18,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from launcher.sampling import DEFAULT_MAX_TOKENS, Sampling, in_force, problems
+from launcher.sampling import DEFAULT_MAX_TOKENS, Sampling, in_force
+from studio.load_options import BY_NAME, config_problems
 from tests.helpers import free_port, stop_studio, wait_for
 from tests.test_cli import CLI, GEMMA, SMOL, assert_no_llama_server, cli, tagged_env
 
@@ -42,8 +43,9 @@ def test_a_requests_own_values_win_over_the_models_which_win_over_the_studios():
     assert shown["top_k"] == {"value": 20, "source": "model file"}
     assert shown["min_p"]["source"] == "llama-server"
     assert shown["max_tokens"] == {"value": 1024, "source": "studio"}
-    assert problems({"temperature": "hot", "top_k": 1.5, "max_tokens": 0, "n_ctx": "ignored"}) == [
-        "temperature must be a number from 0.0 to 5.0",
+    limits = [BY_NAME[k] for k in ("temperature", "top_k", "max_tokens")]
+    assert config_problems({"temperature": "hot", "top_k": 1.5, "max_tokens": 0}, limits)[1] == [
+        "temperature must be a number from 0 to 5",
         "top_k must be an integer from 0 to 1000000",
         "max_tokens must be an integer from 1 to 16777216",
     ]

@@ -486,7 +486,7 @@ def test_ggstudio_plan_takes_the_load_options(gemma_model, llama_server_bin):
     bad = subprocess.run(
         [*CLI, "plan", str(gemma_model), "--flash-attn", "maybe"], capture_output=True, text=True, timeout=120, cwd=ROOT
     )
-    assert bad.returncode != 0 and "on, off or auto" in bad.stderr
+    assert bad.returncode != 0 and "flash_attn must be one of on, off, auto" in bad.stderr
 
 
 def test_slots_left_unset_are_the_planners_by_device(tmp_path, gemma_model, real):

@@ -28,6 +28,7 @@ from launcher.registry import ChildRegistry
 from launcher.supervisor import Supervisor, owner_token
 from studio.http.app import create_app
 from studio.library.default_model import ensure_default_model
+from studio.load_options import OptionValues
 from studio.residency.requests import LoadSettings
 from studio.residency.resident import LoadedModel
 from tests.helpers import assert_no_children, serving
@@ -79,7 +80,7 @@ def studio(llama_server_bin, settings, tmp_path_factory):
         status = supervisor.start(command.launch_spec(start_timeout=120))
         loaded = LoadedModel(
             name="smollm2",
-            settings=LoadSettings(path, 2048, 1, ()),
+            settings=LoadSettings(path, OptionValues(n_ctx=2048, n_parallel=1)),
             url=status.url or "",
             api_key=command.api_key,
             n_ctx=launch.n_ctx,

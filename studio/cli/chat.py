@@ -1,7 +1,6 @@
 """``ggstudio run``: load a model and chat with it in the terminal (``studio.cli.terminal_chat``)."""
 
 import sys
-from dataclasses import replace
 from typing import TYPE_CHECKING, Annotated
 
 import typer
@@ -119,7 +118,7 @@ def _chat(
                 exit=Exit.DOES_NOT_FIT,
                 hint="try a smaller --ctx (see `ggstudio plan`), or --force to load it anyway",
             )
-        loaded = studio.load(replace(request, force=force), progress=sys.stderr if sys.stderr.isatty() else None)
+        loaded = studio.load(request.replace(force=force), progress=sys.stderr if sys.stderr.isatty() else None)
     except gguf_error as exc:
         if exit_code(exc) == Exit.NOT_FOUND:
             raise

@@ -7,9 +7,11 @@ every command's signature at each start and compiled each string annotation anew
 start. Names imported only for type checking are quoted.
 """
 
+import functools
+import inspect
 import signal
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Annotated, Any
@@ -20,6 +22,7 @@ from typer.core import TyperGroup
 from launcher.errors import BuildError, LauncherError, ProcessError
 from studio.cli.help_options import HELP_OPTIONS
 from studio.errors import AnsweredError, CommandError, Exit, StudioError
+from studio.load_options import OPTIONS, Option, api_options
 
 if TYPE_CHECKING:  # the service's modules load only in the commands that need them
     from typer._click.core import Context  # typer carries its own click
@@ -228,65 +231,59 @@ def model_manager(
     return manager, found
 
 
-ThreadsOption = Annotated[
-    int | None,
-    typer.Option(
-        min=1, help="CPU threads (default: the config's, or the usable cores divided among the models on the CPU)."
-    ),
-]
-ThreadsBatchOption = Annotated[
-    int | None, typer.Option(min=1, help="Prompt-processing threads (default: the config's, or the same as --threads).")
-]
-FlashAttnOption = Annotated[
-    str | None,
-    typer.Option(
-        help="Flash attention: on, off or auto (default: the config's, or on when the cache type needs it, else auto)."
-    ),
-]
-ContextShiftOption = Annotated[
-    bool | None,
-    typer.Option(
-        "--context-shift/--no-context-shift",
-        help="Past the context, drop the oldest tokens instead of failing (default: the config's, or off).",
-    ),
-]
-JinjaOption = Annotated[
-    bool | None,
-    typer.Option(
-        "--jinja/--no-jinja",
-        help="Render chat templates with Jinja; --no-jinja: llama-server's built-in renderer, which refuses tools "
-        "(default: the config's, or Jinja unless --chat-template names a built-in).",
-    ),
-]
-ChatTemplateOption = Annotated[
-    str | None,
-    typer.Option(
-        help="A chat template instead of the model's own: a llama.cpp built-in's name (chatml, llama3, "
-        "command-r, ...) or Jinja text (default: the config's, or the model's own)."
-    ),
-]
+def with_load_options(
+    options: "Sequence[Option]" = OPTIONS,
+) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """Give a command an option for each load option the load API takes, derived from ``studio.load_options``
+    (flag, type, bounds, help); the command receives those given as ``options``, by the API's names."""
+    rows = [o for o in api_options(options) if o.flag]
+
+    def decorate(command: Callable[..., Any]) -> Callable[..., Any]:
+        own = [p.replace(kind=inspect.Parameter.KEYWORD_ONLY) for p in inspect.signature(command).parameters.values()]
+        own = [p for p in own if p.name != "options"]
+        last = [p for p in own if p.name in ("json_output", "url")]  # the load options go before these
+        added = [
+            inspect.Parameter(o.name, inspect.Parameter.KEYWORD_ONLY, default=None, annotation=_cli_option(o))
+            for o in rows
+        ]
+        params = [*(p for p in own if p not in last), *added, *last]
+
+        @functools.wraps(command)
+        def run(**given: Any) -> Any:
+            values = {o.name: given.pop(o.name, None) for o in rows}
+            return command(**given, options=_checked_options(rows, values))
+
+        run.__signature__ = inspect.Signature(params)  # type: ignore[attr-defined]
+        run.__annotations__ = {p.name: p.annotation for p in params}
+        return run
+
+    return decorate
 
 
-def load_options(
-    threads: int | None,
-    threads_batch: int | None,
-    flash_attn: str | None,
-    context_shift: bool | None,
-    chat_template: str | None,
-    jinja: bool | None = None,
-) -> dict[str, Any]:
-    """The load options given on the command line, by the load API's names."""
-    if flash_attn is not None and flash_attn.lower() not in ("on", "off", "auto"):
-        raise typer.BadParameter("on, off or auto", param_hint="--flash-attn")
-    given = {
-        "threads": threads,
-        "threads_batch": threads_batch,
-        "flash_attn": flash_attn.lower() if flash_attn else None,
-        "context_shift": context_shift,
-        "chat_template": chat_template,
-        "jinja": jinja,
-    }
-    return {k: v for k, v in given.items() if v is not None}
+def _cli_option(option: "Option") -> Any:
+    """The typer annotation of ``option``'s command-line flag."""
+    flag = option.flag or ""
+    if option.kind == "bool" and "/" not in flag:
+        flag = f"{flag}/--no-{flag.removeprefix('--')}"
+    kind: Any = {"int": int, "number": float, "bool": bool, "texts": list[str]}.get(option.kind, str)
+    ranged = option.kind in ("int", "number")
+    least, most = (option.least, option.most) if ranged else (None, None)
+    return Annotated[kind | None, typer.Option(flag, help=option.described, min=least, max=most)]
+
+
+def _checked_options(rows: "Sequence[Option]", values: dict[str, Any]) -> dict[str, Any]:
+    """The options given, by the load API's names; a choice taken in any case, and refused naming its flag."""
+    out = {}
+    for option in rows:
+        value = values.get(option.name)
+        if value is None:
+            continue
+        if option.kind == "choice":
+            value = str(value).lower()
+            if value not in option.allowed():
+                raise typer.BadParameter(option.must(value), param_hint=option.flag)
+        out[option.name] = value
+    return out
 
 
 RpcOption = Annotated[

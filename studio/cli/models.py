@@ -10,25 +10,19 @@ import typer
 
 from launcher.units import format_size
 from studio.cli.common import (
-    ChatTemplateOption,
-    ContextShiftOption,
-    FlashAttnOption,
-    JinjaOption,
     JsonOption,
     RpcOption,
-    ThreadsBatchOption,
-    ThreadsOption,
     UrlOption,
     app,
     as_json,
     call_studio,
     chosen_rpc_workers,
     exit_code,
-    load_options,
     model_entry,
     model_manager,
     stream_studio_events,
     studio_settings,
+    with_load_options,
 )
 from studio.errors import AnsweredError, CommandError, Exit, StudioError
 
@@ -86,20 +80,15 @@ def ps(url: UrlOption = None, json_output: JsonOption = False) -> None:
 
 
 @app.command()
+@with_load_options()
 def load(
     model: Annotated[str, typer.Argument(help="A model name in the studio's models dir, or a .gguf path.")],
-    ctx: Annotated[int | None, typer.Option(help="Context size in tokens (default: the largest that fits).")] = None,
     force: Annotated[
         bool, typer.Option("--force", help="Load even when the plan says the model does not fit in memory.")
     ] = False,
-    threads: ThreadsOption = None,
-    threads_batch: ThreadsBatchOption = None,
-    flash_attn: FlashAttnOption = None,
-    context_shift: ContextShiftOption = None,
-    chat_template: ChatTemplateOption = None,
-    jinja: JinjaOption = None,
     url: UrlOption = None,
     json_output: JsonOption = False,
+    options: dict[str, Any] | None = None,
 ) -> None:
     """Load a model into a running studio.
 
@@ -107,11 +96,7 @@ def load(
 
     ggstudio load gemma-3-270m-Q4_K_M --ctx 4096 --threads 2 --chat-template chatml
     """
-    body: dict[str, Any] = {
-        "model": model,
-        "n_ctx": ctx,
-        **load_options(threads, threads_batch, flash_attn, context_shift, chat_template, jinja),
-    }
+    body: dict[str, Any] = {"model": model, **(options or {})}
     status = load_in_studio(url, model, body, force=force)
     if json_output:
         typer.echo(as_json(status))
@@ -201,41 +186,10 @@ def unload(
 
 
 @app.command("plan")
+@with_load_options()
 def plan_command(
     model: Annotated[str, typer.Argument(help="A model name, or a .gguf file (any shard of a split model).")],
-    ctx: Annotated[int | None, typer.Option(help="Context in tokens (default: the config's, or automatic).")] = None,
-    parallel: Annotated[
-        int | None,
-        typer.Option(
-            help="Parallel server slots (default: the config's, else 4 on a unified KV cache on GPUs, 1 on the CPU)."
-        ),
-    ] = None,
-    spec: Annotated[
-        str | None,
-        typer.Option(
-            help="Speculative mode: auto, mtp, ngram, mtp+ngram, off, ngram-simple (default: the config's, or auto)."
-        ),
-    ] = None,
-    n_max: Annotated[
-        int | None, typer.Option(help="Drafted tokens per step (default: the config's, or the policy's).")
-    ] = None,
-    cache_type: Annotated[
-        str | None,
-        typer.Option(help="KV cache type for K and V: f16, q8_0, q4_0... (default: the config's, or f16)."),
-    ] = None,
     rpc: RpcOption = None,
-    mmproj: Annotated[
-        str | None,
-        typer.Option(
-            help='A multimodal projector .gguf, or "none" (default: the config\'s, or the one paired beside it).'
-        ),
-    ] = None,
-    threads: ThreadsOption = None,
-    threads_batch: ThreadsBatchOption = None,
-    flash_attn: FlashAttnOption = None,
-    context_shift: ContextShiftOption = None,
-    chat_template: ChatTemplateOption = None,
-    jinja: JinjaOption = None,
     json_output: Annotated[bool, typer.Option("--json", help="Print JSON instead of text.")] = False,
     url: Annotated[
         str | None,
@@ -244,6 +198,7 @@ def plan_command(
             "models the load would evict."
         ),
     ] = None,
+    options: dict[str, Any] | None = None,
 ) -> None:
     """Show how a model would be launched here, and why.
 
@@ -257,39 +212,20 @@ def plan_command(
         _ = gguf.read(model).facts
     import asyncio
 
-    from launcher.planner import parse_cache_type
     from studio.residency.requests import LoadRequest
     from studio.views.plan import plan_json, render_plan
 
-    options = load_options(threads, threads_batch, flash_attn, context_shift, chat_template, jinja)
+    options = options or {}
     if url is not None:  # a running studio plans it against what its resident models hold
-        body = {
-            "model": model,
-            "n_ctx": ctx,
-            "n_parallel": parallel,
-            "spec": spec,
-            "spec_n_max": n_max,
-            "cache_type_kv": cache_type.lower() if cache_type else None,
-            "mmproj": mmproj,
-            **options,
-        }
-        info = call_studio("POST", url, "/api/plan", body={k: v for k, v in body.items() if v is not None}, timeout=120)
+        info = call_studio("POST", url, "/api/plan", body={"model": model, **options}, timeout=120)
         typer.echo(as_json(info) if json_output else render_plan(info))
         return
     settings = studio_settings()
     # the manager a `serve` or a `run` would load it with: its defaults, placement, files and slot folder
     manager, found = model_manager(settings, chosen_rpc_workers(rpc, settings), reap_orphans=False)
     entry, remote = model_entry(settings, model)
-    asked = LoadRequest(
-        model if remote is None else str(entry.path),  # a Hub variant not downloaded: its kept header
-        n_ctx=ctx,
-        n_parallel=parallel,
-        spec=spec,
-        spec_n_max=n_max,
-        cache_type=parse_cache_type(cache_type.lower()) if cache_type else None,
-        mmproj=mmproj,
-        **options,
-    )
+    # a Hub variant not downloaded: its kept header
+    asked = LoadRequest.asking(model if remote is None else str(entry.path), options)
     placed = asyncio.run(manager.preview(asked))
     with manager.launch_command(placed) as command:
         argv = command.shown_argv()

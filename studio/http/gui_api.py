@@ -4,18 +4,16 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 from typing import Any
 
 from fastapi import APIRouter, Request
 from fastapi.responses import StreamingResponse
-from pydantic import Field
+from pydantic import Field, create_model
 
 import gguf
-from launcher.memory import CacheType, FlashAttn
 from launcher.sampling import Sampling
-from launcher.speculative import MODES
 from studio.chat.media import file_capabilities
 from studio.errors import ModelNotResidentError
 from studio.http.bodies import ApiBody
@@ -23,9 +21,10 @@ from studio.http.gui_hub import is_remote, remote_plan
 from studio.http.library_removal import remove_from_library
 from studio.http.model_paths import check_extra_args, check_model_path, check_projector_path
 from studio.library.catalog import CatalogEntry, names_by_model
+from studio.load_options import OPTIONS, Option, api_options, describe, options_model
 from studio.residency.manager import ModelManager, Placed
 from studio.residency.requests import LoadRequest, model_defaults_for, sampling_for
-from studio.settings import LOAD_LIMITS, RESIDENCY_LIMITS
+from studio.settings import RESIDENCY_LIMITS
 from studio.views.model import summary
 from studio.views.plan import plan_json
 from studio.views.residency import status_json, template_source
@@ -36,112 +35,29 @@ router = APIRouter(prefix="/api")
 POLL = 0.2
 
 
-class LoadBody(ApiBody):
-    """A load (or plan preview) request from the GUI."""
+class _LoadBody(ApiBody):
+    """A load (or plan preview) request: a model, ``force``, and the load options (``load_body``)."""
 
     model: str = Field(description="A registered model name or a path to a .gguf file.")
-    n_ctx: int | None = Field(
-        default=None,
-        ge=LOAD_LIMITS["n_ctx"][0],
-        le=LOAD_LIMITS["n_ctx"][1],
-        description="Context size; default: the config's, or the largest that fits.",
-    )
-    n_parallel: int | None = Field(
-        default=None,
-        ge=LOAD_LIMITS["n_parallel"][0],
-        le=LOAD_LIMITS["n_parallel"][1],
-        description="Server slots; default: the config's, else 4 on a unified KV cache on GPUs, 1 on the CPU.",
-    )
-    cache_type_kv: CacheType | None = Field(
-        default=None, description="KV cache type (quantized types need flash attention); default: the config's, or f16."
-    )
-    spec: str | None = Field(
-        default=None, description=f"Speculative mode: {', '.join(MODES)}; default: the config's, or auto."
-    )
-    spec_n_max: int | None = Field(
-        default=None,
-        ge=LOAD_LIMITS["spec_n_max"][0],
-        le=LOAD_LIMITS["spec_n_max"][1],
-        description="Drafted tokens per step; default: the config's, or the policy's.",
-    )
-    cache_ram: int | None = Field(
-        default=None,
-        ge=LOAD_LIMITS["cache_ram"][0],
-        le=LOAD_LIMITS["cache_ram"][1],
-        description="MiB of llama-server's prompt cache (--cache-ram), on the model's bill; 0: off; "
-        "default: the config's, or the planner's (two copies of the KV cache, bounded by free memory).",
-    )
-    extra_args: list[str] | None = Field(
-        default=None, description="Extra llama-server flags; default: the last ones, or the config's."
-    )
-    ttl: float | None = Field(
-        default=None,
-        ge=RESIDENCY_LIMITS["ttl"][0],
-        le=RESIDENCY_LIMITS["ttl"][1],
-        description="Seconds idle before the model is unloaded (0: never); default: the config's.",
-    )
-    pinned: bool | None = Field(default=None, description="Never evict this model; default: the config's.")
-    chat_template: str | None = Field(
-        default=None,
-        max_length=256 * 1024,
-        description="A chat template to use instead of the model's own: Jinja text, or the name of one of "
-        "llama.cpp's built-in templates (chatml, llama3, command-r, ...); default: the config's.",
-    )
-    threads: int | None = Field(
-        default=None,
-        ge=LOAD_LIMITS["threads"][0],
-        le=LOAD_LIMITS["threads"][1],
-        description="CPU threads; default: the config's, or the usable cores divided among the models on the CPU.",
-    )
-    threads_batch: int | None = Field(
-        default=None,
-        ge=LOAD_LIMITS["threads_batch"][0],
-        le=LOAD_LIMITS["threads_batch"][1],
-        description="Prompt-processing threads; default: the config's, or the same as threads.",
-    )
-    flash_attn: FlashAttn | None = Field(
-        default=None,
-        description="Flash attention: on, off or auto (a quantized cache needs on or auto); default: the "
-        "config's, or on when the cache type needs it, else auto.",
-    )
-    context_shift: bool | None = Field(
-        default=None,
-        description="Past the context, drop the oldest tokens instead of answering with an error; default: the "
-        "config's, or off.",
-    )
-    jinja: bool | None = Field(
-        default=None,
-        description="Render chat templates with Jinja; false: llama-server's built-in renderer (--no-jinja), which "
-        "refuses requests with tools; default: the config's, or Jinja unless chat_template names a built-in.",
-    )
     force: bool = Field(default=False, description="Load even when the plan says it does not fit.")
-    mmproj: str | None = Field(
-        default=None,
-        description='A multimodal projector .gguf to load with the model, or "none"; default: the '
-        "config's, or the projector the library pairs with the model.",
-    )
 
     def request(self) -> LoadRequest:
-        return LoadRequest(
-            model=self.model,
-            n_ctx=self.n_ctx,
-            n_parallel=self.n_parallel,
-            spec=self.spec,
-            spec_n_max=self.spec_n_max,
-            cache_ram=self.cache_ram,
-            cache_type=self.cache_type_kv,
-            extra_args=tuple(self.extra_args) if self.extra_args is not None else None,
-            ttl=self.ttl,
-            pinned=self.pinned,
-            force=self.force,
-            chat_template=self.chat_template,
-            mmproj=self.mmproj,
-            threads=self.threads,
-            threads_batch=self.threads_batch,
-            flash_attn=self.flash_attn,
-            context_shift=self.context_shift,
-            jinja=self.jinja,
-        )
+        options = self.model_dump(exclude={"model", "force"}, exclude_none=True)
+        return LoadRequest.asking(self.model, options, force=self.force)
+
+
+def load_body(options: Sequence[Option] = OPTIONS) -> type[_LoadBody]:
+    """The load API's body: a model, ``force``, and each load option the API takes, as ``studio.load_options``
+    defines it (type, bounds, help)."""
+    fields = options_model(api_options(options), name="LoadOptions").model_fields
+    made: type[_LoadBody] = create_model(  # type: ignore[call-overload]
+        "LoadBody", __base__=_LoadBody, **{name: (f.annotation, f) for name, f in fields.items()}
+    )
+    return made
+
+
+#: The body of ``/api/load`` and ``/api/plan``.
+LoadBody = load_body()
 
 
 class UnloadBody(ApiBody):
@@ -245,40 +161,69 @@ async def remove_model(request: Request, name: str, force: bool = False, dry_run
     return await remove_from_library(_manager(request), name, force=force, dry_run=dry_run)
 
 
-@router.post("/load")
-async def load(request: Request, body: LoadBody) -> dict[str, Any]:
-    """Make a model resident (evicting idle ones as needed) and the default; the status once it is ready."""
-    manager = _manager(request)
-    await check_model_path(request, body.model)
-    await check_projector_path(request, body.mmproj)
-    check_extra_args(request, body.extra_args)
-    await manager.load(body.request())
-    return status_json(manager)
+def load_routes(options: Sequence[Option] = OPTIONS) -> APIRouter:
+    """``/api/load``, ``/api/plan`` and ``/api/load-options``, taking ``options`` (``studio.load_options``)."""
+    routes = APIRouter()
+    body_type = LoadBody if tuple(options) == OPTIONS else load_body(options)
+
+    async def load(request: Request, body: Any) -> dict[str, Any]:
+        """Make a model resident (evicting idle ones as needed) and the default; the status once it is ready."""
+        manager = _manager(request)
+        await check_model_path(request, body.model)
+        await check_projector_path(request, body.mmproj)
+        check_extra_args(request, body.extra_args)
+        await manager.load(body.request())
+        return status_json(manager)
+
+    async def plan_preview(request: Request, body: Any) -> dict[str, Any]:
+        """What a load would get (context, GPUs, speculative mode, memory per device, reasons) and what it would
+        evict, loading nothing."""
+        await check_model_path(request, body.model)
+        await check_projector_path(request, body.mmproj)
+        check_extra_args(request, body.extra_args)
+        hub_part: dict[str, Any] = {}
+        if await is_remote(request, body.model):  # not downloaded: planned on its header, read from the Hub
+            placed, hub_part = await remote_plan(request, body.request())
+            argv: list[str] = []  # a file that is not here yet has no command to show
+        else:
+            placed = await _manager(request).preview(body.request())
+            argv = await asyncio.to_thread(_shown_argv, _manager(request), placed)
+        info = plan_json(placed.plan, argv)
+        if hub_part:
+            info["model"]["path"] = f"{hub_part['model']} (not downloaded)"
+        return {
+            **info,
+            "fits": placed.fits or body.force,
+            "evicts": list(placed.evict),
+            "blocked_by": list(placed.blocked_by),
+            **({"hub": hub_part} if hub_part else {}),
+        }
+
+    async def load_options() -> dict[str, Any]:
+        """What the load dialog may offer: each load option with its kind, bounds, values and help; also by
+        kind (cache types, speculative modes, flash attention, built-in chat templates, the bounds)."""
+        return load_options_json(options)
+
+    for route in (load, plan_preview):  # the body's model is this table's, which annotations cannot name
+        route.__annotations__ = {"request": Request, "body": body_type, "return": dict[str, Any]}
+    routes.post("/load")(load)
+    routes.post("/plan")(plan_preview)
+    routes.get("/load-options")(load_options)
+    return routes
 
 
-@router.post("/plan")
-async def plan_preview(request: Request, body: LoadBody) -> dict[str, Any]:
-    """What a load would get (context, GPUs, speculative mode, memory per device, reasons) and what it would
-    evict, loading nothing."""
-    await check_model_path(request, body.model)
-    await check_projector_path(request, body.mmproj)
-    check_extra_args(request, body.extra_args)
-    hub_part: dict[str, Any] = {}
-    if await is_remote(request, body.model):  # not downloaded: planned on its header, read from the Hub
-        placed, hub_part = await remote_plan(request, body.request())
-        argv: list[str] = []  # a file that is not here yet has no command to show
-    else:
-        placed = await _manager(request).preview(body.request())
-        argv = await asyncio.to_thread(_shown_argv, _manager(request), placed)
-    info = plan_json(placed.plan, argv)
-    if hub_part:
-        info["model"]["path"] = f"{hub_part['model']} (not downloaded)"
+def load_options_json(options: Sequence[Option] = OPTIONS) -> dict[str, Any]:
+    """``/api/load-options``: the options (``studio.load_options.describe``), and the lists the page reads."""
+    from launcher.chat_templates import BUILTIN_CHAT_TEMPLATES
+
+    rows = {o.name: o for o in options}
     return {
-        **info,
-        "fits": placed.fits or body.force,
-        "evicts": list(placed.evict),
-        "blocked_by": list(placed.blocked_by),
-        **({"hub": hub_part} if hub_part else {}),
+        "options": describe(options),
+        "cache_types": list(rows["cache_type_kv"].allowed()),
+        "spec_modes": list(rows["spec"].allowed()),
+        "flash_attn": list(rows["flash_attn"].allowed()),
+        "chat_templates": sorted(BUILTIN_CHAT_TEMPLATES),
+        "limits": {o.name: [o.least, o.most] for o in api_options(options) if o.least is not None},
     }
 
 
@@ -378,3 +323,6 @@ async def logs(request: Request, follow: bool = True, model: str | None = None) 
 
 def _sse(data: dict[str, Any]) -> bytes:
     return f"data: {json.dumps(data)}\n\n".encode()
+
+
+router.include_router(load_routes())

@@ -14,7 +14,6 @@ before it is downloaded (``remote_plan``). No weights are downloaded by any of t
 from __future__ import annotations
 
 import asyncio
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -33,9 +32,9 @@ from studio.library.hub_search import (
     search,
     variant_headers,
 )
+from studio.load_options import BY_NAME
 from studio.residency.manager import ModelManager, Placed
 from studio.residency.requests import LoadRequest
-from studio.settings import LOAD_LIMITS
 from studio.views.fit import fit_json, repo_json
 
 router = APIRouter(prefix="/api/hub")
@@ -62,7 +61,7 @@ async def hub_search(
     q: str = Query("", max_length=200, description="Words to search repo names for."),
     page: int = Query(0, ge=0, le=1000),
     per_page: int = Query(5, ge=1, le=50),
-    ctx: int | None = Query(None, ge=LOAD_LIMITS["n_ctx"][0], le=LOAD_LIMITS["n_ctx"][1]),
+    ctx: int | None = Query(None, ge=BY_NAME["n_ctx"].least, le=BY_NAME["n_ctx"].most),
     fit: bool = Query(True, description="Read each variant's header and plan it here."),
 ) -> dict[str, Any]:
     """One page of GGUF repos with their variants and, with ``fit``, each variant's fit and the recommendation."""
@@ -77,7 +76,7 @@ async def hub_search(
 async def hub_fit(
     request: Request,
     model: str = Query(description="owner/repo:VARIANT"),
-    ctx: int | None = Query(None, ge=LOAD_LIMITS["n_ctx"][0], le=LOAD_LIMITS["n_ctx"][1]),
+    ctx: int | None = Query(None, ge=BY_NAME["n_ctx"].least, le=BY_NAME["n_ctx"].most),
 ) -> dict[str, Any]:
     """One variant's fit here, from its header alone."""
     repo, variant = await _variant(request, model)
@@ -149,7 +148,7 @@ async def remote_plan(request: Request, load: LoadRequest) -> tuple[Placed, dict
     """The preview of an ``owner/repo:VARIANT`` not downloaded, planned on its kept headers, and what they cost."""
     repo, variant = await _variant(request, load.model)
     headers = await _headers(request, repo, variant)
-    placed = await _manager(request).preview(replace(load, model=str(headers.path)))
+    placed = await _manager(request).preview(load.replace(model=str(headers.path)))
     return placed, {
         "model": variant.spec(repo.repo),
         "commit": repo.commit,

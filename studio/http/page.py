@@ -6,24 +6,16 @@ handler, so it is served under a strict Content-Security-Policy: a script that
 found its way into a model's output or a log line could neither run nor send
 anything elsewhere.
 
-``GET /api/load-options`` tells the load dialog what a load may ask for (cache
-types, speculative modes, flash attention, llama.cpp's built-in chat templates, limits),
-from the same constants the load API checks.
+What the load dialog may offer comes from ``GET /api/load-options`` (``studio.http.gui_api``).
 """
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, get_args
 
 from fastapi import APIRouter
 from fastapi.responses import FileResponse
 from starlette.exceptions import HTTPException
-
-from launcher.chat_templates import BUILTIN_CHAT_TEMPLATES
-from launcher.memory import FLASH_ATTN, CacheType
-from launcher.speculative import MODES
-from studio.settings import LOAD_LIMITS, RESIDENCY_LIMITS
 
 router = APIRouter()
 
@@ -56,16 +48,3 @@ async def static(name: str) -> FileResponse:
     if not path.is_relative_to(STATIC) or path.suffix not in _TYPES or not path.is_file():
         raise HTTPException(404)  # answered in the one error shape by the app
     return FileResponse(path, media_type=_TYPES[path.suffix], headers=HEADERS)
-
-
-@router.get("/api/load-options")
-async def load_options() -> dict[str, Any]:
-    """What the load dialog may offer: cache types, speculative modes, flash attention, built-in chat templates
-    and the bounds of the numbers."""
-    return {
-        "cache_types": list(get_args(CacheType)),
-        "spec_modes": list(MODES),
-        "flash_attn": list(FLASH_ATTN),
-        "chat_templates": sorted(BUILTIN_CHAT_TEMPLATES),
-        "limits": {**{k: list(v) for k, v in LOAD_LIMITS.items()}, "ttl": list(RESIDENCY_LIMITS["ttl"])},
-    }

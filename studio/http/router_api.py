@@ -163,7 +163,7 @@ async def list_models(request: Request) -> dict[str, Any]:
     for entry in entries:
         if entry.name not in names:  # an alias, listed in its model's aliases
             continue
-        tags = list(model_defaults_for(entry, manager.model_defaults).tags)
+        tags = list(model_defaults_for(entry, manager.model_defaults).tags or ())
         item: dict[str, Any] = {"id": entry.name, "aliases": names[entry.name], "tags": tags, "object": "model"}
         item.update(created=0, owned_by="gguf-studio")
         r = resident.get((entry.path, False))

@@ -29,7 +29,6 @@ import sys
 import tempfile
 import zipfile
 from collections.abc import Callable, Mapping
-from dataclasses import replace
 from pathlib import Path
 
 from gguf.files import replacing, write_atomically
@@ -72,10 +71,9 @@ def builtin_model_defaults(configured: Mapping[str, ModelDefaults]) -> dict[str,
     own = configured.get(name) or ModelDefaults()
     return {
         **configured,
-        name: replace(
-            own,
+        name: own.replace(
             chat_template=CHATML if own.chat_template is None else own.chat_template,
-            sampling=own.sampling.over(CHAT_SAMPLING),
+            **own.sampling.over(CHAT_SAMPLING).as_dict(),
         ),
     }
 

@@ -329,7 +329,7 @@ class ModelManager:
         instance (``request.embeddings``, or a name with ``EMBEDDINGS_SUFFIX``) never becomes the default.
         """
         if request.embeddings or request.model.endswith(EMBEDDINGS_SUFFIX):
-            request = replace(request, model=embedding_name(request.model), embeddings=True)
+            request = request.replace(model=embedding_name(request.model), embeddings=True)
         loaded, lease = await self._queued(lambda: self._ready(request.model, request))
         await lease()
         resident = self.find(request.model)

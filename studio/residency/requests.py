@@ -10,14 +10,21 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from types import MappingProxyType
+from typing import Any
 
-from launcher.memory import CacheType, FlashAttn
+from launcher.memory import CacheType
 from launcher.planner import EMBEDDING_FLAGS, PlanRequest
 from launcher.sampling import Sampling
 from studio.library.catalog import CatalogEntry
 from studio.library.projectors import chosen_projector
 from studio.library.scan import model_name
+from studio.load_options import BY_NAME, OPTIONS, OptionValues
 from studio.settings import ModelDefaults
+
+#: Options that are no server setting: the lifetime ones, the sampling defaults (``LoadSettings.sampling``),
+#: the flags and the projector (their own fields, merged their own way).
+_NOT_SETTINGS = frozenset({o.name for o in OPTIONS if not o.restart or o.plan == "sampling"} | {"extra_args", "mmproj"})
 
 #: What an embedding instance's name adds to its model's.
 EMBEDDINGS_SUFFIX = " (embeddings)"
@@ -33,57 +40,87 @@ def base_name(model: str) -> str:
     return model.removesuffix(EMBEDDINGS_SUFFIX)
 
 
-@dataclass(frozen=True)
-class LoadRequest:
-    """What to load. ``None`` takes the model's config default; ``extra_args=None`` first reuses the last ones.
+class LoadRequest(OptionValues):
+    """What to load: a model and the load options asked for (``studio.load_options``); an option left out takes
+    the model's config default, and ``extra_args`` left out first reuses the last ones.
 
-    ``ttl`` and ``pinned`` shape the model's lifetime and never restart it; the other fields are server
+    ``ttl`` and ``pinned`` shape the model's lifetime and never restart it; the other options are server
     settings, and a change of any of them restarts the model once its requests are done.
     """
 
+    __slots__ = ("model", "force", "embeddings")
     model: str
-    n_ctx: int | None = None  # None, and none configured: the planner's largest safe context (up to the native one)
-    n_parallel: int | None = None  # None, and none configured: the planner's (4 unified on GPUs, 1 on the CPU)
-    extra_args: tuple[str, ...] | None = None
-    spec: str | None = None  # None, and none configured: "auto"
-    spec_n_max: int | None = None  # None, and none configured: the speculative policy's
-    cache_type: CacheType | None = None  # None, and none configured: "f16"
-    cache_ram: int | None = None  # MiB of prompt cache; None, and none configured: the planner's (0: off)
-    chat_template: str | None = None  # a Jinja template, or a llama.cpp built-in's name, replacing the model's own
-    threads: int | None = None  # None, and none configured: the planner's share of the cores
-    threads_batch: int | None = None  # None, and none configured: the same as threads
-    flash_attn: FlashAttn | None = None  # None, and none configured: on when the cache type needs it, else auto
-    context_shift: bool | None = None  # None, and none configured: off (a conversation past the context is an error)
-    jinja: bool | None = None  # None, and none configured: Jinja unless the template is a built-in's name
-    ttl: float | None = None  # seconds idle before unloading; None: the model's configured one, or the global
-    pinned: bool | None = None  # None: the model's configured one
-    force: bool = False  # load even when the plan says it does not fit
-    mmproj: str | None = None  # a projector path; "none": without one; None, and none configured: the paired one
-    embeddings: bool = False  # the model's embedding instance, beside its chat one (module docstring)
+    force: bool  # load even when the plan says it does not fit
+    embeddings: bool  # the model's embedding instance, beside its chat one (module docstring)
+
+    def __init__(self, model: str, *, force: bool = False, embeddings: bool = False, **options: Any) -> None:
+        super().__init__(**options)
+        object.__setattr__(self, "model", model)
+        object.__setattr__(self, "force", force)
+        object.__setattr__(self, "embeddings", embeddings)
+
+    @classmethod
+    def asking(cls, model: str, options: Mapping[str, Any], *, force: bool = False) -> LoadRequest:
+        """A request for ``model`` with ``options`` checked already (an extended table's included)."""
+        made = cls.of(options)
+        object.__setattr__(made, "model", model)
+        object.__setattr__(made, "force", force)
+        object.__setattr__(made, "embeddings", False)
+        return made
+
+    def replace(self, **changes: Any) -> LoadRequest:
+        """This request with ``changes``: its model, force, embeddings or options (None: unset)."""
+        own = {k: changes.pop(k, getattr(self, k)) for k in ("model", "force", "embeddings")}
+        made = self.asking(own["model"], {**self.values, **changes}, force=own["force"])
+        object.__setattr__(made, "embeddings", own["embeddings"])
+        return made
+
+    def __eq__(self, other: object) -> bool:
+        return super().__eq__(other) and (self.model, self.force, self.embeddings) == (
+            other.model,  # type: ignore[attr-defined]
+            other.force,  # type: ignore[attr-defined]
+            other.embeddings,  # type: ignore[attr-defined]
+        )
+
+    def __hash__(self) -> int:
+        return hash((super().__hash__(), self.model, self.force, self.embeddings))
+
+    def __repr__(self) -> str:
+        return (
+            f"LoadRequest(model={self.model!r}, {super().__repr__()}, force={self.force}, embeddings={self.embeddings})"
+        )
+
+
+#: What an unset option means to a load's settings, where the planner's request does not take None.
+_UNSET = MappingProxyType({"spec": "auto", "cache_type_kv": "f16", "context_shift": False})
 
 
 @dataclass(frozen=True)
 class LoadSettings:
-    """The settings a model runs with; equal settings mean no restart is needed."""
+    """The settings a model runs with; equal settings mean no restart is needed.
+
+    ``options`` are the server's load options as the request and the model's config table set them (the
+    lifetime ones, ``ttl``, ``pinned`` and ``tags``, are not settings); each reads as an attribute too.
+    """
 
     path: Path
-    n_ctx: int | None
-    n_parallel: int | None
-    extra_args: tuple[str, ...]
-    spec: str = "auto"
-    spec_n_max: int | None = None
-    cache_type: CacheType = "f16"
-    chat_template: str | None = None
+    options: OptionValues = OptionValues()
+    extra_args: tuple[str, ...] = ()
     mmproj: Path | None = None  # the multimodal projector to pass, if any
-    threads: int | None = None
-    threads_batch: int | None = None
-    flash_attn: FlashAttn | None = None
-    context_shift: bool = False
-    jinja: bool | None = None  # False: llama-server's built-in renderer, which refuses tools
-    cache_ram: int | None = None
     embeddings: bool = False  # the embedding instance
     sampling: Sampling = Sampling()  # sampling defaults and answer limits, on its command line
-    thinking: bool | None = None  # thinking on or off at load (the model's config); None: the planner's default
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("__"):  # copy, pickle: no option
+            raise AttributeError(name)
+        if name in _UNSET and getattr(self.options, name) is None:
+            return _UNSET[name]
+        return getattr(self.options, name)
+
+    @property
+    def cache_type(self) -> CacheType:
+        """The KV cache type of K and V."""
+        return self.cache_type_kv
 
     @property
     def key(self) -> tuple[Path, bool]:
@@ -96,26 +133,21 @@ class LoadSettings:
         return self.embeddings or any(a.split("=")[0] in EMBEDDING_FLAGS for a in self.extra_args)
 
     def plan_request(self, alias: str) -> PlanRequest:
-        """What the planner is asked for these settings, serving the model as ``alias``."""
+        """What the planner is asked for these settings, serving the model as ``alias``: each option that has a
+        planner field (``Option.plan``) set, the rest left to the planner."""
+        asked: dict[str, Any] = {}
+        for name, value in self.options.values.items():
+            option = BY_NAME.get(name)
+            targets = option.plan if option is not None else None
+            for target in (targets,) if isinstance(targets, str) else targets or ():
+                if target not in ("sampling", "extra_args"):
+                    asked[target] = value
         return PlanRequest(
-            n_ctx=self.n_ctx,
-            n_parallel=self.n_parallel,
-            cache_type_k=self.cache_type,
-            cache_type_v=self.cache_type,
-            spec=self.spec,
-            spec_n_max=self.spec_n_max,
+            **asked,
             extra_args=self.extra_args,
             alias=alias,
-            chat_template=self.chat_template,
-            cache_ram_mib=self.cache_ram,
-            threads=self.threads,
-            threads_batch=self.threads_batch,
-            flash_attn=self.flash_attn,
-            context_shift=self.context_shift,
-            jinja=self.jinja,
             embeddings=self.embeddings,
             sampling=self.sampling,
-            thinking=self.thinking,
         )
 
 
@@ -147,35 +179,18 @@ def load_settings(
     """
     own = model_defaults_for(entry, defaults)
     if request.embeddings:
-        return LoadSettings(
-            entry.path,
-            n_ctx=None,
-            n_parallel=None,
-            extra_args=(),
-            spec="off",
-            cache_type=own.cache_type_kv or "f16",
-            threads=own.threads,
-            threads_batch=own.threads_batch,
-            flash_attn=own.flash_attn,
-            embeddings=True,
-        )
+        taken = {o.name: getattr(own, o.name) for o in OPTIONS if o.embedding}
+        return LoadSettings(entry.path, OptionValues.of({**taken, "spec": "off"}), embeddings=True)
+    settings = {
+        name: value
+        for name in {**own.values, **request.values}
+        if name not in _NOT_SETTINGS and (value := request.values.get(name, own.values.get(name))) is not None
+    }
     extra = next(e for e in (request.extra_args, last_extra_args, own.extra_args, ()) if e is not None)
     return LoadSettings(
         entry.path,
-        n_ctx=request.n_ctx if request.n_ctx is not None else own.n_ctx,
-        n_parallel=request.n_parallel if request.n_parallel is not None else own.n_parallel,
+        OptionValues.of(settings),
         extra_args=tuple(extra),
-        spec=request.spec if request.spec is not None else own.spec or "auto",
-        spec_n_max=request.spec_n_max if request.spec_n_max is not None else own.spec_n_max,
-        cache_type=request.cache_type if request.cache_type is not None else own.cache_type_kv or "f16",
-        chat_template=request.chat_template if request.chat_template is not None else own.chat_template,
-        cache_ram=request.cache_ram if request.cache_ram is not None else own.cache_ram,
         mmproj=chosen_projector(request.mmproj if request.mmproj is not None else own.mmproj, entry.mmproj),
-        threads=request.threads if request.threads is not None else own.threads,
-        threads_batch=request.threads_batch if request.threads_batch is not None else own.threads_batch,
-        flash_attn=request.flash_attn if request.flash_attn is not None else own.flash_attn,
-        context_shift=bool(request.context_shift if request.context_shift is not None else own.context_shift),
-        jinja=request.jinja if request.jinja is not None else own.jinja,
         sampling=sampling_for(entry, defaults, fallback),
-        thinking=own.thinking,
     )
