@@ -26,6 +26,7 @@ from studio.http.access import AccessPolicy
 from studio.http.auth import BearerTokenMiddleware
 from studio.http.browser_guard import BrowserGuard
 from studio.http.errors import dialect_of, error_response, install_error_handlers
+from studio.http.gui_api import load_routes
 from studio.http.gui_api import router as api_router
 from studio.http.gui_chat import PATH as GUI_CHAT
 from studio.http.gui_chat import answer_chat
@@ -46,6 +47,7 @@ from studio.http.upstream import Upstream
 from studio.library.downloads import DownloadManager
 from studio.library.hub_headers import header_cache
 from studio.library.paths import PathPolicy
+from studio.load_options import OPTIONS, Option
 from studio.residency.manager import ModelManager
 from studio.residency.requests import LoadRequest
 from studio.settings import DEFAULT_MAX_BODY_BYTES, studio_home
@@ -72,6 +74,7 @@ def create_app(
     history: History | None = None,
     hub_headers: Path | None = None,
     not_found_hint: Callable[[Request], str | None] | None = None,
+    load_options: Sequence[Option] = OPTIONS,
 ) -> FastAPI:
     """Return the service app around ``manager``; the ``preload`` models start loading at start-up, in order.
 
@@ -88,6 +91,7 @@ def create_app(
     searches and plans read (default: under the studio home, ``studio.library.hub_headers``). ``not_found_hint``
     adds to the 404 of a path the app does not serve (``ggstudio serve`` says where the Ollama API is:
     ``studio.http.ollama_app.main_port_hint``, wired there so that this app knows nothing of that one).
+    ``load_options``: what ``/api/load`` and ``/api/plan`` take (``studio.load_options``).
     ``app.state`` holds what the routes share (the manager, the metrics, the path policy, the body limit and, once
     started, the pooled upstream, the downloads and the toolbox): the Ollama listener's app shares
     it too (``studio.http.ollama_app``).
@@ -131,6 +135,8 @@ def create_app(
     app.state.metrics = metrics = StudioMetrics(manager)
     app.state.router_loads = RouterLoads()
     app.state.stream_owners = StreamOwners()  # conv_id -> model, for /v1/stream (studio.http.streams)
+    if tuple(load_options) != OPTIONS:  # another table (a test's made-up option): its routes answer first
+        app.include_router(load_routes(load_options), prefix="/api")
     app.include_router(api_router)
     app.include_router(chat_router)
     app.include_router(pull_router)

@@ -18,6 +18,7 @@ from studio.history.service import History
 from studio.http.app import create_app
 from studio.http.server import StudioServer
 from studio.library.catalog import Catalog
+from studio.load_options import OPTIONS, Option
 from studio.residency.manager import ModelManager, supervisor_factory
 from studio.residency.requests import LoadRequest
 from studio.settings import ModelDefaults, ResidencySettings
@@ -44,6 +45,7 @@ def running_studio(
     api_token: str | None = None,
     port: int | None = None,
     hf_cache: Path | None = None,
+    load_options: Sequence[Option] = OPTIONS,
     **manager_options: Any,
 ) -> Iterator[RunningStudio]:
     """A studio whose catalog holds ``models`` (name -> file, linked into ``root/models``) and, with
@@ -71,6 +73,7 @@ def running_studio(
         api_token=api_token,
         history=History(root / "history"),
         hub_headers=root / "hub-headers",
+        load_options=load_options,
     )
     server = StudioServer(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
     thread = threading.Thread(target=server.run, daemon=True)
