@@ -394,10 +394,11 @@ def _type(option: Option) -> Any:
 
 def _bounds(option: Option) -> dict[str, Any]:
     out: dict[str, Any] = {}
+    whole = int if option.kind == "int" else float
     if option.least is not None:
-        out["ge"] = option.least
+        out["ge"] = whole(option.least)
     if option.most is not None:
-        out["le"] = option.most
+        out["le"] = whole(option.most)
     if option.max_length is not None:
         out["max_length"] = option.max_length
     return out

@@ -540,7 +540,6 @@ def test_ggstudio_plan_takes_a_model_name_and_its_config_defaults(gemma_model, l
 @pytest.mark.parametrize(
     ("args", "message"),
     [
-        (("--ctx", "-5"), "error: the context must be a positive number of tokens, not -5"),
         (("--spec", "turbo"), "error: unknown speculative mode 'turbo'"),
     ],
 )
@@ -548,3 +547,10 @@ def test_ggstudio_plan_errors_are_one_line(gemma_model, llama_server_bin, args, 
     out = run_cli("plan", str(gemma_model), *args)
     assert out.returncode == 1 and out.stderr.startswith(message)
     assert "Traceback" not in out.stderr and out.stderr.count("\n") == 1
+
+
+def test_ggstudio_plan_refuses_a_context_out_of_the_load_options_bounds_as_a_usage_error(gemma_model):
+    """The flag's bounds are the load option's (``studio.load_options``), checked before anything is planned."""
+    out = run_cli("plan", str(gemma_model), "--ctx", "-5")
+    assert out.returncode == 2 and "Invalid value for '--ctx': -5 is not in the range 256<=x<=16777216" in out.stderr
+    assert "Traceback" not in out.stderr
