@@ -416,15 +416,11 @@ def config_problems(table: Mapping[str, Any], options: Sequence[Option] = OPTION
         checked = options_model(options).model_validate(given, strict=True)
         values = checked.model_dump(exclude_unset=True)
     except ValidationError as exc:
-        values = {}
-        for error in exc.errors():
-            key = str(error["loc"][0]) if error["loc"] else "?"
-            if error["type"] == "extra_forbidden":
-                problems.append(f"unknown key {key!r} (known: {', '.join(sorted(rows))})")
-            elif f"{rows[key].must(table[key])}" not in problems:
-                problems.append(rows[key].must(table[key]))
-        bad = {str(e["loc"][0]) for e in exc.errors() if e["loc"]}
-        values = {k: v for k, v in given.items() if k not in bad and k in rows}
+        bad = [str(e["loc"][0]) for e in exc.errors() if e["loc"]]  # a table's keys: never nested
+        for key in dict.fromkeys(bad):  # once each, in the table's order
+            known = ", ".join(sorted(rows))
+            problems.append(rows[key].must(table[key]) if key in rows else f"unknown key {key!r} (known: {known})")
+        values = {k: v for k, v in given.items() if k not in bad}
     for key, value in list(values.items()):
         check = rows[key].check
         if check is None:
