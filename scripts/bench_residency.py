@@ -43,6 +43,7 @@ from launcher.devices import discover
 from launcher.planner import PlanRequest, load_model, plan
 from studio.library.default_model import ensure_gemma
 from studio.residency import manager as manager_module
+from studio.residency import placement
 from studio.settings import MemoryBudget, ModelDefaults, ResidencySettings, Settings
 from tests.support.studio import running_studio
 from tests.support.wide_zoo import ensure_wide_zoo
@@ -136,24 +137,19 @@ def main() -> None:
 
     needless: list[str] = []
     evictions: list[str] = []
-    real_place = manager_module.ModelManager._place
+    real_decide = placement.decide
 
-    async def traced_place(self, entry, request, *, replacing=None, load=None):
-        placed = await real_place(self, entry, request, replacing=replacing, load=load)
-        if placed.evict:
-            evictions.extend(placed.evict)
-            # Would the final plan have fit the memory left without evicting? Then the eviction was needless.
-            holders = [self._holder(r) for r in self.residents if r is not replacing]
-            budget_map = self._budget(
-                await manager_module.run_blocking(self.discover_devices, timeout=30, what="listing devices")
-            )
-            base = manager_module.placement.base_available(budget=budget_map, free={}, holders=holders)
-            need = manager_module.physical(placed.plan.bill, placed.plan)
-            if not manager_module.placement.shortfall(need, base) and not self.residency.max_resident:
-                needless.append(f"{entry.name} evicted {placed.evict}")
-        return placed
+    def traced_decide(snapshot, request, plan):
+        decision = real_decide(snapshot, request, plan)
+        if decision.evict:
+            evictions.extend(decision.evict)
+            # Would the final plan have fit the room left without evicting? Then the eviction was needless.
+            need = placement.physical(decision.plan.bill, decision.plan)
+            if not placement.shortfall(need, snapshot.room().available) and not snapshot.max_resident:
+                needless.append(f"{decision.plan.model.path.name} evicted {decision.evict}")
+        return decision
 
-    manager_module.ModelManager._place = traced_place  # instrumentation: every placement decision is checked
+    placement.decide = traced_decide  # instrumentation: every placement decision is checked
     root = Path(tempfile.mkdtemp(prefix="bench-residency-"))
     residency = ResidencySettings(memory_budget=MemoryBudget(total=budget), busy_wait=60, unload_grace=30)
     failures: list[str] = []

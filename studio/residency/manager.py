@@ -1,43 +1,20 @@
-"""The model manager: which models are resident, where a new one goes, and which one a request uses.
+"""The model manager: which models are resident, and which one a request uses.
 
-It decides only placement and routing; each resident model's life belongs to its
-own ``ResidentModel``. A request for a ready model takes the fast path: a name
-lookup and an in-flight count, no lock. A request for a model that is not
-resident waits (in a bounded queue) while one placement at a time plans it
-against memory as it will be (``studio.residency.placement``), evicts what must
-go, and starts it; requests that arrive meanwhile for the same model wait for
-that one start, so concurrent first requests start exactly one llama-server.
+It coordinates: it routes names to residents (every name that reaches one file finds the one
+resident, which goes by the model's name), keeps the bounded queue of requests waiting for a load,
+and runs each load as a transaction (``studio.residency.transaction``), at most one per instance
+(``LoadSettings.key``). What it asks along the way belongs elsewhere: where a model goes and what
+must make room (``placement.decide``, fed by ``placer``), which file a name means (``lookup``), what a
+resident is made of (``builder``), the errors' words (``wording``), the events listeners hear
+(``events``), each resident's life (``resident``).
 
-Requests are grouped by model: a load that waits for busy models' memory lets each of them take
-``group_size`` more requests (and an idle one waits ``GROUP_LINGER`` s for its group's next request)
-before it pauses them, so requests for a model run together instead of a swap each; loads that must
-evict take turns in the order they began waiting. With two models sharing the memory, no request
-waits behind more than two swaps.
-
-A request never changes a resident model's server settings: only an explicit
-load with other settings restarts it, once its requests in flight are done.
-
-An embeddings request for a model whose instance does not embed (it was not given ``--embeddings``)
-goes to the model's embedding instance, ``"M (embeddings)"`` (``studio.residency.requests``): a
-resident of its own, loaded on demand through the same queue and transaction, planned and billed by
-the planner's rules for one (``launcher.planner``), evicted like any other; the chat instance is not
-touched. A model file has at most one instance of each kind: residents and loads are keyed by
-``LoadSettings.key``. Every name that reaches one file (a link under another name, an alias, a path:
-``studio.library.catalog``) resolves to its model's entry, path and name, so a request by any of them
-finds the one resident, which goes by the model's name; an unload by any of them unloads it.
-
-Every load is one transaction (``studio.residency.transaction.Load``), at most one
-per model file: checked before anything running is touched, its victims reserved
-under the placement lock and drained outside it, then committed or undone; an
-unload or the shutdown cancels it. The arithmetic of memory (budgets, what fits
-where) is ``studio.residency.placement``'s; this module routes and runs the steps.
-
-Header reads, plans and device queries run off the event loop with a time limit
-(``studio.blocking``), so a hostile file cannot stall other clients.
-
-Every load, failed load, eviction, crash and restart is told to ``listeners`` as a
-``ResidencyEvent`` with its duration (``/metrics`` counts them), read from the
-resident models' state changes.
+A request for a ready model takes the fast path: a name lookup and an in-flight count, no lock.
+Requests for a model not resident wait for its one load, so concurrent first requests start one
+llama-server. Loads that must wait for busy models' memory let each of them take ``group_size``
+more requests, then pause them: requests for a model run together instead of a swap each, and
+loads that must evict take turns in the order they began waiting. A request never changes a
+resident's settings: only an explicit load with other settings restarts it. An embeddings request
+for a model whose instance does not embed goes to its embedding instance, ``"M (embeddings)"``.
 """
 
 from __future__ import annotations
@@ -46,29 +23,21 @@ import asyncio
 import contextlib
 import math
 import time
-from collections.abc import Callable, Collection, Mapping, Sequence
-from dataclasses import dataclass, replace
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import replace
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import structlog
 
-import gguf
-from gguf.templates import template_capabilities
 from launcher.capabilities import Capabilities
-from launcher.command import LaunchCommand, build_command
-from launcher.devices import RELEASE_WAIT_S, Inventory, discover, wait_for_memory_release
-from launcher.errors import LauncherError
-from launcher.planner import MIN_AUTO_CTX, LaunchPlan, ModelInfo, PlanRequest, plan
-from launcher.registry import ChildRegistry
+from launcher.command import LaunchCommand
+from launcher.devices import Inventory, discover
+from launcher.planner import plan
 from launcher.sampling import Sampling
-from launcher.supervisor import Status, Supervisor
-from launcher.units import format_mib
-from studio.blocking import run_blocking
 from studio.errors import (
     BadRequestError,
     BusyError,
-    DoesNotFitError,
     ModelNotFoundError,
     ModelNotResidentError,
     ModelUnloadedError,
@@ -76,10 +45,14 @@ from studio.errors import (
     StudioError,
 )
 from studio.library.catalog import Catalog, CatalogEntry
-from studio.library.downloads import DownloadManager, is_repo_spec
-from studio.residency import placement
+from studio.library.downloads import DownloadManager
+from studio.residency import placement, wording
+from studio.residency.builder import Builder, SupervisorFactory, supervisor_factory
+from studio.residency.events import Narrator, ResidencyEvent
 from studio.residency.lifecycle import COMING_UP, GOING_AWAY, HOLDS_MEMORY, ResidentState
+from studio.residency.lookup import Lookup
 from studio.residency.placement import Holder, physical
+from studio.residency.placer import GROUP_LINGER, Placed, Placer, Planner
 from studio.residency.requests import (
     EMBEDDINGS_SUFFIX,
     LoadRequest,
@@ -87,7 +60,6 @@ from studio.residency.requests import (
     base_name,
     embedding_name,
     load_settings,
-    model_defaults_for,
 )
 from studio.residency.resident import Lease, LoadedModel, ResidentModel
 from studio.residency.slot_cache import SlotCache
@@ -96,56 +68,12 @@ from studio.settings import ModelDefaults, ResidencySettings
 
 log = structlog.get_logger(__name__)
 
-#: Makes one model's supervisor; it hands every state change to the callback it is given.
-SupervisorFactory = Callable[[Callable[[Status], None]], Supervisor]
-Planner = Callable[[ModelInfo, Inventory, Capabilities, PlanRequest], LaunchPlan]
-#: Seconds a model whose group is open (a load waits for its memory, and it still admits requests) stays
-#: after its last request ended, for the next one: a client that sends its requests one after another sends
-#: the next within milliseconds of an answer, and without this pause each of its requests would be a swap.
-GROUP_LINGER = 0.25
 #: Which instance of which model file: ``LoadSettings.key``.
 Key = tuple[Path, bool]
 #: States of a resident that serves no request and never will: a new load replaces it.
 _NOT_SERVING = frozenset({ResidentState.FAILED, ResidentState.UNLOADED})
 
 __all__ = ["ModelManager", "Placed", "ResidencyEvent", "physical", "supervisor_factory"]
-
-
-def cpu_sharers(live: Sequence[ResidentModel], *, leaving: Collection[str]) -> int:
-    """The models whose threads will share the cores: the one placed, and the residents running layers on the CPU
-    that stay (not ``leaving``: evicted by this load or another in flight)."""
-    return 1 + sum(1 for r in live if r.plan.layers_on_cpu and r.name not in leaving)
-
-
-def supervisor_factory(logs_dir: Path, registry: ChildRegistry) -> SupervisorFactory:
-    """Supervisors that log into ``logs_dir`` and record their children in ``registry``."""
-    return lambda on_change: Supervisor(logs_dir=logs_dir, registry=registry, on_change=on_change)
-
-
-@dataclass(frozen=True)
-class ResidencyEvent:
-    """A resident model came, went, crashed or restarted, and how long the change took."""
-
-    kind: Literal["loaded", "load_failed", "evicted", "crashed", "restarted"]
-    model: str
-    seconds: float = 0.0  # loaded, load_failed: since its start began; evicted: stopping its llama-server
-    reason: str = ""  # load_failed: "error" or "cancelled"; evicted: "evicted", "unload", "ttl", "restart", "shutdown"
-
-
-@dataclass(frozen=True)
-class Placed:
-    """A planned load: the plan, the resident models that must go for it, and whether it then fits."""
-
-    plan: LaunchPlan
-    evict: tuple[str, ...]  # idle models to unload first
-    blocked_by: tuple[str, ...]  # when it does not fit: busy or pinned models holding the memory, in words
-    fits: bool
-    model: gguf.GGUFFile
-    settings: LoadSettings
-    need: str = ""  # when it does not fit: what it needs, and what evicting every idle model would leave
-    room: str = ""
-    drain: tuple[str, ...] = ()  # busy models that would free enough once their requests are done
-    shortfall: int = 0  # bytes missing even with every evictable model gone
 
 
 class ModelManager:
@@ -190,6 +118,27 @@ class ModelManager:
         self.spec_measurements = spec_measurements  # ``bench-spec``'s results, which ``auto`` follows
         self.slot_cache = slot_cache  # saves slots before a stop, restores them for the chat that continues one
         self.own_memory = own_memory  # the studio's RSS now; None: no reserve (a manager inside a test)
+        self.lookup = Lookup(catalog, downloads, work_timeout)
+        self.builder = Builder(
+            caps=caps,
+            binary=binary,
+            make_supervisor=make_supervisor,
+            discover_devices=self.discover_devices,
+            residency=self.residency,
+            model_defaults=self.model_defaults,
+            work_timeout=work_timeout,
+            files_root=files_root,
+            slot_cache=slot_cache,
+        )
+        self.placer = Placer(
+            caps=caps,
+            discover_devices=self.discover_devices,
+            residency=self.residency,
+            planner=planner,
+            work_timeout=work_timeout,
+            own_memory=own_memory,
+            spec_measurements=spec_measurements,
+        )
         self._residents: dict[Key, ResidentModel] = {}
         self._routes: dict[str, ResidentModel] = {}  # every name a request used for a resident model
         self._default: ResidentModel | None = None  # the model a request without ``model`` uses
@@ -203,14 +152,13 @@ class ModelManager:
         self._last_extra_args: dict[Path, tuple[str, ...]] = {}
         self.counters = {"loads": 0, "evictions": 0, "load_failures": 0}
         self.listeners: list[Callable[[ResidencyEvent], None]] = []  # told of every load, eviction, crash
-        self._seen: dict[ResidentModel, tuple[ResidentState, ResidentState | None, float]] = {}  # state, before, since
-        self._why: dict[ResidentModel, str] = {}  # why the manager unloads a model (else it was its TTL)
+        self._events = Narrator(self.listeners)
 
     # -- state ---------------------------------------------------------------------------------
     @property
     def reserve(self) -> int:
         """Bytes of host memory a memory budget keeps for the studio itself (``placement.studio_reserve``)."""
-        return 0 if self.own_memory is None else placement.studio_reserve(self.own_memory())
+        return self.placer.reserve
 
     @property
     def residents(self) -> list[ResidentModel]:
@@ -521,14 +469,10 @@ class ModelManager:
                     load.move(LoadStep.RESERVED)
                     break
                 if not placed.blocked_by and not behind:
-                    raise await self._does_not_fit(load.model, load.entry, placed)
+                    smaller = await self.lookup.smaller_variant(load.model, placed.model.file_size - placed.shortfall)
+                    raise wording.does_not_fit(load.entry.name, placed, smaller)
                 if time.monotonic() >= deadline:
-                    raise BusyError(
-                        f"not enough memory for {load.entry.name} now: it needs {placed.need}; held by "
-                        f"{', '.join(placed.blocked_by) or 'models that loads waiting before it will evict'};"
-                        " retry once they are idle",
-                        retry_after=max(1, round(self.residency.busy_wait / 6) or 1),
-                    )
+                    raise wording.no_memory_now(load.entry.name, placed, self.residency.busy_wait)
                 # New requests would keep the busy models busy for ever: once ``group_size`` more came in
                 # (they run before the swap, together), hold them back until this load got the memory or
                 # gave up. Requests in flight finish.
@@ -555,9 +499,9 @@ class ModelManager:
                 if victim is not load.replacing:
                     log.info("evicting idle model", model=victim.name, for_model=load.entry.name)
                     self.counters["evictions"] += 1
-                    self._why.setdefault(victim, "evicted")
+                    self._events.unloading(victim, "evicted")
                 else:
-                    self._why.setdefault(victim, "restart")
+                    self._events.unloading(victim, "restart")
                 await victim.unload(grace=0, reason=f"{victim.name} was evicted to make room for {load.entry.name}")
             resident = self._new_resident(load, placed, command)
         except BaseException:
@@ -593,12 +537,7 @@ class ModelManager:
                 return
             left = deadline - time.monotonic()
             if left <= 0:
-                raise BusyError(
-                    f"{load.entry.name} cannot load now: "
-                    + ", ".join(f"{v.name} has {v.in_flight} requests in flight" for v in busy)
-                    + "; retry once they are done",
-                    retry_after=max(1, round(self.residency.busy_wait / 6) or 1),
-                )
+                raise wording.still_serving(load.entry.name, busy, self.residency.busy_wait)
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(changed.wait(), left)
 
@@ -621,38 +560,14 @@ class ModelManager:
         load.reservation = None
         resident = load.resident
         if resident is not None and (load.cancelled is not None or resident.state is not ResidentState.FAILED):
-            self._why.setdefault(resident, "unload")
+            self._events.unloading(resident, "unload")
             await resident.unload(grace=0, reason=load.cancelled or f"the load of {resident.name} was undone")
         if load.step is not LoadStep.UNDONE:
             load.move(LoadStep.UNDONE)
 
     def launch_command(self, placed: Placed) -> LaunchCommand:
-        """The command a load of ``placed`` runs: its private files under ``files_root``, its slot folder.
-
-        ``ggstudio plan`` prints it too, so the command it shows is the one a load runs.
-        """
-        try:
-            return build_command(
-                placed.plan,
-                self.caps,
-                binary=self.binary,
-                files_root=self.files_root,
-                slot_dir=self.slot_cache.folder(placed.plan)
-                if self.slot_cache is not None and not placed.settings.embeddings
-                else None,
-            )
-        except OSError as exc:
-            raise StudioError(f"could not prepare llama-server's launch files: {exc}", code="launch_files") from exc
-
-    async def _does_not_fit(self, model: str, entry: CatalogEntry, placed: Placed) -> DoesNotFitError:
-        smaller = await self._smaller_variant(model, entry, placed)
-        return DoesNotFitError(
-            f"{entry.name} does not fit even with every idle model evicted: it needs {placed.need}"
-            f" where {placed.room or 'nothing'} could be freed; "
-            + (f"{smaller} is the largest variant of its repo that would fit, or " if smaller else "")
-            + "load it with a smaller n_ctx (see the plan's largest_safe_context) or raise "
-            "memory_budget"
-        )
+        """The command a load of ``placed`` runs (``ggstudio plan`` prints the same)."""
+        return self.builder.launch_command(placed)
 
     def _check_open(self) -> None:
         if self._closing:
@@ -665,26 +580,6 @@ class ModelManager:
     def _notify(self) -> None:
         changed, self._changed = self._changed, asyncio.Event()
         changed.set()
-
-    async def _smaller_variant(self, model: str, entry: CatalogEntry, placed: Placed) -> str | None:
-        """For a Hub model, the largest variant of its repo whose weights are smaller by at least the shortfall."""
-        if self.downloads is None or not is_repo_spec(model):
-            return None
-        largest = placed.model.file_size - placed.shortfall
-
-        def fits(size: int, label: str) -> bool:
-            return size <= largest
-
-        try:
-            return await run_blocking(
-                self.downloads.suggest_variant,
-                model,
-                fits,
-                timeout=self.work_timeout,
-                what=f"listing the variants of {model}",
-            )
-        except (StudioError, OSError):  # offline, or the Hub is unreachable: the advice just goes without it
-            return None
 
     def _route(self, model: str, resident: ResidentModel) -> None:
         self._routes[model] = resident
@@ -706,23 +601,7 @@ class ModelManager:
         return await self._place(entry, request, replacing=self._residents.get((entry.path, request.embeddings)))
 
     async def _entry(self, model: str) -> CatalogEntry:
-        """The catalog entry of ``model``; an uncached ``owner/repo:VARIANT`` is downloaded first when allowed.
-
-        Another name of a model (a link to its file, an alias) gives the model's own entry: its instances go
-        by the model's name. An embedding instance's name gives its model's entry under the instance's name.
-        """
-        if model.endswith(EMBEDDINGS_SUFFIX):
-            entry = await self._entry(base_name(model))
-            return replace(entry, name=embedding_name(entry.name))
-        try:
-            entry = await run_blocking(self.catalog.resolve, model, timeout=self.work_timeout, what=f"finding {model}")
-            return replace(entry, name=entry.model, alias_of=None)
-        except ModelNotFoundError:
-            if self.downloads is None or not is_repo_spec(model):
-                raise
-        path = await self.downloads.ensure_available(model)  # a 404 saying how to pull, when not allowed
-        entry = await run_blocking(self.catalog.resolve, str(path), timeout=self.work_timeout, what=f"finding {path}")
-        return replace(entry, name=model)
+        return await self.lookup.entry(model)
 
     async def _place(
         self,
@@ -732,168 +611,19 @@ class ModelManager:
         replacing: ResidentModel | None = None,
         load: Load | None = None,
     ) -> Placed:
-        """Plan ``entry`` against memory as it will be, and choose the fewest idle models to evict for it.
-
-        Memory as it will be: what resident models hold, less the models other loads in progress have
-        reserved to evict (they are going), plus what those loads will hold (their reservations).
-        """
-        model = await run_blocking(gguf.read, entry.path, timeout=self.work_timeout, what=f"reading {entry.path.name}")
-        settings = self._settings(request, entry)
-        inventory = self._without_busy_workers(
-            await run_blocking(self.discover_devices, timeout=self.work_timeout, what="listing devices"), replacing
-        )
-        projector = (
-            await run_blocking(
-                gguf.read, settings.mmproj, timeout=self.work_timeout, what=f"reading {settings.mmproj.name}"
-            )
-            if settings.mmproj
-            else None
-        )
-        info = ModelInfo.from_gguf(model, mmproj=projector)
-        others = [other for other in self._loads.values() if other is not load]
-        # Models other loads reserved to evict still hold their memory until they are gone (their load may
-        # yet be undone): they count as held and busy, and the memory those loads will take counts too.
-        going = {victim for other in others for victim in other.victims}
-        going_names = {r.name for r in going}
-        live = [r for r in self.residents if r.state in HOLDS_MEMORY and r is not replacing]
-        holders = [replace(self._holder(r), busy=True) if r in going else self._holder(r) for r in live]
-        loading = self._loading_names()
-        # the studio's RSS read once per placement: the budget and the plans' reasons show the same reserve
-        reserve = self.reserve if self.residency.memory_budget is not None else 0
-        budget = self._budget(inventory, reserve)
-        budgeted = budget is not None
-        base = placement.base_available(
-            budget=budget,
-            free=placement.free_memory(inventory),
-            holders=[h for h in holders if h.name not in loading],
-            loading=[
-                *(h for h in holders if h.name in loading),
-                *(other.reservation for other in others if other.reservation is not None),
-            ],
-        )
-        plan_request = replace(
-            settings.plan_request(base_name(entry.name)),  # an embedding instance answers as its model
-            spec_measurements=self.spec_measurements,
-            cpu_sharers=cpu_sharers(live, leaving=going_names),
-        )
-        first = await self._plan(info, inventory, base, plan_request, budgeted, reserve)
-        cap = self.residency.max_resident
-        crowded = cap is not None and len(holders) >= cap
-        if placement.fits(first, base) and not crowded:
-            return Placed(first, (), (), True, model, settings)
-        # The fewest evictions that let the model fit at its smallest context; the final plan then takes
-        # whatever context the freed memory allows.
-        everything = placement.with_evicted(base, [h for h in holders if h.evictable], budgeted=budgeted)
-        smallest = (
-            plan_request
-            if plan_request.n_ctx is not None
-            else replace(plan_request, n_ctx=min(MIN_AUTO_CTX, max(first.native_ctx, 256)))
-        )
-        need = physical((await self._plan(info, inventory, everything, smallest, budgeted, reserve)).bill, first)
-        evict = placement.choose_evictions(need, base, holders, budgeted=budgeted, max_count=cap)
-        if evict is None:
-            ready = {r.name for r in live if r.state is ResidentState.READY and r not in going}
-            once_idle = [replace(h, busy=False) if h.name in ready else h for h in holders]
-            drain = placement.choose_evictions(need, base, once_idle, budgeted=budgeted, max_count=cap) or ()
-            return Placed(
-                first,
-                (),
-                placement.holders_in_words(holders),
-                False,
-                model,
-                settings,
-                need=placement.in_words(need),
-                room=placement.in_words(everything),
-                drain=drain,
-                shortfall=max(placement.shortfall(need, everything).values(), default=0),
-            )
-        freed = placement.with_evicted(base, [h for h in holders if h.name in evict], budgeted=budgeted)
-        # the models it evicts give their cores back too: a model swapped in planned 1 thread of 2 beside the
-        # model it replaced, and ran alone at half speed (scripts/bench_cache.py's swap back, 1.9x its TTFT)
-        staying = replace(plan_request, cpu_sharers=cpu_sharers(live, leaving={*going_names, *evict}))
-        final = await self._plan(info, inventory, freed, staying, budgeted, reserve)
-        return Placed(final, evict, (), placement.fits(final, freed), model, settings)
-
-    async def _plan(
-        self,
-        info: ModelInfo,
-        inventory: Inventory,
-        available: Mapping[str, int],
-        request: PlanRequest,
-        budgeted: bool,
-        reserve: int,
-    ) -> LaunchPlan:
-        shared = placement.inventory_for(inventory, available, budgeted=budgeted)
-        launch = await run_blocking(
-            self.planner, info, shared, self.caps, request, timeout=self.work_timeout, what=f"planning {info.path.name}"
-        )
-        if not reserve:
-            return launch
-        why = f"reserve: the studio's own {format_mib(reserve)} of host memory comes off the memory budget"
-        return replace(launch, reasons=(*launch.reasons, why))
-
-    def _without_busy_workers(self, inventory: Inventory, replacing: ResidentModel | None) -> Inventory:
-        """An RPC worker serves one llama-server at a time: leave out the workers resident models use."""
-        taken = {
-            w: r.name
-            for r in self.residents
-            if r.state in HOLDS_MEMORY and r is not replacing
-            for w in r.plan.rpc_workers
-        }
-        if not any(d.endpoint in taken for d in inventory.rpc):
-            return inventory
-        left_out = sorted({f"{d.endpoint} (serving {taken[d.endpoint]})" for d in inventory.rpc if d.endpoint in taken})
-        return replace(
-            inventory,
-            devices=tuple(d for d in inventory.devices if d.endpoint not in taken),
-            warnings=(
-                *inventory.warnings,
-                "RPC workers busy with another resident model are left out: " + ", ".join(left_out),
-            ),
-        )
-
-    def _budget(self, inventory: Inventory, reserve: int) -> dict[str, int] | None:
-        budget = self.residency.memory_budget
-        if budget is None:
-            return None
-        return placement.budget_map(budget.total, budget.per_device, inventory, reserve=reserve)
-
-    def _loading_names(self) -> set[str]:
-        return {r.name for r in self._residents.values() if r.state in COMING_UP}
-
-    def _holder(self, r: ResidentModel) -> Holder:
-        lingering = r.grouping and time.monotonic() - r.last_used < GROUP_LINGER  # its group's next request may come
-        return placement.holder(
-            r.name,
-            r.plan,
-            r.actual,
-            last_used=r.last_used,
-            busy=not r.idle or r.state is not ResidentState.READY or lingering,
-            pinned=r.pinned,
+        """Where ``entry`` goes beside the residents as they will be, once other loads in flight are done."""
+        return await self.placer.place(
+            entry.name,
+            self._settings(request, entry),
+            lambda: self.residents,
+            lambda: [other for other in self._loads.values() if other is not load],
+            replacing=replacing,
         )
 
     def _new_resident(self, load: Load, placed: Placed, command: LaunchCommand) -> ResidentModel:
         """Create and start the new resident model (its owner takes it from there)."""
-        entry, request = load.entry, load.request
-        was = load.replacing  # a restart keeps the lifetime a user gave the running instance (pin, TTL)
-        own = model_defaults_for(entry, self.model_defaults)
-        facts = placed.model.facts
-        resident = ResidentModel(
-            name=entry.name,
-            settings=placed.settings,
-            plan=placed.plan,
-            command=command,
-            spec=replace(command.launch_spec(), after_stop=self._after_stop(placed.plan)),
-            facts=facts,
-            template=template_capabilities(template)
-            if (template := placed.settings.chat_template or facts.chat_template)
-            else None,
-            make_supervisor=self.make_supervisor,
-            ttl=next(t for t in (request.ttl, was.ttl if was else None, own.ttl, self.residency.ttl) if t is not None),
-            pinned=next(p for p in (request.pinned, was.pinned if was else None, own.pinned, False) if p is not None),
-            on_change=self._on_resident_change,
-            # an embedding instance's slots hold no conversation to continue: nothing is saved
-            before_stop=None if self.slot_cache is None or placed.settings.embeddings else self.slot_cache.save,
+        resident = self.builder.resident(
+            load.entry, load.request, placed, command, was=load.replacing, on_change=self._on_resident_change
         )
         load.resident = resident
         self._residents[placed.settings.key] = resident
@@ -901,33 +631,8 @@ class ModelManager:
         resident.start()
         return resident
 
-    def _after_stop(self, launch: LaunchPlan) -> Callable[[], None] | None:
-        """What the supervisor runs once a llama-server on GPUs is reaped: wait until their free memory settles.
-
-        A GPU driver frees a killed process's memory a little after the process is reaped; a plan made
-        in between (the next load, an eviction's replacement, a restart) would see too little free memory.
-        The resident stays ``unloading`` until this returns, so placement counts the memory as held.
-        """
-        keys = {d.key for d in launch.gpus}
-        if not keys:
-            return None  # host memory is back when the process is reaped
-
-        def read_free() -> dict[str, int]:
-            return {d.key: d.free_bytes for d in self.discover_devices().devices if d.key in keys}
-
-        def wait() -> None:
-            try:
-                settled = wait_for_memory_release(read_free, timeout=min(self.work_timeout, RELEASE_WAIT_S))
-            except (StudioError, LauncherError, OSError) as exc:  # a failing device query must not block a stop
-                log.warning("could not watch GPU memory being released", error=str(exc))
-                return
-            if not settled:
-                log.warning("GPU memory was still being released when the wait ended", gpus=sorted(keys))
-
-        return wait
-
     def _on_resident_change(self, resident: ResidentModel) -> None:
-        self._tell(resident)
+        self._events.changed(resident)
         if resident.state is ResidentState.FAILED:
             self.counters["load_failures"] += 1
         if resident.state is ResidentState.UNLOADED:
@@ -938,33 +643,6 @@ class ModelManager:
             for name in [n for n, r in self._routes.items() if r is resident]:
                 del self._routes[name]
         self._notify()
-
-    def _tell(self, r: ResidentModel) -> None:
-        """Turn a resident model's state change into a ``ResidencyEvent`` for the listeners."""
-        state, before, since = self._seen.get(r, (ResidentState.LOADING, None, r.created))
-        if r.state is state:
-            return  # a request left; no change
-        now = time.monotonic()
-        self._seen[r] = (r.state, state, now)
-        event = None
-        if state is ResidentState.LOADING and r.state is ResidentState.READY:
-            event = ResidencyEvent("loaded", r.name, now - since)
-        elif state is ResidentState.LOADING:
-            event = ResidencyEvent(
-                "load_failed", r.name, now - since, "cancelled" if r.state is ResidentState.UNLOADING else "error"
-            )
-        elif r.state is ResidentState.CRASHED:
-            event = ResidencyEvent("crashed", r.name)
-        elif state is ResidentState.CRASHED and r.state is ResidentState.LOADING:
-            event = ResidencyEvent("restarted", r.name)
-        elif r.state is ResidentState.UNLOADED:
-            del self._seen[r]
-            why = self._why.pop(r, "ttl")  # the one unload a resident model starts itself is its TTL's
-            if before is ResidentState.DRAINING:  # it was serving; a failed or crashed one held nothing
-                event = ResidencyEvent("evicted", r.name, now - since, why)
-        if event is not None:
-            for listener in self.listeners:
-                listener(event)
 
     async def warm(self, loaded: LoadedModel, body: Mapping[str, Any]) -> int:
         """Before a chat runs: restore the saved slot its prompt continues, if any (``studio.residency.slot_cache``);
@@ -989,7 +667,7 @@ class ModelManager:
             self._resident_named(model)  # raises: there is nothing to unload
         await self._cancel(loads, "{} was unloaded while it was loading")
         for r in targets:
-            self._why.setdefault(r, "unload")
+            self._events.unloading(r, "unload")
         await asyncio.gather(
             *(r.unload(grace=grace, reason=f"{r.name} was unloaded while this request ran") for r in targets)
         )
@@ -1008,12 +686,7 @@ class ModelManager:
         model's name in the catalog (``model`` names another link to its file, an alias, a path), else ``model``."""
         if self.find(model) is not None or any(load.names(model) for load in self._loads.values()):
             return model
-        try:
-            base = base_name(model)
-            entry = await run_blocking(self.catalog.resolve, base, timeout=self.work_timeout, what=f"finding {base}")
-        except StudioError:  # no longer in the catalog (or never was): only the names in use are left
-            return model
-        return embedding_name(entry.model) if model.endswith(EMBEDDINGS_SUFFIX) else entry.model
+        return await self.lookup.model_name(model)
 
     async def _cancel(self, loads: Sequence[Load], why: str) -> None:
         for load in loads:
@@ -1048,7 +721,7 @@ class ModelManager:
         self._closing = True
         await self._cancel(list(self._loads.values()), "the studio is shutting down while {} was loading")
         for r in self._residents.values():
-            self._why.setdefault(r, "shutdown")
+            self._events.unloading(r, "shutdown")
         await asyncio.gather(
             *(r.unload(grace=0, reason="the studio is shutting down") for r in list(self._residents.values())),
             return_exceptions=True,

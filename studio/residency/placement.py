@@ -12,13 +12,14 @@ with requests in flight, models still loading and pinned models are never chosen
 from __future__ import annotations
 
 import itertools
-from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, replace
 
 from launcher.devices import Inventory
 from launcher.memory import DeviceBill, MemoryBill
-from launcher.planner import LaunchPlan
+from launcher.planner import MIN_AUTO_CTX, LaunchPlan, PlanRequest
 from launcher.units import MIB, format_mib
+from studio.settings import MemoryBudget
 
 #: The key of a budget on all devices together.
 TOTAL = "total"
@@ -46,15 +47,6 @@ class Holder:
     @property
     def evictable(self) -> bool:
         return not self.busy and not self.pinned
-
-
-@dataclass(frozen=True)
-class Decision:
-    """What a load may use per device, and which models must go first for it."""
-
-    evict: tuple[str, ...]
-    available: Mapping[str, int]  # bytes per device (and ``TOTAL`` under a total budget) once they are gone
-    holders: tuple[str, ...] = field(default=())  # when it cannot fit: what holds the memory, in words
 
 
 def base_available(
@@ -224,13 +216,14 @@ def free_memory(inventory: Inventory) -> dict[str, int]:
     return {d.key: d.free_bytes for d in inventory.devices}
 
 
-def inventory_for(inventory: Inventory, available: Mapping[str, int], *, budgeted: bool) -> Inventory:
-    """The inventory a plan sees: under a budget, what it leaves per device; else free memory as it will be."""
+def inventory_for(inventory: Inventory, room: Room) -> Inventory:
+    """The inventory a plan sees: under a budget, each device's share of the room; else free memory as it will be."""
     devices = []
+    available = room.available
     for d in inventory.devices:
-        if budgeted:
-            room = min(available.get(d.key, 0), available.get(TOTAL, available.get(d.key, 0)))
-            devices.append(replace(d, budget_bytes=max(0, room)))
+        if room.budgeted:
+            share = min(available.get(d.key, 0), available.get(TOTAL, available.get(d.key, 0)))
+            devices.append(replace(d, budget_bytes=max(0, share)))
         elif d.key in available:
             devices.append(replace(d, free_bytes=max(0, available[d.key])))
         else:
@@ -243,3 +236,125 @@ def in_words(bytes_per_device: Mapping[str, int]) -> str:
     return ", ".join(
         f"{format_mib(n)} on {d}" if d != TOTAL else f"{format_mib(n)} in all" for d, n in bytes_per_device.items()
     )
+
+
+@dataclass(frozen=True)
+class Resident:
+    """A resident model as one placement sees it: what it holds, and what it is doing."""
+
+    holder: Holder
+    loading: bool = False  # starting (or restarting): free memory does not show what it will take yet
+    ready: bool = False  # serving: once its requests are done it could be evicted
+    going: bool = False  # another load in flight reserved it to evict: it holds its memory until it is gone
+    on_cpu: bool = False  # runs layers on the CPU, so its threads share the cores
+
+
+@dataclass(frozen=True)
+class Room:
+    """What a new model may take per device, and why: computed once per placement, handed to the planner."""
+
+    available: Mapping[str, int]  # bytes per device (and ``TOTAL`` under a total budget)
+    budgeted: bool  # a memory budget set it, rather than free memory
+    reasons: tuple[str, ...] = ()  # said in the plan's reasons
+
+    def without(self, evicted: Iterable[Holder]) -> Room:
+        """The room once ``evicted`` are gone."""
+        return replace(self, available=with_evicted(self.available, evicted, budgeted=self.budgeted))
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """Everything one placement decides on, frozen: the decision reads nothing else."""
+
+    inventory: Inventory  # the devices (RPC workers other residents use left out)
+    residents: tuple[Resident, ...] = ()  # every model holding memory, less the instance a load replaces
+    reservations: tuple[Holder, ...] = ()  # what loads in flight will hold once their models start
+    budget: MemoryBudget | None = None  # None: the planner's share of free memory
+    reserve: int = 0  # the studio's own host memory, off a budget
+    max_resident: int | None = None
+
+    def room(self) -> Room:
+        """The one room a model may take: the budget (less the studio's reserve) or free memory, less what the
+        residents hold and what loads in flight will take."""
+        holders = [r.holder for r in self.residents]
+        budget = None
+        reasons: tuple[str, ...] = ()
+        if self.budget is not None:
+            budget = budget_map(self.budget.total, self.budget.per_device, self.inventory, reserve=self.reserve)
+            if self.reserve:
+                reasons = (
+                    f"reserve: the studio's own {format_mib(self.reserve)} of host memory comes off the memory budget",
+                )
+        available = base_available(
+            budget=budget,
+            free=free_memory(self.inventory),
+            holders=[h for r, h in zip(self.residents, holders, strict=True) if not r.loading],
+            loading=[*(r.holder for r in self.residents if r.loading), *self.reservations],
+        )
+        return Room(available, budgeted=budget is not None, reasons=reasons)
+
+
+@dataclass(frozen=True)
+class Decision:
+    """What a load gets: the plan, the models to evict first, or why it cannot fit now."""
+
+    plan: LaunchPlan
+    evict: tuple[str, ...] = ()  # idle models to unload first
+    blocked_by: tuple[str, ...] = ()  # when it does not fit: busy or pinned models holding the memory, in words
+    fits: bool = True
+    need: str = ""  # when it does not fit: what it needs, and what evicting every idle model would leave
+    room: str = ""
+    drain: tuple[str, ...] = ()  # busy models that would free enough once their requests are done
+    shortfall: int = 0  # bytes missing even with every evictable model gone
+
+
+#: Plans a model on an inventory whose devices carry the room (``inventory_for``); the planner, bound to a model.
+PlanFn = Callable[[Inventory, PlanRequest], LaunchPlan]
+
+
+def decide(snapshot: Snapshot, request: PlanRequest, plan: PlanFn) -> Decision:
+    """Plan a model against memory as it will be, and choose the fewest idle models to evict for it.
+
+    Memory as it will be: what residents hold, less nothing for the models other loads reserved to evict
+    (they hold their memory until they are gone, and count as busy), plus what those loads will take.
+    """
+    room = snapshot.room()
+    going = {r.holder.name for r in snapshot.residents if r.going}
+    holders = [replace(r.holder, busy=True) if r.going else r.holder for r in snapshot.residents]
+
+    def planned(at: Room, asked: PlanRequest, leaving: Iterable[str] = ()) -> LaunchPlan:
+        away = {*going, *leaving}
+        sharers = 1 + sum(1 for r in snapshot.residents if r.on_cpu and r.holder.name not in away)
+        launch = plan(inventory_for(snapshot.inventory, at), replace(asked, cpu_sharers=sharers))
+        return replace(launch, reasons=(*launch.reasons, *at.reasons)) if at.reasons else launch
+
+    first = planned(room, request)
+    cap = snapshot.max_resident
+    if fits(first, room.available) and not (cap is not None and len(holders) >= cap):
+        return Decision(first)
+    # The fewest evictions that let the model fit at its smallest context; the final plan then takes
+    # whatever context the freed memory allows.
+    everything = room.without(h for h in holders if h.evictable)
+    smallest = (
+        request if request.n_ctx is not None else replace(request, n_ctx=min(MIN_AUTO_CTX, max(first.native_ctx, 256)))
+    )
+    need = physical(planned(everything, smallest).bill, first)
+    evict = choose_evictions(need, room.available, holders, budgeted=room.budgeted, max_count=cap)
+    if evict is None:
+        ready = {r.holder.name for r in snapshot.residents if r.ready and not r.going}
+        once_idle = [replace(h, busy=False) if h.name in ready else h for h in holders]
+        drain = choose_evictions(need, room.available, once_idle, budgeted=room.budgeted, max_count=cap)
+        return Decision(
+            first,
+            blocked_by=holders_in_words(holders),
+            fits=False,
+            need=in_words(need),
+            room=in_words(everything.available),
+            drain=drain or (),
+            shortfall=max(shortfall(need, everything.available).values(), default=0),
+        )
+    freed = room.without(h for h in holders if h.name in evict)
+    # the models it evicts give their cores back too: a model swapped in that planned its share beside the
+    # model it replaced would run alone on part of the cores
+    final = planned(freed, request, leaving=evict)
+    return Decision(final, evict=evict, fits=fits(final, freed.available))

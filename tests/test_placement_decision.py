@@ -1,0 +1,150 @@
+"""The placement decision as a table: a frozen snapshot in, what to do out, planned by the real planner.
+
+Each row is a situation the manager meets (residents idle, busy, pinned, reserved by another load,
+loads in flight, a cap on resident models) with Gemma's real header and the pinned llama-server's
+flags; the decision reads nothing else, so a row is the whole story.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from launcher.devices import Device, Inventory
+from launcher.planner import PlanRequest, plan
+from launcher.units import MIB
+from studio.residency.placement import Holder, Resident, Snapshot, decide, physical
+from studio.settings import MemoryBudget
+
+GIB = 1024 * MIB
+CTX = 1024
+
+
+def cpu_only(cores: int = 2) -> Inventory:
+    return Inventory((Device("CPU", None, "Test CPU", 64 * GIB, 60 * GIB, "psutil", cores=cores),), ())
+
+
+@pytest.fixture(scope="module")
+def planner(gemma, real):
+    return lambda inventory, request: plan(gemma, inventory, real, request)
+
+
+@pytest.fixture(scope="module")
+def bill(planner) -> int:
+    """Gemma's bytes at the test's context, as the planner bills them."""
+    launch = planner(cpu_only(), PlanRequest(n_ctx=CTX, spec="off"))
+    return sum(physical(launch.bill, launch).values())
+
+
+def resident(name: str, share: float, last_used: float, **flags: bool) -> tuple:
+    """A row's resident: ``share`` of Gemma's bill held, and its flags (busy, pinned, ready, going, loading...)."""
+    return (name, share, last_used, flags)
+
+
+def build(rows: tuple, bill: int) -> tuple[Resident, ...]:
+    out = []
+    for name, share, last_used, flags in rows:
+        held = {"CPU": int(share * bill)}
+        holder = Holder(name, held, held, last_used, busy=flags.get("busy", False), pinned=flags.get("pinned", False))
+        out.append(
+            Resident(
+                holder,
+                loading=flags.get("loading", False),
+                ready=flags.get("ready", True),
+                going=flags.get("going", False),
+                on_cpu=True,
+            )
+        )
+    return tuple(out)
+
+
+ROWS = {
+    # budget (in Gemma bills), residents, reservations (bills), max_resident -> fits, evict, drain, blocked
+    "room for it beside an idle model: nothing goes": (3.0, [resident("a", 1.0, 1)], (), None, (True, (), (), 0)),
+    "the least recently used idle model goes": (
+        2.5,
+        [resident("a", 1.0, 1), resident("b", 1.0, 2)],
+        (),
+        None,
+        (True, ("a",), (), 0),
+    ),
+    "a busy model is not evicted; it would drain": (
+        1.5,
+        [resident("a", 1.0, 1, busy=True)],
+        (),
+        None,
+        (False, (), ("a",), 1),
+    ),
+    "a pinned model is neither evicted nor drained": (
+        1.5,
+        [resident("a", 1.0, 1, pinned=True)],
+        (),
+        None,
+        (False, (), (), 1),
+    ),
+    "a model another load reserved counts as busy, and will not drain": (
+        1.5,
+        [resident("a", 1.0, 1, going=True)],
+        (),
+        None,
+        (False, (), (), 1),
+    ),
+    "a load in flight takes its reservation: nothing to evict, nothing holds it": (
+        1.5,
+        [],
+        (1.0,),
+        None,
+        (False, (), (), 0),
+    ),
+    "max_resident evicts even when memory suffices": (
+        10.0,
+        [resident("a", 0.1, 1), resident("b", 0.1, 2)],
+        (),
+        2,
+        (True, ("a",), (), 0),
+    ),
+}
+
+
+@pytest.mark.parametrize("why", list(ROWS))
+def test_the_decision_table(why, planner, bill):
+    budget, rows, reserved, cap, (fits, evict, drain, blocked) = ROWS[why]
+    snapshot = Snapshot(
+        inventory=cpu_only(),
+        residents=build(tuple(rows), bill),
+        reservations=tuple(Holder(f"r{i}", {"CPU": int(s * bill)}, {}, 0, busy=True) for i, s in enumerate(reserved)),
+        budget=MemoryBudget(total=int(budget * bill)),
+        max_resident=cap,
+    )
+    decision = decide(snapshot, PlanRequest(n_ctx=CTX, spec="off"), planner)
+    assert (decision.fits, decision.evict, decision.drain, len(decision.blocked_by)) == (fits, evict, drain, blocked)
+    if not fits:
+        assert decision.need and decision.room  # the 503's words
+        assert decision.shortfall > 0 or decision.drain or decision.blocked_by
+
+
+def test_the_room_is_the_budget_less_the_studios_reserve_and_the_plan_says_so(planner, bill):
+    snapshot = Snapshot(inventory=cpu_only(), budget=MemoryBudget(total=4 * bill), reserve=bill)
+    room = snapshot.room()
+    assert room.budgeted and room.available["total"] == 3 * bill
+    decision = decide(snapshot, PlanRequest(n_ctx=CTX, spec="off"), planner)
+    assert any(r.startswith("reserve: the studio's own") for r in decision.plan.reasons)
+
+
+def test_without_a_budget_free_memory_less_the_loads_in_flight_is_the_room(planner, bill):
+    loading = Holder("l", {"CPU": 2 * GIB}, {"CPU": 2 * GIB}, 0, busy=True)
+    snapshot = Snapshot(inventory=cpu_only(), reservations=(loading,))
+    assert snapshot.room().available == {"CPU": 58 * GIB} and not snapshot.room().budgeted
+
+
+def test_an_evicted_model_gives_its_cores_back_to_the_one_placed(planner, bill):
+    snapshot = Snapshot(
+        inventory=cpu_only(),
+        residents=build((resident("a", 1.0, 1),), bill),
+        budget=MemoryBudget(total=int(1.5 * bill)),
+    )
+    decision = decide(snapshot, PlanRequest(n_ctx=CTX, spec="off"), planner)
+    assert decision.evict == ("a",) and decision.plan.request.cpu_sharers == 1
+    beside = decide(replace(snapshot, budget=MemoryBudget(total=3 * bill)), PlanRequest(n_ctx=CTX, spec="off"), planner)
+    assert beside.evict == () and beside.plan.request.cpu_sharers == 2
