@@ -3,10 +3,11 @@
 It coordinates: it routes names to residents (every name that reaches one file finds the one
 resident, which goes by the model's name), keeps the bounded queue of requests waiting for a load,
 and runs each load as a transaction (``studio.residency.transaction``), at most one per instance
-(``LoadSettings.key``). What it asks along the way belongs elsewhere: where a model goes and what
-must make room (``placement.decide``, fed by ``placer``), which file a name means (``lookup``), what a
-resident is made of (``builder``), the errors' words (``wording``), the events listeners hear
-(``events``), each resident's life (``resident``).
+(``LoadSettings.key``), whose steps are ``steps``'. What it asks along the way belongs elsewhere:
+where a model goes and what must make room (``placement.decide``, fed by ``placer``), which file a
+name means (``lookup``), what a resident is made of (``builder``), the errors' words (``wording``),
+the events listeners hear (``events``), unloads and lifetimes (``unloading``), each resident's life
+(``resident``).
 
 A request for a ready model takes the fast path: a name lookup and an in-flight count, no lock.
 Requests for a model not resident wait for its one load, so concurrent first requests start one
@@ -20,9 +21,6 @@ for a model whose instance does not embed goes to its embedding instance, ``"M (
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import math
-import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
@@ -31,7 +29,6 @@ from typing import Any
 import structlog
 
 from launcher.capabilities import Capabilities
-from launcher.command import LaunchCommand
 from launcher.devices import Inventory, discover
 from launcher.planner import plan
 from launcher.sampling import Sampling
@@ -39,20 +36,18 @@ from studio.errors import (
     BadRequestError,
     BusyError,
     ModelNotFoundError,
-    ModelNotResidentError,
     ModelUnloadedError,
     NotReadyError,
     StudioError,
 )
 from studio.library.catalog import Catalog, CatalogEntry
 from studio.library.downloads import DownloadManager
-from studio.residency import placement, wording
 from studio.residency.builder import Builder, SupervisorFactory, supervisor_factory
 from studio.residency.events import Narrator, ResidencyEvent
 from studio.residency.lifecycle import COMING_UP, GOING_AWAY, HOLDS_MEMORY, ResidentState
 from studio.residency.lookup import Lookup
-from studio.residency.placement import Holder, physical
-from studio.residency.placer import GROUP_LINGER, Placed, Placer, Planner
+from studio.residency.placement import physical
+from studio.residency.placer import Placed, Placer, Planner
 from studio.residency.requests import (
     EMBEDDINGS_SUFFIX,
     LoadRequest,
@@ -63,20 +58,17 @@ from studio.residency.requests import (
 )
 from studio.residency.resident import Lease, LoadedModel, ResidentModel
 from studio.residency.slot_cache import SlotCache
-from studio.residency.transaction import Load, LoadStep, _Superseded
+from studio.residency.steps import NOT_SERVING, LoadSteps
+from studio.residency.transaction import Key, Load, LoadStep, _Superseded
+from studio.residency.unloading import Unloading
 from studio.settings import ModelDefaults, ResidencySettings
 
 log = structlog.get_logger(__name__)
 
-#: Which instance of which model file: ``LoadSettings.key``.
-Key = tuple[Path, bool]
-#: States of a resident that serves no request and never will: a new load replaces it.
-_NOT_SERVING = frozenset({ResidentState.FAILED, ResidentState.UNLOADED})
-
 __all__ = ["ModelManager", "Placed", "ResidencyEvent", "physical", "supervisor_factory"]
 
 
-class ModelManager:
+class ModelManager(LoadSteps, Unloading):
     """The resident models of one studio; see the module docstring."""
 
     def __init__(
@@ -105,19 +97,14 @@ class ModelManager:
         #: which build runs and why (``launcher.backends.running_build``); None: only the binary is known
         self.build = dict(build) if build is not None else None
         self.caps = caps
-        self.make_supervisor = make_supervisor
         self.discover_devices = discover_devices or (lambda: discover(llama_server=binary))
-        self.files_root = files_root
         self.model_defaults = dict(model_defaults or {})  # per model name, from the config file
         self.sampling = sampling or Sampling()  # the studio's answer limits, under each model's own
         self.residency = residency or ResidencySettings()
         self.max_waiting = max_waiting
         self.work_timeout = work_timeout  # seconds a header read, a plan or a device query may take
-        self.planner = planner  # tests pass a slow one to show the event loop stays free
         self.downloads = downloads  # fetches an uncached owner/repo:VARIANT when its auto_download is on
-        self.spec_measurements = spec_measurements  # ``bench-spec``'s results, which ``auto`` follows
         self.slot_cache = slot_cache  # saves slots before a stop, restores them for the chat that continues one
-        self.own_memory = own_memory  # the studio's RSS now; None: no reserve (a manager inside a test)
         self.lookup = Lookup(catalog, downloads, work_timeout)
         self.builder = Builder(
             caps=caps,
@@ -331,7 +318,7 @@ class ModelManager:
         if model == base:
             entry = await self._entry(base)
             chat = self._residents.get((entry.path, False))
-            serving = chat is not None and chat.state not in _NOT_SERVING
+            serving = chat is not None and chat.state not in NOT_SERVING
             own = chat.settings if chat is not None and serving else self._settings(LoadRequest(model=base), entry)
             if own.embeds:
                 return await self._ready(base, None)
@@ -355,7 +342,7 @@ class ModelManager:
             if resident is not None and resident.state in GOING_AWAY and load is None:
                 await resident.wait_until({ResidentState.UNLOADED})  # evicted or unloading: then load it anew
                 continue
-            serving = resident is not None and resident.state not in _NOT_SERVING
+            serving = resident is not None and resident.state not in NOT_SERVING
             if serving and resident is not None and (wanted is None or wanted == resident.settings):
                 if load is None or (wanted is None and resident.state is ResidentState.READY):
                     self._route(model, resident)
@@ -431,144 +418,6 @@ class ModelManager:
             del self._loads[load.settings.key]
         self._notify()
 
-    async def _transact(self, load: Load) -> ResidentModel:
-        """Check, reserve, start; return the ready resident. Raises what refused or failed the load."""
-        key = load.settings.key
-        existing = self._residents.get(key)
-        while existing is not None and existing.state in GOING_AWAY:  # evicted or unloading: let it go first
-            await existing.wait_until({ResidentState.UNLOADED})
-            existing = self._residents.get(key)
-        if existing is not None and existing.state not in _NOT_SERVING and existing.settings == load.settings:
-            return existing  # superseded back to what runs: nothing to do
-        load.replacing = existing
-        deadline = time.monotonic() + self.residency.busy_wait
-        # check, and reserve: one placement at a time decides; nothing running is touched until it fits
-        while True:
-            async with self._placement:
-                if load.step is LoadStep.WAITING:
-                    load.move(LoadStep.CHECKING)
-                placed = await self._place(load.entry, load.request, replacing=load.replacing, load=load)
-                behind = bool(placed.evict) and self._waits_behind(load)  # loads that must evict take turns
-                if (placed.fits or load.request.force) and not behind:
-                    command = self.launch_command(placed)
-                    victims = [v for name in placed.evict if (v := self.find(name)) is not None]
-                    if load.replacing is not None:
-                        victims.append(load.replacing)
-                    for victim in victims:
-                        if victim not in load.paused:
-                            victim.pause()
-                            load.paused.append(victim)
-                    load.victims = tuple(victims)
-                    load.reservation = Holder(
-                        name=load.entry.name,
-                        held=(held := placement.physical(placed.plan.bill, placed.plan)),
-                        reclaim=held,
-                        last_used=time.monotonic(),
-                        busy=True,
-                    )
-                    load.move(LoadStep.RESERVED)
-                    break
-                if not placed.blocked_by and not behind:
-                    smaller = await self.lookup.smaller_variant(load.model, placed.model.file_size - placed.shortfall)
-                    raise wording.does_not_fit(load.entry.name, placed, smaller)
-                if time.monotonic() >= deadline:
-                    raise wording.no_memory_now(load.entry.name, placed, self.residency.busy_wait)
-                # New requests would keep the busy models busy for ever: once ``group_size`` more came in
-                # (they run before the swap, together), hold them back until this load got the memory or
-                # gave up. Requests in flight finish.
-                grouping = False
-                for name in placed.drain:
-                    if (busy := self.find(name)) is not None:
-                        if busy not in load.paused:
-                            busy.pause(after=self.residency.group_size)
-                            load.paused.append(busy)
-                        grouping = grouping or busy.grouping
-                if load.step is LoadStep.CHECKING:
-                    load.move(LoadStep.WAITING)
-                    load.waiting_since = load.waiting_since or time.monotonic()
-                changed = self._changed
-            wait = deadline - time.monotonic()
-            if grouping:  # an idle model's group ends when no request came for GROUP_LINGER s: look again then
-                wait = min(wait, GROUP_LINGER)
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(changed.wait(), max(0.01, wait))
-        try:
-            await self._drained(load, deadline)
-            load.move(LoadStep.STARTING)
-            for victim in load.victims:
-                if victim is not load.replacing:
-                    log.info("evicting idle model", model=victim.name, for_model=load.entry.name)
-                    self.counters["evictions"] += 1
-                    self._events.unloading(victim, "evicted")
-                else:
-                    self._events.unloading(victim, "restart")
-                await victim.unload(grace=0, reason=f"{victim.name} was evicted to make room for {load.entry.name}")
-            resident = self._new_resident(load, placed, command)
-        except BaseException:
-            command.cleanup()
-            raise
-        load.reservation = None
-        state = await resident.wait_settled()
-        if state is not ResidentState.READY:
-            raise resident.failure or StudioError(
-                resident.error or f"{resident.name} failed to load", code="load_failed"
-            )
-        return resident
-
-    def _waits_behind(self, load: Load) -> bool:
-        """Whether another load began waiting for memory before ``load`` and still waits: it evicts first."""
-        since = load.waiting_since or math.inf
-        return any(
-            other.step is LoadStep.WAITING and (other.waiting_since or math.inf) < since
-            for other in self._loads.values()
-            if other is not load
-        )
-
-    async def _drained(self, load: Load, deadline: float) -> None:
-        """Wait, outside the placement lock, until the paused victims' requests in flight are done.
-
-        Raises:
-            BusyError: ``busy_wait`` ran out first; the load is undone and the victims serve on.
-        """
-        while True:
-            changed = self._changed
-            busy = [v for v in load.victims if not v.idle and v.state is ResidentState.READY]
-            if not busy:
-                return
-            left = deadline - time.monotonic()
-            if left <= 0:
-                raise wording.still_serving(load.entry.name, busy, self.residency.busy_wait)
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(changed.wait(), left)
-
-    def _commit(self, load: Load, resident: ResidentModel) -> None:
-        """The new resident is ready: route it, remember its extra flags, let the paused models serve on."""
-        load.resume_paused()
-        if not resident.settings.embeddings:  # an embedding instance takes no extra flags
-            self._last_extra_args[load.entry.path] = resident.settings.extra_args
-        self._route(load.model, resident)
-        load.move(LoadStep.COMMITTED)
-        load.outcome.set_result(resident)
-
-    async def _undo(self, load: Load) -> None:
-        """Leave things as they were: paused models serve on; a cancelled load's llama-server is stopped.
-
-        A failed start stays visible as ``failed`` (it holds nothing) so ``/api/status`` says why; the next
-        request retries it with the remembered settings, never the failed ones.
-        """
-        load.resume_paused()
-        load.reservation = None
-        resident = load.resident
-        if resident is not None and (load.cancelled is not None or resident.state is not ResidentState.FAILED):
-            self._events.unloading(resident, "unload")
-            await resident.unload(grace=0, reason=load.cancelled or f"the load of {resident.name} was undone")
-        if load.step is not LoadStep.UNDONE:
-            load.move(LoadStep.UNDONE)
-
-    def launch_command(self, placed: Placed) -> LaunchCommand:
-        """The command a load of ``placed`` runs (``ggstudio plan`` prints the same)."""
-        return self.builder.launch_command(placed)
-
     def _check_open(self) -> None:
         if self._closing:
             raise ModelUnloadedError("the studio is shutting down")
@@ -603,34 +452,6 @@ class ModelManager:
     async def _entry(self, model: str) -> CatalogEntry:
         return await self.lookup.entry(model)
 
-    async def _place(
-        self,
-        entry: CatalogEntry,
-        request: LoadRequest,
-        *,
-        replacing: ResidentModel | None = None,
-        load: Load | None = None,
-    ) -> Placed:
-        """Where ``entry`` goes beside the residents as they will be, once other loads in flight are done."""
-        return await self.placer.place(
-            entry.name,
-            self._settings(request, entry),
-            lambda: self.residents,
-            lambda: [other for other in self._loads.values() if other is not load],
-            replacing=replacing,
-        )
-
-    def _new_resident(self, load: Load, placed: Placed, command: LaunchCommand) -> ResidentModel:
-        """Create and start the new resident model (its owner takes it from there)."""
-        resident = self.builder.resident(
-            load.entry, load.request, placed, command, was=load.replacing, on_change=self._on_resident_change
-        )
-        load.resident = resident
-        self._residents[placed.settings.key] = resident
-        self.counters["loads"] += 1
-        resident.start()
-        return resident
-
     def _on_resident_change(self, resident: ResidentModel) -> None:
         self._events.changed(resident)
         if resident.state is ResidentState.FAILED:
@@ -648,87 +469,3 @@ class ModelManager:
         """Before a chat runs: restore the saved slot its prompt continues, if any (``studio.residency.slot_cache``);
         return the tokens restored (0: none)."""
         return await self.slot_cache.warm(loaded, body) if self.slot_cache is not None else 0
-
-    # -- unload, lifetime ----------------------------------------------------------------------
-    async def unload(self, model: str | None = None, *, grace: float | None = None) -> None:
-        """Unload ``model`` (every model when None): requests in flight get ``grace`` s, then an error.
-
-        A load of the model in progress (or waiting for memory) is cancelled first: its llama-server is
-        stopped, its waiters get an error saying it was unloaded, and nothing of it stays resident.
-
-        Raises:
-            ModelNotResidentError: ``model`` is neither resident nor loading.
-        """
-        grace = self.residency.unload_grace if grace is None else grace
-        names = None if model is None else self._instance_names(await self._known_as(model))
-        loads = [load for load in self._loads.values() if names is None or any(load.names(n) for n in names)]
-        targets = list(self._residents.values()) if names is None else [r for n in names if (r := self.find(n))]
-        if model is not None and not loads and not targets:
-            self._resident_named(model)  # raises: there is nothing to unload
-        await self._cancel(loads, "{} was unloaded while it was loading")
-        for r in targets:
-            self._events.unloading(r, "unload")
-        await asyncio.gather(
-            *(r.unload(grace=grace, reason=f"{r.name} was unloaded while this request ran") for r in targets)
-        )
-
-    def _instance_names(self, model: str) -> tuple[str, ...]:
-        """The instances an unload of ``model`` ends: the one it names and, when it names a model, that model's
-        embedding instance too (one model is one thing to unload, as in Ollama); an embedding instance's own
-        name names it alone."""
-        if model.endswith(EMBEDDINGS_SUFFIX):
-            return (model,)
-        found = self.find(model)
-        return (model, embedding_name(found.name if found is not None else model))
-
-    async def _known_as(self, model: str) -> str:
-        """The name ``model``'s instance goes by: ``model`` when a resident or a load goes by it, else its
-        model's name in the catalog (``model`` names another link to its file, an alias, a path), else ``model``."""
-        if self.find(model) is not None or any(load.names(model) for load in self._loads.values()):
-            return model
-        return await self.lookup.model_name(model)
-
-    async def _cancel(self, loads: Sequence[Load], why: str) -> None:
-        for load in loads:
-            load.cancel(why.format(load.entry.name))
-        await asyncio.gather(*(load.ended() for load in loads))
-
-    def set_ttl(self, model: str, ttl: float) -> None:
-        """Set a resident model's idle TTL in seconds (0: never)."""
-        if ttl < 0:
-            raise BadRequestError("ttl must be 0 (never) or a number of seconds", param="ttl")
-        self._resident_named(model).set_ttl(ttl)
-
-    def set_pinned(self, model: str, pinned: bool) -> None:
-        """Pin a resident model (never evicted, no TTL) or unpin it."""
-        self._resident_named(model).set_pinned(pinned)
-
-    def _resident_named(self, model: str) -> ResidentModel:
-        found = self.find(model)
-        if found is None:
-            resident = ", ".join(r.name for r in self.residents) or "none"
-            raise ModelNotResidentError(f"{model!r} is not resident (resident: {resident})")
-        return found
-
-    async def aclose(self) -> None:
-        """Cancel the preload and the loads in progress, then unload every model now (at shutdown no request waits).
-
-        The preload first: still running, it would start its next model again after this stopped the last one.
-        """
-        if self._preloading is not None:
-            self._preloading.cancel()
-            await asyncio.gather(self._preloading, return_exceptions=True)
-        self._closing = True
-        await self._cancel(list(self._loads.values()), "the studio is shutting down while {} was loading")
-        for r in self._residents.values():
-            self._events.unloading(r, "shutdown")
-        await asyncio.gather(
-            *(r.unload(grace=0, reason="the studio is shutting down") for r in list(self._residents.values())),
-            return_exceptions=True,
-        )
-
-    def close_now(self) -> None:
-        """Stop every llama-server from any thread, without the event loop (a last resort at exit)."""
-        for r in list(self._residents.values()):
-            r.supervisor.close()
-            r.command.cleanup()

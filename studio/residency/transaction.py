@@ -24,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import enum
 from dataclasses import dataclass, field
+from pathlib import Path
 from types import MappingProxyType
 
 from studio.errors import ModelUnloadedError
@@ -31,6 +32,9 @@ from studio.library.catalog import CatalogEntry
 from studio.residency.placement import Holder
 from studio.residency.requests import LoadRequest, LoadSettings
 from studio.residency.resident import ResidentModel
+
+#: Which instance of which model file: ``LoadSettings.key``.
+Key = tuple[Path, bool]
 
 
 class LoadStep(enum.Enum):

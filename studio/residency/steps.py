@@ -1,0 +1,224 @@
+"""The steps of one load, over the manager's state: check and reserve, drain, start, commit or undo.
+
+``studio.residency.transaction`` says what a load is and which steps it may take; this is what each
+step does. One placement at a time decides (``placement.decide``, under the placement lock), nothing
+running is touched until the load fits, victims' requests in flight finish outside the lock within
+``busy_wait``, and a failed or cancelled load leaves everything as it was.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import math
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import structlog
+
+from launcher.command import LaunchCommand
+from studio.errors import StudioError
+from studio.library.catalog import CatalogEntry
+from studio.residency import placement, wording
+from studio.residency.builder import Builder
+from studio.residency.events import Narrator
+from studio.residency.lifecycle import GOING_AWAY, ResidentState
+from studio.residency.lookup import Lookup
+from studio.residency.placement import Holder
+from studio.residency.placer import GROUP_LINGER, Placed, Placer
+from studio.residency.requests import LoadRequest, LoadSettings
+from studio.residency.resident import ResidentModel
+from studio.residency.transaction import Key, Load, LoadStep
+from studio.settings import ResidencySettings
+
+log = structlog.get_logger(__name__)
+
+#: States of a resident that serves no request and never will: a new load replaces it.
+NOT_SERVING = frozenset({ResidentState.FAILED, ResidentState.UNLOADED})
+
+
+class LoadSteps:
+    """What each step of a load does; ``ModelManager`` runs them and owns the state they read."""
+
+    residency: ResidencySettings
+    counters: dict[str, int]
+    lookup: Lookup
+    builder: Builder
+    placer: Placer
+    _residents: dict[Key, ResidentModel]
+    _loads: dict[Key, Load]
+    _placement: asyncio.Lock
+    _changed: asyncio.Event
+    _events: Narrator
+    _last_extra_args: dict[Path, tuple[str, ...]]
+    find: Callable[[str], ResidentModel | None]
+    _route: Callable[[str, ResidentModel], None]
+    _settings: Callable[[LoadRequest, CatalogEntry], LoadSettings]
+    _on_resident_change: Callable[[ResidentModel], None]
+
+    async def _transact(self, load: Load) -> ResidentModel:
+        """Check, reserve, start; return the ready resident. Raises what refused or failed the load."""
+        key = load.settings.key
+        existing = self._residents.get(key)
+        while existing is not None and existing.state in GOING_AWAY:  # evicted or unloading: let it go first
+            await existing.wait_until({ResidentState.UNLOADED})
+            existing = self._residents.get(key)
+        if existing is not None and existing.state not in NOT_SERVING and existing.settings == load.settings:
+            return existing  # superseded back to what runs: nothing to do
+        load.replacing = existing
+        deadline = time.monotonic() + self.residency.busy_wait
+        # check, and reserve: one placement at a time decides; nothing running is touched until it fits
+        while True:
+            async with self._placement:
+                if load.step is LoadStep.WAITING:
+                    load.move(LoadStep.CHECKING)
+                placed = await self._place(load.entry, load.request, replacing=load.replacing, load=load)
+                behind = bool(placed.evict) and self._waits_behind(load)  # loads that must evict take turns
+                if (placed.fits or load.request.force) and not behind:
+                    command = self.launch_command(placed)
+                    victims = [v for name in placed.evict if (v := self.find(name)) is not None]
+                    if load.replacing is not None:
+                        victims.append(load.replacing)
+                    for victim in victims:
+                        if victim not in load.paused:
+                            victim.pause()
+                            load.paused.append(victim)
+                    load.victims = tuple(victims)
+                    load.reservation = Holder(
+                        name=load.entry.name,
+                        held=(held := placement.physical(placed.plan.bill, placed.plan)),
+                        reclaim=held,
+                        last_used=time.monotonic(),
+                        busy=True,
+                    )
+                    load.move(LoadStep.RESERVED)
+                    break
+                if not placed.blocked_by and not behind:
+                    smaller = await self.lookup.smaller_variant(load.model, placed.model.file_size - placed.shortfall)
+                    raise wording.does_not_fit(load.entry.name, placed, smaller)
+                if time.monotonic() >= deadline:
+                    raise wording.no_memory_now(load.entry.name, placed, self.residency.busy_wait)
+                # New requests would keep the busy models busy for ever: once ``group_size`` more came in
+                # (they run before the swap, together), hold them back until this load got the memory or
+                # gave up. Requests in flight finish.
+                grouping = False
+                for name in placed.drain:
+                    if (busy := self.find(name)) is not None:
+                        if busy not in load.paused:
+                            busy.pause(after=self.residency.group_size)
+                            load.paused.append(busy)
+                        grouping = grouping or busy.grouping
+                if load.step is LoadStep.CHECKING:
+                    load.move(LoadStep.WAITING)
+                    load.waiting_since = load.waiting_since or time.monotonic()
+                changed = self._changed
+            wait = deadline - time.monotonic()
+            if grouping:  # an idle model's group ends when no request came for GROUP_LINGER s: look again then
+                wait = min(wait, GROUP_LINGER)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(changed.wait(), max(0.01, wait))
+        try:
+            await self._drained(load, deadline)
+            load.move(LoadStep.STARTING)
+            for victim in load.victims:
+                if victim is not load.replacing:
+                    log.info("evicting idle model", model=victim.name, for_model=load.entry.name)
+                    self.counters["evictions"] += 1
+                    self._events.unloading(victim, "evicted")
+                else:
+                    self._events.unloading(victim, "restart")
+                await victim.unload(grace=0, reason=f"{victim.name} was evicted to make room for {load.entry.name}")
+            resident = self._new_resident(load, placed, command)
+        except BaseException:
+            command.cleanup()
+            raise
+        load.reservation = None
+        state = await resident.wait_settled()
+        if state is not ResidentState.READY:
+            raise resident.failure or StudioError(
+                resident.error or f"{resident.name} failed to load", code="load_failed"
+            )
+        return resident
+
+    def _waits_behind(self, load: Load) -> bool:
+        """Whether another load began waiting for memory before ``load`` and still waits: it evicts first."""
+        since = load.waiting_since or math.inf
+        return any(
+            other.step is LoadStep.WAITING and (other.waiting_since or math.inf) < since
+            for other in self._loads.values()
+            if other is not load
+        )
+
+    async def _drained(self, load: Load, deadline: float) -> None:
+        """Wait, outside the placement lock, until the paused victims' requests in flight are done.
+
+        Raises:
+            BusyError: ``busy_wait`` ran out first; the load is undone and the victims serve on.
+        """
+        while True:
+            changed = self._changed
+            busy = [v for v in load.victims if not v.idle and v.state is ResidentState.READY]
+            if not busy:
+                return
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise wording.still_serving(load.entry.name, busy, self.residency.busy_wait)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(changed.wait(), left)
+
+    def _commit(self, load: Load, resident: ResidentModel) -> None:
+        """The new resident is ready: route it, remember its extra flags, let the paused models serve on."""
+        load.resume_paused()
+        if not resident.settings.embeddings:  # an embedding instance takes no extra flags
+            self._last_extra_args[load.entry.path] = resident.settings.extra_args
+        self._route(load.model, resident)
+        load.move(LoadStep.COMMITTED)
+        load.outcome.set_result(resident)
+
+    async def _undo(self, load: Load) -> None:
+        """Leave things as they were: paused models serve on; a cancelled load's llama-server is stopped.
+
+        A failed start stays visible as ``failed`` (it holds nothing) so ``/api/status`` says why; the next
+        request retries it with the remembered settings, never the failed ones.
+        """
+        load.resume_paused()
+        load.reservation = None
+        resident = load.resident
+        if resident is not None and (load.cancelled is not None or resident.state is not ResidentState.FAILED):
+            self._events.unloading(resident, "unload")
+            await resident.unload(grace=0, reason=load.cancelled or f"the load of {resident.name} was undone")
+        if load.step is not LoadStep.UNDONE:
+            load.move(LoadStep.UNDONE)
+
+    def launch_command(self, placed: Placed) -> LaunchCommand:
+        """The command a load of ``placed`` runs (``ggstudio plan`` prints the same)."""
+        return self.builder.launch_command(placed)
+
+    async def _place(
+        self,
+        entry: CatalogEntry,
+        request: LoadRequest,
+        *,
+        replacing: ResidentModel | None = None,
+        load: Load | None = None,
+    ) -> Placed:
+        """Where ``entry`` goes beside the residents as they will be, once other loads in flight are done."""
+        return await self.placer.place(
+            entry.name,
+            self._settings(request, entry),
+            lambda: sorted(self._residents.values(), key=lambda r: r.created),
+            lambda: [other for other in self._loads.values() if other is not load],
+            replacing=replacing,
+        )
+
+    def _new_resident(self, load: Load, placed: Placed, command: LaunchCommand) -> ResidentModel:
+        """Create and start the new resident model (its owner takes it from there)."""
+        resident = self.builder.resident(
+            load.entry, load.request, placed, command, was=load.replacing, on_change=self._on_resident_change
+        )
+        load.resident = resident
+        self._residents[placed.settings.key] = resident
+        self.counters["loads"] += 1
+        resident.start()
+        return resident
