@@ -52,6 +52,7 @@ def fake_manager(
     busy_wait: float = 0.3,
     unload_grace: float = 0.2,
     group_size: int = 4,
+    max_resident: int | None = None,
     discover: Callable[[], Inventory] = cpu_machine,
     **options: Any,
 ) -> ModelManager:
@@ -68,6 +69,7 @@ def fake_manager(
             busy_wait=busy_wait,
             unload_grace=unload_grace,
             group_size=group_size,
+            max_resident=max_resident,
         ),
         **options,
     )

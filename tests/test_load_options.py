@@ -166,6 +166,47 @@ def test_a_second_cpu_resident_gets_its_share_of_the_cores_not_all_of_them(tmp_p
     asyncio.run(run())
 
 
+@pytest.mark.parametrize("cores, cap, each", [(2, 2, 1), (4, 2, 2), (8, 3, 2)])
+def test_two_residents_busy_at_once_run_no_more_threads_than_cores_under_max_resident(
+    tmp_path, real, zoo_dir, cores, cap, each
+):
+    """Regression: two residents on 2 cores got --threads 2 and 1, three threads on two cores while both answered:
+    the first, planned alone, kept every core. With max_resident the division is planned before the first load."""
+    a, b = ZOO[:2]
+    models = {name: zoo_dir / f"{name}.gguf" for name in (a, b)}
+
+    async def run() -> None:
+        with fake_children() as children:
+            manager = fake_manager(tmp_path, children, real, models, max_resident=cap, discover=lambda: on_cpu(cores))
+            await manager.load(LoadRequest(model=a))
+            await manager.load(LoadRequest(model=b))
+            threads = {r.name: r.plan.threads for r in manager.residents}
+            assert threads == {a: each, b: each} and sum(t or 0 for t in threads.values()) <= cores
+            await manager.aclose()
+
+    asyncio.run(run())
+
+
+def test_a_cpu_model_with_no_core_left_evicts_an_idle_one_under_max_resident(tmp_path, real, zoo_dir):
+    """Cores are room: with three residents allowed on two cores, the third on the CPU evicts the least recently
+    used idle one rather than run a third thread."""
+    a, b, c = ZOO[:3]
+    models = {name: zoo_dir / f"{name}.gguf" for name in (a, b, c)}
+
+    async def run() -> None:
+        with fake_children() as children:
+            manager = fake_manager(tmp_path, children, real, models, max_resident=3, discover=lambda: on_cpu(2))
+            for name in (a, b):
+                await manager.load(LoadRequest(model=name))
+            placed = await manager.preview(LoadRequest(model=c))
+            assert placed.evict == (a,) and placed.fits
+            await manager.load(LoadRequest(model=c))
+            assert {r.name: r.plan.threads for r in manager.residents} == {b: 1, c: 1}
+            await manager.aclose()
+
+    asyncio.run(run())
+
+
 def test_a_model_swapped_in_gets_the_cores_of_the_model_it_evicts(tmp_path, real, zoo_dir):
     """Regression: B's plan counted A, which its load evicts, as a resident sharing the cores: B ran alone on two
     cores with one thread, at half speed (a swapped-back conversation took 1.9x its time to first token)."""

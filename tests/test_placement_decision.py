@@ -54,6 +54,7 @@ def build(rows: tuple, bill: int) -> tuple[Resident, ...]:
                 ready=flags.get("ready", True),
                 going=flags.get("going", False),
                 on_cpu=True,
+                threads=1,  # its share of the two cores
             )
         )
     return tuple(out)
@@ -148,3 +149,26 @@ def test_an_evicted_model_gives_its_cores_back_to_the_one_placed(planner, bill):
     assert decision.evict == ("a",) and decision.plan.request.cpu_sharers == 1
     beside = decide(replace(snapshot, budget=MemoryBudget(total=3 * bill)), PlanRequest(n_ctx=CTX, spec="off"), planner)
     assert beside.evict == () and beside.plan.request.cpu_sharers == 2
+
+
+@pytest.mark.parametrize(
+    "cap, residents, threads, evict, fits",
+    [
+        (None, [], 2, (), True),  # no max_resident: a lone model takes every core
+        (2, [], 1, (), True),  # the division planned before the first load: its share of two
+        (2, [resident("a", 0.1, 1)], 1, (), True),  # beside one with its share: the core left
+        (3, [resident("a", 0.1, 1), resident("b", 0.1, 2)], 1, ("a",), True),  # no core left: an idle one goes
+        (3, [resident("a", 0.1, 1, busy=True), resident("b", 0.1, 2, busy=True)], 1, (), False),  # busy: it waits
+    ],
+)
+def test_cores_are_room_under_max_resident(planner, bill, cap, residents, threads, evict, fits):
+    snapshot = Snapshot(
+        inventory=cpu_only(cores=2),
+        residents=build(tuple(residents), bill),
+        budget=MemoryBudget(total=10 * bill),
+        max_resident=cap,
+    )
+    decision = decide(snapshot, PlanRequest(n_ctx=CTX, spec="off"), planner)
+    assert (decision.plan.threads, decision.evict, decision.fits) == (threads, evict, fits)
+    if not fits:
+        assert decision.drain == ("a",) and "core" in decision.need

@@ -12,7 +12,7 @@ with requests in flight, models still loading and pinned models are never chosen
 from __future__ import annotations
 
 import itertools
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 
 from launcher.devices import Inventory
@@ -247,6 +247,7 @@ class Resident:
     ready: bool = False  # serving: once its requests are done it could be evicted
     going: bool = False  # another load in flight reserved it to evict: it holds its memory until it is gone
     on_cpu: bool = False  # runs layers on the CPU, so its threads share the cores
+    threads: int | None = None  # its --threads; None: every core
 
 
 @dataclass(frozen=True)
@@ -312,26 +313,71 @@ class Decision:
 PlanFn = Callable[[Inventory, PlanRequest], LaunchPlan]
 
 
+@dataclass(frozen=True)
+class Cores:
+    """The CPU's cores as room: how many models share them, and what the ones that stay leave."""
+
+    count: int | None  # usable physical cores; None: not counted (or no max_resident): the planner's share
+    sharers: int  # models running layers on the CPU, this one included, or as many as the division plans for
+    left: int  # cores the staying CPU residents' threads leave
+    holders: tuple[Resident, ...]  # the staying residents that run layers on the CPU
+
+    @classmethod
+    def of(cls, snapshot: Snapshot, away: Collection[str]) -> Cores:
+        """The cores once ``away`` are gone.
+
+        With ``max_resident`` set, the division is planned before the first load: every model on the CPU
+        takes its share of that many from the start, at most what the staying ones leave, and when they
+        leave none an idle one is evicted for it, so that residents busy at once never run more threads
+        than there are cores. Without it a lone model takes every core, and each later one its share.
+        """
+        count = snapshot.inventory.cpu.cores if snapshot.max_resident is not None else None
+        staying = tuple(r for r in snapshot.residents if r.on_cpu and r.holder.name not in away)
+        planned = min(snapshot.max_resident or 1, count or 1)
+        held = sum(r.threads if r.threads is not None else (count or 0) for r in staying)
+        return cls(count, max(1 + len(staying), planned), (count or 0) - held, staying)
+
+    def threads(self, asked: PlanRequest) -> int | None:
+        """The threads to ask for: the cores left when they are fewer than the share; None: the planner's share."""
+        if self.count is None or asked.threads is not None or self.left >= self.count // self.sharers:
+            return None
+        return max(1, self.left)
+
+    @property
+    def short(self) -> bool:
+        """No core is left for another model on the CPU."""
+        return self.count is not None and self.left < 1
+
+
 def decide(snapshot: Snapshot, request: PlanRequest, plan: PlanFn) -> Decision:
-    """Plan a model against memory as it will be, and choose the fewest idle models to evict for it.
+    """Plan a model against memory and cores as they will be, and choose the fewest idle models to evict for it.
 
     Memory as it will be: what residents hold, less nothing for the models other loads reserved to evict
     (they hold their memory until they are gone, and count as busy), plus what those loads will take.
+    Cores likewise: a model on the CPU gets its share, at most the cores the staying CPU residents leave;
+    when none is left, idle CPU residents are evicted for it as for memory.
     """
     room = snapshot.room()
     going = {r.holder.name for r in snapshot.residents if r.going}
     holders = [replace(r.holder, busy=True) if r.going else r.holder for r in snapshot.residents]
 
     def planned(at: Room, asked: PlanRequest, leaving: Iterable[str] = ()) -> LaunchPlan:
-        away = {*going, *leaving}
-        sharers = 1 + sum(1 for r in snapshot.residents if r.on_cpu and r.holder.name not in away)
-        launch = plan(inventory_for(snapshot.inventory, at), replace(asked, cpu_sharers=sharers))
-        return replace(launch, reasons=(*launch.reasons, *at.reasons)) if at.reasons else launch
+        cores = Cores.of(snapshot, {*going, *leaving})
+        threads = cores.threads(asked)
+        asked = replace(asked, cpu_sharers=cores.sharers, threads=threads or asked.threads)
+        launch = plan(inventory_for(snapshot.inventory, at), asked)
+        reasons = launch.reasons
+        if threads is not None:
+            why = f"threads: {threads}, the cores the other residents on the CPU leave of {cores.count}"
+            reasons = tuple(why if r == f"threads: {threads}, as requested" else r for r in reasons)
+        return replace(launch, reasons=(*reasons, *at.reasons))
 
     first = planned(room, request)
     cap = snapshot.max_resident
+    on_cpu = first.layers_on_cpu and request.threads is None
     if fits(first, room.available) and not (cap is not None and len(holders) >= cap):
-        return Decision(first)
+        if not (on_cpu and Cores.of(snapshot, going).short):
+            return Decision(first)
     # The fewest evictions that let the model fit at its smallest context; the final plan then takes
     # whatever context the freed memory allows.
     everything = room.without(h for h in holders if h.evictable)
@@ -353,6 +399,20 @@ def decide(snapshot: Snapshot, request: PlanRequest, plan: PlanFn) -> Decision:
             drain=drain or (),
             shortfall=max(shortfall(need, everything.available).values(), default=0),
         )
+    cores = Cores.of(snapshot, {*going, *evict})
+    if on_cpu and cores.short:  # every core is held: the least recently used idle CPU residents give theirs
+        idle = sorted((r for r in cores.holders if r.holder.evictable), key=lambda r: r.holder.last_used)
+        if not idle:
+            busy = [r for r in cores.holders if not r.holder.evictable]
+            return Decision(
+                first,
+                blocked_by=holders_in_words([r.holder for r in busy]),
+                fits=False,
+                need=f"a core of the {cores.count} that residents on the CPU hold",
+                room="no core",
+                drain=tuple(r.holder.name for r in busy if r.ready and not r.holder.pinned)[:1],
+            )
+        evict = (*evict, idle[0].holder.name)
     freed = room.without(h for h in holders if h.name in evict)
     # the models it evicts give their cores back too: a model swapped in that planned its share beside the
     # model it replaced would run alone on part of the cores

@@ -127,6 +127,7 @@ def _seen(r: ResidentModel, *, going: bool) -> placement.Resident:
         ready=r.state is ResidentState.READY,
         going=going,
         on_cpu=r.plan.layers_on_cpu,
+        threads=r.plan.threads,
     )
 
 
