@@ -15,14 +15,19 @@ processes and the studio's status every 50 ms. Prints:
 - moments with two instances of one model (target 0);
 - the largest actual resident total against the budget (target <= budget);
 - the median time to first token for a request to a resident model and for one that
-  needed a load, measured in the same run.
+  needed a load, measured in the same run;
+- a model switch through the studio (one model resident, ``max_resident = 1``, a streamed chat to the
+  other) against the same switch by hand (stop the running llama-server, start the other with the argv
+  the studio uses, stream the same chat), first streamed token, medians of ``--switches`` (target 1.10x).
 
-    .venv/bin/python scripts/bench_residency.py [--ops 200] [--clients 4] [--seed 1]
+    .venv/bin/python scripts/bench_residency.py [--ops 200] [--clients 4] [--seed 1] [--switches 5]
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
+import json
 import random
 import statistics
 import sys
@@ -31,6 +36,7 @@ import threading
 import time
 from collections import Counter
 from pathlib import Path
+from typing import Any
 
 import httpx
 import psutil
@@ -41,9 +47,11 @@ from launcher.build import ensure_built
 from launcher.capabilities import probe
 from launcher.devices import discover
 from launcher.planner import PlanRequest, load_model, plan
+from launcher.process import LlamaServer, free_port
 from studio.library.default_model import ensure_gemma
 from studio.residency import manager as manager_module
 from studio.residency import placement
+from studio.residency.requests import LoadRequest
 from studio.settings import MemoryBudget, ModelDefaults, ResidencySettings, Settings
 from tests.support.studio import running_studio
 from tests.support.wide_zoo import ensure_wide_zoo
@@ -54,6 +62,9 @@ WIDE = ("llama-dense-wide", "qwen2-dense-wide")
 PINNED = "qwen2-dense"
 #: What a request waiting for a load hears when a client unloads that model meanwhile: the unload's promise.
 CANCELLED = "was unloaded while it was loading"
+#: The switch measured against the same switch by hand: from the first to the second.
+SWITCH = ("llama-dense", "gemma")
+SWITCH_TARGET = 1.10
 
 
 def models_and_bills(
@@ -119,12 +130,91 @@ class Monitor(threading.Thread):
                 self.pinned_seen = False
 
 
+def first_token(url: str, model: str, headers: dict[str, str] | None = None) -> float:
+    """Seconds from sending a streamed chat to its first token (content or reasoning) arriving; a model that
+    ends its turn at once has its end as its first token."""
+    asked = [{"role": "user", "content": "Tell me a story about a lighthouse keeper."}]
+    body = {"model": model, "messages": asked, "max_tokens": 8, "stream": True}
+    t0 = time.monotonic()
+    with httpx.stream("POST", f"{url}/v1/chat/completions", json=body, headers=headers, timeout=300) as resp:
+        resp.raise_for_status()
+        for line in resp.iter_lines():
+            if not line.startswith("data: {"):
+                continue
+            choices = json.loads(line[6:]).get("choices") or [{}]
+            delta = choices[0].get("delta") or {}
+            if delta.get("content") or delta.get("reasoning_content") or choices[0].get("finish_reason"):
+                return time.monotonic() - t0
+    raise RuntimeError(f"{model} streamed no token")
+
+
+def switches(files: dict[str, Path], defaults: dict[str, ModelDefaults], binary: Path, rounds: int) -> None:
+    """A switch through the studio against the same switch by hand, in one run, rounds alternating."""
+    first, second = SWITCH
+    root = Path(tempfile.mkdtemp(prefix="bench-switch-"))
+    models = {name: files[name] for name in SWITCH}
+    studio_s: list[float] = []
+    by_hand: list[float] = []
+    with running_studio(root, binary, models, defaults=defaults, residency=ResidencySettings(max_resident=1)) as s:
+        commands = {}
+        for name in SWITCH:  # the commands the studio runs for each, planned with nothing else resident
+            placed = asyncio.run(s.manager.preview(LoadRequest(model=name)))
+            commands[name] = s.manager.launch_command(placed)
+        try:
+            for _ in range(rounds):
+                httpx.post(f"{s.url}/api/unload", json={}, timeout=60)
+                first_token(s.url, first)  # resident, warmed up
+                studio_s.append(first_token(s.url, second))  # evicts it, loads the other
+                httpx.post(f"{s.url}/api/unload", json={}, timeout=60)
+                by_hand.append(_switch_by_hand(commands[first], commands[second], root))
+        finally:
+            for command in commands.values():
+                command.cleanup()
+    ratio = statistics.median(studio_s) / statistics.median(by_hand)
+    print(
+        f"switch {first} -> {second}, first streamed token: studio {statistics.median(studio_s) * 1000:,.0f} ms, "
+        f"by hand {statistics.median(by_hand) * 1000:,.0f} ms (medians of {rounds}): {ratio:.2f}x "
+        f"(target <= {SWITCH_TARGET}x)"
+    )
+
+
+def _switch_by_hand(running: Any, other: Any, root: Path) -> float:
+    """Start ``running``'s llama-server and chat once; then time: stop it, start ``other``'s, its first token."""
+
+    def start(command: Any) -> LlamaServer:
+        port = free_port()
+        server = LlamaServer(
+            command.argv(port),
+            host="127.0.0.1",
+            port=port,
+            env=command.env,
+            api_key=command.api_key,
+            log_path=root / f"by-hand-{port}.log",
+        )
+        server.start()
+        server.wait_ready(timeout=120)
+        return server
+
+    server = start(running)
+    try:
+        first_token(server.url, "x", running.auth_headers)
+    finally:
+        t0 = time.monotonic()
+        server.stop()
+    server = start(other)
+    try:
+        return time.monotonic() - t0 + first_token(server.url, "x", other.auth_headers)
+    finally:
+        server.stop()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--ops", type=int, default=200)
     parser.add_argument("--clients", type=int, default=4)
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--budget-share", type=float, default=0.6, help="budget as a share of all bills together")
+    parser.add_argument("--switches", type=int, default=5, help="rounds of the switch against the by-hand switch")
     args = parser.parse_args()
     settings = Settings.from_env()
     binary = ensure_built(settings.home).llama_server
@@ -250,6 +340,9 @@ def main() -> None:
             f"a load costs the first token "
             f"{statistics.median(ttft['load']) / statistics.median(ttft['resident']):,.0f}x"
         )
+
+    if args.switches > 0:
+        switches(files, defaults, binary, args.switches)
 
 
 if __name__ == "__main__":
