@@ -76,8 +76,10 @@ class LoadSteps:
                 placed = await self._place(load.entry, load.request, replacing=load.replacing, load=load)
                 behind = bool(placed.evict) and self._waits_behind(load)  # loads that must evict take turns
                 if (placed.fits or load.request.force) and not behind:
-                    command = self.launch_command(placed)
                     victims = [v for name in placed.evict if (v := self.find(name)) is not None]
+                    if any(v.pinned for v in victims):
+                        continue  # pinned while the decision was made (off the loop): decide again
+                    command = self.launch_command(placed)
                     if load.replacing is not None:
                         victims.append(load.replacing)
                     for victim in victims:
