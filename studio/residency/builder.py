@@ -23,6 +23,7 @@ from launcher.registry import ChildRegistry
 from launcher.supervisor import Status, Supervisor
 from studio.errors import StudioError
 from studio.library.catalog import CatalogEntry
+from studio.residency.lifecycle import ResidentState
 from studio.residency.placer import Placed
 from studio.residency.requests import LoadRequest, model_defaults_for
 from studio.residency.resident import ResidentModel
@@ -81,6 +82,7 @@ class Builder:
         *,
         was: ResidentModel | None,
         on_change: Callable[[ResidentModel], None],
+        on_transition: Callable[[ResidentModel, ResidentState, ResidentState, float], None],
     ) -> ResidentModel:
         """A new resident model for ``placed`` (not started); a restart keeps the lifetime ``was`` had (pin, TTL)."""
         own = model_defaults_for(entry, self.model_defaults)
@@ -98,6 +100,7 @@ class Builder:
             ttl=next(t for t in (request.ttl, was.ttl if was else None, own.ttl, self.residency.ttl) if t is not None),
             pinned=next(p for p in (request.pinned, was.pinned if was else None, own.pinned, False) if p is not None),
             on_change=on_change,
+            on_transition=on_transition,
             # an embedding instance's slots hold no conversation to continue: nothing is saved
             before_stop=None if self.slot_cache is None or placed.settings.embeddings else self.slot_cache.save,
         )

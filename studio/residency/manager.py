@@ -3,7 +3,7 @@
 It coordinates: it routes names to residents (every name that reaches one file finds the one
 resident, which goes by the model's name), keeps the bounded queue of requests waiting for a load,
 and runs each load as a transaction (``studio.residency.transaction``), at most one per instance
-(``LoadSettings.key``), whose steps are ``steps``'. What it asks along the way belongs elsewhere:
+(``LoadSettings.key``), whose steps ``steps`` carries out. What it asks along the way belongs elsewhere:
 where a model goes and what must make room (``placement.decide``, fed by ``placer``), which file a
 name means (``lookup``), what a resident is made of (``builder``), the errors' words (``wording``),
 the events listeners hear (``events``), unloads and lifetimes (``unloading``), each resident's life
@@ -453,7 +453,6 @@ class ModelManager(LoadSteps, Unloading):
         return await self.lookup.entry(model)
 
     def _on_resident_change(self, resident: ResidentModel) -> None:
-        self._events.changed(resident)
         if resident.state is ResidentState.FAILED:
             self.counters["load_failures"] += 1
         if resident.state is ResidentState.UNLOADED:

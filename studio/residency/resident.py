@@ -143,6 +143,7 @@ class ResidentModel:
         pinned: bool = False,
         max_restarts: int = 2,
         on_change: Callable[[ResidentModel], None] = lambda resident: None,
+        on_transition: Callable[[ResidentModel, ResidentState, ResidentState, float], None] = lambda *_: None,
         before_stop: Callable[[LoadedModel], Awaitable[object]] | None = None,
         before_stop_timeout: float = 15.0,
     ) -> None:
@@ -157,6 +158,7 @@ class ResidentModel:
         self.pinned = pinned
         self.max_restarts = max_restarts
         self.on_change = on_change
+        self.on_transition = on_transition  # told (old, new, seconds it was in old) of each change of state
         self.before_stop = before_stop  # awaited once requests are done, before an unload stops llama-server
         self.before_stop_timeout = before_stop_timeout
         self.state = ResidentState.LOADING
@@ -169,7 +171,9 @@ class ResidentModel:
         self._ready_since = 0.0  # when it last became ready (``STABLE_AFTER``)
         self.crashes = 0  # deaths of its llama-server once ready (``Lease.died`` counts on them)
         self.last_exit: str | None = None  # why its llama-server last died, kept past the restart
-        self.created = self.last_used = time.monotonic()
+        self.created = self.last_used = self._entered = time.monotonic()
+        self.why: str | None = None  # why the manager unloads it ("evicted", "restart"...); None: its TTL
+        self.drained = False  # it drained: it was serving when its unload began
         self._loop = asyncio.get_running_loop()
         self._inbox: asyncio.Queue[_Command] = asyncio.Queue()
         self._changed = asyncio.Event()
@@ -233,13 +237,15 @@ class ResidentModel:
         """Start the owner task, which starts llama-server; ``wait_until`` tells when it is ready."""
         self._task = asyncio.create_task(self._run(), name=f"resident {self.name}")
 
-    async def unload(self, *, grace: float, reason: str) -> None:
+    async def unload(self, *, grace: float, reason: str, why: str = "unload") -> None:
         """Unload: wait up to ``grace`` s for requests in flight, end the rest with ``reason``; return once gone.
 
-        A start in progress is aborted at once; a restart's back-off is cut short. Idempotent.
+        ``why`` is the unload's cause its events carry (the first one given stands). A start in progress is
+        aborted at once; a restart's back-off is cut short. Idempotent.
         """
         if self.state is ResidentState.UNLOADED:
             return
+        self.why = self.why or why
         done: asyncio.Future[None] = self._loop.create_future()
         self._inbox.put_nowait(_Unload(grace, reason, done))
         if self.state is ResidentState.LOADING:
@@ -289,7 +295,9 @@ class ResidentModel:
         if new not in TRANSITIONS[self.state]:
             raise RuntimeError(f"illegal resident transition {self.state.value} -> {new.value} ({self.name})")
         log.info("resident model", model=self.name, old=self.state.value, new=new.value, error=error)
-        self.state = new
+        old, now = self.state, time.monotonic()
+        self.state, self.drained = new, self.drained or new is ResidentState.DRAINING
+        seconds, self._entered = now - self._entered, now
         if error is not None:
             self.error = error
         elif new in (ResidentState.LOADING, ResidentState.READY):
@@ -298,6 +306,7 @@ class ResidentModel:
             self._admitting.set()  # requests paused on the ready model look at the state again
         changed, self._changed = self._changed, asyncio.Event()
         changed.set()  # wakes every waiter; they look at the state again
+        self.on_transition(self, old, new, seconds)
         self.on_change(self)
 
     async def _run(self) -> None:

@@ -50,12 +50,12 @@ class LoadSteps:
     _loads: dict[Key, Load]
     _placement: asyncio.Lock
     _changed: asyncio.Event
-    _events: Narrator
     _last_extra_args: dict[Path, tuple[str, ...]]
     find: Callable[[str], ResidentModel | None]
     _route: Callable[[str, ResidentModel], None]
     _settings: Callable[[LoadRequest, CatalogEntry], LoadSettings]
     _on_resident_change: Callable[[ResidentModel], None]
+    _events: Narrator
 
     async def _transact(self, load: Load) -> ResidentModel:
         """Check, reserve, start; return the ready resident. Raises what refused or failed the load."""
@@ -127,10 +127,11 @@ class LoadSteps:
                 if victim is not load.replacing:
                     log.info("evicting idle model", model=victim.name, for_model=load.entry.name)
                     self.counters["evictions"] += 1
-                    self._events.unloading(victim, "evicted")
-                else:
-                    self._events.unloading(victim, "restart")
-                await victim.unload(grace=0, reason=f"{victim.name} was evicted to make room for {load.entry.name}")
+                await victim.unload(
+                    grace=0,
+                    reason=f"{victim.name} was evicted to make room for {load.entry.name}",
+                    why="evicted" if victim is not load.replacing else "restart",
+                )
             resident = self._new_resident(load, placed, command)
         except BaseException:
             command.cleanup()
@@ -188,7 +189,6 @@ class LoadSteps:
         load.reservation = None
         resident = load.resident
         if resident is not None and (load.cancelled is not None or resident.state is not ResidentState.FAILED):
-            self._events.unloading(resident, "unload")
             await resident.unload(grace=0, reason=load.cancelled or f"the load of {resident.name} was undone")
         if load.step is not LoadStep.UNDONE:
             load.move(LoadStep.UNDONE)
@@ -217,7 +217,13 @@ class LoadSteps:
     def _new_resident(self, load: Load, placed: Placed, command: LaunchCommand) -> ResidentModel:
         """Create and start the new resident model (its owner takes it from there)."""
         resident = self.builder.resident(
-            load.entry, load.request, placed, command, was=load.replacing, on_change=self._on_resident_change
+            load.entry,
+            load.request,
+            placed,
+            command,
+            was=load.replacing,
+            on_change=self._on_resident_change,
+            on_transition=self._events.transition,
         )
         load.resident = resident
         self._residents[placed.settings.key] = resident

@@ -11,7 +11,6 @@ import asyncio
 from collections.abc import Callable, Sequence
 
 from studio.errors import BadRequestError, ModelNotResidentError
-from studio.residency.events import Narrator
 from studio.residency.lookup import Lookup
 from studio.residency.requests import EMBEDDINGS_SUFFIX, embedding_name
 from studio.residency.resident import ResidentModel
@@ -26,7 +25,6 @@ class Unloading:
     lookup: Lookup
     _residents: dict[Key, ResidentModel]
     _loads: dict[Key, Load]
-    _events: Narrator
     _closing: bool
     _preloading: asyncio.Task[None] | None
     find: Callable[[str], ResidentModel | None]
@@ -47,8 +45,6 @@ class Unloading:
         if model is not None and not loads and not targets:
             self._resident_named(model)  # raises: there is nothing to unload
         await self._cancel(loads, "{} was unloaded while it was loading")
-        for r in targets:
-            self._events.unloading(r, "unload")
         await asyncio.gather(
             *(r.unload(grace=grace, reason=f"{r.name} was unloaded while this request ran") for r in targets)
         )
@@ -101,10 +97,11 @@ class Unloading:
             await asyncio.gather(self._preloading, return_exceptions=True)
         self._closing = True
         await self._cancel(list(self._loads.values()), "the studio is shutting down while {} was loading")
-        for r in self._residents.values():
-            self._events.unloading(r, "shutdown")
         await asyncio.gather(
-            *(r.unload(grace=0, reason="the studio is shutting down") for r in list(self._residents.values())),
+            *(
+                r.unload(grace=0, reason="the studio is shutting down", why="shutdown")
+                for r in list(self._residents.values())
+            ),
             return_exceptions=True,
         )
 
