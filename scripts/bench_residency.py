@@ -170,6 +170,8 @@ def switches(files: dict[str, Path], defaults: dict[str, ModelDefaults], binary:
         finally:
             for command in commands.values():
                 command.cleanup()
+    for i, (a, b) in enumerate(zip(studio_s, by_hand, strict=True), 1):
+        print(f"switch round {i}: studio {a * 1000:,.0f} ms, by hand {b * 1000:,.0f} ms")
     ratio = statistics.median(studio_s) / statistics.median(by_hand)
     print(
         f"switch {first} -> {second}, first streamed token: studio {statistics.median(studio_s) * 1000:,.0f} ms, "
