@@ -46,7 +46,6 @@ from studio.residency.builder import Builder, SupervisorFactory, supervisor_fact
 from studio.residency.events import Narrator, ResidencyEvent
 from studio.residency.lifecycle import COMING_UP, GOING_AWAY, HOLDS_MEMORY, ResidentState
 from studio.residency.lookup import Lookup
-from studio.residency.placement import physical
 from studio.residency.placer import Placed, Placer, Planner
 from studio.residency.requests import (
     EMBEDDINGS_SUFFIX,
@@ -65,7 +64,7 @@ from studio.settings import ModelDefaults, ResidencySettings
 
 log = structlog.get_logger(__name__)
 
-__all__ = ["ModelManager", "Placed", "ResidencyEvent", "physical", "supervisor_factory"]
+__all__ = ["ModelManager", "Placed", "ResidencyEvent", "supervisor_factory"]
 
 
 class ModelManager(LoadSteps, Unloading):

@@ -168,6 +168,12 @@ def holder(
     return Holder(name=name, held=held, reclaim=reclaim, last_used=last_used, busy=busy, pinned=pinned)
 
 
+def reservation(name: str, launch: LaunchPlan, now: float) -> Holder:
+    """What a load in flight will hold once its model starts: its plan's bill, busy until it is resident."""
+    held = physical(launch.bill, launch)
+    return Holder(name=name, held=held, reclaim=held, last_used=now, busy=True)
+
+
 def studio_reserve(rss: int) -> int:
     """The studio's own share of a memory budget, from its RSS now: that and some headroom, at least the floor."""
     return max(RESERVE_FLOOR, rss + RESERVE_HEADROOM)

@@ -25,7 +25,6 @@ from studio.residency.builder import Builder
 from studio.residency.events import Narrator
 from studio.residency.lifecycle import GOING_AWAY, ResidentState
 from studio.residency.lookup import Lookup
-from studio.residency.placement import Holder
 from studio.residency.placer import GROUP_LINGER, Placed, Placer
 from studio.residency.requests import LoadRequest, LoadSettings
 from studio.residency.resident import ResidentModel
@@ -87,13 +86,7 @@ class LoadSteps:
                             victim.pause()
                             load.paused.append(victim)
                     load.victims = tuple(victims)
-                    load.reservation = Holder(
-                        name=load.entry.name,
-                        held=(held := placement.physical(placed.plan.bill, placed.plan)),
-                        reclaim=held,
-                        last_used=time.monotonic(),
-                        busy=True,
-                    )
+                    load.reservation = placement.reservation(load.entry.name, placed.plan, time.monotonic())
                     load.move(LoadStep.RESERVED)
                     break
                 if not placed.blocked_by and not behind:
