@@ -182,7 +182,7 @@ async def direct_app(scope: dict[str, Any], receive: Any, send: Any) -> None:
 def studio_part(part: str) -> Any:
     """The studio with its outer layers taken off, in front of the stand-in, as an ASGI app.
 
-    ``studio routes`` is the forwarded routes' own handler (``OpenAIRoutes``: routing, the checks, the
+    ``studio routes`` is the forwarded routes' own handler (``AheadRoutes``: routing, the checks, the
     lease, the metrics and the relay) with no FastAPI and no middleware around it. ``studio relay`` is the
     studio's upstream client and relay alone (``Upstream.send`` on a spare connection, the answer's head
     parsed, ``Relay`` with its watcher of the client and ``Framed``): the body parsed and written again as
@@ -192,13 +192,13 @@ def studio_part(part: str) -> Any:
     import bench_proxy
 
     from studio import json_codec
+    from studio.http.ahead import AheadRoutes
     from studio.http.errors import error_response
-    from studio.http.openai_proxy import OpenAIRoutes
     from studio.http.relay import Relay, with_server_send
     from studio.http.server import settle_heap
 
     studio, loaded = bench_proxy.stand_in_studio(int(os.environ["BENCH_UPSTREAM"]))
-    routes = OpenAIRoutes(studio, on_error=error_response)
+    routes = AheadRoutes(studio, routes=studio.router.routes, on_error=error_response)
     url = loaded.url + "/v1/chat/completions"
 
     async def relayed(scope: dict[str, Any], receive: Any, send: Any) -> None:

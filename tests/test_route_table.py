@@ -3,9 +3,16 @@
 from __future__ import annotations
 
 import pytest
+from fastapi.routing import APIRoute
+from starlette.routing import BaseRoute
 
 from studio.errors import BadRequestError
+from studio.http.ahead import MARK, AheadRoutes
+from studio.http.errors import error_response
+from studio.http.gui_chat import router as gui_chat_router
+from studio.http.ollama_app import router as ollama_router
 from studio.http.openai_proxy import FORWARDED, REFUSED, check_slot_file, route_for
+from studio.http.openai_proxy import router as proxy_router
 
 
 def test_every_route_llama_server_serves_for_a_model_is_a_row():
@@ -52,3 +59,39 @@ def test_a_plain_slot_file_name_and_an_erase_without_one_pass():
     check_slot_file({})
     with pytest.raises(BadRequestError, match="must be a string"):
         check_slot_file({"filename": 3})
+
+
+def ahead_of(routes: list[BaseRoute]) -> AheadRoutes:
+    return AheadRoutes(lambda scope, receive, send: None, routes=routes, on_error=error_response)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("routers", "chat_dialect"),
+    [((proxy_router, gui_chat_router), "openai"), ((ollama_router, proxy_router), "ollama")],
+    ids=["main port", "Ollama port"],
+)
+def test_a_route_answered_ahead_of_fastapi_is_the_one_fastapis_table_declares(routers, chat_dialect):
+    """The forwarded paths' FastAPI routes used to serve only ``/docs`` and 405s while a middleware answered from a
+    table of its own: now the middleware's table is read from FastAPI's, and calls the endpoint declared there."""
+    routes = [route for router in routers for route in router.routes]
+    served = ahead_of(routes)
+    declared = {
+        (method, route.path): getattr(route.endpoint, MARK)
+        for route in routes
+        if isinstance(route, APIRoute) and hasattr(route.endpoint, MARK) and "{" not in route.path
+        for method in route.methods
+    }
+    assert served.exact == declared
+    for path in ("/v1/chat/completions", "/v1/messages", "/api/chat", "/tokenize"):
+        assert ("POST", path) in served.exact
+    assert served.exact[("POST", "/v1/messages")][1] == "anthropic"
+    assert served.exact[("POST", "/api/chat")][1] == chat_dialect
+    assert [regex.pattern for regex, _, _ in served.templated] == [r"^/slots/(?P<id_slot>[^/]+)$"]
+
+
+def test_every_path_llama_server_routes_for_a_model_is_declared_once_for_each_of_its_methods():
+    declared = [(m, r.path) for r in proxy_router.routes if isinstance(r, APIRoute) for m in r.methods]
+    assert len(declared) == len(set(declared))
+    for path, route in FORWARDED.items():
+        if route.without_model == "default":
+            assert {(m, path) for m in route.methods} <= set(declared)

@@ -1,6 +1,6 @@
 """Healing: tool-call markup a model wrote as text comes back as OpenAI ``tool_calls``.
 
-The studio's real proxy (uvicorn, ``OpenAIRoutes``, the pooled upstream transport) runs
+The studio's real proxy (uvicorn, ``AheadRoutes``, the pooled upstream transport) runs
 against ``tests.replay_upstream``, which replays leaked outputs users reported; each
 form is streamed split at every offset of its markup, and the SSE bytes themselves are
 cut at every offset in-process.

@@ -23,24 +23,19 @@ from studio.chat.toolbox import Toolbox
 from studio.history.api import router as history_router
 from studio.history.service import History
 from studio.http.access import AccessPolicy
-from studio.http.auth import BearerTokenMiddleware
-from studio.http.browser_guard import BrowserGuard
-from studio.http.errors import dialect_of, error_response, install_error_handlers
+from studio.http.errors import dialect_of
 from studio.http.gui_api import load_routes
 from studio.http.gui_api import router as api_router
-from studio.http.gui_chat import PATH as GUI_CHAT
-from studio.http.gui_chat import answer_chat
 from studio.http.gui_chat import router as chat_router
 from studio.http.gui_hub import router as hub_router
 from studio.http.gui_pull import router as pull_router
-from studio.http.limits import BodySizeLimit
-from studio.http.metrics import RequestMetrics, StudioMetrics
-from studio.http.openai_proxy import FORM_PATHS, FORWARDED, OpenAIRoutes
+from studio.http.metrics import StudioMetrics
+from studio.http.openai_proxy import forward
 from studio.http.openai_proxy import router as proxy_router
 from studio.http.page import router as page_router
-from studio.http.post_routes import PostRoutes
 from studio.http.router_api import RouterLoads
 from studio.http.router_api import router as router_api
+from studio.http.stack import stack
 from studio.http.stream_owners import StreamOwners
 from studio.http.streams import router as streams_router
 from studio.http.upstream import Upstream
@@ -146,17 +141,16 @@ def create_app(
     app.include_router(router_api)
     app.include_router(streams_router)
     app.include_router(page_router)
-    app.add_middleware(OpenAIRoutes, on_error=error_response)
-    app.add_middleware(PostRoutes, routes={GUI_CHAT: answer_chat}, on_error=error_response, dialect="openai")
-    app.add_middleware(BodySizeLimit, max_body_bytes=max_body_bytes)
-    if api_token:
-        app.add_middleware(BearerTokenMiddleware, token=api_token)
-    # added last, so it runs first: a preflight carries no token, and a bad Host learns nothing else
-    app.add_middleware(BrowserGuard, policy=access or AccessPolicy.create(), other_bodies=FORM_PATHS)
-    # outermost: the guard's and the token's refusals are counted too
-    app.add_middleware(RequestMetrics, metrics=metrics, listener="studio", known=[*FORWARDED, GUI_CHAT])
-
-    install_error_handlers(app, dialect_of, not_found_hint=not_found_hint)
+    stack(
+        app,
+        listener="studio",
+        dialect_for=dialect_of,
+        metrics=metrics,
+        max_body_bytes=max_body_bytes,
+        api_token=api_token,
+        access=access,
+        not_found_hint=not_found_hint,
+    )
 
     @app.get("/health")
     @app.get("/v1/health")  # llama-server answers both
@@ -165,7 +159,10 @@ def create_app(
 
     @app.get("/metrics", response_class=Response)
     async def prometheus_metrics(request: Request) -> Response:
-        """Prometheus' text format: requests, latency, tokens, loads, evictions, memory, speculative acceptance."""
+        """Prometheus' text format: requests, latency, tokens, loads, evictions, memory, speculative acceptance.
+        With ``?model=``, that model's llama-server's own ``/metrics`` (a forwarded route)."""
+        if request.query_params.get("model"):
+            return await forward(request)
         return Response(await metrics.render(request.app.state.upstream), media_type=CONTENT_TYPE_LATEST)
 
     return app

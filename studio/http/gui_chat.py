@@ -20,7 +20,7 @@ conversation remembers the model, its load settings and the options. A failure t
 ``history`` event and the answer goes on.
 
 ``POST /api/chat`` is answered by ``answer_chat``, pure ASGI ahead of FastAPI's routing
-(``studio.http.post_routes``), and its events go out through
+(``studio.http.ahead``), and its events go out through
 ``studio.http.relay.EventStream``: both cost less per request and per event
 than FastAPI's routing and ``StreamingResponse`` (``scripts/bench_proxy.py``).
 """
@@ -56,6 +56,7 @@ from studio.errors import (
 from studio.history.api import history_of
 from studio.history.recorder import Turn as StoredTurn
 from studio.history.recorder import begin_turn, recorded
+from studio.http.ahead import ahead
 from studio.http.bodies import ApiBody
 from studio.http.errors import answer_response, describe, openai_shape, validation_answer
 from studio.http.load_wait import RETRIES, acquire_surviving
@@ -101,7 +102,8 @@ async def tools(request: Request) -> dict[str, Any]:
 
 
 async def answer_chat(request: Request) -> Response:
-    """``POST /api/chat`` as ``studio.http.post_routes.PostRoutes`` answers it, ahead of FastAPI's routing."""
+    """``POST /api/chat`` as ``studio.http.ahead.AheadRoutes`` answers it, ahead of FastAPI's routing: the body
+    checked as FastAPI would, for less."""
     body = await _chat_body(request)
     return body if isinstance(body, Response) else await _chat(request, body)
 
@@ -121,8 +123,9 @@ async def _chat_body(request: Request) -> ChatBody | Response:
 
 
 @router.post("/chat")
+@ahead("openai", answer_chat)
 async def chat(request: Request, body: ChatBody) -> Response:
-    """Served by ``answer_chat`` ahead of the router (``PostRoutes``); declared here for ``/docs``."""
+    """The GUI's chat turn, as typed server-sent events (answered by ``answer_chat``, ahead of the router)."""
     return await _chat(request, body)
 
 

@@ -7,9 +7,9 @@ Each figure is counted where that is cheapest:
 - Time to first token, tokens generated and tokens/s, by listener, model and route: a relayed
   stream keeps the time of its first chunk and its last two chunks (two assignments a chunk);
   once it ends, ``generation_counts`` reads llama-server's own counts from those few bytes. No
-  chunk of a stream is parsed for it. The streams that are parsed anyway give their counts as
-  they have them: Ollama's (``studio.http.ollama_app``) and the GUI's chat, each of whose model
-  calls counts (``studio.http.gui_chat``). The listener is what ``RequestMetrics`` put in the
+  chunk of a stream is parsed for it, Ollama's reshaped ones included (their upstream bytes are
+  llama-server's). The GUI's chat, parsed anyway, gives its counts as it has them: each of its
+  model calls counts (``studio.http.gui_chat``). The listener is what ``RequestMetrics`` put in the
   request's scope (``listener_of``): the GUI's ``/api/chat`` and Ollama's are two routes.
 - Loads, evictions, crashes, restarts and the durations of loads and evictions: the model
   manager's ``listeners`` (``ResidencyEvent``).

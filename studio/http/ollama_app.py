@@ -1,13 +1,15 @@
 """The Ollama API on its own listener (``ggstudio serve --ollama-port 11434``).
 
 Its own port, because Ollama's routes live under ``/api``, where the studio's GUI API is.
-The app shares the studio app's state (``studio.http.app.create_app``): the same model
-manager, so an Ollama request is routed by ``model``, waits in the same queue, holds its
-model while it runs and is cancelled with its client like any other; the same pooled
-upstream and the same metrics. The translation is ``studio.dialects.ollama``; this module
-routes, and streams NDJSON (one JSON object a line). Like Ollama's own port, it also
-answers the OpenAI and Anthropic routes (``/v1/...``), through the same forwarding as the
-studio's main port.
+The app shares the studio app's state (``studio.http.app.create_app``) and its middleware
+(``studio.http.stack``): the same model manager, queue, pooled upstream and metrics. Ollama's
+model routes (``/api/chat``, ``/api/generate``, ``/api/embed``, ``/api/embeddings``) are rows of
+the one forward path (``studio.http.openai_proxy.Route`` with a ``Face``): this module says how
+an Ollama request becomes llama-server's (``studio.dialects.ollama``), what its ``keep_alive``
+does to the model, and how the answer becomes Ollama's NDJSON chunks (one JSON object a line)
+or whole answer; routing, the queue, the load and its keep-alives, the relay, cancellation and
+the counts are the forward path's. Like Ollama's own port, it also answers the OpenAI and
+Anthropic routes (``/v1/...``).
 """
 
 from __future__ import annotations
@@ -18,7 +20,6 @@ import time
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
-import httpx
 from fastapi import APIRouter, FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 from fastapi.routing import APIRoute
@@ -28,44 +29,22 @@ from gguf.templates import template_capabilities
 from studio import json_codec
 from studio.chat.sse import EventSplitter, event_json
 from studio.dialects import ollama
-from studio.errors import BadRequestError, ModelNotResidentError
+from studio.errors import ModelNotResidentError
 from studio.http.access import AccessPolicy
 from studio.http.app import NO_TELEMETRY
-from studio.http.auth import BearerTokenMiddleware
-from studio.http.browser_guard import BrowserGuard
-from studio.http.errors import (
-    Dialect,
-    dialect_of,
-    error_response,
-    install_error_handlers,
-    ollama_shape,
-    upstream_answer,
-)
+from studio.http.errors import Dialect, dialect_of
 from studio.http.library_removal import remove_from_library
-from studio.http.limits import BodySizeLimit
-from studio.http.load_wait import answer_surviving, answer_when_loaded
-from studio.http.metrics import RequestMetrics, StudioMetrics
 from studio.http.model_paths import check_model_path
-from studio.http.openai_proxy import (
-    FORM_PATHS,
-    FORWARDED,
-    OpenAIRoutes,
-    answer_unless_client_leaves,
-    broke_off,
-    close_upstream,
-    read_answer,
-    send_upstream,
-)
+from studio.http.openai_proxy import Route, Turn, declare, json_body, nothing_to_add
 from studio.http.openai_proxy import router as proxy_router
-from studio.http.post_routes import PostRoutes
-from studio.http.relay import Relay
 from studio.http.router_api import router as router_api
+from studio.http.stack import stack
 from studio.http.streams import router as streams_router
 from studio.library.downloads import DownloadManager
 from studio.residency.lifecycle import ResidentState
 from studio.residency.manager import ModelManager
 from studio.residency.requests import base_name
-from studio.residency.resident import Lease, LoadedModel
+from studio.residency.resident import LoadedModel
 from studio.views.residency import status_json
 
 router = APIRouter()
@@ -89,21 +68,15 @@ def create_ollama_app(studio: FastAPI, *, api_token: str | None = None, access: 
     app.include_router(proxy_router)
     app.include_router(router_api)
     app.include_router(streams_router)  # the chats that name a conversation answer here too
-    app.add_middleware(OpenAIRoutes, on_error=error_response)
-    ahead = {"/api/chat": chat, "/api/generate": generate}
-    app.add_middleware(PostRoutes, routes=ahead, on_error=error_response, dialect="ollama")
-    app.add_middleware(BodySizeLimit, max_body_bytes=studio.state.max_body_bytes, dialect_for=dialect_on_ollama_port)
-    if api_token:
-        app.add_middleware(BearerTokenMiddleware, token=api_token, dialect=dialect_on_ollama_port)
-    app.add_middleware(
-        BrowserGuard,
-        policy=access or AccessPolicy.create(),
-        other_bodies=FORM_PATHS,
+    stack(
+        app,
+        listener="ollama",
         dialect_for=dialect_on_ollama_port,
+        metrics=studio.state.metrics,
+        max_body_bytes=studio.state.max_body_bytes,
+        api_token=api_token,
+        access=access,
     )
-    app.add_middleware(RequestMetrics, metrics=studio.state.metrics, listener="ollama", known=[*FORWARDED, *ahead])
-
-    install_error_handlers(app, dialect_on_ollama_port)
     return app
 
 
@@ -142,21 +115,6 @@ def _manager(request: Request) -> ModelManager:
     return request.app.state.manager
 
 
-def _metrics(request: Request) -> StudioMetrics:
-    return request.app.state.metrics
-
-
-async def _body(request: Request) -> dict[str, Any]:
-    raw = await request.body()  # outside the try: a body over the limit is a 413, not "not valid JSON"
-    try:
-        body = json_codec.loads(raw or b"{}")
-    except ValueError as exc:
-        raise BadRequestError(f"the request body is not valid JSON: {exc}") from None
-    if not isinstance(body, dict):
-        raise BadRequestError("the request body must be a JSON object")
-    return body
-
-
 def _ttl(body: dict[str, Any]) -> Any:
     return ollama.keep_alive_seconds(body["keep_alive"]) if body.get("keep_alive") is not None else _UNCHANGED
 
@@ -188,12 +146,6 @@ def _unload_when_done(manager: ModelManager, model: str, ttl: Any) -> None:
 def _durations(began: float, acquired: float) -> ollama.Durations:
     now = time.perf_counter()
     return ollama.Durations(total_ns=int((now - began) * 1e9), load_ns=int((acquired - began) * 1e9))
-
-
-def _upstream_error(status: int, content: bytes) -> JSONResponse:
-    """llama-server's (OpenAI-shaped) error answer as Ollama writes errors, with its status."""
-    answer = upstream_answer(status, content)
-    return JSONResponse(ollama_shape(answer), answer.status)
 
 
 def _line(obj: dict[str, Any]) -> bytes:
@@ -241,7 +193,7 @@ def _details(model: gguf.GGUFFile) -> dict[str, Any]:
 @router.post("/api/show")
 async def show(request: Request) -> dict[str, Any]:
     """A model's details, GGUF metadata, chat template, capabilities and (when resident) its context."""
-    body = await _body(request)
+    body = await json_body(request, empty=True)
     manager = _manager(request)
     name = ollama.model_name(body)
     await check_model_path(request, name)
@@ -302,7 +254,7 @@ async def pull(request: Request) -> Response:
     The download is the studio's (``studio.library.downloads``): it joins one already fetching the
     same files, shows in ``GET /api/pulls`` on the main port, and goes on if this client leaves.
     """
-    body = await _body(request)
+    body = await json_body(request, empty=True)
     spec = ollama.pull_spec(ollama.model_name(body))
     downloads: DownloadManager = request.app.state.downloads
     download, _ = await asyncio.to_thread(downloads.start, spec)
@@ -326,7 +278,7 @@ async def pull(request: Request) -> Response:
 async def delete(request: Request) -> Response:
     """``ollama rm``: the model leaves the library as with ``ggstudio rm`` (``studio.http.library_removal``).
     Ollama deletes a running model's files under it; the studio refuses a resident one (409) instead."""
-    name = ollama.model_name(await _body(request))
+    name = ollama.model_name(await json_body(request, empty=True))
     await remove_from_library(_manager(request), name, force=False, instead=f"with `ollama stop {name}`")
     return Response(status_code=200)
 
@@ -345,115 +297,186 @@ async def unsupported(request: Request) -> JSONResponse:
     )
 
 
-# -- generation --------------------------------------------------------------------------------------
+# -- generation and embeddings: rows of the forward path -----------------------------------------------
 
 
-@router.post("/api/chat")
-async def chat(request: Request) -> Response:
-    """Ollama's chat: NDJSON chunks, then one with ``done``, counts and durations (answered ahead of the
-    router, ``PostRoutes``; this route says so in FastAPI's table)."""
-    return await _generate(request, "chat")
+class _Turn:
+    """One Ollama request on the forward path (``studio.http.openai_proxy.Turn``): its ``keep_alive`` is applied
+    once its model is had; what it asks of llama-server is the subclass's."""
+
+    stream = False
+    media_type = _NDJSON
+
+    def __init__(self, manager: ModelManager, ttl: Any, began: float) -> None:
+        self._manager = manager
+        self._ttl = ttl
+        self._began = began
+        self._acquired = began
+
+    def _have(self, loaded: LoadedModel) -> None:
+        """The model is had: the request's clock notes it, and its ``keep_alive`` is applied."""
+        self._acquired = time.perf_counter()
+        _keep_alive(self._manager, loaded.name, self._ttl)
+        _unload_when_done(self._manager, loaded.name, self._ttl)
+
+    def _durations(self) -> ollama.Durations:
+        return _durations(self._began, self._acquired)
+
+    def beat(self) -> bytes:
+        return b""
+
+    def upstream(self, loaded: LoadedModel) -> tuple[str, dict[str, Any]] | Response:
+        raise NotImplementedError
+
+    def reshape(self) -> NdjsonStream:
+        raise NotImplementedError  # only a generation streams
+
+    def whole(self, content: bytes) -> bytes:
+        return content
 
 
-@router.post("/api/generate")
-async def generate(request: Request) -> Response:
-    """Ollama's completion of a prompt (a chat turn where the model has a template; infill with ``suffix``)."""
-    return await _generate(request, "generate")
+class _Load(_Turn):
+    """A chat or generate request without a prompt: the model loaded is the answer."""
+
+    def __init__(self, manager: ModelManager, ttl: Any, began: float, kind: ollama.Kind) -> None:
+        super().__init__(manager, ttl, began)
+        self._kind = kind
+
+    def upstream(self, loaded: LoadedModel) -> Response:
+        self._have(loaded)
+        return JSONResponse(ollama.load_reply(self._kind, loaded.name, "load"))
 
 
-async def _generate(request: Request, kind: ollama.Kind) -> Response:
-    began = time.perf_counter()
-    body = await _body(request)
-    name = ollama.model_name(body)
-    ttl = _ttl(body)
-    manager = _manager(request)
-    await check_model_path(request, name)
-    if not (body.get("messages") if kind == "chat" else body.get("prompt") or body.get("images")):
-        return await _load_or_unload(manager, kind, name, ttl)
-    chat = ollama.chat_request(body) if kind == "chat" else None  # checked before any load
+class _Generation(_Turn):
+    """A chat or generate request: llama-server's chat, completion or infill, answered as Ollama's chunks."""
 
-    async def answer(loaded: LoadedModel, lease: Lease) -> Response:
-        acquired = time.perf_counter()
-        _keep_alive(manager, loaded.name, ttl)
-        _unload_when_done(manager, loaded.name, ttl)
-        route, payload = (
-            (ollama.CHAT, chat)
-            if chat is not None
-            else ollama.generate_request(body, has_chat_template=loaded.template is not None)
-        )
-        payload["model"] = loaded.name
-        FORWARDED[route].prepare(payload, loaded)
-        if route == ollama.CHAT:
-            await manager.warm(loaded, payload)  # a conversation saved before an eviction comes back warm
-        reply = ollama.Reply(kind, loaded.name)
-        count = _counter(_metrics(request), request.url.path, loaded.name)
-        if not payload.get("stream"):
+    def __init__(self, manager: ModelManager, ttl: Any, began: float, kind: ollama.Kind, body: dict[str, Any]) -> None:
+        super().__init__(manager, ttl, began)
+        self._kind = kind
+        self._body = body
+        self._chat = ollama.chat_request(body) if kind == "chat" else None  # checked before any load
+        self.stream = ollama.wants_stream(body)
+        self._waiting = ollama.Reply(kind, ollama.model_name(body))
+        self._route = ollama.CHAT
+        self._reply = self._waiting
 
-            def finish(status: int, content: bytes, headers: dict[str, str]) -> Response:
-                if status != 200:
-                    return _upstream_error(status, content)
-                reply.add(ollama.piece_of(route, json_codec.loads(content)))
-                final = reply.final(_durations(began, acquired), streamed=False)
-                count(None, final, reply)
-                return JSONResponse(final)
+    def beat(self) -> bytes:
+        """A chunk with empty content (``done: false``) while the model loads, which Ollama's clients add as
+        nothing (Ollama itself sends nothing while it loads)."""
+        return _line(self._waiting.keep_alive())
 
-            return await answer_unless_client_leaves(request, loaded, route, payload, lease, finish)
-        resp = await send_upstream(request, loaded, route, payload, lease)
-        if resp.status_code != 200:
-            status, content = resp.status_code, await read_answer(resp, lease, loaded)
-            return _upstream_error(status, content)
-        ndjson = NdjsonStream(route, reply, began, acquired)
+    def upstream(self, loaded: LoadedModel) -> tuple[str, dict[str, Any]]:
+        self._have(loaded)
+        if self._chat is not None:
+            self._route, payload = ollama.CHAT, self._chat
+        else:
+            self._route, payload = ollama.generate_request(self._body, has_chat_template=loaded.template is not None)
+        self._reply = ollama.Reply(self._kind, loaded.name)
+        return self._route, payload
 
-        async def closed(first_at: float | None, tail: bytes) -> None:
-            await close_upstream(resp, lease)
-            first_token = None if ndjson.first_at is None else ndjson.first_at - began
-            count(first_token, ndjson.final, reply)
+    def reshape(self) -> NdjsonStream:
+        return NdjsonStream(self._route, self._reply, self._durations)
 
-        async def broken(exc: httpx.HTTPError) -> bytes:
-            if lease.interruption:
-                return _line({"error": lease.interruption.message})
-            message, _ = await broke_off(loaded, "llama-server went away mid-stream", exc)
-            return _line({"error": message})
-
-        return Relay(resp, on_close=closed, on_break=broken, reshape=ndjson, media_type=_NDJSON)
-
-    if ollama.wants_stream(body):  # a cold load: empty chunks meanwhile, which Ollama's clients add as nothing
-        waiting = ollama.Reply(kind, name)
-        return await answer_when_loaded(
-            manager, name, answer, dialect="ollama", beat=lambda: _line(waiting.keep_alive()), media_type=_NDJSON
-        )
-    return await answer_surviving(manager, name, answer)
+    def whole(self, content: bytes) -> bytes:
+        self._reply.add(ollama.piece_of(self._route, json_codec.loads(content)))
+        return json_codec.dumps(self._reply.final(self._durations(), streamed=False))
 
 
-async def _load_or_unload(manager: ModelManager, kind: ollama.Kind, name: str, ttl: Any) -> JSONResponse:
-    """A request without a prompt: ``keep_alive`` 0 unloads the model now (as ``/api/unload``), else it is loaded."""
-    if ttl == 0:
-        entry = manager.catalog.resolve(name)  # an alias or a path unloads the model it names
+class _Embedding(_Turn):
+    """An ``/api/embed`` or ``/api/embeddings`` request: llama-server's ``/v1/embeddings`` on the model's
+    embedding instance (or its own, when it was given ``--embeddings``)."""
+
+    def __init__(self, manager: ModelManager, ttl: Any, began: float, body: dict[str, Any], older: bool) -> None:
+        super().__init__(manager, ttl, began)
+        self._payload = ollama.embed_request(body)
+        self._older = older
+        self._model = ""
+
+    def upstream(self, loaded: LoadedModel) -> tuple[str, dict[str, Any]]:
+        self._have(loaded)
+        self._model = base_name(loaded.name)
+        return ollama.EMBEDDINGS, self._payload
+
+    def whole(self, content: bytes) -> bytes:
+        answer = json.loads(content)
+        if self._older:
+            return json_codec.dumps(ollama.embeddings_reply(answer))
+        return json_codec.dumps(ollama.embed_reply(self._model, answer, self._durations()))
+
+
+class _Generate:
+    """The ``Face`` of Ollama's ``/api/chat`` and ``/api/generate``."""
+
+    def __init__(self, kind: ollama.Kind) -> None:
+        self.kind: ollama.Kind = kind
+
+    def model(self, body: dict[str, Any]) -> str:
+        return ollama.model_name(body)
+
+    async def turn(self, request: Request, body: dict[str, Any], model: str, began: float) -> Turn | Response:
+        ttl, manager = _ttl(body), _manager(request)
+        if body.get("messages") if self.kind == "chat" else body.get("prompt") or body.get("images"):
+            return _Generation(manager, ttl, began, self.kind, body)
+        if ttl != 0:
+            return _Load(manager, ttl, began, self.kind)
+        entry = manager.catalog.resolve(model)  # keep_alive 0 unloads now, as /api/unload; an alias or a path too
         try:
             await manager.unload(entry.name)
         except ModelNotResidentError:
             pass  # not loaded: nothing to do, as Ollama answers
-        return JSONResponse(ollama.load_reply(kind, entry.name, "unload"))
-    loaded, lease = await manager.acquire(name)
-    try:
-        _keep_alive(manager, loaded.name, ttl)
-    finally:
-        await lease()
-    return JSONResponse(ollama.load_reply(kind, loaded.name, "load"))
+        return JSONResponse(ollama.load_reply(self.kind, entry.name, "unload"))
 
 
-def _counter(
-    metrics: StudioMetrics, route: str, model: str
-) -> Callable[[float | None, dict[str, Any], ollama.Reply], None]:
-    """How one answer is counted for ``/metrics``, from its final chunk and llama-server's timings."""
+class _Embed:
+    """The ``Face`` of Ollama's ``/api/embed`` and the older ``/api/embeddings`` (one ``prompt``, one vector)."""
 
-    def count(first_token_s: float | None, final: dict[str, Any], reply: ollama.Reply) -> None:
-        rate = (reply.timings or {}).get("predicted_per_second")
-        metrics.observe_counts(
-            "ollama", route, model, first_token_s=first_token_s, tokens=final.get("eval_count"), rate=rate
-        )
+    def __init__(self, *, older: bool) -> None:
+        self.older = older
 
-    return count
+    def model(self, body: dict[str, Any]) -> str:
+        return ollama.model_name(body)
+
+    async def turn(self, request: Request, body: dict[str, Any], model: str, began: float) -> Turn:
+        return _Embedding(_manager(request), _ttl(body), began, body, self.older)
+
+
+#: Ollama's model routes: rows of the forward path, each answered ahead of the router (``studio.http.ahead``).
+ROUTES = {
+    "/api/chat": Route(
+        "",
+        nothing_to_add,
+        "Ollama's chat: NDJSON chunks, then one with done, counts and durations",
+        dialect="ollama",
+        generates=True,
+        face=_Generate("chat"),
+    ),
+    "/api/generate": Route(
+        "",
+        nothing_to_add,
+        "Ollama's completion of a prompt (a chat turn where the model has a template; infill with suffix)",
+        dialect="ollama",
+        generates=True,
+        face=_Generate("generate"),
+    ),
+    "/api/embed": Route(
+        "",
+        nothing_to_add,
+        "Embeddings of input, by the model's embedding instance (or its own, with --embeddings)",
+        dialect="ollama",
+        embeds=True,
+        face=_Embed(older=False),
+    ),
+    "/api/embeddings": Route(
+        "",
+        nothing_to_add,
+        "The older embeddings route: one prompt, one embedding",
+        dialect="ollama",
+        embeds=True,
+        face=_Embed(older=True),
+    ),
+}
+for _path, _route in ROUTES.items():
+    declare(router, _path, _route)
 
 
 class NdjsonStream:
@@ -461,17 +484,14 @@ class NdjsonStream:
 
     Each ``data:`` event becomes the chunk ``ollama.Reply`` makes of it (none for a piece without text); an
     ``error`` event becomes Ollama's ``{"error": ...}`` line, the stream's last; a whole stream ends with the
-    final chunk (``done``, counts and durations), kept in ``final`` for ``/metrics``.
+    final chunk (``done``, counts and durations).
     """
 
-    def __init__(self, route: str, reply: ollama.Reply, began: float, acquired: float) -> None:
+    def __init__(self, route: str, reply: ollama.Reply, durations: Callable[[], ollama.Durations]) -> None:
         self._split = EventSplitter()
         self._route = route
         self._reply = reply
-        self._began = began
-        self._acquired = acquired
-        self.first_at: float | None = None  # when the first chunk with text went out
-        self.final: dict[str, Any] = {}
+        self._durations = durations
         self._ended = False  # an error line ended it
 
     def feed(self, data: bytes) -> bytes:
@@ -488,59 +508,13 @@ class NdjsonStream:
                 break
             chunk = self._reply.add(ollama.piece_of(self._route, payload))
             if chunk is not None:
-                self.first_at = self.first_at or time.perf_counter()
                 out.append(_line(chunk))
         return b"".join(out)
 
     def finish(self) -> bytes:
         if self._ended:
             return b""
-        self.final = self._reply.final(_durations(self._began, self._acquired), streamed=True)
-        return _line(self.final)
+        return _line(self._reply.final(self._durations(), streamed=True))
 
     def close(self) -> bytes:
         return b""  # the error line follows; a broken stream has no final chunk
-
-
-# -- embeddings --------------------------------------------------------------------------------------
-
-
-@router.post("/api/embed")
-async def embed(request: Request) -> JSONResponse:
-    """Embeddings of ``input``, by the model's embedding instance (or its own, when it was given ``--embeddings``)."""
-    began = time.perf_counter()
-    body = await _body(request)
-    status, content, loaded, acquired = await _embeddings(request, body)
-    if status != 200:
-        return _upstream_error(status, content)
-    return JSONResponse(ollama.embed_reply(base_name(loaded.name), json.loads(content), _durations(began, acquired)))
-
-
-@router.post("/api/embeddings")
-async def embeddings(request: Request) -> JSONResponse:
-    """The older embeddings route: one ``prompt``, one ``embedding``."""
-    body = await _body(request)
-    status, content, _, _ = await _embeddings(request, body)
-    if status != 200:
-        return _upstream_error(status, content)
-    return JSONResponse(ollama.embeddings_reply(json.loads(content)))
-
-
-async def _embeddings(request: Request, body: dict[str, Any]) -> tuple[int, bytes, LoadedModel, float]:
-    name = ollama.model_name(body)
-    ttl = _ttl(body)
-    payload = ollama.embed_request(body)
-    manager = _manager(request)
-    await check_model_path(request, name)
-    loaded, lease = await manager.acquire(name, embeddings=True)
-    acquired = time.perf_counter()
-    try:
-        _keep_alive(manager, loaded.name, ttl)
-        _unload_when_done(manager, loaded.name, ttl)
-        payload["model"] = base_name(loaded.name)
-        resp = await send_upstream(request, loaded, ollama.EMBEDDINGS, payload, lease)
-    except BaseException:
-        await lease()
-        raise
-    status, content = resp.status_code, await read_answer(resp, lease, loaded)
-    return status, content, loaded, acquired

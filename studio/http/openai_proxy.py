@@ -4,7 +4,10 @@ Every route llama-server answers for a model goes through here, in every dialect
 speaks: OpenAI's chat, completions, embeddings, Responses and transcriptions, Anthropic's
 Messages, token counting, rerank and infill, and llama-server's own routes (``/completion``,
 ``/tokenize``, ``/props``, ``/slots``, ...), under each spelling llama-server accepts
-(``FORWARDED``: one row a route). As llama.cpp's router does, a ``POST`` names its model by
+(``FORWARDED``: one row a route), and the dialects whose bodies are not llama-server's
+(Ollama's ``/api/chat``, ``/api/generate`` and embeddings, ``studio.http.ollama_app.ROUTES``): a
+row with a ``Face``, whose hooks translate the request, reshape the answer and make the keep-alive
+beat, and whose ``dialect`` shapes the errors. As llama.cpp's router does, a ``POST`` names its model by
 the body's ``model``, a ``GET`` by ``?model=``, and either goes to the default model without
 one. They share the routing, the residency, the queue and the cancellation; only the errors
 differ, shaped for the route's dialect (``studio.http.errors``); llama-server's own error
@@ -12,11 +15,11 @@ bodies are reshaped to match. The routes that would reach files or programs on t
 are refused with the reason (``REFUSED``), and a slot file is a plain name in the model's
 slot folder (``check_slot_file``).
 
-The forwarded routes are served by ``OpenAIRoutes``, pure ASGI ahead of FastAPI's
-routing: every millisecond of the proxy's CPU is added to a request's latency
-on a machine whose cores llama-server keeps busy, and FastAPI's middleware,
-routing and dependency layers cost about 0.3 ms a request. The FastAPI routes
-of the same paths remain for ``/docs`` and for the methods they refuse.
+Each row is a FastAPI route (``declare``: ``/docs``, and the 405 of a method it does not
+take) whose endpoint ``studio.http.ahead.AheadRoutes`` calls ahead of FastAPI's routing:
+every millisecond of the proxy's CPU is added to a request's latency on a machine whose
+cores llama-server keeps busy, and FastAPI's middleware, routing and dependency layers
+cost more than relaying a whole answer.
 
 Streams are relayed chunk by chunk from one pooled ``studio.http.upstream.Upstream``
 by ``studio.http.relay.Relay``, with no buffering and no re-serialisation per chunk.
@@ -61,9 +64,9 @@ from __future__ import annotations
 import asyncio
 import re
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, Protocol
 from urllib.parse import parse_qs
 
 import anyio
@@ -72,7 +75,6 @@ from fastapi import APIRouter, Request
 from fastapi.responses import Response
 from starlette.exceptions import HTTPException
 from starlette.formparsers import MultiPartException
-from starlette.types import ASGIApp, Receive, Scope, Send
 
 from launcher.chat_templates import uses_jinja
 from launcher.rpc import unreachable
@@ -86,6 +88,7 @@ from studio.dialects.anthropic_stop import StopSequenceStream, mended_answer
 from studio.dialects.chat_shape import chat_body
 from studio.dialects.responses_stream import ResponsesIndexes
 from studio.errors import BadRequestError, RouteRefusedError, UpstreamDiedError, UpstreamError
+from studio.http.ahead import ahead
 from studio.http.errors import Dialect, ErrorAnswer, describe, stream_error_event, upstream_response
 from studio.http.load_wait import DEATH_NOTICE, answer_surviving, answer_when_loaded
 from studio.http.metrics import listener_of
@@ -114,58 +117,72 @@ def _upstream(request: Request) -> Upstream:
     return request.app.state.upstream
 
 
-class OpenAIRoutes:
-    """Pure ASGI middleware that answers ``POST`` on the forwarded paths itself.
-
-    Everything else goes on to the app. Errors are answered by ``on_error``
-    (the app's one translation) in the route's dialect; one it returns ``None``
-    for is raised, a 500.
-    """
-
-    def __init__(self, app: ASGIApp, on_error: Callable[[Exception, Dialect], Response | None]) -> None:
-        self.app = app
-        self.on_error = on_error
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-        refused = REFUSED.get(scope["path"])
-        found = route_for(scope["method"], scope["path"], scope["query_string"])
-        if found is None and refused is None:
-            await self.app(scope, receive, send)
-            return
-        try:
-            if found is None:
-                raise RouteRefusedError(f"the studio does not serve {scope['path']}: {refused}")
-            response = await _forward(Request(scope, receive), *found)
-        except Exception as exc:
-            answer = self.on_error(exc, found[0].dialect if found else "openai")
-            if answer is None:
-                raise
-            response = answer
-        await response(scope, receive, send)
-
-
 #: Counts a finished answer for /metrics: the time of its first chunk (streams) and its last bytes.
 Count = Callable[[float | None, bytes], None]
 #: The tools a request offers: each function's parameter schema by its name (``tool_parameters``).
 Tools = dict[str, dict[str, Any]]
+#: llama-server's chat route, the one whose requests are checked for tools and media before a load.
+CHAT = "/v1/chat/completions"
+
+
+class Turn(Protocol):
+    """One request of a ``Face``'s dialect, from before its model's load to its answer."""
+
+    #: whether it is answered as a stream (with keep-alive beats while its model loads), and the stream's type
+    stream: bool
+    media_type: str
+
+    def beat(self) -> bytes:
+        """The keep-alive line a stream gets while its model loads."""
+
+    def upstream(self, loaded: LoadedModel) -> tuple[str, dict[str, Any]] | Response:
+        """llama-server's path and body for the request now that ``loaded`` is its model; or its whole answer,
+        when having the model loaded is all it asked."""
+
+    def reshape(self) -> Reshape:
+        """What the stream's bytes become on the way."""
+
+    def whole(self, content: bytes) -> bytes:
+        """What a whole answer (llama-server's 200) becomes."""
+
+
+class Face(Protocol):
+    """A dialect whose bodies are not llama-server's (Ollama's): the hooks a route's row adds to the one forward
+    path, which does the rest (routing, the queue, the load and its keep-alives, the relay, the counts); the
+    row's ``dialect`` shapes its errors."""
+
+    def model(self, body: dict[str, Any]) -> str:
+        """The model the body names; raises when it names none."""
+
+    async def turn(self, request: Request, body: dict[str, Any], model: str, began: float) -> Turn | Response:
+        """The request, checked before any load, as a ``Turn``; or its answer, when it needs no model (an unload)."""
+
+
+async def forward(request: Request) -> Response:
+    """The forwarded route's answer to ``request`` (``route_for``); a 404 error for a path that is not one."""
+    found = route_for(request.method, request.scope["path"], request.scope["query_string"])
+    if found is None:
+        raise HTTPException(404)
+    return await _forward(request, *found)
 
 
 async def _forward(request: Request, route: Route, upstream_path: str) -> Response:
     """Route the request to its model's llama-server (loading it if need be) and pass the answer back.
 
     A request with a body names its model by the body's ``model`` (a form's ``model`` field), one without
-    (a ``GET``) by ``?model=``.
+    (a ``GET``) by ``?model=``; a ``Face``'s by its own rule.
     """
     began = time.perf_counter()
+    face = route.face
     form = await _form_body(request) if route.form else None
-    body = await _json_body(request) if request.method == "POST" and form is None else None
-    model = form.model if form else body.get("model") if body is not None else request.query_params.get("model")
-    if model is not None and not isinstance(model, str):
-        raise BadRequestError("`model` must be a string", param="model")
-    chat = route.upstream == "/v1/chat/completions"
+    body = await json_body(request, empty=face is not None) if request.method == "POST" and form is None else None
+    if face is not None and body is not None:
+        model: str | None = face.model(body)
+    else:
+        model = form.model if form else body.get("model") if body is not None else request.query_params.get("model")
+        if model is not None and not isinstance(model, str):
+            raise BadRequestError("`model` must be a string", param="model")
+    chat = route.upstream == CHAT
     if body is not None:
         if chat:
             check_tool_fields(body)  # before a load: a malformed request never reaches llama-server
@@ -174,16 +191,26 @@ async def _forward(request: Request, route: Route, upstream_path: str) -> Respon
     await check_model_path(request, model)
     if chat and body is not None:
         await preflight_chat(_manager(request), body)
+    turn: Turn | None = None
+    if face is not None and body is not None and model is not None:
+        faced = await face.turn(request, body, model, began)
+        if isinstance(faced, Response):
+            return faced
+        turn = faced
     query = request.scope["query_string"].decode("latin-1")
-    conv_id = conversation_of(request) if route.generates else None
+    conv_id = conversation_of(request) if route.generates and turn is None else None
     claim = stream_owners(request).claim(conv_id, model) if conv_id else None  # before the load: a stop cancels it
 
     async def answer(loaded: LoadedModel, lease: Lease) -> Response:
         if conv_id and claim and not stream_owners(request).settle(conv_id, claim, loaded.name):
             raise BadRequestError("request cancelled by a stop while the model was loading")
-        return await _answer(request, route, upstream_path, body, form, query, conv_id, loaded, lease, began)
+        return await _answer(request, route, upstream_path, body, form, query, conv_id, loaded, lease, began, turn)
 
-    if body is not None and body.get("stream") and route.generates:  # a cold load: keep-alives meanwhile
+    if turn is not None and turn.stream:  # a cold load: the dialect's keep-alives meanwhile
+        return await answer_when_loaded(
+            _manager(request), model, answer, dialect=route.dialect, beat=turn.beat, media_type=turn.media_type
+        )
+    if turn is None and body is not None and body.get("stream") and route.generates:
         # a stream named by a conversation goes on to llama-server if its client leaves during the load: resumable
         return await answer_when_loaded(
             _manager(request), model, answer, dialect=route.dialect, detach=claim is not None
@@ -202,31 +229,41 @@ async def _answer(
     loaded: LoadedModel,
     lease: Lease,
     began: float,
+    turn: Turn | None,
 ) -> Response:
     """The answer of ``loaded``'s llama-server, streamed or whole; the caller lets ``lease`` go if this raises."""
+    served = route  # the row of llama-server's route: a Face's request becomes one of those
+    if turn is not None:
+        target = turn.upstream(loaded)
+        if isinstance(target, Response):  # the model loaded was all it asked
+            await lease()
+            return target
+        upstream_path, body = target
+        served = FORWARDED[upstream_path]
     count = _counter(request, route, request.scope["path"], loaded.name, began)
     session = {CONVERSATION_HEADER: conv_id} if conv_id else None  # llama-server records the stream under it
     tools: Tools = {}
-    chat = route.upstream == "/v1/chat/completions"
-    reshaping = body is None or route.reshapes is None or route.reshapes(body)
+    chat = served.upstream == CHAT
+    reshaping = turn is None and (body is None or route.reshapes is None or route.reshapes(body))
     if body is not None:
-        route.prepare(body, loaded)
+        served.prepare(body, loaded)
         body["model"] = base_name(loaded.name)  # llama-server answers with it: an embedding instance's is its model's
         if chat:
             await _manager(request).warm(loaded, body)  # a conversation saved before an eviction comes back warm
-        elif route.generates and (as_chat := chat_body(route.upstream, body)) is not None:
+        elif served.generates and (as_chat := chat_body(served.upstream, body)) is not None:
             await _manager(request).warm(
                 loaded, as_chat
             )  # an Anthropic or Responses one too, rendered as llama-server does
-        tools = tool_parameters(body) if chat and body.get("tool_choice") != "none" else {}
+        tools = tool_parameters(body) if chat and turn is None and body.get("tool_choice") != "none" else {}
     if body is None or not body.get("stream"):  # a GET, a form, or a whole answer
+        whole = turn.whole if turn is not None else _whole_reshape(route, tools) if reshaping else None
         return await answer_unless_client_leaves(
             request,
             loaded,
             upstream_path,
             form or body,
             lease,
-            lambda status, content, headers: _answered(route, tools, reshaping, count, status, content, headers),
+            lambda status, content, headers: _answered(route, whole, count, status, content, headers),
             query=query,
             headers=session,
         )
@@ -239,14 +276,17 @@ async def _answer(
             count(first_at, tail)
 
         reshape: Reshape | None = None  # none: the stream goes on as it came
-        if tools:
+        if turn is not None:
+            reshape = turn.reshape()
+        elif tools:
             reshape = HealingRelay(tools)
         elif route.stream_reshape is not None and reshaping:
             reshape = route.stream_reshape()
 
         return Relay(
             resp,
-            headers=headers,
+            headers=headers if turn is None else None,
+            media_type=None if turn is None else turn.media_type,
             on_close=closed,
             on_break=lambda exc: broken_stream_event(exc, lease, loaded, route.dialect),
             reshape=reshape,
@@ -280,15 +320,27 @@ def _counter(request: Request, route: Route, path: str, model: str, began: float
     return count
 
 
+def _whole_reshape(route: Route, tools: Tools) -> Callable[[bytes], bytes] | None:
+    """What a whole answer of ``route`` goes through, given the request's tools; ``None``: nothing."""
+    reshape = route.whole_reshape
+    return None if reshape is None else lambda content: reshape(content, tools)
+
+
 def _answered(
-    route: Route, tools: Tools, reshaping: bool, count: Count, status: int, content: bytes, headers: dict[str, str]
+    route: Route,
+    whole: Callable[[bytes], bytes] | None,
+    count: Count,
+    status: int,
+    content: bytes,
+    headers: dict[str, str],
 ) -> Response:
-    """A whole (non-streamed) answer of a forwarded route: counted, healed, or an error in the route's shape."""
+    """A whole (non-streamed) answer of a forwarded route: counted, reshaped (``whole``), or an error in the
+    route's shape."""
     if status != 200:
         return upstream_response(status, content, route.dialect, headers)
     count(None, content)
-    if route.whole_reshape is not None and reshaping:
-        content = route.whole_reshape(content, tools)
+    if whole is not None:
+        content = whole(content)
     return Response(content, status_code=200, headers=headers)
 
 
@@ -418,10 +470,15 @@ async def _form_body(request: Request) -> Form:
     return Form(raw, content_type, model if isinstance(model, str) else None)
 
 
-async def _json_body(request: Request) -> dict[str, Any]:
+async def json_body(request: Request, *, empty: bool = False) -> dict[str, Any]:
+    """The request's body, a JSON object; with ``empty``, no body at all reads as ``{}`` (as Ollama takes it).
+
+    Raises:
+        BadRequestError: the body is not JSON, or not an object.
+    """
     raw = await request.body()  # outside the try: a body over the limit is a 413, not "not valid JSON"
     try:
-        body = json_codec.loads(raw)
+        body = json_codec.loads(raw or (b"{}" if empty else raw))
     except ValueError as exc:
         raise BadRequestError(f"the request body is not valid JSON: {exc}") from None
     if not isinstance(body, dict):
@@ -560,7 +617,7 @@ def _type_assistant_messages(body: dict[str, Any]) -> None:
                 item["type"] = "message"
 
 
-def _nothing_to_add(body: dict[str, Any], loaded: LoadedModel) -> None:
+def nothing_to_add(body: dict[str, Any], loaded: LoadedModel) -> None:
     """An embedding, rerank or infill request goes as it came."""
 
 
@@ -636,11 +693,12 @@ class Route:
     #: whether a request's answer can need the reshapes (none: every one); a stream that needs none goes on as it
     #: came, at the least cost (``studio.http.upstream_wire.Framed``)
     reshapes: Callable[[dict[str, Any]], bool] | None = None
+    face: Face | None = None  # a dialect whose bodies are not llama-server's: its hooks (``Face``)
 
 
 def _native(summary: str, **options: Any) -> Route:
     """A llama-server route that keeps its own path and takes its body as it comes."""
-    return Route("", _nothing_to_add, summary, **options)
+    return Route("", nothing_to_add, summary, **options)
 
 
 _GET = frozenset({"GET"})
@@ -661,14 +719,14 @@ _RESPONSES = Route(
     "/v1/responses", prepare_responses_body, "OpenAI Responses", generates=True, stream_reshape=ResponsesIndexes
 )
 _RESPONSES_TOKENS = Route("/v1/responses/input_tokens", _apply_reasoning, "Tokens a Responses request's input takes")
-_RERANK = Route("/v1/rerank", _nothing_to_add, "Rerank documents by a query (a model loaded with --reranking)")
+_RERANK = Route("/v1/rerank", nothing_to_add, "Rerank documents by a query (a model loaded with --reranking)")
 _EMBEDDING = Route(
-    "/embedding", _nothing_to_add, "llama-server's native embedding (any model: its embedding instance)", embeds=True
+    "/embedding", nothing_to_add, "llama-server's native embedding (any model: its embedding instance)", embeds=True
 )
 
 _TRANSCRIPTIONS = Route(
     "/v1/audio/transcriptions",
-    _nothing_to_add,
+    nothing_to_add,
     "OpenAI audio transcriptions (a model with an audio projector)",
     form=True,
 )
@@ -685,7 +743,7 @@ FORWARDED: dict[str, Route] = {
     "/completion": _NATIVE_COMPLETION,
     "/completions": _NATIVE_COMPLETION,
     "/v1/embeddings": Route(
-        "/v1/embeddings", _nothing_to_add, "OpenAI embeddings (any model: its embedding instance)", embeds=True
+        "/v1/embeddings", nothing_to_add, "OpenAI embeddings (any model: its embedding instance)", embeds=True
     ),
     "/embedding": _EMBEDDING,
     "/embeddings": _EMBEDDING,
@@ -764,15 +822,32 @@ def route_for(method: str, path: str, query: bytes) -> tuple[Route, str] | None:
     return route, route.upstream or path
 
 
-def _declare(path: str, route: Route) -> None:
-    async def forwarded(request: Request) -> Response:
-        return await _forward(request, route, route.upstream or request.url.path)
+def declare(router: APIRouter, path: str, route: Route) -> None:
+    """Declare ``route`` on ``path`` in ``router``: one FastAPI route per method (each its own operation in
+    ``/docs``), whose endpoint ``studio.http.ahead.AheadRoutes`` calls ahead of the router."""
 
-    forwarded.__doc__ = f"Served by ``OpenAIRoutes`` (forwarded to llama-server's ``{route.upstream or path}``)."
-    for method in sorted(route.methods):  # one route per method: each its own OpenAPI operation
+    @ahead(route.dialect)
+    async def forwarded(request: Request) -> Response:
+        return await _forward(request, route, route.upstream or request.scope["path"])
+
+    forwarded.__doc__ = f"Forwarded to llama-server's ``{route.upstream or path}``." if not route.face else None
+    for method in sorted(route.methods):
         router.add_api_route(path, forwarded, methods=[method], summary=route.summary)
 
 
-for _path, _route in FORWARDED.items():  # the FastAPI routes of the forwarded paths: /docs, and 405 for others
-    if _route.without_model == "default":  # else the studio's own route of the path documents it
-        _declare(_path, _route)
+for _path, _route in FORWARDED.items():
+    if _route.without_model == "default":  # else the studio's own route of the path serves it (``forward``)
+        declare(router, _path, _route)
+
+
+def _refuse(reason: str) -> Callable[[Request], Awaitable[Response]]:
+    async def refused(request: Request) -> Response:
+        raise RouteRefusedError(f"the studio does not serve {request.url.path}: {reason}")
+
+    return refused
+
+
+for _path, _reason in REFUSED.items():
+    router.add_api_route(
+        _path, _refuse(_reason), methods=["GET", "POST", "PUT", "PATCH", "DELETE"], include_in_schema=False
+    )

@@ -1,0 +1,107 @@
+"""Routes answered ahead of FastAPI's routing: pure ASGI, for the paths every model request goes through.
+
+FastAPI's middleware, routing, body and dependency layers cost about 0.3 ms a request, more than
+relaying a whole answer's chunks (``scripts/bench_proxy.py``), and a fan-out of 32 chats pays it 32
+times before the last one's first token. So the routes that generate (every forwarded model route,
+Ollama's, the GUI's ``/api/chat``) are answered by ``AheadRoutes`` before the router, and the other
+middleware. Its table is FastAPI's own: a route is declared as any other (for ``/docs``, and the
+405 of a method it does not take) with its endpoint marked by ``ahead``, and ``AheadRoutes`` calls
+that endpoint (or the handler the mark names) itself. Grepping a path leads to the code that runs.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Awaitable, Callable, Iterator, Sequence
+from typing import Any, TypeVar
+
+from fastapi import Request
+from fastapi.responses import Response
+from fastapi.routing import iter_route_contexts
+from starlette.routing import BaseRoute, compile_path
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from studio.http.errors import Dialect
+
+#: Answers one request: the response, or an exception ``on_error`` turns into one.
+Handler = Callable[[Request], Awaitable[Response]]
+#: The attribute ``ahead`` sets on an endpoint: its handler and the dialect of its errors.
+MARK = "_gguf_studio_ahead"
+
+Endpoint = TypeVar("Endpoint", bound=Callable[..., Any])
+
+
+def ahead(dialect: Dialect, handler: Handler | None = None) -> Callable[[Endpoint], Endpoint]:
+    """Mark a route's endpoint as answered by ``AheadRoutes``: by ``handler``, or the endpoint itself (called with
+    the request alone); its errors in ``dialect``'s shape."""
+
+    def mark(endpoint: Endpoint) -> Endpoint:
+        setattr(endpoint, MARK, (handler or endpoint, dialect))
+        return endpoint
+
+    return mark
+
+
+def ahead_paths(routes: Sequence[BaseRoute]) -> list[str]:
+    """The paths of ``routes`` answered ahead of the router."""
+    return [path for path, _, _ in _marked(routes)]
+
+
+def _marked(routes: Sequence[BaseRoute]) -> Iterator[tuple[str, set[str], tuple[Handler, Dialect]]]:
+    """Each route of ``routes`` (the included routers' too) marked by ``ahead``: its path, methods and mark."""
+    for route in iter_route_contexts(routes):
+        found = getattr(route.endpoint, MARK, None)
+        if found is not None and route.path is not None:
+            yield route.path, route.methods or set(), found
+
+
+class AheadRoutes:
+    """Pure ASGI middleware that answers the routes marked ``ahead`` in ``routes`` (the app's FastAPI table) itself;
+    everything else goes on to the app.
+
+    The table is read when the app builds its middleware, at its first request, once every route is in. An error
+    is answered by ``on_error`` (the app's one translation) in the route's dialect; one it returns ``None`` for is
+    raised, a 500.
+    """
+
+    def __init__(
+        self,
+        app: ASGIApp,
+        *,
+        routes: Sequence[BaseRoute],
+        on_error: Callable[[Exception, Dialect], Response | None],
+    ) -> None:
+        self.app = app
+        self.on_error = on_error
+        self.exact: dict[tuple[str, str], tuple[Handler, Dialect]] = {}  # (method, path) ->
+        self.templated: list[tuple[re.Pattern[str], set[str], tuple[Handler, Dialect]]] = []  # /slots/{id_slot}
+        for path, methods, found in _marked(routes):
+            if "{" in path:
+                self.templated.append((compile_path(path)[0], methods, found))
+            else:
+                for method in methods:  # the first route of a path and method, as FastAPI's routing takes it
+                    self.exact.setdefault((method, path), found)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        found = self.exact.get((scope["method"], scope["path"])) if scope["type"] == "http" else None
+        if found is None and self.templated and scope["type"] == "http":
+            found = next(
+                (
+                    f
+                    for regex, methods, f in self.templated
+                    if scope["method"] in methods and regex.match(scope["path"])
+                ),
+                None,
+            )
+        if found is None:
+            await self.app(scope, receive, send)
+            return
+        handler, dialect = found
+        try:
+            response = await handler(Request(scope, receive))
+        except Exception as exc:
+            answer = self.on_error(exc, dialect)
+            if answer is None:
+                raise
+            response = answer
+        await response(scope, receive, send)
