@@ -8,7 +8,9 @@ It imitates what the model manager sees of a real llama-server through its super
   supervisor does when an unload cancels a load;
 - ``crash`` reports a crash through ``on_change``, as the real watchdog does when the child dies;
 - every stop of a child runs the spec's ``after_stop`` once it is "reaped", as the real one does;
-- a start of a model named in ``FakeChildren.failing`` fails with ``LoadError``, as a bad model does.
+- a start of a model named in ``FakeChildren.failing`` fails with ``LoadError``, as a bad model does;
+- a start of a model named in ``FakeChildren.killed`` dies by SIGKILL while loading (``LoadError`` with exit
+  code -9), as a llama-server the out-of-memory killer takes does.
 
 ``FakeChildren`` is the process table: which fake llama-servers run, per model, so a test can
 check that none runs twice and none outlives its resident.
@@ -33,6 +35,8 @@ class FakeChildren:
         self.url = url
         self.load_seconds = load_seconds
         self.failing: set[str] = set()  # model file names whose start fails
+        self.killed: set[str] = set()  # model file names whose start is killed by a signal
+        self.starts: dict[str, int] = {}  # model file name -> children started for it
         self.on_reap: Callable[[int], None] = lambda pid: None  # e.g. a fake GPU driver freeing memory late
         self._lock = threading.Lock()
         self._running: dict[int, str] = {}  # fake pid -> model file name
@@ -43,6 +47,7 @@ class FakeChildren:
         with self._lock:
             self._next_pid += 1
             self._running[self._next_pid] = model
+            self.starts[model] = self.starts.get(model, 0) + 1
             return self._next_pid
 
     def reap(self, pid: int) -> None:
@@ -107,6 +112,9 @@ class FakeSupervisor:
         if model in self.children.failing:
             self._reap(State.FAILED)
             raise LoadError(f"llama-server exited while loading {model}: injected failure")
+        if model in self.children.killed:
+            self._reap(State.FAILED)
+            raise LoadError(f"llama-server was killed by SIGKILL while loading {model}", exit_code=-9)
         with self._lock:
             if self._abort.is_set() or self._pid is None:
                 raise StartAbortedError("the start was cancelled by a stop")

@@ -9,6 +9,7 @@ load, 502 "llama-server did not answer" for one sent.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import signal
@@ -21,7 +22,11 @@ import psutil
 import pytest
 
 from launcher.diagnosis import exit_by_signal
+from launcher.errors import LoadError
+from studio.http.load_wait import RETRIES, answer_surviving
+from tests.fake_llama import fake_children
 from tests.helpers import wait_for
+from tests.manager_harness import ZOO, fake_manager
 from tests.test_answer_limits import serving
 from tests.test_cli import SMOL, cli, llama_servers, tagged_env
 
@@ -37,6 +42,28 @@ def test_a_signal_is_named_with_its_likely_cause():
     crash = exit_by_signal(-11, oom_killed=False, log_lines=["0.00.1.2 E ggml_abort: bad tensor"])
     assert crash.cause == "crashed" and "SIGSEGV" in crash.reason and "bad tensor" in crash.reason
     assert exit_by_signal(1, oom_killed=True, log_lines=[]) is None  # an exit code of its own says the rest
+
+
+def test_a_model_killed_on_every_load_is_loaded_at_most_once_per_retry(tmp_path, real, zoo_dir):
+    """One budget of retries per request: the load's own retries were nested inside the request's, so a model
+    the out-of-memory killer took on every start was started nine times for one request."""
+    model = ZOO[0]
+
+    async def never(loaded, lease):  # a load never succeeds: no answer is asked for
+        raise AssertionError("answered by a model that never loaded")
+
+    async def run() -> dict[str, int]:
+        with fake_children() as children:
+            children.killed.add(f"{model}.gguf")
+            manager = fake_manager(tmp_path, children, real, {model: zoo_dir / f"{model}.gguf"})
+            try:
+                with pytest.raises(LoadError, match="SIGKILL"):
+                    await answer_surviving(manager, model, never)
+            finally:
+                await manager.aclose()
+            return children.starts
+
+    assert asyncio.run(run()) == {f"{model}.gguf": RETRIES + 1}
 
 
 @pytest.fixture(scope="module")
@@ -158,11 +185,13 @@ def test_a_model_that_dies_on_every_start_gets_the_cause_not_a_wait_for_ever(stu
     _ready(url)
     assert httpx.post(f"{url}/api/unload", json={"model": SMOL}, timeout=60).status_code == 200
     stop = threading.Event()
+    started: dict[int, str] = {}
 
     def killer() -> None:  # every llama-server of this studio dies as it starts
         while not stop.is_set():
             for p in llama_servers(env):
                 try:
+                    started[p.pid] = " ".join(p.cmdline())
                     p.kill()
                 except psutil.NoSuchProcess:
                     pass
@@ -179,5 +208,7 @@ def test_a_model_that_dies_on_every_start_gets_the_cause_not_a_wait_for_ever(stu
     error = answer.json()["error"]
     assert "killed by SIGKILL" in error["message"] and error["code"] == "killed", error
     assert "exited with code" not in error["message"]  # not whatever log line came last
+    loads = [argv for argv in started.values() if " -m " in argv]  # not the placement's `--list-devices` runs
+    assert 1 <= len(loads) <= RETRIES + 1, loads  # one budget of retries for the request, not one per load
     retried = httpx.post(f"{url}/v1/chat/completions", json={**QUESTION, "model": SMOL}, timeout=120)
     assert retried.status_code == 200  # nothing is left broken

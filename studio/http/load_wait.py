@@ -115,42 +115,67 @@ async def answer_surviving(
     acquired: list[str] | None = None,
 ) -> Response:
     """``answer``'s response on ``model`` (``found``: already acquired), sent again when its llama-server died
-    before answering (the module docstring); ``acquired`` gets the model's name each time it is acquired."""
-    for attempt in range(RETRIES + 1):
+    before answering (the module docstring); ``acquired`` gets the model's name each time it is acquired.
+
+    One budget of ``RETRIES`` covers the request's whole life: deaths while its model loads and deaths once it
+    was sent count alike, so a model that dies on every start is started at most ``RETRIES + 1`` times for it.
+    """
+    retries = _Retries()
+    while True:
         try:
             if found is None:
-                found = await acquire_surviving(manager, model, embeddings=embeddings)
+                found = await _acquire(manager, model, embeddings, retries)
             if acquired is not None:
                 acquired.append(found[0].name)
             return await _answer(found, answer)
-        except (UpstreamDiedError, LoadError) as exc:
-            if attempt == RETRIES or not _survivable(exc):
+        except UpstreamDiedError as exc:
+            if not retries.another():
                 raise
             log.warning("sending a request again: its llama-server died first", model=model, error=str(exc))
         found = None
         if acquired is not None:
             acquired.clear()  # loading again, until the model is back
-    raise AssertionError("unreachable: the last attempt returns or raises")
 
 
 async def acquire_surviving(
     manager: ModelManager, model: str | None, *, embeddings: bool = False
 ) -> tuple[LoadedModel, Lease]:
     """``manager.acquire``, loading again when the load was killed (a load that fails on its own says so)."""
-    for attempt in range(RETRIES + 1):
+    return await _acquire(manager, model, embeddings, _Retries())
+
+
+class _Retries:
+    """What is left of one request's ``RETRIES``."""
+
+    __slots__ = ("left",)
+
+    def __init__(self) -> None:
+        self.left = RETRIES
+
+    def another(self) -> bool:
+        """Whether the request may be sent (or its model loaded) again; takes one retry when it may."""
+        if self.left <= 0:
+            return False
+        self.left -= 1
+        return True
+
+
+async def _acquire(
+    manager: ModelManager, model: str | None, embeddings: bool, retries: _Retries
+) -> tuple[LoadedModel, Lease]:
+    while True:
         try:
             return await manager.acquire(model, embeddings=embeddings)
         except LoadError as exc:
-            if attempt == RETRIES or not _survivable(exc):
+            if not _killed_while_loading(exc) or not retries.another():
                 raise
             log.warning("loading again: its llama-server was killed while loading", model=model, error=str(exc))
-    raise AssertionError("unreachable: the last attempt returns or raises")
 
 
-def _survivable(exc: Exception) -> bool:
-    """Whether a request may be sent again after ``exc``: a death before its answer, by a signal when loading (a
-    file that fails on its own fails again, and says so at once)."""
-    return isinstance(exc, UpstreamDiedError) or (isinstance(exc, LoadError) and (exc.exit_code or 0) < 0)
+def _killed_while_loading(exc: LoadError) -> bool:
+    """Whether a failed load may be tried again: its llama-server was killed by a signal (a file that fails on its
+    own fails again, and says so at once)."""
+    return (exc.exit_code or 0) < 0
 
 
 async def _answer(found: tuple[LoadedModel, Lease], answer: Answer) -> Response:
