@@ -23,7 +23,11 @@ import pytest
 
 from launcher.diagnosis import exit_by_signal
 from launcher.errors import LoadError
+from studio.errors import UpstreamDiedError
+from studio.http.errors import describe
 from studio.http.load_wait import RETRIES, answer_surviving
+from studio.residency.lifecycle import ResidentState
+from studio.residency.requests import LoadRequest
 from tests.fake_llama import fake_children
 from tests.helpers import wait_for
 from tests.manager_harness import ZOO, fake_manager
@@ -64,6 +68,36 @@ def test_a_model_killed_on_every_load_is_loaded_at_most_once_per_retry(tmp_path,
             return children.starts
 
     assert asyncio.run(run()) == {f"{model}.gguf": RETRIES + 1}
+
+
+def test_a_request_waiting_for_a_restart_that_ran_out_answers_502_not_500(tmp_path, real, zoo_dir):
+    """A request that came while the model's last allowed crash was being cleaned up waited for its restart, and got
+    a bare StudioError when there was none: a 500 for a child's death."""
+    model = ZOO[0]
+
+    async def run() -> None:
+        with fake_children() as children:
+            manager = fake_manager(tmp_path, children, real, {model: zoo_dir / f"{model}.gguf"})
+            try:
+                await manager.load(LoadRequest(model=model))
+                resident = manager.find(model)
+                assert resident is not None
+                resident.max_restarts = 0  # this crash is its last
+                supervisor = children.supervisors[-1]
+                stop = supervisor.stop
+                supervisor.stop = lambda: (time.sleep(0.5), stop())[1]  # as long as a real stop's reaping may take
+                assert supervisor.crash()
+                await resident.wait_until({ResidentState.CRASHED}, timeout=10)
+                with pytest.raises(UpstreamDiedError) as gave_up:
+                    await manager.acquire(model)
+                answer = describe(gave_up.value)
+                assert answer is not None and answer.status == 502, answer
+                assert "crashed 1 times; not restarting it again" in answer.message, answer.message
+                assert "injected crash" in answer.message, answer.message
+            finally:
+                await manager.aclose()
+
+    asyncio.run(run())
 
 
 @pytest.fixture(scope="module")

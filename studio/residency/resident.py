@@ -37,7 +37,7 @@ from launcher.memory import MemoryBill
 from launcher.planner import LaunchPlan
 from launcher.supervisor import LaunchSpec, State, Status, Supervisor
 from studio.blocking import run_blocking
-from studio.errors import ModelUnloadedError, NotReadyError, StudioError
+from studio.errors import ModelUnloadedError, NotReadyError, StudioError, UpstreamDiedError
 from studio.residency.lifecycle import COMING_UP, TRANSITIONS, ResidentState
 from studio.residency.requests import LoadSettings
 
@@ -431,11 +431,11 @@ class ResidentModel:
         self.last_exit = cause.split("; last output:", 1)[0]  # the supervisor's reason, without the log's tail
         self._set(ResidentState.CRASHED, error=cause)
         if self.restarts >= self.max_restarts:
+            why = f"llama-server crashed {self.restarts + 1} times; not restarting it again. Last: {cause}"
+            # what a request that waited for the restart gets: the death's cause (a 502), not a bare StudioError's 500
+            self.failure = UpstreamDiedError(f"{self.name}: {why.split('; last output:', 1)[0]}")
             await run_blocking(self.supervisor.stop, timeout=None, what=f"stopping {self.name}")
-            self._set(
-                ResidentState.FAILED,
-                error=f"llama-server crashed {self.restarts + 1} times; not restarting it again. Last: {cause}",
-            )
+            self._set(ResidentState.FAILED, error=why)
             return
         delay = min(BACKOFF_MAX, BACKOFF_BASE * 2**self.restarts)
         self.restarts += 1
