@@ -9,7 +9,9 @@ away, so an unload never races a request that just checked the state.
 
 The model's address is read from its live supervisor each time it becomes ready:
 a restart after a crash listens on a new port, and the next request goes there.
-Restarts are bounded, back off, and an unload interrupts the back-off at once.
+Restarts are bounded, back off, and an unload interrupts the back-off at once. Each is checked first
+(``before_restart``: the manager plans it again against the memory free now); a model whose room another
+program took fails with that check's error instead of being restarted into the same death.
 
 Should the owner itself die of a bug, it still stops llama-server and walks the
 table to ``unloaded``, so that no waiter waits for ever.
@@ -146,6 +148,7 @@ class ResidentModel:
         on_transition: Callable[[ResidentModel, ResidentState, ResidentState, float], None] = lambda *_: None,
         before_stop: Callable[[LoadedModel], Awaitable[object]] | None = None,
         before_stop_timeout: float = 15.0,
+        before_restart: Callable[[], Awaitable[BaseException | None]] | None = None,
     ) -> None:
         self.name = name
         self.settings = settings
@@ -161,6 +164,8 @@ class ResidentModel:
         self.on_transition = on_transition  # told (old, new, seconds it was in old) of each change of state
         self.before_stop = before_stop  # awaited once requests are done, before an unload stops llama-server
         self.before_stop_timeout = before_stop_timeout
+        # awaited before a crashed llama-server is restarted: an error (the memory it held is taken) fails the model
+        self.before_restart = before_restart
         self.state = ResidentState.LOADING
         self.loaded: LoadedModel | None = None
         self.error: str | None = None  # why it failed or crashed
@@ -448,9 +453,25 @@ class ResidentModel:
             if isinstance(command, _Unload):
                 await self._unload(command)
                 return
+        refusal = await self._restart_refusal()
+        if refusal is not None:
+            await run_blocking(self.supervisor.stop, timeout=None, what=f"stopping {self.name}")
+            self.failure = refusal
+            self._set(ResidentState.FAILED, error=str(refusal))
+            return
         log.info("restarting crashed model", model=self.name, attempt=self.restarts)
         self._set(ResidentState.LOADING)
         await self._start_server()
+
+    async def _restart_refusal(self) -> BaseException | None:
+        """Why the crashed llama-server must not be restarted now (``before_restart``); None: restart it."""
+        if self.before_restart is None:
+            return None
+        try:
+            return await self.before_restart()
+        except Exception as exc:  # a check that fails never keeps a model down: the restart says the rest
+            log.warning("could not check the room for a restart", model=self.name, error=str(exc))
+            return None
 
     def _on_supervisor_change(self, status: Status) -> None:
         """Called on the supervisor's thread: a crash becomes a command for the owner."""
