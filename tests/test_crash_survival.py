@@ -10,27 +10,31 @@ load, 502 "llama-server did not answer" for one sent.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 import os
 import signal
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import httpx
 import psutil
 import pytest
+from starlette.responses import Response
 
+from launcher.devices import Inventory
 from launcher.diagnosis import exit_by_signal
 from launcher.errors import LoadError
-from studio.errors import UpstreamDiedError
+from studio.errors import BusyError, UpstreamDiedError
 from studio.http.errors import describe
-from studio.http.load_wait import RETRIES, answer_surviving
+from studio.http.load_wait import RETRIES, Answer, answer_surviving
 from studio.residency.lifecycle import ResidentState
 from studio.residency.requests import LoadRequest
-from tests.fake_llama import fake_children
+from studio.residency.resident import Lease, LoadedModel
+from tests.fake_llama import FakeChildren, fake_children
 from tests.helpers import wait_for
-from tests.manager_harness import ZOO, fake_manager
+from tests.manager_harness import GIB, ZOO, cpu_machine, fake_manager
 from tests.test_answer_limits import serving
 from tests.test_cli import SMOL, cli, llama_servers, tagged_env
 
@@ -68,6 +72,56 @@ def test_a_model_killed_on_every_load_is_loaded_at_most_once_per_retry(tmp_path,
             return children.starts
 
     assert asyncio.run(run()) == {f"{model}.gguf": RETRIES + 1}
+
+
+def _taken_after(plans: int) -> Callable[[], Inventory]:
+    """The machine's memory as placement reads it: plenty for the first ``plans`` reads, then 1 MiB, as when
+    another program took the room (what the out-of-memory killer then takes a llama-server for)."""
+    reads = itertools.count()
+    return lambda: cpu_machine(64 * GIB if next(reads) < plans else 1 << 20)
+
+
+def _answer_once_killed(children: FakeChildren) -> Answer:
+    """An answer whose llama-server is killed as the request reaches it, the first time; later ones answer."""
+    attempts = []
+
+    async def answer(loaded: LoadedModel, lease: Lease) -> Response:
+        attempts.append(loaded)
+        if len(attempts) == 1:
+            assert children.supervisors[-1].crash()
+            raise UpstreamDiedError(f"llama-server died before it answered: {await lease.died(within=10)}")
+        await lease()
+        return Response(b"answered")
+
+    return answer
+
+
+def test_a_restart_into_memory_another_program_took_answers_503_naming_it(tmp_path, real, zoo_dir):
+    """The resident restarted a crashed model with its old plan, into memory another program had taken (a
+    restart loop the out-of-memory killer ends each time): it is planned again first, and refused."""
+    model = ZOO[0]
+
+    async def run() -> None:
+        with fake_children() as children:
+            manager = fake_manager(
+                tmp_path, children, real, {model: zoo_dir / f"{model}.gguf"}, discover=_taken_after(1)
+            )
+            try:
+                with pytest.raises(BusyError) as refused:
+                    await answer_surviving(manager, model, _answer_once_killed(children))
+                assert children.starts == {f"{model}.gguf": 1}  # never restarted into the same death
+                assert describe(refused.value) is not None
+                answer = describe(refused.value)
+                assert answer.status == 503 and answer.headers and "Retry-After" in answer.headers, answer
+                message = str(refused.value)
+                assert f"not enough memory to restart {model} now: it needs" in message, message
+                assert "other programs hold the rest of the memory" in message, message
+                resident = manager.find(model)
+                assert resident is not None and resident.state is ResidentState.FAILED
+            finally:
+                await manager.aclose()
+
+    asyncio.run(run())
 
 
 def test_a_request_waiting_for_a_restart_that_ran_out_answers_502_not_500(tmp_path, real, zoo_dir):

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import math
 import time
 from collections.abc import Callable
@@ -18,7 +19,7 @@ from pathlib import Path
 import structlog
 
 from launcher.command import LaunchCommand
-from studio.errors import StudioError
+from studio.errors import BusyError, StudioError
 from studio.library.catalog import CatalogEntry
 from studio.residency import placement, wording
 from studio.residency.builder import Builder
@@ -218,8 +219,29 @@ class LoadSteps:
             on_change=self._on_resident_change,
             on_transition=self._events.transition,
         )
+        resident.before_restart = functools.partial(self._room_to_restart, load.entry, load.request, resident)
         load.resident = resident
         self._residents[placed.settings.key] = resident
         self.counters["loads"] += 1
         resident.start()
         return resident
+
+    async def _room_to_restart(
+        self, entry: CatalogEntry, request: LoadRequest, resident: ResidentModel
+    ) -> BusyError | None:
+        """A crashed model's restart planned again against the memory free now: None when it fits there as it is;
+        else the 503 its waiting requests get instead of a restart into the same death (the out-of-memory killer
+        takes a model when another program took the room). The next request loads it anew, as any load."""
+        async with self._placement:
+            placed = await self._place(entry, request, replacing=resident)
+        if placed.fits and not placed.evict:
+            return None
+        need = placement.in_words(placement.physical(placed.plan.bill, placed.plan))
+        held = [f"held by {', '.join(placed.blocked_by)}"] if placed.blocked_by else []
+        if placed.evict:
+            held.append(f"it fits only once {', '.join(placed.evict)} are evicted")
+        elif placed.room:
+            held.append(f"{placed.room} is left even with every idle model evicted")
+        if self.residency.memory_budget is None:
+            held.append("other programs hold the rest of the memory")
+        return BusyError(f"not enough memory to restart {resident.name} now: it needs {need}; " + "; ".join(held))
