@@ -28,7 +28,7 @@ from launcher.diagnosis import exit_by_signal
 from launcher.errors import LoadError
 from studio.errors import BusyError, UpstreamDiedError
 from studio.http.errors import describe
-from studio.http.load_wait import RETRIES, Answer, answer_surviving
+from studio.http.load_wait import RETRIES, Answer, acquire_surviving, answer_surviving
 from studio.residency.lifecycle import ResidentState
 from studio.residency.requests import LoadRequest
 from studio.residency.resident import Lease, LoadedModel
@@ -118,6 +118,29 @@ def test_a_restart_into_memory_another_program_took_answers_503_naming_it(tmp_pa
                 assert "other programs hold the rest of the memory" in message, message
                 resident = manager.find(model)
                 assert resident is not None and resident.state is ResidentState.FAILED
+            finally:
+                await manager.aclose()
+
+    asyncio.run(run())
+
+
+def test_a_load_killed_then_without_room_answers_503_not_400(tmp_path, real, zoo_dir):
+    """A load the out-of-memory killer took is loaded again, planned against the memory free now; when the room
+    is gone, the request hears it may retry later (503), not that the model can never fit (400)."""
+    model = ZOO[0]
+
+    async def run() -> None:
+        with fake_children() as children:
+            children.killed.add(f"{model}.gguf")
+            manager = fake_manager(
+                tmp_path, children, real, {model: zoo_dir / f"{model}.gguf"}, discover=_taken_after(1)
+            )
+            try:
+                with pytest.raises(BusyError, match="the memory it held is taken now") as refused:
+                    await acquire_surviving(manager, model)
+                assert children.starts == {f"{model}.gguf": 1}
+                answer = describe(refused.value)
+                assert answer is not None and answer.status == 503 and answer.headers, answer
             finally:
                 await manager.aclose()
 

@@ -16,8 +16,10 @@ A request whose llama-server dies before the first byte of its answer (killed wh
 request waited for its answer: the kernel's out-of-memory killer does this on a desktop) has lost nothing
 its client saw: ``answer_surviving`` sends it again once the model is back (the resident restarts it), up to
 ``RETRIES`` times, each time through the queue like a new request. A model that dies on every start runs
-out of restarts, and the request then gets the cause. Bytes already on their way are not sent twice: a
-stream that broke off mid-answer ends with the dialect's error event.
+out of restarts, and the request then gets the cause (a 502). A retry plans the model again against the memory
+free now: when another program took the room meanwhile, the request gets a 503 with ``Retry-After`` saying what
+the model needs and what holds the memory, instead of a restart that would die the same way. Bytes already on
+their way are not sent twice: a stream that broke off mid-answer ends with the dialect's error event.
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ import structlog
 from starlette.responses import Response
 
 from launcher.errors import LoadError
-from studio.errors import UpstreamDiedError
+from studio.errors import BusyError, DoesNotFitError, UpstreamDiedError
 from studio.http.errors import SHAPES, Dialect, ErrorAnswer, describe, stream_error_line
 from studio.http.relay import LoadWait
 from studio.residency.manager import ModelManager
@@ -152,6 +154,11 @@ class _Retries:
     def __init__(self) -> None:
         self.left = RETRIES
 
+    @property
+    def taken(self) -> bool:
+        """Whether the request was sent (or its model loaded) again already."""
+        return self.left < RETRIES
+
     def another(self) -> bool:
         """Whether the request may be sent (or its model loaded) again; takes one retry when it may."""
         if self.left <= 0:
@@ -170,6 +177,11 @@ async def _acquire(
             if not _killed_while_loading(exc) or not retries.another():
                 raise
             log.warning("loading again: its llama-server was killed while loading", model=model, error=str(exc))
+        except DoesNotFitError as exc:
+            if not retries.taken:
+                raise
+            # it fitted before it died: another program took the room meanwhile, which it may give back
+            raise BusyError(f"{exc.message}; its llama-server died, and the memory it held is taken now") from exc
 
 
 def _killed_while_loading(exc: LoadError) -> bool:
