@@ -39,7 +39,7 @@ from launcher.memory import MemoryBill
 from launcher.planner import LaunchPlan
 from launcher.supervisor import LaunchSpec, State, Status, Supervisor
 from studio.blocking import run_blocking
-from studio.errors import ModelUnloadedError, NotReadyError, StudioError, UpstreamDiedError
+from studio.errors import ModelUnloadedError, NotReadyError, StudioError, UpstreamError
 from studio.residency.lifecycle import COMING_UP, TRANSITIONS, ResidentState
 from studio.residency.requests import LoadSettings
 
@@ -437,8 +437,9 @@ class ResidentModel:
         self._set(ResidentState.CRASHED, error=cause)
         if self.restarts >= self.max_restarts:
             why = f"llama-server crashed {self.restarts + 1} times; not restarting it again. Last: {cause}"
-            # what a request that waited for the restart gets: the death's cause (a 502), not a bare StudioError's 500
-            self.failure = UpstreamDiedError(f"{self.name}: {why.split('; last output:', 1)[0]}")
+            # what a request that waited for the restart gets: the death's cause (a 502), not a bare StudioError's 500;
+            # not an UpstreamDiedError, which a request survives by loading the model again: this one gave up
+            self.failure = UpstreamError(f"{self.name}: {why.split('; last output:', 1)[0]}", code="llama_server_died")
             await run_blocking(self.supervisor.stop, timeout=None, what=f"stopping {self.name}")
             self._set(ResidentState.FAILED, error=why)
             return
