@@ -22,7 +22,8 @@
     └── ProcessError                    the llama-server child misbehaved
         ├── LoadError                   it exited while loading
         ├── StartTimeoutError (+TimeoutError)  it never became healthy in time
-        └── StartAbortedError           a stop arrived while it was starting
+        ├── StartAbortedError           a stop arrived while it was starting
+        └── SpeechError                 a llama-tts run failed or wrote no audio (launcher.tts)
 
 What each means to a user (HTTP answer, CLI exit code) is in ``studio.error_table``.
 Each carries its context as attributes (``path``, ``pid``, ``exit_code``,
@@ -130,6 +131,10 @@ class ProcessError(LauncherError):
 
 class LoadError(ProcessError):
     """llama-server exited before it became ready (bad model, bad flag...)."""
+
+
+class SpeechError(ProcessError):
+    """A ``llama-tts`` run (one utterance) exited with an error, ran past its time or wrote no WAV."""
 
 
 class StartTimeoutError(ProcessError, TimeoutError):

@@ -90,6 +90,7 @@ TABLE: Mapping[type[BaseException], Outcome] = {
     # launcher: llama-server (or what it needs) failed
     l.StartAbortedError: Outcome(409, "load_cancelled", "load_cancelled", Exit.LLAMA_FAILED),
     l.LoadError: Outcome(502, _SERVER, "load_failed", Exit.LLAMA_FAILED),  # a child's death is never a 500
+    l.SpeechError: Outcome(502, _SERVER, "speech_failed", Exit.LLAMA_FAILED),
     l.StartTimeoutError: Outcome(502, _SERVER, "load_failed", Exit.LLAMA_FAILED),
     l.ProcessError: Outcome(502, _SERVER, "load_failed", Exit.LLAMA_FAILED),
     l.BinaryNotFoundError: Outcome(502, _SERVER, "load_failed", Exit.NOT_FOUND),

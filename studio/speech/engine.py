@@ -12,12 +12,22 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal, Protocol
+from typing import Any, Literal, Protocol
 
 from gguf.speech import SpeechFacts
 
 #: Output formats a client may ask for (OpenAI's set); engines answer ``wav``.
 ResponseFormat = Literal["mp3", "opus", "aac", "flac", "wav", "pcm"]
+
+
+@dataclass(frozen=True)
+class SpeechRuntime:
+    """What an engine may use of the running studio, handed in with each request."""
+
+    manager: Any  # studio.residency.manager.ModelManager: llama-server models, the catalog, the pinned binary
+    logs_dir: Path  # where a child's log is kept
+    voices_dir: Path  # speaker reference recordings, ``<name>.wav`` or ``<name>.mp3``
+    registry: Any = None  # launcher.registry.ChildRegistry for children started per request, or None
 
 
 @dataclass(frozen=True)
@@ -31,6 +41,9 @@ class SpeechRequest:
     voice: str | None = None  # a named voice, or a speaker reference file's path, where the model has them
     speed: float = 1.0  # 1.0 is the model's own pace
     response_format: ResponseFormat = "wav"
+    projector: Path | None = None  # the projector the library pairs with the model, if any
+    language: str | None = None  # a studio extension: the language to speak, where the model takes one
+    runtime: SpeechRuntime | None = None
 
 
 @dataclass(frozen=True)
@@ -40,6 +53,7 @@ class SpeechAudio:
     wav: bytes  # a RIFF/WAVE file, header included
     sample_rate: int  # samples per second
     frames: int  # samples per channel in ``wav``
+    codes: int = 0  # the model frames (or codec codes) behind the audio, as the engine counted them
 
 
 class SpeechEngine(Protocol):
