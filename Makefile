@@ -10,9 +10,9 @@ PYTEST_ARGS ?=
 # Where Debian puts chromium; the browser tests look there.
 CHROMIUM := /usr/bin/chromium
 
-.PHONY: setup venv llama model chromium run lint test clean-venv
+.PHONY: setup venv llama model chromium audio-tools run lint test clean-venv
 
-setup: venv llama model chromium
+setup: venv llama model chromium audio-tools
 
 venv: $(STAMP)
 
@@ -45,6 +45,19 @@ chromium:
 			|| echo "setup: apt-get install chromium failed: the browser tests will be skipped"; \
 	else \
 		echo "setup: $(CHROMIUM) is missing and only root can install it: the browser tests will be skipped (run: sudo apt-get install chromium)"; \
+	fi
+
+# The speech tests speak a real speaker reference with Debian's espeak-ng and measure WAVs with sox;
+# as root they are installed when missing, otherwise the speech tests that need them are skipped and say why.
+audio-tools:
+	@if command -v espeak-ng >/dev/null && command -v sox >/dev/null; then :; \
+	elif [ "$$(id -u)" = 0 ]; then \
+		echo "setup: installing Debian's espeak-ng and sox for the speech tests"; \
+		export DEBIAN_FRONTEND=noninteractive; \
+		apt-get install -y -qq espeak-ng sox >/dev/null 2>&1 || { apt-get update -qq && apt-get install -y -qq espeak-ng sox >/dev/null; } \
+			|| echo "setup: apt-get install espeak-ng sox failed: the speech tests that need them will be skipped"; \
+	else \
+		echo "setup: espeak-ng or sox is missing and only root can install them: the speech tests that need them will be skipped (run: sudo apt-get install espeak-ng sox)"; \
 	fi
 
 # With LLAMA_SERVER_PATH set, that binary is used and nothing is built.

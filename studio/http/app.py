@@ -35,6 +35,7 @@ from studio.http.openai_proxy import router as proxy_router
 from studio.http.page import router as page_router
 from studio.http.router_api import RouterLoads
 from studio.http.router_api import router as router_api
+from studio.http.speech_api import router as speech_router
 from studio.http.stack import stack
 from studio.http.stream_owners import StreamOwners
 from studio.http.streams import router as streams_router
@@ -139,6 +140,7 @@ def create_app(
     app.include_router(hub_router)
     app.include_router(proxy_router)
     app.include_router(router_api)
+    app.include_router(speech_router)
     app.include_router(streams_router)
     app.include_router(page_router)
     stack(
