@@ -157,6 +157,7 @@ def test_the_page_is_served_with_a_strict_content_security_policy(studio):
     assert page.status_code == 200 and page.headers["content-type"].startswith("text/html")
     csp = page.headers["content-security-policy"]
     assert "script-src 'self'" in csp and "connect-src 'self'" in csp and "frame-ancestors 'none'" in csp
+    assert "media-src blob:" in csp  # a speaking model's answer plays from the WAV the page fetched
     assert "unsafe-inline" not in csp and "<script>" not in page.text
     assert not re.search(r"\son[a-z]+=", page.text)  # no inline event handlers
     script = httpx.get(f"{studio.url}/static/js/main.js")

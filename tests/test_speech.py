@@ -4,6 +4,8 @@ spoken by Debian's espeak-ng, WAVs measured by sox; and every refusal in OpenAI'
 
 from __future__ import annotations
 
+import json
+import os
 import shutil
 import subprocess
 from pathlib import Path
@@ -23,6 +25,7 @@ from studio.residency.manager import ModelManager, supervisor_factory
 from studio.speech.llama_tts import FRAMES_PER_CHAR, MIN_FRAMES
 from tests.helpers import assert_no_children, serving
 from tests.support.tts_models import SAMPLE_RATE, SAMPLES_PER_FRAME, derive_qwen3tts_model, write_qwen3tts_projector
+from tests.test_hub import _cli, hf_env, server  # noqa: F401 (fixtures)
 
 pytestmark = [pytest.mark.slow, pytest.mark.shared_processes]
 
@@ -166,3 +169,22 @@ def test_sentences_join_short_pieces_and_cut_long_ones():
     assert sentences("第一句。第二句很长很长很长很长很长很长很长很长很长很长很长。") == [
         "第一句。第二句很长很长很长很长很长很长很长很长很长很长很长。"
     ]
+
+
+def test_pull_of_a_tts_model_fetches_its_projector_and_inspect_says_it_speaks(server, hf_env, zoo_dir, tmp_path):
+    repo = server.repo("acme/qwen3-tts-GGUF")
+    repo.add("qwen3-tts-F32.gguf", derive_qwen3tts_model(zoo_dir / "qwen3tts-dense.gguf", tmp_path / "m.gguf"))
+    repo.add("mmproj-qwen3-tts-F32.gguf", write_qwen3tts_projector(tmp_path / "p.gguf"))
+    env = {**os.environ, "GGUF_STUDIO_HOME": str(tmp_path / "studio")}
+    pulled = _cli("pull", "acme/qwen3-tts-GGUF", env=env)
+    assert pulled.returncode == 0, pulled.stderr
+    assert sorted(p.rsplit("/", 1)[-1] for p in server.downloads()) == [
+        "mmproj-qwen3-tts-F32.gguf",
+        "qwen3-tts-F32.gguf",
+    ]
+    [entry] = [e for e in json.loads(_cli("ls", "--json", env=env).stdout) if e["repo"] == "acme/qwen3-tts-GGUF"]
+    assert entry["mmproj"].endswith("mmproj-qwen3-tts-F32.gguf")
+    shown = _cli("inspect", "acme/qwen3-tts-GGUF:F32", env=env)
+    assert shown.returncode == 0, shown.stderr
+    assert "text-to-speech, not chat: a text-to-speech model (Qwen3-TTS)" in shown.stdout
+    assert "speaks through POST /v1/audio/speech (llama-tts)" in shown.stdout

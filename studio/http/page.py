@@ -23,7 +23,7 @@ WEB = Path(__file__).resolve().parent.parent / "web"
 STATIC = WEB / "static"
 CSP = (
     "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data: blob:; "
-    "connect-src 'self'; base-uri 'none'; form-action 'none'; frame-ancestors 'none'"
+    "media-src blob:; connect-src 'self'; base-uri 'none'; form-action 'none'; frame-ancestors 'none'"
 )
 #: Sent with the page and every file it loads.
 HEADERS = {

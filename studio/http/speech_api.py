@@ -31,7 +31,7 @@ from studio.home import studio_home
 from studio.http.bodies import ApiBody
 from studio.http.model_paths import check_model_path
 from studio.speech.engine import SpeechAudio, SpeechEngine, SpeechRequest, SpeechRuntime
-from studio.speech.engines import ENGINES
+from studio.speech.engines import ENGINES, speech_engine
 
 router = APIRouter()
 
@@ -101,8 +101,8 @@ async def speech(body: SpeechBody, request: Request) -> Response:
             param="model",
             code="model_not_tts",
         )
-    engine = next((e for e in ENGINES.values() if e.serves(facts)), None)
-    if engine is None:
+    name = speech_engine(facts)
+    if name is None:
         raise BadRequestError(
             f"{body.model} is {facts.describe()}, and no speech engine here speaks it: the studio speaks "
             f"{', '.join(ENGINES)}",
@@ -121,6 +121,7 @@ async def speech(body: SpeechBody, request: Request) -> Response:
         language=body.language,
         runtime=_runtime(request),
     )
+    engine = ENGINES[name]
     pieces = sentences(body.input)
     if body.response_format == "pcm":
         first = await engine.speak(_with_text(base, pieces[0]))  # errors of the first answer as errors, not a cut

@@ -16,6 +16,7 @@ from gguf.speech import speech_facts
 from gguf.templates import template_capabilities
 from launcher.sampling import Sampling, in_force
 from launcher.units import format_mib
+from studio.speech.engines import speech_engine
 
 
 def summary(model: GGUFFile, sampling: Sampling | None = None) -> dict[str, Any]:
@@ -65,6 +66,7 @@ def summary(model: GGUFFile, sampling: Sampling | None = None) -> dict[str, Any]
             "family": speech.family,
             "vocoder": speech.vocoder,
             "description": speech.describe(),
+            "engine": speech_engine(speech),
         }
         if speech
         else None,
@@ -188,7 +190,10 @@ def render(info: dict[str, Any]) -> str:
         ("shards", f"{len(info['shards'])} file(s)"),
     ]
     if info.get("speech"):
-        rows.append(("speech", f"text-to-speech, not chat: {info['speech']['description']}"))
+        speech = info["speech"]
+        engine = speech.get("engine")
+        how = f"speaks through POST /v1/audio/speech ({engine})" if engine else "no speech engine here speaks it"
+        rows.append(("speech", f"text-to-speech, not chat: {speech['description']}; {how}"))
     if info["approximate"] or info["notes"]:
         rows.append(("notes", "; ".join(info["notes"]) or "approximate"))
     width = max(len(k) for k, _ in rows)

@@ -306,6 +306,10 @@ export class Chat {
       return;
     }
     const model = this.select.value || undefined;
+    if (model && this.models.get(model)?.speech?.engine) {
+      await this.speak(model, text);
+      return;
+    }
     const images = this.attachments;
     const content = images.length
       ? [{ type: "text", text }, ...images.map((a) => ({ type: "image_url", image_url: { url: a.url } }))]
@@ -359,6 +363,36 @@ export class Chat {
       this.say(view.summary());
       this.scroll();
       this.onStored();
+    }
+  }
+
+  /** A text-to-speech model answers with audio (`/v1/audio/speech`): the answer gets a play button. The turn is
+   * not a chat, so it is neither kept in the history sent to a model nor stored. */
+  async speak(model, text) {
+    this.list.append(userMessage(text, []));
+    this.input.value = "";
+    const view = new AnswerView(model);
+    this.list.append(view.node);
+    this.scroll(true);
+    const controller = new AbortController();
+    this.controller = controller;
+    this.busy(true);
+    try {
+      const resp = await request("POST", "/v1/audio/speech", { model, input: text, voice: "alloy", response_format: "wav" },
+                                 { signal: controller.signal });
+      const wav = await resp.blob();
+      view.audio(URL.createObjectURL(wav), (wav.size - 44) / 2 / 24000);
+      this.say("");
+    } catch (err) {
+      if (err.name === "AbortError") view.stopped();
+      else {
+        view.error(plainError(err));
+        if (!this.input.value) this.input.value = text;
+      }
+    } finally {
+      this.controller = null;
+      this.busy(false);
+      this.scroll();
     }
   }
 
@@ -538,6 +572,22 @@ class AnswerView {
   unsaved(message) {
     this.problem.hidden = false;
     this.problem.textContent = `Not saved to the history: ${message}`;
+  }
+
+  /** The answer is speech: a play button and the player, and how long it lasts. */
+  audio(url, seconds) {
+    this.finished = true;
+    this.node.setAttribute("aria-busy", "false");
+    this.body.classList.remove("pending");
+    const player = el("audio", { src: url, controls: true, preload: "auto" });
+    const play = el("button.play", { type: "button", text: "Play", "aria-label": "Play the answer",
+                                     onclick: () => {
+                                       player.currentTime = 0;
+                                       player.play().catch((err) => this.error(`The browser did not play it: ${err.message}`));
+                                     } });
+    fill(this.body, play, player);
+    this.stats.textContent = `${seconds.toFixed(1)} s of speech`;
+    this.outcome = this.stats.textContent;
   }
 
   stopped() {
