@@ -130,7 +130,8 @@ async def run_tts(
         finally:
             if registry is not None:
                 registry.remove(proc.pid)
-        tail = _tail(log_path, offset)
+        output = _since(log_path, offset)
+        tail = "\n".join(output.splitlines()[-LOG_TAIL_LINES:])
         if status != 0:
             raise SpeechError(
                 f"llama-tts exited with status {status}: {_last_error(tail)}",
@@ -142,7 +143,7 @@ async def run_tts(
             wav = out.read_bytes()
         except OSError as exc:
             raise SpeechError("llama-tts exited without writing its WAV file", pid=proc.pid, log_tail=tail) from exc
-    found = _GENERATED.search(tail)
+    found = _GENERATED.search(output)
     rate, samples = wav_shape(wav)
     frames = int(found.group(1)) if found else 0
     seconds = time.monotonic() - started
@@ -172,15 +173,19 @@ async def _stop(proc: asyncio.subprocess.Process) -> None:
     await proc.wait()
 
 
-def _tail(log_path: Path, offset: int) -> str:
-    """The last lines this run appended to ``log_path`` (from ``offset``)."""
+def _since(log_path: Path, offset: int) -> str:
+    """What this run appended to ``log_path`` (from ``offset``)."""
     try:
         with log_path.open("rb") as fh:
             fh.seek(offset)
-            text = fh.read().decode(errors="replace")
+            return fh.read().decode(errors="replace")
     except OSError:
         return ""
-    return "\n".join(text.splitlines()[-LOG_TAIL_LINES:])
+
+
+def _tail(log_path: Path, offset: int) -> str:
+    """The last lines this run appended to ``log_path``."""
+    return "\n".join(_since(log_path, offset).splitlines()[-LOG_TAIL_LINES:])
 
 
 def _last_error(tail: str) -> str:

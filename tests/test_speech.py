@@ -7,11 +7,13 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import socket
 import subprocess
 from pathlib import Path
 
 import httpx
 import openai
+import psutil
 import pytest
 
 from launcher.capabilities import probe
@@ -23,7 +25,7 @@ from studio.library.catalog import Catalog
 from studio.library.default_model import ensure_default_model
 from studio.residency.manager import ModelManager, supervisor_factory
 from studio.speech.llama_tts import FRAMES_PER_CHAR, MIN_FRAMES
-from tests.helpers import assert_no_children, serving
+from tests.helpers import assert_no_children, serving, wait_for
 from tests.support.tts_models import SAMPLE_RATE, SAMPLES_PER_FRAME, derive_qwen3tts_model, write_qwen3tts_projector
 from tests.test_hub import _cli, hf_env, server  # noqa: F401 (fixtures)
 
@@ -188,3 +190,21 @@ def test_pull_of_a_tts_model_fetches_its_projector_and_inspect_says_it_speaks(se
     assert shown.returncode == 0, shown.stderr
     assert "text-to-speech, not chat: a text-to-speech model (Qwen3-TTS)" in shown.stdout
     assert "speaks through POST /v1/audio/speech (llama-tts)" in shown.stdout
+
+
+def llama_tts_children() -> list[psutil.Process]:
+    return [p for p in psutil.Process().children(recursive=True) if p.name() == "llama-tts"]
+
+
+def test_a_client_that_leaves_stops_the_llama_tts_run(studio):
+    """The WAV answer waits for every sentence: a client gone meanwhile must not leave llama-tts speaking."""
+    base, root = studio
+    host, port = base.removeprefix("http://").split(":")
+    text = "This one long sentence goes on and on, " * 7 + "until it ends."
+    body = json.dumps({"model": TTS, "input": text, "voice": "alloy"}).encode()
+    head = f"POST /v1/audio/speech HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\n"
+    with socket.create_connection((host, int(port))) as sock:
+        sock.sendall(head.encode() + f"Content-Length: {len(body)}\r\n\r\n".encode() + body)
+        wait_for(llama_tts_children, timeout=60, interval=0.02, what="llama-tts to start")
+    wait_for(lambda: not llama_tts_children(), timeout=10, what="llama-tts to be stopped")
+    assert ChildRegistry(root / "run", "anyone").records() == []  # its registry record went with it

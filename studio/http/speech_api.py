@@ -11,12 +11,13 @@ does not ship, and are refused by name, as is a ``speed`` the engine cannot hono
 
 from __future__ import annotations
 
+import asyncio
 import re
 import struct
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable
 from dataclasses import replace
 from pathlib import Path
-from typing import Literal
+from typing import Literal, TypeVar
 
 from fastapi import APIRouter, Request
 from fastapi.responses import Response, StreamingResponse
@@ -30,10 +31,12 @@ from studio.errors import BadRequestError
 from studio.home import studio_home
 from studio.http.bodies import ApiBody
 from studio.http.model_paths import check_model_path
+from studio.http.relay import client_gone
 from studio.speech.engine import SpeechAudio, SpeechEngine, SpeechRequest, SpeechRuntime
 from studio.speech.engines import ENGINES, speech_engine
 
 router = APIRouter()
+T = TypeVar("T")
 
 #: OpenAI's limit on ``input``.
 MAX_INPUT_CHARS = 4096
@@ -130,13 +133,36 @@ async def speech(body: SpeechBody, request: Request) -> Response:
             media_type="audio/pcm",
             headers={"x-sample-rate": str(first.sample_rate)},
         )
-    spoken = [await engine.speak(_with_text(base, piece)) for piece in pieces]
+    spoken = await _unless_client_leaves(request, _speak_all(engine, base, pieces))
+    if spoken is None:
+        return Response(status_code=499)  # nobody reads it: the client is gone, and so is the run
     audio = join_wavs(spoken)
     return Response(
         audio.wav,
         media_type="audio/wav",
         headers={"x-audio-codes": str(audio.codes), "x-sentences": str(len(pieces))},
     )
+
+
+async def _speak_all(engine: SpeechEngine, base: SpeechRequest, pieces: list[str]) -> list[SpeechAudio]:
+    return [await engine.speak(_with_text(base, piece)) for piece in pieces]
+
+
+async def _unless_client_leaves(request: Request, work: Awaitable[T]) -> T | None:
+    """``work``'s result, or None when the client disconnects first: then ``work`` is cancelled (a llama-tts run
+    is killed with its process group), as a streamed answer is when its reader goes."""
+    working = asyncio.ensure_future(work)
+    leaving = asyncio.ensure_future(client_gone(request.receive))
+    try:
+        await asyncio.wait({working, leaving}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for task in (working, leaving):
+            if not task.done():
+                task.cancel()
+    if working.done() and not working.cancelled():
+        return working.result()
+    await asyncio.gather(working, return_exceptions=True)  # the run is reaped before the answer goes
+    return None
 
 
 def sentences(text: str) -> list[str]:
