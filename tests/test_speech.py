@@ -208,3 +208,22 @@ def test_a_client_that_leaves_stops_the_llama_tts_run(studio):
         wait_for(llama_tts_children, timeout=60, interval=0.02, what="llama-tts to start")
     wait_for(lambda: not llama_tts_children(), timeout=10, what="llama-tts to be stopped")
     assert ChildRegistry(root / "run", "anyone").records() == []  # its registry record went with it
+
+
+def test_a_llama_server_without_llama_tts_beside_it_says_how_to_get_one(studio, llama_server_bin, tmp_path):
+    """A prebuilt llama-server (LLAMA_SERVER_PATH) comes without llama-tts: the answer says what to build."""
+    _, root = studio
+    alone = tmp_path / "bin"
+    alone.mkdir()
+    (alone / "llama-server").symlink_to(llama_server_bin)
+    manager = ModelManager(
+        catalog=Catalog([root / "tts"]),
+        binary=alone / "llama-server",
+        make_supervisor=supervisor_factory(tmp_path / "logs", ChildRegistry(tmp_path / "run", owner_token())),
+        caps=probe(llama_server_bin, cache_dir=tmp_path / "cache"),
+    )
+    with serving(create_app(manager)) as base:
+        answer = httpx.post(f"{base}/v1/audio/speech", json={"model": TTS, "input": "Hello there."}, timeout=60)
+    assert answer.status_code == 502
+    error = answer.json()["error"]
+    assert error["code"] == "speech_failed" and "ggstudio build-llama" in error["message"], error

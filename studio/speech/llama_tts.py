@@ -26,6 +26,7 @@ import structlog
 import gguf
 from gguf.projector import projector_facts
 from gguf.speech import SpeechFacts
+from launcher.errors import SpeechError
 from launcher.memory import estimate, for_file
 from launcher.tts import TTSJob, default_threads, run_tts
 from launcher.units import format_mib
@@ -86,6 +87,12 @@ class LlamaTTSEngine:
         projector = self._projector(request)
         speaker = self._speaker(request, runtime)
         binary = Path(runtime.manager.binary).with_name("llama-tts")
+        if not binary.is_file():
+            raise SpeechError(
+                f"llama-tts is not beside the llama-server this studio runs ({binary.parent}): the pinned build "
+                "includes it, so build it with `ggstudio build-llama` (or `make`), or put a llama-tts of the same "
+                "release there"
+            )
         max_frames = min(MAX_FRAMES, max(MIN_FRAMES, FRAMES_PER_CHAR * len(request.text)))
         n_ctx = _round_up(len(request.text.encode()) + max_frames + 64, 256)
         job = TTSJob(
