@@ -31,8 +31,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import gguf
-from gguf.writer import copy_of, write_gguf
-from tests.support.projectors import _Tensors, _write
+from gguf.writer import TensorToWrite, copy_of, write_gguf
+from tests.support.projectors import _noise, _Tensors, _write
 
 #: Samples each generated frame becomes: 2 x 2 upsampling, then the DAC strides.
 DAC_STRIDES = (8, 5, 4, 3)
@@ -115,13 +115,12 @@ def _conv(t: _Tensors, name: str, k: int, c_in: int, c_out: int, scale: float = 
     t.zeros(f"{name}.bias", c_out)
 
 
-def _noise_tensor(t: _Tensors, name: str, shape: tuple[int, ...], scale: float) -> gguf.writer.TensorToWrite:
-    from tests.support.projectors import _noise
-
+def _noise_tensor(t: _Tensors, name: str, shape: tuple[int, ...], scale: float) -> TensorToWrite:
+    """Noise of ``scale`` (larger than ``_Tensors.noise``'s, so the convolutions' output is not near silence)."""
     n = 1
     for d in shape:
         n *= d
-    return gguf.writer.TensorToWrite(name, shape, "F32", _noise(t.rng, n, scale))
+    return TensorToWrite(name, shape, "F32", _noise(t.rng, n, scale))
 
 
 def _speaker_encoder(t: _Tensors, *, n_mel: int, n_out: int) -> None:
