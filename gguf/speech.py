@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import functools
 import re
+import struct
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -99,6 +100,19 @@ def speech_facts(model: GGUFFile) -> SpeechFacts | None:
     if b"<|AUDIO|>" in vocab and b"<|audio_eos|>" in vocab and b"<|audio_bos|>" not in vocab:
         return SpeechFacts("Mimi", "Sesame CSM", "its vocabulary has the <|AUDIO|> and <|audio_eos|> markers of CSM")
     return None
+
+
+def has_token(model: GGUFFile, token: str) -> bool:
+    """Return whether ``model``'s vocabulary holds ``token`` exactly.
+
+    A lazy array is matched in its raw region, where each string follows its uint64 length: the length
+    and the bytes together are one whole token, not a piece of a longer one.
+    """
+    tokens = model.metadata.get("tokenizer.ggml.tokens")
+    if isinstance(tokens, LazyArray):
+        raw = token.encode()
+        return struct.pack("<Q", len(raw)) + raw in _vocab_bytes(tokens)
+    return isinstance(tokens, (list, tuple)) and token in tokens
 
 
 def _vocab_bytes(tokens: Any) -> bytes:

@@ -16,6 +16,8 @@ import openai
 import psutil
 import pytest
 
+import gguf
+from gguf.speech import has_token
 from launcher.capabilities import probe
 from launcher.registry import ChildRegistry
 from launcher.supervisor import owner_token
@@ -96,11 +98,13 @@ def test_a_speaker_reference_voice_is_passed_to_llama_tts(studio, client, tmp_pa
     voices = root / "voices"
     voices.mkdir(exist_ok=True)
     subprocess.run(["espeak-ng", "-w", str(voices / "narrator.wav"), "This is how I sound."], check=True)
-    raw = client.audio.speech.with_raw_response.create(model=TTS, input="Speak in my voice, please.", voice="narrator")
+    raw = client.audio.speech.with_raw_response.create(
+        model=TTS, input="Sprich mit meiner Stimme, bitte.", voice="narrator", extra_body={"language": "de"}
+    )
     _, samples = measure(raw.content, tmp_path)
     assert samples == int(raw.headers["x-audio-codes"]) * SAMPLES_PER_FRAME
     log = (root / "logs" / "llama-tts" / f"{TTS}.log").read_text()
-    assert f"--tts-speaker-file {voices / 'narrator.wav'}" in log
+    assert f"--tts-speaker-file {voices / 'narrator.wav'} --tts-lang de" in log
     assert "generated" in log.splitlines()[-1] or "wrote" in log
 
 
@@ -135,6 +139,8 @@ def test_pcm_streams_each_sentence_as_it_is_spoken(studio):
         ({"model": TTS, "input": "Hi there.", "voice": "../../etc/passwd"}, 400, "unknown_voice", "voice"),
         ({"model": TTS, "input": "Hi there.", "instructions": "cheerful"}, 400, "unsupported_instructions", None),
         ({"model": TTS, "input": "   "}, 400, "empty_input", "input"),
+        ({"model": TTS, "input": "Hi there.", "language": "klingon"}, 400, "unsupported_language", "language"),
+        ({"model": TTS, "input": "Hi there.", "language": "fr"}, 400, "unsupported_language", "language"),
         ({"model": TTS, "input": "x" * 4097}, 400, "input_too_long", "input"),
         ({"model": TEXT, "input": "Hi there."}, 400, "model_not_tts", "model"),
         ({"model": BARE, "input": "Hi there."}, 400, "missing_projector", "model"),
@@ -227,3 +233,9 @@ def test_a_llama_server_without_llama_tts_beside_it_says_how_to_get_one(studio, 
     assert answer.status_code == 502
     error = answer.json()["error"]
     assert error["code"] == "speech_failed" and "ggstudio build-llama" in error["message"], error
+
+
+def test_has_token_matches_whole_tokens_only(zoo_dir, tmp_path):
+    model = gguf.read(derive_qwen3tts_model(zoo_dir / "qwen3tts-dense.gguf", tmp_path / "m.gguf"))
+    assert all(has_token(model, t) for t in ("<|codec_0|>", "<|codec_language_german|>", "tok_5"))
+    assert not has_token(model, "<|codec_0") and not has_token(model, "tok_") and not has_token(model, "codec_0|>")

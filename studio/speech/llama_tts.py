@@ -25,7 +25,7 @@ import structlog
 
 import gguf
 from gguf.projector import projector_facts
-from gguf.speech import SpeechFacts
+from gguf.speech import SpeechFacts, has_token
 from launcher.errors import SpeechError
 from launcher.memory import estimate, for_file
 from launcher.tts import TTSJob, default_threads, run_tts
@@ -45,6 +45,19 @@ OPENAI_VOICES = frozenset(
     {"alloy", "ash", "ballad", "coral", "echo", "fable", "nova", "onyx", "sage", "shimmer", "verse", "default"}
 )
 VOICE_SUFFIXES = (".wav", ".mp3")
+#: Qwen3-TTS's languages (``mtmd-helper-gen.cpp``'s ``tts_lang_codes``): a code or the name it stands for.
+LANGUAGES = {
+    "zh": "chinese",
+    "en": "english",
+    "de": "german",
+    "it": "italian",
+    "pt": "portuguese",
+    "es": "spanish",
+    "ja": "japanese",
+    "ko": "korean",
+    "fr": "french",
+    "ru": "russian",
+}
 _VOICE_NAME = re.compile(r"^[\w][\w .-]{0,63}$")
 #: Frames allowed per character of text, and a floor: real speech takes about one 12.5 Hz frame per character.
 FRAMES_PER_CHAR = 2
@@ -84,6 +97,7 @@ class LlamaTTSEngine:
                 param="speed",
                 code="unsupported_speed",
             )
+        _check_language(request)
         projector = self._projector(request)
         speaker = self._speaker(request, runtime)
         binary = Path(runtime.manager.binary).with_name("llama-tts")
@@ -164,6 +178,23 @@ class LlamaTTSEngine:
             + own,
             param="voice",
             code="unknown_voice",
+        )
+
+
+def _check_language(request: SpeechRequest) -> None:
+    """Refuse a language the Qwen3-TTS model has no ``<|codec_language_NAME|>`` token for (llama-tts would fail the
+    run); Pocket TTS's language is in its weights."""
+    language = request.language
+    if language is None or request.facts.family not in OWN_VOICE:
+        return
+    model = gguf.read(request.path)
+    spoken = [code for code, name in LANGUAGES.items() if has_token(model, f"<|codec_language_{name}|>")]
+    name = LANGUAGES.get(language.lower(), language.lower())
+    if name not in (LANGUAGES[code] for code in spoken):
+        raise BadRequestError(
+            f"{request.model} does not speak {language!r}; it speaks " + (", ".join(spoken) or "no named language"),
+            param="language",
+            code="unsupported_language",
         )
 
 

@@ -51,6 +51,7 @@ _SPECIALS = (
     "<tts_text_bos>",
     "<tts_text_eod>",
     "<|codec_language_english|>",
+    "<|codec_language_german|>",
 )
 
 
