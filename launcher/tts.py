@@ -25,6 +25,7 @@ import shlex
 import struct
 import tempfile
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -56,6 +57,7 @@ class TTSJob:
     speaker: Path | None = None  # a reference recording of the voice to speak in
     language: str | None = None  # Qwen3-TTS: en, zh, de, ... (llama-tts's default is English)
     seed: int | None = None
+    samples_per_frame: int | None = None  # the model's frame length, where its projector says (``frame_samples``)
 
     def command(self, out: Path) -> list[str]:
         """Return the ``llama-tts`` command line that writes this utterance to ``out``."""
@@ -145,10 +147,29 @@ async def run_tts(
             raise SpeechError("llama-tts exited without writing its WAV file", pid=proc.pid, log_tail=tail) from exc
     found = _GENERATED.search(output)
     rate, samples = wav_shape(wav)
-    frames = int(found.group(1)) if found else 0
+    # The WAV is cut to whole frames, so its length counts them exactly; the summary line is the fallback, as
+    # llama-tts logs through a thread whose last lines are sometimes lost when the process exits.
+    frames = samples // job.samples_per_frame if job.samples_per_frame else int(found.group(1)) if found else 0
     seconds = time.monotonic() - started
     log.info("tts_done", pid=proc.pid, frames=frames, samples=samples, sample_rate=rate, seconds=round(seconds, 2))
     return TTSResult(wav=wav, frames=frames, sample_rate=rate, samples=samples, seconds=seconds)
+
+
+def frame_samples(projector_tensors: Mapping[str, tuple[int, ...]]) -> int | None:
+    """Return the samples one frame becomes in a Qwen3-TTS projector's code2wav, or None for another projector.
+
+    ``models/qwen3tts-gen.cpp``: two transposed convolutions of stride 2, then a DAC block per stride whose
+    kernel is twice its stride (``a.gen.wav.dac.blk.N.conv.weight``, kernel first).
+    """
+    strides: list[int] = []
+    while (shape := projector_tensors.get(f"a.gen.wav.dac.blk.{len(strides)}.conv.weight")) is not None:
+        strides.append(shape[0] // 2)
+    if not strides:
+        return None
+    samples = 4
+    for stride in strides:
+        samples *= stride
+    return samples
 
 
 def wav_shape(wav: bytes) -> tuple[int, int]:

@@ -21,6 +21,7 @@ from gguf.speech import has_token
 from launcher.capabilities import probe
 from launcher.registry import ChildRegistry
 from launcher.supervisor import owner_token
+from launcher.tts import frame_samples
 from studio.http.app import create_app
 from studio.http.speech_api import MAX_SENTENCE_CHARS, sentences
 from studio.library.catalog import Catalog
@@ -233,6 +234,13 @@ def test_a_llama_server_without_llama_tts_beside_it_says_how_to_get_one(studio, 
     assert answer.status_code == 502
     error = answer.json()["error"]
     assert error["code"] == "speech_failed" and "ggstudio build-llama" in error["message"], error
+
+
+def test_the_frame_length_is_read_from_the_projectors_dac_strides(tmp_path):
+    """llama-tts sometimes exits before its log thread writes the summary line: the frames come from the WAV."""
+    projector = gguf.read(write_qwen3tts_projector(tmp_path / "p.gguf"))
+    assert frame_samples({t.name: t.shape for t in projector.tensors}) == SAMPLES_PER_FRAME == 1920
+    assert frame_samples({}) is None
 
 
 def test_has_token_matches_whole_tokens_only(zoo_dir, tmp_path):

@@ -28,7 +28,7 @@ from gguf.projector import projector_facts
 from gguf.speech import SpeechFacts, has_token
 from launcher.errors import SpeechError
 from launcher.memory import estimate, for_file
-from launcher.tts import TTSJob, default_threads, run_tts
+from launcher.tts import TTSJob, default_threads, frame_samples, run_tts
 from launcher.units import format_mib
 from studio.blocking import run_blocking
 from studio.errors import BadRequestError, DoesNotFitError
@@ -119,6 +119,7 @@ class LlamaTTSEngine:
             threads=default_threads(),
             speaker=speaker,
             language=request.language,
+            samples_per_frame=frame_samples({t.name: t.shape for t in gguf.read(projector).tensors}),
         )
         bill = await run_blocking(_bill, job, timeout=runtime.manager.work_timeout, what="billing llama-tts")
         async with self._turn:
