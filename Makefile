@@ -22,7 +22,7 @@ $(STAMP): pyproject.toml setup.py gguf/_skip.c studio/http/_pump.c
 	@$(PYTHON) -c 'import sys; sys.exit(sys.version_info < (3, 11))' || { echo "setup: Python >= 3.11 is required ($(PYTHON) is older)"; exit 1; }
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV) || { echo "setup: could not create $(VENV): apt-get install python3-venv"; exit 1; }
 	$(BIN)/python -m pip install --quiet --disable-pip-version-check --upgrade pip
-	$(BIN)/python -m pip install --quiet --disable-pip-version-check -e '.[dev,model]'
+	$(BIN)/python -m pip install --quiet --disable-pip-version-check -e '.[dev,model,speech]'
 	@touch $(STAMP)
 
 # Builds the pinned llama-server once (~10 min on 2 cores); later runs are a no-op. The backend is the one
