@@ -110,4 +110,4 @@ def chunks(text: str, limit: int = CHUNK_CHARS) -> list[str]:
 
 def frame_budget(text: str) -> int:
     """Frames a generation of ``text`` may take at most: about twice the time a speaker needs, and a floor."""
-    return 24 + 2 * len(text)  # ~12 frames a second of speech, ~15 characters a second spoken
+    return 12 + 2 * len(text)  # ~12 frames a second of speech, ~15 characters a second spoken

@@ -1,0 +1,142 @@
+"""Speech from a codec-token model, end to end: the real llama-server writes the codes, onnxruntime decodes.
+
+The model is a tiny random-weight Orpheus (``tests.support.orpheus_model``: a byte-level BPE
+vocabulary and Orpheus's ``<custom_token_N>`` tokens), loaded by a real ``ModelManager`` into the pinned llama-server;
+the engine's grammar holds its noise to codec tokens, so the real ids of real codec tokens flow. The
+SNAC decoder is a tiny ONNX model with the real export's inputs and output
+(``tests.support.snac_model``), fetched from the Hub stand-in (``tests.hub_server``) through the real
+huggingface_hub, as the real decoder is fetched from the Hub.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import sys
+import wave
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import gguf
+from gguf.speech import SpeechFacts, speech_facts
+from launcher.capabilities import probe
+from launcher.registry import ChildRegistry
+from launcher.supervisor import owner_token
+from studio.errors import BadRequestError
+from studio.http.errors import describe
+from studio.http.upstream import Upstream
+from studio.library.catalog import Catalog
+from studio.residency.manager import ModelManager, supervisor_factory
+from studio.settings import ModelDefaults
+from studio.speech import snac
+from studio.speech.codec_tts import CodecSpeech
+from studio.speech.codec_weights import codec_path
+from studio.speech.engine import SpeechAudio, SpeechRequest
+from studio.speech.engines import engine_for
+from tests.hub_server import HubServer
+from tests.support.orpheus_model import write_orpheus_model
+from tests.support.snac_model import HOP, write_snac_decoder
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def orpheus_file(tmp_path_factory) -> Path:
+    return write_orpheus_model(tmp_path_factory.mktemp("orpheus") / "tiny-orpheus.gguf")
+
+
+@pytest.fixture
+def codec_hub(tmp_path, monkeypatch):
+    """The Hub stand-in holding the SNAC decoder where the real one is, and an empty Hugging Face cache."""
+    hub = HubServer().start()
+    decoder = write_snac_decoder(tmp_path / "decoder" / "decoder_model.onnx")
+    hub.repo(snac.CODEC_REPO).add(snac.CODEC_FILE, decoder)
+    monkeypatch.setenv("HF_ENDPOINT", hub.url)
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hf" / "hub"))
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    try:
+        yield hub
+    finally:
+        hub.stop()
+
+
+def speak(root: Path, binary: Path, model: Path, text: str, voice: str | None = "tara") -> SpeechAudio:
+    """``text`` spoken by ``model`` through a real manager and llama-server (stopped before returning)."""
+
+    async def run() -> SpeechAudio:
+        (root / "models").mkdir(parents=True, exist_ok=True)
+        (root / "models" / "tiny-orpheus.gguf").symlink_to(model)
+        manager = ModelManager(
+            catalog=Catalog([root / "models"]),
+            binary=binary,
+            make_supervisor=supervisor_factory(root / "logs", ChildRegistry(root / "run", owner_token())),
+            caps=probe(binary, cache_dir=root / "cache"),
+            model_defaults={"tiny-orpheus": ModelDefaults(n_ctx=512, n_parallel=1)},
+        )
+        upstream = Upstream()
+        try:
+            facts = speech_facts(gguf.read(model))
+            assert facts is not None
+            engine = engine_for(facts)
+            assert isinstance(engine, CodecSpeech)
+            request = SpeechRequest("tiny-orpheus", model, facts, text, voice, manager=manager, upstream=upstream)
+            return await engine.speak(request)
+        finally:
+            await manager.aclose()
+            await upstream.aclose()
+
+    return asyncio.run(run())
+
+
+def test_an_orpheus_model_answers_a_wav_of_2048_samples_a_frame(tmp_path, llama_server_bin, orpheus_file, codec_hub):
+    audio = speak(tmp_path, llama_server_bin, orpheus_file, "Hi.")
+    # "Hi." may take 12 + 2 * 3 frames; a random model rarely ends its speech early
+    assert 1 <= audio.frames <= 18
+    with wave.open(io.BytesIO(audio.wav)) as w:
+        assert (w.getnchannels(), w.getsampwidth(), w.getframerate()) == (1, 2, 24000)
+        assert w.getnframes() == audio.samples == audio.frames * 2048
+        pcm = np.frombuffer(w.readframes(w.getnframes()), "<i2")
+    # the tiny decoder holds each fine code for 512 samples: the codes reached it in blocks of HOP
+    blocks = pcm.reshape(-1, HOP)
+    assert (blocks == blocks[:, :1]).all() and len(set(blocks[:, 0].tolist())) > 1
+    # the decoder came from the Hub (stand-in) into huggingface_hub's cache, and stays there
+    assert codec_hub.downloads() == [f"/{snac.CODEC_REPO}/resolve/main/{snac.CODEC_FILE}"]
+    cached = codec_path()
+    assert cached.is_relative_to(tmp_path / "hf" / "hub" / "models--onnx-community--snac_24khz-ONNX")
+    assert codec_hub.downloads() == [f"/{snac.CODEC_REPO}/resolve/main/{snac.CODEC_FILE}"]
+
+
+@pytest.mark.parametrize(
+    ("codec", "family", "missing"),
+    [("BiCodec", "Spark-TTS", "sparktts"), ("DAC", "OuteTTS 1.0", "outetts")],
+)
+def test_bicodec_and_dac_models_get_a_400_naming_what_is_missing(codec, family, missing):
+    facts = SpeechFacts(codec, family, "its vocabulary holds codec tokens")
+    engine = engine_for(facts)
+    assert isinstance(engine, CodecSpeech)
+    with pytest.raises(BadRequestError) as caught:
+        asyncio.run(engine.speak(SpeechRequest("m", Path("m.gguf"), facts, "Hello.")))
+    assert missing in str(caught.value) and "SNAC models (Orpheus) speak here" in str(caught.value)
+    answer = describe(caught.value)
+    assert answer is not None and answer.status == 400 and answer.code == "codec_runtime_missing"
+
+
+def test_without_the_speech_extra_the_error_names_it(monkeypatch):
+    monkeypatch.setitem(sys.modules, "onnxruntime", None)  # what Python does when the package is absent
+    facts = SpeechFacts("SNAC", "Orpheus", "its vocabulary holds codec tokens")
+    with pytest.raises(BadRequestError, match=r"pip install 'gguf-studio\[speech\]'") as caught:
+        asyncio.run(CodecSpeech().speak(SpeechRequest("m", Path("m.gguf"), facts, "Hello.")))
+    assert describe(caught.value).status == 400  # type: ignore[union-attr]
+
+
+def test_a_speed_other_than_one_is_refused():
+    facts = SpeechFacts("SNAC", "Orpheus", "its vocabulary holds codec tokens")
+    with pytest.raises(BadRequestError, match="speaks at its own pace"):
+        asyncio.run(CodecSpeech().speak(SpeechRequest("m", Path("m.gguf"), facts, "Hello.", speed=1.5)))
+
+
+def test_vocoders_and_other_codecs_are_not_this_engines():
+    assert engine_for(SpeechFacts("WavTokenizer", "OuteTTS", "arch", vocoder=True)) is None
+    assert not CodecSpeech().serves(SpeechFacts("XCodec2", "Llasa", "vocab"))
