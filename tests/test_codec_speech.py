@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import asyncio
 import io
+import os
+import subprocess
 import sys
 import wave
 from pathlib import Path
@@ -21,6 +23,7 @@ import pytest
 
 import gguf
 from gguf.speech import SpeechFacts, speech_facts
+from gguf.writer import write_gguf
 from launcher.capabilities import probe
 from launcher.registry import ChildRegistry
 from launcher.supervisor import owner_token
@@ -38,8 +41,6 @@ from studio.speech.engines import engine_for
 from tests.hub_server import HubServer
 from tests.support.orpheus_model import write_orpheus_model
 from tests.support.snac_model import HOP, write_snac_decoder
-
-pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")
@@ -90,6 +91,7 @@ def speak(root: Path, binary: Path, model: Path, text: str, voice: str | None = 
     return asyncio.run(run())
 
 
+@pytest.mark.slow
 def test_an_orpheus_model_answers_a_wav_of_2048_samples_a_frame(tmp_path, llama_server_bin, orpheus_file, codec_hub):
     audio = speak(tmp_path, llama_server_bin, orpheus_file, "Hi.")
     # "Hi." may take 12 + 2 * 3 frames; a random model rarely ends its speech early
@@ -140,3 +142,23 @@ def test_a_speed_other_than_one_is_refused():
 def test_vocoders_and_other_codecs_are_not_this_engines():
     assert engine_for(SpeechFacts("WavTokenizer", "OuteTTS", "arch", vocoder=True)) is None
     assert not CodecSpeech().serves(SpeechFacts("XCodec2", "Llasa", "vocab"))
+
+
+def test_pulling_an_orpheus_model_fetches_its_snac_decoder_too(codec_hub, tmp_path):
+    vocabulary = write_gguf(
+        tmp_path / "orpheus-Q4_K_M.gguf",
+        {
+            "general.architecture": "llama",
+            "tokenizer.ggml.model": "gpt2",
+            "tokenizer.ggml.tokens": ["<|eot_id|>"] + [f"<custom_token_{n}>" for n in range(300)],
+        },
+    )
+    codec_hub.repo("acme/orpheus-GGUF").add("orpheus-Q4_K_M.gguf", vocabulary)
+    env = {**os.environ, "GGUF_STUDIO_HOME": str(tmp_path / "studio")}
+    exe = Path(sys.executable).with_name("ggstudio")
+    argv = [str(exe)] if exe.exists() else [sys.executable, "-c", "from studio.cli.app import main; main()"]
+    pulled = subprocess.run([*argv, "pull", "acme/orpheus-GGUF"], env=env, capture_output=True, text=True, timeout=120)
+    assert pulled.returncode == 0, pulled.stderr
+    assert [p.split("/resolve/")[0] for p in codec_hub.downloads()] == ["/acme/orpheus-GGUF", f"/{snac.CODEC_REPO}"]
+    codec_line = next(line for line in pulled.stdout.splitlines() if line.startswith("codec: "))
+    assert codec_line.endswith(snac.CODEC_FILE) and Path(codec_line.removeprefix("codec: ")).is_file()

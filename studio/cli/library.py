@@ -201,6 +201,11 @@ def pull(
     typer.echo(pulled.path)
     if pulled.mmproj is not None:
         typer.echo(f"mmproj: {pulled.mmproj}")
+    from studio.speech.codec_weights import codec_for
+
+    codec = codec_for(pulled.path)  # a text-to-speech model's codec decoder (SNAC for Orpheus), from the Hub too
+    if codec is not None:
+        typer.echo(f"codec: {codec}")
 
 
 @app.command("ls")

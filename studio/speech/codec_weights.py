@@ -47,3 +47,15 @@ def codec_path(config: HubConfig | None = None, repo: str = CODEC_REPO, file: st
                 local_files_only=cfg.offline,
             )
         )
+
+
+def codec_for(model: Path, config: HubConfig | None = None) -> Path | None:
+    """Return the codec file the text-to-speech model at ``model`` speaks through, fetched into the cache; None for
+    a model that needs none the studio can run (blocking: ``ggstudio pull`` calls it after the model's files)."""
+    import gguf
+    from gguf.speech import speech_facts
+
+    facts = speech_facts(gguf.read(model))
+    if facts is None or facts.vocoder or facts.codec != "SNAC":
+        return None
+    return codec_path(config)
