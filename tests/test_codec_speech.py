@@ -29,14 +29,13 @@ from launcher.registry import ChildRegistry
 from launcher.supervisor import owner_token
 from studio.errors import BadRequestError
 from studio.http.errors import describe
-from studio.http.upstream import Upstream
 from studio.library.catalog import Catalog
 from studio.residency.manager import ModelManager, supervisor_factory
 from studio.settings import ModelDefaults
 from studio.speech import snac
 from studio.speech.codec_tts import CodecSpeech
 from studio.speech.codec_weights import codec_path
-from studio.speech.engine import SpeechAudio, SpeechRequest
+from studio.speech.engine import SpeechAudio, SpeechRequest, SpeechRuntime
 from studio.speech.engines import engine_for
 from tests.hub_server import HubServer
 from tests.support.orpheus_model import write_orpheus_model
@@ -76,17 +75,16 @@ def speak(root: Path, binary: Path, model: Path, text: str, voice: str | None = 
             caps=probe(binary, cache_dir=root / "cache"),
             model_defaults={"tiny-orpheus": ModelDefaults(n_ctx=512, n_parallel=1)},
         )
-        upstream = Upstream()
         try:
             facts = speech_facts(gguf.read(model))
             assert facts is not None
             engine = engine_for(facts)
             assert isinstance(engine, CodecSpeech)
-            request = SpeechRequest("tiny-orpheus", model, facts, text, voice, manager=manager, upstream=upstream)
+            runtime = SpeechRuntime(manager, root / "logs", root / "voices")
+            request = SpeechRequest("tiny-orpheus", model, facts, text, voice, runtime=runtime)
             return await engine.speak(request)
         finally:
             await manager.aclose()
-            await upstream.aclose()
 
     return asyncio.run(run())
 
@@ -95,10 +93,10 @@ def speak(root: Path, binary: Path, model: Path, text: str, voice: str | None = 
 def test_an_orpheus_model_answers_a_wav_of_2048_samples_a_frame(tmp_path, llama_server_bin, orpheus_file, codec_hub):
     audio = speak(tmp_path, llama_server_bin, orpheus_file, "Hi.")
     # "Hi." may take 12 + 2 * 3 frames; a random model rarely ends its speech early
-    assert 1 <= audio.frames <= 18
+    assert 1 <= audio.codes <= 18
     with wave.open(io.BytesIO(audio.wav)) as w:
         assert (w.getnchannels(), w.getsampwidth(), w.getframerate()) == (1, 2, 24000)
-        assert w.getnframes() == audio.samples == audio.frames * 2048
+        assert w.getnframes() == audio.frames == audio.codes * 2048
         pcm = np.frombuffer(w.readframes(w.getnframes()), "<i2")
     # the tiny decoder holds each fine code for 512 samples: the codes reached it in blocks of HOP
     blocks = pcm.reshape(-1, HOP)

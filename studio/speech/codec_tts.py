@@ -51,6 +51,8 @@ _PROMPT_MARGIN = 32
 class CodecSpeech:
     """Speaks with the models whose vocabulary carries a codec's tokens (``gguf.speech``): SNAC, BiCodec, DAC."""
 
+    name = "codec"
+
     def serves(self, facts: SpeechFacts) -> bool:
         return not facts.vocoder and (facts.codec == "SNAC" or facts.codec in MISSING)
 
@@ -70,22 +72,21 @@ class CodecSpeech:
         if not request.text.strip():
             raise BadRequestError("`input` is empty: there is nothing to say", param="input")
         snac.runtime()  # before a download or a load: the extra is missing, say so at once
-        if request.manager is None or request.upstream is None:
-            raise TypeError("a codec engine's request carries the manager and the upstream")
+        if request.runtime is None:
+            raise TypeError("a codec engine's request carries the studio's runtime (its model manager)")
         decoder = snac.decoder(await asyncio.to_thread(codec_path))
         voice = _voice(request.voice)
-        loaded, lease = await acquire_surviving(request.manager, request.model)
+        loaded, lease = await acquire_surviving(request.runtime.manager, request.model)
         try:
-            answers = [
-                await _generate(request.upstream, loaded, piece, voice) for piece in orpheus.chunks(request.text)
-            ]
+            async with httpx.AsyncClient(timeout=None, trust_env=False) as client:
+                answers = [await _generate(client, loaded, piece, voice) for piece in orpheus.chunks(request.text)]
         finally:
             await lease()
         parts = [await asyncio.to_thread(decoder.decode, snac.layers(snac.codes_of(n))) for n in answers]
         frames = sum(len(n) // snac.FRAME for n in answers)
         samples = await asyncio.to_thread(_joined, parts)
         log.info("speech.spoken", model=loaded.name, frames=frames, pieces=len(answers), voice=voice)
-        return SpeechAudio(wav_bytes(samples, snac.SAMPLE_RATE), snac.SAMPLE_RATE, frames, len(samples))
+        return SpeechAudio(wav_bytes(samples, snac.SAMPLE_RATE), snac.SAMPLE_RATE, len(samples), codes=frames)
 
 
 def _voice(voice: str | None) -> str:
@@ -96,7 +97,7 @@ def _voice(voice: str | None) -> str:
     return name.lower() if name.lower() in orpheus.VOICES else name
 
 
-async def _generate(upstream: Any, loaded: LoadedModel, text: str, voice: str) -> list[int]:
+async def _generate(client: httpx.AsyncClient, loaded: LoadedModel, text: str, voice: str) -> list[int]:
     """The ``N`` of each codec token the model answers ``text`` with, up to the end-of-speech marker."""
     room = (loaded.n_ctx - len(text) - _PROMPT_MARGIN) // snac.FRAME  # a character is a token at most
     if room <= 0:
@@ -112,17 +113,17 @@ async def _generate(upstream: Any, loaded: LoadedModel, text: str, voice: str) -
         "cache_prompt": True,
         **orpheus.SAMPLING,
     }
-    answer = await _post(upstream, loaded, "/completion", body)
+    answer = await _post(client, loaded, "/completion", body)
     ids = answer.get("tokens") or []
     if not ids:
         return []
-    spelled = await _post(upstream, loaded, "/detokenize", {"tokens": ids})
+    spelled = await _post(client, loaded, "/detokenize", {"tokens": ids})
     numbers = snac.token_numbers(str(spelled.get("content", "")))
     end = next((i for i, n in enumerate(numbers) if n < snac.FIRST_CODE_TOKEN), len(numbers))
     return numbers[:end]  # the end-of-speech marker and anything after it are not audio
 
 
-async def _post(upstream: Any, loaded: LoadedModel, path: str, body: dict[str, Any]) -> dict[str, Any]:
+async def _post(client: httpx.AsyncClient, loaded: LoadedModel, path: str, body: dict[str, Any]) -> dict[str, Any]:
     """llama-server's JSON answer to ``body`` on ``path``.
 
     Raises:
@@ -130,17 +131,13 @@ async def _post(upstream: Any, loaded: LoadedModel, path: str, body: dict[str, A
         UpstreamError: it could not be reached or broke off.
     """
     try:
-        resp = await upstream.post(loaded.url + path, body, loaded.auth_headers)
-        try:
-            raw = await resp.aread()
-        finally:
-            await resp.aclose()
+        resp = await client.post(loaded.url + path, json=body, headers=loaded.auth_headers)
     except httpx.HTTPError as exc:
         raise UpstreamError(f"{loaded.name}'s llama-server failed on {path}: {exc}") from exc
     if resp.status_code != 200:
-        raise AnsweredError.from_body(resp.status_code, raw, server=f"{loaded.name}'s llama-server")
+        raise AnsweredError.from_body(resp.status_code, resp.content, server=f"{loaded.name}'s llama-server")
     try:
-        data = json_codec.loads(raw)
+        data = json_codec.loads(resp.content)
     except ValueError as exc:
         raise UpstreamError(f"{loaded.name}'s llama-server answered {path} with no JSON") from exc
     if not isinstance(data, dict):
