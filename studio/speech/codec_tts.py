@@ -71,10 +71,10 @@ class CodecSpeech:
             )
         if not request.text.strip():
             raise BadRequestError("`input` is empty: there is nothing to say", param="input")
-        snac.runtime()  # before a download or a load: the extra is missing, say so at once
+        await asyncio.to_thread(snac.runtime)  # before a download or a load: a missing extra is said at once
         if request.runtime is None:
             raise TypeError("a codec engine's request carries the studio's runtime (its model manager)")
-        decoder = snac.decoder(await asyncio.to_thread(codec_path))
+        decoder = await asyncio.to_thread(lambda: snac.decoder(codec_path()))  # a session takes a while to load
         voice = _voice(request.voice)
         loaded, lease = await acquire_surviving(request.runtime.manager, request.model)
         try:
