@@ -6,7 +6,10 @@ tokenizes (byte by byte, as Llama 3's tokenizer would before its merges); Llama 
 vocabulary would make each sampled token several times slower on the test machine for nothing the
 engine reads (it spells the answer's ids back through llama-server, never by number). The network is
 one small llama layer of seeded random weights (the output reuses the token embeddings), so it writes
-noise; a grammar holds it to codec tokens, as the studio's engine does for a real model.
+noise; a grammar holds it to codec tokens, as the studio's engine does for a real model. The ends
+(``<|end_of_text|>``, ``<|eot_id|>`` and ``<custom_token_2>``, the end of speech) have zero embeddings,
+so their logit is 0 where thousands of codes score above it: the model never stops by itself, and
+an answer is as long as its token budget, a number a test can assert.
 """
 
 from __future__ import annotations
@@ -63,7 +66,7 @@ def write_orpheus_model(path: Path, *, seed: int = 7) -> Path:
         return (rng.standard_normal(int(np.prod(shape))) * scale).astype("<f2").tobytes()
 
     tensors = [
-        ("token_embd.weight", (EMBD, len(tokens)), "F16", noise((EMBD, len(tokens)), scale=1.0)),
+        ("token_embd.weight", (EMBD, len(tokens)), "F16", _silent_ends(noise((EMBD, len(tokens)), scale=1.0), tokens)),
         ("output_norm.weight", (EMBD,), "F32", np.ones(EMBD, "<f4").tobytes()),
         ("blk.0.attn_norm.weight", (EMBD,), "F32", np.ones(EMBD, "<f4").tobytes()),
         ("blk.0.ffn_norm.weight", (EMBD,), "F32", np.ones(EMBD, "<f4").tobytes()),
@@ -81,3 +84,11 @@ def write_orpheus_model(path: Path, *, seed: int = 7) -> Path:
     types_of = {key: (UINT32,) for key, value in metadata.items() if type(value) is int}  # llama.cpp reads u32
     types_of["tokenizer.ggml.merges"] = (ARRAY, STRING)  # empty: no type to infer from
     return write_gguf(path, metadata, [TensorToWrite(n, s, t, d) for n, s, t, d in tensors], value_types=types_of)
+
+
+def _silent_ends(embeddings: bytes, tokens: list[str]) -> bytes:
+    """``embeddings`` (one row of ``EMBD`` per token) with the rows of the tokens that end an answer zeroed."""
+    rows = np.frombuffer(embeddings, "<f2").reshape(len(tokens), EMBD).copy()
+    for end in ("<|end_of_text|>", "<|eot_id|>", "<custom_token_2>"):
+        rows[tokens.index(end)] = 0
+    return rows.tobytes()
