@@ -9,7 +9,9 @@ one small llama layer of seeded random weights (the output reuses the token embe
 noise; a grammar holds it to codec tokens, as the studio's engine does for a real model. The ends
 (``<|end_of_text|>``, ``<|eot_id|>`` and ``<custom_token_2>``, the end of speech) have zero embeddings,
 so their logit is 0 where thousands of codes score above it: the model never stops by itself, and
-an answer is as long as its token budget, a number a test can assert.
+an answer is as long as its token budget, a number a test can assert. So has the byte ``<``: the
+grammar would let the model spell a code in bytes (``<``, ``c``, ...), which costs more tokens of the
+budget than the one special token.
 """
 
 from __future__ import annotations
@@ -87,8 +89,8 @@ def write_orpheus_model(path: Path, *, seed: int = 7) -> Path:
 
 
 def _silent_ends(embeddings: bytes, tokens: list[str]) -> bytes:
-    """``embeddings`` (one row of ``EMBD`` per token) with the rows of the tokens that end an answer zeroed."""
+    """``embeddings`` (one row of ``EMBD`` per token) with the rows of the ends and of the byte ``<`` zeroed."""
     rows = np.frombuffer(embeddings, "<f2").reshape(len(tokens), EMBD).copy()
-    for end in ("<|end_of_text|>", "<|eot_id|>", "<custom_token_2>"):
+    for end in ("<|end_of_text|>", "<|eot_id|>", "<custom_token_2>", "<"):
         rows[tokens.index(end)] = 0
     return rows.tobytes()
