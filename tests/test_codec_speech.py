@@ -62,7 +62,7 @@ def codec_hub(tmp_path, monkeypatch):
         hub.stop()
 
 
-def speak(root: Path, binary: Path, model: Path, text: str, voice: str | None = "tara") -> SpeechAudio:
+def speak(root: Path, binary: Path, model: Path, text: str, *, n_ctx: int = 512) -> SpeechAudio:
     """``text`` spoken by ``model`` through a real manager and llama-server (stopped before returning)."""
 
     async def run() -> SpeechAudio:
@@ -73,7 +73,7 @@ def speak(root: Path, binary: Path, model: Path, text: str, voice: str | None = 
             binary=binary,
             make_supervisor=supervisor_factory(root / "logs", ChildRegistry(root / "run", owner_token())),
             caps=probe(binary, cache_dir=root / "cache"),
-            model_defaults={"tiny-orpheus": ModelDefaults(n_ctx=512, n_parallel=1)},
+            model_defaults={"tiny-orpheus": ModelDefaults(n_ctx=n_ctx, n_parallel=1)},
         )
         try:
             facts = speech_facts(gguf.read(model))
@@ -81,7 +81,7 @@ def speak(root: Path, binary: Path, model: Path, text: str, voice: str | None = 
             engine = engine_for(facts)
             assert isinstance(engine, CodecSpeech)
             runtime = SpeechRuntime(manager, root / "logs", root / "voices")
-            request = SpeechRequest("tiny-orpheus", model, facts, text, voice, runtime=runtime)
+            request = SpeechRequest("tiny-orpheus", model, facts, text, "tara", runtime=runtime)
             return await engine.speak(request)
         finally:
             await manager.aclose()
@@ -105,6 +105,13 @@ def test_an_orpheus_model_answers_a_wav_of_2048_samples_a_frame(tmp_path, llama_
     cached = codec_path()
     assert cached.is_relative_to(tmp_path / "hf" / "hub" / "models--onnx-community--snac_24khz-ONNX")
     assert codec_hub.downloads() == [f"/{snac.CODEC_REPO}/resolve/main/{snac.CODEC_FILE}"]
+
+
+@pytest.mark.slow
+def test_a_context_too_small_for_the_text_is_a_400_that_says_so(tmp_path, llama_server_bin, orpheus_file, codec_hub):
+    with pytest.raises(BadRequestError, match=r"context \(256 tokens\) leaves no room to speak") as caught:
+        speak(tmp_path, llama_server_bin, orpheus_file, "word " * 59 + "end.", n_ctx=256)
+    assert describe(caught.value).status == 400  # type: ignore[union-attr]
 
 
 @pytest.mark.parametrize(

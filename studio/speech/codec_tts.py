@@ -44,8 +44,8 @@ OPENAI_VOICES = frozenset(
     {"alloy", "ash", "ballad", "coral", "echo", "fable", "nova", "onyx", "sage", "shimmer", "verse", "marin", "cedar"}
 )
 DEFAULT_VOICE = orpheus.VOICES[0]
-#: Tokens of the prompt's own beyond its text, and a margin: what a generation may not use of the context.
-_PROMPT_MARGIN = 32
+#: Tokens of the context a generation leaves free beyond its prompt (BOS, and a margin).
+_MARGIN = 8
 
 
 class CodecSpeech:
@@ -99,14 +99,15 @@ def _voice(voice: str | None) -> str:
 
 async def _generate(client: httpx.AsyncClient, loaded: LoadedModel, text: str, voice: str) -> list[int]:
     """The ``N`` of each codec token the model answers ``text`` with, up to the end-of-speech marker."""
-    room = (loaded.n_ctx - len(text) - _PROMPT_MARGIN) // snac.FRAME  # a character is a token at most
+    prompt = orpheus.prompt(text, voice)
+    room = (loaded.n_ctx - len(prompt.encode()) - _MARGIN) // snac.FRAME  # a byte is a token at most
     if room <= 0:
         raise BadRequestError(
             f"{loaded.name}'s context ({loaded.n_ctx} tokens) leaves no room to speak; load it with a larger one",
             param="model",
         )
     body = {
-        "prompt": orpheus.prompt(text, voice),
+        "prompt": prompt,
         "n_predict": snac.FRAME * min(room, orpheus.frame_budget(text)),
         "grammar": orpheus.grammar(),
         "return_tokens": True,
