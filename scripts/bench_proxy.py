@@ -25,7 +25,8 @@ With the stand-in, the largest concurrency also runs Anthropic's ``/v1/messages`
 Ollama listener (against the direct request with usage, as it sends it). At the
 end, ``CPU per request``: the CPU time one request costs the process that relays
 it, over ``--requests`` one-token streams, 8 at a time (the studio's ``/v1`` and
-``/v1/messages``, and the Python floor's), then with a ``--long-kb`` conversation (an
+``/v1/messages``, and the Python floor's; with ``--runs``, once a run, the paths taking turns, and the
+medians), then with a ``--long-kb`` conversation (an
 agent sends its whole context every turn: what the studio parses and writes again).
 
 ``--after-fan-out`` ends with the idle studio's CPU from 20 to 40 s after a fan-out of the largest
@@ -191,15 +192,20 @@ def stand_in_studio(upstream: int) -> tuple[FastAPI, StandInModel]:
     """The studio app in front of the stand-in llama-server on ``upstream``, and the model it routes to.
 
     Its manager is the tests' stand-in (``tests.standin_manager``): one ready resident
-    model at the stand-in's URL, what the request path asks of the real one.
+    model at the stand-in's URL, what the request path asks of the real one. It keeps a history
+    database in a folder of its own, as ``ggstudio serve`` does.
     """
+    from studio.history.service import History
     from studio.http.app import create_app
     from tests.standin_manager import StandInManager, StandInModel
 
     loaded = StandInModel(
         name=MODEL, url=f"http://127.0.0.1:{upstream}", auth_headers={"Authorization": "Bearer stand-in"}
     )
-    return create_app(StandInManager(loaded)), loaded  # type: ignore[arg-type]
+    # a history database of its own, as ``ggstudio serve`` has: what the studio writes there (the activity
+    # records) is in the CPU measured, its writer thread's included
+    history = History(Path(tempfile.mkdtemp(prefix="bench-history-")))
+    return create_app(StandInManager(loaded), history=history), loaded  # type: ignore[arg-type]
 
 
 def serve_stand_in(port: int, conn: Connection, upstream: int, ollama_port: int | None) -> None:
@@ -1006,8 +1012,20 @@ def main() -> int:
         if args.requests:
             at_once = 8
             measured = [p for p in paths if p.name in ("studio /v1", "floor py", "studio msgs") or p.name in before]
-            figures = [f"{p.name} {asyncio.run(cpu_per_request(p, args.requests, at_once)):.2f}" for p in measured]
-            print(f"CPU per request (ms, {args.requests} one-token streams, {at_once} at a time): {', '.join(figures)}")
+            # with --runs, each path is measured once a run, the paths taking turns, and the medians are printed:
+            # one measurement of each, one after the other, moved by more than the differences it was to show
+            per_path: dict[str, list[float]] = {p.name: [] for p in measured}
+            for _ in range(args.runs):
+                for p in measured:
+                    per_path[p.name].append(asyncio.run(cpu_per_request(p, args.requests, at_once)))
+            figures = [f"{name} {statistics.median(ms):.3f}" for name, ms in per_path.items()]
+            print(
+                f"CPU per request (ms, {args.requests} one-token streams, {at_once} at a time, median of "
+                f"{args.runs}): {', '.join(figures)}"
+            )
+            if args.runs > 1:
+                for name, ms in per_path.items():
+                    print(f"    {name}: {' '.join(f'{m:.3f}' for m in ms)}")
             if args.long_kb:
                 long = conversation(args.long_kb)
                 figures = [

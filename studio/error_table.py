@@ -109,6 +109,7 @@ TABLE: Mapping[type[BaseException], Outcome] = {
     s.HistoryWriteError: Outcome(507, "insufficient_storage", "history_write_failed"),
     s.ConversationNotFoundError: Outcome(404, "not_found_error", "conversation_not_found", Exit.NOT_FOUND),
     s.StreamNotFoundError: Outcome(404, "not_found_error", "stream_not_found", Exit.NOT_FOUND, "conv_id"),
+    s.CaptureNotFoundError: Outcome(404, "not_found_error", "capture_not_found", Exit.NOT_FOUND),
     # one studio per home, and the library's removals (after the launcher's rows: a bare 409 answer means a
     # cancelled load, exit 5)
     s.AlreadyRunningError: Outcome(409, "conflict_error", "already_running", Exit.ALREADY_RUNNING),

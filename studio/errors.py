@@ -27,6 +27,7 @@
     │   └── HistoryWriteError (+OSError)    a write failed (a full disk): the chat goes on unsaved
     ├── ConversationNotFoundError (+LookupError) no stored conversation (or attachment) has that id
     ├── StreamNotFoundError (+LookupError)  no resident model holds a resumable stream of that conversation id
+    ├── CaptureNotFoundError (+LookupError) no capture of that activity record is kept (studio.activity)
     ├── AlreadyRunningError                 another studio holds this studio home (studio.instance)
     ├── StudioHomeError (+OSError)          the studio home cannot be locked or written (a read-only folder)
     ├── UpstreamError                       llama-server failed or went away
@@ -170,6 +171,10 @@ class ConversationNotFoundError(StudioError, LookupError):
 
 class StreamNotFoundError(StudioError, LookupError):
     """No resident model holds a resumable stream session (``GET /v1/stream``) for the conversation id asked for."""
+
+
+class CaptureNotFoundError(StudioError, LookupError):
+    """No capture of that activity record is kept (captures were off, or it was dropped)."""
 
 
 class UpstreamError(StudioError):

@@ -11,7 +11,7 @@ from typing import Annotated
 
 import typer
 
-from studio.cli import build, chat, library, models, rpc, service  # noqa: F401  (each registers its commands)
+from studio.cli import build, chat, library, models, rpc, service, top  # noqa: F401  (each registers its commands)
 from studio.cli.common import app, error_lines, exit_code, state, studio_settings
 from studio.cli.help_options import HELP_OPTIONS
 from studio.errors import Exit

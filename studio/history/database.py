@@ -86,7 +86,32 @@ INSERT INTO message_search (message_search) VALUES ('rebuild');
 INSERT INTO title_search (title_search) VALUES ('rebuild');
 """
 
-MIGRATIONS: tuple[str, ...] = (_V1, _V2)
+#: Version 3: the activity records (``studio.activity``): one row per request, load or eviction, its fields as
+#: JSON; and the captured bodies of requests, while a capture is on.
+_V3 = """
+CREATE TABLE activity (
+    id TEXT NOT NULL,                     -- unique (not a key: one index less to keep on every insert)
+    kind TEXT NOT NULL,                   -- request, load, eviction, crash, restart
+    model TEXT,
+    route TEXT,
+    outcome TEXT NOT NULL,
+    started REAL NOT NULL,                -- epoch seconds: arrival, or the load's first step
+    ended REAL,
+    record TEXT NOT NULL                  -- JSON: a load's record as /api/activity shows it; a request's state
+);
+CREATE INDEX activity_by_started ON activity (started);
+CREATE TABLE activity_captures (
+    id TEXT PRIMARY KEY,                  -- the request's record id
+    model TEXT,
+    created REAL NOT NULL,
+    size INTEGER NOT NULL,                -- bytes of request and answer together
+    request BLOB NOT NULL,
+    answer BLOB NOT NULL
+);
+CREATE INDEX activity_captures_by_created ON activity_captures (created);
+"""
+
+MIGRATIONS: tuple[str, ...] = (_V1, _V2, _V3)
 #: The schema this studio writes.
 SCHEMA_VERSION = len(MIGRATIONS)
 

@@ -19,24 +19,32 @@ from fastapi import Request
 from fastapi.responses import Response
 from fastapi.routing import iter_route_contexts
 from starlette.routing import BaseRoute, compile_path
-from starlette.types import ASGIApp, Receive, Scope, Send
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from studio.http.errors import Dialect
+from studio.activity.recorder import Activity
+from studio.activity.trace import RequestTrace, current, error_message
+from studio.http.errors import Dialect, describe
+from studio.http.relay import LoadWait, Relay
 
 #: Answers one request: the response, or an exception ``on_error`` turns into one.
 Handler = Callable[[Request], Awaitable[Response]]
-#: The attribute ``ahead`` sets on an endpoint: its handler and the dialect of its errors.
+#: The attribute ``ahead`` sets on an endpoint: its handler, the dialect of its errors, and how it is recorded.
 MARK = "_gguf_studio_ahead"
+#: What the mark holds (``ahead``'s arguments).
+Mark = tuple[Handler, Dialect, bool | None]
 
 Endpoint = TypeVar("Endpoint", bound=Callable[..., Any])
 
 
-def ahead(dialect: Dialect, handler: Handler | None = None) -> Callable[[Endpoint], Endpoint]:
+def ahead(
+    dialect: Dialect, handler: Handler | None = None, *, recorded: bool | None = None
+) -> Callable[[Endpoint], Endpoint]:
     """Mark a route's endpoint as answered by ``AheadRoutes``: by ``handler``, or the endpoint itself (called with
-    the request alone); its errors in ``dialect``'s shape."""
+    the request alone); its errors in ``dialect``'s shape. ``recorded``: whether its requests get an activity record
+    as a generating route (True) or another model route (False); None: none."""
 
     def mark(endpoint: Endpoint) -> Endpoint:
-        setattr(endpoint, MARK, (handler or endpoint, dialect))
+        setattr(endpoint, MARK, (handler or endpoint, dialect, recorded))
         return endpoint
 
     return mark
@@ -47,7 +55,7 @@ def ahead_paths(routes: Sequence[BaseRoute]) -> list[str]:
     return [path for path, _, _ in _marked(routes)]
 
 
-def _marked(routes: Sequence[BaseRoute]) -> Iterator[tuple[str, set[str], tuple[Handler, Dialect]]]:
+def _marked(routes: Sequence[BaseRoute]) -> Iterator[tuple[str, set[str], Mark]]:
     """Each route of ``routes`` (the included routers' too) marked by ``ahead``: its path, methods and mark."""
     for route in iter_route_contexts(routes):
         found = getattr(route.endpoint, MARK, None)
@@ -70,11 +78,13 @@ class AheadRoutes:
         *,
         routes: Sequence[BaseRoute],
         on_error: Callable[[Exception, Dialect], Response | None],
+        activity: Activity | None = None,
     ) -> None:
         self.app = app
         self.on_error = on_error
-        self.exact: dict[tuple[str, str], tuple[Handler, Dialect]] = {}  # (method, path) ->
-        self.templated: list[tuple[re.Pattern[str], set[str], tuple[Handler, Dialect]]] = []  # /slots/{id_slot}
+        self.activity = activity
+        self.exact: dict[tuple[str, str], Mark] = {}  # (method, path) ->
+        self.templated: list[tuple[re.Pattern[str], set[str], Mark]] = []  # /slots/{id_slot}
         for path, methods, found in _marked(routes):
             if "{" in path:
                 self.templated.append((compile_path(path)[0], methods, found))
@@ -96,12 +106,53 @@ class AheadRoutes:
         if found is None:
             await self.app(scope, receive, send)
             return
-        handler, dialect = found
+        handler, dialect, recorded = found
+        if self.activity is None or recorded is None:
+            await self._serve(scope, receive, send, handler, dialect)
+            return
+        trace, token = self.activity.begin(scope["headers"], scope["path"], dialect, generates=recorded)
+        ended = False
+
+        async def noting(message: Message) -> None:  # the start and the end; a stream's chunks go past
+            nonlocal ended
+            if message["type"] == "http.response.start":
+                trace.status = message["status"]
+            elif not message.get("more_body", False):
+                ended = True
+            await send(message)
+
+        try:
+            await self._serve(scope, receive, noting, handler, dialect)
+        except BaseException:
+            trace.failed(500, "internal error", "server_error")
+            raise
+        finally:
+            if not ended or trace.status == 499:
+                trace.left()
+            self.activity.end(trace, token)
+
+    async def _serve(self, scope: Scope, receive: Receive, send: Send, handler: Handler, dialect: Dialect) -> None:
+        trace = current()
         try:
             response = await handler(Request(scope, receive))
         except Exception as exc:
             answer = self.on_error(exc, dialect)
             if answer is None:
                 raise
+            note_error(trace, exc)
             response = answer
+        else:
+            if isinstance(response, Relay | LoadWait):
+                trace.streaming(response.first_byte_at)
+            elif response.status_code >= 400 and trace.error is None:
+                trace.failed(response.status_code, error_message(bytes(response.body)), "upstream_error")
         await response(scope, receive, send)
+
+
+def note_error(trace: RequestTrace, exc: BaseException) -> None:
+    """Put ``exc`` on the request's record, as its client is told it."""
+    found = describe(exc)
+    if found is None:
+        trace.failed(500, f"internal error: {type(exc).__name__}", "server_error")
+    else:
+        trace.failed(found.status, found.message, found.code or found.type)

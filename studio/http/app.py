@@ -19,6 +19,9 @@ from fastapi_offline import FastAPIOffline
 from prometheus_client import CONTENT_TYPE_LATEST
 
 from studio import __version__
+from studio.activity.api import router as activity_router
+from studio.activity.recorder import Activity
+from studio.activity.trace import RequestTrace
 from studio.chat.toolbox import Toolbox
 from studio.history.api import router as history_router
 from studio.history.service import History
@@ -106,6 +109,7 @@ def create_app(
             yield
         finally:
             try:
+                activity.flush()  # the last records go with the answers' last saves
                 if history is not None:
                     await asyncio.to_thread(history.close)  # the answers' last saves are written first
                 app.state.tools_started.cancel()
@@ -129,6 +133,8 @@ def create_app(
     app.state.hub_headers = hub_headers or header_cache(studio_home())
     app.state.max_body_bytes = max_body_bytes  # the Ollama listener's limit too
     app.state.metrics = metrics = StudioMetrics(manager)
+    app.state.activity = activity = Activity(manager, history)
+    activity.listeners.append(_phases_to(metrics))
     app.state.router_loads = RouterLoads()
     app.state.stream_owners = StreamOwners()  # conv_id -> model, for /v1/stream (studio.http.streams)
     if tuple(load_options) != OPTIONS:  # another table (a test's made-up option): its routes answer first
@@ -137,6 +143,7 @@ def create_app(
     app.include_router(chat_router)
     app.include_router(pull_router)
     app.include_router(history_router)
+    app.include_router(activity_router)
     app.include_router(hub_router)
     app.include_router(proxy_router)
     app.include_router(router_api)
@@ -152,6 +159,7 @@ def create_app(
         api_token=api_token,
         access=access,
         not_found_hint=not_found_hint,
+        activity=activity,
     )
 
     @app.get("/health")
@@ -168,3 +176,13 @@ def create_app(
         return Response(await metrics.render(request.app.state.upstream), media_type=CONTENT_TYPE_LATEST)
 
     return app
+
+
+def _phases_to(metrics: StudioMetrics) -> Callable[[RequestTrace], None]:
+    """What tells ``/metrics`` the phases of each generating request that ends."""
+
+    def observe(trace: RequestTrace) -> None:
+        if trace.generates and trace.model is not None:  # a resident's name, never a client's word
+            metrics.observe_phases(trace.model, trace.route, trace.phases())
+
+    return observe

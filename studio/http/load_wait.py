@@ -32,6 +32,7 @@ import structlog
 from starlette.responses import Response
 
 from launcher.errors import LoadError
+from studio.activity.trace import current, error_message
 from studio.errors import BusyError, DoesNotFitError, UpstreamDiedError
 from studio.http.errors import SHAPES, Dialect, ErrorAnswer, describe, stream_error_line
 from studio.http.relay import LoadWait
@@ -202,9 +203,11 @@ async def _answer(found: tuple[LoadedModel, Lease], answer: Answer) -> Response:
 def _error_line(outcome: BaseException | bytes, dialect: Dialect) -> bytes:
     """The last part of a stream whose answer failed: an exception, or a whole error answer's body."""
     if isinstance(outcome, bytes):
+        current().failed(None, error_message(outcome), "upstream_error")
         return stream_error_line(outcome, dialect)
     found = describe(outcome)
     if found is None:  # a bug: the client hears that much, the log the rest
         log.error("a streamed answer failed while its model loaded", exc_info=outcome)
         found = ErrorAnswer(500, f"internal error: {type(outcome).__name__}", "server_error")
+    current().failed(found.status, found.message, found.code or found.type)
     return stream_error_line(json.dumps(SHAPES[dialect](found)).encode(), dialect)

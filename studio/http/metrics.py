@@ -11,6 +11,8 @@ Each figure is counted where that is cheapest:
   llama-server's). The GUI's chat, parsed anyway, gives its counts as it has them: each of its
   model calls counts (``studio.http.gui_chat``). The listener is what ``RequestMetrics`` put in the
   request's scope (``listener_of``): the GUI's ``/api/chat`` and Ollama's are two routes.
+- The phases of each generating request (queued, waiting for a load, prefill, decode), by model and
+  route: from its activity record (``studio.activity``), once it ends.
 - Loads, evictions, crashes, restarts and the durations of loads and evictions: the model
   manager's ``listeners`` (``ResidencyEvent``).
 - What is true now (resident models, requests in flight per model and waiting, predicted and
@@ -26,13 +28,14 @@ apps in one process (the tests) do not collide.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable, Iterator
+from bisect import bisect_left
+from collections.abc import Iterable, Iterator, Mapping
 from typing import Any, Literal
 
 import httpx
 import structlog
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.metrics import MetricWrapperBase
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.registry import Collector
@@ -173,6 +176,8 @@ class StudioMetrics:
         self.restarts = Counter(
             "ggstudio_llama_server_restarts", "Automatic restarts after a crash", ["model"], registry=r
         )
+        self.phases = PhaseHistograms()
+        r.register(self.phases)
         self.status = StatusCollector(manager)
         r.register(self.status)
         manager.listeners.append(self.on_residency)
@@ -235,6 +240,10 @@ class StudioMetrics:
         if rate:
             self.child(self.tokens_per_second, model).observe(rate)
 
+    def observe_phases(self, model: str, route: str, phases: Mapping[str, float]) -> None:
+        """Count a finished generating request's phases (``studio.activity``'s record); a phase it skipped is not."""
+        self.phases.observe(model, route, phases)
+
     def child(self, metric: MetricWrapperBase, *values: str) -> Any:
         """``metric.labels(*values)``, kept by its values: ``labels`` checks the values and takes a lock on every
         call, five times a forwarded request (~2 % of its CPU, ``scripts/bench_proxy.py``)."""
@@ -248,6 +257,44 @@ class StudioMetrics:
         """The text exposition, with the resident llama-servers' speculative counters read just now."""
         await self.status.refresh_speculative(upstream)
         return generate_latest(self.registry)
+
+
+class PhaseHistograms(Collector):
+    """``ggstudio_request_phase_seconds{phase, model, route}``: each generating request's phases, as histograms.
+
+    Counted in plain lists, one ``bisect`` an observation, and turned into histogram families at scrape time:
+    ``Histogram.observe`` takes a lock and walks the buckets in Python, and four of them a request were most of
+    what its activity record cost (``scripts/bench_proxy.py``'s CPU per request).
+    """
+
+    def __init__(self) -> None:
+        self._counts: dict[tuple[str, str, str], list[float]] = {}  # per labels: bucket counts, then the sum
+
+    def observe(self, model: str, route: str, phases: Mapping[str, float]) -> None:
+        counts = self._counts
+        for phase, seconds in phases.items():
+            if seconds <= 0:
+                continue
+            found = counts.get((phase, model, route))
+            if found is None:
+                found = counts[(phase, model, route)] = [0.0] * (len(_LATENCY_BUCKETS) + 2)
+            found[bisect_left(_LATENCY_BUCKETS, seconds)] += 1
+            found[-1] += seconds
+
+    def collect(self) -> Iterable[Metric]:
+        family = HistogramMetricFamily(
+            "ggstudio_request_phase_seconds",
+            "Seconds a generating request spent in each phase (queued, load_wait: waiting for its model's load, "
+            "prefill: to the first byte, decode: from it to the end), by model and route",
+            labels=["phase", "model", "route"],
+        )
+        for labels, found in list(self._counts.items()):
+            running, buckets = 0.0, []
+            for bound, n in zip((*_LATENCY_BUCKETS, float("inf")), found[:-1], strict=True):
+                running += n
+                buckets.append((str(bound) if bound != float("inf") else "+Inf", running))
+            family.add_metric(list(labels), buckets, found[-1])
+        yield family
 
 
 class StatusCollector(Collector):

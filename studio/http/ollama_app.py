@@ -76,6 +76,7 @@ def create_ollama_app(studio: FastAPI, *, api_token: str | None = None, access: 
         max_body_bytes=studio.state.max_body_bytes,
         api_token=api_token,
         access=access,
+        activity=studio.state.activity,
     )
     return app
 

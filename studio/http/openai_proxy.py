@@ -79,6 +79,8 @@ from starlette.formparsers import MultiPartException
 from launcher.chat_templates import uses_jinja
 from launcher.rpc import unreachable
 from studio import json_codec
+from studio.activity.recorder import Activity
+from studio.activity.trace import RequestTrace, current
 from studio.chat.media import check_chat_media, check_dialect_images, media_capabilities, preflight_chat
 from studio.chat.reasoning import reasoning_request, with_prompt_flag
 from studio.chat.tool_healing import heal_completion
@@ -200,11 +202,17 @@ async def _forward(request: Request, route: Route, upstream_path: str) -> Respon
     query = request.scope["query_string"].decode("latin-1")
     conv_id = conversation_of(request) if route.generates and turn is None else None
     claim = stream_owners(request).claim(conv_id, model) if conv_id else None  # before the load: a stop cancels it
+    trace = await traced(request, model)
 
     async def answer(loaded: LoadedModel, lease: Lease) -> Response:
+        trace.got_model(loaded.name)
         if conv_id and claim and not stream_owners(request).settle(conv_id, claim, loaded.name):
             raise BadRequestError("request cancelled by a stop while the model was loading")
-        return await _answer(request, route, upstream_path, body, form, query, conv_id, loaded, lease, began, turn)
+        try:
+            return await _answer(request, route, upstream_path, body, form, query, conv_id, loaded, lease, began, turn)
+        except UpstreamDiedError as exc:
+            trace.retrying(exc.message)  # sent again by ``answer_surviving`` (or the last cause, if not)
+            raise
 
     if turn is not None and turn.stream:  # a cold load: the dialect's keep-alives meanwhile
         return await answer_when_loaded(
@@ -216,6 +224,15 @@ async def _forward(request: Request, route: Route, upstream_path: str) -> Respon
             _manager(request), model, answer, dialect=route.dialect, detach=claim is not None
         )
     return await answer_surviving(_manager(request), model, answer, embeddings=route.embeds)
+
+
+async def traced(request: Request, model: str | None) -> RequestTrace:
+    """The request's trace, with the model it asked for, and its body when a capture may keep it."""
+    trace = current()
+    activity: Activity | None = getattr(request.app.state, "activity", None)
+    wanted = activity is not None and activity.captures.wants(model)
+    trace.asking(model, await request.body() if wanted else None)
+    return trace
 
 
 async def _answer(
@@ -249,12 +266,13 @@ async def _answer(
         served.prepare(body, loaded)
         body["model"] = base_name(loaded.name)  # llama-server answers with it: an embedding instance's is its model's
         if chat:
-            await _manager(request).warm(loaded, body)  # a conversation saved before an eviction comes back warm
+            # a conversation saved before an eviction comes back warm
+            current().restoring(await _manager(request).warm(loaded, body))
         elif served.generates and (as_chat := chat_body(served.upstream, body)) is not None:
-            await _manager(request).warm(
-                loaded, as_chat
-            )  # an Anthropic or Responses one too, rendered as llama-server does
+            # an Anthropic or Responses one too, rendered as llama-server does
+            current().restoring(await _manager(request).warm(loaded, as_chat))
         tools = tool_parameters(body) if chat and turn is None and body.get("tool_choice") != "none" else {}
+    current().sending()
     if body is None or not body.get("stream"):  # a GET, a form, or a whole answer
         whole = turn.whole if turn is not None else _whole_reshape(route, tools) if reshaping else None
         return await answer_unless_client_leaves(
@@ -311,9 +329,10 @@ async def read_answer(resp: httpx.Response, lease: Lease, loaded: LoadedModel) -
 
 
 def _counter(request: Request, route: Route, path: str, model: str, began: float) -> Count:
-    metrics, listener = request.app.state.metrics, listener_of(request.scope)
+    metrics, listener, trace = request.app.state.metrics, listener_of(request.scope), current()
 
     def count(first_at: float | None, tail: bytes) -> None:
+        trace.answered(first_at, tail)
         if route.generates:
             metrics.observe_generation(listener, path, model, began=began, first_at=first_at, tail=tail)
 
@@ -383,6 +402,12 @@ async def answer_unless_client_leaves(
 
 async def broken_stream_event(exc: httpx.HTTPError, lease: Lease, loaded: LoadedModel, dialect: Dialect) -> bytes:
     """The event that ends a stream whose upstream broke off: why, in the dialect's error shape."""
+    answer = await _broken_answer(exc, lease, loaded)
+    current().failed(answer.status, answer.message, answer.code)
+    return stream_error_event(answer, dialect)
+
+
+async def _broken_answer(exc: httpx.HTTPError, lease: Lease, loaded: LoadedModel) -> ErrorAnswer:
     cut = lease.interruption
     if cut:
         answer = describe(cut)
@@ -394,7 +419,7 @@ async def broken_stream_event(exc: httpx.HTTPError, lease: Lease, loaded: Loaded
     else:
         message, code = await broke_off(loaded, "llama-server went away mid-stream", exc)
         answer = ErrorAnswer(502, message, "upstream_error", code=code)
-    return stream_error_event(answer, dialect)
+    return answer
 
 
 async def broke_off(loaded: LoadedModel, what: str, exc: Exception) -> tuple[str, str | None]:
@@ -826,7 +851,7 @@ def declare(router: APIRouter, path: str, route: Route) -> None:
     """Declare ``route`` on ``path`` in ``router``: one FastAPI route per method (each its own operation in
     ``/docs``), whose endpoint ``studio.http.ahead.AheadRoutes`` calls ahead of the router."""
 
-    @ahead(route.dialect)
+    @ahead(route.dialect, recorded=route.generates)
     async def forwarded(request: Request) -> Response:
         return await _forward(request, route, route.upstream or request.scope["path"])
 

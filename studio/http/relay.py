@@ -104,6 +104,10 @@ class _Streamed(Response):
         """Send the body on as it comes; return the last bytes, sent with ``more_body`` false."""
         raise NotImplementedError
 
+    def first_byte_at(self) -> float | None:
+        """When the answer's first bytes came (``perf_counter``), if they did yet: read by the live activity view."""
+        return None
+
     async def _close(self) -> None:
         """Let go of what the body came from; awaited once, whatever happened, shielded from cancellation."""
         raise NotImplementedError
@@ -140,6 +144,9 @@ class Relay(_Streamed):
         self._first_at: float | None = None
         self._before_last = self._last = b""  # the last two arrivals
         self._framed: Framed | None = None
+
+    def first_byte_at(self) -> float | None:
+        return self._framed.first_at if self._framed is not None else self._first_at
 
     async def _close(self) -> None:
         if self._framed is not None:
@@ -409,6 +416,12 @@ class LoadWait(_Streamed):
             if not body.done():
                 body.cancel()
                 await asyncio.gather(body, return_exceptions=True)
+
+    def first_byte_at(self) -> float | None:
+        if not self._answer.done() or self._answer.cancelled() or self._answer.exception() is not None:
+            return None
+        response = self._answer.result()
+        return response.first_byte_at() if isinstance(response, _Streamed) else None
 
     async def _close(self) -> None:
         if not self._answer.done() and self._detach:

@@ -13,6 +13,7 @@ from collections.abc import Callable
 
 from fastapi import FastAPI, Request
 
+from studio.activity.recorder import Activity
 from studio.http.access import AccessPolicy
 from studio.http.ahead import AheadRoutes, ahead_paths
 from studio.http.auth import BearerTokenMiddleware
@@ -33,10 +34,11 @@ def stack(
     api_token: str | None = None,
     access: AccessPolicy | None = None,
     not_found_hint: Callable[[Request], str | None] | None = None,
+    activity: Activity | None = None,
 ) -> None:
     """Put the studio's middleware around ``app``'s routes, and its error handlers in; call it once its routers are
     included (the routes answered ahead are read from its table)."""
-    app.add_middleware(AheadRoutes, routes=app.router.routes, on_error=error_response)
+    app.add_middleware(AheadRoutes, routes=app.router.routes, on_error=error_response, activity=activity)
     app.add_middleware(BodySizeLimit, max_body_bytes=max_body_bytes, dialect_for=dialect_for)
     if api_token:
         app.add_middleware(BearerTokenMiddleware, token=api_token, dialect=dialect_for)

@@ -10,6 +10,7 @@ import { HubSearch } from "./hub.js";
 import { Library } from "./library.js";
 import { LoadDialog } from "./load.js";
 import { LogViewer } from "./logs.js";
+import { ActivityView } from "./activity.js";
 import { Residents } from "./residents.js";
 
 const POLL_MS = 1000;
@@ -17,6 +18,7 @@ const POLL_MS = 1000;
 const connection = byId("connection");
 const noticeNode = byId("notice");
 const logs = new LogViewer();
+new ActivityView();
 const chat = new Chat({
   onConversation: (id) => historyPanel.select(id),
   onStored: () => historyPanel.refresh(),

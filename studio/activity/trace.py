@@ -1,0 +1,314 @@
+"""One request's trace: the times the forward path passes, and what the answer's last bytes say.
+
+The forward path (``studio.http.openai_proxy``) makes a ``RequestTrace`` when a request arrives and puts it
+in a context variable (``CURRENT``), so the few places that know a moment (the model acquired, the request
+sent upstream, the end) set it without being handed the trace, the load-wait task included (a task copies its
+context). Outside a traced request ``current()`` is ``NO_TRACE``, which records nothing.
+
+Times are ``time.perf_counter()`` values (the relay's first-byte time is one); ``wall`` turns them into
+epoch seconds against the pair taken at arrival. Nothing of the prompt is kept; the answer's last bytes
+are read once, at the end, for llama-server's ``timings`` and finish reason.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from collections.abc import Callable
+from contextvars import ContextVar
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from studio import json_codec
+
+#: How a request ended; ``in_flight`` until it has.
+Outcome = Literal["in_flight", "finished", "length", "cancelled", "error"]
+
+#: The fields of a trace a stored record keeps, in order (``state``, ``from_state``).
+_STATE = (
+    "id",
+    "route",
+    "dialect",
+    "asked",
+    "user_agent",
+    "origin",
+    "generates",
+    "stream",
+    "model",
+    "wall0",
+    "restored",
+    "status",
+    "outcome",
+    "error",
+    "retried_after",
+    "timings",
+)
+
+#: The finish reasons that mean "stopped at its token limit", per dialect: OpenAI's chat and completions,
+#: Anthropic's, llama-server's native completion, and a Responses answer cut short.
+_LENGTH = re.compile(
+    rb'"(?:finish_reason":"length|stop_reason":"max_tokens|stop_type":"limit|reason":"max_output_tokens)"'
+)
+_TIMINGS = b'"timings":'
+
+
+@dataclass(eq=False, slots=True)
+class RequestTrace:
+    """A request as it goes: set by the forward path, turned into a record once it ends."""
+
+    id: str
+    route: str
+    dialect: str
+    asked: str | None  # the model the request named (None: the default)
+    user_agent: str | None
+    origin: str | None
+    generates: bool
+    arrived: float
+    wall0: float  # epoch seconds at ``arrived``
+    stream: bool = False
+    model: str | None = None  # the resident that answered
+    acquired: float | None = None
+    sent: float | None = None
+    first_byte: float | None = None
+    ended: float | None = None
+    restored: int = 0  # prompt tokens restored from a saved slot before the request ran
+    status: int | None = None
+    outcome: Outcome = "in_flight"
+    error: dict[str, Any] | None = None
+    retried_after: list[str] = field(default_factory=list)  # the cause of each attempt sent again
+    timings: dict[str, float] = field(default_factory=dict)
+    tail: bytes = b""  # the answer's last bytes, read at the end
+    load: dict[str, Any] | None = None  # the load it waited for, once known
+    probe: Callable[[], float | None] | None = None  # the response's first-byte time while it streams
+    request_body: bytes | None = None  # only while a capture wants it (``studio.activity.captures``)
+    captured: int | None = None  # bytes of its capture, when one was kept
+
+    def first_byte_now(self) -> float | None:
+        """When the answer's first bytes came, if they did yet (a stream in flight says so through ``probe``)."""
+        if self.first_byte is not None or self.probe is None:
+            return self.first_byte
+        return self.probe()
+
+    def wall(self, at: float | None) -> float | None:
+        """``at`` (a ``perf_counter`` time) as epoch seconds."""
+        return None if at is None else self.wall0 + (at - self.arrived)
+
+    # -- the moments, set by the forward path -----------------------------------------------------
+
+    def got_model(self, name: str) -> None:
+        """The request has its model (again, when it is sent again after its llama-server died)."""
+        if self.acquired is None:
+            self.acquired = time.perf_counter()
+        self.model = name
+
+    def retrying(self, cause: str) -> None:
+        """The attempt failed before any answer byte and will be sent again."""
+        self.retried_after.append(cause)
+        self.sent = None
+
+    def sending(self) -> None:
+        self.sent = time.perf_counter()
+
+    def asking(self, model: str | None, body: bytes | None) -> None:
+        """The model the request names, and its body when a capture may keep it."""
+        self.asked, self.request_body = model, body
+
+    def restoring(self, tokens: int | None) -> None:
+        """Tokens of a saved slot restored before the request runs (``None``, 0: none)."""
+        self.restored = tokens or 0
+
+    def streaming(self, probe: Callable[[], float | None]) -> None:
+        """The answer is a stream; ``probe`` says when its first bytes came, while it runs."""
+        self.stream, self.probe = True, probe
+
+    def answered(self, first_at: float | None, tail: bytes) -> None:
+        """The answer is complete: when its first bytes came (``None``: a whole answer) and its last bytes."""
+        self.first_byte = first_at
+        self.tail = tail
+        if self.outcome == "in_flight":
+            self.outcome = "finished"
+
+    def failed(self, status: int | None, message: str, code: str | None = None) -> None:
+        """The request failed (the first cause wins: a later one is its consequence)."""
+        if self.error is None:
+            self.error = {"status": status, "message": message, "code": code}
+        self.outcome = "error"
+        self.status = self.status or status
+
+    def left(self) -> None:
+        """The client went away before the answer was complete."""
+        if self.outcome in ("in_flight", "finished"):
+            self.outcome = "cancelled"
+
+    # -- the end ----------------------------------------------------------------------------------
+
+    def finish(self) -> None:
+        """Read the tail once: llama-server's ``timings`` and whether the answer hit its token limit."""
+        if self.ended is None:
+            self.ended = time.perf_counter()
+        tail = self.tail
+        if not tail:
+            return
+        self.timings = timings_of(tail)
+        if self.outcome == "finished" and _LENGTH.search(tail) is not None:
+            self.outcome = "length"
+
+    def phases(self) -> dict[str, float]:
+        """Seconds in each phase: queued, waiting for a load, prefill (to the first byte), decode."""
+        arrived, acquired = self.arrived, self.acquired if self.acquired is not None else self.ended
+        end = self.ended if self.ended is not None else time.perf_counter()
+        got = acquired if acquired is not None else end
+        load_began = self.load.get("began_at") if self.load else None
+        queued_until = got if load_began is None else min(got, max(arrived, load_began))
+        phases = {"queued": queued_until - arrived, "load_wait": got - queued_until, "prefill": 0.0, "decode": 0.0}
+        if self.sent is None or self.ended is None:
+            return phases
+        if self.first_byte is not None:
+            phases["prefill"], phases["decode"] = self.first_byte - self.sent, max(0.0, end - self.first_byte)
+        elif "prompt_ms" in self.timings:  # a whole answer: llama-server's own split of its time
+            upstream = end - self.sent
+            prefill = min(upstream, self.timings["prompt_ms"] / 1000)
+            phases["prefill"], phases["decode"] = prefill, upstream - prefill
+        else:
+            phases["prefill"] = end - self.sent
+        return phases
+
+    def state(self) -> list[Any]:
+        """The finished trace as a list of JSON values, for the database: not the record (which is built on
+        reading), its times relative to the arrival. ``from_state`` makes the trace again from its JSON."""
+        at = self.arrived
+        load = None if self.load is None else {**self.load, "began_at": self.load["began_at"] - at}
+        times = [None if t is None else t - at for t in (self.acquired, self.sent, self.first_byte, self.ended)]
+        return [*(getattr(self, f) for f in _STATE), times, load]
+
+    @classmethod
+    def from_state(cls, data: bytes | str) -> RequestTrace:
+        """The trace whose ``state`` ``data`` is, as JSON (its times relative to an arrival at 0)."""
+        values = json_codec.loads(data)
+        fields = dict(zip(_STATE, values, strict=False))
+        times, load = values[len(_STATE)], values[len(_STATE) + 1]
+        trace = cls(
+            **{k: fields[k] for k in _STATE[:6]}, generates=fields["generates"], arrived=0.0, wall0=fields["wall0"]
+        )
+        for name in _STATE[7:]:
+            setattr(trace, name, fields[name])
+        trace.acquired, trace.sent, trace.first_byte, trace.ended = times
+        trace.load = load
+        return trace
+
+    def filed_as(self) -> str:
+        """The outcome a filter finds it by: ``retried`` for a request sent again that got its answer."""
+        return "retried" if self.retried_after and self.outcome != "error" else self.outcome
+
+    def retries(self) -> int:
+        """Times the request was sent again: each death before an answer, but the last if it ended the request."""
+        causes = self.retried_after
+        last_ended_it = bool(causes) and self.outcome == "error" and (self.error or {}).get("message") == causes[-1]
+        return len(causes) - last_ended_it
+
+    def record(self) -> dict[str, Any]:
+        """The request as ``/api/activity`` shows it (and the database keeps it)."""
+        t = self.timings
+        generated = t.get("predicted_n")
+        tokens = {
+            "prompt_processed": _int(t.get("prompt_n")),
+            "prompt_cached": _int(t.get("cache_n")),
+            "restored": self.restored,
+            "generated": _int(generated),
+            "drafted": _int(t.get("draft_n")),
+            "accepted": _int(t.get("draft_n_accepted")),
+        }
+        return {
+            "kind": "request",
+            "id": self.id,
+            "route": self.route,
+            "dialect": self.dialect,
+            "model": self.model or self.asked,
+            "asked": self.asked,
+            "stream": self.stream,
+            "client": {"user_agent": self.user_agent, "origin": self.origin},
+            "times": {
+                "arrived": self.wall0,
+                "acquired": self.wall(self.acquired),
+                "sent": self.wall(self.sent),
+                "first_byte": self.wall(self.first_byte),
+                "ended": self.wall(self.ended),
+            },
+            "phases": self.phases(),
+            "load": None if self.load is None else {k: v for k, v in self.load.items() if k != "began_at"},
+            "tokens": tokens,
+            "decode_tps": t.get("predicted_per_second"),
+            "status": self.status,
+            "outcome": self.outcome,
+            "error": self.error,
+            "retries": self.retries(),
+            "retried_after": list(self.retried_after),
+        }
+
+
+def timings_of(tail: bytes) -> dict[str, float]:
+    """llama-server's ``timings`` object in the last bytes of an answer (the last one there), its fields we keep."""
+    at = tail.rfind(_TIMINGS)
+    if at < 0:
+        return {}
+    start = at + len(_TIMINGS)
+    end = tail.find(b"}", start)
+    if end < 0:
+        return {}
+    try:
+        found = json_codec.loads(tail[start : end + 1])
+    except ValueError:
+        return {}
+    return found if isinstance(found, dict) else {}
+
+
+def error_message(body: bytes) -> str:
+    """The message of an error answer's body, in any dialect's shape (the body itself, cut, when it has none)."""
+    try:
+        data = json_codec.loads(body)
+    except ValueError:
+        return body[:500].decode("utf-8", "replace")
+    error = data.get("error") if isinstance(data, dict) else None
+    message = error.get("message") if isinstance(error, dict) else error
+    return str(message) if message else body[:500].decode("utf-8", "replace")
+
+
+def _int(value: float | None) -> int | None:
+    return None if value is None else int(value)
+
+
+class _NoTrace(RequestTrace):
+    """Outside a traced request: every moment is dropped (nothing is ever set on it)."""
+
+    def got_model(self, name: str) -> None:
+        pass
+
+    def retrying(self, cause: str) -> None:
+        pass
+
+    def sending(self) -> None:
+        pass
+
+    def asking(self, model: str | None, body: bytes | None) -> None:
+        pass
+
+    def restoring(self, tokens: int | None) -> None:
+        pass
+
+    def streaming(self, probe: Callable[[], float | None]) -> None:
+        pass
+
+    def answered(self, first_at: float | None, tail: bytes) -> None:
+        pass
+
+    def failed(self, status: int | None, message: str, code: str | None = None) -> None:
+        pass
+
+
+NO_TRACE = _NoTrace("", "", "", None, None, None, False, 0.0, 0.0)
+CURRENT: ContextVar[RequestTrace] = ContextVar("gguf_studio_activity_trace", default=NO_TRACE)
+
+
+def current() -> RequestTrace:
+    """The trace of the request this code runs for (``NO_TRACE`` outside one)."""
+    return CURRENT.get()
