@@ -259,7 +259,7 @@ def _runtime(request: Request) -> SpeechRuntime:
     runtime: SpeechRuntime | None = getattr(state, "speech_runtime", None)
     if runtime is None:
         manager = state.manager
-        run_dir: Path | None = manager.files_root
+        run_dir: Path | None = manager.builder.files_root
         home = run_dir.parent if run_dir is not None else studio_home()
         runtime = SpeechRuntime(
             manager=manager,
