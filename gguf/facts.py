@@ -125,6 +125,8 @@ class ModelFacts:
     expert_feed_forward_length: int = 0  # one routed expert (llama.cpp n_ff_exp)
     expert_shared_feed_forward_length: int = 0  # the shared expert(s), all together (n_ff_shexp x count)
     moe_layers: tuple[bool, ...] = ()  # blocks with routed experts (leading dense blocks and interleaving leave gaps)
+    #: per block, the bytes of its routed experts' tensors (part of ``layer_weight_bytes``; ``--n-cpu-moe`` moves them)
+    expert_weight_bytes: tuple[int, ...] = ()
     # each block's dense FFN width as the graph multiplies by it (blk.N.ffn_down's input; 0: none), which can differ
     # from feed_forward_length: Qwen's blocks are n_ff / 2 wide, Arctic's residual FFN n_embd
     dense_ffn_widths: tuple[int, ...] = ()

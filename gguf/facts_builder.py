@@ -203,6 +203,7 @@ def _model_facts(model: ParsedModel, hf_config: Mapping[str, Any] | None) -> Mod
         expert_feed_forward_length=tensor_layout.ffn_width(tensors, "ffn_down_exps"),
         expert_shared_feed_forward_length=tensor_layout.ffn_width(tensors, "ffn_down_shexp"),
         moe_layers=tensor_layout.moe_layers(tensors, hp.n_layer_all),
+        expert_weight_bytes=tensor_layout.expert_bytes(tensors, len(layer_bytes)),
         dense_ffn_widths=tensor_layout.dense_ffn_widths(tensors, n),
         ffn_ungated=tensor_layout.ffn_ungated(tensors),
         merge_count=merge_count,

@@ -90,6 +90,27 @@ def fused_qkv(tensors: Sequence[TensorInfo], kv_layers: Sequence[bool]) -> bool:
     )
 
 
+#: The routed experts' tensors (weights, biases, scales) that ``--n-cpu-moe N`` keeps on the CPU for blocks 0..N-1:
+#: llama.cpp searches each name for ``blk\.<i>`` and common.h's ``LLM_FFN_EXPS_REGEX``.
+_EXPERTS = re.compile(r"blk\.(\d+)\.ffn_(up|down|gate|gate_up)_(ch|)exps")
+
+
+def expert_layer(name: str) -> int:
+    """The block whose routed experts ``name`` belongs to, as ``--n-cpu-moe`` matches it (-1: not an expert's)."""
+    m = _EXPERTS.search(name)
+    return int(m.group(1)) if m else -1
+
+
+def expert_bytes(tensors: Sequence[TensorInfo], n_layers: int) -> tuple[int, ...]:
+    """Per block, the bytes of its routed experts' tensors (what ``--n-cpu-moe`` moves to the CPU)."""
+    per_layer = [0] * n_layers
+    for t in tensors:
+        il = expert_layer(t.name)
+        if 0 <= il < n_layers:
+            per_layer[il] += t.n_bytes
+    return tuple(per_layer)
+
+
 def moe_layers(tensors: Sequence[TensorInfo], n_layer: int) -> tuple[bool, ...]:
     """Which blocks hold routed-expert weights (``blk.N.ffn_down_exps``)."""
     routed = {layer_of(t.name) for t in tensors if ".ffn_down_exps." in t.name}

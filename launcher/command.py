@@ -272,6 +272,8 @@ def _add_flags(out: _Argv, plan: LaunchPlan, key: Secret, threads: int | None) -
     else:
         out.add(("--n-gpu-layers", "-ngl", "--gpu-layers"), str(plan.n_gpu_layers))
         out.add(("--fit", "-fit"), "off")  # the plan placed the layers; --fit (on by default) must not redo it
+        if plan.n_cpu_moe:  # the planner asks for it only when the binary has it
+            out.add(("--n-cpu-moe", "-ncmoe"), str(plan.n_cpu_moe))
     if plan.tensor_split:
         out.add(("--tensor-split", "-ts"), ",".join(map(str, plan.tensor_split)), why="llama.cpp splits by itself")
     if plan.gpus and plan.gpu_backend not in ("CUDA", "ROCm", "HIP"):  # those are pinned through the env

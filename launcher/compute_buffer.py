@@ -89,10 +89,15 @@ DRAFT_COMPUTE_FIT: dict[str, float] = {"attention_hidden": 7.0}
 
 
 def terms(
-    facts: ModelFacts, shape: ContextShape, caches: Sequence[CacheBill], positions: int = MSA_RESERVE_POSITIONS
+    facts: ModelFacts,
+    shape: ContextShape,
+    caches: Sequence[CacheBill],
+    positions: int = MSA_RESERVE_POSITIONS,
+    cpu_experts: int = 0,
 ) -> dict[str, int]:
     """The tensor sizes (bytes) that drive the compute buffer of ``sched_reserve``'s prompt graph (``positions``:
-    MSA's position axis, at the reserve the empty cache's)."""
+    MSA's position axis, at the reserve the empty cache's; ``cpu_experts``: blocks 0..N-1 run their routed experts
+    on another device, ``--n-cpu-moe``)."""
     n_tokens = min(shape.n_ctx, shape.n_ubatch)
     live = [c for c in caches if c.layers]
     attention = _attention_terms(facts, shape, live, n_tokens)
@@ -124,7 +129,7 @@ def terms(
         **attention,
         "hidden": n_tokens * facts.embedding_length * facts.hyper_connections * 4,
         "mixed_embd": n_tokens * facts.embedding_length * 4 if facts.traits.mixed_batch_input else 0,
-        **_ffn_terms(facts, n_tokens, shape.n_outputs_max, masks_after),
+        **_ffn_terms(facts, n_tokens, shape.n_outputs_max, masks_after, cpu_experts),
         **_recurrent_terms(facts, shape, n_tokens, attention["mask"]),
         **indexer,
         "logits": facts.vocab_size * min(n_tokens, shape.n_outputs_max) * 4,
@@ -270,16 +275,26 @@ def _fused_qkv_rotation(q: int, k: int, v: int, k_rotated: bool, v_rotated: bool
     return q + k + v + max(steps)
 
 
-def _ffn_terms(facts: ModelFacts, n_tokens: int, n_outputs: int, masks_after: Callable[..., int]) -> dict[str, int]:
+def _ffn_terms(
+    facts: ModelFacts, n_tokens: int, n_outputs: int, masks_after: Callable[..., int], cpu_experts: int = 0
+) -> dict[str, int]:
     """The FFN activations of the block with the most (MoE: ``mul_mat_id``'s ``[n_ff_exp, n_expert_used,
     n_tokens]``): a gated FFN holds gate, up and their product, an ungated one only the up projection's; and the
-    masks still allocated beside them (``masks_after``: those a later layer reads)."""
+    masks still allocated beside them (``masks_after``: those a later layer reads). Blocks below ``cpu_experts``
+    run only their shared expert here (their routed ones run on the CPU)."""
     moe_ff = max(facts.expert_feed_forward_length * facts.expert_used_count, facts.expert_shared_feed_forward_length)
     experts_run = facts.traits.runs_experts
     n_layer = facts.layer_count
 
-    moe = [il < len(facts.moe_layers) and facts.moe_layers[il] for il in range(n_layer)]
-    widths = {il: (moe_ff if experts_run else 0) if moe[il] else _dense_ffn_width(facts, il) for il in range(n_layer)}
+    moe = [il < len(facts.moe_layers) and facts.moe_layers[il] and il >= cpu_experts for il in range(n_layer)]
+    widths = {
+        il: (moe_ff if experts_run else 0)
+        if moe[il]
+        else facts.expert_shared_feed_forward_length
+        if il < cpu_experts and il < len(facts.moe_layers) and facts.moe_layers[il]
+        else _dense_ffn_width(facts, il)
+        for il in range(n_layer)
+    }
     # The last block keeps only the output rows (``ggml_get_rows(cur, inp_out_ids)``) before its FFN, except in
     # graphs that gather them there only for an MTP draft: one per slot, or per drafted token when speculating
     rows = {
@@ -668,14 +683,47 @@ def _moe_down_moment(t: dict[str, int], fit: dict[str, float]) -> float:
     return activations + t["moe_down"] + t["moe_shared_input"]
 
 
+def _cpu_experts(facts: ModelFacts, shape: ContextShape, cpu_experts: int) -> tuple[int, int]:
+    """(the CPU's moment running the routed experts of blocks 0..N-1, the down projections' copy their device gets).
+
+    The scheduler runs each such block's ``mul_mat_id`` on the CPU, where the expert weights are, over a copy of
+    the FFN's input, and copies the down projections ``[n_embd, n_expert_used, n_tokens]`` back to the block's
+    device, which weighs and sums them. The CPU peaks at the larger of two moments: two of the
+    ``[n_ff_exp, n_expert_used, n_tokens]`` activations beside the down projections, or the down projections
+    twice less a hidden-sized hole; five hidden states of its own sit below (measured over a loopback RPC worker:
+    Qwen3-30B-A3B's and OLMoE's proportions, 8 routed experts 0.375 n_embd wide, and GPT-OSS's, 4 routed
+    1.5 n_embd wide, at ubatches of 256 and 512 and contexts of 1024 to 8192; ``scripts/memory_accuracy.py
+    --moe-split``).
+    """
+    n_tokens = min(shape.n_ctx, shape.n_ubatch)
+    n_layer = facts.layer_count
+    layers = [il for il in range(min(cpu_experts, n_layer)) if il < len(facts.moe_layers) and facts.moe_layers[il]]
+    if not layers or not facts.traits.runs_experts:
+        return 0, 0
+    last_rows = n_tokens if n_layer == 1 or facts.traits.last_ffn_on_all_tokens else min(n_tokens, shape.n_outputs_max)
+    rows = max(n_tokens if il < n_layer - 1 else last_rows for il in layers)
+    used = facts.expert_used_count
+    act = rows * facts.expert_feed_forward_length * used * 4
+    down = rows * facts.embedding_length * used * 4
+    hidden = rows * facts.embedding_length * 4
+    return 5 * hidden + max(2 * act + down, 2 * down - hidden), down
+
+
 def per_device(
-    facts: ModelFacts, shape: ContextShape, caches: Sequence[CacheBill], devices: Sequence[str], output_device: str
+    facts: ModelFacts,
+    shape: ContextShape,
+    caches: Sequence[CacheBill],
+    devices: Sequence[str],
+    output_device: str,
+    cpu_experts: int = 0,
 ) -> tuple[dict[str, int], dict[str, int]]:
     """Each device's compute buffer as reserved, and what it grows by past the reserve once a prompt fills a slot.
 
     A device running blocks needs the layer moment; the output layer's device
     also the logits moment. The CPU always keeps a buffer for the input
-    embeddings even when every block is offloaded.
+    embeddings and the graph's inputs even when every block is offloaded. With
+    ``cpu_experts`` (``--n-cpu-moe``) the offloaded blocks below it run their
+    routed experts on the CPU (``_cpu_experts``).
 
     Growth: MiniMax-M3's sparse attention (MSA) is reserved for an empty cache:
     its position axis is 256 wide (``get_n_pos``) and, with split slots, the
@@ -687,11 +735,21 @@ def per_device(
     prompt). Every other graph is reserved over a full cache, its worst case;
     growth was measured only here.
     """
+    moved = cpu_experts if any(d != "CPU" for d in devices[:cpu_experts]) else 0
     t = terms(facts, shape, caches)
     layer, final = combine_terms(t)
-    out = {d: layer for d in devices}
+    cpu_moment, down_copy = _cpu_experts(facts, shape, moved)
+    offloaded = layer
+    if down_copy:  # the rest of the graph, or the same without any routed expert and the down projections' copy
+        rest = combine_terms(terms(facts, shape, caches, cpu_experts=moved))[0]
+        bare = combine_terms(terms(facts, shape, caches, cpu_experts=facts.layer_count))[0]
+        offloaded = max(rest, bare + down_copy)
+    out = {d: layer if d == "CPU" else offloaded for d in devices}
     out[output_device] = max(out.get(output_device, 0), final)
-    out.setdefault("CPU", 2 * t["hidden"])
+    # with every block offloaded: the graph's inputs (the mask among them) and the input embeddings (measured over
+    # a loopback RPC worker, the zoo's MoE models at real proportions)
+    out.setdefault("CPU", 4 * t["hidden"] + t["mask"])
+    out["CPU"] = max(out["CPU"], cpu_moment)
     if not t["msa_block"]:
         return out, {}
     one_slot = replace(shape, n_seq=1, unified=True, n_ctx=shape.n_ctx_seq)

@@ -87,6 +87,10 @@ MANAGED_FLAGS: dict[tuple[str, ...], Managed] = {
         "--fit-ctx",
         "-dev",
         "--device",
+        "-ncmoe",
+        "--n-cpu-moe",
+        "-cmoe",
+        "--cpu-moe",
     ): Managed("the planner places the layers and pins the GPUs; the memory they may use", "memory_budget", "config"),
     ("--rpc",): Managed(
         "the planner splits the layers over the RPC workers (or pass --rpc to ggstudio)", "rpc_workers", "config"

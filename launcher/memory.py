@@ -44,6 +44,7 @@ from collections.abc import Sequence
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
+from gguf import tensor_layout
 from gguf.arch_traits import architectures_with
 from gguf.facts import DSV4_CSA_RATIO as _DSV4_CSA
 from gguf.facts import DSV4_HCA_RATIO as _DSV4_HCA
@@ -390,6 +391,35 @@ def for_file(model: GGUFFile, options: MemoryOptions = MemoryOptions()) -> Memor
     return replace(options, cpu_repack_bytes=repack, weight_padding_bytes=padding)
 
 
+def moe_split_gaps(model: GGUFFile) -> tuple[int, ...]:
+    """For each ``--n-cpu-moe N`` (0 to every block) with every block offloaded: the bytes the CPU's mapped buffer
+    spans beyond its own tensors, those of N = 0 left out (``weight_padding_bytes`` counts them).
+
+    llama.cpp maps one host buffer per file over the range from the first to the last tensor it keeps on the CPU
+    (``get_mapping_range``): the token embeddings and the experts of blocks 0..N-1, and every offloaded tensor in
+    between (the attention of those blocks, and whatever the file puts between). Its pages are read while loading.
+    """
+    n = model.facts.block_count
+    gaps = [0] * (n + 1)
+    for shard in model.shards:
+        ranges: list[list[tuple[int, int]]] = [
+            [] for _ in range(n + 1)
+        ]  # [0]: the base set; [i + 1]: block i's experts
+        for t in shard.tensors:
+            il = tensor_layout.expert_layer(t.name)
+            if 0 <= il < n:
+                ranges[il + 1].append((t.offset, t.n_bytes))
+            elif tensor_layout.layer_of(t.name) < 0 and not t.name.startswith("output"):
+                ranges[0].append((t.offset, t.n_bytes))
+        lo, hi, held = 2**63, 0, 0
+        for k, group in enumerate(ranges):
+            for offset, nbytes in group:
+                lo, hi, held = min(lo, offset), max(hi, offset + nbytes), held + nbytes
+            if held:
+                gaps[k] += hi - lo - held
+    return tuple(g - gaps[0] for g in gaps)
+
+
 def estimate(facts: ModelFacts, options: MemoryOptions = MemoryOptions()) -> MemoryBill:
     """Predict llama-server's allocations per device for ``facts`` under ``options``."""
     reasons: list[str] = []
@@ -420,6 +450,16 @@ def estimate(facts: ModelFacts, options: MemoryOptions = MemoryOptions()) -> Mem
         # the output layer's copy of the tied embeddings (on the CPU the mapped tensor serves both)
         weights[output_device] += facts.token_embedding_bytes
     weights["CPU"] += options.cpu_repack_bytes + options.weight_padding_bytes
+    # --n-cpu-moe: the routed experts of the offloaded blocks below N stay on the CPU, mapped from the file with the
+    # offloaded tensors between them (the mapped buffer spans from the CPU's first tensor to its last)
+    moved = [
+        il for il, d in enumerate(devices[: options.n_cpu_moe]) if d != "CPU" and il < len(facts.expert_weight_bytes)
+    ]
+    for il in moved:
+        weights[devices[il]] -= facts.expert_weight_bytes[il]
+        weights["CPU"] += facts.expert_weight_bytes[il]
+    if moved:
+        weights["CPU"] += options.cpu_moe_gap_bytes
     projector = None
     if options.mmproj_bytes or options.mmproj_compute_bytes:
         on_gpu = options.mmproj_offload and options.n_gpu_layers != 0
@@ -427,7 +467,9 @@ def estimate(facts: ModelFacts, options: MemoryOptions = MemoryOptions()) -> Mem
             split_name(options, 0) if on_gpu else "CPU", options.mmproj_bytes, options.mmproj_compute_bytes
         )
         reasons.append(PROJECTOR_COMPUTE_NOTE)
-    compute, compute_growth = compute_buffer.per_device(facts, shape, caches, devices, output_device)
+    compute, compute_growth = compute_buffer.per_device(
+        facts, shape, caches, devices, output_device, cpu_experts=options.n_cpu_moe
+    )
     draft_output = draft_growth = 0
     if mtp:
         draft_caches, draft_kv, draft_compute, draft_output, draft_growth = _mtp_draft(
@@ -525,6 +567,7 @@ __all__ = [
     "estimate",
     "for_file",
     "layer_devices",
+    "moe_split_gaps",
     "projector_compute_bytes",
     "split_name",
 ]

@@ -52,4 +52,9 @@ class MemoryOptions:
     mmproj_offload: bool = True  # False: ``--no-mmproj-offload``, the projector stays on the CPU
     spec: SpecMode = "none"  # "mtp": an MTP draft context runs beside the main one (drafts are ``spec_n_max``)
     spec_n_max: int = 0  # tokens drafted per slot and step; each needs its own logits row when verified
+    #: ``--n-cpu-moe N``: the routed experts of blocks 0..N-1 stay on the CPU, the rest of those blocks offloaded
+    n_cpu_moe: int = 0
+    #: with ``n_cpu_moe``: the offloaded tensors lying between the CPU's own in the file, which its mapped buffer
+    #: spans too (``launcher.memory.moe_split_gaps``)
+    cpu_moe_gap_bytes: int = 0
     embeddings: bool = False  # --embeddings: a batch is one ubatch, and every one of its tokens is an output

@@ -91,6 +91,7 @@ from launcher.memory import (
     estimate,
     for_file,
     layer_devices,
+    moe_split_gaps,
     projector_compute_bytes,
 )
 from launcher.rpc import LINK_WARNING
@@ -169,6 +170,8 @@ class ModelInfo:
     mmproj_bytes: int = 0  # the projector's weights
     mmproj_compute_bytes: int = 0  # its warm-up compute buffer (``launcher.memory.projector_compute_bytes``)
     projector: ProjectorFacts | None = None  # what it encodes (vision, audio), from its own metadata
+    #: per ``--n-cpu-moe N``, the offloaded tensors the CPU's mapped buffer spans (``launcher.memory.moe_split_gaps``)
+    moe_gaps: tuple[int, ...] = ()
 
     @classmethod
     def from_gguf(cls, model: GGUFFile, *, mmproj: GGUFFile | None = None) -> ModelInfo:
@@ -184,6 +187,7 @@ class ModelInfo:
             file_bytes=model.file_size,
             cpu_repack_bytes=options.cpu_repack_bytes,
             weight_padding_bytes=options.weight_padding_bytes,
+            moe_gaps=moe_split_gaps(model) if any(model.facts.expert_weight_bytes) else (),
         )
         if mmproj is None:
             return info
@@ -301,6 +305,8 @@ class LaunchPlan:
     pooling: Pooling | None = None  # an embedding server's ``--pooling`` (an embedding instance's, or ``--embeddings``)
     thinking: bool | None = None  # the template's thinking switch at load; None: its own default (launcher.thinking)
     kv_unified: bool = False  # ``--kv-unified``: the slots share one KV cache of ``n_ctx`` cells
+    #: ``--n-cpu-moe``: the routed experts of blocks 0..N-1 stay on the CPU, the rest of every block offloaded
+    n_cpu_moe: int = 0
 
     @property
     def slot_ctx(self) -> int:
@@ -329,7 +335,7 @@ class LaunchPlan:
     def layers_on_cpu(self) -> bool:
         """Some layers run on the local CPU, so its threads compete with other models' for the cores."""
         offloaded = self.gpus or self.rpc_devices
-        return not offloaded or self.n_gpu_layers < self.model.facts.block_count + 1
+        return not offloaded or self.n_gpu_layers < self.model.facts.block_count + 1 or self.n_cpu_moe > 0
 
 
 def plan(
@@ -520,8 +526,9 @@ class _Planner:
         self.full = self.facts.block_count + 1  # every block plus the output layer
         # the layer bytes left on the CPU for each -ngl, summed once (every candidate split asks)
         self.cpu_layer_bytes = (0, *itertools.accumulate(self.facts.layer_weight_bytes))
-        # every bill asked for, by (context, layers, GPUs): the searches ask some more than once
-        self.bills: dict[tuple[int, int, tuple[Device, ...]], MemoryBill] = {}
+        # every bill asked for, by (context, layers, GPUs, blocks whose experts stay on the CPU)
+        self.bills: dict[tuple[int, int, tuple[Device, ...], int], MemoryBill] = {}
+        self.n_cpu_moe = 0  # set once the plan keeps some blocks' experts on the CPU (``expert_split``)
 
     # -- inputs ------------------------------------------------------------------------------
     def _pooling(self) -> Pooling:
@@ -614,8 +621,10 @@ class _Planner:
         return "on"
 
     # -- the estimator ---------------------------------------------------------------------
-    def options(self, n_ctx: int, ngl: int, gpus: tuple[Device, ...]) -> MemoryOptions:
+    def options(self, n_ctx: int, ngl: int, gpus: tuple[Device, ...], n_cpu_moe: int | None = None) -> MemoryOptions:
         facts = self.facts
+        moe = self.n_cpu_moe if n_cpu_moe is None else n_cpu_moe
+        gaps = self.model.moe_gaps
         repack = self.model.cpu_repack_bytes
         if ngl and repack:
             # Only weights left on the CPU are repacked; scale by the layer bytes that stay there.
@@ -639,22 +648,25 @@ class _Planner:
             spec="mtp" if self.mtp else "none",
             spec_n_max=self.spec.n_draft,
             embeddings=self.embeds,
+            n_cpu_moe=moe if gpus else 0,
+            cpu_moe_gap_bytes=gaps[min(moe, len(gaps) - 1)] if gaps and gpus else 0,
         )
 
-    def bill(self, n_ctx: int, ngl: int, gpus: tuple[Device, ...]) -> MemoryBill:
+    def bill(self, n_ctx: int, ngl: int, gpus: tuple[Device, ...], n_cpu_moe: int | None = None) -> MemoryBill:
         """The estimator's bill for one candidate; the same candidate is estimated once.
 
         Raises:
             PlanError: the plan needs more than ``MAX_ESTIMATES`` estimates (see there).
         """
-        key = (n_ctx, ngl, gpus)
+        moe = self.n_cpu_moe if n_cpu_moe is None else n_cpu_moe
+        key = (n_ctx, ngl, gpus, moe)
         if key not in self.bills:
             if len(self.bills) >= MAX_ESTIMATES:
                 raise PlanError(
                     f"planning {self.model.path.name} on {_count(self.gpus)} needs more than "
                     f"{MAX_ESTIMATES} memory estimates; make fewer GPUs visible (CUDA_VISIBLE_DEVICES)"
                 )
-            self.bills[key] = estimate(self.facts, self.options(n_ctx, ngl, gpus))
+            self.bills[key] = estimate(self.facts, self.options(n_ctx, ngl, gpus, moe))
         return self.bills[key]
 
     def with_prompt_cache(self, bill: MemoryBill) -> tuple[MemoryBill, int | None]:
@@ -708,8 +720,10 @@ class _Planner:
         named = [*zip(self.names(gpus), gpus, strict=False), ("CPU", self.cpu)]
         return tuple(DevicePlan(name, d, bill.device(name), self.budget(d)) for name, d in named)
 
-    def fits(self, n_ctx: int, ngl: int, gpus: tuple[Device, ...], *, cpu: bool = True) -> bool:
-        plans = self.device_plans(self.bill(n_ctx, ngl, gpus), gpus)
+    def fits(
+        self, n_ctx: int, ngl: int, gpus: tuple[Device, ...], *, cpu: bool = True, n_cpu_moe: int | None = None
+    ) -> bool:
+        plans = self.device_plans(self.bill(n_ctx, ngl, gpus, n_cpu_moe), gpus)
         return all(p.fits for p in plans if cpu or p.name != "CPU")
 
     def largest_ctx(self, ngl: int, gpus: tuple[Device, ...], low: int = CTX_STEP) -> int:
@@ -717,6 +731,32 @@ class _Planner:
         lo = max(low // CTX_STEP, 1)
         found = _largest(lambda c: self.fits(c * CTX_STEP, ngl, gpus), lo, self.cap // CTX_STEP)
         return found * CTX_STEP if found >= lo else 0
+
+    def expert_split(self, n_ctx: int, gpus: tuple[Device, ...]) -> bool:
+        """Keep the routed experts of the fewest blocks on the CPU so that the rest of every block fits ``gpus``.
+
+        Attention, shared weights, the KV cache and the compute buffers stay offloaded, and only the experts (most
+        of a MoE model's bytes, a few of them read per token) run on the CPU: much faster than moving whole blocks,
+        whose attention and cache would then run on the CPU too. False (nothing set) when the model has no routed
+        experts, the binary no ``--n-cpu-moe``, or even every block's experts on the CPU leave too much.
+        """
+        experts = self.facts.expert_weight_bytes
+        if not any(experts) or not self.caps.supports("--n-cpu-moe"):
+            return False
+        last = max(il for il, nbytes in enumerate(experts) if nbytes) + 1
+        n = _smallest(lambda k: self.fits(n_ctx, self.full, gpus, cpu=False, n_cpu_moe=k), 1, last)
+        if n > last:
+            return False
+        self.n_cpu_moe = n
+        moved = sum(1 for nbytes in experts[:n] if nbytes)
+        held = format_size(sum(experts[:n]))
+        self.reasons.append(
+            f"--n-cpu-moe {n}: the routed experts of {moved} of {sum(1 for b in experts if b)} MoE layers "
+            f"({held}) stay on the CPU, the fewest that let every layer's attention, the shared weights, the KV "
+            f"cache and the compute buffers fit on {_count_devices(gpus)} at {n_ctx} tokens; the model does not fit "
+            "fully offloaded, and moving only experts (a few read per token) keeps more on the GPUs than lowering -ngl"
+        )
+        return True
 
     def largest_ngl(self, n_ctx: int, gpus: tuple[Device, ...]) -> int:
         """The most layers whose GPU share fits (the CPU side is checked, and warned about, apart)."""
@@ -759,7 +799,9 @@ class _Planner:
             "GPUs as llama-server orders them; the studio splits the layers itself, since "
             "llama.cpp's --fit is unreliable over RPC (llama.cpp #18175, #21801)"
         )
-        if self.gpus:
+        # workers whose devices measure their free memory are GPUs (a CPU's says all of it is free): planned like them
+        like_gpus = bool(self.gpus) or all(d.free_bytes < d.total_bytes for d in self.rpc)
+        if like_gpus:
             ngl = self.full
         else:
             remote = sum(d.free_bytes for d in devices)
@@ -773,13 +815,16 @@ class _Planner:
                 self.reasons.append(
                     f"automatic context: {n_ctx} tokens, the largest that fits every device (native {self.native})"
                 )
-        if self.gpus and not self.fits(n_ctx or self.floor, ngl, devices):
-            ngl = self.largest_ngl(n_ctx or self.floor, devices)
-            self.reasons.append(
-                f"-ngl {ngl}: the most layers (of {self.full}) the workers and GPUs hold; the rest stay on the CPU"
-            )
-            if not n_ctx:
-                n_ctx = self.largest_ctx(ngl, devices, self.floor)
+        if like_gpus and not self.fits(n_ctx or self.floor, ngl, devices, cpu=False):
+            if self.expert_split(n_ctx or self.floor, devices):
+                n_ctx = n_ctx or self.grown(self.floor, devices)
+            else:
+                ngl = self.largest_ngl(n_ctx or self.floor, devices)
+                self.reasons.append(
+                    f"-ngl {ngl}: the most layers (of {self.full}) the workers and GPUs hold; the rest stay on the CPU"
+                )
+                if not n_ctx:
+                    n_ctx = self.largest_ctx(ngl, devices, self.floor)
         if not n_ctx:
             n_ctx = self.floor
             self.warnings.append(f"even {n_ctx} tokens do not fit every device's budget; the load may fail")
@@ -826,7 +871,7 @@ class _Planner:
             f"automatic context: even {self.floor} tokens do not fit fully offloaded on "
             f"{_count(self.gpus)}; using {self.floor} and splitting the layers with the CPU"
         )
-        return self.partial(self.floor)
+        return self.partial(self.floor, grow=True)
 
     def explicit_ctx(self, n_ctx: int, *, asked: bool = True) -> tuple[tuple[Device, ...], Offload, int, int]:
         if self.native and n_ctx > self.native:
@@ -845,9 +890,12 @@ class _Planner:
         self.reasons.append(f"the model at {n_ctx} tokens does not fit fully offloaded on {_count(self.gpus)}")
         return self.partial(n_ctx)
 
-    def partial(self, n_ctx: int) -> tuple[tuple[Device, ...], Offload, int, int]:
-        """Split the layers between every GPU and the CPU: by ``--fit`` when the binary has it."""
+    def partial(self, n_ctx: int, *, grow: bool = False) -> tuple[tuple[Device, ...], Offload, int, int]:
+        """Keep a MoE model's experts on the CPU (``expert_split``), else split the layers between every GPU and the
+        CPU: by ``--fit`` when the binary has it. ``grow``: an automatic context, the largest the split allows."""
         gpus = self.all_gpus
+        if self.expert_split(n_ctx, gpus):
+            return gpus, "ngl", self.full, self.grown(n_ctx, gpus) if grow else n_ctx
         ngl = self.largest_ngl(n_ctx, gpus)
         if self.caps.supports("--fit"):
             self.reasons.append(
@@ -859,6 +907,13 @@ class _Planner:
             f"-ngl {ngl}: the most layers (of {self.full}) that fit the GPUs; this llama-server has no --fit"
         )
         return gpus, "ngl", ngl, n_ctx
+
+    def grown(self, n_ctx: int, gpus: tuple[Device, ...]) -> int:
+        """The largest automatic context the expert split allows, at least ``n_ctx``, with its reason."""
+        grown = max(self.largest_ctx(self.full, gpus, n_ctx), n_ctx)
+        if grown > n_ctx:
+            self.reasons.append(f"automatic context: {grown} tokens, the largest that fits with that split")
+        return grown
 
     def finish(self, gpus: tuple[Device, ...], offload: Offload, ngl: int, n_ctx: int) -> LaunchPlan:
         """The plan for these offload devices (RPC devices first, then local GPUs), layers and context."""
@@ -910,7 +965,7 @@ class _Planner:
                 f"{format_size(p.weights, fine=True)} of weights and about "
                 f"{format_size(p.compute, fine=True)} of compute buffer, counted in its budget"
             )
-        threads = self.threads(layers_on_cpu=not gpus or ngl < self.full)
+        threads = self.threads(layers_on_cpu=not gpus or ngl < self.full or self.n_cpu_moe > 0)
         if self.request.threads_batch is not None:
             self.reasons.append(f"batch threads: {self.request.threads_batch}, as requested")
         if self.request.context_shift:
@@ -938,6 +993,7 @@ class _Planner:
             native_ctx=self.native,
             n_parallel=self.n_parallel,
             kv_unified=self.kv_unified,
+            n_cpu_moe=self.n_cpu_moe,
             cache_type_k=self.request.cache_type_k,
             cache_type_v=self.request.cache_type_v,
             flash_attn=self.flash_attn,
@@ -1037,10 +1093,29 @@ def _layer_counts(facts: ModelFacts, options: MemoryOptions) -> str:
     )
 
 
+def _count_devices(devices: tuple[Device, ...]) -> str:
+    """ "CUDA0", "RPC0[127.0.0.1:50052]" or "2 devices (...)"."""
+    names = " + ".join(_device(d) for d in devices)
+    return names if len(devices) == 1 else f"{len(devices)} devices ({names})"
+
+
 def _count(gpus: tuple[Device, ...]) -> str:
     """ "CUDA0" or "2 GPUs (CUDA0 + CUDA1)"."""
     names = " + ".join(f"{d.backend}{d.index}" for d in gpus)
     return names if len(gpus) == 1 else f"{len(gpus)} GPUs ({names})"
+
+
+def _smallest(ok: Callable[[int], bool], low: int, high: int) -> int:
+    """The smallest n in [low, high] with ``ok(n)`` (``ok`` monotone: false up to a point); high + 1 if none."""
+    if high < low or not ok(high):
+        return high + 1
+    while low < high:
+        mid = (low + high) // 2
+        if ok(mid):
+            high = mid
+        else:
+            low = mid + 1
+    return low
 
 
 def _largest(ok: Callable[[int], bool], low: int, high: int) -> int:

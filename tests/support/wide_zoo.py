@@ -126,13 +126,15 @@ def widen_model(
     return None
 
 
-def with_experts(src: Path, dst: Path, n_expert: int, n_used: int) -> Path:
+def with_experts(src: Path, dst: Path, n_expert: int, n_used: int, *, expert_type: str | None = None) -> Path:
     """``src`` with ``n_expert`` routed experts, ``n_used`` of them per token, written to ``dst`` (weights as holes).
 
     The zoo's MoE models route each token to 2 of 2 experts; real fine-grained MoE
     models route 8 of 128 (Qwen3-30B-A3B), where the experts' down projections,
     ``[n_embd, n_expert_used, n_tokens]``, outgrow their activations. The expert
-    axis is the last of the experts' and the router's tensors.
+    axis is the last of the experts' and the router's tensors. ``expert_type`` (e.g. ``Q8_0``) writes the
+    experts' weight matrices in that type instead of the source's (a quarter of F32's bytes, for models that are
+    sent whole to an RPC worker).
     """
     head = gguf.read(src).shards[0]
     arch = str(head.metadata["general.architecture"])
@@ -145,7 +147,8 @@ def with_experts(src: Path, dst: Path, n_expert: int, n_used: int) -> Path:
         # its biases all end with the expert axis
         axis = len(t.shape) - 1 if any(k in t.name for k in ("_exps.", ".ffn_gate_inp.", ".exp_probs_b.")) else None
         shape = tuple(n_expert if i == axis and d == old else d for i, d in enumerate(t.shape))
-        tensors.append(TensorToWrite(t.name, shape, t.ggml_type))
+        matrix = t.name.endswith("_exps.weight") and len(shape) == 3
+        tensors.append(TensorToWrite(t.name, shape, expert_type if matrix and expert_type else t.ggml_type))
     write_gguf(dst, metadata, tensors, value_types=head.value_types, version=head.version)
     return dst
 
@@ -184,18 +187,40 @@ REAL_MOE_SHAPES = (
 )
 
 
-def ensure_moe_zoo(zoo: Path, binary: Path, out: Path) -> list[Path]:
-    """``REAL_MOE_SHAPES``' models, generated into ``out`` once (a marker lists them)."""
+def ensure_moe_zoo(
+    zoo: Path,
+    binary: Path,
+    out: Path,
+    shapes: tuple[tuple[str, int, int, int, int], ...] = REAL_MOE_SHAPES,
+    expert_type: str | None = None,
+) -> list[Path]:
+    """``shapes``' models (``REAL_MOE_SHAPES`` by default), generated into ``out`` once (a marker lists them)."""
 
     def make() -> list[Path]:
         made = []
-        for name, factor, ffn_factor, n_expert, n_used in REAL_MOE_SHAPES:
+        for name, factor, ffn_factor, n_expert, n_used in shapes:
             wide = widen_model(
                 zoo / f"{name}.gguf", out / f"{name}-narrow.gguf", binary, factor=factor, ffn_factor=ffn_factor
             )
             if wide is not None:
-                made.append(with_experts(wide, out / f"{name}-{n_expert}x{n_used}.gguf", n_expert, n_used))
+                dst = out / f"{name}-{n_expert}x{n_used}.gguf"
+                made.append(with_experts(wide, dst, n_expert, n_used, expert_type=expert_type))
                 wide.unlink()
         return made
 
     return _generated_once(out, make)
+
+
+#: The same MoE proportions (experts, routed) half as wide and with Q8_0 experts, small enough to send whole to a
+#: loopback RPC worker several times (``scripts/memory_accuracy.py --moe-split``): n_embd 1024, experts 384 wide
+#: (1536 for GPT-OSS), 80-160 MB of experts per layer.
+SPLIT_MOE_SHAPES = (
+    ("qwen3moe-moe", 4, 1, 128, 8),
+    ("olmoe-moe", 4, 1, 64, 8),
+    ("gpt-oss-moe", 4, 4, 32, 4),
+)
+
+
+def ensure_split_moe_zoo(zoo: Path, binary: Path, out: Path) -> list[Path]:
+    """``SPLIT_MOE_SHAPES``' models, generated into ``out`` once (a marker lists them)."""
+    return ensure_moe_zoo(zoo, binary, out, SPLIT_MOE_SHAPES, expert_type="Q8_0")
