@@ -114,6 +114,7 @@ def plan_json(plan: LaunchPlan, argv: Sequence[str] = (), binary: Discovered | N
         "rpc_devices": [device_json(d) for d in plan.rpc_devices],
         "offload": plan.offload,
         "n_gpu_layers": plan.n_gpu_layers,
+        "n_cpu_moe": plan.n_cpu_moe,
         "tensor_split": list(plan.tensor_split),
         "fit_target_mib": list(plan.fit_target_mib),
         "cache_type_k": plan.cache_type_k,
@@ -186,6 +187,8 @@ def render_plan(info: dict[str, Any]) -> str:
             else f"-ngl {info['n_gpu_layers']}"
         )
         where = f"{how} on {names}"
+    if info.get("n_cpu_moe"):
+        where += f"; --n-cpu-moe {info['n_cpu_moe']}: the first {info['n_cpu_moe']} layers' experts on the CPU"
     lines = [
         f"model      {m['path']}",
         f"           {m['architecture']}, {m['parameters'] / 1e6:,.0f}M parameters, {m['quant']}, "
