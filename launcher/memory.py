@@ -374,6 +374,7 @@ def for_file(model: GGUFFile, options: MemoryOptions = MemoryOptions()) -> Memor
     copies 2-D Q4_0, Q4_K and IQ4_NL matrices whose row count is a multiple of 8
     (token embeddings excepted: they are only looked up) into a ``CPU_REPACK``
     buffer; other CPUs repack other types or none, so treat it as an estimate.
+    ``cpu_moe_gap_bytes``: with ``n_cpu_moe``, ``moe_split_gaps``' figure for it.
     """
     repack = padding = 0
     for shard in model.shards:
@@ -388,7 +389,13 @@ def for_file(model: GGUFFile, options: MemoryOptions = MemoryOptions()) -> Memor
             and t.shape[1] % 8 == 0
             and not t.name.startswith("token_embd")
         )
-    return replace(options, cpu_repack_bytes=repack, weight_padding_bytes=padding)
+    gaps = moe_split_gaps(model) if options.n_cpu_moe and any(model.facts.expert_weight_bytes) else (0,)
+    return replace(
+        options,
+        cpu_repack_bytes=repack,
+        weight_padding_bytes=padding,
+        cpu_moe_gap_bytes=gaps[min(options.n_cpu_moe, len(gaps) - 1)],
+    )
 
 
 def moe_split_gaps(model: GGUFFile) -> tuple[int, ...]:

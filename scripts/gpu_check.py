@@ -15,7 +15,9 @@ plan and reads what the GPU really holds (``nvidia-smi``), then runs the
 memory-accuracy comparison (``scripts/memory_accuracy.compare``: the estimate
 against the ``-lv 4`` allocation lines) on the subset (``ZOO``, ``WIDE``, ``MOE``,
 Gemma) with every layer on the GPU and with half of them. Between the two, the
-slot default (``slots_check``): the planned model runs as planned (4 slots on a
+slot default (``slots_check``) and the MoE expert split as planned
+(``moe_plan_check``; the grid also runs each MoE model with the experts of one
+and of every block on the CPU). The slot default: the planned model runs as planned (4 slots on a
 unified KV cache on a GPU), with one slot (the studio's old default), and as
 llama-server's own defaults (``-np -1``), each at 1, 4 and 8 streaming clients
 (``scripts/bench_concurrency.measure``: aggregate tokens/s, p50/p90 time to
@@ -149,12 +151,14 @@ class Case:
 
     model: str
     config: str
-    offload: str  # "all", "partial" (half the blocks) or "none" (the dry run's CPU)
+    offload: str  # "all", "partial" (half the blocks), "none" (the dry run's CPU), or "experts-N" (below)
     n_gpu_layers: int  # the estimator's: -1 every layer, else the count
+    n_cpu_moe: int = 0  # "experts-N": every layer offloaded but the routed experts of the first N (--n-cpu-moe)
 
 
 def cases(models: dict[str, Path], offloads: Sequence[str]) -> list[Case]:
-    """The grid: the first two configs for every model, plus the studio default for Gemma, each per offload."""
+    """The grid: the first two configs for every model, plus the studio default for Gemma, each per offload; a MoE
+    model with every layer offloaded also runs with the experts of one block, and of every block, on the CPU."""
     from memory_accuracy import CONFIGS, QUICK_CONFIGS
 
     import gguf
@@ -162,11 +166,14 @@ def cases(models: dict[str, Path], offloads: Sequence[str]) -> list[Case]:
     out = []
     for name, path in models.items():
         configs = [c.name for c in CONFIGS[:QUICK_CONFIGS]] + ([GEMMA_EXTRA_CONFIG] if name == GEMMA else [])
-        blocks = gguf.read(path).facts.block_count
+        facts = gguf.read(path).facts
+        blocks, experts = facts.block_count, facts.expert_weight_bytes
         for config in configs:
             for offload in offloads:
                 ngl = {"all": -1, "partial": max(blocks // 2, 1), "none": 0}[offload]
                 out.append(Case(name, config, offload, ngl))
+            if "all" in offloads and any(experts):
+                out += [Case(name, config, f"experts-{n}", -1, n) for n in sorted({1, blocks})]
     return out
 
 
@@ -191,7 +198,7 @@ def run_case(binary: Path, path: Path, case: Case) -> dict[str, Any]:
     from memory_accuracy import CONFIGS, Config, compare
 
     base = next(c for c in CONFIGS if c.name == case.config)
-    config = Config(base.name, replace(base.options, n_gpu_layers=case.n_gpu_layers))
+    config = Config(base.name, replace(base.options, n_gpu_layers=case.n_gpu_layers, n_cpu_moe=case.n_cpu_moe))
     started = time.monotonic()
     outcome = compare(binary, case.model, path, config)
     return case_row(case, config.argv(), time.monotonic() - started, outcome)
@@ -433,6 +440,43 @@ def slots_check(binary: Path, model_path: Path, work: Path, *, dry_run: bool) ->
     return out
 
 
+def moe_plan_check(binary: Path, model_path: Path, work: Path) -> dict[str, Any]:
+    """The MoE expert split as the planner makes it on this GPU: the GPU's free memory set between what the model
+    needs fully offloaded and that less one block's experts (``scripts/moe_split.split_budget``), the plan run,
+    and its bill held against the allocations per device."""
+    from moe_split import planned, split_budget
+
+    from launcher.capabilities import probe
+    from launcher.devices import discover
+    from launcher.planner import PlanRequest
+
+    caps = probe(binary, cache_dir=work / "caps")
+    inventory = discover(llama_server=binary)
+    if not inventory.gpus:
+        return {"error": "no GPU in the inventory"}
+    gpu, request = inventory.gpus[0], PlanRequest(n_ctx=2048, spec="off", cache_ram_mib=0)
+    budget = split_budget(model_path, caps, inventory.cpu, gpu, request)
+    lp, case = planned(binary, model_path, caps, inventory.cpu, gpu, request, work / "moe-plan")
+    out: dict[str, Any] = {
+        "model": model_path.stem,
+        "free_mib_given": budget // MIB,
+        "n_cpu_moe": lp.n_cpu_moe,
+        "n_gpu_layers": lp.n_gpu_layers,
+        "reasons": [r for r in lp.reasons if "n-cpu-moe" in r],
+        "error": case.error,
+    }
+    if case.actual is not None:
+        out["devices"] = {
+            name: {
+                "predicted": _part(lp.bill.device(name), True),
+                "actual": _part(case.actual.device(name), False),
+                **case.check(name),
+            }
+            for name in case.devices()
+        }
+    return out
+
+
 def _slots(lp: Any) -> str:
     return f"{lp.n_parallel} slot{'s' if lp.n_parallel > 1 else ''}" + (", unified" if lp.kv_unified else "")
 
@@ -520,7 +564,28 @@ def markdown(report: dict[str, Any]) -> str:
                     f"- on the GPU beyond the allocation lines (MiB): {json.dumps(run['gpu_beyond_allocations_mib'])}",
                 ]
     lines += _slots_markdown(report.get("slots"))
+    lines += _moe_markdown(report.get("moe_plan"))
     return "\n".join(lines) + "\n"
+
+
+def _moe_markdown(moe: dict[str, Any] | None) -> list[str]:
+    """The planned MoE split: what the planner chose on the squeezed GPU, and each device predicted vs allocated."""
+    if not moe:
+        return []
+    lines = ["", "## MoE expert split (planned)", ""]
+    if "n_cpu_moe" not in moe:
+        return [*lines, f"error: {moe.get('error') or moe.get('skipped')}"]
+    lines += [
+        f"{moe['model']} on {moe['free_mib_given']} MiB free: --n-cpu-moe {moe['n_cpu_moe']}, -ngl "
+        f"{moe['n_gpu_layers']}" + (f"; error: {moe['error']}" if moe["error"] else ""),
+        *(f"- {r}" for r in moe["reasons"]),
+    ]
+    for name, d in moe.get("devices", {}).items():
+        p, a = d["predicted"], d["actual"]
+        parts = ", ".join(f"{k} {p[k]:.2f}/{a[k]:.2f}" for k in ("weights", "kv", "compute", "total"))
+        ok = "".join(f if d[k] else "-" for k, f in (("weights", "W"), ("kv", "K"), ("compute", "C"), ("total", "T")))
+        lines.append(f"- {name}, MiB predicted/allocated: {parts} {ok}")
+    return lines
 
 
 def _slots_markdown(slots: dict[str, Any] | None) -> list[str]:
@@ -710,6 +775,18 @@ def run_check(
         except (Exception, SystemExit) as exc:  # the report must still be written: the error is the finding
             report["slots"] = {"error": f"{type(exc).__name__}: {exc}"}
     phase("slots", start)
+
+    start = time.monotonic()
+    moe = next((p for n, p in models.items() if n.startswith(MOE)), None)
+    if dry_run:
+        report["moe_plan"] = {"skipped": "dry run: scripts/moe_split.py checks the split over an RPC worker"}
+    elif moe is not None and time.monotonic() + PLANNER_TIMEOUT_S < deadline:
+        say(f"moe: {moe.stem}, planned on a GPU too small for it whole")
+        try:
+            report["moe_plan"] = moe_plan_check(binary, moe, work)
+        except Exception as exc:  # the report must still be written: the error is the finding
+            report["moe_plan"] = {"error": f"{type(exc).__name__}: {exc}"}
+    phase("moe", start)
 
     from memory_accuracy import SERVER_TIMEOUT_S  # after the wheels: it imports httpx
 

@@ -105,6 +105,8 @@ class Config:
             out.append("--swa-full")
         if o.n_gpu_layers:  # the estimator's -1 is every layer; llama-server's -1 is "auto"
             out += ["-ngl", "all" if o.n_gpu_layers < 0 else str(o.n_gpu_layers)]
+        if o.n_cpu_moe:
+            out += ["--n-cpu-moe", str(o.n_cpu_moe)]
         if o.spec == "mtp":
             out += ["--spec-type", "draft-mtp", "--spec-draft-n-max", str(o.spec_n_max)]
         elif o.spec_n_max:

@@ -34,7 +34,7 @@ from launcher.allocations import parse_allocations
 from launcher.bill import MemoryBill
 from launcher.capabilities import Capabilities
 from launcher.devices import Device, Inventory
-from launcher.memory import MemoryOptions, estimate, for_file, moe_split_gaps
+from launcher.memory import MemoryOptions, estimate, for_file
 from launcher.planner import LaunchPlan, PlanRequest, load_model, plan
 from launcher.rpc_worker import RpcWorker
 from launcher.units import MIB
@@ -101,14 +101,7 @@ def run_n(binary: Path, path: Path, worker: RpcWorker, setting: str, options: Me
     """Run ``path`` with the experts of its first ``n`` blocks on the CPU and compare the bill with the log."""
     endpoint, buffer = worker.endpoint, f"RPC0[{worker.endpoint}]"
     model = gguf.read(path)
-    gaps = moe_split_gaps(model)
-    options = replace(
-        for_file(model, options),
-        n_gpu_layers=-1,
-        split_names=(buffer,),
-        n_cpu_moe=n,
-        cpu_moe_gap_bytes=gaps[min(n, len(gaps) - 1)],
-    )
+    options = for_file(model, replace(options, n_gpu_layers=-1, split_names=(buffer,), n_cpu_moe=n))
     predicted = estimate(model.facts, options)
     log, _ = load_report(binary, path, argv(options, n, endpoint), until=DONE_MARKERS, timeout=SERVER_TIMEOUT_S)
     try:
@@ -148,11 +141,11 @@ def stand_in_gpu(worker: Device, budget: int) -> Device:
 
 
 def split_budget(path: Path, caps: Capabilities, cpu: Device, worker: Device, request: PlanRequest) -> int:
-    """Free bytes for the stand-in that hold the model with one block's experts on the CPU, not with none."""
+    """Free bytes for the stand-in (or a real GPU) that hold the model with one block's experts on the CPU, not
+    with none."""
     inventory = Inventory((stand_in_gpu(worker, 1 << 40), cpu), ())
     full = plan(load_model(path), inventory, caps, request)
-    name = worker.rpc_buffer_name or ""
-    whole = full.bill.device(name).total
+    whole = full.devices[0].bill.total
     facts = gguf.read(path).facts
     one = facts.expert_weight_bytes[0]
     # halfway between "everything" and "everything less one block's experts", over the planner's 90 % share

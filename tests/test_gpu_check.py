@@ -94,6 +94,41 @@ def test_config_argv_asks_for_the_estimators_layers():
     assert "-ngl" not in argv(0)
 
 
+def test_a_moe_model_also_runs_with_its_experts_on_the_cpu(zoo_dir):
+    """On the GPU, every MoE case with all layers offloaded runs again with one block's experts on the CPU and with
+    every block's, asking llama-server for --n-cpu-moe."""
+    grid = gpu_check.cases({"qwen3moe-moe": zoo_dir / "qwen3moe-moe.gguf"}, ("all", "partial"))
+    split = [(c.offload, c.n_gpu_layers, c.n_cpu_moe) for c in grid if c.config == "c1000-auto"]
+    assert split == [("all", -1, 0), ("partial", 1, 0), ("experts-1", -1, 1), ("experts-2", -1, 2)]
+    assert all(c.n_cpu_moe == 0 for c in gpu_check.cases({"llama-dense": zoo_dir / "llama-dense.gguf"}, ("all",)))
+    base = CONFIGS[0]
+    argv = Config(base.name, replace(base.options, n_gpu_layers=-1, n_cpu_moe=2)).argv()
+    assert argv[-4:] == ["-ngl", "all", "--n-cpu-moe", "2"]
+
+
+def test_the_planned_moe_split_is_reported_per_device():
+    bill = {"weights": 170.53, "kv": 16.0, "compute": 40.0, "output": 0.0, "total": 226.53}
+    moe = {
+        "model": "qwen3moe-moe-128x8",
+        "free_mib_given": 400,
+        "n_cpu_moe": 1,
+        "n_gpu_layers": 3,
+        "reasons": ["--n-cpu-moe 1: the routed experts of 1 of 2 MoE layers"],
+        "error": "",
+        "devices": {
+            "GPU0": {"predicted": bill, "actual": bill, "weights": True, "kv": True, "compute": True, "total": False}
+        },
+    }
+    text = gpu_check.markdown({"mode": "cuda", "pin": "b11434", "timings_s": {}, "moe_plan": moe})
+    assert "qwen3moe-moe-128x8 on 400 MiB free: --n-cpu-moe 1, -ngl 3" in text
+    assert "- GPU0, MiB predicted/allocated: weights 170.53/170.53, kv 16.00/16.00" in text and "WKC-" in text
+
+
+def test_the_script_parses_its_arguments():
+    shown = subprocess.run([sys.executable, str(SCRIPT), "--help"], capture_output=True, text=True, timeout=60)
+    assert shown.returncode == 0 and "--bundle-dir" in shown.stdout and "--dry-run" in shown.stdout
+
+
 def test_gpu_rows_of_the_report_hold_each_device(gemma_model):
     """A report row and its table lines from a CUDA log, as the GPU machine will make them."""
     model = gguf.read(gemma_model)
