@@ -757,36 +757,41 @@ def run_check(
         binary = Path(build["binary"])
     report["llama_server"] = str(binary)
 
-    start = time.monotonic()
+    def guarded(key: str, timeout: float, what: str, check: Callable[[], dict[str, Any]]) -> None:
+        """Run one phase when it can end before the deadline; its error is the finding, and the report is written."""
+        start = time.monotonic()
+        if time.monotonic() + timeout < deadline:
+            say(what)
+            try:
+                report[key] = check()
+            except (Exception, SystemExit) as exc:
+                report[key] = {"error": f"{type(exc).__name__}: {exc}"}
+        phase(key, start)
+
     planned = models.get(GEMMA) or next(iter(models.values()), None)
-    if planned is not None and time.monotonic() + PLANNER_TIMEOUT_S < deadline:
-        say(f"planner: {planned.stem} on this machine's devices")
-        try:
-            report["planner"] = planner_check(binary, planned, work)
-        except Exception as exc:  # the report must still be written: the error is the finding
-            report["planner"] = {"error": f"{type(exc).__name__}: {exc}"}
-    phase("planner", start)
-
-    start = time.monotonic()
-    if planned is not None and time.monotonic() + SLOTS_TIMEOUT_S < deadline:
-        say(f"slots: {planned.stem}, the planned slots against one and llama-server's own")
-        try:
-            report["slots"] = slots_check(binary, planned, work, dry_run=dry_run)
-        except (Exception, SystemExit) as exc:  # the report must still be written: the error is the finding
-            report["slots"] = {"error": f"{type(exc).__name__}: {exc}"}
-    phase("slots", start)
-
-    start = time.monotonic()
+    if planned is not None:
+        guarded(
+            "planner",
+            PLANNER_TIMEOUT_S,
+            f"planner: {planned.stem} on this machine's devices",
+            lambda: planner_check(binary, planned, work),
+        )
+        guarded(
+            "slots",
+            SLOTS_TIMEOUT_S,
+            f"slots: {planned.stem}, the planned slots against one and llama-server's own",
+            lambda: slots_check(binary, planned, work, dry_run=dry_run),
+        )
     moe = next((p for n, p in models.items() if n.startswith(MOE)), None)
     if dry_run:
         report["moe_plan"] = {"skipped": "dry run: scripts/moe_split.py checks the split over an RPC worker"}
-    elif moe is not None and time.monotonic() + PLANNER_TIMEOUT_S < deadline:
-        say(f"moe: {moe.stem}, planned on a GPU too small for it whole")
-        try:
-            report["moe_plan"] = moe_plan_check(binary, moe, work)
-        except Exception as exc:  # the report must still be written: the error is the finding
-            report["moe_plan"] = {"error": f"{type(exc).__name__}: {exc}"}
-    phase("moe", start)
+    elif moe is not None:
+        guarded(
+            "moe_plan",
+            PLANNER_TIMEOUT_S,
+            f"moe: {moe.stem}, planned on a GPU too small for it whole",
+            lambda: moe_plan_check(binary, moe, work),
+        )
 
     from memory_accuracy import SERVER_TIMEOUT_S  # after the wheels: it imports httpx
 
