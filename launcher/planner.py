@@ -20,12 +20,19 @@ Policy:
   on the fewest GPUs that reach the largest context possible. If even the
   smallest context does not fit, it falls back to that context and ``--fit on``
   (or the largest ``-ngl``).
+- A MoE model that does not fit fully offloaded (at the context asked, or at the smallest automatic
+  one) keeps the routed experts of its first N blocks on the CPU (``--n-cpu-moe N``, the fewest N
+  that fit: ``expert_split``) before ``--fit`` or a lower ``-ngl`` is considered, so every block's
+  attention and KV cache stay on the GPUs; an automatic context then grows to the largest that
+  split allows.
 - A machine without usable GPUs (none found, or none the binary has a backend
   for: see ``launcher.devices``) plans against available RAM with ``-ngl 0``.
 - With RPC workers (``launcher.rpc``) that answered, the layers go over every
   device: the workers' devices (first, as llama-server orders them), the local
   GPUs, and, without local GPUs, the local CPU too, each in proportion to its free
-  memory (``-ngl`` leaves the CPU's share, ``--tensor-split`` divides the rest).
+  memory (``-ngl`` leaves the CPU's share, ``--tensor-split`` divides the rest). Workers whose
+  devices report less free memory than their total (GPU workers; a CPU worker reports all of its
+  RAM free) are planned like GPUs instead: every layer on them, then the MoE expert split.
   ``--fit`` is never used with workers: llama.cpp's fit is unreliable over RPC
   (llama.cpp #18175 counts 0-byte buffers, #21801 still runs out of memory). The
   context is chosen as without workers, against every device's budget.
