@@ -40,7 +40,7 @@ never shows.
 n_embd, like fine-grained MoE experts) to check the estimate on shapes its weights were not fitted on.
 
 Usage: ``.venv/bin/python scripts/memory_accuracy.py [--quick] [--every] [--no-wide | --widen 8x16] [--no-process]
-[--jobs 2] [--models deepseek4-moe,...]``.
+[--process-only] [--jobs 2] [--models deepseek4-moe,...]``.
 """
 
 from __future__ import annotations
@@ -328,6 +328,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="skip the process line's check (one llama-server and one prompt per model)",
     )
     parser.add_argument(
+        "--process-only",
+        action="store_true",
+        help="only the process line's check (no grid, no widened or MoE models)",
+    )
+    parser.add_argument(
         "--widen",
         default=f"{WIDE}x{WIDE_FFN}",
         metavar="FxG",
@@ -351,6 +356,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     smollm = ensure_default_model(settings.models_dir)
     models = [m for m in args.models.split(",") if m]
     runs = plan(zoo, gemma, args.quick, models, args.every, smollm)
+    process_runs = list({name: (name, path, CONFIGS[0]) for name, path, _ in runs}.values())
+    if not models:  # the grid leaves SmolLM2 out (the zoo covers its layout); its vocabulary is the process line's
+        process_runs.insert(1, (SMOLLM, smollm, CONFIGS[0]))
+    if args.process_only:
+        runs, args.no_wide = [], True
     wide_runs = (
         []
         if args.no_wide or models
@@ -377,9 +387,6 @@ def main(argv: Sequence[str] | None = None) -> int:
             for c in (CONFIGS[:QUICK_CONFIGS] if args.quick else CONFIGS)
         ]
     )
-    process_runs = list({name: (name, path, CONFIGS[0]) for name, path, _ in runs}.values())
-    if not models:  # the grid leaves SmolLM2 out (the zoo covers its layout); its vocabulary is the process line's
-        process_runs.insert(1, (SMOLLM, smollm, CONFIGS[0]))
     with ThreadPoolExecutor(max_workers=args.jobs) as pool:
         outcomes = list(pool.map(lambda r: compare(build.llama_server, *r), runs))
         wide = list(pool.map(lambda r: compare(build.llama_server, *r), wide_runs))
@@ -400,6 +407,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         _table(wide)
         print(f"wide: {_summary(wide)}")
         print()
+    if outcomes:
+        _grid_report(outcomes)
+    if processes:
+        print()
+        _process_table(processes)
+        print(_process_summary(processes))
+    return 0
+
+
+def _grid_report(outcomes: Sequence[Outcome]) -> None:
+    """The grid's table, the refusals both sides agree on, and the counts line."""
     _table(outcomes)
     m = len([o for o in outcomes if not o.error.startswith("refused")])
     print(
@@ -407,11 +425,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         "(left out of the counts below)"
     )
     print(_summary(outcomes))
-    if processes:
-        print()
-        _process_table(processes)
-        print(_process_summary(processes))
-    return 0
 
 
 def _process_table(processes: Sequence[ProcessOutcome]) -> None:
