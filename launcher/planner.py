@@ -42,14 +42,14 @@ Policy:
   the automatic context shrinks), the plan is made again with the projector on the
   CPU (``--no-mmproj-offload``), and kept when it is better; a reason says so.
 - Slots (``-np``): as requested; else 4 on one unified KV cache (``--kv-unified``, llama-server's own
-  ``-np -1``) when the model is planned onto local GPUs, where batching several requests is where the
-  throughput is; 1 on the CPU, as before (``scripts/bench_concurrency.py --also 4`` measures whether four
-  serve several clients better on a machine), over RPC workers alone (their devices may be CPUs), and for
-  an embedding instance. Several slots on GPUs always share one unified cache: its cells are the
-  context's (each slot may fill them all), so a full-attention cache costs what one slot's does; what they
-  add, all on the bill, is a window per slot in a sliding-window cache (``n_swa x slots + n_ubatch`` cells),
-  an output row of logits per slot, and those rows in the compute buffer. Several slots on the CPU split the
-  context between them, as before.
+  ``-np -1``) wherever the model runs: on GPUs batching several requests is where the throughput is, and
+  on the CPU several clients at once get more from one batch than from one slot serving them in turn
+  (``scripts/bench_concurrency.py`` measures it against llama-server's own default); 1 for an embedding
+  instance. The default slots share one unified cache: its cells are the context's (each slot may fill
+  them all), so a full-attention cache costs what one slot's does; what they add, all on the bill, is a
+  window per slot in a sliding-window cache (``n_swa x slots + n_ubatch`` cells), an output row of logits
+  per slot, and those rows in the compute buffer. Requested slots share a unified cache on GPUs and split
+  the context between them on the CPU, as before.
 - Threads: as requested; else the CPU's usable physical cores (``Device.cores``), divided among the
   resident models that run layers on the CPU (``PlanRequest.cpu_sharers``, this one included) when this
   one does too: llama.cpp's threads spin while they wait, so servers that each take every core thrash.
@@ -146,8 +146,10 @@ PROMPT_CACHE_MAX = 4096 * MIB
 EMBEDDING_CTX = 512
 #: ...and with last-token pooling, which llama-server splits over batches, up to this (or the native context).
 EMBEDDING_CTX_LAST = 2048
-#: Slots a model planned onto GPUs gets by default, on one unified KV cache: llama-server's own ``-np -1``.
-GPU_SLOTS = 4
+#: Slots a model gets by default, on one unified KV cache: llama-server's own ``-np -1``.
+DEFAULT_SLOTS = 4
+#: The same, by its older name (GPU plans had it first).
+GPU_SLOTS = DEFAULT_SLOTS
 #: Backends whose GPUs a vendor tool reports; preferred over devices only llama-server lists.
 _VENDOR_BACKENDS = ("CUDA", "ROCm")
 
@@ -233,7 +235,7 @@ class PlanRequest:
     """What the user asked for; ``None`` fields are the planner's to choose."""
 
     n_ctx: int | None = None  # None: automatic
-    #: server slots; None: 4 on a unified KV cache on GPUs, 1 on the CPU (see the module docstring)
+    #: server slots; None: 4 on a unified KV cache, 1 for an embedding instance (see the module docstring)
     n_parallel: int | None = None
     cache_type_k: CacheType = "f16"
     cache_type_v: CacheType = "f16"
@@ -597,18 +599,17 @@ class _Planner:
             return asked, unified
         if self.request.embeddings:
             return 1, False  # one input fills a batch (the embedding context's reason says so)
-        if on_gpus:
-            self.reasons.append(
-                f"slots: {GPU_SLOTS} on a unified KV cache: the model runs on GPUs, where batching several requests "
-                "is where the throughput is; the slots share the context's cells (each may use the whole context)"
-            )
-            return GPU_SLOTS, True
-        self.reasons.append(
-            "slots: 1: no local GPU, and the RPC workers' devices may be CPUs; set n_parallel for more"
-            if self.rpc
-            else "slots: 1: a CPU plan: each request gets every core in turn; set n_parallel to batch several at once"
+        why = (
+            "the model runs on GPUs, where batching several requests is where the throughput is"
+            if on_gpus
+            else "on the CPU too, several clients at once get more tokens in total from one batch than from one "
+            "slot serving them in turn, and a single client as much"
         )
-        return 1, False
+        self.reasons.append(
+            f"slots: {DEFAULT_SLOTS} on a unified KV cache, llama-server's own default: {why}; the slots share the "
+            "context's cells (each may use the whole context), so the KV cache costs what one slot's does"
+        )
+        return DEFAULT_SLOTS, True
 
     def _flash_attn(self) -> FlashAttn:
         quantized = needs_flash_attn(self.request.cache_type_k, self.request.cache_type_v)
@@ -1142,6 +1143,7 @@ __all__ = [
     "BUDGET_FRACTION",
     "EMBEDDING_CTX",
     "EMBEDDING_CTX_LAST",
+    "DEFAULT_SLOTS",
     "GPU_SLOTS",
     "MAX_ESTIMATES",
     "MIN_AUTO_CTX",

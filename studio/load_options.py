@@ -133,7 +133,7 @@ OPTIONS: tuple[Option, ...] = (
         "n_parallel",
         "int",
         "Server slots",
-        "the config's, else 4 on a unified KV cache on GPUs, 1 on the CPU",
+        "the config's, else 4 on a unified KV cache (1 for an embedding instance)",
         least=1,
         most=64,
         cli="--parallel",

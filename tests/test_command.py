@@ -72,7 +72,7 @@ def test_default_cpu_argv_on_the_real_build(gemma, real, build):
     argv = build(p, real, threads=3).argv(8123)
     assert argv[:6] == [str(BIN), "-m", str(gemma.path), "--host", "127.0.0.1", "--port"]
     assert value(argv, "--port") == "8123" and value(argv, "--ctx-size") == "32768"
-    assert value(argv, "--parallel") == "1" and value(argv, "--n-gpu-layers") == "0"
+    assert value(argv, "--parallel") == "4" and "--kv-unified" in argv and value(argv, "--n-gpu-layers") == "0"
     assert value(argv, "--fit") == "off" and value(argv, "--threads") == "3"
     assert value(argv, "--cache-type-k") == "f16" and value(argv, "--cache-type-v") == "f16"
     assert value(argv, "-lv") == "4" and value(argv, "--alias") == "gemma-3-270m-Q4_K_M"

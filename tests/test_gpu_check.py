@@ -396,10 +396,10 @@ def test_dry_run_in_a_bare_python_writes_the_report(tmp_path, pinned_build, zoo_
     assert planner["inventory_vendor_tools"][0]["name"] == "NVIDIA H100 80GB HBM3"  # nvidia-smi sees it...
     assert planner["plan"]["gpus"] == [] and any("no CUDA backend" in w for w in planner["plan"]["warnings"])
     assert planner["run"]["completion_status"] == 200 and "CPU" in planner["run"]["allocations"]
-    assert (planner["plan"]["n_parallel"], planner["plan"]["kv_unified"]) == (1, False)  # a CPU plan's one slot
+    assert (planner["plan"]["n_parallel"], planner["plan"]["kv_unified"]) == (4, True)  # llama-server's own default
     slots = report["slots"]
-    assert slots["default"]["n_parallel"] == 1 and slots["reason"].startswith("slots: 1: a CPU plan")
-    servers = ("studio default (1 slot)", "one slot", "llama-server -np -1")
+    assert slots["default"]["n_parallel"] == 4 and slots["reason"].startswith("slots: 4 on a unified KV cache")
+    servers = ("studio default (4 slots, unified)", "one slot", "llama-server -np -1")
     assert [(r["clients"], r["server"]) for r in slots["rows"]] == [(c, s) for c in (1, 4) for s in servers]
     assert all(r["tokens_per_s"] > 0 and r["ttft_p90_ms"] >= r["ttft_p50_ms"] > 0 for r in slots["rows"]), slots
     table = (out / "gpu_check.md").read_text()

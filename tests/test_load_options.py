@@ -541,4 +541,4 @@ def test_slots_left_unset_are_the_planners_by_device(tmp_path, gemma_model, real
     gpu = Device("CUDA", 0, "GPU 0", 80 * 1024 * MIB, 80 * 1024 * MIB, "nvidia-smi", "GPU-0000")
     model = load_model(gemma_model)
     assert plan(model, Inventory((gpu, *on_cpu().devices), ()), real, unset).n_parallel == 4
-    assert plan(model, on_cpu(), real, unset).n_parallel == 1
+    assert plan(model, on_cpu(), real, unset).n_parallel == 4

@@ -200,7 +200,7 @@ def test_load_chat_stop_log_and_unload_in_a_real_browser(watched, studio):
     assert "Largest safe context" in page.locator("#load-ctx-safe").inner_text()
     assert page.locator("#load-reasons li").count() > 0
     # the dialog leaves the slots to the planner (it asked for 1, "as requested", whatever the devices)
-    assert "slots: 1: a CPU plan" in page.locator("#load-reasons").text_content()  # folded: not inner_text
+    assert "slots: 4 on a unified KV cache" in page.locator("#load-reasons").text_content()  # folded: not inner_text
     page.focus("#load-ctx")
     page.keyboard.press("Home")
     for _ in range(3):

@@ -297,7 +297,7 @@ def test_cpu_auto_spec_for_a_big_mtp_model_chains_ngram(mtp_model, real):
 def test_parallel_slots_share_the_context(gemma, real):
     p = plan(gemma, machine(), real, PlanRequest(n_ctx=32768, n_parallel=4))
     assert p.n_parallel == 4 and "4 parallel slots share the context: 8192 tokens each" in reasons(p)
-    single = plan(gemma, machine(), real, PlanRequest(n_ctx=32768))
+    single = plan(gemma, machine(), real, PlanRequest(n_ctx=32768, n_parallel=1))
     assert p.bill.sum_of("output") == 4 * single.bill.sum_of("output")
 
 
@@ -308,7 +308,7 @@ def test_a_gpu_plan_gets_four_slots_on_a_unified_kv_cache(gemma, real):
     """On main every model got one slot, on GPUs too, where batching several requests is the throughput."""
     p = plan(gemma, machine(gpu(0, 80 * GIB)), real)
     assert (p.n_parallel, p.kv_unified, p.n_ctx, p.slot_ctx) == (GPU_SLOTS, True, 32768, 32768)
-    assert "slots: 4 on a unified KV cache: the model runs on GPUs, where batching several requests" in reasons(p)
+    assert "slots: 4 on a unified KV cache, llama-server's own default: the model runs on GPUs" in reasons(p)
     one = plan(gemma, machine(gpu(0, 80 * GIB)), real, PlanRequest(n_parallel=1))
     assert (one.n_parallel, one.kv_unified, one.n_ctx) == (1, False, 32768)
     # one stream: the full-attention cache costs what one slot's does; the sliding window is kept per slot
@@ -319,10 +319,14 @@ def test_a_gpu_plan_gets_four_slots_on_a_unified_kv_cache(gemma, real):
     assert p.bill.sum_of("output") == 4 * one.bill.sum_of("output")
 
 
-def test_a_cpu_plan_keeps_one_slot(gemma, real):
+def test_a_cpu_plan_gets_llama_servers_own_four_unified_slots(gemma, real):
+    """On main a CPU plan got one slot: eight clients at once got 0.76x llama-server's own default's tokens/s."""
     p = plan(gemma, machine(), real)
-    assert (p.n_parallel, p.kv_unified, p.slot_ctx) == (1, False, 32768)
-    assert "slots: 1: a CPU plan" in reasons(p)
+    assert (p.n_parallel, p.kv_unified, p.slot_ctx) == (4, True, 32768)
+    assert "slots: 4 on a unified KV cache, llama-server's own default: on the CPU too" in reasons(p)
+    one = plan(gemma, machine(), real, PlanRequest(n_parallel=1))
+    # the KV cache's full-attention cells are the context's either way; the SWA window is kept per slot
+    assert p.bill.caches[0].total == one.bill.caches[0].total and p.bill.total > one.bill.total
 
 
 def test_the_requested_slots_win_on_either_device(gemma, real):
@@ -334,13 +338,12 @@ def test_the_requested_slots_win_on_either_device(gemma, real):
     assert "2 parallel slots share the context: 16384 tokens each" in reasons(on_cpu)
 
 
-def test_rpc_workers_alone_and_an_embedding_instance_keep_one_slot(gemma, real):
+def test_rpc_workers_alone_get_four_slots_and_an_embedding_instance_one(gemma, real):
     rpc = Device("RPC", 0, "10.0.0.2:50052", 24 * GIB, 24 * GIB, "rpc", endpoint="10.0.0.2:50052", worker_index=0)
     with_rpc = dataclasses.replace(real, flags=real.flags | {"--rpc"})  # a build with -DGGML_RPC=ON
     over_rpc = plan(gemma, Inventory((rpc, cpu(64 * GIB)), ()), with_rpc)
     assert over_rpc.rpc_workers == ("10.0.0.2:50052",)
-    assert (over_rpc.n_parallel, over_rpc.kv_unified) == (1, False)
-    assert "slots: 1: no local GPU, and the RPC workers' devices may be CPUs" in reasons(over_rpc)
+    assert (over_rpc.n_parallel, over_rpc.kv_unified) == (4, True)
     embedder = plan(gemma, machine(gpu(0, 80 * GIB)), real, PlanRequest(embeddings=True))
     assert (embedder.n_parallel, embedder.kv_unified) == (1, False)
 
