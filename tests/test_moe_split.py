@@ -20,6 +20,7 @@ from launcher.discovery import find_rpc_server
 from launcher.planner import PlanRequest, load_model, plan
 from launcher.units import GIB, MIB
 from scripts.moe_split import fresh_worker, planned
+from studio.views.plan import plan_json, render_plan
 from tests.support.wide_zoo import ensure_split_moe_zoo
 
 REQUEST = PlanRequest(n_ctx=2048, spec="off", threads=2, cache_ram_mib=0)
@@ -53,6 +54,11 @@ def test_a_moe_model_that_fits_no_gpu_whole_keeps_only_experts_on_the_cpu(
     experts = model.facts.expert_weight_bytes[0]
     assert small.bill.device("CPU").weights >= whole.bill.device("CPU").weights + experts
     assert any("--n-cpu-moe 1: the routed experts of 1 of 2 MoE layers" in r for r in small.reasons)
+    shown = render_plan(plan_json(small))
+    assert (
+        "offload    -ngl 3 on CUDA0 a small GPU; the routed experts of the first layer on the CPU (--n-cpu-moe 1)"
+        in (shown)
+    )
     with build_command(small, real, binary=llama_server_bin) as command:
         argv = command.argv(8080)
     assert argv[argv.index("--n-cpu-moe") + 1] == "1" and argv[argv.index("--n-gpu-layers") + 1] == "3"

@@ -188,7 +188,9 @@ def render_plan(info: dict[str, Any]) -> str:
         )
         where = f"{how} on {names}"
     if info.get("n_cpu_moe"):
-        where += f"; --n-cpu-moe {info['n_cpu_moe']}: the first {info['n_cpu_moe']} layers' experts on the CPU"
+        n = info["n_cpu_moe"]
+        which = "the first layer" if n == 1 else f"the first {n} layers"
+        where += f"; the routed experts of {which} on the CPU (--n-cpu-moe {n})"
     lines = [
         f"model      {m['path']}",
         f"           {m['architecture']}, {m['parameters'] / 1e6:,.0f}M parameters, {m['quant']}, "
