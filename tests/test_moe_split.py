@@ -20,6 +20,7 @@ from launcher.discovery import find_rpc_server
 from launcher.planner import PlanRequest, load_model, plan
 from launcher.units import GIB, MIB
 from scripts.moe_split import fresh_worker, planned
+from studio.views.fit import badge
 from studio.views.plan import plan_json, render_plan
 from tests.support.wide_zoo import ensure_split_moe_zoo
 
@@ -58,6 +59,11 @@ def test_a_moe_model_that_fits_no_gpu_whole_keeps_only_experts_on_the_cpu(
     assert (
         "offload    -ngl 3 on CUDA0 a small GPU; the routed experts of the first layer on the CPU (--n-cpu-moe 1)"
         in (shown)
+    )
+    fit = {"fits": True, "n_ctx": 2048, "devices": ["CUDA0 a small GPU"], "offload": "ngl", "evicts": []}
+    assert "3/2 layers" not in badge({**fit, "n_gpu_layers": 3, "layers": 2, "n_cpu_moe": 1})
+    assert "2/2 layers on CUDA0 a small GPU, the experts of 1 on the CPU" in badge(
+        {**fit, "n_gpu_layers": 3, "layers": 2, "n_cpu_moe": 1}
     )
     with build_command(small, real, binary=llama_server_bin) as command:
         argv = command.argv(8080)

@@ -34,6 +34,7 @@ def fit_json(
         "max_ctx": plan.max_safe_ctx,
         "native_ctx": plan.native_ctx,
         "n_gpu_layers": plan.n_gpu_layers,
+        "n_cpu_moe": plan.n_cpu_moe,
         "layers": layers,
         "offload": plan.offload,
         "devices": devices,
@@ -72,6 +73,8 @@ def badge(fit: dict[str, Any]) -> str:
         where = f"about {fit['n_gpu_layers']}/{fit['layers']} layers on {', '.join(fit['devices'])}"
     else:
         where = f"{min(fit['n_gpu_layers'], fit['layers'])}/{fit['layers']} layers on {', '.join(fit['devices'])}"
+        if fit.get("n_cpu_moe"):
+            where += f", the experts of {fit['n_cpu_moe']} on the CPU"
     evicts = f"; evicts {', '.join(fit['evicts'])}" if fit["evicts"] else "; evicts nothing"
     return f"fits at {fit['n_ctx']:,} ctx, {where}{evicts}"
 
