@@ -35,6 +35,9 @@ Before both, three zoo MoE models rewritten at real MoE proportions (``REAL_MOE_
 ``moe:`` line: fine-grained experts set the peak with their down projections, which the widened zoo (2 experts)
 never shows.
 
+The same models with their experts split between a device and the CPU (``--n-cpu-moe``) are checked by
+``scripts/moe_split.py``, over an RPC worker standing in for the GPU.
+
 ``--every`` runs every zoo model over the whole grid instead (the issue's acceptance line is the default run's);
 ``--widen FxG`` widens the zoo to other proportions (4x9: n_embd 1024, n_ff 3456; 8x2: FFNs narrower than
 n_embd, like fine-grained MoE experts) to check the estimate on shapes its weights were not fitted on.
