@@ -285,7 +285,9 @@ def test_load_chat_stop_log_and_unload_in_a_real_browser(watched, studio):
 
     # the live log
     page.click(f"{card} button:text('Log')")
-    wait_for(lambda: "llama_context" in page.locator("#log-lines").inner_text(), timeout=30, what="log lines")
+    # the last 100 lines, then new ones: after a chat, the slots' own lines (the start-up's are further back with
+    # four slots)
+    wait_for(lambda: "slot" in page.locator("#log-lines").inner_text(), timeout=30, what="log lines")
     watched.shot("log")
     page.keyboard.press("Escape")
     assert not page.locator("#log-dialog").is_visible()
