@@ -17,7 +17,7 @@ setup: venv llama model chromium audio-tools
 venv: $(STAMP)
 
 # Reinstall when the dependency list or a C extension changes; the stamp makes a warm run instant.
-$(STAMP): pyproject.toml setup.py gguf/_skip.c studio/http/_pump.c
+$(STAMP): pyproject.toml setup.py gguf/_skip.c studio/http/wire/_pump.c
 	@command -v $(PYTHON) >/dev/null || { echo "setup: $(PYTHON) not found: apt-get install python3 python3-venv"; exit 1; }
 	@$(PYTHON) -c 'import sys; sys.exit(sys.version_info < (3, 11))' || { echo "setup: Python >= 3.11 is required ($(PYTHON) is older)"; exit 1; }
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV) || { echo "setup: could not create $(VENV): apt-get install python3-venv"; exit 1; }

@@ -7,6 +7,6 @@ from setuptools import Extension, setup
 setup(
     ext_modules=[
         Extension("gguf._skip", ["gguf/_skip.c"], optional=True),
-        Extension("studio.http._pump", ["studio/http/_pump.c"], optional=True),
+        Extension("studio.http.wire._pump", ["studio/http/wire/_pump.c"], optional=True),
     ]
 )

@@ -11,7 +11,7 @@ per relayed chunk (64-token streams) at 8 and 32 streams and per one-token reque
 More rows set the studio's figures in their place, each adding one layer to the one before, so that
 what each layer costs reads off one run. ``uvicorn direct`` is the least any relay under uvicorn can
 do: nothing parsed, each arrival written on the client's connection as it came
-(``studio.http.client_wire``, as the studio's ``Framed`` does), under the studio's own server
+(``studio.http.wire.client_wire``, as the studio's ``Framed`` does), under the studio's own server
 class (``studio.http.server.StudioServer``, its main loop waking once a second): what uvicorn
 alone adds to the floor's stream. ``studio relay`` adds the studio's upstream client and relay (a
 spare connection, the answer's head parsed, the watcher of the client, ``Framed``) and nothing else;
@@ -45,8 +45,8 @@ from typing import Any
 
 import httptools
 
-from studio.http.client_wire import ChunkWriter, client_wire
-from studio.http.relay import send_now  # the studio's own: run ``send`` up to its first wait
+from studio.http.wire.client_wire import ChunkWriter, client_wire
+from studio.http.wire.relay import send_now  # the studio's own: run ``send`` up to its first wait
 
 HERE = Path(__file__).resolve().parent
 
@@ -158,7 +158,8 @@ class Passed(asyncio.Protocol):
 
 async def direct_app(scope: dict[str, Any], receive: Any, send: Any) -> None:
     """The least a relay under uvicorn can do: the request's body to the stand-in, its chunked answer written on the
-    client's connection as it arrives, unparsed (``studio.http.client_wire``, the studio's own way past ``send``)."""
+    client's connection as it arrives, unparsed (``studio.http.wire.client_wire``, the studio's own way past
+    ``send``)."""
     if scope["type"] == "lifespan":
         await app(scope, receive, send)
         return
@@ -194,8 +195,8 @@ def studio_part(part: str) -> Any:
     from studio import json_codec
     from studio.http.ahead import AheadRoutes
     from studio.http.errors import error_response
-    from studio.http.relay import Relay, with_server_send
     from studio.http.server import settle_heap
+    from studio.http.wire.relay import Relay, with_server_send
 
     studio, loaded = bench_proxy.stand_in_studio(int(os.environ["BENCH_UPSTREAM"]))
     routes = AheadRoutes(studio, routes=studio.router.routes, on_error=error_response)

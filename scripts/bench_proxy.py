@@ -47,7 +47,7 @@ with the floor, each run prints these under its table, met or missed (``targets`
 ``--split`` also separates, at 8 and 32 streams, what one more chunk costs from what a
 stream costs besides (rounds of 16 and 256 tokens): at 64 tokens a stream's
 set-up and end weigh as much in the CPU per chunk as the chunks themselves. Each
-split first waits out the spares' demand window (``studio.http.upstream.DEMAND_WINDOW``),
+split first waits out the spares' demand window (``studio.http.wire.upstream.DEMAND_WINDOW``),
 as the CPU per request does after them: right after the 32-stream rounds the
 studio still renews the 24 spares that 8 streams leave unused, every few seconds,
 and a 5 s round of 256 tokens booked that (~0.6 ms of CPU a second, none of it a
@@ -210,7 +210,7 @@ def stand_in_studio(upstream: int) -> tuple[FastAPI, StandInModel]:
 
 def serve_stand_in(port: int, conn: Connection, upstream: int, ollama_port: int | None) -> None:
     """The studio service (and its Ollama listener) in front of the stand-in llama-server on ``upstream``."""
-    from studio.http.ollama_app import create_ollama_app
+    from studio.http.clients.ollama_app import create_ollama_app
     from studio.http.server import run_service
 
     app, loaded = stand_in_studio(upstream)
@@ -651,7 +651,7 @@ def idle_rate(pid: int, seconds: float) -> float:
 
 def after_fan_out(studio: Route, fan_out: int, upstream_port: int, idle_before: float) -> None:
     """Print the studio's idle CPU from 20 to 40 s after ``fan_out`` one-token streams at once (past the spares'
-    demand window: ``studio.http.upstream.DEMAND_WINDOW``), and the connections it then holds to the upstream,
+    demand window: ``studio.http.wire.upstream.DEMAND_WINDOW``), and the connections it then holds to the upstream,
     beside its idle CPU at the start of the run."""
     asyncio.run(cpu_per_request(studio, fan_out, fan_out))
     time.sleep(20)
@@ -1001,7 +1001,7 @@ def main() -> int:
         before = {earlier[0]} if earlier is not None else set()
         report(runs, paths, baseline_of, streams, before)
         if args.split and args.stand_in:
-            from studio.http.upstream import DEMAND_WINDOW
+            from studio.http.wire.upstream import DEMAND_WINDOW
 
             split = [p for p in paths if p.name in ("studio /v1", "floor py", "floor C") or p.name in before]
             for concurrency in sorted(CPU_OVER_FLOOR):

@@ -4,7 +4,7 @@
 
 - the config file's ``[models.NAME]`` tables, read through the pydantic model ``options_model`` builds
   (``studio.settings``);
-- the load API's body (``/api/load``, ``/api/plan``) and ``/api/load-options`` (``studio.http.gui_api``);
+- the load API's body (``/api/load``, ``/api/plan``) and ``/api/load-options`` (``studio.http.gui.gui_api``);
 - ``ggstudio plan`` and ``ggstudio load``'s options (``studio.cli.common.with_load_options``);
 - the planner's request (``studio.residency.requests``, through ``Option.plan``).
 

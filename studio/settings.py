@@ -519,13 +519,13 @@ def _listed(
 
 
 def _normalize_origin(text: str) -> str:
-    from studio.http.access import normalize_origin  # light (no web framework), but only settings that need it
+    from studio.http.guards.access import normalize_origin  # light (no web framework), but only settings that need it
 
     return normalize_origin(text)
 
 
 def _normalize_host(text: str) -> str:
-    from studio.http.access import normalize_host
+    from studio.http.guards.access import normalize_host
 
     return normalize_host(text)
 

@@ -98,7 +98,7 @@ def serving(app: object) -> Iterator[str]:
     """
     import uvicorn  # only the tests that serve an app pay for it
 
-    from studio.http.relay import with_server_send
+    from studio.http.wire.relay import with_server_send
 
     port = free_port()
     server = uvicorn.Server(

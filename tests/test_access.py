@@ -6,7 +6,7 @@ import socket
 
 import pytest
 
-from studio.http.access import AccessPolicy, normalize_host, normalize_origin, origin_of, own_origin, split_host
+from studio.http.guards.access import AccessPolicy, normalize_host, normalize_origin, origin_of, own_origin, split_host
 
 
 @pytest.mark.parametrize(

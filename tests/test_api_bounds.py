@@ -18,7 +18,7 @@ from fastapi import FastAPI
 from fastapi.testclient import TestClient
 
 from studio.http.app import create_app
-from studio.http.ollama_app import create_ollama_app
+from studio.http.clients.ollama_app import create_ollama_app
 from tests.helpers import serving
 from tests.replay_upstream import Answer
 from tests.standin_manager import StandInManager, StandInModel

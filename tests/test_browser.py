@@ -37,8 +37,8 @@ from playwright.sync_api import Page, Route, expect, sync_playwright
 from launcher.capabilities import probe
 from launcher.registry import ChildRegistry
 from launcher.supervisor import owner_token
-from studio.http.access import AccessPolicy
 from studio.http.app import create_app
+from studio.http.guards.access import AccessPolicy
 from studio.library.catalog import Catalog
 from studio.residency.manager import ModelManager, supervisor_factory
 from studio.settings import ModelDefaults

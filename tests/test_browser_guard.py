@@ -25,11 +25,11 @@ from starlette.websockets import WebSocket, WebSocketDisconnect
 from launcher.capabilities import probe
 from launcher.registry import ChildRegistry
 from launcher.supervisor import owner_token
-from studio.http.access import AccessPolicy
 from studio.http.app import create_app
-from studio.http.browser_guard import BrowserGuard
+from studio.http.clients.ollama_app import create_ollama_app
 from studio.http.errors import dialect_of
-from studio.http.ollama_app import create_ollama_app
+from studio.http.guards.access import AccessPolicy
+from studio.http.guards.browser_guard import BrowserGuard
 from studio.library.catalog import Catalog
 from studio.residency.manager import ModelManager, supervisor_factory
 from tests.helpers import free_port, wait_for

@@ -1,4 +1,4 @@
-"""The C chunk pump (``studio/http/_pump.c``) under ``Framed``, on real sockets: what it writes, how bodies end.
+"""The C chunk pump (``studio/http/wire/_pump.c``) under ``Framed``, on real sockets: what it writes, how bodies end.
 
 ``tests/test_relay.py`` runs the relay under uvicorn both through the pump and in Python; these pin what
 only the pump does: its own framing check over any split of the reads, its handling of broken framing,
@@ -17,8 +17,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from studio.http import chunk_pump
-from studio.http.upstream_wire import Answer, Framed, Wire
+from studio.http.wire import chunk_pump
+from studio.http.wire.upstream_wire import Answer, Framed, Wire
 
 pytestmark = pytest.mark.skipif(
     chunk_pump._pump is None, reason="the C chunk pump was not built here (no C compiler, or not Linux)"

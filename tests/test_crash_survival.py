@@ -27,8 +27,8 @@ from launcher.devices import Inventory
 from launcher.diagnosis import exit_by_signal
 from launcher.errors import LoadError
 from studio.errors import BusyError, UpstreamDiedError, UpstreamError
+from studio.http.clients.load_wait import RETRIES, Answer, acquire_surviving, answer_surviving
 from studio.http.errors import describe
-from studio.http.load_wait import RETRIES, Answer, acquire_surviving, answer_surviving
 from studio.residency.lifecycle import ResidentState
 from studio.residency.requests import LoadRequest
 from studio.residency.resident import Lease, LoadedModel

@@ -31,7 +31,6 @@ from studio.errors import (
     UpstreamError,
     WorkTimeoutError,
 )
-from studio.http.auth import BearerTokenMiddleware
 from studio.http.errors import (
     ErrorAnswer,
     anthropic_type,
@@ -41,6 +40,7 @@ from studio.http.errors import (
     stream_error_event,
     upstream_response,
 )
+from studio.http.guards.auth import BearerTokenMiddleware
 
 
 @pytest.mark.parametrize(

@@ -27,8 +27,8 @@ from launcher.capabilities import probe
 from launcher.registry import ChildRegistry
 from launcher.supervisor import owner_token
 from studio.http.app import create_app
-from studio.http.load_wait import loading_comment, reading_comment
-from studio.http.ollama_app import create_ollama_app
+from studio.http.clients.load_wait import loading_comment, reading_comment
+from studio.http.clients.ollama_app import create_ollama_app
 from studio.http.server import Listeners
 from studio.library.catalog import Catalog
 from studio.residency.manager import ModelManager, supervisor_factory

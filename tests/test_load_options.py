@@ -27,7 +27,7 @@ from launcher.extra_args import MANAGED_FLAGS, ExtraArgsError, validate_extra_ar
 from launcher.planner import LaunchPlan, PlanError, PlanRequest, load_model, plan
 from launcher.process import LlamaServer
 from launcher.units import MIB
-from studio.http.gui_api import LoadBody
+from studio.http.gui.gui_api import LoadBody
 from studio.library.catalog import CatalogEntry
 from studio.library.default_model import ensure_default_model
 from studio.residency.requests import LoadRequest, load_settings

@@ -18,7 +18,7 @@ from studio.chat import media
 from studio.chat.media import MediaCapabilities, check_chat_media, check_dialect_images, check_media_form
 from studio.errors import BadRequestError, StudioError
 from studio.http.errors import error_response
-from studio.http.limits import BodySizeLimit
+from studio.http.guards.limits import BodySizeLimit
 from studio.residency.resident import LoadedModel
 from studio.settings import Settings
 

@@ -22,7 +22,7 @@ from launcher.capabilities import probe
 from launcher.registry import ChildRegistry
 from launcher.supervisor import owner_token
 from studio.http.app import create_app
-from studio.http.ollama_app import create_ollama_app
+from studio.http.clients.ollama_app import create_ollama_app
 from studio.http.server import Listeners
 from studio.library.catalog import Catalog
 from studio.library.default_model import ensure_default_model

@@ -14,7 +14,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from studio.http.app import create_app
-from studio.http.ollama_app import main_port_hint
+from studio.http.clients.ollama_app import main_port_hint
 from tests.standin_manager import StandInManager, StandInModel
 
 #: What Ollama clients ask first (``ollama list``, ``ollama ps``, ``ollama show``, ``ollama run``, embeddings).

@@ -391,7 +391,7 @@ def test_the_pull_box_shows_progress_and_says_plainly_when_the_studio_cannot_pul
 
 
 def test_reasoning_tool_events_and_speculative_numbers_render(watched, studio):
-    """A stand-in ``/api/chat`` stream with every event the studio sends (``studio.http.gui_chat`` and
+    """A stand-in ``/api/chat`` stream with every event the studio sends (``studio.http.gui.gui_chat`` and
     ``studio.chat.tool_loop``): no model here reasons, runs the tool loop and speculates in one answer."""
     page = watched.page
     page.route(

@@ -25,12 +25,12 @@ import uvicorn
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from studio.chat.model_turn import Turn, TurnError, read_turn
-from studio.http import chunk_pump
 from studio.http.app import create_app
-from studio.http.client_wire import client_wire
-from studio.http.ollama_app import create_ollama_app
-from studio.http.relay import SERVER_SEND, Relay, Reshape, send_now, with_server_send
-from studio.http.upstream import Upstream
+from studio.http.clients.ollama_app import create_ollama_app
+from studio.http.wire import chunk_pump
+from studio.http.wire.client_wire import client_wire
+from studio.http.wire.relay import SERVER_SEND, Relay, Reshape, send_now, with_server_send
+from studio.http.wire.upstream import Upstream
 from tests.helpers import free_port
 from tests.standin_manager import StandInManager, StandInModel
 from tests.test_upstream import CHUNKED_HEAD, Handler, StandIn

@@ -42,7 +42,7 @@ from launcher.registry import ChildRegistry
 from launcher.supervisor import owner_token
 from studio.error_table import outcome
 from studio.errors import UpstreamDiedError
-from studio.http.load_wait import answer_surviving
+from studio.http.clients.load_wait import answer_surviving
 from studio.library.catalog import file_identity
 from studio.residency.lifecycle import HOLDS_MEMORY, ResidentState
 from studio.residency.manager import ModelManager, ResidencyEvent, supervisor_factory

@@ -8,11 +8,11 @@ from starlette.routing import BaseRoute
 
 from studio.errors import BadRequestError
 from studio.http.ahead import MARK, AheadRoutes
+from studio.http.clients.ollama_app import router as ollama_router
+from studio.http.clients.openai_proxy import FORWARDED, REFUSED, check_slot_file, route_for
+from studio.http.clients.openai_proxy import router as proxy_router
 from studio.http.errors import error_response
-from studio.http.gui_chat import router as gui_chat_router
-from studio.http.ollama_app import router as ollama_router
-from studio.http.openai_proxy import FORWARDED, REFUSED, check_slot_file, route_for
-from studio.http.openai_proxy import router as proxy_router
+from studio.http.gui.gui_chat import router as gui_chat_router
 
 
 def test_every_route_llama_server_serves_for_a_model_is_a_row():

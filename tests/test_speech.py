@@ -23,7 +23,7 @@ from launcher.registry import ChildRegistry
 from launcher.supervisor import owner_token
 from launcher.tts import frame_samples
 from studio.http.app import create_app
-from studio.http.speech_api import MAX_SENTENCE_CHARS, sentences
+from studio.http.clients.speech_api import MAX_SENTENCE_CHARS, sentences
 from studio.library.catalog import Catalog
 from studio.library.default_model import ensure_default_model
 from studio.residency.manager import ModelManager, supervisor_factory

@@ -16,7 +16,7 @@ from urllib.parse import urlsplit
 import httpx
 import pytest
 
-from studio.http.stream_owners import StreamOwners
+from studio.http.router.stream_owners import StreamOwners
 from studio.library.default_model import ensure_default_model
 from studio.settings import ModelDefaults
 from tests.helpers import copy_of, wait_for

@@ -18,9 +18,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from studio.http import upstream as upstream_module
-from studio.http.upstream import Upstream
-from studio.http.upstream_wire import Answer, Framed, Wire
+from studio.http.wire import upstream as upstream_module
+from studio.http.wire.upstream import Upstream
+from studio.http.wire.upstream_wire import Answer, Framed, Wire
 from tests.helpers import free_port
 
 Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter, int], Awaitable[bool]]

@@ -21,7 +21,7 @@ from studio.activity.recorder import Activity
 from studio.activity.store import Query as RecordQuery
 from studio.activity.store import capture_of
 from studio.errors import BadRequestError, CaptureNotFoundError, HistoryUnavailableError
-from studio.http.bodies import ApiBody
+from studio.http.gui.bodies import ApiBody
 
 router = APIRouter(prefix="/api")
 

@@ -1,6 +1,6 @@
 """One request's trace: the times the forward path passes, and what the answer's last bytes say.
 
-The forward path (``studio.http.openai_proxy``) makes a ``RequestTrace`` when a request arrives and puts it
+The forward path (``studio.http.clients.openai_proxy``) makes a ``RequestTrace`` when a request arrives and puts it
 in a context variable (``CURRENT``), so the few places that know a moment (the model acquired, the request
 sent upstream, the end) set it without being handed the trace, the load-wait task included (a task copies its
 context). Outside a traced request ``current()`` is ``NO_TRACE``, which records nothing.

@@ -19,7 +19,7 @@ from studio.chat.sse import EventSplitter, event_json
 from studio.chat.think_split import ThinkSplitter
 from studio.chat.tool_healing import ChunkHealer
 from studio.errors import AnsweredError, error_body, error_in
-from studio.http.upstream_wire import body_reader
+from studio.http.wire.upstream_wire import body_reader
 
 
 @dataclass

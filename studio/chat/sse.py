@@ -41,7 +41,7 @@ class EventSplitter:
 
 
 class EventReshape:
-    """A ``studio.http.relay.Reshape`` that sends each whole event through ``rewrite``: an event cut across
+    """A ``studio.http.wire.relay.Reshape`` that sends each whole event through ``rewrite``: an event cut across
     arrivals waits for its end, and the bytes of one that never ends go on as they came."""
 
     def __init__(self) -> None:

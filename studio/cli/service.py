@@ -227,9 +227,9 @@ def _serve_holding(
         """The service around ``manager``: imported and built while the first model loads."""
         from studio.chat.toolbox import Toolbox
         from studio.history.service import History
-        from studio.http.access import AccessPolicy
         from studio.http.app import create_app
-        from studio.http.ollama_app import create_ollama_app, main_port_hint
+        from studio.http.clients.ollama_app import create_ollama_app, main_port_hint
+        from studio.http.guards.access import AccessPolicy
         from studio.http.server import Listeners
         from studio.library.hub_headers import header_cache
         from studio.library.paths import PathPolicy
@@ -336,7 +336,7 @@ def listen_hosts(text: str) -> list[str]:
     Raises:
         typer.BadParameter: an empty list, or a list with an address beyond loopback.
     """
-    from studio.http.access import is_loopback
+    from studio.http.guards.access import is_loopback
 
     hosts = [h.strip() for h in text.split(",") if h.strip()]
     if not hosts:
@@ -395,7 +395,7 @@ def _api_token(settings: "Settings", host: str, *, no_auth: bool) -> tuple[str |
     unless ``--no-auth`` says otherwise."""
     import secrets
 
-    from studio.http.access import is_loopback
+    from studio.http.guards.access import is_loopback
 
     loopback = is_loopback(host)
     if no_auth:

@@ -39,7 +39,7 @@ def mended_answer(content: bytes) -> bytes:
 
 
 class StopSequenceStream(EventReshape):
-    """A ``studio.http.relay.Reshape`` for a Messages stream: its ``message_delta`` mended as ``mended_answer``.
+    """A ``studio.http.wire.relay.Reshape`` for a Messages stream: its ``message_delta`` mended as ``mended_answer``.
 
     Arrivals that are whole events without a matched sequence (all but the last, nearly always) go on as
     they are; only an event that is cut across arrivals waits for its end.

@@ -3,7 +3,7 @@
 Requests become the bodies llama-server's OpenAI-compatible routes take (``chat_request``,
 ``generate_request``, ``embed_request``); its answers and stream chunks come back as
 ``Piece``s (``piece_of``) and are written as Ollama's answers by a ``Reply``. Routing,
-queueing, residency and streaming stay in ``studio.http.ollama_app``. Field names follow the
+queueing, residency and streaming stay in ``studio.http.clients.ollama_app``. Field names follow the
 Ollama API docs (``docs/api.md``) and the official client's types (ollama-python ``_types.py``).
 
 How the fields map:
@@ -22,7 +22,7 @@ How the fields map:
   ``penalize_newline`` no longer exist in llama.cpp and are ignored too.
 - ``format``: ``"json"`` -> ``response_format`` ``json_object``; a JSON schema -> ``json_schema``.
 - ``think``: ``true``/``false`` -> the studio's ``enable_thinking``; ``"low"``/``"medium"``/
-  ``"high"`` -> ``reasoning_effort`` (``studio.http.openai_proxy.prepare_chat_body`` turns both
+  ``"high"`` -> ``reasoning_effort`` (``studio.http.clients.openai_proxy.prepare_chat_body`` turns both
   into the model's own template switches). The answer's reasoning comes back as ``thinking``.
 - ``images`` (base64, on a chat message or a generate request): OpenAI ``image_url`` parts with
   a ``data:`` URI; llama-server reads them where the model has a projector and says so where not.

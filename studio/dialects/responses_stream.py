@@ -23,7 +23,7 @@ _PART_EVENTS = ("response.content_part.", "response.output_text.", "response.rea
 
 
 class ResponsesIndexes(EventReshape):
-    """A ``studio.http.relay.Reshape`` for a Responses stream: feed it upstream bytes, send what it returns."""
+    """A ``studio.http.wire.relay.Reshape`` for a Responses stream: feed it upstream bytes, send what it returns."""
 
     def __init__(self) -> None:
         super().__init__()

@@ -25,7 +25,7 @@ from studio.history.transfer import (
     export_markdown,
     import_document,
 )
-from studio.http.bodies import ApiBody
+from studio.http.gui.bodies import ApiBody
 
 router = APIRouter(prefix="/api")
 

@@ -25,7 +25,7 @@ from gguf.files import write_atomically
 from studio.errors import BadRequestError
 from studio.history import store
 from studio.history.database import now
-from studio.http.bodies import ApiBody
+from studio.http.gui.bodies import ApiBody
 
 FORMAT = "gguf-studio-history"
 VERSION = 1

@@ -24,7 +24,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from studio.activity.recorder import Activity
 from studio.activity.trace import RequestTrace, current, error_message
 from studio.http.errors import Dialect, describe
-from studio.http.relay import LoadWait, Relay
+from studio.http.wire.relay import LoadWait, Relay
 
 #: Answers one request: the response, or an exception ``on_error`` turns into one.
 Handler = Callable[[Request], Awaitable[Response]]

@@ -25,24 +25,24 @@ from studio.activity.trace import RequestTrace
 from studio.chat.toolbox import Toolbox
 from studio.history.api import router as history_router
 from studio.history.service import History
-from studio.http.access import AccessPolicy
+from studio.http.clients.openai_proxy import forward
+from studio.http.clients.openai_proxy import router as proxy_router
+from studio.http.clients.speech_api import router as speech_router
 from studio.http.errors import dialect_of
-from studio.http.gui_api import load_routes
-from studio.http.gui_api import router as api_router
-from studio.http.gui_chat import router as chat_router
-from studio.http.gui_hub import router as hub_router
-from studio.http.gui_pull import router as pull_router
+from studio.http.guards.access import AccessPolicy
+from studio.http.gui.gui_api import load_routes
+from studio.http.gui.gui_api import router as api_router
+from studio.http.gui.gui_chat import router as chat_router
+from studio.http.gui.gui_hub import router as hub_router
+from studio.http.gui.gui_pull import router as pull_router
+from studio.http.gui.page import router as page_router
 from studio.http.metrics import StudioMetrics
-from studio.http.openai_proxy import forward
-from studio.http.openai_proxy import router as proxy_router
-from studio.http.page import router as page_router
-from studio.http.router_api import RouterLoads
-from studio.http.router_api import router as router_api
-from studio.http.speech_api import router as speech_router
+from studio.http.router.router_api import RouterLoads
+from studio.http.router.router_api import router as router_api
+from studio.http.router.stream_owners import StreamOwners
+from studio.http.router.streams import router as streams_router
 from studio.http.stack import stack
-from studio.http.stream_owners import StreamOwners
-from studio.http.streams import router as streams_router
-from studio.http.upstream import Upstream
+from studio.http.wire.upstream import Upstream
 from studio.library.downloads import DownloadManager
 from studio.library.hub_headers import header_cache
 from studio.library.paths import PathPolicy
@@ -89,11 +89,11 @@ def create_app(
     a database it cannot use leaves the rest of the studio working. ``hub_headers`` keeps the headers Hub
     searches and plans read (default: under the studio home, ``studio.library.hub_headers``). ``not_found_hint``
     adds to the 404 of a path the app does not serve (``ggstudio serve`` says where the Ollama API is:
-    ``studio.http.ollama_app.main_port_hint``, wired there so that this app knows nothing of that one).
+    ``studio.http.clients.ollama_app.main_port_hint``, wired there so that this app knows nothing of that one).
     ``load_options``: what ``/api/load`` and ``/api/plan`` take (``studio.load_options``).
     ``app.state`` holds what the routes share (the manager, the metrics, the path policy, the body limit and, once
     started, the pooled upstream, the downloads and the toolbox): the Ollama listener's app shares
-    it too (``studio.http.ollama_app``).
+    it too (``studio.http.clients.ollama_app``).
     """
 
     @asynccontextmanager
@@ -127,7 +127,7 @@ def create_app(
         title="GGUF Studio", version=__version__, lifespan=lifespan, telemetry=NO_TELEMETRY, redoc_url=None
     )
     app.state.paths = paths or PathPolicy.for_catalog(manager.catalog)
-    app.state.path_checks = {}  # model -> its path check in flight (``studio.http.model_paths``)
+    app.state.path_checks = {}  # model -> its path check in flight (``studio.http.guards.model_paths``)
     app.state.manager = manager
     app.state.history = history
     app.state.hub_headers = hub_headers or header_cache(studio_home())
@@ -136,7 +136,7 @@ def create_app(
     app.state.activity = activity = Activity(manager, history)
     activity.listeners.append(_phases_to(metrics))
     app.state.router_loads = RouterLoads()
-    app.state.stream_owners = StreamOwners()  # conv_id -> model, for /v1/stream (studio.http.streams)
+    app.state.stream_owners = StreamOwners()  # conv_id -> model, for /v1/stream (studio.http.router.streams)
     if tuple(load_options) != OPTIONS:  # another table (a test's made-up option): its routes answer first
         app.include_router(load_routes(load_options), prefix="/api")
     app.include_router(api_router)

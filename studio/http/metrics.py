@@ -9,7 +9,7 @@ Each figure is counted where that is cheapest:
   once it ends, ``generation_counts`` reads llama-server's own counts from those few bytes. No
   chunk of a stream is parsed for it, Ollama's reshaped ones included (their upstream bytes are
   llama-server's). The GUI's chat, parsed anyway, gives its counts as it has them: each of its
-  model calls counts (``studio.http.gui_chat``). The listener is what ``RequestMetrics`` put in the
+  model calls counts (``studio.http.gui.gui_chat``). The listener is what ``RequestMetrics`` put in the
   request's scope (``listener_of``): the GUI's ``/api/chat`` and Ollama's are two routes.
 - The phases of each generating request (queued, waiting for a load, prefill, decode), by model and
   route: from its activity record (``studio.activity``), once it ends.
@@ -41,7 +41,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.registry import Collector
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from studio.http.upstream import Upstream
+from studio.http.wire.upstream import Upstream
 from studio.residency.lifecycle import ResidentState
 from studio.residency.manager import ModelManager, ResidencyEvent
 from studio.views.residency import status_json

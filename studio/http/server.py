@@ -3,7 +3,7 @@ really listen, and cost nothing while idle.
 
 The main listener serves the studio app (the page, GUI API, OpenAI and Anthropic routes,
 ``/metrics``). An optional second one serves the Ollama API on its own port
-(``studio.http.ollama_app``), sharing the studio app's state: the same model manager, queue
+(``studio.http.clients.ollama_app``), sharing the studio app's state: the same model manager, queue
 and metrics. The main server owns the signals (Ctrl-C, SIGTERM) and the app's lifespan; the
 second starts once the main one listens and stops before the main one's shutdown stops the
 models, so Ollama requests in flight end the way the studio's do. "Ready" is announced only
@@ -26,7 +26,7 @@ from types import FrameType
 import uvicorn
 from fastapi import FastAPI
 
-from studio.http.relay import with_server_send
+from studio.http.wire.relay import with_server_send
 
 #: Seconds between two looks at the exit flag when nothing wakes the loop: uvicorn's own 0.1 s tick cost an
 #: idle studio 0.25 % of a core (scripts/bench_idle.py); a signal wakes it at once.

@@ -14,14 +14,14 @@ from collections.abc import Callable
 from fastapi import FastAPI, Request
 
 from studio.activity.recorder import Activity
-from studio.http.access import AccessPolicy
 from studio.http.ahead import AheadRoutes, ahead_paths
-from studio.http.auth import BearerTokenMiddleware
-from studio.http.browser_guard import BrowserGuard
+from studio.http.clients.openai_proxy import FORM_PATHS
 from studio.http.errors import Dialect, error_response, install_error_handlers
-from studio.http.limits import BodySizeLimit
+from studio.http.guards.access import AccessPolicy
+from studio.http.guards.auth import BearerTokenMiddleware
+from studio.http.guards.browser_guard import BrowserGuard
+from studio.http.guards.limits import BodySizeLimit
 from studio.http.metrics import Listener, RequestMetrics, StudioMetrics
-from studio.http.openai_proxy import FORM_PATHS
 
 
 def stack(

@@ -229,7 +229,7 @@ class ModelManager(LoadSteps, Unloading):
         """The fast path of ``acquire``: the model and its lease when it is ready now, else ``None`` (no wait).
 
         A streamed request that would wait starts its answer early and sends keep-alives meanwhile
-        (``studio.http.load_wait``).
+        (``studio.http.clients.load_wait``).
         """
         resident = self._routes.get(model) if model is not None else self.default
         if embeddings and (resident is None or not resident.settings.embeds):

@@ -24,7 +24,7 @@ import structlog
 from gguf.speech import SpeechFacts
 from studio import json_codec
 from studio.errors import AnsweredError, BadRequestError, UpstreamError
-from studio.http.load_wait import acquire_surviving
+from studio.http.clients.load_wait import acquire_surviving
 from studio.residency.resident import LoadedModel
 from studio.speech import orpheus, snac
 from studio.speech.codec_weights import codec_path

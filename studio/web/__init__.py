@@ -1,1 +1,1 @@
-"""The studio page's files (HTML, CSS, JavaScript modules), served by ``studio.http.page``."""
+"""The studio page's files (HTML, CSS, JavaScript modules), served by ``studio.http.gui.page``."""

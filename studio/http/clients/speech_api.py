@@ -29,9 +29,9 @@ from studio.blocking import run_blocking
 from studio.chat.media import model_speech
 from studio.errors import BadRequestError
 from studio.home import studio_home
-from studio.http.bodies import ApiBody
-from studio.http.model_paths import check_model_path
-from studio.http.relay import client_gone
+from studio.http.guards.model_paths import check_model_path
+from studio.http.gui.bodies import ApiBody
+from studio.http.wire.relay import client_gone
 from studio.speech.engine import SpeechAudio, SpeechEngine, SpeechRequest, SpeechRuntime
 from studio.speech.engines import ENGINES, speech_engine
 

@@ -16,10 +16,10 @@ import gguf
 from launcher.sampling import Sampling
 from studio.chat.media import file_capabilities
 from studio.errors import ModelNotResidentError
-from studio.http.bodies import ApiBody
-from studio.http.gui_hub import is_remote, remote_plan
-from studio.http.library_removal import remove_from_library
-from studio.http.model_paths import check_extra_args, check_model_path, check_projector_path
+from studio.http.guards.model_paths import check_extra_args, check_model_path, check_projector_path
+from studio.http.gui.bodies import ApiBody
+from studio.http.gui.gui_hub import is_remote, remote_plan
+from studio.http.gui.library_removal import remove_from_library
 from studio.library.catalog import CatalogEntry, names_by_model
 from studio.load_options import OPTIONS, Option, api_options, describe, options_model
 from studio.residency.manager import ModelManager, Placed
@@ -156,7 +156,7 @@ async def inspect_model(request: Request, name: str) -> dict[str, Any]:
 
 @router.delete("/models/{name:path}")
 async def remove_model(request: Request, name: str, force: bool = False, dry_run: bool = False) -> dict[str, Any]:
-    """Remove a model from the library (``studio.http.library_removal``); what was removed, or with ``dry_run``
+    """Remove a model from the library (``studio.http.gui.library_removal``); what was removed, or with ``dry_run``
     what would be. A resident or loading model is a 409 unless ``force`` unloads it first."""
     return await remove_from_library(_manager(request), name, force=force, dry_run=dry_run)
 

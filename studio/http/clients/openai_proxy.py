@@ -5,7 +5,7 @@ speaks: OpenAI's chat, completions, embeddings, Responses and transcriptions, An
 Messages, token counting, rerank and infill, and llama-server's own routes (``/completion``,
 ``/tokenize``, ``/props``, ``/slots``, ...), under each spelling llama-server accepts
 (``FORWARDED``: one row a route), and the dialects whose bodies are not llama-server's
-(Ollama's ``/api/chat``, ``/api/generate`` and embeddings, ``studio.http.ollama_app.ROUTES``): a
+(Ollama's ``/api/chat``, ``/api/generate`` and embeddings, ``studio.http.clients.ollama_app.ROUTES``): a
 row with a ``Face``, whose hooks translate the request, reshape the answer and make the keep-alive
 beat, and whose ``dialect`` shapes the errors. As llama.cpp's router does, a ``POST`` names its model by
 the body's ``model``, a ``GET`` by ``?model=``, and either goes to the default model without
@@ -21,8 +21,8 @@ every millisecond of the proxy's CPU is added to a request's latency on a machin
 cores llama-server keeps busy, and FastAPI's middleware, routing and dependency layers
 cost more than relaying a whole answer.
 
-Streams are relayed chunk by chunk from one pooled ``studio.http.upstream.Upstream``
-by ``studio.http.relay.Relay``, with no buffering and no re-serialisation per chunk.
+Streams are relayed chunk by chunk from one pooled ``studio.http.wire.upstream.Upstream``
+by ``studio.http.wire.relay.Relay``, with no buffering and no re-serialisation per chunk.
 When the client goes away the relay is cancelled and the upstream response closed,
 which closes the connection; llama-server notices and frees the slot. A non-streamed
 answer is read while the client's side is watched: a client that leaves stops
@@ -91,13 +91,13 @@ from studio.dialects.chat_shape import chat_body
 from studio.dialects.responses_stream import ResponsesIndexes
 from studio.errors import BadRequestError, RouteRefusedError, UpstreamDiedError, UpstreamError
 from studio.http.ahead import ahead
+from studio.http.clients.load_wait import DEATH_NOTICE, answer_surviving, answer_when_loaded
 from studio.http.errors import Dialect, ErrorAnswer, describe, stream_error_event, upstream_response
-from studio.http.load_wait import DEATH_NOTICE, answer_surviving, answer_when_loaded
+from studio.http.guards.model_paths import check_model_path
 from studio.http.metrics import listener_of
-from studio.http.model_paths import check_model_path
-from studio.http.relay import Relay, Reshape, client_gone
-from studio.http.stream_owners import CONVERSATION_HEADER, conversation_of, stream_owners
-from studio.http.upstream import Upstream
+from studio.http.router.stream_owners import CONVERSATION_HEADER, conversation_of, stream_owners
+from studio.http.wire.relay import Relay, Reshape, client_gone
+from studio.http.wire.upstream import Upstream
 from studio.residency.manager import ModelManager
 from studio.residency.requests import base_name
 from studio.residency.resident import Lease, LoadedModel
@@ -716,7 +716,7 @@ class Route:
     stream_reshape: Callable[[], Reshape] | None = None  # makes what its streams' bytes go through on the way
     whole_reshape: Callable[[bytes, Tools], bytes] | None = None  # what a whole answer goes through, given the tools
     #: whether a request's answer can need the reshapes (none: every one); a stream that needs none goes on as it
-    #: came, at the least cost (``studio.http.upstream_wire.Framed``)
+    #: came, at the least cost (``studio.http.wire.upstream_wire.Framed``)
     reshapes: Callable[[dict[str, Any]], bool] | None = None
     face: Face | None = None  # a dialect whose bodies are not llama-server's: its hooks (``Face``)
 
@@ -829,7 +829,7 @@ REFUSED: dict[str, str] = {
     "/cors-proxy": "llama-server's CORS proxy fetches any URL a web page names, from this machine",
 }
 
-#: The forwarded paths whose bodies are forms, not JSON (``studio.http.browser_guard`` lets them through).
+#: The forwarded paths whose bodies are forms, not JSON (``studio.http.guards.browser_guard`` lets them through).
 FORM_PATHS = frozenset(path for path, route in FORWARDED.items() if route.form)
 
 _SLOT_ACTION = re.compile(r"/slots/[0-9]+")

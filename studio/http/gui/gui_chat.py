@@ -21,7 +21,7 @@ conversation remembers the model, its load settings and the options. A failure t
 
 ``POST /api/chat`` is answered by ``answer_chat``, pure ASGI ahead of FastAPI's routing
 (``studio.http.ahead``), and its events go out through
-``studio.http.relay.EventStream``: both cost less per request and per event
+``studio.http.wire.relay.EventStream``: both cost less per request and per event
 than FastAPI's routing and ``StreamingResponse`` (``scripts/bench_proxy.py``).
 """
 
@@ -57,13 +57,13 @@ from studio.history.api import history_of
 from studio.history.recorder import Turn as StoredTurn
 from studio.history.recorder import begin_turn, recorded
 from studio.http.ahead import ahead
-from studio.http.bodies import ApiBody
+from studio.http.clients.load_wait import RETRIES, acquire_surviving
+from studio.http.clients.openai_proxy import broke_off, prepare_chat_body, send_upstream
 from studio.http.errors import answer_response, describe, openai_shape, validation_answer
-from studio.http.load_wait import RETRIES, acquire_surviving
+from studio.http.guards.model_paths import check_model_path
+from studio.http.gui.bodies import ApiBody
 from studio.http.metrics import Listener, StudioMetrics, listener_of
-from studio.http.model_paths import check_model_path
-from studio.http.openai_proxy import broke_off, prepare_chat_body, send_upstream
-from studio.http.relay import EventStream
+from studio.http.wire.relay import EventStream
 from studio.residency.manager import ModelManager
 from studio.residency.requests import LoadSettings
 from studio.residency.resident import Lease, LoadedModel

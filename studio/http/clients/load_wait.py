@@ -35,7 +35,7 @@ from launcher.errors import LoadError
 from studio.activity.trace import current, error_message
 from studio.errors import BusyError, DoesNotFitError, UpstreamDiedError
 from studio.http.errors import SHAPES, Dialect, ErrorAnswer, describe, stream_error_line
-from studio.http.relay import LoadWait
+from studio.http.wire.relay import LoadWait
 from studio.residency.manager import ModelManager
 from studio.residency.resident import Lease, LoadedModel
 

@@ -20,10 +20,10 @@ middleware between (Starlette's error handler, the metrics, the body limit):
 each of those wraps ``send`` only to look at ``http.response.start``, which
 still goes through them, and passing a chunk through their wrappers cost a few
 µs of the ~20 µs of Python per chunk. Under uvicorn they go further still,
-framed and written on the client's connection itself (``studio.http.client_wire``);
+framed and written on the client's connection itself (``studio.http.wire.client_wire``);
 the body's end goes through ``send``. A chunked upstream body that is not reshaped
 goes further still: on the client's connection as it came, framing and all
-(``studio.http.upstream_wire.Framed``), one Python call an arrival; its own last
+(``studio.http.wire.upstream_wire.Framed``), one Python call an arrival; its own last
 chunk ends the client's body, and ``send`` only finishes the request. If it breaks
 off inside a chunk, the client's connection closes without an error event (which
 would be read as that chunk's bytes); between chunks the error event follows.
@@ -44,8 +44,8 @@ import httpx
 from starlette.responses import Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from studio.http.client_wire import ChunkWriter, ClientWire, client_wire
-from studio.http.upstream_wire import Framed, body_framed, body_pipe, body_reader
+from studio.http.wire.client_wire import ChunkWriter, ClientWire, client_wire
+from studio.http.wire.upstream_wire import Framed, body_framed, body_pipe, body_reader
 
 #: The scope key under which ``with_server_send`` keeps the ASGI server's own ``send``.
 SERVER_SEND = "gguf_studio.server_send"

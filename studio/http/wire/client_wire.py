@@ -1,7 +1,7 @@
 """A stream's body written straight to the client's connection, past uvicorn's ``send``.
 
 uvicorn's ``send`` for each chunk of a chunked response checks the response's state, frames the
-chunk and writes it; driving that coroutine from the upstream's callback (``studio.http.relay``)
+chunk and writes it; driving that coroutine from the upstream's callback (``studio.http.wire.relay``)
 cost several µs of the ~20 µs of Python a relayed chunk took (``scripts/bench_proxy.py``'s CPU per
 chunk). Once the response has started with chunked framing, the body's chunks are nothing but
 ``<size>\\r\\n<bytes>\\r\\n`` on the connection, so the relay writes them itself, with uvicorn's own
@@ -32,7 +32,7 @@ class ClientWire:
     ``write_chunk`` frames a payload as one chunk; ``write_framed`` writes bytes that are chunked already.
     Each is a closure over the connection's transport and flow control: it runs once per relayed chunk,
     where every attribute looked up is paid again. A client that is gone is written nothing: its
-    disconnect ends the stream (``studio.http.relay.until_client_leaves``).
+    disconnect ends the stream (``studio.http.wire.relay.until_client_leaves``).
     """
 
     def __init__(self, cycle: RequestResponseCycle) -> None:

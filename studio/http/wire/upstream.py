@@ -6,7 +6,7 @@ is a millisecond a token waits. httpx's own client and transport (httpcore on
 anyio, h11 in pure Python) cost about as much per request as the rest of the
 service together, and an ``httpx.Request`` alone (URL and header models, body
 encoding) ~19 µs; so a request here is its bytes, built once (``_request``)
-and written in one piece on a ``studio.http.upstream_wire.Wire``, whose parser
+and written in one piece on a ``studio.http.wire.upstream_wire.Wire``, whose parser
 reads the answer. Responses and errors stay ``httpx``'s (``httpx.Response``,
 ``httpx.HTTPError``), so the code that reads the answers does not change.
 
@@ -36,7 +36,7 @@ from urllib.parse import urlsplit
 import httpx
 
 from studio import json_codec
-from studio.http.upstream_wire import DEFAULT_IDLE, Wire, plainly
+from studio.http.wire.upstream_wire import DEFAULT_IDLE, Wire, plainly
 
 #: Seconds after a streamed answer during which a spare connection is kept ready, renewed before the server's
 #: keep-alive timeout (5 s in b11434's cpp-httplib) would drop it: a person reading an answer and typing the next.

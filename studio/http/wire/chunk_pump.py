@@ -1,4 +1,4 @@
-"""A chunked body handed to the C chunk pump (``studio/http/_pump.c``), where it was built: no Python per chunk.
+"""A chunked body handed to the C chunk pump (``studio/http/wire/_pump.c``), where it was built: no Python per chunk.
 
 ``Framed`` costs the event loop a wake and a Python callback for each relayed chunk; on a busy
 machine that is most of what a stream costs the studio (``scripts/bench_proxy.py``'s CPU per chunk,
@@ -19,7 +19,7 @@ from collections.abc import Callable
 from typing import NamedTuple
 
 try:
-    from studio.http import _pump  # type: ignore[attr-defined]
+    from studio.http.wire import _pump  # type: ignore[attr-defined]
 except ImportError:  # not built: no compiler at install, or not Linux
     _pump = None
 

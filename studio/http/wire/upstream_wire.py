@@ -25,7 +25,7 @@ from typing import Protocol, cast
 import httptools
 import httpx
 
-from studio.http.chunk_pump import PumpEnd, pump
+from studio.http.wire.chunk_pump import PumpEnd, pump
 
 #: Bytes of body held for a reader before reading from the connection pauses.
 READ_HIGH = 256 * 1024
@@ -272,7 +272,7 @@ class Answer(httpx.AsyncByteStream, asyncio.Protocol):
         """Free the connection: back to its owner's pool after a complete answer that allows it, else closed.
 
         A chunked answer is never reused: llama-server b11434 closes the connection after it though its
-        headers say ``Keep-Alive`` (``studio.http.upstream``'s docstring).
+        headers say ``Keep-Alive`` (``studio.http.wire.upstream``'s docstring).
         """
         if self._closed:
             return
@@ -417,7 +417,7 @@ class Framed(_Flowing):
     own, or inside one, where the client's body cannot go on. ``first_at`` is when the first bytes came,
     ``tail`` the last two arrivals.
 
-    Where the C chunk pump was built (``studio.http.chunk_pump``), the arrivals after ``start`` go through it
+    Where the C chunk pump was built (``studio.http.wire.chunk_pump``), the arrivals after ``start`` go through it
     instead, the same way (written as they came, the end handed back, a failure between or inside chunks),
     with no Python per arrival.
     """

@@ -25,7 +25,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import Field
 
-from studio.http.bodies import ApiBody
+from studio.http.gui.bodies import ApiBody
 from studio.library.downloads import Download, DownloadManager, DownloadState
 
 router = APIRouter(prefix="/api")

@@ -4,7 +4,7 @@ Its own port, because Ollama's routes live under ``/api``, where the studio's GU
 The app shares the studio app's state (``studio.http.app.create_app``) and its middleware
 (``studio.http.stack``): the same model manager, queue, pooled upstream and metrics. Ollama's
 model routes (``/api/chat``, ``/api/generate``, ``/api/embed``, ``/api/embeddings``) are rows of
-the one forward path (``studio.http.openai_proxy.Route`` with a ``Face``): this module says how
+the one forward path (``studio.http.clients.openai_proxy.Route`` with a ``Face``): this module says how
 an Ollama request becomes llama-server's (``studio.dialects.ollama``), what its ``keep_alive``
 does to the model, and how the answer becomes Ollama's NDJSON chunks (one JSON object a line)
 or whole answer; routing, the queue, the load and its keep-alives, the relay, cancellation and
@@ -30,16 +30,16 @@ from studio import json_codec
 from studio.chat.sse import EventSplitter, event_json
 from studio.dialects import ollama
 from studio.errors import ModelNotResidentError
-from studio.http.access import AccessPolicy
 from studio.http.app import NO_TELEMETRY
+from studio.http.clients.openai_proxy import Route, Turn, declare, json_body, nothing_to_add
+from studio.http.clients.openai_proxy import router as proxy_router
 from studio.http.errors import Dialect, dialect_of
-from studio.http.library_removal import remove_from_library
-from studio.http.model_paths import check_model_path
-from studio.http.openai_proxy import Route, Turn, declare, json_body, nothing_to_add
-from studio.http.openai_proxy import router as proxy_router
-from studio.http.router_api import router as router_api
+from studio.http.guards.access import AccessPolicy
+from studio.http.guards.model_paths import check_model_path
+from studio.http.gui.library_removal import remove_from_library
+from studio.http.router.router_api import router as router_api
+from studio.http.router.streams import router as streams_router
 from studio.http.stack import stack
-from studio.http.streams import router as streams_router
 from studio.library.downloads import DownloadManager
 from studio.residency.lifecycle import ResidentState
 from studio.residency.manager import ModelManager
@@ -277,7 +277,7 @@ async def pull(request: Request) -> Response:
 
 @router.delete("/api/delete")
 async def delete(request: Request) -> Response:
-    """``ollama rm``: the model leaves the library as with ``ggstudio rm`` (``studio.http.library_removal``).
+    """``ollama rm``: the model leaves the library as with ``ggstudio rm`` (``studio.http.gui.library_removal``).
     Ollama deletes a running model's files under it; the studio refuses a resident one (409) instead."""
     name = ollama.model_name(await json_body(request, empty=True))
     await remove_from_library(_manager(request), name, force=False, instead=f"with `ollama stop {name}`")
@@ -302,7 +302,7 @@ async def unsupported(request: Request) -> JSONResponse:
 
 
 class _Turn:
-    """One Ollama request on the forward path (``studio.http.openai_proxy.Turn``): its ``keep_alive`` is applied
+    """One Ollama request on the forward path (``studio.http.clients.openai_proxy.Turn``): its ``keep_alive`` is applied
     once its model is had; what it asks of llama-server is the subclass's."""
 
     stream = False

@@ -6,7 +6,7 @@ handler, so it is served under a strict Content-Security-Policy: a script that
 found its way into a model's output or a log line could neither run nor send
 anything elsewhere.
 
-What the load dialog may offer comes from ``GET /api/load-options`` (``studio.http.gui_api``).
+What the load dialog may offer comes from ``GET /api/load-options`` (``studio.http.gui.gui_api``).
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from starlette.exceptions import HTTPException
 
 router = APIRouter()
 
-WEB = Path(__file__).resolve().parent.parent / "web"
+WEB = Path(__file__).resolve().parents[2] / "web"
 STATIC = WEB / "static"
 CSP = (
     "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data: blob:; "

@@ -34,8 +34,8 @@ from fastapi.responses import StreamingResponse
 from pydantic import Field
 
 from studio.errors import BadRequestError, ModelNotFoundError
-from studio.http.bodies import ApiBody
-from studio.http.model_paths import check_model_path
+from studio.http.guards.model_paths import check_model_path
+from studio.http.gui.bodies import ApiBody
 from studio.library.catalog import names_by_model
 from studio.residency.lifecycle import ResidentState
 from studio.residency.manager import ModelManager

@@ -1,6 +1,6 @@
 /* The relay's chunk pump: a chunked llama-server body passed on to the client's connection by one C thread.
 
-Per relayed chunk the Python relay (studio.http.upstream_wire.Framed) costs an event loop wake, a
+Per relayed chunk the Python relay (studio.http.wire.upstream_wire.Framed) costs an event loop wake, a
 callback and a write; the same wake, read and write in C cost about two thirds of that
 (scripts/bench_proxy.py's "floor C"), and no Python runs. Once a stream's head and first bytes
 went on in Python, its two connections (duplicated, so that the event loop keeps its own) are
@@ -562,7 +562,7 @@ static PyMethodDef Pump_methods[] = {
 };
 
 static PyTypeObject PumpType = {
-    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "studio.http._pump.Pump",
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "studio.http.wire._pump.Pump",
     .tp_basicsize = sizeof(PumpObject),
     .tp_flags = Py_TPFLAGS_DEFAULT,
     .tp_doc = "Chunked bodies pumped from llama-server to clients by one C thread; results over an eventfd.",

@@ -10,7 +10,7 @@ not, bytes so far). llama.cpp's router serves each by the child that owns the co
 ``router_streams_lookup``, which asks only the children that own some of the ids).
 
 The studio does the same: the generating routes pass the header on and remember the model that served it
-(``studio.http.stream_owners``); these routes go to that model, else to the one ``?model=`` names (a
+(``studio.http.router.stream_owners``); these routes go to that model, else to the one ``?model=`` names (a
 conversation the studio has forgotten). They never load a model: one that is not resident has no session.
 A conversation no resident model holds is a 404 (``StreamNotFoundError``), one whose model still loads a 503
 to retry, as the router answers; a ``DELETE`` then cancels the request waiting for that load
@@ -28,9 +28,9 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
 from studio.errors import BadRequestError, NotReadyError, StreamNotFoundError, UpstreamError
-from studio.http.openai_proxy import Method, broken_stream_event, close_upstream, read_answer, send_upstream
-from studio.http.relay import Relay
-from studio.http.stream_owners import stream_owners
+from studio.http.clients.openai_proxy import Method, broken_stream_event, close_upstream, read_answer, send_upstream
+from studio.http.router.stream_owners import stream_owners
+from studio.http.wire.relay import Relay
 from studio.residency.lifecycle import COMING_UP
 from studio.residency.manager import ModelManager
 from studio.residency.resident import Lease, LoadedModel

@@ -5,7 +5,7 @@ request that passes is handed on untouched, and an allowed cross-origin one only
 gains two response headers. It runs before the token check, on every route and
 every method, ``/health`` included:
 
-1. ``Host`` must name the studio in a way DNS cannot fake (``studio.http.access``), else 403:
+1. ``Host`` must name the studio in a way DNS cannot fake (``studio.http.guards.access``), else 403:
    the DNS-rebinding defence. A request without ``Host`` (HTTP/1.0) carries no name to check.
 2. A request with an ``Origin`` comes from a web page: only the studio's own origin (its
    own page, as the ``Host`` that passed names it) and allow-listed ones get through, else
@@ -31,8 +31,8 @@ from collections.abc import Callable
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from studio.http.access import AccessPolicy, origin_of, own_origin
 from studio.http.errors import SHAPES, Dialect, ErrorAnswer, dialect_of
+from studio.http.guards.access import AccessPolicy, origin_of, own_origin
 
 _BODY_METHODS = frozenset({"POST", "PUT", "PATCH", "DELETE"})
 _ALLOW_METHODS = b"GET, POST, PUT, PATCH, DELETE, OPTIONS"

@@ -1,0 +1,1 @@
+"""What stands before every route: host and origin checks, the API token, body limits, model paths."""

@@ -1,0 +1,1 @@
+"""The studio GUI's API: models, chat, Hub search, pulls, the page."""

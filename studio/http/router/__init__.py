@@ -1,0 +1,1 @@
+"""llama.cpp router's API: its model list, loads and unloads, and resumable streams."""
