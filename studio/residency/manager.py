@@ -90,7 +90,7 @@ class ModelManager(LoadSteps, Unloading):
         own_memory: Callable[[], int] | None = None,
         sampling: Sampling | None = None,
     ) -> None:
-        self.catalog = catalog
+        self.lookup = Lookup(catalog, downloads, work_timeout)
         self.binary = binary
         #: which build runs and why (``launcher.backends.running_build``); None: only the binary is known
         self.build = dict(build) if build is not None else None
@@ -101,9 +101,7 @@ class ModelManager(LoadSteps, Unloading):
         self.residency = residency or ResidencySettings()
         self.max_waiting = max_waiting
         self.work_timeout = work_timeout  # seconds a header read, a plan or a device query may take
-        self.downloads = downloads  # fetches an uncached owner/repo:VARIANT when its auto_download is on
         self.slot_cache = slot_cache  # saves slots before a stop, restores them for the chat that continues one
-        self.lookup = Lookup(catalog, downloads, work_timeout)
         self.builder = Builder(
             caps=caps,
             binary=binary,
@@ -180,6 +178,24 @@ class ModelManager(LoadSteps, Unloading):
     def loads(self) -> list[Load]:
         """The loads in progress."""
         return list(self._loads.values())
+
+    @property
+    def catalog(self) -> Catalog:
+        """The models the studio knows (the lookup's: one catalog for every name a request uses)."""
+        return self.lookup.catalog
+
+    @catalog.setter
+    def catalog(self, catalog: Catalog) -> None:
+        self.lookup.catalog = catalog
+
+    @property
+    def downloads(self) -> DownloadManager | None:
+        """Fetches an uncached owner/repo:VARIANT when its auto_download is on (None: never)."""
+        return self.lookup.downloads
+
+    @downloads.setter
+    def downloads(self, downloads: DownloadManager | None) -> None:
+        self.lookup.downloads = downloads
 
     def find(self, model: str) -> ResidentModel | None:
         """The resident model a request's ``model`` names, by any name it was used under, or its path.
