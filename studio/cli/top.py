@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
+from launcher.units import format_mib
 from studio.cli.common import UrlOption, app, call_studio, stream_studio_events
 
 if TYPE_CHECKING:
@@ -55,7 +56,7 @@ def _seconds(value: float | None) -> str:
 
 
 def _mib(value: int | None) -> str:
-    return "-" if value is None else f"{value / (1 << 20):,.0f} MiB"
+    return "-" if value is None else format_mib(value)
 
 
 def _clock(epoch: float | None) -> str:
@@ -170,10 +171,11 @@ def top(
     every: Annotated[float, typer.Option(help="Seconds between two redraws (and reads of the status).")] = 1.0,
     once: Annotated[bool, typer.Option("--once", help="Print one screen and exit (for a script).")] = False,
 ) -> None:
-    """Show a running studio's activity live: models, requests in flight and queued, the last requests.
+    """Show a running studio's activity live.
 
-    Each request's phases (queued, waiting for a load, prefill, decode), tokens and tokens/s; loads and
-    evictions as they happen. Ctrl-C ends it:
+    The models, the requests in flight and queued, and the last requests: each one's phases (queued,
+    waiting for a load, prefill, decode), tokens and tokens/s; loads and evictions as they happen.
+    Ctrl-C ends it:
 
     ggstudio top --url http://127.0.0.1:8081
     """
