@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import threading
-from dataclasses import replace
 from pathlib import Path
 
 import httpx
@@ -39,7 +38,7 @@ def studio(llama_server_bin, settings, gemma_model, tmp_path_factory):
         root,
         llama_server_bin,
         {SMOL: smol, GEMMA: gemma_model, EAR: copy_of(smol, root / "copies", EAR)},
-        defaults={SMOL: small, GEMMA: small, EAR: replace(small, mmproj=str(projector))},
+        defaults={SMOL: small, GEMMA: small, EAR: small.replace(mmproj=str(projector))},
         files_root=root / "run",
         slot_cache=SlotCache(root / "slots", binary=llama_server_bin, disk_budget=1 << 30),
     ) as running:
