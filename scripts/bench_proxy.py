@@ -210,8 +210,12 @@ def stand_in_studio(upstream: int) -> tuple[FastAPI, StandInModel]:
 
 def serve_stand_in(port: int, conn: Connection, upstream: int, ollama_port: int | None) -> None:
     """The studio service (and its Ollama listener) in front of the stand-in llama-server on ``upstream``."""
-    from studio.http.clients.ollama_app import create_ollama_app
     from studio.http.server import run_service
+
+    try:
+        from studio.http.clients.ollama_app import create_ollama_app
+    except ModuleNotFoundError:  # a revision from before studio/http/ was split into folders (``--against``)
+        from studio.http.ollama_app import create_ollama_app  # type: ignore[no-redef]
 
     app, loaded = stand_in_studio(upstream)
     run_service(
@@ -260,7 +264,30 @@ def unpack(rev: str, into: Path) -> str:
     if archive.returncode != 0:
         raise SystemExit(f"--against {rev}: git archive failed: {archive.stderr.decode(errors='replace').strip()}")
     subprocess.run(["tar", "-x", "-C", str(into)], input=archive.stdout, check=True)
+    build_extensions(into)
     return found.stdout.strip()
+
+
+#: The C extensions a revision may have (module, source), where each has lived.
+EXTENSIONS = (
+    ("gguf._skip", "gguf/_skip.c"),
+    ("studio.http._pump", "studio/http/_pump.c"),
+    ("studio.http.wire._pump", "studio/http/wire/_pump.c"),
+)
+
+
+def build_extensions(root: Path) -> None:
+    """Build the unpacked revision's own C extensions in place, as its ``make`` would: without its chunk pump an
+    earlier studio would relay in Python, and the before and after would not be like for like."""
+    found = [(module, source) for module, source in EXTENSIONS if (root / source).is_file()]
+    script = (
+        "from setuptools import Extension, setup; "
+        f"setup(name='earlier', ext_modules=[Extension(m, [s]) for m, s in {found!r}], "
+        "script_args=['-q', 'build_ext', '--inplace'])"
+    )
+    built = subprocess.run([sys.executable, "-c", script], cwd=root, capture_output=True, text=True)
+    if built.returncode != 0:
+        raise SystemExit(f"--against: building the revision's C extensions failed: {built.stderr.strip()[-500:]}")
 
 
 def _sse(data: dict[str, object], name: str | None = None) -> bytes:
