@@ -32,6 +32,7 @@ from launcher.chat_templates import is_builtin_template, uses_jinja
 from launcher.devices import usable_cores
 from launcher.errors import LoadError
 from launcher.planner import EMBEDDING_FLAGS
+from launcher.process import LlamaServer, free_port
 from launcher.rpc import RpcWorkers, explain_failure
 from launcher.supervisor import ExitExplanation, LaunchSpec
 from launcher.thinking import switch_kwargs, template_of
@@ -115,6 +116,12 @@ class LaunchCommand:
     def auth_headers(self) -> dict[str, str]:
         """The header every request to this launch's llama-server carries."""
         return {"Authorization": f"Bearer {self.api_key}"}
+
+    def server(self, log_path: Path, *, host: str = "127.0.0.1", port: int | None = None) -> LlamaServer:
+        """A llama-server child running this command on ``port`` (a free one when None), not started yet: the
+        form the scripts and tests that run a launch by hand use, with its key and environment."""
+        port = free_port(host) if port is None else port
+        return LlamaServer(self.argv(port), host=host, port=port, log_path=log_path, env=self.env, api_key=self.api_key)
 
     def redacted_argv(self, port: int) -> list[str]:
         """``argv(port)`` with the API key replaced: the form for logs and messages."""

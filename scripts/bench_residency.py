@@ -185,14 +185,7 @@ def _switch_by_hand(running: Any, other: Any, root: Path) -> float:
 
     def start(command: Any) -> LlamaServer:
         port = free_port()
-        server = LlamaServer(
-            command.argv(port),
-            host="127.0.0.1",
-            port=port,
-            env=command.env,
-            api_key=command.api_key,
-            log_path=root / f"by-hand-{port}.log",
-        )
+        server = command.server(root / f"by-hand-{port}.log", port=port)
         server.start()
         server.wait_ready(timeout=120)
         return server

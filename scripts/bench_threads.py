@@ -39,7 +39,6 @@ from launcher.capabilities import Capabilities, probe
 from launcher.command import build_command
 from launcher.devices import Inventory, discover
 from launcher.planner import ModelInfo, PlanRequest, load_model, plan
-from launcher.process import LlamaServer, free_port
 from studio.library.default_model import ensure_default_model, ensure_gemma
 from studio.settings import Settings
 
@@ -53,15 +52,7 @@ def _serve(
     """Start one llama-server for ``model`` with ``threads`` threads; its URL and auth headers."""
     launch = plan(model, inventory, caps, PlanRequest(n_ctx=2048, spec="off", threads=threads))
     command = stack.enter_context(build_command(launch, caps, binary=binary, files_root=logs / "run"))
-    port = free_port()
-    server = LlamaServer(
-        command.argv(port),
-        host="127.0.0.1",
-        port=port,
-        env=command.env,
-        api_key=command.api_key,
-        log_path=logs / f"{model.path.stem}-{threads}.log",
-    )
+    server = command.server(logs / f"{model.path.stem}-{threads}.log")
     server.start()
     stack.callback(server.stop)
     server.wait_ready(timeout=120)

@@ -35,7 +35,6 @@ from launcher.capabilities import Capabilities
 from launcher.command import HOST, build_command
 from launcher.devices import Inventory
 from launcher.planner import LaunchPlan, ModelInfo, PlanRequest, plan, spec_devices
-from launcher.process import LlamaServer, free_port
 from launcher.spec_measurements import ModeResult, SpecKey, SpecMeasurement
 
 
@@ -186,15 +185,7 @@ def _serving(
 ) -> Iterator[tuple[str, dict[str, str]]]:
     """Run ``launch``'s llama-server until the block ends; yield its URL and auth headers."""
     command = build_command(launch, caps, binary=binary, files_root=work_dir)
-    port = free_port(HOST)
-    server = LlamaServer(
-        command.argv(port),
-        host=HOST,
-        port=port,
-        log_path=work_dir / f"llama-server-{mode}.log",
-        env=command.env,
-        api_key=command.api_key,
-    )
+    server = command.server(work_dir / f"llama-server-{mode}.log", host=HOST)
     server.start()
     try:
         server.wait_ready(timeout=START_TIMEOUT)
