@@ -13,7 +13,7 @@ from playwright.sync_api import sync_playwright
 
 from studio.settings import ModelDefaults, ResidencySettings
 from tests.support.activity_page import MODELS, open_activity, two_clients_swap
-from tests.support.browser import CHROMIUM, FLAGS
+from tests.support.browser import CHROMIUM, chromium
 from tests.support.studio import RunningStudio, running_studio
 
 pytestmark = [
@@ -39,13 +39,7 @@ def test_the_timeline_shows_both_lanes_the_load_the_eviction_and_each_requests_p
     two_clients_swap(studio.url)
     profile = tmp_path / "profile"
     with sync_playwright() as pw:
-        context = pw.chromium.launch_persistent_context(
-            str(profile),
-            executable_path=str(CHROMIUM),
-            headless=True,
-            args=FLAGS,
-            viewport={"width": 1280, "height": 800},
-        )
+        context = chromium(pw, profile, viewport={"width": 1280, "height": 800})
         page = context.new_page()
         errors: list[str] = []
         page.on("console", lambda m: m.type == "error" and errors.append(m.text))

@@ -15,7 +15,7 @@ from playwright.sync_api import Page, sync_playwright
 
 from studio.settings import ModelDefaults
 from tests.helpers import assert_no_children, free_port, wait_for
-from tests.support.browser import CHROMIUM, FLAGS
+from tests.support.browser import CHROMIUM, chromium
 from tests.support.studio import running_studio
 
 TINY = "llama-dense"
@@ -30,13 +30,7 @@ pytestmark = [
 def browser(tmp_path_factory):
     profile = tmp_path_factory.mktemp("chromium-profile")
     with sync_playwright() as pw:
-        context = pw.chromium.launch_persistent_context(
-            str(profile),
-            executable_path=str(CHROMIUM),
-            headless=True,
-            args=FLAGS,
-            viewport={"width": 1280, "height": 800},
-        )
+        context = chromium(pw, profile, viewport={"width": 1280, "height": 800})
         yield context
         context.close()
     shutil.rmtree(profile, ignore_errors=True)

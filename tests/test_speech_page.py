@@ -10,7 +10,7 @@ import pytest
 from playwright.sync_api import sync_playwright
 
 from tests.helpers import assert_no_children
-from tests.support.browser import CHROMIUM, FLAGS
+from tests.support.browser import CHROMIUM, chromium
 from tests.support.studio import running_studio
 from tests.support.tts_models import SAMPLE_RATE, SAMPLES_PER_FRAME, derive_qwen3tts_model, write_qwen3tts_projector
 
@@ -39,12 +39,7 @@ def test_a_message_to_a_speaking_model_is_answered_with_a_play_button(studio, tm
     assert listed["speech"]["engine"] == "llama-tts" and listed["tts"]["family"] == "Qwen3-TTS" and listed["mmproj"]
     profile = tmp_path / "profile"
     with sync_playwright() as pw:
-        browser = pw.chromium.launch_persistent_context(
-            str(profile),
-            executable_path=str(CHROMIUM),
-            headless=True,
-            args=[*FLAGS, "--autoplay-policy=no-user-gesture-required"],
-        )
+        browser = chromium(pw, profile, extra_args=["--autoplay-policy=no-user-gesture-required"])
         page = browser.new_page()
         errors: list[str] = []
         page.on("pageerror", lambda e: errors.append(str(e)))
