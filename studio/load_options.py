@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import importlib
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, Literal, Self
@@ -26,7 +26,10 @@ from typing import TYPE_CHECKING, Any, Literal, Self
 if TYPE_CHECKING:
     from pydantic import BaseModel
 
-Kind = Literal["int", "number", "bool", "text", "texts", "choice"]
+#: A value's type. Beyond the load options' kinds, the config file's own keys take ``port`` and ``size`` (an
+#: integer or a string the row's check reads), ``sizes`` (a size, or a table of sizes), ``map`` (names to
+#: strings), ``table`` (one sub-table of the row's ``table`` rows) and ``tables`` (named sub-tables of them).
+Kind = Literal["int", "number", "bool", "text", "texts", "choice", "port", "size", "sizes", "map", "table", "tables"]
 
 #: What a wrong value must be, by kind, unless the row says it otherwise.
 _MUST = {
@@ -36,12 +39,18 @@ _MUST = {
     "text": "{name} must be a string",
     "texts": "{name} must be a list of strings",
     "choice": "{name} must be one of {choices}",
+    "port": "{name} must be a port number (1-65535), not {value!r}",
+    "size": '{name} must be a size such as "2GiB"',
+    "sizes": '{name} must be a size such as "2GiB" or a table of sizes',
+    "map": "{name} must map names to strings",
+    "table": "[{name}] must be a table",
+    "tables": "[{name}] must hold one table each: [{name}.NAME]",
 }
 
 
 @dataclass(frozen=True)
 class Option:
-    """One load option and every face it has."""
+    """One load option (or one key of the config file) and every face it has."""
 
     name: str
     kind: Kind
@@ -63,6 +72,14 @@ class Option:
     plan: str | tuple[str, ...] | None = None
     restart: bool = True  # False: it shapes the model's lifetime, and a change never restarts it
     embedding: bool = False  # a model's embedding instance takes it from the config table too
+    #: the config file's own keys (``studio.settings.CONFIG_KEYS``): the value leaving it out gives (the load
+    #: options have none: theirs depends on the model), the rows of its sub-table(s), what an unknown key in
+    #: them is told (default: the known keys), and the environment variable that overrides it
+    value: Any = field(default=None, compare=False)
+    table: tuple[Option, ...] = ()
+    unknown: str | None = None
+    env: str | None = None
+    env_sep: str = ","  # a ``texts`` key's separator in its variable
 
     @property
     def flag(self) -> str | None:
@@ -83,12 +100,21 @@ class Option:
         module, name = self.choices.split(":")
         return tuple(getattr(importlib.import_module(module), name))
 
-    def must(self, value: Any) -> str:
-        """What a config file is told about a wrong ``value``."""
+    def must(self, value: Any, *, name: str | None = None) -> str:
+        """What a config file is told about a wrong ``value``; ``name``: what to call the key (a variable)."""
         text = self.wrong or _MUST[self.kind]
         return text.format(
-            name=self.name, value=value, least=self.least or 0, most=self.most or 0, choices=", ".join(self.allowed())
+            name=name or self.name,
+            value=value,
+            least=self.least or 0,
+            most=self.most or 0,
+            choices=", ".join(self.allowed()),
         )
+
+
+def joined(subject: str, text: str) -> str:
+    """``text`` about ``subject``: "ttl must be ..." where it is a predicate, else "spec: unknown mode ..."."""
+    return f"{subject} {text}" if text.startswith(("must ", "holds ")) else f"{subject}: {text}"
 
 
 def _spec(value: str) -> str:
@@ -380,16 +406,29 @@ def _model(options: tuple[Option, ...], name: str) -> type[BaseModel]:
         from pydantic import ConfigDict, Field, create_model
 
         fields: dict[str, Any] = {
-            o.name: (_type(o) | None, Field(default=None, description=o.described, **_bounds(o))) for o in options
+            o.name: (_type(o, name) | None, Field(default=None, description=o.described, **_bounds(o))) for o in options
         }
         _MODELS[options, name] = create_model(name, __config__=ConfigDict(extra="forbid"), **fields)
     return _MODELS[options, name]
 
 
-def _type(option: Option) -> Any:
+def _type(option: Option, parent: str) -> Any:
     if option.kind == "choice":
         return Literal[option.allowed()]
-    return {"int": int, "number": float, "bool": bool, "text": str, "texts": tuple[str, ...]}[option.kind]
+    if option.kind in ("table", "tables"):
+        table = _model(option.table, f"{parent}_{option.name}")
+        return table if option.kind == "table" else dict[str, table]  # type: ignore[valid-type]
+    return {
+        "int": int,
+        "number": float,
+        "bool": bool,
+        "text": str,
+        "texts": tuple[str, ...],
+        "port": int | str | bool,  # false: none, as the file has always taken it
+        "size": int | float | str,
+        "sizes": int | float | str | dict[str, int | float | str],
+        "map": dict[str, str],
+    }[option.kind]
 
 
 def _bounds(option: Option) -> dict[str, Any]:
@@ -404,32 +443,106 @@ def _bounds(option: Option) -> dict[str, Any]:
     return out
 
 
-def config_problems(table: Mapping[str, Any], options: Sequence[Option] = OPTIONS) -> tuple[dict[str, Any], list[str]]:
-    """A config file's table of load options read through the pydantic model: its values as kept (lists as
-    tuples, checked values normalized), and what is wrong with it, each naming its key and what to write."""
+def config_problems(
+    table: Mapping[str, Any], options: Sequence[Option] = OPTIONS, *, where: str = ""
+) -> tuple[dict[str, Any], list[str]]:
+    """A config file's table read through the pydantic model of ``options`` (its sub-tables too): its values
+    as kept (lists as tuples, checked values normalized), and what is wrong with it, each naming its table
+    (``where``, e.g. ``[models.'m']``), its key and what to write. A wrong key is left out of the values."""
     from pydantic import ValidationError
 
-    rows = {o.name: o for o in options}
-    given = {k: tuple(v) if isinstance(v, list) else v for k, v in table.items()}
+    given = _tuples(table)
     problems: list[str] = []
-    try:
-        checked = options_model(options).model_validate(given, strict=True)
-        values = checked.model_dump(exclude_unset=True)
-    except ValidationError as exc:
-        bad = [str(e["loc"][0]) for e in exc.errors() if e["loc"]]  # a table's keys: never nested
-        for key in dict.fromkeys(bad):  # once each, in the table's order
-            known = ", ".join(sorted(rows))
-            problems.append(rows[key].must(table[key]) if key in rows else f"unknown key {key!r} (known: {known})")
-        values = {k: v for k, v in given.items() if k not in bad}
+    model = options_model(options, name="ConfigTable")
+    for _ in range(8):  # each round leaves out what the last refused; a table nests at most two deep
+        try:
+            values = model.model_validate(given, strict=True).model_dump(exclude_unset=True)
+            break
+        except ValidationError as exc:
+            wrong: dict[tuple[Any, ...], str] = {}
+            for error in exc.errors():
+                path, problem = _explain(tuple(error["loc"]), tuple(options), given, where)
+                wrong.setdefault(path, problem)  # once each, in the table's order
+            problems += wrong.values()
+            for path in wrong:
+                _drop(given, path)
+    else:  # pragma: no cover - each round drops at least one key
+        raise AssertionError("config_problems did not settle")
+    _check(values, tuple(options), where, problems)
+    return values, problems
+
+
+def _tuples(value: Any) -> Any:
+    """TOML's lists as tuples, through every table (the strict model takes tuples)."""
+    if isinstance(value, Mapping):
+        return {k: _tuples(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return tuple(_tuples(v) for v in value)
+    return value
+
+
+def _inside(where: str, name: str) -> str:
+    """The name of table ``name`` within the table called ``where`` ("" at the top)."""
+    return f"[{name}]" if not where else f"{where[:-1]}.{name}]"
+
+
+def _explain(
+    loc: tuple[Any, ...], options: tuple[Option, ...], given: Mapping[str, Any], where: str
+) -> tuple[tuple[Any, ...], str]:
+    """The key a pydantic error at ``loc`` is about (its path in the table) and what the file is told."""
+    key = str(loc[0])
+    rows = {o.name: o for o in options}
+    row = rows.get(key)
+    if row is None:
+        return (key,), _unknown(key, rows, where)
+    if row.kind == "table" and len(loc) > 1 and isinstance(given[key], Mapping):
+        inner = _inside(where, key)
+        if str(loc[1]) not in {o.name for o in row.table} and row.unknown:
+            return (key, loc[1]), joined(inner, row.unknown)
+        path, problem = _explain(loc[1:], row.table, given[key], inner)
+        return (key, *path), problem
+    if row.kind == "tables" and len(loc) > 1 and isinstance(given[key], Mapping):
+        inner = f"{_inside(where, key)[:-1]}.{loc[1]!r}]"
+        if len(loc) == 2:
+            return (key, loc[1]), f"{inner} must be a table"
+        path, problem = _explain(loc[2:], row.table, given[key][loc[1]], inner)
+        return (key, loc[1], *path), problem
+    problem = row.must(given[key])
+    return (key,), joined(where, problem) if where and not problem.startswith("[") else problem
+
+
+def _unknown(key: str, rows: Mapping[str, Option], where: str) -> str:
+    import difflib
+
+    near = difflib.get_close_matches(key, rows, n=1)
+    hint = f"did you mean {near[0]!r}?" if near else f"known: {', '.join(sorted(rows))}"
+    problem = f"unknown key {key!r} ({hint})"
+    return f"{where}: {problem}" if where else problem
+
+
+def _drop(table: dict[str, Any], path: tuple[Any, ...]) -> None:
+    for step in path[:-1]:
+        table = table[step]
+    table.pop(path[-1], None)
+
+
+def _check(values: dict[str, Any], options: tuple[Option, ...], where: str, problems: list[str]) -> None:
+    """Each checked key's value as kept, or what is wrong with it (the check's own words); sub-tables too."""
+    rows = {o.name: o for o in options}
     for key, value in list(values.items()):
-        check = rows[key].check
-        if check is None:
+        row = rows[key]
+        if row.kind == "table" and value is not None:
+            _check(value, row.table, _inside(where, key), problems)
+        elif row.kind == "tables" and value is not None:
+            for name, inner in value.items():
+                _check(inner, row.table, f"{_inside(where, key)[:-1]}.{name!r}]", problems)
+        if row.check is None or value is None:
             continue
         try:
-            values[key] = check(value)
+            values[key] = row.check(value)
         except ValueError as exc:
-            problems.append(f"{key}: {exc}")
-    return values, problems
+            problem = joined(key, str(exc))
+            problems.append(joined(where, problem) if where else problem)  # the value stays for checks across keys
 
 
 def describe(options: Sequence[Option] = OPTIONS) -> list[dict[str, Any]]:

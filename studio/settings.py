@@ -97,8 +97,9 @@ from __future__ import annotations
 import os
 import re
 import tomllib
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from functools import cache
 from pathlib import Path
 from types import MappingProxyType
 from typing import Any
@@ -106,56 +107,15 @@ from typing import Any
 from launcher.sampling import Sampling
 from studio.env import env_flag
 from studio.home import studio_home
-from studio.load_options import BY_NAME, OPTIONS, Option, OptionValues, config_problems
+from studio.load_options import BY_NAME, OPTIONS, Kind, Option, OptionValues, config_problems, joined
 
 _SAMPLING_KEYS = frozenset(o.name for o in OPTIONS if o.plan == "sampling")
-
-_TOP_KEYS = {
-    "host",
-    "port",
-    "ollama_port",
-    "api_token",
-    "model_dirs",
-    "aliases",
-    "models",
-    "memory_budget",
-    "ttl",
-    "max_resident",
-    "preload",
-    "unload_grace",
-    "busy_wait",
-    "group_size",
-    "slot_cache_disk",
-    "default_for_unknown",
-    "rpc_workers",
-    "mcp_servers",
-    "tools",
-    "allowed_origins",
-    "allowed_hosts",
-    "allow_any_path",
-    "max_body_bytes",
-    "auto_download",
-    "max_tokens",
-    "max_seconds",
-}
 #: The largest request body by default: a photo of a few MB is ~4/3 larger in base64, a minute of WAV ~2 MB.
 DEFAULT_MAX_BODY_BYTES = 32 * 1024 * 1024
-_MCP_KEYS = {"command", "args", "env", "cwd", "url"}
-_PYTHON_KEYS = {"enabled", "timeout", "cpu_seconds", "memory_mb", "max_output_kb", "max_processes"}
+#: Disk for the slots saved before a stop (``studio.residency.slot_cache``), unless the config says otherwise.
+SLOT_CACHE_DISK = 4 * 2**30
 #: MCP server names become part of tool names (``NAME__tool``), which OpenAI limits to these characters.
 _SERVER_NAME = re.compile(r"[A-Za-z0-9_-]{1,32}")
-#: The keys of a ``[models.NAME]`` table: the load options (``studio.load_options``).
-_MODEL_KEYS = frozenset(BY_NAME)
-#: (least, most) for the residency keys, in seconds or models.
-RESIDENCY_LIMITS: Mapping[str, tuple[float, float]] = MappingProxyType(
-    {
-        "ttl": (BY_NAME["ttl"].least or 0, BY_NAME["ttl"].most or 0),
-        "max_resident": (1, 64),
-        "unload_grace": (0, 3600),
-        "busy_wait": (0, 3600),
-        "group_size": (0, 1000),
-    }
-)
 _SIZE_UNITS = {
     "": 1,
     "b": 1,
@@ -174,16 +134,7 @@ _SIZE_UNITS = {
 }
 
 
-#: Disk for the slots saved before a stop (``studio.residency.slot_cache``), unless the config says otherwise.
-SLOT_CACHE_DISK = 4 * 2**30
-
-
-def _slot_cache_disk(value: str | int) -> int:
-    """``slot_cache_disk``: a size, or 0 (which ``parse_size`` refuses) for no saved slots."""
-    return 0 if value in (0, "0") else parse_size(value)
-
-
-def parse_size(text: str | int) -> int:
+def parse_size(text: str | float) -> int:
     """Bytes in ``text``: ``2GiB``, ``512 MiB``, ``1.5GB``, or a plain number of bytes.
 
     Raises:
@@ -202,6 +153,313 @@ def parse_size(text: str | int) -> int:
     return size
 
 
+# -- the checks beyond a key's type: each returns the value as kept, or raises ValueError saying what is wrong --
+
+
+def _slot_cache_disk(value: str | float) -> int:
+    """``slot_cache_disk``: a size, or 0 (which ``parse_size`` refuses) for no saved slots."""
+    return 0 if value in (0, "0") else parse_size(value)
+
+
+def _budget(value: object) -> MemoryBudget:
+    return MemoryBudget.parse(value, where="")
+
+
+def _port(value: int | str | bool) -> int:
+    try:
+        port = -1 if isinstance(value, bool) else int(value)
+    except ValueError:
+        port = -1
+    if not 0 < port < 65536:
+        raise ValueError(f"must be a port number (1-65535), not {str(value)!r}")
+    return port
+
+
+def _port_or_off(value: int | str | bool) -> int | None:
+    """A port, or 0, "" or false for none (the listener is off)."""
+    return None if value is False or value in (0, "") else _port(value)
+
+
+def _rpc_workers(values: str | Iterable[str]) -> tuple[str, ...]:
+    from launcher.rpc import parse_endpoints  # small and import-free, but the launcher stays out of --help
+
+    return parse_endpoints(values)
+
+
+def _normalize_origin(text: str) -> str:
+    from studio.http.guards.access import normalize_origin  # light (no web framework), but only settings that need it
+
+    return normalize_origin(text)
+
+
+def _normalize_host(text: str) -> str:
+    from studio.http.guards.access import normalize_host
+
+    return normalize_host(text)
+
+
+def _each(normalize: Callable[[str], str]) -> Callable[[Iterable[str]], tuple[str, ...]]:
+    """A check of each item of a list, saying what is wrong with every wrong one."""
+
+    def check(items: Iterable[str]) -> tuple[str, ...]:
+        kept, wrong = [], []
+        for item in items:
+            try:
+                kept.append(normalize(item))
+            except ValueError as exc:
+                wrong.append(str(exc))
+        if wrong:
+            raise ValueError("; ".join(wrong))
+        return tuple(kept)
+
+    return check
+
+
+def _folders(items: Iterable[str]) -> tuple[Path, ...]:
+    return tuple(Path(p).expanduser() for p in items)
+
+
+def _token(text: str) -> str | None:
+    return text or None
+
+
+def _positive(value: float) -> float:
+    if value <= 0:
+        raise ValueError("must be a positive number")
+    return value
+
+
+def _program(text: str) -> str:
+    if not text:
+        raise ValueError("must be a program name or path")
+    return text
+
+
+def _http_url(text: str) -> str:
+    if not text.startswith(("http://", "https://")):
+        raise ValueError("must be an http:// or https:// address")
+    return text
+
+
+# -- the config file's keys, each defined once ---------------------------------------------------------------
+
+
+def _key(name: str, kind: Kind, help: str, value: Any, **more: Any) -> Option:
+    """A key of the config file: its help, its value when left out, and what else its row says."""
+    return Option(name, kind, help, more.pop("default", repr(value)), value=value, api=False, cli=None, **more)
+
+
+def _number(name: str, help: str, value: float | None, least: float, most: float) -> Option:
+    return _key(name, "number", help, value, least=least, most=most)
+
+
+def _positive_int(name: str, help: str, value: int) -> Option:
+    return _key(name, "int", help, value, least=1, wrong="{name} must be a positive integer")
+
+
+#: An ``[mcp_servers.NAME]`` table: an MCP server whose tools ``/api/chat`` may run.
+MCP_KEYS: tuple[Option, ...] = (
+    _key("command", "text", "The program of a stdio server", None, check=_program),
+    _key("args", "texts", "Its arguments", ()),
+    _key("env", "map", "Variables it runs with", {}, default="{}", wrong="{name} must map names to strings"),
+    _key("cwd", "text", "The folder it runs in", None, wrong="{name} must be a folder"),
+    _key("url", "text", "The address of a streamable-HTTP server", None, check=_http_url),
+)
+
+#: ``[tools.python]``: the built-in python tool's switch and limits.
+PYTHON_KEYS: tuple[Option, ...] = (
+    _key("enabled", "bool", "Offer the python tool", False),
+    _key(
+        "timeout",
+        "number",
+        "Wall-clock seconds per call",
+        30.0,
+        check=_positive,
+        wrong="{name} must be a positive number",
+    ),
+    _positive_int("cpu_seconds", "CPU seconds per call", 10),
+    _positive_int("memory_mb", "Memory per call, MiB", 512),
+    _positive_int("max_output_kb", "Output kept per call, KiB", 64),
+    _positive_int("max_processes", "Processes alive at once, the program itself included", 64),
+)
+
+#: The config file's top-level keys and tables; ``[models.NAME]`` takes the load options (``config_keys``).
+CONFIG_KEYS: tuple[Option, ...] = (
+    _key("host", "text", "Address the studio listens on", "127.0.0.1", env="GGUF_STUDIO_HOST"),
+    _key("port", "port", "Port the studio listens on", 8080, check=_port, env="GGUF_STUDIO_PORT"),
+    _key(
+        "ollama_port",
+        "port",
+        "Also serve the Ollama API on this port",
+        None,
+        default="off",
+        check=_port_or_off,
+        env="GGUF_STUDIO_OLLAMA_PORT",
+    ),
+    _key(
+        "api_token",
+        "text",
+        "Bearer token every API call must send",
+        None,
+        default="none; generated beyond loopback",
+        check=_token,
+        env="GGUF_STUDIO_API_TOKEN",
+    ),
+    _key(
+        "model_dirs",
+        "texts",
+        "More folders of GGUF files for the library",
+        (),
+        check=_folders,
+        wrong="{name} must be a list of folders",
+        env="GGUF_STUDIO_MODEL_DIRS",
+        env_sep=os.pathsep,
+    ),
+    _key(
+        "rpc_workers",
+        "texts",
+        "ggml-rpc-server workers (ggstudio rpc-worker) to split layers over, host:port",
+        (),
+        check=_rpc_workers,
+        wrong='{name} must be a list of "host:port" strings',
+        env="GGUF_STUDIO_RPC_WORKERS",
+    ),
+    _key(
+        "allowed_origins",
+        "texts",
+        'Web pages that may use the studio, besides its own ("*": any)',
+        (),
+        check=_each(_normalize_origin),
+        env="GGUF_STUDIO_ORIGINS",
+    ),
+    _key(
+        "allowed_hosts",
+        "texts",
+        "Host names it answers to, besides loopback and the address it binds",
+        (),
+        check=_each(_normalize_host),
+        env="GGUF_STUDIO_HOSTS",
+    ),
+    _key("allow_any_path", "bool", "API clients may load a .gguf from anywhere on the disk", False),
+    _key(
+        "max_body_bytes",
+        "int",
+        "The largest request body accepted, bytes (413 above)",
+        DEFAULT_MAX_BODY_BYTES,
+        least=1024,
+        wrong="{name} must be a number of bytes of at least 1024, not {value!r}",
+        env="GGUF_STUDIO_MAX_BODY_BYTES",
+    ),
+    _key(
+        "auto_download",
+        "bool",
+        "A load of an uncached owner/repo:VARIANT downloads it first",
+        False,
+        env="GGUF_STUDIO_AUTO_DOWNLOAD",
+    ),
+    replace(BY_NAME["max_tokens"], default="4096"),
+    replace(BY_NAME["max_seconds"], default="600"),
+    _key(
+        "memory_budget",
+        "sizes",
+        'All resident models together: "6GiB", or per device: {CPU = "6GiB", CUDA0 = "20GiB"}',
+        None,
+        default="the planner's share of free memory",
+        check=_budget,
+        wrong='{name} must be a size such as "2GiB" or a table of sizes per device',
+        env="GGUF_STUDIO_MEMORY_BUDGET",
+    ),
+    replace(BY_NAME["ttl"], help="Seconds idle before a model is unloaded (0: never)", default="0", value=0),
+    _number("max_resident", "At most this many models at once", None, 1, 64),
+    _key("preload", "texts", "Models loaded at start, in this order", (), wrong="{name} must be a list of model names"),
+    _number("unload_grace", "Seconds an unload waits for requests in flight before it ends them", 10.0, 0, 3600),
+    _number("busy_wait", "Seconds a load waits for busy models to go idle before a 503", 30.0, 0, 3600),
+    _number("group_size", "Requests a busy model still takes once a load waits for its memory (0: none)", 4, 0, 1000),
+    _key(
+        "slot_cache_disk",
+        "size",
+        "Disk for conversations saved before an eviction; 0: none saved",
+        SLOT_CACHE_DISK,
+        default="4GiB",
+        check=_slot_cache_disk,
+    ),
+    _key(
+        "default_for_unknown",
+        "bool",
+        "A request naming no known model goes to the default (llama-server's way)",
+        False,
+    ),
+    _key(
+        "aliases",
+        "map",
+        "Extra names a client may send as model: a model name, a .gguf path, or owner/repo:VARIANT",
+        {},
+        default="{}",
+        wrong="[aliases] must map names to model names or paths (strings)",
+    ),
+    _key(
+        "models",
+        "tables",
+        "Load defaults per model (a request's own values win)",
+        {},
+        default="{}",
+        table=OPTIONS,
+        wrong="[models] must hold one table per model: [models.NAME]",
+    ),
+    _key(
+        "mcp_servers",
+        "tables",
+        "MCP servers whose tools /api/chat may run (stdio: a command; streamable HTTP: a url)",
+        {},
+        default="{}",
+        table=MCP_KEYS,
+        wrong="[mcp_servers] must hold one table per server: [mcp_servers.NAME]",
+    ),
+    _key(
+        "tools",
+        "table",
+        "The built-in tools",
+        {},
+        default="{}",
+        table=(
+            _key(
+                "python",
+                "table",
+                "The python tool, off unless enabled",
+                {},
+                default="{}",
+                table=PYTHON_KEYS,
+                wrong="[tools.python] must be a table",
+            ),
+        ),
+        unknown="holds only [tools.python]",
+        wrong="[tools] holds only [tools.python]",
+    ),
+)
+#: Each top-level key by name.
+CONFIG_KEY: Mapping[str, Option] = MappingProxyType({o.name: o for o in CONFIG_KEYS})
+
+
+@cache
+def config_keys(options: tuple[Option, ...] = OPTIONS) -> tuple[Option, ...]:
+    """The config file's keys with ``options`` as the keys of a ``[models.NAME]`` table."""
+    return tuple(replace(o, table=options) if o.name == "models" else o for o in CONFIG_KEYS)
+
+
+_TOP_KEYS = frozenset(CONFIG_KEY)
+#: The keys of a ``[models.NAME]`` table: the load options (``studio.load_options``).
+_MODEL_KEYS = frozenset(BY_NAME)
+#: (least, most) for the residency keys, in seconds or models.
+RESIDENCY_LIMITS: Mapping[str, tuple[float, float]] = MappingProxyType(
+    {
+        k: (CONFIG_KEY[k].least or 0, CONFIG_KEY[k].most or 0)
+        for k in ("ttl", "max_resident", "unload_grace", "busy_wait", "group_size")
+    }
+)
+#: A variable set to "" lists none (over the file's list); any other variable set to "" counts as unset.
+_EMPTY_IS_NONE = frozenset({"allowed_origins", "allowed_hosts"})
+
+
 @dataclass(frozen=True)
 class MemoryBudget:
     """What all resident models together may hold: in total, or per device (``CPU``, ``CUDA0``...)."""
@@ -218,11 +476,13 @@ class MemoryBudget:
             if isinstance(value, str) and "=" in value:
                 pairs = (item.split("=", 1) for item in value.split(",") if item.strip())
                 return cls(per_device=MappingProxyType({k.strip(): parse_size(v) for k, v in pairs}))
-            if isinstance(value, (str, int)) and not isinstance(value, bool):
+            if isinstance(value, (str, int, float)) and not isinstance(value, bool):
                 return cls(total=parse_size(value))
         except ValueError as exc:
-            raise ValueError(f"{where}: {exc}") from None
-        raise ValueError(f'{where} must be a size such as "2GiB" or a table of sizes per device')
+            raise ValueError(joined(where, str(exc)) if where else str(exc)) from None
+        raise ValueError(
+            joined(where or "memory_budget", 'must be a size such as "2GiB" or a table of sizes per device')
+        )
 
 
 @dataclass(frozen=True)
@@ -341,61 +601,70 @@ class Settings:
         a ``[models.NAME]`` table may set."""
         env = os.environ if env is None else env
         home = studio_home(env)
-        config_path = Path(env.get("GGUF_STUDIO_CONFIG") or home / "config.toml").expanduser()
-        config = _read_config(config_path, explicit="GGUF_STUDIO_CONFIG" in env, options=options)
-        port = _port("GGUF_STUDIO_PORT", env.get("GGUF_STUDIO_PORT") or str(config.get("port", 8080)))
-        ollama_text = env.get("GGUF_STUDIO_OLLAMA_PORT") or config.get("ollama_port")
-        ollama_port = _port("GGUF_STUDIO_OLLAMA_PORT", str(ollama_text)) if ollama_text else None
-        dirs = [p for p in env.get("GGUF_STUDIO_MODEL_DIRS", "").split(os.pathsep) if p] or config.get("model_dirs", [])
-        body_text = env.get("GGUF_STUDIO_MAX_BODY_BYTES") or str(config.get("max_body_bytes", DEFAULT_MAX_BODY_BYTES))
-        try:
-            max_body = int(body_text)
-        except ValueError:
-            max_body = 0
-        if max_body < 1024:
-            raise ValueError(
-                f"max_body_bytes (GGUF_STUDIO_MAX_BODY_BYTES) must be a number of bytes of at least "
-                f"1024, not {body_text!r}"
-            )
-        auto = env_flag(env, "GGUF_STUDIO_AUTO_DOWNLOAD")
-        workers_text = env.get("GGUF_STUDIO_RPC_WORKERS")
-        try:
-            workers = _rpc_workers(workers_text) if workers_text else _rpc_workers(config.get("rpc_workers", []))
-        except ValueError as exc:
-            raise ValueError(f"GGUF_STUDIO_RPC_WORKERS: {exc}") from None
-        origins = _listed(env, "GGUF_STUDIO_ORIGINS", config, "allowed_origins", _normalize_origin)
-        hosts = _listed(env, "GGUF_STUDIO_HOSTS", config, "allowed_hosts", _normalize_host)
+        values = config_values(env, config_keys(tuple(options)))
+        tools = values["tools"]
         return cls(
             home=home,
             llama_server_path=_optional_path(env.get("LLAMA_SERVER_PATH")),
             llama_cpp_dir=_optional_path(env.get("GGUF_STUDIO_LLAMA_CPP")),
-            host=env.get("GGUF_STUDIO_HOST") or config.get("host", "127.0.0.1"),
-            port=port,
-            ollama_port=ollama_port,
+            host=values["host"],
+            port=values["port"],
+            ollama_port=values["ollama_port"],
             log_json=env_flag(env, "GGUF_STUDIO_LOG_JSON") or False,
             cmake_args=env.get("CMAKE_ARGS", ""),
-            api_token=env.get("GGUF_STUDIO_API_TOKEN") or config.get("api_token") or None,
-            model_dirs=tuple(Path(p).expanduser() for p in dirs),
-            max_body_bytes=max_body,
-            auto_download=auto if auto is not None else bool(config.get("auto_download", False)),
-            aliases=MappingProxyType(dict(config.get("aliases", {}))),
-            rpc_workers=workers,
+            api_token=values["api_token"],
+            model_dirs=values["model_dirs"],
+            max_body_bytes=values["max_body_bytes"],
+            auto_download=values["auto_download"],
+            aliases=MappingProxyType(dict(values["aliases"])),
+            rpc_workers=values["rpc_workers"],
             rpc_server_path=_optional_path(env.get("GGML_RPC_SERVER_PATH")),
-            model_defaults=MappingProxyType(
-                {name: ModelDefaults.of(table) for name, table in config.get("models", {}).items()}
+            model_defaults=MappingProxyType({name: ModelDefaults.of(t) for name, t in values["models"].items()}),
+            residency=ResidencySettings(
+                memory_budget=values["memory_budget"],
+                ttl=values["ttl"],
+                max_resident=values["max_resident"],
+                preload=tuple(values["preload"]),
+                unload_grace=values["unload_grace"],
+                busy_wait=values["busy_wait"],
+                group_size=int(values["group_size"]),
+                slot_cache_disk=values["slot_cache_disk"],
+                default_for_unknown=values["default_for_unknown"],
             ),
-            residency=_residency(config, env, config_path),
-            tools=_tool_settings(config),
-            allowed_origins=origins,
-            allowed_hosts=hosts,
-            allow_any_path=config.get("allow_any_path", False),
-            sampling=Sampling(max_tokens=config.get("max_tokens"), max_seconds=config.get("max_seconds")),
+            tools=ToolSettings(
+                mcp_servers=MappingProxyType(
+                    {name: _server(name, table) for name, table in values["mcp_servers"].items()}
+                ),
+                python=PythonToolConfig(**tools.get("python", {})),
+            ),
+            allowed_origins=values["allowed_origins"],
+            allowed_hosts=values["allowed_hosts"],
+            allow_any_path=values["allow_any_path"],
+            sampling=Sampling(max_tokens=values["max_tokens"], max_seconds=values["max_seconds"]),
         )
 
 
-def _read_config(path: Path, *, explicit: bool, options: Sequence[Option] = OPTIONS) -> dict[str, Any]:
-    """The TOML config at ``path`` checked for shape, or {} when there is none (and none was asked for); its
-    ``[models.NAME]`` tables as the load options' values they set (``studio.load_options``)."""
+def config_values(env: Mapping[str, str], keys: Sequence[Option] = CONFIG_KEYS) -> dict[str, Any]:
+    """Each of ``keys`` from its environment variable, else the config file, else its row's value.
+
+    Raises:
+        ValueError: what is wrong, naming the variable, or the file with its table and key.
+    """
+    path = Path(env.get("GGUF_STUDIO_CONFIG") or studio_home(env) / "config.toml").expanduser()
+    return {
+        **{o.name: o.value for o in keys},
+        **_read_config(path, explicit="GGUF_STUDIO_CONFIG" in env, keys=keys),
+        **_env_values(env, keys),
+    }
+
+
+def _read_config(path: Path, *, explicit: bool, keys: Sequence[Option] = CONFIG_KEYS) -> dict[str, Any]:
+    """The keys the TOML config at ``path`` sets, read through the pydantic model of ``keys`` and checked, or {}
+    when there is none (and none was asked for).
+
+    Raises:
+        ValueError: the file, and what is wrong in it: each problem's table, key, and what to write.
+    """
     try:
         text = path.read_text()
     except FileNotFoundError:
@@ -406,208 +675,68 @@ def _read_config(path: Path, *, explicit: bool, options: Sequence[Option] = OPTI
         config = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise ValueError(f"{path}: not valid TOML: {exc}") from None
-    problems = [f"unknown key {k!r}" for k in config if k not in _TOP_KEYS]
-    if not isinstance(config.get("aliases", {}), dict) or not all(
-        isinstance(v, str) for v in config.get("aliases", {}).values()
-    ):
-        problems.append("[aliases] must map names to model names or paths (strings)")
-    tables = config.get("models", {})
-    if not isinstance(tables, dict):
-        problems.append("[models] must hold one table per model: [models.NAME]")
-        tables = {}
-    for name, d in tables.items():
-        if not isinstance(d, dict):
-            problems.append(f"[models.{name!r}] must be a table")
-            continue
-        tables[name], wrong = config_problems(d, options)
-        problems += [f"[models.{name!r}]: {problem}" for problem in wrong]
-    for switch in ("auto_download", "default_for_unknown"):
-        if not isinstance(config.get(switch, False), bool):
-            problems.append(f"{switch} must be true or false")
-    if not isinstance(config.get("max_body_bytes", DEFAULT_MAX_BODY_BYTES), int):
-        problems.append("max_body_bytes must be an integer (bytes)")
-    limits = [BY_NAME[k] for k in ("max_tokens", "max_seconds") if k in config]
-    problems += config_problems({o.name: config[o.name] for o in limits}, limits)[1]
-    if not isinstance(config.get("model_dirs", []), list):
-        problems.append("model_dirs must be a list of folders")
-    problems += _number_problems(config, RESIDENCY_LIMITS)
-    if not (isinstance(config.get("preload", []), list) and all(isinstance(p, str) for p in config.get("preload", []))):
-        problems.append("preload must be a list of model names")
-    if "memory_budget" in config:
-        try:
-            MemoryBudget.parse(config["memory_budget"], where="memory_budget")
-        except ValueError as exc:
-            problems.append(str(exc))
-    if "slot_cache_disk" in config:
-        try:
-            _slot_cache_disk(config["slot_cache_disk"])
-        except ValueError as exc:
-            problems.append(f"slot_cache_disk: {exc}")
-    workers = config.get("rpc_workers", [])
-    if not isinstance(workers, list) or not all(isinstance(w, str) for w in workers):
-        problems.append('rpc_workers must be a list of "host:port" strings')
-    else:
-        try:
-            _rpc_workers(workers)
-        except ValueError as exc:
-            problems.append(f"rpc_workers: {exc}")
-    problems += _tool_problems(config)
-    for key, normalize in (("allowed_origins", _normalize_origin), ("allowed_hosts", _normalize_host)):
-        value = config.get(key, [])
-        if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
-            problems.append(f"{key} must be a list of strings")
-            continue
-        for item in value:
-            try:
-                normalize(item)
-            except ValueError as exc:
-                problems.append(f"{key}: {exc}")
-    if not isinstance(config.get("allow_any_path", False), bool):
-        problems.append("allow_any_path must be true or false")
+    values, problems = config_problems(config, keys)
+    for name, table in values.get("mcp_servers", {}).items():
+        problems += _server_problems(f"[mcp_servers.{name!r}]", name, table)
     if problems:
         raise ValueError(f"{path}: " + "; ".join(problems))
-    return config
+    return values
 
 
-def _residency(config: dict[str, Any], env: Mapping[str, str], path: Path) -> ResidencySettings:
-    budget_env = env.get("GGUF_STUDIO_MEMORY_BUDGET")
-    if budget_env:
-        budget: MemoryBudget | None = MemoryBudget.parse(budget_env, where="GGUF_STUDIO_MEMORY_BUDGET")
-    elif "memory_budget" in config:
-        budget = MemoryBudget.parse(config["memory_budget"], where=f"{path}: memory_budget")
-    else:
-        budget = None
-    return ResidencySettings(
-        memory_budget=budget,
-        ttl=config.get("ttl", 0),
-        max_resident=config.get("max_resident"),
-        preload=tuple(config.get("preload", ())),
-        unload_grace=config.get("unload_grace", 10.0),
-        busy_wait=config.get("busy_wait", 30.0),
-        group_size=int(config.get("group_size", 4)),
-        slot_cache_disk=_slot_cache_disk(config.get("slot_cache_disk", SLOT_CACHE_DISK)),
-        default_for_unknown=config.get("default_for_unknown", False),
-    )
+def _env_values(env: Mapping[str, str], keys: Sequence[Option]) -> dict[str, Any]:
+    """The keys their environment variables set, each read as its row says.
 
-
-def _number_problems(d: dict[str, Any], limits: Mapping[str, tuple[float, float]], prefix: str = "") -> list[str]:
-    """Each key of ``limits`` in ``d`` that is not a number within its bounds."""
-    return [
-        f"{prefix}{k} must be a number from {least:g} to {most:g}"
-        for k, (least, most) in limits.items()
-        if k in d and (not isinstance(d[k], (int, float)) or isinstance(d[k], bool) or not least <= d[k] <= most)
-    ]
-
-
-def _rpc_workers(values: str | list[str]) -> tuple[str, ...]:
-    from launcher.rpc import parse_endpoints  # small and import-free, but the launcher stays out of --help
-
-    return parse_endpoints(values)
-
-
-def _listed(
-    env: Mapping[str, str], var: str, config: dict[str, Any], key: str, normalize: Callable[[str], str]
-) -> tuple[str, ...]:
-    """A comma-separated variable, else the config's list (checked already), each item normalized."""
-    if var not in env:
-        return tuple(normalize(item) for item in config.get(key, []))
-    items = [item.strip() for item in env[var].split(",") if item.strip()]
-    try:
-        return tuple(normalize(item) for item in items)
-    except ValueError as exc:
-        raise ValueError(f"{var}: {exc}") from None
-
-
-def _normalize_origin(text: str) -> str:
-    from studio.http.guards.access import normalize_origin  # light (no web framework), but only settings that need it
-
-    return normalize_origin(text)
-
-
-def _normalize_host(text: str) -> str:
-    from studio.http.guards.access import normalize_host
-
-    return normalize_host(text)
-
-
-def _tool_problems(config: dict[str, Any]) -> list[str]:
-    """What is wrong with ``[mcp_servers.*]`` and ``[tools]``."""
-    problems = []
-    servers = config.get("mcp_servers", {})
-    if not isinstance(servers, dict):
-        return ["[mcp_servers] must hold one table per server: [mcp_servers.NAME]"]
-    for name, d in servers.items():
-        where = f"[mcp_servers.{name}]"
-        if not _SERVER_NAME.fullmatch(name):
-            problems.append(f"{where}: a server name is 1-32 letters, digits, '_' or '-' (it prefixes tool names)")
-        if not isinstance(d, dict):
-            problems.append(f"{where} must be a table")
+    Raises:
+        ValueError: the variable, and what is wrong with its value.
+    """
+    values: dict[str, Any] = {}
+    for key in keys:
+        text = env.get(key.env) if key.env else None
+        if key.env is None or text is None or (text == "" and key.name not in _EMPTY_IS_NONE):
             continue
-        problems += [
-            f"{where}: unknown key {k!r} (known: {', '.join(sorted(_MCP_KEYS))})" for k in d if k not in _MCP_KEYS
-        ]
-        if ("command" in d) == ("url" in d):
-            problems.append(f"{where}: give either command (a stdio server) or url (streamable HTTP)")
-        if "command" in d and (not isinstance(d["command"], str) or not d["command"]):
-            problems.append(f"{where}: command must be a program name or path")
-        if "url" in d and not (isinstance(d["url"], str) and d["url"].startswith(("http://", "https://"))):
-            problems.append(f"{where}: url must be an http:// or https:// address")
-        if "args" in d and not (isinstance(d["args"], list) and all(isinstance(a, str) for a in d["args"])):
-            problems.append(f"{where}: args must be a list of strings")
-        if "env" in d and not (isinstance(d["env"], dict) and all(isinstance(v, str) for v in d["env"].values())):
-            problems.append(f"{where}: env must map names to strings")
-        if "cwd" in d and not isinstance(d["cwd"], str):
-            problems.append(f"{where}: cwd must be a folder")
-        if "url" in d and any(k in d for k in ("args", "env", "cwd")):
-            problems.append(f"{where}: args, env and cwd are for a command, not a url")
-    tools = config.get("tools", {})
-    if not isinstance(tools, dict) or any(k != "python" for k in tools):
-        return problems + ["[tools] holds only [tools.python]"]
-    python = tools.get("python", {})
-    if not isinstance(python, dict):
-        return problems + ["[tools.python] must be a table"]
-    problems += [
-        f"[tools.python]: unknown key {k!r} (known: {', '.join(sorted(_PYTHON_KEYS))})"
-        for k in python
-        if k not in _PYTHON_KEYS
-    ]
-    if "enabled" in python and not isinstance(python["enabled"], bool):
-        problems.append("[tools.python]: enabled must be true or false")
-    for k in ("timeout", "cpu_seconds", "memory_mb", "max_output_kb", "max_processes"):
-        if k in python and (
-            isinstance(python[k], bool)
-            or not isinstance(python[k], (int, float))
-            or python[k] <= 0
-            or (k != "timeout" and not isinstance(python[k], int))
-        ):
-            problems.append(f"[tools.python]: {k} must be a positive {'number' if k == 'timeout' else 'integer'}")
+        value: Any = text
+        if key.kind == "bool":
+            value = env_flag(env, key.env)
+        elif key.kind == "texts":
+            value = tuple(item.strip() for item in text.split(key.env_sep) if item.strip())
+        elif key.kind == "int":
+            try:
+                value = int(text)
+            except ValueError:
+                value = None
+            if value is None or not (key.least or value) <= value <= (key.most or value):
+                raise ValueError(key.must(text, name=key.env))
+        if key.check is not None:
+            try:
+                value = key.check(value)
+            except ValueError as exc:
+                raise ValueError(joined(key.env, str(exc))) from None
+        values[key.name] = value
+    return values
+
+
+def _server_problems(where: str, name: str, table: Mapping[str, Any]) -> list[str]:
+    """What is wrong with one ``[mcp_servers.NAME]`` table beyond its keys' types."""
+    problems = []
+    if not _SERVER_NAME.fullmatch(name):
+        problems.append(f"{where}: a server name is 1-32 letters, digits, '_' or '-' (it prefixes tool names)")
+    if ("command" in table) == ("url" in table):
+        problems.append(f"{where}: give either command (a stdio server) or url (streamable HTTP)")
+    if "url" in table and any(k in table for k in ("args", "env", "cwd")):
+        problems.append(f"{where}: args, env and cwd are for a command, not a url")
     return problems
 
 
-def _tool_settings(config: dict[str, Any]) -> ToolSettings:
-    servers = {
-        name: MCPServerConfig(
-            name=name,
-            command=d.get("command"),
-            args=tuple(d.get("args", ())),
-            env=MappingProxyType(dict(d.get("env", {}))),
-            cwd=_optional_path(d.get("cwd")),
-            url=d.get("url"),
-        )
-        for name, d in config.get("mcp_servers", {}).items()
-    }
-    python = config.get("tools", {}).get("python", {})
-    return ToolSettings(mcp_servers=MappingProxyType(servers), python=PythonToolConfig(**python))
-
-
-def _port(name: str, text: str) -> int:
-    try:
-        port = int(text)
-    except ValueError:
-        port = -1
-    if not 0 < port < 65536:
-        raise ValueError(f"{name} must be a port number (1-65535), not {text!r}")
-    return port
+def _server(name: str, table: Mapping[str, Any]) -> MCPServerConfig:
+    d = {**{o.name: o.value for o in MCP_KEYS}, **table}
+    return MCPServerConfig(
+        name=name,
+        command=d["command"],
+        args=tuple(d["args"]),
+        env=MappingProxyType(dict(d["env"])),
+        cwd=_optional_path(d["cwd"]),
+        url=d["url"],
+    )
 
 
 def _optional_path(value: str | None) -> Path | None:
