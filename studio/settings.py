@@ -17,9 +17,6 @@ Precedence: environment variables, then the optional TOML file
     max_tokens = 4096               # an answer's token limit when its request sets none (never past the context)
     max_seconds = 600               # wall-clock limit of one generation, seconds (0: none)
 
-    [aliases]                       # extra names a client may send as `model`
-    chat = "gemma-3-270m-Q4_K_M"    # a model name, a .gguf path, or owner/repo:VARIANT in the HF cache
-
     memory_budget = "6GiB"          # all resident models together; or per device: {CPU = "6GiB", CUDA0 = "20GiB"}
     ttl = 0                         # seconds idle before a model is unloaded (0: never)
     max_resident = 3                # at most this many models at once (default: as many as fit)
@@ -30,10 +27,14 @@ Precedence: environment variables, then the optional TOML file
     slot_cache_disk = "4GiB"        # disk for conversations saved before an eviction; 0: none saved
     default_for_unknown = false     # true: a request naming no known model goes to the default (llama-server's way)
 
+    [aliases]                       # extra names a client may send as `model`
+    chat = "gemma-3-270m-Q4_K_M"    # a model name, a .gguf path, or owner/repo:VARIANT in the HF cache
+
     [mcp_servers.files]             # an MCP server whose tools /api/chat may run (stdio: a command)
     command = "npx"
     args = ["-y", "@modelcontextprotocol/server-filesystem", "/srv/notes"]
     env = { LOG_LEVEL = "warn" }
+    cwd = "/srv/notes"              # the folder it runs in (unset: the studio's)
 
     [mcp_servers.search]            # ... or one reached over streamable HTTP
     url = "http://127.0.0.1:9000/mcp"
@@ -244,32 +245,32 @@ def _http_url(text: str) -> str:
 # -- the config file's keys, each defined once ---------------------------------------------------------------
 
 
-def _key(name: str, kind: Kind, help: str, value: Any, **more: Any) -> Option:
+def config_key(name: str, kind: Kind, help: str, value: Any, **more: Any) -> Option:
     """A key of the config file: its help, its value when left out, and what else its row says."""
     return Option(name, kind, help, more.pop("default", repr(value)), value=value, api=False, cli=None, **more)
 
 
 def _number(name: str, help: str, value: float | None, least: float, most: float) -> Option:
-    return _key(name, "number", help, value, least=least, most=most)
+    return config_key(name, "number", help, value, least=least, most=most)
 
 
 def _positive_int(name: str, help: str, value: int) -> Option:
-    return _key(name, "int", help, value, least=1, wrong="{name} must be a positive integer")
+    return config_key(name, "int", help, value, least=1, wrong="{name} must be a positive integer")
 
 
 #: An ``[mcp_servers.NAME]`` table: an MCP server whose tools ``/api/chat`` may run.
 MCP_KEYS: tuple[Option, ...] = (
-    _key("command", "text", "The program of a stdio server", None, check=_program),
-    _key("args", "texts", "Its arguments", ()),
-    _key("env", "map", "Variables it runs with", {}, default="{}", wrong="{name} must map names to strings"),
-    _key("cwd", "text", "The folder it runs in", None, wrong="{name} must be a folder"),
-    _key("url", "text", "The address of a streamable-HTTP server", None, check=_http_url),
+    config_key("command", "text", "The program of a stdio server", None, check=_program),
+    config_key("args", "texts", "Its arguments", ()),
+    config_key("env", "map", "Variables it runs with", {}, default="{}", wrong="{name} must map names to strings"),
+    config_key("cwd", "text", "The folder it runs in", None, wrong="{name} must be a folder"),
+    config_key("url", "text", "The address of a streamable-HTTP server", None, check=_http_url),
 )
 
 #: ``[tools.python]``: the built-in python tool's switch and limits.
 PYTHON_KEYS: tuple[Option, ...] = (
-    _key("enabled", "bool", "Offer the python tool", False),
-    _key(
+    config_key("enabled", "bool", "Offer the python tool", False),
+    config_key(
         "timeout",
         "number",
         "Wall-clock seconds per call",
@@ -285,9 +286,9 @@ PYTHON_KEYS: tuple[Option, ...] = (
 
 #: The config file's top-level keys and tables; ``[models.NAME]`` takes the load options (``config_keys``).
 CONFIG_KEYS: tuple[Option, ...] = (
-    _key("host", "text", "Address the studio listens on", "127.0.0.1", env="GGUF_STUDIO_HOST"),
-    _key("port", "port", "Port the studio listens on", 8080, check=_port, env="GGUF_STUDIO_PORT"),
-    _key(
+    config_key("host", "text", "Address the studio listens on", "127.0.0.1", env="GGUF_STUDIO_HOST"),
+    config_key("port", "port", "Port the studio listens on", 8080, check=_port, env="GGUF_STUDIO_PORT"),
+    config_key(
         "ollama_port",
         "port",
         "Also serve the Ollama API on this port",
@@ -296,7 +297,7 @@ CONFIG_KEYS: tuple[Option, ...] = (
         check=_port_or_off,
         env="GGUF_STUDIO_OLLAMA_PORT",
     ),
-    _key(
+    config_key(
         "api_token",
         "text",
         "Bearer token every API call must send",
@@ -305,7 +306,7 @@ CONFIG_KEYS: tuple[Option, ...] = (
         check=_token,
         env="GGUF_STUDIO_API_TOKEN",
     ),
-    _key(
+    config_key(
         "model_dirs",
         "texts",
         "More folders of GGUF files for the library",
@@ -315,7 +316,7 @@ CONFIG_KEYS: tuple[Option, ...] = (
         env="GGUF_STUDIO_MODEL_DIRS",
         env_sep=os.pathsep,
     ),
-    _key(
+    config_key(
         "rpc_workers",
         "texts",
         "ggml-rpc-server workers (ggstudio rpc-worker) to split layers over, host:port",
@@ -324,7 +325,7 @@ CONFIG_KEYS: tuple[Option, ...] = (
         wrong='{name} must be a list of "host:port" strings',
         env="GGUF_STUDIO_RPC_WORKERS",
     ),
-    _key(
+    config_key(
         "allowed_origins",
         "texts",
         'Web pages that may use the studio, besides its own ("*": any)',
@@ -332,7 +333,7 @@ CONFIG_KEYS: tuple[Option, ...] = (
         check=_each(_normalize_origin),
         env="GGUF_STUDIO_ORIGINS",
     ),
-    _key(
+    config_key(
         "allowed_hosts",
         "texts",
         "Host names it answers to, besides loopback and the address it binds",
@@ -340,8 +341,8 @@ CONFIG_KEYS: tuple[Option, ...] = (
         check=_each(_normalize_host),
         env="GGUF_STUDIO_HOSTS",
     ),
-    _key("allow_any_path", "bool", "API clients may load a .gguf from anywhere on the disk", False),
-    _key(
+    config_key("allow_any_path", "bool", "API clients may load a .gguf from anywhere on the disk", False),
+    config_key(
         "max_body_bytes",
         "int",
         "The largest request body accepted, bytes (413 above)",
@@ -350,7 +351,7 @@ CONFIG_KEYS: tuple[Option, ...] = (
         wrong="{name} must be a number of bytes of at least 1024, not {value!r}",
         env="GGUF_STUDIO_MAX_BODY_BYTES",
     ),
-    _key(
+    config_key(
         "auto_download",
         "bool",
         "A load of an uncached owner/repo:VARIANT downloads it first",
@@ -359,7 +360,7 @@ CONFIG_KEYS: tuple[Option, ...] = (
     ),
     replace(BY_NAME["max_tokens"], default="4096"),
     replace(BY_NAME["max_seconds"], default="600"),
-    _key(
+    config_key(
         "memory_budget",
         "sizes",
         'All resident models together: "6GiB", or per device: {CPU = "6GiB", CUDA0 = "20GiB"}',
@@ -371,11 +372,13 @@ CONFIG_KEYS: tuple[Option, ...] = (
     ),
     replace(BY_NAME["ttl"], help="Seconds idle before a model is unloaded (0: never)", default="0", value=0),
     _number("max_resident", "At most this many models at once", None, 1, 64),
-    _key("preload", "texts", "Models loaded at start, in this order", (), wrong="{name} must be a list of model names"),
+    config_key(
+        "preload", "texts", "Models loaded at start, in this order", (), wrong="{name} must be a list of model names"
+    ),
     _number("unload_grace", "Seconds an unload waits for requests in flight before it ends them", 10.0, 0, 3600),
     _number("busy_wait", "Seconds a load waits for busy models to go idle before a 503", 30.0, 0, 3600),
     _number("group_size", "Requests a busy model still takes once a load waits for its memory (0: none)", 4, 0, 1000),
-    _key(
+    config_key(
         "slot_cache_disk",
         "size",
         "Disk for conversations saved before an eviction; 0: none saved",
@@ -383,13 +386,13 @@ CONFIG_KEYS: tuple[Option, ...] = (
         default="4GiB",
         check=_slot_cache_disk,
     ),
-    _key(
+    config_key(
         "default_for_unknown",
         "bool",
         "A request naming no known model goes to the default (llama-server's way)",
         False,
     ),
-    _key(
+    config_key(
         "aliases",
         "map",
         "Extra names a client may send as model: a model name, a .gguf path, or owner/repo:VARIANT",
@@ -397,7 +400,7 @@ CONFIG_KEYS: tuple[Option, ...] = (
         default="{}",
         wrong="[aliases] must map names to model names or paths (strings)",
     ),
-    _key(
+    config_key(
         "models",
         "tables",
         "Load defaults per model (a request's own values win)",
@@ -406,7 +409,7 @@ CONFIG_KEYS: tuple[Option, ...] = (
         table=OPTIONS,
         wrong="[models] must hold one table per model: [models.NAME]",
     ),
-    _key(
+    config_key(
         "mcp_servers",
         "tables",
         "MCP servers whose tools /api/chat may run (stdio: a command; streamable HTTP: a url)",
@@ -415,14 +418,14 @@ CONFIG_KEYS: tuple[Option, ...] = (
         table=MCP_KEYS,
         wrong="[mcp_servers] must hold one table per server: [mcp_servers.NAME]",
     ),
-    _key(
+    config_key(
         "tools",
         "table",
         "The built-in tools",
         {},
         default="{}",
         table=(
-            _key(
+            config_key(
                 "python",
                 "table",
                 "The python tool, off unless enabled",

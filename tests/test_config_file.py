@@ -1,0 +1,195 @@
+"""The config file is read through one definition per key (``studio.settings.CONFIG_KEYS``): a made-up key added
+as one row is taken from the file and its variable, every file the studio took before is still taken, and the
+module docstring's example is a file the studio takes, naming every key."""
+
+from __future__ import annotations
+
+import os
+import tomllib
+from pathlib import Path
+from textwrap import dedent
+from typing import Any
+
+import pytest
+
+import studio.settings
+from studio.settings import (
+    CONFIG_KEYS,
+    MCP_KEYS,
+    PYTHON_KEYS,
+    MemoryBudget,
+    PythonToolConfig,
+    Settings,
+    config_key,
+    config_values,
+)
+
+#: A made-up top-level key with bounds, a check and a variable: the one place it is written.
+MADE_UP = config_key(
+    "made_up", "int", "A made-up key no part of the studio reads", 3, least=1, most=9, env="GGUF_STUDIO_MADE_UP"
+)
+KEYS = (*CONFIG_KEYS, MADE_UP)
+
+
+def read(tmp_path: Path, text: str, keys=KEYS, **env: str) -> dict[str, Any]:
+    (tmp_path / "config.toml").write_text(text)
+    return config_values({"GGUF_STUDIO_HOME": str(tmp_path), **env}, keys)
+
+
+def test_a_made_up_top_level_key_is_taken_from_the_file_and_its_variable(tmp_path):
+    assert read(tmp_path, "")["made_up"] == 3  # its row's value
+    assert read(tmp_path, "made_up = 5\nport = 9000\n")["made_up"] == 5
+    assert read(tmp_path, "made_up = 5\n", GGUF_STUDIO_MADE_UP="7")["made_up"] == 7  # the variable wins
+    with pytest.raises(ValueError) as info:
+        read(tmp_path, "made_up = 10\n")
+    assert "config.toml: made_up must be an integer from 1 to 9" in str(info.value)
+    with pytest.raises(ValueError, match="GGUF_STUDIO_MADE_UP must be an integer from 1 to 9"):
+        read(tmp_path, "", GGUF_STUDIO_MADE_UP="0")
+    with pytest.raises(ValueError, match="unknown key 'made_up'"):  # without its row, no such key
+        read(tmp_path, "made_up = 5\n", keys=CONFIG_KEYS)
+
+
+#: Files the studio took on b5a9904, each with what it must still read from it.
+ACCEPTED: dict[str, tuple[str, dict[str, Any]]] = {
+    "ports as strings": ('port = "9000"\nollama_port = "11500"\n', {"port": 9000, "ollama_port": 11500}),
+    "the Ollama listener off by 0": ("ollama_port = 0\n", {"ollama_port": None}),
+    'the Ollama listener off by ""': ('ollama_port = ""\n', {"ollama_port": None}),
+    "the Ollama listener off by false": ("ollama_port = false\n", {"ollama_port": None}),
+    "an empty token": ('api_token = ""\n', {"api_token": None}),
+    "a budget per device": (
+        'memory_budget = {CPU = "6GiB", CUDA0 = "20 GiB"}\n',
+        {"residency.memory_budget": MemoryBudget(per_device={"CPU": 6 * 2**30, "CUDA0": 20 * 2**30})},
+    ),
+    "a budget in bytes": ("memory_budget = 2147483648\n", {"residency.memory_budget": MemoryBudget(total=2**31)}),
+    "a budget as pairs": (
+        'memory_budget = "CPU=2GiB,CUDA0=1.5GB"\n',
+        {"residency.memory_budget": MemoryBudget(per_device={"CPU": 2**31, "CUDA0": 1_500_000_000})},
+    ),
+    "fractional residency numbers": (
+        "ttl = 0.5\nmax_resident = 2.5\nunload_grace = 0.25\nbusy_wait = 1.5\ngroup_size = 2.7\n",
+        {"residency.ttl": 0.5, "residency.max_resident": 2.5, "residency.busy_wait": 1.5, "residency.group_size": 2},
+    ),
+    "no slot cache": ("slot_cache_disk = 0\n", {"residency.slot_cache_disk": 0}),
+    'no slot cache, as "0"': ('slot_cache_disk = "0"\n', {"residency.slot_cache_disk": 0}),
+    "a slot cache in bytes": ("slot_cache_disk = 1073741824\n", {"residency.slot_cache_disk": 2**30}),
+    "a slot cache as a float": ("slot_cache_disk = 1e9\n", {"residency.slot_cache_disk": 10**9}),
+    "workers twice": ('rpc_workers = ["a:1", "a:1", "b:2"]\n', {"rpc_workers": ("a:1", "b:2")}),
+    "any origin and host": ('allowed_origins = ["*"]\nallowed_hosts = ["*"]\n', {"allowed_origins": ("*",)}),
+    "empty tables": ("[aliases]\n[models]\n[mcp_servers]\n[tools]\n[tools.python]\n", {"aliases": {}}),
+    "an empty model table": ("[models.m]\n", {"model_defaults.m.n_ctx": None}),
+    "a fractional python timeout": ("[tools.python]\ntimeout = 0.5\n", {"tools.python.timeout": 0.5}),
+    "an integer python timeout": ("[tools.python]\ntimeout = 5\n", {"tools.python.timeout": 5}),
+    "llama.cpp's spelling of a mode": (
+        '[models.m]\nspec = "draft-mtp,ngram-mod"\n',
+        {"model_defaults.m.spec": "mtp+ngram"},
+    ),
+    "a projector in the home": (
+        '[models.m]\nmmproj = "~/p.gguf"\n',
+        {"model_defaults.m.mmproj": str(Path("~/p.gguf").expanduser())},
+    ),
+    "the smallest body": ("max_body_bytes = 1024\n", {"max_body_bytes": 1024}),
+    "dotted keys": (
+        'tools.python.enabled = true\naliases.chat = "m"\nmodels.m.n_ctx = 512\n',
+        {"tools.python.enabled": True, "aliases": {"chat": "m"}, "model_defaults.m.n_ctx": 512},
+    ),
+    "a stdio server with a folder": (
+        '[mcp_servers.files]\ncommand = "npx"\ncwd = "~/notes"\nenv = { A = "1" }\n',
+        {"tools.mcp_servers.files.cwd": Path("~/notes").expanduser(), "tools.mcp_servers.files.args": ()},
+    ),
+}
+
+
+def found(settings: Settings, path: str) -> Any:
+    value: Any = settings
+    for step in path.split("."):
+        value = value[step] if hasattr(value, "keys") and not isinstance(value, Settings) else getattr(value, step)
+    return value
+
+
+@pytest.mark.parametrize("name", ACCEPTED)
+def test_every_file_taken_before_is_still_taken(tmp_path, name):
+    """Regression for the reshaping onto pydantic: b5a9904's hand-written reader took each of these files."""
+    text, expected = ACCEPTED[name]
+    (tmp_path / "config.toml").write_text(text)
+    settings = Settings.from_env({"GGUF_STUDIO_HOME": str(tmp_path)})
+    assert {path: found(settings, path) for path in expected} == expected
+
+
+def example() -> str:
+    """The config file in ``studio.settings``' docstring."""
+    doc = studio.settings.__doc__ or ""
+    return dedent(doc[doc.index("::\n") + 3 : doc.index("\n| variable")])
+
+
+def test_the_docstrings_example_is_a_file_the_studio_takes_and_names_every_key(tmp_path):
+    (tmp_path / "config.toml").write_text(example())
+    settings = Settings.from_env({"GGUF_STUDIO_HOME": str(tmp_path)})
+    assert settings.tools.python.enabled and settings.model_defaults["gemma-3-270m-Q4_K_M"].n_ctx == 8192
+    parsed = tomllib.loads(example())
+    assert set(parsed) == {o.name for o in CONFIG_KEYS}
+    assert set(parsed["tools"]["python"]) == {o.name for o in PYTHON_KEYS}
+    assert set(parsed["mcp_servers"]["files"]) | set(parsed["mcp_servers"]["search"]) == {o.name for o in MCP_KEYS}
+    variables = {o.env for o in CONFIG_KEYS if o.env}
+    assert {v for v in variables if f"``{v}``" not in (studio.settings.__doc__ or "")} == set()
+
+
+def test_the_rows_values_are_the_settings_defaults(tmp_path):
+    """Settings made in code (``Settings(home=...)``) and settings read from nothing agree."""
+    assert Settings.from_env({"GGUF_STUDIO_HOME": str(tmp_path)}) == Settings(home=tmp_path)
+    assert PythonToolConfig(**{o.name: o.value for o in PYTHON_KEYS}) == PythonToolConfig()
+
+
+@pytest.mark.parametrize(
+    "text, words",
+    [
+        ("prot = 8080", "unknown key 'prot' (did you mean 'port'?)"),
+        ("[models.m]\nspce = 'ngram'", "[models.'m']: unknown key 'spce' (did you mean 'spec'?)"),
+        ("port = 'eighty'", "port must be a port number (1-65535), not 'eighty'"),
+        ("max_body_bytes = 10", "max_body_bytes must be a number of bytes of at least 1024, not 10"),
+        ("host = 3", "host must be a string"),
+        ("models = 3", "[models] must hold one table per model: [models.NAME]"),
+        ("[tools]\npython = 3", "[tools.python] must be a table"),
+        ("[mcp_servers.a]\ncommand = ''", "[mcp_servers.'a']: command must be a program name or path"),
+        ("allowed_origins = ['a', 'b']", "allowed_origins: 'a' is not an origin"),
+    ],
+)
+def test_a_wrong_key_names_its_file_table_and_key_and_what_to_write(tmp_path, text, words):
+    (tmp_path / "config.toml").write_text(text + "\n")
+    with pytest.raises(ValueError) as info:
+        Settings.from_env({"GGUF_STUDIO_HOME": str(tmp_path)})
+    assert str(info.value).startswith(f"{tmp_path / 'config.toml'}: ") and words in str(info.value)
+
+
+def test_every_problem_in_a_file_is_told_at_once(tmp_path):
+    (tmp_path / "config.toml").write_text("port = 0\nttl = -1\n[models.m]\nn_ctx = 1\n[tools.python]\ntimeout = 0\n")
+    with pytest.raises(ValueError) as info:
+        Settings.from_env({"GGUF_STUDIO_HOME": str(tmp_path)})
+    assert [p.split(" must ")[0] for p in str(info.value).split(": ", 1)[1].split("; ")] == [
+        "ttl",
+        "[models.'m']: n_ctx",
+        "port",
+        "[tools.python]: timeout",
+    ]
+
+
+@pytest.mark.parametrize(
+    "variable, text, attribute, value",
+    [
+        ("GGUF_STUDIO_HOST", "0.0.0.0", "host", "0.0.0.0"),
+        ("GGUF_STUDIO_PORT", "9100", "port", 9100),
+        ("GGUF_STUDIO_API_TOKEN", "t", "api_token", "t"),
+        ("GGUF_STUDIO_MODEL_DIRS", f"/a{os.pathsep}/b", "model_dirs", (Path("/a"), Path("/b"))),
+        ("GGUF_STUDIO_RPC_WORKERS", "h:1,h:2", "rpc_workers", ("h:1", "h:2")),
+        ("GGUF_STUDIO_ORIGINS", "", "allowed_origins", ()),  # set to nothing: none, over the file's
+        ("GGUF_STUDIO_MAX_BODY_BYTES", "2048", "max_body_bytes", 2048),
+        ("GGUF_STUDIO_AUTO_DOWNLOAD", "off", "auto_download", False),
+        ("GGUF_STUDIO_MEMORY_BUDGET", "1GiB", "residency.memory_budget", MemoryBudget(total=2**30)),
+    ],
+)
+def test_a_variable_wins_over_the_file(tmp_path, variable, text, attribute, value):
+    (tmp_path / "config.toml").write_text(
+        'host = "::1"\nport = 9000\napi_token = "f"\nmodel_dirs = ["/f"]\nrpc_workers = ["f:1"]\n'
+        'allowed_origins = ["http://f.example"]\nmax_body_bytes = 4096\nauto_download = true\nmemory_budget = "2GiB"\n'
+    )
+    settings = Settings.from_env({"GGUF_STUDIO_HOME": str(tmp_path), variable: text})
+    assert found(settings, attribute) == value
