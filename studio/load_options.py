@@ -11,7 +11,8 @@
 The rows are plain data and the pydantic model is built from them where pydantic is loaded anyway (the API,
 a config file's tables): every CLI command builds its options at start-up, and ``serve`` starts its first
 llama-server before it imports pydantic. Adding an option is a row here, the planner rule that uses it and
-its test. ``OptionValues`` holds the values a request, a config table or a load's settings set.
+its test. ``OptionValues`` holds the values a request, a config table or a load's settings set. The config
+file's own keys are rows of the same kind (``studio.settings.CONFIG_KEYS``), read by ``config_problems``.
 """
 
 from __future__ import annotations

@@ -193,3 +193,12 @@ def test_a_variable_wins_over_the_file(tmp_path, variable, text, attribute, valu
     )
     settings = Settings.from_env({"GGUF_STUDIO_HOME": str(tmp_path), variable: text})
     assert found(settings, attribute) == value
+
+
+def test_the_configuration_pages_example_is_a_file_the_studio_takes(tmp_path):
+    """docs/configuration.md shows a config file and the variables: each is checked against the rows."""
+    page = (Path(__file__).parents[1] / "docs" / "configuration.md").read_text()
+    text = page.split("```toml\n", 1)[1].split("```", 1)[0]
+    (tmp_path / "config.toml").write_text(text)
+    assert Settings.from_env({"GGUF_STUDIO_HOME": str(tmp_path)}).model_defaults["gemma-3-270m-Q4_K_M"].n_ctx == 8192
+    assert {o.env for o in CONFIG_KEYS if o.env and f"`{o.env}`" not in page} == set()
