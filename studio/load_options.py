@@ -454,7 +454,9 @@ def config_problems(
 
     given = _tuples(table)
     problems: list[str] = []
-    model = options_model(options, name="ConfigTable")
+    # the model of the rows the table names: it refuses and takes what the whole one would, and a file without
+    # [models] tables builds no load option's choices (which import the launcher's planning modules)
+    model = options_model([o for o in options if o.name in given], name="ConfigTable")
     for _ in range(8):  # each round leaves out what the last refused; a table nests at most two deep
         try:
             values = model.model_validate(given, strict=True).model_dump(exclude_unset=True)
