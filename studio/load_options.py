@@ -444,12 +444,11 @@ def _bounds(option: Option) -> dict[str, Any]:
     return out
 
 
-def config_problems(
-    table: Mapping[str, Any], options: Sequence[Option] = OPTIONS, *, where: str = ""
-) -> tuple[dict[str, Any], list[str]]:
+def config_problems(table: Mapping[str, Any], options: Sequence[Option] = OPTIONS) -> tuple[dict[str, Any], list[str]]:
     """A config file's table read through the pydantic model of ``options`` (its sub-tables too): its values
     as kept (lists as tuples, checked values normalized), and what is wrong with it, each naming its table
-    (``where``, e.g. ``[models.'m']``), its key and what to write. A wrong key is left out of the values."""
+    (e.g. ``[models.'m']``), its key and what to write. A key of the wrong type is left out of the values; one
+    its check refuses keeps the value given, for the checks across keys that follow."""
     from pydantic import ValidationError
 
     given = _tuples(table)
@@ -464,14 +463,14 @@ def config_problems(
         except ValidationError as exc:
             wrong: dict[tuple[Any, ...], str] = {}
             for error in exc.errors():
-                path, problem = _explain(tuple(error["loc"]), tuple(options), given, where)
+                path, problem = _explain(tuple(error["loc"]), tuple(options), given, "")
                 wrong.setdefault(path, problem)  # once each, in the table's order
             problems += wrong.values()
             for path in wrong:
                 _drop(given, path)
     else:  # pragma: no cover - each round drops at least one key
         raise AssertionError("config_problems did not settle")
-    _check(values, tuple(options), where, problems)
+    _check(values, tuple(options), "", problems)
     return values, problems
 
 
