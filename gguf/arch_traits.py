@@ -135,6 +135,12 @@ class ArchTraits:
     architecture's NextN graph (``graph_mtp``), with a zoo model given an appended NextN block
     (``tests.support.zoo.derive_mtp_model``); not a llama.cpp behaviour, how well the estimate is known."""
 
+    graph_nodes: tuple[int, int] = (0, 8)
+    """The node budget llama.cpp sizes its graphs' metadata for (``graph_max_nodes``, llama-context.cpp:2398): nodes
+    per ubatch token, nodes per model tensor, the larger product (at least 1024 where no per-token budget). The
+    chunked and looped graphs budget by tokens; the metadata's size is host memory of the process line
+    (``launcher.memory.process_bytes``)."""
+
     thinking_from_params: int = 0
     """Models of this architecture below this many parameters start with thinking off: not a llama.cpp
     behaviour, the reference backend's (Unsloth Studio) load-time rule for Qwen3.5/3.6, which think on only from
@@ -155,9 +161,12 @@ _LAST_FFN = ArchTraits(last_ffn_on_all_tokens=True)
 _MAMBA2 = ArchTraits(recurrent_graph="mamba-2")
 _DSA = ArchTraits(sparse_attention="dsa")
 _ROLLBACK = ArchTraits(rs_rollback=True)
+#: graph_max_nodes's long list (llama-context.cpp:2406-2419): 40 nodes a token, 32 a tensor
+_WIDE = (40, 32)
 
 _TABLE: dict[str, ArchTraits] = {
-    "bailingmoe3": ArchTraits(last_ffn_on_all_tokens=True, rs_rollback=True),
+    "bailingmoe3": ArchTraits(last_ffn_on_all_tokens=True, rs_rollback=True, graph_nodes=_WIDE),
+    "clef": ArchTraits(graph_nodes=_WIDE),
     "cogvlm": _NO_MIXED_BATCH,
     "cohere2": _PARALLEL,
     "cohere2moe": ArchTraits(parallel_attention_ffn=True, last_ffn_on_all_tokens=True),
@@ -169,6 +178,7 @@ _TABLE: dict[str, ArchTraits] = {
         rs_rollback=True,
         kv_types_must_match=True,
         compressed_kv_cache=True,
+        graph_nodes=_WIDE,
     ),
     "dflash": _NO_MIXED_BATCH,
     "dots3note": _DSA,
@@ -178,24 +188,25 @@ _TABLE: dict[str, ArchTraits] = {
     "gemma4": _LAST_FFN,
     "gemma4-assistant": _NO_MIXED_BATCH,
     "glm-dsa": _DSA,
-    "glm5-next": ArchTraits(sparse_attention="kpool-lightning", rs_rollback=True),
+    "glm5-next": ArchTraits(sparse_attention="kpool-lightning", rs_rollback=True, graph_nodes=(160, 64)),
     "gpt-oss": _LAST_FFN,
     "granitehybrid": _MAMBA2,
     "graniteswitch": _NO_MIXED_BATCH,
     "grok": ArchTraits(flash_attn=False),
-    "hrm_text": ArchTraits(input_state_alive=True),
+    "hrm_text": ArchTraits(input_state_alive=True, graph_nodes=(80, 64)),
     "hy_v3": _LAST_FFN,
-    "hy_v4": _DSA,
+    "hy_v4": ArchTraits(sparse_attention="dsa", graph_nodes=_WIDE),
     "jamba": ArchTraits(recurrent_graph="mamba-1"),
-    "kimi-k3": ArchTraits(mla_unroped_k=True, rs_rollback=True),
-    "kimi-linear": ArchTraits(mla_unroped_k=True),
+    "kimi-k3": ArchTraits(mla_unroped_k=True, rs_rollback=True, graph_nodes=(160, 64)),
+    "kimi-linear": ArchTraits(mla_unroped_k=True, graph_nodes=_WIDE),
     "lfm2": _ROLLBACK,
     "lfm2moe": _ROLLBACK,
     "llama4": ArchTraits(moe_weight_before_ffn=True),
     "mamba": ArchTraits(recurrent_graph="mamba-1"),
     "mamba2": _MAMBA2,
-    "minimax-01": ArchTraits(lightning_attention_decay=True),
-    "minimax-m3": ArchTraits(sparse_attention="msa"),
+    "minimax-01": ArchTraits(lightning_attention_decay=True, graph_nodes=_WIDE),
+    "minimax-m3": ArchTraits(sparse_attention="msa", graph_nodes=_WIDE),
+    "nanbeige": ArchTraits(graph_nodes=_WIDE),
     "nemotron_h": ArchTraits(last_ffn_on_all_tokens=True, recurrent_graph="mamba-2", rs_rollback=True),
     "nemotron_h_moe": ArchTraits(recurrent_graph="mamba-2", rs_rollback=True),
     "phi2": _PARALLEL,
@@ -205,10 +216,13 @@ _TABLE: dict[str, ArchTraits] = {
         rs_rollback=True,
         mtp_draft_measured=True,
         thinking_from_params=_QWEN35_THINKING_FROM,
+        graph_nodes=_WIDE,
     ),
-    "qwen35moe": ArchTraits(last_ffn_on_all_tokens=True, rs_rollback=True, thinking_from_params=_QWEN35_THINKING_FROM),
-    "qwen3next": _LAST_FFN,
-    "qwen4exp": ArchTraits(sparse_attention="kpool-qsa", rs_rollback=True),
+    "qwen35moe": ArchTraits(
+        last_ffn_on_all_tokens=True, rs_rollback=True, thinking_from_params=_QWEN35_THINKING_FROM, graph_nodes=_WIDE
+    ),
+    "qwen3next": ArchTraits(last_ffn_on_all_tokens=True, graph_nodes=_WIDE),
+    "qwen4exp": ArchTraits(sparse_attention="kpool-qsa", rs_rollback=True, graph_nodes=_WIDE),
     "refact": ArchTraits(runs_experts=False),
     "step35": _LAST_FFN,
 }

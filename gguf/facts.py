@@ -170,6 +170,8 @@ class ModelFacts:
     # how the file asks its embeddings pooled (``<arch>.pooling_type``, llama.cpp's llama_pooling_type: 0 none,
     # 1 mean, 2 cls, 3 last, 4 rank); -1: it does not say, as a chat model's file usually does not
     pooling_type: int = -1
+    # tensors in the file: llama.cpp's ``n_tensors()``, which sizes its graphs' metadata (``traits.graph_nodes``)
+    tensor_count: int = 0
 
     # -- derived ------------------------------------------------------------
     @property

@@ -151,6 +151,7 @@ def _model_facts(model: ParsedModel, hf_config: Mapping[str, Any] | None) -> Mod
         file_type_description=described,
         parameter_count=sum(t.n_elements for t in tensors),
         tensor_bytes=sum(t.n_bytes for t in tensors),
+        tensor_count=len(tensors),
         context_length=hp.n_ctx_train,
         embedding_length=hp.n_embd,
         block_count=n,

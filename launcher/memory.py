@@ -75,28 +75,71 @@ _REPACKED_TYPES = frozenset({"Q4_0", "Q4_K", "IQ4_NL"})
 _DRAFT_CACHE_TYPE: CacheType = "f16"
 
 
-#: The llama-server process beyond its buffers, whatever the model: the binary and its libraries' mapped pages,
-#: threads' stacks, the HTTP server, the slots, the graph's metadata (13.1 MiB measured on the zoo's models).
-PROCESS_BASE = 131 * MIB // 10  # 13.1 MiB
+#: The llama-server process beyond its buffers and its graphs' metadata, whatever the model: the binary and its
+#: libraries' mapped pages, threads' stacks, the HTTP server, the slots.
+PROCESS_BASE = 155 * MIB // 10  # 15.5 MiB
 #: Heap per vocabulary entry: the tokenizer's tables (token text, scores, the piece cache, the text-to-id map)
 #: and the sampler's per-token candidates.
-PROCESS_PER_VOCAB = 195
+PROCESS_PER_VOCAB = 192
 #: Heap per BPE merge rule (the vocabulary's ``bpe_ranks`` map of string pairs).
-PROCESS_PER_MERGE = 250
+PROCESS_PER_MERGE = 206
+#: ``ggml_tensor_overhead()``: a ``ggml_object`` and a ``ggml_tensor`` (32 + 336 bytes on 64-bit builds).
+_TENSOR_OVERHEAD = 368
+#: ``sizeof(struct ggml_cgraph)`` padded, plus its context's ``ggml_object`` (ggml.c ``ggml_graph_overhead_custom``).
+_GRAPH_HEADER = 144
+#: The graph results resident at once after a prompt (``llama_context``'s ``gf_res_reserve`` and the decoding
+#: graph's ``gf_res_prev``; measured: two, whatever ubatches the prompt spans).
+_GRAPH_RESULTS = 2
+#: ``ggml_hash_size``'s primes (ggml.c): the next prime after each power of two.
+_HASH_PRIMES = (
+    2, 3, 5, 11, 17, 37, 67, 131, 257, 521, 1031, 2053, 4099, 8209, 16411, 32771, 65537, 131101, 262147, 524309,
+    1048583, 2097169, 4194319, 8388617, 16777259,
+)  # fmt: skip
 
 
-def process_bytes(facts: ModelFacts) -> int:
+def _hash_size(min_size: int) -> int:
+    return next((p for p in _HASH_PRIMES if p >= min_size), min_size | 1)
+
+
+def graph_max_nodes(facts: ModelFacts, shape: ContextShape) -> int:
+    """llama.cpp's node budget for this model's graphs (``llama_context::graph_max_nodes``)."""
+    per_token, per_tensor = facts.traits.graph_nodes
+    n_tokens = min(shape.n_ctx, shape.n_ubatch)
+    return max(per_token * n_tokens, per_tensor * facts.tensor_count, 0 if per_token else 1024)
+
+
+def graph_metadata_bytes(max_nodes: int) -> int:
+    """The host memory sized by the node budget, every page of it written.
+
+    Each graph result holds a ``ggml_context`` buffer for ``max_nodes`` tensor headers and the graph itself (node
+    and leaf pointers, a hash set of twice the nodes with use counts, a bitset), resized with zeros
+    (``llm_graph_result::reset``); the scheduler clears its per-tensor backend ids and copies over a hash set of
+    ``max_nodes`` at every reset (``ggml_backend_sched_reset``). Its split buffers are larger but written only as
+    far as a graph's splits reach, which the base line holds.
+    """
+    hashed = _hash_size(2 * max_nodes)
+    graph = _GRAPH_HEADER + 2 * 8 * max_nodes + (4 + 8) * hashed + 4 * ((hashed + 31) // 32)
+    result = _TENSOR_OVERHEAD * max_nodes + graph
+    return _GRAPH_RESULTS * result + (4 + 8) * _hash_size(max_nodes)
+
+
+def process_bytes(facts: ModelFacts, shape: ContextShape) -> int:
     """The host memory a llama-server holds beyond what its log prints: the ``process`` line of the CPU bill.
 
-    Measured on the pinned CPU build (b11434) as the RSS after a prompt that fills a 1,000-token context (every
-    KV cell and the compute buffer touched), less the buffers the log prints, with the prompt cache and the
-    context checkpoints off (``scripts/memory_accuracy.py``'s process check): 13.1 MiB on the zoo's models
-    (median; 128 tokens, no merges), 34.0 MiB on SmolLM2-135M (49,152 tokens, 48,900 merges), 61.9 MiB on
-    Gemma 3 270M (262,144 tokens, no merges). The prompt cache has its own line; an SWA or hybrid model's
-    context checkpoints (16.5 MiB on Gemma after that prompt) none. A GPU build's driver and libraries hold
-    more, which is not measured.
+    Measured on the pinned CPU build (b11434) as the RSS after a prompt that fills a 1,000-token context, less the
+    buffers the log prints, each made resident in full first (``scripts/memory_accuracy.py``'s process check), with
+    the prompt cache and the context checkpoints off. The base is the zoo's models' median less their graphs'
+    metadata (``graph_metadata_bytes``, from the sources); the vocabulary and merge terms were fitted on
+    SmolLM2-135M (49,152 tokens, 48,900 merges) and Gemma 3 270M (262,144 tokens, no merges). The prompt cache has
+    its own line; an SWA or hybrid model's context checkpoints none. A GPU build's driver and libraries hold more,
+    which is not measured.
     """
-    return PROCESS_BASE + PROCESS_PER_VOCAB * facts.vocab_size + PROCESS_PER_MERGE * facts.merge_count
+    return (
+        PROCESS_BASE
+        + PROCESS_PER_VOCAB * facts.vocab_size
+        + PROCESS_PER_MERGE * facts.merge_count
+        + graph_metadata_bytes(graph_max_nodes(facts, shape))
+    )
 
 
 def layer_devices(facts: ModelFacts, options: MemoryOptions) -> tuple[tuple[str, ...], str]:
@@ -512,7 +555,7 @@ def estimate(facts: ModelFacts, options: MemoryOptions = MemoryOptions()) -> Mem
             output_growth=growth if d == "CPU" else 0,
             compute_growth=compute_growth.get(d, 0),
             projector=projector.total if projector and projector.device == d else 0,
-            process=process_bytes(facts) if d == "CPU" else 0,
+            process=process_bytes(facts, shape) if d == "CPU" else 0,
         )
         for d in names
     )

@@ -27,8 +27,11 @@ line) against the buffers the log prints, within 2 % or 32 MiB, whichever is lar
 
 The process line (``launcher.memory.process_bytes``: the binary, its libraries and heap, on no line of
 the log) is held against what it stands for, once per model (Gemma and each zoo model, first config):
-the server's RSS after one prompt, less the buffers its log prints. It ends with a ``process:`` line,
-the target being within 10 %.
+the server's RSS after one prompt, less the buffers its log prints. The bill counts each buffer whole, but
+a page of it joins the RSS only once written, and a prompt leaves parts of the compute buffer unwritten (a
+MoE graph's peak, the reserve's other slots): so every buffer llama.cpp allocates (``ggml_aligned_malloc``)
+is written in full as it is allocated (``RESIDENT_SHIM``, preloaded), and the RSS less the logged buffers
+is then exactly what the log does not print. It ends with a ``process:`` line, the target being within 10 %.
 
 Before both, three zoo MoE models rewritten at real MoE proportions (``REAL_MOE_SHAPES``: Qwen3-30B-A3B's
 128 experts with 8 routed, OLMoE's 64 with 8, GPT-OSS-20B's 32 with 4) run the whole grid, ending with a
@@ -50,6 +53,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+import tempfile
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -73,6 +77,22 @@ PROCESS_PROMPT_SPARE = 8
 #: How much wider than the zoo the realistic-width section's models are: n_embd 2048 and, to give the
 #: FFN-to-embedding ratio of Llama-like models (3.0; the zoo's is 1.5), n_ff 6144.
 WIDE, WIDE_FFN = 8, 16
+#: Preloaded into the process check's llama-server: ggml's CPU buffers (``ggml_aligned_malloc``, the only caller
+#: of ``posix_memalign`` with a 64-byte alignment) are written in full when allocated, so each logged buffer is
+#: resident whole, as the bill counts it, whatever pages a prompt happens to write.
+RESIDENT_SHIM = r"""
+#define _GNU_SOURCE
+#include <dlfcn.h>
+#include <stddef.h>
+#include <string.h>
+int posix_memalign(void **out, size_t alignment, size_t size) {
+    static int (*real)(void **, size_t, size_t);
+    if (!real) real = (int (*)(void **, size_t, size_t)) dlsym(RTLD_NEXT, "posix_memalign");
+    int status = real(out, alignment, size);
+    if (status == 0 && alignment == 64) memset(*out, 0, size);
+    return status;
+}
+"""
 #: The line after which every allocation has been printed.
 DONE_MARKERS = ("sched_reserve: reserve took", LISTENING)
 
@@ -219,12 +239,29 @@ class ProcessOutcome:
         return self.measured is not None and _close(self.predicted, self.measured, 0.10, 0)
 
 
-def measure_process(binary: Path, name: str, path: Path, config: Config) -> ProcessOutcome:
-    """Start llama-server on ``path``, send one prompt, and read its RSS beyond the buffers its log printed.
+def build_resident_shim(folder: Path) -> Path:
+    """Compile ``RESIDENT_SHIM`` into ``folder`` with the C compiler that builds llama.cpp."""
+    import shutil
+    import subprocess
+
+    compiler = shutil.which("cc") or shutil.which("gcc")
+    if compiler is None:
+        raise SystemExit("the process check needs a C compiler (cc) for its preloaded shim; --no-process skips it")
+    source, shim = folder / "resident_buffers.c", folder / "resident_buffers.so"
+    source.write_text(RESIDENT_SHIM)
+    subprocess.run([compiler, "-shared", "-fPIC", "-O2", "-o", str(shim), str(source), "-ldl"], check=True)
+    return shim
+
+
+def measure_process(binary: Path, name: str, path: Path, config: Config, shim: Path) -> ProcessOutcome:
+    """Start llama-server on ``path`` with every buffer resident (``shim``), send one prompt, and read its RSS
+    beyond the buffers its log printed.
 
     The prompt cache and the context checkpoints are off (``-cram 0 -ctxcp 0``): both grow with prompts, not at
     start (the prompt cache has its own line; a hybrid or SWA model's checkpoints none yet).
     """
+    import os
+
     import httpx
     import psutil
 
@@ -241,7 +278,12 @@ def measure_process(binary: Path, name: str, path: Path, config: Config) -> Proc
 
     try:
         log, _ = load_report(
-            binary, path, [*config.argv(), "-cram", "0", "-ctxcp", "0"], timeout=SERVER_TIMEOUT_S, then=prompt_then_rss
+            binary,
+            path,
+            [*config.argv(), "-cram", "0", "-ctxcp", "0"],
+            timeout=SERVER_TIMEOUT_S,
+            then=prompt_then_rss,
+            env={**os.environ, "LD_PRELOAD": str(shim)},
         )
         logged = parse_allocations(log).total
     except (httpx.HTTPError, psutil.Error, ValueError) as exc:
@@ -395,7 +437,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         wide = list(pool.map(lambda r: compare(build.llama_server, *r), wide_runs))
         moe = list(pool.map(lambda r: compare(build.llama_server, *r), moe_runs))
     # one at a time: a neighbour's prompt would not change the RSS, but it would slow this one past its timeout
-    processes = [measure_process(build.llama_server, *r) for r in ([] if args.no_process else process_runs)]
+    with tempfile.TemporaryDirectory() as folder:
+        shim = build_resident_shim(Path(folder)) if process_runs and not args.no_process else Path()
+        processes = [measure_process(build.llama_server, *r, shim) for r in ([] if args.no_process else process_runs)]
 
     if moe:
         print(f"zoo MoE models at real MoE proportions (tests.support.wide_zoo.REAL_MOE_SHAPES), {len(moe)} runs:")
@@ -431,7 +475,10 @@ def _grid_report(outcomes: Sequence[Outcome]) -> None:
 
 
 def _process_table(processes: Sequence[ProcessOutcome]) -> None:
-    print(f"process line: RSS after a prompt that fills the context, less the logged buffers ({CONFIGS[0].name})")
+    print(
+        "process line: RSS after a prompt that fills the context, less the logged buffers, each made resident "
+        f"({CONFIGS[0].name})"
+    )
     print(f"{'model':28} {'predicted':>10} {'measured':>10} {'RSS':>10} {'logged':>10}  flag")
     for p in processes:
         if p.measured is None:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import subprocess
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 from launcher import platform
@@ -29,16 +29,18 @@ def load_report(
     timeout: float = 60.0,
     attempts: int = 3,
     then: Callable[[int, int], None] | None = None,
+    env: Mapping[str, str] | None = None,
 ) -> tuple[str, int | None]:
     """Return (llama-server's output up to the first ``until`` line or its exit, its exit code if it exited).
 
     ``then`` is called with the server's pid and port once an ``until`` line is read, before the server stops
     (to send it a request, to read its memory); the log then goes on to what the server printed meanwhile. A
-    port another process grabbed between choosing and binding it is retried.
+    port another process grabbed between choosing and binding it is retried. ``env`` is the server's whole
+    environment (default: this process's).
     """
     log, code = "", None
     for _ in range(attempts):
-        log, code = _once(binary, model, args, until, timeout, then)
+        log, code = _once(binary, model, args, until, timeout, then, env)
         if "couldn't bind" not in log:
             break
     return log, code
@@ -51,6 +53,7 @@ def _once(
     until: Sequence[str],
     timeout: float,
     then: Callable[[int, int], None] | None,
+    env: Mapping[str, str] | None = None,
 ) -> tuple[str, int | None]:
     port = free_port()
     argv = [
@@ -75,6 +78,7 @@ def _once(
         stdin=subprocess.DEVNULL,
         text=True,
         errors="replace",
+        env=env,
         **platform.child_popen_kwargs(),
     )
     timer = threading.Timer(timeout, platform.kill_group, args=(proc.pid,))
