@@ -17,7 +17,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from studio.residency.manager import ModelManager, ResidencyEvent
+from studio.residency.manager import AdmissionEvent, ModelManager, ResidencyEvent
 from tests.fake_llama import fake_children
 from tests.manager_harness import ZOO, fake_manager, zoo_bill
 
@@ -98,6 +98,35 @@ def test_two_clients_alternating_models_are_served_in_groups_with_a_few_swaps(tm
     assert max(swaps_waited(r, swaps) for r in grouped) <= 2
     _, one_by_one = asyncio.run(run(0))
     assert len(one_by_one) >= 12  # the same clients without groups: a swap for nearly every request
+
+
+def test_each_hold_for_a_load_is_told_as_old_new_and_why(tmp_path, real, zoo_models, one_model):
+    """The admission events of two alternating clients chain (each one's old is the last one's new) and say why:
+    a model held back for the other's load takes new requests again once that load is done, or goes."""
+    heard: list[AdmissionEvent] = []
+
+    async def run() -> None:
+        with fake_children() as children:
+            manager = fake_manager(tmp_path, children, real, zoo_models, budget=one_model, busy_wait=30, group_size=2)
+            manager.admission_listeners.append(heard.append)
+            try:
+                await run_clients(manager, [[(A, 0.05)] * 6, [(B, 0.05)] * 6])
+            finally:
+                await manager.aclose()
+
+    asyncio.run(run())
+    events_a, events_b = ([e for e in heard if e.model == model] for model in (A, B))
+    for events in (events_a, events_b):
+        assert events, heard
+        assert [e.old for e in events] == ["accepting"] + [e.new for e in events[:-1]]
+    moves = {(e.old, e.new) for e in heard}
+    assert ("accepting", "grouping") in moves and ("grouping", "paused_for_load") in moves, moves
+    waits = {e.reason for e in heard if e.new == "grouping"}
+    assert waits <= {f"{A} waits for its memory", f"{B} waits for its memory"}, waits
+    # every hold ends: the load is done, or the held model is the one evicted for it (it drains)
+    assert all(e.new == "accepting" for e in (events_a[-1], events_b[-1])), heard
+    ends = {e.reason for e in heard if e.new == "accepting"}
+    assert ends <= {f"{m} is draining" for m in (A, B)} | {f"{m} is loaded" for m in (A, B)}, ends
 
 
 @settings(max_examples=6, deadline=None)

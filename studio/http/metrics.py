@@ -14,7 +14,8 @@ Each figure is counted where that is cheapest:
 - The phases of each generating request (queued, waiting for a load, prefill, decode), by model and
   route: from its activity record (``studio.activity``), once it ends.
 - Loads, evictions, crashes, restarts and the durations of loads and evictions: the model
-  manager's ``listeners`` (``ResidencyEvent``).
+  manager's ``listeners`` (``ResidencyEvent``); busy models held back for a load that waits for their
+  memory: its ``admission_listeners`` (``AdmissionEvent``).
 - What is true now (resident models, requests in flight per model and waiting, predicted and
   actual memory per model and device): read at scrape time from the figures ``/api/status``
   shows (``studio.views.residency.status_json``; ``StatusCollector``).
@@ -43,7 +44,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from studio.http.wire.upstream import Upstream
 from studio.residency.lifecycle import ResidentState
-from studio.residency.manager import ModelManager, ResidencyEvent
+from studio.residency.manager import AdmissionEvent, ModelManager, ResidencyEvent
 from studio.views.residency import status_json
 
 log = structlog.get_logger(__name__)
@@ -180,7 +181,15 @@ class StudioMetrics:
         r.register(self.phases)
         self.status = StatusCollector(manager)
         r.register(self.status)
+        self.holds = Counter(
+            "ggstudio_admission_holds",
+            "Times a busy model stopped taking new requests for a load waiting for its memory "
+            "(grouping: after a group of a few more; paused_for_load: at once)",
+            ["model", "admission"],
+            registry=r,
+        )
         manager.listeners.append(self.on_residency)
+        manager.admission_listeners.append(self.on_admission)
 
     def on_residency(self, event: ResidencyEvent) -> None:
         """Count a load, an eviction, a crash or a restart the manager reports."""
@@ -196,6 +205,11 @@ class StudioMetrics:
             self.crashes.labels(event.model).inc()
         else:
             self.restarts.labels(event.model).inc()
+
+    def on_admission(self, event: AdmissionEvent) -> None:
+        """Count a model held back for a load (a move to ``accepting`` ends a hold: nothing to count)."""
+        if event.new != "accepting":
+            self.holds.labels(event.model, event.new).inc()
 
     def observe_generation(
         self,

@@ -23,7 +23,7 @@ from launcher.registry import ChildRegistry
 from launcher.supervisor import Status, Supervisor
 from studio.errors import StudioError
 from studio.library.catalog import CatalogEntry
-from studio.residency.lifecycle import ResidentState
+from studio.residency.lifecycle import Admission, ResidentState
 from studio.residency.placer import Placed
 from studio.residency.requests import LoadRequest, model_defaults_for
 from studio.residency.resident import ResidentModel
@@ -83,6 +83,7 @@ class Builder:
         was: ResidentModel | None,
         on_change: Callable[[ResidentModel], None],
         on_transition: Callable[[ResidentModel, ResidentState, ResidentState, float], None],
+        on_admission: Callable[[ResidentModel, Admission, Admission, str], None],
     ) -> ResidentModel:
         """A new resident model for ``placed`` (not started); a restart keeps the lifetime ``was`` had (pin, TTL)."""
         own = model_defaults_for(entry, self.model_defaults)
@@ -101,6 +102,7 @@ class Builder:
             pinned=next(p for p in (request.pinned, was.pinned if was else None, own.pinned, False) if p is not None),
             on_change=on_change,
             on_transition=on_transition,
+            on_admission=on_admission,
             # an embedding instance's slots hold no conversation to continue: nothing is saved
             before_stop=None if self.slot_cache is None or placed.settings.embeddings else self.slot_cache.save,
         )

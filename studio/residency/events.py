@@ -3,6 +3,8 @@
 Each change of a resident's state is a transition ``(old, new)`` of ``studio.residency.lifecycle``'s table;
 the resident's owner reports each one with how long it was in ``old``, and the kind of event (loaded,
 failed, evicted, crashed, restarted) is read from the transition and the unload's cause it carries.
+A change of a ready resident's admission (``lifecycle.Admission``) is an ``AdmissionEvent`` of its own,
+with the reason the resident was given: listeners hear each change and keep no copy to compare against.
 """
 
 from __future__ import annotations
@@ -11,7 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal
 
-from studio.residency.lifecycle import ResidentState
+from studio.residency.lifecycle import Admission, ResidentState
 from studio.residency.resident import ResidentModel
 
 S = ResidentState
@@ -28,6 +30,16 @@ class ResidencyEvent:
     reason: str = ""  # load_failed: "error" or "cancelled"; evicted: "evicted", "unload", "ttl", "restart", "shutdown"
     old: str | None = None  # the state it left (``ResidentState`` values)
     new: str = ""  # the state it entered
+
+
+@dataclass(frozen=True)
+class AdmissionEvent:
+    """A ready resident stopped or began again to admit new requests (``lifecycle.ADMISSIONS``), and why."""
+
+    model: str
+    old: str  # the admission it left (``Admission`` values)
+    new: str  # the admission it entered
+    reason: str  # e.g. "gemma waits for its memory", "gemma is loaded"
 
 
 def kind_of(old: ResidentState, new: ResidentState, *, drained: bool) -> tuple[Kind, str] | None:
@@ -50,10 +62,21 @@ def kind_of(old: ResidentState, new: ResidentState, *, drained: bool) -> tuple[K
 
 
 class Narrator:
-    """Turns each resident's transitions into events for ``listeners``."""
+    """Turns each resident's transitions into events for ``listeners``, its admission's for ``admission_listeners``."""
 
-    def __init__(self, listeners: list[Callable[[ResidencyEvent], None]]) -> None:
+    def __init__(
+        self,
+        listeners: list[Callable[[ResidencyEvent], None]],
+        admission_listeners: list[Callable[[AdmissionEvent], None]],
+    ) -> None:
         self.listeners = listeners
+        self.admission_listeners = admission_listeners
+
+    def admission(self, r: ResidentModel, old: Admission, new: Admission, reason: str) -> None:
+        """``r``'s admission went from ``old`` to ``new`` for ``reason``: tell the admission listeners."""
+        event = AdmissionEvent(r.name, old.value, new.value, reason)
+        for listener in self.admission_listeners:
+            listener(event)
 
     def transition(self, r: ResidentModel, old: ResidentState, new: ResidentState, seconds: float) -> None:
         """``r`` went from ``old`` (after ``seconds`` there) to ``new``: tell the listeners, if it is an event."""

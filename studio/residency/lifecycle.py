@@ -2,12 +2,15 @@
 
 One task per resident model (``studio.residency.resident``) alone moves it through
 this table; every caller sends it a command and waits for a state, so no caller
-ever checks a state and then acts on it.
+ever checks a state and then acts on it. Admission (whether a ready model takes new
+requests while a load waits for its memory) is a sub-state of ``ready`` with a table
+of its own, moved only through the resident's methods.
 """
 
 from __future__ import annotations
 
 import enum
+from collections.abc import Callable
 from types import MappingProxyType
 
 
@@ -44,3 +47,71 @@ HOLDS_MEMORY = frozenset(
 COMING_UP = frozenset({ResidentState.LOADING, ResidentState.CRASHED})
 #: States of a model on its way out: a request for it waits until it is gone, then loads it anew.
 GOING_AWAY = frozenset({ResidentState.DRAINING, ResidentState.UNLOADING})
+
+
+class Admission(enum.Enum):
+    """Whether a ready resident takes new requests: a sub-state of ``ready`` that a load waiting for its memory
+    moves (new requests would keep it busy for ever), and that the load's end, or leaving ``ready``, moves back."""
+
+    ACCEPTING = "accepting"  # new requests enter
+    GROUPING = "grouping"  # a load waits for its memory: a group of a few more requests enters, to run before it
+    PAUSED_FOR_LOAD = "paused_for_load"  # a load waits for (or reserved) its memory: new requests wait
+
+
+#: Every allowed change of admission; anything else is a bug and raises.
+ADMISSIONS: MappingProxyType[Admission, frozenset[Admission]] = MappingProxyType(
+    {
+        Admission.ACCEPTING: frozenset({Admission.GROUPING, Admission.PAUSED_FOR_LOAD}),
+        Admission.GROUPING: frozenset({Admission.PAUSED_FOR_LOAD, Admission.ACCEPTING}),
+        Admission.PAUSED_FOR_LOAD: frozenset({Admission.ACCEPTING}),
+    }
+)
+
+
+class AdmissionGate:
+    """One resident's admission, moved only through ``ADMISSIONS``; each move is told as ``(old, new, reason)``.
+
+    The resident owns it and is the only caller (``ResidentModel.pause``/``resume``/``enter``), so no caller
+    outside keeps a copy of it or changes it.
+    """
+
+    __slots__ = ("_on_move", "group_left", "state")
+
+    def __init__(self, on_move: Callable[[Admission, Admission, str], None]) -> None:
+        self.state = Admission.ACCEPTING
+        self.group_left = 0  # requests the open group still admits (``GROUPING`` only)
+        self._on_move = on_move
+
+    def move(self, new: Admission, reason: str) -> None:
+        """Change to ``new`` by the table; raise ``RuntimeError`` for a change it does not allow."""
+        old = self.state
+        if new not in ADMISSIONS[old]:
+            raise RuntimeError(f"illegal admission change {old.value} -> {new.value} ({reason})")
+        self.state = new
+        if new is not Admission.GROUPING:
+            self.group_left = 0
+        self._on_move(old, new, reason)
+
+    def pause(self, after: int, reason: str) -> None:
+        """Admit no new request once ``after`` more came in; a group already open is never extended."""
+        if after <= 0:
+            if self.state is not Admission.PAUSED_FOR_LOAD:
+                self.move(Admission.PAUSED_FOR_LOAD, reason)
+        elif self.state is Admission.ACCEPTING:
+            self.group_left = after
+            self.move(Admission.GROUPING, reason)
+
+    def resume(self, reason: str) -> None:
+        """Admit new requests again."""
+        if self.state is not Admission.ACCEPTING:
+            self.move(Admission.ACCEPTING, reason)
+
+    def admit(self) -> bool:
+        """Whether one more request may enter; it counts against an open group, and the group's last closes it."""
+        if self.state is Admission.PAUSED_FOR_LOAD:
+            return False
+        if self.state is Admission.GROUPING:
+            self.group_left -= 1
+            if self.group_left <= 0:
+                self.move(Admission.PAUSED_FOR_LOAD, "its group before the load is complete")
+        return True

@@ -42,7 +42,7 @@ from studio.errors import (
 from studio.library.catalog import Catalog, CatalogEntry
 from studio.library.downloads import DownloadManager
 from studio.residency.builder import Builder, SupervisorFactory, supervisor_factory
-from studio.residency.events import Narrator, ResidencyEvent
+from studio.residency.events import AdmissionEvent, Narrator, ResidencyEvent
 from studio.residency.lifecycle import COMING_UP, GOING_AWAY, HOLDS_MEMORY, ResidentState
 from studio.residency.lookup import Lookup
 from studio.residency.placer import Placed, Placer, Planner
@@ -63,7 +63,7 @@ from studio.settings import ModelDefaults, ResidencySettings
 
 log = structlog.get_logger(__name__)
 
-__all__ = ["ModelManager", "Placed", "ResidencyEvent", "supervisor_factory"]
+__all__ = ["AdmissionEvent", "ModelManager", "Placed", "ResidencyEvent", "supervisor_factory"]
 
 
 class ModelManager(LoadSteps, Unloading):
@@ -135,7 +135,9 @@ class ModelManager(LoadSteps, Unloading):
         self._last_extra_args: dict[Path, tuple[str, ...]] = {}
         self.counters = {"loads": 0, "evictions": 0, "load_failures": 0}
         self.listeners: list[Callable[[ResidencyEvent], None]] = []  # told of every load, eviction, crash
-        self._events = Narrator(self.listeners)
+        # told of every change of a resident's admission; requests paused on a resident wait for the next one
+        self.admission_listeners: list[Callable[[AdmissionEvent], None]] = [lambda _: self._notify()]
+        self._events = Narrator(self.listeners, self.admission_listeners)
 
     # -- state ---------------------------------------------------------------------------------
     @property
@@ -365,10 +367,7 @@ class ModelManager(LoadSteps, Unloading):
                         try:
                             return resident.enter()
                         except NotReadyError:  # paused for a load that waits for its memory, or going away
-                            await asyncio.wait(
-                                [asyncio.ensure_future(resident.admitted()), asyncio.ensure_future(self.changed())],
-                                return_when=asyncio.FIRST_COMPLETED,
-                            )
+                            await self.changed()  # an admission event or a change of state
                     elif state is ResidentState.FAILED:
                         raise resident.failure or StudioError(resident.error or f"{resident.name} failed")
                     continue

@@ -40,7 +40,7 @@ from launcher.planner import LaunchPlan
 from launcher.supervisor import LaunchSpec, State, Status, Supervisor
 from studio.blocking import run_blocking
 from studio.errors import ModelUnloadedError, NotReadyError, StudioError, UpstreamError
-from studio.residency.lifecycle import COMING_UP, TRANSITIONS, ResidentState
+from studio.residency.lifecycle import COMING_UP, TRANSITIONS, Admission, AdmissionGate, ResidentState
 from studio.residency.requests import LoadSettings
 
 log = structlog.get_logger(__name__)
@@ -146,6 +146,7 @@ class ResidentModel:
         max_restarts: int = 2,
         on_change: Callable[[ResidentModel], None] = lambda resident: None,
         on_transition: Callable[[ResidentModel, ResidentState, ResidentState, float], None] = lambda *_: None,
+        on_admission: Callable[[ResidentModel, Admission, Admission, str], None] = lambda *_: None,
         before_stop: Callable[[LoadedModel], Awaitable[object]] | None = None,
         before_stop_timeout: float = 15.0,
         before_restart: Callable[[], Awaitable[BaseException | None]] | None = None,
@@ -162,6 +163,7 @@ class ResidentModel:
         self.max_restarts = max_restarts
         self.on_change = on_change
         self.on_transition = on_transition  # told (old, new, seconds it was in old) of each change of state
+        self.on_admission = on_admission  # told (old, new, reason) of each change of admission
         self.before_stop = before_stop  # awaited once requests are done, before an unload stops llama-server
         self.before_stop_timeout = before_stop_timeout
         # awaited before a crashed llama-server is restarted: an error (the memory it held is taken) fails the model
@@ -184,50 +186,43 @@ class ResidentModel:
         self._changed = asyncio.Event()
         self._idle = asyncio.Event()
         self._idle.set()
-        self._admitting = asyncio.Event()  # cleared while a load waits for this busy model's memory
-        self._admitting.set()
-        self._group_left: int | None = None  # requests it still admits before a load that waits for its memory
+        self._admission = AdmissionGate(self._admission_moved)  # moved only by ``enter``, ``pause``, ``resume``
         self._expiry: asyncio.TimerHandle | None = None
         self._task: asyncio.Task[None] | None = None
         self.supervisor = make_supervisor(self._on_supervisor_change)
 
     # -- for requests ------------------------------------------------------------------------
     def enter(self) -> tuple[LoadedModel, Lease]:
-        """Hold the ready model for one request; raise ``NotReadyError`` when it is not ready or paused."""
-        if self.state is not ResidentState.READY or self.loaded is None or not self._admitting.is_set():
+        """Hold the ready model for one request; raise ``NotReadyError`` when it is not ready or paused.
+
+        The request counts against an open group (``pause(after=...)``); the group's last one closes it."""
+        if self.state is not ResidentState.READY or self.loaded is None or not self._admission.admit():
             raise NotReadyError(self.state.value)
         self.in_flight += 1
         self.last_used = time.monotonic()
         self._idle.clear()
         self._cancel_expiry()
-        if self._group_left is not None:
-            self._group_left -= 1
-            if self._group_left <= 0:
-                self._admitting.clear()
         return self.loaded, Lease(self)
 
-    def pause(self, *, after: int = 0) -> None:
+    def pause(self, *, after: int = 0, reason: str = "a load waits for its memory") -> None:
         """Admit no new request once ``after`` more came in: a load waits for this busy model's memory, and would
         never get it while new requests kept it busy. The ``after`` requests still admitted run before the swap,
         together, instead of each waiting for a swap back; a later call never extends that count. Requests in
-        flight go on; new ones wait in ``admitted``."""
-        if after <= 0:
-            self._admitting.clear()
-        elif self._group_left is None:
-            self._group_left = after
+        flight go on; new ones wait for ``on_admission`` to tell of ``accepting`` again."""
+        self._admission.pause(after, reason)
 
-    def resume(self) -> None:
-        self._group_left = None
-        self._admitting.set()
+    def resume(self, reason: str = "the load it was paused for ended") -> None:
+        """Admit new requests again."""
+        self._admission.resume(reason)
+
+    @property
+    def admission(self) -> Admission:
+        return self._admission.state
 
     @property
     def grouping(self) -> bool:
         """Whether a load waits for this model's memory and it still admits requests before that load."""
-        return self._group_left is not None and self._admitting.is_set()
-
-    async def admitted(self) -> None:
-        """Return once new requests are admitted again (or the model left the ready state)."""
-        await self._admitting.wait()
+        return self._admission.state is Admission.GROUPING
 
     def _leave(self) -> None:
         self.in_flight -= 1
@@ -307,12 +302,20 @@ class ResidentModel:
             self.error = error
         elif new in (ResidentState.LOADING, ResidentState.READY):
             self.error = None
-        if new is not ResidentState.READY:
-            self._admitting.set()  # requests paused on the ready model look at the state again
-        changed, self._changed = self._changed, asyncio.Event()
-        changed.set()  # wakes every waiter; they look at the state again
+        self._wake()
         self.on_transition(self, old, new, seconds)
         self.on_change(self)
+        if new is not ResidentState.READY:  # admission is a sub-state of ready: a pause ends with it
+            self._admission.resume(f"{self.name} is {new.value}")
+
+    def _admission_moved(self, old: Admission, new: Admission, reason: str) -> None:
+        log.info("resident admission", model=self.name, old=old.value, new=new.value, reason=reason)
+        self._wake()
+        self.on_admission(self, old, new, reason)
+
+    def _wake(self) -> None:
+        changed, self._changed = self._changed, asyncio.Event()
+        changed.set()  # wakes every waiter; they look at the state again
 
     async def _run(self) -> None:
         try:

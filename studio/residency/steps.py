@@ -24,7 +24,7 @@ from studio.library.catalog import CatalogEntry
 from studio.residency import placement, wording
 from studio.residency.builder import Builder
 from studio.residency.events import Narrator
-from studio.residency.lifecycle import GOING_AWAY, ResidentState
+from studio.residency.lifecycle import GOING_AWAY, Admission, ResidentState
 from studio.residency.lookup import Lookup
 from studio.residency.placer import GROUP_LINGER, Placed, Placer
 from studio.residency.requests import LoadRequest, LoadSettings
@@ -83,8 +83,9 @@ class LoadSteps:
                     if load.replacing is not None:
                         victims.append(load.replacing)
                     for victim in victims:
+                        if victim.admission is Admission.ACCEPTING:  # a group already open runs to its end
+                            victim.pause(reason=f"its memory is reserved for {load.entry.name}")
                         if victim not in load.paused:
-                            victim.pause()
                             load.paused.append(victim)
                     load.victims = tuple(victims)
                     load.reservation = placement.reservation(load.entry.name, placed.plan, time.monotonic())
@@ -101,8 +102,9 @@ class LoadSteps:
                 grouping = False
                 for name in placed.drain:
                     if (busy := self.find(name)) is not None:
+                        # a pause a restart ended (admission is a sub-state of ready) begins again here
+                        busy.pause(after=self.residency.group_size, reason=f"{load.entry.name} waits for its memory")
                         if busy not in load.paused:
-                            busy.pause(after=self.residency.group_size)
                             load.paused.append(busy)
                         grouping = grouping or busy.grouping
                 if load.step is LoadStep.CHECKING:
@@ -166,7 +168,7 @@ class LoadSteps:
 
     def _commit(self, load: Load, resident: ResidentModel) -> None:
         """The new resident is ready: route it, remember its extra flags, let the paused models serve on."""
-        load.resume_paused()
+        load.resume_paused(f"{load.entry.name} is loaded")
         if not resident.settings.embeddings:  # an embedding instance takes no extra flags
             self._last_extra_args[load.entry.path] = resident.settings.extra_args
         self._route(load.model, resident)
@@ -179,7 +181,7 @@ class LoadSteps:
         A failed start stays visible as ``failed`` (it holds nothing) so ``/api/status`` says why; the next
         request retries it with the remembered settings, never the failed ones.
         """
-        load.resume_paused()
+        load.resume_paused(f"the load of {load.entry.name} was undone")
         load.reservation = None
         resident = load.resident
         if resident is not None and (load.cancelled is not None or resident.state is not ResidentState.FAILED):
@@ -218,6 +220,7 @@ class LoadSteps:
             was=load.replacing,
             on_change=self._on_resident_change,
             on_transition=self._events.transition,
+            on_admission=self._events.admission,
         )
         resident.before_restart = functools.partial(self._room_to_restart, load.entry, load.request, resident)
         load.resident = resident

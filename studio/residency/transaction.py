@@ -126,7 +126,7 @@ class Load:
         if self.task is not None:
             await asyncio.wait({self.task})
 
-    def resume_paused(self) -> None:
+    def resume_paused(self, reason: str) -> None:
         for victim in self.paused:
-            victim.resume()
+            victim.resume(reason)
         self.paused.clear()
