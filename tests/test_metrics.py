@@ -16,7 +16,7 @@ from launcher.supervisor import owner_token
 from studio.http.app import create_app
 from studio.http.metrics import RequestMetrics, StudioMetrics, generation_counts
 from studio.library.catalog import Catalog
-from studio.residency.manager import ModelManager, ResidencyEvent, supervisor_factory
+from studio.residency.manager import AdmissionEvent, ModelManager, ResidencyEvent, supervisor_factory
 
 LOOPBACK = "http://127.0.0.1"  # a Host name the browser guard lets in
 
@@ -155,3 +155,15 @@ def test_each_kind_of_residency_event_has_its_counter(manager):
     assert metrics.load_seconds.labels("m")._sum.get() == 2.0
     assert metrics.eviction_seconds.labels("m")._sum.get() == 0.3
     assert metrics.crashes.labels("m")._value.get() == metrics.restarts.labels("m")._value.get() == 1
+
+
+def test_each_hold_of_a_model_for_a_load_is_counted_and_its_end_is_not(manager):
+    """The manager's real admission events, from real loads: tests/test_grouping.py."""
+    metrics = StudioMetrics(manager)
+    listener = manager.admission_listeners[-1]
+    for old, new in (("accepting", "grouping"), ("grouping", "paused_for_load"), ("paused_for_load", "accepting")):
+        listener(AdmissionEvent("m", old, new, "b waits for its memory"))
+    listener(AdmissionEvent("m", "accepting", "paused_for_load", "its memory is reserved for b"))
+    assert metrics.holds.labels("m", "grouping")._value.get() == 1
+    assert metrics.holds.labels("m", "paused_for_load")._value.get() == 2
+    assert metrics.holds.labels("m", "accepting")._value.get() == 0
