@@ -108,11 +108,19 @@ def test_each_hold_for_a_load_is_told_as_old_new_and_why(tmp_path, real, zoo_mod
     async def run() -> None:
         with fake_children() as children:
             manager = fake_manager(tmp_path, children, real, zoo_models, budget=one_model, busy_wait=30, group_size=2)
-            manager.admission_listeners.append(heard.append)
+            shown: list[bool] = []  # /api/status' row agrees with each event as it is heard
+
+            def hear(event: AdmissionEvent) -> None:
+                heard.append(event)
+                resident = manager.find(event.model)
+                shown.append(resident is not None and resident.status()["admission"] == event.new)
+
+            manager.admission_listeners.append(hear)
             try:
                 await run_clients(manager, [[(A, 0.05)] * 6, [(B, 0.05)] * 6])
             finally:
                 await manager.aclose()
+            assert shown and all(shown), shown
 
     asyncio.run(run())
     events_a, events_b = ([e for e in heard if e.model == model] for model in (A, B))

@@ -520,6 +520,8 @@ class ResidentModel:
         ttl_left = max(0.0, self.ttl - idle_s) if self.ttl > 0 and not self.pinned and self.idle else None
         return {
             "in_flight": self.in_flight,
+            # accepting; grouping or paused_for_load while a load waits for its memory (``lifecycle.Admission``)
+            "admission": self.admission.value,
             "idle_s": round(idle_s, 1),
             "ttl": self.ttl,
             "ttl_left": round(ttl_left, 1) if ttl_left is not None else None,
