@@ -151,6 +151,27 @@ def test_an_evicted_model_gives_its_cores_back_to_the_one_placed(planner, bill):
     assert beside.evict == () and beside.plan.request.cpu_sharers == 2
 
 
+@pytest.mark.parametrize("held, warned", [(2, True), (1, False), (None, True)])
+def test_a_model_beside_one_that_kept_every_core_warns_of_more_threads_than_cores(planner, bill, held, warned):
+    """Without max_resident a model loaded alone keeps every core: the next one's plan says both busy at once
+    run more threads than there are cores, and what divides them."""
+    [a] = build((resident("a", 0.1, 1),), bill)
+    snapshot = Snapshot(
+        inventory=cpu_only(cores=2), residents=(replace(a, threads=held),), budget=MemoryBudget(total=10 * bill)
+    )
+    decision = decide(snapshot, PlanRequest(n_ctx=CTX, spec="off"), planner)
+    assert decision.plan.threads == 1 and decision.evict == ()
+    said = [w for w in decision.plan.warnings if "threads on 2 physical cores" in w]
+    assert said == (
+        [
+            f"{(held or 2) + 1} threads on 2 physical cores while a and this model are busy at once (a model "
+            "loaded alone keeps every core until it restarts); max_resident divides them from the first load"
+        ]
+        if warned
+        else []
+    )
+
+
 @pytest.mark.parametrize(
     "cap, residents, threads, evict, fits",
     [

@@ -354,6 +354,20 @@ class Cores:
         """No core is left for another model on the CPU."""
         return self.count is not None and self.left < 1
 
+    def overcommit(self, launch: LaunchPlan, cores: int | None) -> str | None:
+        """The warning for a model that, busy at once with the staying CPU residents, runs more threads than
+        ``cores`` (without ``max_resident`` a model loaded alone keeps every core); None: they fit."""
+        if self.count is not None or not cores or not launch.layers_on_cpu or not self.holders:
+            return None
+        total = sum(r.threads or cores for r in self.holders) + (launch.threads or cores)
+        if total <= cores:
+            return None
+        names = ", ".join(r.holder.name for r in self.holders)
+        return (
+            f"{total} threads on {cores} physical cores while {names} and this model are busy at once (a model "
+            "loaded alone keeps every core until it restarts); max_resident divides them from the first load"
+        )
+
 
 def decide(snapshot: Snapshot, request: PlanRequest, plan: PlanFn) -> Decision:
     """Plan a model against memory and cores as they will be, and choose the fewest idle models to evict for it.
@@ -376,7 +390,9 @@ def decide(snapshot: Snapshot, request: PlanRequest, plan: PlanFn) -> Decision:
         if threads is not None:
             why = f"threads: {threads}, the cores the other residents on the CPU leave of {cores.count}"
             reasons = tuple(why if r == f"threads: {threads}, as requested" else r for r in reasons)
-        return replace(launch, reasons=(*reasons, *at.reasons))
+        overcommit = cores.overcommit(launch, snapshot.inventory.cpu.cores)
+        warnings = (*launch.warnings, overcommit) if overcommit else launch.warnings
+        return replace(launch, reasons=(*reasons, *at.reasons), warnings=warnings)
 
     first = planned(room, request)
     cap = snapshot.max_resident
