@@ -10,7 +10,12 @@ request, end of sequence ignored) and sums what each generated over its own time
 - ``planned``: the threads the planner gives each of two models sharing the CPU (``cpu_sharers=2``);
 - ``every core``: each takes all the usable physical cores;
 - ``load order``: what a studio that loads one, then the other, gives them today: the first was planned
-  alone (every core), the second as the second sharer (its share).
+  alone (every core), the second as the second sharer (its share);
+- ``load order, pinned``: the same threads, each server's threads pinned to its own CPUs
+  (``launcher.platform.pin_to_cpus``): the second gets its share of the CPUs, the first the rest.
+
+It also prints what the other way to the ``planned`` division costs once the first model runs: restarting
+the first with its share (the time its llama-server takes to stop and start again, slot save aside).
 
 The configurations alternate for ``--rounds`` rounds, so a neighbour's load on the machine touches each
 alike. Target: ``planned`` at least 1.2x ``every core``.
@@ -21,13 +26,14 @@ alike. Target: ``planned`` at least 1.2x ``every core``.
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import sys
 import tempfile
 import threading
 import time
 from collections.abc import Sequence
-from contextlib import ExitStack
+from contextlib import ExitStack, suppress
 from pathlib import Path
 
 import httpx
@@ -47,16 +53,47 @@ TARGET = 1.2
 
 
 def _serve(
-    stack: ExitStack, model: ModelInfo, threads: int, inventory: Inventory, caps: Capabilities, binary: Path, logs: Path
+    stack: ExitStack,
+    model: ModelInfo,
+    threads: int,
+    inventory: Inventory,
+    caps: Capabilities,
+    binary: Path,
+    logs: Path,
+    cpus: frozenset[int] = frozenset(),
 ) -> tuple[str, dict[str, str]]:
-    """Start one llama-server for ``model`` with ``threads`` threads; its URL and auth headers."""
+    """Start one llama-server for ``model`` with ``threads`` threads (on ``cpus`` only, when given); its URL and
+    auth headers."""
     launch = plan(model, inventory, caps, PlanRequest(n_ctx=2048, spec="off", threads=threads))
     command = stack.enter_context(build_command(launch, caps, binary=binary, files_root=logs / "run"))
     server = command.server(logs / f"{model.path.stem}-{threads}.log")
     server.start()
     stack.callback(server.stop)
     server.wait_ready(timeout=120)
+    if cpus and not (server.pid and pin_to_cpus(server.pid, cpus)):
+        raise SystemExit(f"could not pin {model.path.stem} to CPUs {sorted(cpus)} (Linux only)")
     return server.url, command.auth_headers
+
+
+def pin_to_cpus(pid: int, cpus: frozenset[int]) -> bool:
+    """Run every thread of process ``pid`` on ``cpus`` only; False where it cannot (not Linux, the process is gone).
+
+    Linux's ``sched_setaffinity`` sets one thread's mask, and a running llama-server's threads already exist:
+    each task under ``/proc/PID/task`` is pinned. The studio does not pin (the bench shows why), so this lives
+    here rather than in ``launcher.platform``.
+    """
+    if not sys.platform.startswith("linux") or not cpus:
+        return False
+    try:
+        tids = [int(t) for t in os.listdir(f"/proc/{pid}/task")]
+    except OSError:
+        return False
+    pinned = False
+    for tid in tids:
+        with suppress(OSError):  # a thread that ended meanwhile
+            os.sched_setaffinity(tid, cpus)
+            pinned = True
+    return pinned
 
 
 def _generate(url: str, headers: dict[str, str], tokens: int) -> int:
@@ -95,6 +132,7 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=20.0, help="generation window per configuration")
     parser.add_argument("--tokens", type=int, default=64, help="tokens per request")
     parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--only", action="append", help="run only this configuration (repeat for more)")
     args = parser.parse_args()
     settings = Settings.from_env()
     binary = ensure_built(settings.home).llama_server
@@ -108,30 +146,58 @@ def main() -> None:
         "planned": [p.threads or cores for p in planned],
         "every core": [cores, cores],
         "load order": [alone.threads or cores, planned[1].threads or cores],
+        "load order, pinned": [alone.threads or cores, planned[1].threads or cores],
     }
+    configs = {name: threads for name, threads in configs.items() if not args.only or name in args.only}
+    cpus = sorted(os.sched_getaffinity(0))
+    second = planned[1].threads or 1
+    pinned = [frozenset(cpus[: len(cpus) - second]), frozenset(cpus[len(cpus) - second :])]
     print(f"{cores} usable physical cores; the planner says: {next(r for r in planned[0].reasons if 'threads' in r)}")
     totals: dict[str, list[float]] = {name: [] for name in configs}
+    firsts: dict[str, list[float]] = {
+        name: [] for name in configs
+    }  # the first model's own: a total hides a starved one
     with tempfile.TemporaryDirectory(prefix="bench-threads-") as scratch:
         for round_ in range(1, args.rounds + 1):
             for name, threads in configs.items():
+                pin = "pinned" in name
                 with ExitStack() as stack:
                     servers = [
-                        _serve(stack, m, t, inventory, caps, binary, Path(scratch))
-                        for m, t in zip(models, threads, strict=True)
+                        _serve(stack, m, t, inventory, caps, binary, Path(scratch), p if pin else frozenset())
+                        for m, t, p in zip(models, threads, pinned, strict=True)
                     ]
                     rates = _run(servers, args.seconds, args.tokens)
                 totals[name].append(sum(rates))
+                firsts[name].append(rates[0])
                 each = ", ".join(f"{m.path.stem} {r:.1f}" for m, r in zip(models, rates, strict=True))
                 split = "+".join(map(str, threads))
-                print(f"round {round_}  {name:10}  threads {split}: {sum(rates):6.1f} tok/s ({each})")
+                print(f"round {round_}  {name:18}  threads {split}: {sum(rates):6.1f} tok/s ({each})")
     mean = {name: statistics.mean(v) for name, v in totals.items()}
     print()
     for name, threads in configs.items():
         split = "+".join(map(str, threads))
-        print(f"{name:10}  threads {split}: {mean[name]:6.1f} tok/s in total (mean of {args.rounds})")
-    ratio = mean["planned"] / mean["every core"]
-    print(f"planned / every core: {ratio:.2f}x (target >= {TARGET}x): {'met' if ratio >= TARGET else 'NOT met'}")
-    print(f"load order / every core: {mean['load order'] / mean['every core']:.2f}x")
+        first = f"{models[0].path.stem} {statistics.mean(firsts[name]):.1f}"
+        print(f"{name:18}  threads {split}: {mean[name]:6.1f} tok/s in total, {first} (mean of {args.rounds})")
+    for name, against in (("planned", "every core"), ("load order", "every core"), ("load order, pinned", "planned")):
+        if name in mean and against in mean:
+            met = f" (target >= {TARGET}x): {'met' if mean[name] / mean[against] >= TARGET else 'NOT met'}"
+            print(f"{name} / {against}: {mean[name] / mean[against]:.2f}x" + (met if name == "planned" else ""))
+    restart = _restart_seconds(models[0], second, inventory, caps, binary)
+    print(f"restart of {models[0].path.stem} with its share: {restart}")
+
+
+def _restart_seconds(model: ModelInfo, threads: int, inventory: Inventory, caps: Capabilities, binary: Path) -> str:
+    """Median seconds to stop ``model``'s llama-server and have it ready again with ``threads`` threads."""
+    took = []
+    with tempfile.TemporaryDirectory(prefix="bench-threads-") as scratch:
+        for _ in range(5):
+            with ExitStack() as stack:
+                _serve(stack, model, threads + 1, inventory, caps, binary, Path(scratch))
+                began = time.monotonic()
+                stack.close()
+                _serve(stack, model, threads, inventory, caps, binary, Path(scratch))
+                took.append(time.monotonic() - began)
+    return f"{statistics.median(took):.2f} s (median of 5)"
 
 
 if __name__ == "__main__":
