@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import pytest
 
+from launcher.supervisor import State
 from studio.residency.events import kind_of
-from studio.residency.lifecycle import TRANSITIONS, ResidentState
+from studio.residency.lifecycle import SUPERVISOR_ANSWERS, SUPERVISOR_MOVES, TRANSITIONS, ResidentState
 
 S = ResidentState
 #: (old, new, drained) -> (kind, reason), or None: no event
@@ -27,3 +28,11 @@ def test_every_transition_is_an_event_or_not_by_the_table(old, new):
     for drained in (False, True):
         drain_matters = (old, new) == (S.UNLOADING, S.UNLOADED)
         assert kind_of(old, new, drained=drained) == EVENTS.get((old, new, drained and drain_matters))
+
+
+def test_every_supervisor_state_moves_the_resident_by_the_table_or_answers_its_own_command():
+    """The layering: the supervisor reports, the resident decides; each supervisor state is one or the other."""
+    assert set(SUPERVISOR_MOVES).isdisjoint(SUPERVISOR_ANSWERS)
+    assert set(SUPERVISOR_MOVES) | SUPERVISOR_ANSWERS == set(State)
+    # a move lands where the supervisor's own change could take the resident: from ready, by its table
+    assert all(new in TRANSITIONS[S.READY] for new in SUPERVISOR_MOVES.values())

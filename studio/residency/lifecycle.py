@@ -13,6 +13,8 @@ import enum
 from collections.abc import Callable
 from types import MappingProxyType
 
+from launcher.supervisor import State
+
 
 class ResidentState(enum.Enum):
     """Where a resident model is in its life, as ``/api/status`` shows it."""
@@ -38,6 +40,17 @@ TRANSITIONS: MappingProxyType[ResidentState, frozenset[ResidentState]] = Mapping
         ResidentState.UNLOADED: frozenset(),
     }
 )
+
+#: The layering under this table: which of the supervisor's states (``launcher.supervisor.TRANSITIONS``, what its
+#: llama-server did) move a resident, and to where. The supervisor only reports; what a state means for the model
+#: (restart it, or give up: ``failed``) is decided here, once. A supervisor state not listed is the answer to a
+#: command of the resident's own (start, stop), which the resident awaits: a failed start raises, and the
+#: resident moves to ``failed`` itself.
+SUPERVISOR_MOVES: MappingProxyType[State, ResidentState] = MappingProxyType(
+    {State.CRASHED: ResidentState.CRASHED}  # it died or hung once ready: the owner restarts it or gives up
+)
+#: The supervisor's states that answer the resident's own start and stop.
+SUPERVISOR_ANSWERS = frozenset({State.IDLE, State.STARTING, State.READY, State.STOPPING, State.FAILED})
 
 #: States in which the model holds (or is about to hold) memory.
 HOLDS_MEMORY = frozenset(

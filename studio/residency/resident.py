@@ -37,10 +37,17 @@ from launcher.command import LaunchCommand
 from launcher.errors import LauncherError, StartAbortedError
 from launcher.memory import MemoryBill
 from launcher.planner import LaunchPlan
-from launcher.supervisor import LaunchSpec, State, Status, Supervisor
+from launcher.supervisor import LaunchSpec, Status, Supervisor
 from studio.blocking import run_blocking
 from studio.errors import ModelUnloadedError, NotReadyError, StudioError, UpstreamError
-from studio.residency.lifecycle import COMING_UP, TRANSITIONS, Admission, AdmissionGate, ResidentState
+from studio.residency.lifecycle import (
+    COMING_UP,
+    SUPERVISOR_MOVES,
+    TRANSITIONS,
+    Admission,
+    AdmissionGate,
+    ResidentState,
+)
 from studio.residency.requests import LoadSettings
 
 log = structlog.get_logger(__name__)
@@ -478,8 +485,9 @@ class ResidentModel:
             return None
 
     def _on_supervisor_change(self, status: Status) -> None:
-        """Called on the supervisor's thread: a crash becomes a command for the owner."""
-        if status.state is State.CRASHED:
+        """Called on the supervisor's thread: a change that moves the resident (a crash) becomes a command for
+        the owner, which alone changes the state."""
+        if SUPERVISOR_MOVES.get(status.state) is ResidentState.CRASHED:
             try:
                 self._loop.call_soon_threadsafe(self._inbox.put_nowait, _Crashed(status.cause or "llama-server died"))
             except RuntimeError:  # the loop is closed: the studio is shutting down
