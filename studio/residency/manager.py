@@ -135,8 +135,8 @@ class ModelManager(LoadSteps, Unloading):
         self._last_extra_args: dict[Path, tuple[str, ...]] = {}
         self.counters = {"loads": 0, "evictions": 0, "load_failures": 0}
         self.listeners: list[Callable[[ResidencyEvent], None]] = []  # told of every load, eviction, crash
-        # told of every change of a resident's admission; requests paused on a resident wait for the next one
-        self.admission_listeners: list[Callable[[AdmissionEvent], None]] = [lambda _: self._notify()]
+        # told of every change of a resident's admission; requests paused on a resident wait for it to accept again
+        self.admission_listeners: list[Callable[[AdmissionEvent], None]] = [self._on_admission]
         self._events = Narrator(self.listeners, self.admission_listeners)
 
     # -- state ---------------------------------------------------------------------------------
@@ -464,6 +464,10 @@ class ModelManager(LoadSteps, Unloading):
 
     async def _entry(self, model: str) -> CatalogEntry:
         return await self.lookup.entry(model)
+
+    def _on_admission(self, event: AdmissionEvent) -> None:
+        if event.new == "accepting":  # a hold ended: the requests it held look again (a hold itself wakes none)
+            self._notify()
 
     def _on_resident_change(self, resident: ResidentModel) -> None:
         if resident.state is ResidentState.FAILED:
