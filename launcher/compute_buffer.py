@@ -110,6 +110,12 @@ def terms(
     sparse = [il for il, s in enumerate(facts.indexer_layers[: facts.layer_count]) if s]
     msa_copy = 2 * attention["mask"] if indexer["msa_block"] else 0
     last_reader = _last_readers(facts)
+    # with routed experts on the CPU, the masks first read after the first such block are copied to the device
+    # in a later split: their block there is not below everything, so it is neither alive nor a hole outside
+    # the layers that read it (see ``_late_masks``)
+    late, first_reader = _late_masks(facts, live, cpu_experts), _first_readers(facts)
+    late_masks = [attention["mask"] * c.cells // cells for c in live if c.label in late]
+    hidden = n_tokens * facts.embedding_length * facts.hyper_connections * 4
 
     def masks_after(il: int, tensor: int, last: bool = False, reuse: bool = True) -> int:
         """The mask bytes in the way of ``tensor``-sized FFN activations after ``il``'s attention: every mask, less
@@ -122,17 +128,29 @@ def terms(
             return mask
         if whole_mask or not cells:
             return mask + (msa_copy if msa_copy and sparse[0] <= il < sparse[-1] else 0)
-        freed = mask - attention["mask"] * sum(c.cells for c in live if il < last_reader.get(c.label, il + 1)) // cells
-        return mask - tensor * min(3, (freed + 16 * n_tokens) // max(tensor, 1))
+        first = first_reader
+        gone = sum(c.cells for c in live if c.label in late and not first[c.label] <= il < last_reader[c.label])
+        mask -= attention["mask"] * gone // cells
+        read_later = sum(
+            c.cells
+            for c in live
+            if il < last_reader.get(c.label, il + 1) and not (c.label in late and il < first[c.label])
+        )
+        freed = mask - attention["mask"] * read_later // cells
+        return mask - tensor * min(3, max(freed + 16 * n_tokens, 0) // max(tensor, 1))
 
     return {
         **attention,
-        "hidden": n_tokens * facts.embedding_length * facts.hyper_connections * 4,
+        "hidden": hidden,
         "mixed_embd": n_tokens * facts.embedding_length * 4 if facts.traits.mixed_batch_input else 0,
         **_ffn_terms(facts, n_tokens, shape.n_outputs_max, masks_after, cpu_experts),
         **_recurrent_terms(facts, shape, n_tokens, attention["mask"]),
         **indexer,
         "logits": facts.vocab_size * min(n_tokens, shape.n_outputs_max) * 4,
+        # the CPU's originals of the late masks, alive through the first CPU block's experts
+        "late_mask": sum(late_masks),
+        # the device's copies of those too large for a hole the layer before left (see ``_weighing``)
+        "late_mask_above": sum(m for m in late_masks if m > hidden),
     }
 
 
@@ -265,6 +283,37 @@ def _last_readers(facts: ModelFacts) -> dict[str, int]:
             last["main"] = j
             last["SWA" if facts.swa_layers[j] else "non-SWA"] = j
     return last
+
+
+def _first_readers(facts: ModelFacts) -> dict[str, int]:
+    """The first layer that reads each cache's mask ("main", "SWA", "non-SWA"; the layer count: none)."""
+    n = facts.layer_count
+    first = {"main": n, "SWA": n, "non-SWA": n}
+    for j in reversed(range(n)):
+        if (j < len(facts.kv_layers) and facts.kv_layers[j]) or j >= n - facts.shared_kv_layers:
+            first["main"] = j
+            first["SWA" if facts.swa_layers[j] else "non-SWA"] = j
+    return first
+
+
+def _late_masks(facts: ModelFacts, live: Sequence[CacheBill], cpu_experts: int) -> set[str]:
+    """The caches whose mask no layer reads before the first block running its routed experts on the CPU.
+
+    A mask is a graph input, kept on the CPU (``ggml_backend_sched_backend_id_from_cur``: "1.inp"). The
+    scheduler copies it to a device at the start of the first split there that reads it (pass 5), and
+    ``graph_copy`` places that copy and a dependency on the original at that split's start: ggml-alloc frees
+    the CPU's original right after the copy, and allocates the device's copy there, among the freed tensors of
+    the layers before (not below everything, as the inputs of the device's first split are). A block running
+    its experts on the CPU ends a split; a mask first read after it (GPT-OSS's full-attention mask, read by
+    every second layer) stays on the CPU through that block's experts, and on the device it is a tensor like
+    any other, whose block merges with its neighbours' once its last reader is done.
+    """
+    blocks = range(min(cpu_experts, facts.layer_count))
+    first_cpu = next((il for il in blocks if il < len(facts.moe_layers) and facts.moe_layers[il]), None)
+    if first_cpu is None:
+        return set()
+    first = _first_readers(facts)
+    return {c.label for c in live if c.label in first and first_cpu < first[c.label] < facts.layer_count}
 
 
 def _fused_qkv_rotation(q: int, k: int, v: int, k_rotated: bool, v_rotated: bool) -> int:
@@ -688,7 +737,7 @@ def _cpu_experts(facts: ModelFacts, shape: ContextShape, cpu_experts: int) -> tu
 
     The scheduler runs each such block's ``mul_mat_id`` on the CPU, where the expert weights are, over a copy of
     the FFN's input, and copies the down projections ``[n_embd, n_expert_used, n_tokens]`` back to the block's
-    device, which weighs and sums them. The CPU peaks at the larger of two moments: two of the
+    device, which weighs and sums them (``_weighing``). The CPU peaks at the larger of two moments: two of the
     ``[n_ff_exp, n_expert_used, n_tokens]`` activations beside the down projections, or the down projections
     twice less a hidden-sized hole; five hidden states of its own sit below (measured over a loopback RPC worker:
     Qwen3-30B-A3B's and OLMoE's proportions, 8 routed experts 0.375 n_embd wide, and GPT-OSS's, 4 routed
@@ -709,6 +758,20 @@ def _cpu_experts(facts: ModelFacts, shape: ContextShape, cpu_experts: int) -> tu
     return 5 * hidden + max(2 * act + down, 2 * down - hidden), down
 
 
+def _weighing(t: dict[str, int], down_copy: int) -> float:
+    """The device's moment weighing a CPU block's down projections: the split that does it starts with their copy.
+
+    ``graph_copy`` allocates a split's input copies at its start (ggml-backend.cpp, "add inputs to the graph
+    copy"): the down projections' copy, then the late masks first read in that split (``_late_masks``). Below
+    them: the hidden states and the first split's inputs (the masks it copied among them, alive or holes at the
+    bottom of the buffer). ggml-alloc places each in the best-fitting free block: a late mask no larger than a
+    hidden state takes one of the hidden-sized blocks the layer before freed (its norm, Q, K, V), a larger one
+    goes on top, like the down projections, which the weighing multiplies in place.
+    """
+    below = COMPUTE_FIT["hidden"] * t["hidden"] + t["mixed_embd"] + COMPUTE_FIT["query"] * t["query"]
+    return below + t["mask"] - t["late_mask"] + t["late_mask_above"] + down_copy
+
+
 def per_device(
     facts: ModelFacts,
     shape: ContextShape,
@@ -723,7 +786,9 @@ def per_device(
     also the logits moment. The CPU always keeps a buffer for the input
     embeddings and the graph's inputs even when every block is offloaded. With
     ``cpu_experts`` (``--n-cpu-moe``) the offloaded blocks below it run their
-    routed experts on the CPU (``_cpu_experts``).
+    routed experts on the CPU (``_cpu_experts``), beside the masks no layer
+    before them read (``_late_masks``), and their device weighs the down
+    projections (``_weighing``).
 
     Growth: MiniMax-M3's sparse attention (MSA) is reserved for an empty cache:
     its position axis is 256 wide (``get_n_pos``) and, with split slots, the
@@ -740,10 +805,11 @@ def per_device(
     layer, final = combine_terms(t)
     cpu_moment, down_copy = _cpu_experts(facts, shape, moved)
     offloaded = layer
-    if down_copy:  # the rest of the graph, or the same without any routed expert and the down projections' copy
-        rest = combine_terms(terms(facts, shape, caches, cpu_experts=moved))[0]
-        bare = combine_terms(terms(facts, shape, caches, cpu_experts=facts.layer_count))[0]
-        offloaded = max(rest, bare + down_copy)
+    if down_copy:  # the rest of the graph, the same without any routed expert, or the down projections' weighing
+        rest = terms(facts, shape, caches, cpu_experts=moved)
+        bare = terms(facts, shape, caches, cpu_experts=facts.layer_count)
+        offloaded = int(max(combine_terms(rest)[0], combine_terms(bare)[0], _weighing(bare, down_copy)))
+        cpu_moment += rest["late_mask"]  # the CPU's originals of the masks copied after the first CPU block
     out = {d: layer if d == "CPU" else offloaded for d in devices}
     out[output_device] = max(out.get(output_device, 0), final)
     # with every block offloaded: the graph's inputs (the mask among them) and the input embeddings (measured over

@@ -19,7 +19,7 @@ from launcher.devices import Device, Inventory
 from launcher.discovery import find_rpc_server
 from launcher.planner import PlanRequest, load_model, plan
 from launcher.units import GIB, MIB
-from scripts.moe_split import fresh_worker, planned
+from scripts.moe_split import SETTINGS, fresh_worker, planned, run_n
 from studio.views.fit import badge
 from studio.views.plan import plan_json, render_plan
 from tests.support.wide_zoo import ensure_split_moe_zoo
@@ -90,3 +90,15 @@ def test_the_split_runs_over_a_stand_in_gpu_with_exact_bills(qwen3_moe, llama_se
     for device in (worker, "CPU"):
         assert case.check(device)["weights"] and case.check(device)["kv"] and case.check(device)["total"], device
     assert case.ok("compute")
+
+
+def test_gpt_oss_late_mask_lives_on_the_cpu_not_beside_the_gpu_ffn(zoo_dir, llama_server_bin, settings, tmp_path):
+    """GPT-OSS's full-attention mask, first read after the CPU's experts, was billed on the wrong device."""
+    paths = ensure_split_moe_zoo(zoo_dir, llama_server_bin, zoo_dir.with_name(f"{zoo_dir.name}-moe-split"))
+    gpt_oss = next(p for p in paths if p.stem.startswith("gpt-oss"))
+    setting, options = SETTINGS[1]  # 8192 tokens: a full-attention mask four times a hidden state
+    with fresh_worker(find_rpc_server(home=settings.home).path, tmp_path) as (worker, _):
+        case = run_n(llama_server_bin, gpt_oss, worker, setting, options, 1)
+    assert case.actual is not None, case.error
+    for device in case.devices():
+        assert case.check(device)["compute"], (device, case.predicted.device(device), case.actual.device(device))
