@@ -13,7 +13,8 @@ Qwen3-30B-A3B's 128 experts with 8 routed, OLMoE's 64 with 8, GPT-OSS's 32 with 
 
 Targets per device and case: weights exact (the log's 0.01 MiB), KV exact, compute within 10 %, the
 logged total within 2 % or 32 MiB. The last line reads ``moe-split: weights_exact=N/M kv_exact=N/M
-compute_within_10pct=N/M total_within_2pct=N/M planned_split=N/M``.
+compute_within_10pct=N/M total_within_2pct=N/M planned_split=N/M device_compute_within_10pct=N/M``
+(compute summed over the devices, as ``scripts/memory_accuracy.py`` counts it, then per device).
 
 Usage: ``.venv/bin/python scripts/moe_split.py [--models qwen3moe-moe-128x8,...]``.
 """
@@ -198,10 +199,13 @@ def summary(cases: Sequence[Case], plans: Sequence[LaunchPlan]) -> str:
     m = len(cases)
     count = lambda part: sum(c.ok(part) for c in cases)  # noqa: E731
     split = sum(p.n_cpu_moe > 0 and p.n_gpu_layers == p.model.facts.block_count + 1 for p in plans)
+    # compute per device too: a bill right in sum can still put a buffer on the wrong device
+    rows = [(c, d) for c in cases for d in c.devices()]
+    per_device = sum(c.actual is not None and c.check(d)["compute"] for c, d in rows)
     return (
         f"moe-split: weights_exact={count('weights')}/{m} kv_exact={count('kv')}/{m} "
         f"compute_within_10pct={count('compute')}/{m} total_within_2pct={count('total')}/{m} "
-        f"planned_split={split}/{len(plans)}"
+        f"planned_split={split}/{len(plans)} device_compute_within_10pct={per_device}/{len(rows)}"
     )
 
 
