@@ -90,6 +90,13 @@ _GRAPH_HEADER = 144
 #: The graph results resident at once after a prompt (``llama_context``'s ``gf_res_reserve`` and the decoding
 #: graph's ``gf_res_prev``; measured: two, whatever ubatches the prompt spans).
 _GRAPH_RESULTS = 2
+#: The MTP draft context's graph results: its own ``gf_res_reserve`` and both ``gf_res_prev`` (one per
+#: ``n_outputs > 0``): it decodes the target's batches with only their last token as output and drafts with every
+#: token as one (measured: the draft's process line grows with the node budget like three results).
+_DRAFT_GRAPH_RESULTS = 3
+#: The MTP draft context's host memory beyond its graph metadata: a second context's heap, on no line of the log
+#: (measured on the zoo's Qwen3.5 with an MTP block, less the target's NextN rows a prompt writes, billed as growth).
+DRAFT_PROCESS_BASE = 13 * MIB // 4  # 3.25 MiB
 #: ``ggml_hash_size``'s primes (ggml.c): the next prime after each power of two.
 _HASH_PRIMES = (
     2, 3, 5, 11, 17, 37, 67, 131, 257, 521, 1031, 2053, 4099, 8209, 16411, 32771, 65537, 131101, 262147, 524309,
@@ -108,22 +115,22 @@ def graph_max_nodes(facts: ModelFacts, shape: ContextShape) -> int:
     return max(per_token * n_tokens, per_tensor * facts.tensor_count, 0 if per_token else 1024)
 
 
-def graph_metadata_bytes(max_nodes: int) -> int:
+def graph_metadata_bytes(max_nodes: int, results: int = _GRAPH_RESULTS) -> int:
     """The host memory sized by the node budget, every page of it written.
 
     Each graph result holds a ``ggml_context`` buffer for ``max_nodes`` tensor headers and the graph itself (node
     and leaf pointers, a hash set of twice the nodes with use counts, a bitset), resized with zeros
     (``llm_graph_result::reset``); the scheduler clears its per-tensor backend ids and copies over a hash set of
     ``max_nodes`` at every reset (``ggml_backend_sched_reset``). Its split buffers are larger but written only as
-    far as a graph's splits reach, which the base line holds.
+    far as a graph's splits reach, which the base line holds. ``results``: the graph results resident at once.
     """
     hashed = _hash_size(2 * max_nodes)
     graph = _GRAPH_HEADER + 2 * 8 * max_nodes + (4 + 8) * hashed + 4 * ((hashed + 31) // 32)
     result = _TENSOR_OVERHEAD * max_nodes + graph
-    return _GRAPH_RESULTS * result + (4 + 8) * _hash_size(max_nodes)
+    return results * result + (4 + 8) * _hash_size(max_nodes)
 
 
-def process_bytes(facts: ModelFacts, shape: ContextShape) -> int:
+def process_bytes(facts: ModelFacts, shape: ContextShape, mtp_draft: bool = False) -> int:
     """The host memory a llama-server holds beyond what its log prints: the ``process`` line of the CPU bill.
 
     Measured on the pinned CPU build (b11434) as the RSS after a prompt that fills a 1,000-token context, less the
@@ -133,12 +140,20 @@ def process_bytes(facts: ModelFacts, shape: ContextShape) -> int:
     SmolLM2-135M (49,152 tokens, 48,900 merges) and Gemma 3 270M (262,144 tokens, no merges). The prompt cache has
     its own line; an SWA or hybrid model's context checkpoints none. A GPU build's driver and libraries hold more,
     which is not measured.
+
+    ``mtp_draft``: the MTP draft context (``common_speculative_init_result``) is a second ``llama_context`` on the
+    target model with the target's context parameters, so it has the same node budget
+    (``llama_context::graph_max_nodes`` reads the architecture, the ubatch and the model's tensor count), its own
+    scheduler and its own graph results.
     """
+    max_nodes = graph_max_nodes(facts, shape)
+    draft = DRAFT_PROCESS_BASE + graph_metadata_bytes(max_nodes, _DRAFT_GRAPH_RESULTS) if mtp_draft else 0
     return (
         PROCESS_BASE
         + PROCESS_PER_VOCAB * facts.vocab_size
         + PROCESS_PER_MERGE * facts.merge_count
-        + graph_metadata_bytes(graph_max_nodes(facts, shape))
+        + graph_metadata_bytes(max_nodes)
+        + draft
     )
 
 
@@ -555,7 +570,7 @@ def estimate(facts: ModelFacts, options: MemoryOptions = MemoryOptions()) -> Mem
             output_growth=growth if d == "CPU" else 0,
             compute_growth=compute_growth.get(d, 0),
             projector=projector.total if projector and projector.device == d else 0,
-            process=process_bytes(facts, shape) if d == "CPU" else 0,
+            process=process_bytes(facts, shape, mtp_draft=mtp) if d == "CPU" else 0,
         )
         for d in names
     )

@@ -145,6 +145,25 @@ def test_process_line_missed_graph_budgets_and_buffers_a_prompt_left_unwritten(
     assert process.within_10pct, (name, process.predicted / MIB, process.measured / MIB)
 
 
+@pytest.mark.parametrize("n_ubatch", [512, 128])
+def test_process_line_missed_the_mtp_draft_contexts_graphs(llama_server_bin, qwen35_mtp_model, tmp_path, n_ubatch):
+    """With draft-mtp the process line read 32.4 MiB where the RSS beyond the buffers was 62.5: the draft context is
+    a second llama_context with the target's node budget (20,480 nodes at ubatch 512), graph results of its own."""
+    config = Config(f"mtp-c1000-ub{n_ubatch}", MemoryOptions(n_ctx=1000, n_ubatch=n_ubatch, spec="mtp", spec_n_max=3))
+    plain = Config(f"c1000-ub{n_ubatch}", replace(config.options, spec="none", spec_n_max=0))
+    shim = build_resident_shim(tmp_path)
+    drafted, alone = (
+        measure_process(llama_server_bin, "qwen35-mtp", qwen35_mtp_model, c, shim) for c in (config, plain)
+    )
+    assert drafted.measured is not None and alone.measured is not None, (drafted.error, alone.error)
+    # the draft's share: what drafting adds to the line, against what it adds to the RSS beyond the buffers, where
+    # the prompt also wrote the target's NextN rows (billed as growth)
+    file = gguf.read(qwen35_mtp_model)
+    nextn_rows = file.facts.embedding_length * context_shape(file.facts, for_file(file, config.options)).n_batch * 4
+    added, measured = drafted.predicted - alone.predicted + nextn_rows, drafted.measured - alone.measured
+    assert abs(added - measured) <= 0.10 * measured, (added / MIB, measured / MIB)
+
+
 def test_parser_names_devices_and_needs_allocations():
     assert [device_of(n) for n in ("CPU", "CPU_Mapped", "CUDA_Host", "CUDA0", "ROCm1", "MTL0")] == [
         "CPU",
