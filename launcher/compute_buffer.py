@@ -128,13 +128,11 @@ def terms(
             return mask
         if whole_mask or not cells:
             return mask + (msa_copy if msa_copy and sparse[0] <= il < sparse[-1] else 0)
-        first = first_reader
-        gone = sum(c.cells for c in live if c.label in late and not first[c.label] <= il < last_reader[c.label])
-        mask -= attention["mask"] * gone // cells
+        # a late mask counts only from its first reader to its last (allocated at the first, its hole merged after)
+        alive = {c.label for c in live if c.label in late and first_reader[c.label] <= il < last_reader[c.label]}
+        mask -= attention["mask"] * sum(c.cells for c in live if c.label in late - alive) // cells
         read_later = sum(
-            c.cells
-            for c in live
-            if il < last_reader.get(c.label, il + 1) and not (c.label in late and il < first[c.label])
+            c.cells for c in live if il < last_reader.get(c.label, il + 1) and (c.label not in late or c.label in alive)
         )
         freed = mask - attention["mask"] * read_later // cells
         return mask - tensor * min(3, max(freed + 16 * n_tokens, 0) // max(tensor, 1))
