@@ -120,6 +120,33 @@ def test_a_request_that_forced_a_swap_shows_its_wait_the_load_and_the_eviction(s
     )
 
 
+def test_the_pages_own_chat_is_recorded_with_its_phases_tokens_and_outcome(studio, base):
+    loaded(studio, "smollm")
+    body = {"model": "gemma", "messages": [{"role": "user", "content": "Tell me about the sea."}], "max_tokens": 6}
+    with httpx.stream("POST", f"{base}/api/chat", json=body, timeout=120) as resp:
+        assert resp.status_code == 200
+        events = [json.loads(line[6:]) for line in resp.iter_lines() if line.startswith("data: ")]
+    done = events[-1]
+    assert done["type"] == "done" and done["finish_reason"] == "length", events[-3:]
+    request = wait_records(base, lambda rs: rs and rs[0], "the chat's record", kind="request", route="/api/chat")
+
+    assert request["model"] == "gemma" and request["stream"] and request["outcome"] == "length"
+    assert request["load"] is not None and request["load"]["evicted"] == ["smollm"]
+    phases = request["phases"]
+    assert phases["load_wait"] > 0 and phases["prefill"] > 0 and phases["decode"] > 0, phases
+    times = request["times"]
+    assert times["arrived"] <= times["acquired"] <= times["sent"] <= times["first_byte"] <= times["ended"]
+    assert request["tokens"]["generated"] == done["usage"]["completion_tokens"] == 6
+    assert request["tokens"]["prompt_processed"] > 0 and request["decode_tps"] > 0
+    metrics = httpx.get(f"{base}/metrics", timeout=30).text
+    assert 'ggstudio_request_phase_seconds_count{model="gemma",phase="decode",route="/api/chat"}' in metrics
+
+    refused = httpx.post(f"{base}/api/chat", json={**body, "model": "nope"}, timeout=30)
+    assert refused.status_code == 404
+    error = wait_records(base, lambda rs: rs and rs[0], "the refused chat", route="/api/chat", outcome="error")
+    assert error["asked"] == "nope" and error["error"]["code"] == "model_not_found"
+
+
 def test_a_request_whose_saved_slot_was_restored_says_how_many_tokens_came_back(studio, base):
     first = chat(base, "smollm", TURN1)
     loaded(studio, "gemma")  # smollm evicted: its slot is saved

@@ -39,6 +39,7 @@ from fastapi.responses import Response
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from studio import json_codec
+from studio.activity.trace import RequestTrace
 from studio.chat.media import preflight_chat
 from studio.chat.model_turn import Turn, TurnError, read_turn
 from studio.chat.tool_loop import LoopLimits, run_tool_loop
@@ -58,7 +59,7 @@ from studio.history.recorder import Turn as StoredTurn
 from studio.history.recorder import begin_turn, recorded
 from studio.http.ahead import ahead
 from studio.http.clients.load_wait import RETRIES, acquire_surviving
-from studio.http.clients.openai_proxy import broke_off, prepare_chat_body, send_upstream
+from studio.http.clients.openai_proxy import broke_off, prepare_chat_body, send_upstream, traced
 from studio.http.errors import answer_response, describe, openai_shape, validation_answer
 from studio.http.guards.model_paths import check_model_path
 from studio.http.gui.bodies import ApiBody
@@ -123,7 +124,7 @@ async def _chat_body(request: Request) -> ChatBody | Response:
 
 
 @router.post("/chat")
-@ahead("openai", answer_chat)
+@ahead("openai", answer_chat, recorded=True)
 async def chat(request: Request, body: ChatBody) -> Response:
     """The GUI's chat turn, as typed server-sent events (answered by ``answer_chat``, ahead of the router)."""
     return await _chat(request, body)
@@ -144,7 +145,10 @@ async def _chat(request: Request, body: ChatBody) -> Response:
         selected = _toolbox(request).select(body.use_tools)
     await check_model_path(request, body.model)
     await preflight_chat(manager, payload)
+    trace = await traced(request, body.model)
+    trace.streaming()
     loaded, lease = await acquire_surviving(manager, body.model)
+    trace.got_model(loaded.name)
     try:
         prepare_chat_body(payload, loaded)
         turn, unsaved = await _store_turn(request, body.conversation_id, asked, loaded)
@@ -152,7 +156,7 @@ async def _chat(request: Request, body: ChatBody) -> Response:
         await lease()
         raise
     held: list[tuple[LoadedModel, Lease]] = [(loaded, lease)]
-    counted = _Counts(request.app.state.metrics, listener_of(request.scope), began)
+    counted = _Counts(request.app.state.metrics, listener_of(request.scope), began, trace)
 
     async def call_model(
         messages: list[dict[str, Any]],
@@ -170,10 +174,15 @@ async def _chat(request: Request, body: ChatBody) -> Response:
         try:
             for attempt in range(RETRIES + 1):  # sent again when its llama-server died before answering
                 try:
-                    await manager.warm(own[0], turn_body)  # a resumed conversation after an eviction: its slot first
+                    # a resumed conversation after an eviction: its slot first
+                    restored = await manager.warm(own[0], turn_body)
+                    if trace.sent is None:  # the first model call: a tool loop's later calls are in its decode
+                        trace.restoring(restored)
+                        trace.sending()
                     resp = await send_upstream(request, own[0], "/v1/chat/completions", turn_body, own[1])
                     break
-                except UpstreamDiedError:
+                except UpstreamDiedError as exc:
+                    trace.retrying(exc.message)
                     if attempt == RETRIES:
                         raise
                     await own[1]()
@@ -210,17 +219,19 @@ async def _chat(request: Request, body: ChatBody) -> Response:
         for _, unused in held:  # acquired but never used (the client left first)
             await unused()
 
-    return EventStream(_sse_events(events), on_close=release_unused, media_type="text/event-stream")
+    return EventStream(_sse_events(events, trace), on_close=release_unused, media_type="text/event-stream")
 
 
 class _Counts:
     """A chat's figures for ``/metrics``, counted as its model calls go: the time to the first generated event
-    (from the request's arrival, a load included), and each call's tokens and llama-server's tokens/s."""
+    (from the request's arrival, a load included), and each call's tokens and llama-server's tokens/s; the first
+    generated event is the first byte of its activity record's (``studio.activity``)."""
 
-    def __init__(self, metrics: StudioMetrics, listener: Listener, began: float) -> None:
+    def __init__(self, metrics: StudioMetrics, listener: Listener, began: float, trace: RequestTrace) -> None:
         self._metrics = metrics
         self._listener = listener
         self._began = began
+        self._trace = trace
         self._first_seen = False
 
     def saw(self, model: str, item: dict[str, Any] | Turn) -> None:
@@ -231,6 +242,7 @@ class _Counts:
             self._metrics.observe_counts(self._listener, PATH, model, first_token_s=None, tokens=tokens, rate=rate)
         elif not self._first_seen:
             self._first_seen = True
+            self._trace.first_bytes()
             first_token_s = time.perf_counter() - self._began
             self._metrics.observe_counts(
                 self._listener, PATH, model, first_token_s=first_token_s, tokens=None, rate=None
@@ -287,9 +299,16 @@ async def _broken_stream(own: tuple[LoadedModel, Lease], exc: httpx.HTTPError) -
     return TurnError(502, error_body(message, "upstream_error", code=code)["error"])
 
 
-async def _sse_events(events: AsyncIterator[dict[str, Any]]) -> AsyncGenerator[bytes, None]:
+async def _sse_events(events: AsyncIterator[dict[str, Any]], trace: RequestTrace) -> AsyncGenerator[bytes, None]:
+    """The events as server-sent events; the chat's end (``done``, ``error``) goes on its activity record."""
     try:
         async for event in events:
+            kind = event.get("type")
+            if kind == "done":
+                trace.concluded(event.get("timings"), event.get("finish_reason"))
+            elif kind == "error":
+                error = event.get("error") or {}
+                trace.failed(event.get("status"), str(error.get("message")), error.get("code") or error.get("type"))
             yield b"data: " + json_codec.dumps(event) + b"\n\n"
     finally:
         await events.aclose()  # type: ignore[attr-defined]
