@@ -39,8 +39,6 @@ log = structlog.get_logger(__name__)
 #: Seconds between two batches handed to the database's writer (a read of the records hands it the batch first):
 #: each commit writes the pages it touched again, so fewer, larger batches cost less.
 FLUSH_EVERY = 5.0
-#: Seconds between two applications of the retention's count (its age is applied with every batch).
-PRUNE_EVERY = 60.0
 #: Records kept in memory for the live views and the first page of ``/api/activity``.
 RECENT = 1000
 #: Events a live subscriber may fall behind by before it is dropped (it reconnects and reads again).
@@ -77,8 +75,6 @@ class Activity:
         self._pending: list[Kept] = []
         self._pending_captures: list[Capture] = []
         self._flush: asyncio.TimerHandle | None = None
-        self._pruned = 0.0  # when the retention's count was last applied (it walks the index: once a minute)
-        self._unpruned = 0  # records written since
         self.tracker = LoadTracker(manager, self._add, self.new_id)
         manager.listeners.append(self.tracker.on_event)
 
@@ -186,12 +182,7 @@ class Activity:
             return
         records, self._pending = self._pending, []
         captures, self._pending_captures = self._pending_captures, []
-        now = time.time()
-        self._unpruned += len(records)
-        by_count = now - self._pruned >= PRUNE_EVERY or self._unpruned > self.retention.max_records // 10
-        if by_count:
-            self._pruned, self._unpruned = now, 0
-        future = self.history.submit(store.write_batch, records, captures, self.retention, now, by_count)
+        future = self.history.submit(store.write_batch, records, captures, self.retention, time.time())
         future.add_done_callback(_log_failure)
 
     def subscribe(self) -> asyncio.Queue[dict[str, Any]]:

@@ -44,10 +44,9 @@ def write_batch(
     captures: Sequence[Capture],
     retention: Retention,
     now: float,
-    prune_count: bool = True,
 ) -> None:
     """Insert ``records`` (a finished request's trace, or a load's record) and ``captures``, then
-    drop what the retention no longer keeps (by count too with ``prune_count``: that walks the index)."""
+    drop what the retention no longer keeps."""
     rows = [_trace_row(r) if isinstance(r, RequestTrace) else _row(r) for r in records]
     with transaction(conn):
         conn.executemany(_INSERT, rows)
@@ -56,17 +55,24 @@ def write_batch(
             " VALUES (?, ?, ?, ?, ?, ?)",
             [(c.id, c.model, c.created, len(c.request) + len(c.answer), c.request, c.answer) for c in captures],
         )
-        prune(conn, retention, now, by_count=prune_count)
+        prune(conn, retention, now)
 
 
-def prune(conn: sqlite3.Connection, retention: Retention, now: float, *, by_count: bool = True) -> None:
-    """Drop records older than the retention's age, then the oldest beyond its count; captures beyond its bytes."""
-    conn.execute("DELETE FROM activity WHERE started < ?", (now - retention.max_age,))
-    if by_count:
-        conn.execute(
-            "DELETE FROM activity WHERE rowid IN (SELECT rowid FROM activity ORDER BY started DESC LIMIT -1 OFFSET ?)",
-            (retention.max_records,),
-        )
+def prune(conn: sqlite3.Connection, retention: Retention, now: float) -> None:
+    """Drop records older than the retention's age, then the oldest beyond its count; captures beyond its bytes.
+
+    Records are in their rowid's order (the order they ended in): both walk the rowids from the lowest, and
+    stop at the first record kept."""
+    oldest = now - retention.max_age
+    first_kept = conn.execute(
+        "SELECT rowid FROM activity WHERE ended >= ? OR started >= ? ORDER BY rowid LIMIT 1", (oldest, oldest)
+    )
+    found = first_kept.fetchone()
+    if found is None:
+        conn.execute("DELETE FROM activity")
+    else:
+        conn.execute("DELETE FROM activity WHERE rowid < ?", (found[0],))
+    conn.execute("DELETE FROM activity WHERE rowid <= (SELECT max(rowid) FROM activity) - ?", (retention.max_records,))
     conn.execute("DELETE FROM activity_captures WHERE created < ?", (now - retention.max_age,))
     total = conn.execute("SELECT coalesce(sum(size), 0) FROM activity_captures").fetchone()[0]
     if total > retention.capture_bytes:
@@ -125,7 +131,8 @@ class Query:
 
 
 def select(conn: sqlite3.Connection, query: Query) -> list[dict[str, Any]]:
-    """The records matching ``query``, the latest first, each with whether a capture of it is kept."""
+    """The records matching ``query``, the latest to end first (as the recent ones in memory), each with whether
+    a capture of it is kept."""
     where: list[str] = ["1 = 1"]
     args: list[Any] = []
     for column, value in (("model", query.model), ("route", query.route), ("kind", query.kind)):
@@ -143,7 +150,7 @@ def select(conn: sqlite3.Connection, query: Query) -> list[dict[str, Any]]:
         args.append(query.until)
     rows = conn.execute(
         "SELECT a.kind, a.record, c.size AS captured FROM activity a LEFT JOIN activity_captures c ON c.id = a.id"
-        f" WHERE {' AND '.join(where)} ORDER BY a.started DESC LIMIT ?",
+        f" WHERE {' AND '.join(where)} ORDER BY a.rowid DESC LIMIT ?",
         (*args, query.limit),
     ).fetchall()
     found = []

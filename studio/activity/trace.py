@@ -16,7 +16,7 @@ import re
 import time
 from collections.abc import Callable
 from contextvars import ContextVar
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Literal
 
 from studio import json_codec
@@ -75,8 +75,8 @@ class RequestTrace:
     status: int | None = None
     outcome: Outcome = "in_flight"
     error: dict[str, Any] | None = None
-    retried_after: list[str] = field(default_factory=list)  # the cause of each attempt sent again
-    timings: dict[str, float] = field(default_factory=dict)
+    retried_after: tuple[str, ...] = ()  # the cause of each attempt sent again
+    timings: dict[str, float] | None = None  # llama-server's, once the answer's are read
     tail: bytes = b""  # the answer's last bytes, read at the end
     load: dict[str, Any] | None = None  # the load it waited for, once known
     probe: Callable[[], float | None] | None = None  # the response's first-byte time while it streams
@@ -103,7 +103,7 @@ class RequestTrace:
 
     def retrying(self, cause: str) -> None:
         """The attempt failed before any answer byte and will be sent again."""
-        self.retried_after.append(cause)
+        self.retried_after = (*self.retried_after, cause)
         self.sent = None
 
     def sending(self) -> None:
@@ -179,7 +179,7 @@ class RequestTrace:
             return phases
         if self.first_byte is not None:
             phases["prefill"], phases["decode"] = self.first_byte - self.sent, max(0.0, end - self.first_byte)
-        elif "prompt_ms" in self.timings:  # a whole answer: llama-server's own split of its time
+        elif self.timings and "prompt_ms" in self.timings:  # a whole answer: llama-server's own split of its time
             upstream = end - self.sent
             prefill = min(upstream, self.timings["prompt_ms"] / 1000)
             phases["prefill"], phases["decode"] = prefill, upstream - prefill
@@ -190,10 +190,35 @@ class RequestTrace:
     def state(self) -> list[Any]:
         """The finished trace as a list of JSON values, for the database: not the record (which is built on
         reading), its times relative to the arrival. ``from_state`` makes the trace again from its JSON."""
-        at = self.arrived
-        load = None if self.load is None else {**self.load, "began_at": self.load["began_at"] - at}
-        times = [None if t is None else t - at for t in (self.acquired, self.sent, self.first_byte, self.ended)]
-        return [*(getattr(self, f) for f in _STATE), times, load]
+        at, load = self.arrived, self.load
+        if load is not None:
+            load = {**load, "began_at": load["began_at"] - at}
+        acquired, sent, first, ended = self.acquired, self.sent, self.first_byte, self.ended
+        return [  # in ``_STATE``'s order, then the times and the load
+            self.id,
+            self.route,
+            self.dialect,
+            self.asked,
+            self.user_agent,
+            self.origin,
+            self.generates,
+            self.stream,
+            self.model,
+            self.wall0,
+            self.restored,
+            self.status,
+            self.outcome,
+            self.error,
+            self.retried_after,
+            self.timings,
+            [
+                None if acquired is None else acquired - at,
+                None if sent is None else sent - at,
+                None if first is None else first - at,
+                None if ended is None else ended - at,
+            ],
+            load,
+        ]
 
     @classmethod
     def from_state(cls, data: bytes | str) -> RequestTrace:
@@ -204,8 +229,9 @@ class RequestTrace:
         trace = cls(
             **{k: fields[k] for k in _STATE[:6]}, generates=fields["generates"], arrived=0.0, wall0=fields["wall0"]
         )
-        for name in _STATE[7:]:
+        for name in _STATE[7:-2]:
             setattr(trace, name, fields[name])
+        trace.retried_after, trace.timings = tuple(fields["retried_after"]), fields["timings"]
         trace.acquired, trace.sent, trace.first_byte, trace.ended = times
         trace.load = load
         return trace
@@ -222,7 +248,7 @@ class RequestTrace:
 
     def record(self) -> dict[str, Any]:
         """The request as ``/api/activity`` shows it (and the database keeps it)."""
-        t = self.timings
+        t = self.timings or {}
         generated = t.get("predicted_n")
         tokens = {
             "prompt_processed": _int(t.get("prompt_n")),
