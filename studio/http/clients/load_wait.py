@@ -1,25 +1,29 @@
-"""Streamed requests that wait for a cold load hear from the studio: headers at once, then keep-alives.
+"""Streamed requests that wait for a cold load, or a long prompt, hear from the studio: headers, then keep-alives.
 
 A load takes seconds to minutes; a client, or a proxy in between, with an idle timeout would cut a stream
 that sends nothing meanwhile, and a client that sees no response cannot tell a load from a hung server.
-A streamed request whose model is not ready within ``FIRST_BEAT`` seconds gets its ``200`` and headers
-then, and one keep-alive line at least every ``BEAT`` seconds until the answer begins: an SSE comment
-(``: loading SmolLM2 45%``, the share of the weights read when llama-server reports it; then
-``: SmolLM2 is reading the prompt`` until its first token) that SSE clients
-skip by the standard, or on Ollama's listener a chunk with empty content and ``done: false``, which
-Ollama's clients add to the answer as nothing (Ollama itself sends nothing while it loads). The first
-``FIRST_BEAT`` seconds let the quick refusals (an unknown model, one that cannot fit) stay plain HTTP
-errors; an error after the headers ends the stream with the dialect's error event instead
-(``studio.http.errors.stream_error_line``).
+A streamed request whose answer has not begun within ``FIRST_BEAT`` seconds (its model is not ready, or
+is reading a long prompt) gets its ``200`` and headers then, and one keep-alive line at least every
+``BEAT`` seconds until the answer begins: an SSE comment (``: loading SmolLM2 45%``, the share of the
+weights read when llama-server reports it; then ``: SmolLM2 is reading the prompt`` until its first
+token) that SSE clients skip by the standard, or on Ollama's listener a chunk with empty content and
+``done: false``, which Ollama's clients add to the answer as nothing (Ollama itself sends nothing while
+it loads). The first ``FIRST_BEAT`` seconds let the quick refusals (an unknown model, one that cannot
+fit) stay plain HTTP errors; an error after the headers ends the stream with the dialect's error event
+instead (``studio.http.errors.stream_error_line``).
 
 A request whose llama-server dies before the first byte of its answer (killed while loading, or while the
 request waited for its answer: the kernel's out-of-memory killer does this on a desktop) has lost nothing
-its client saw: ``answer_surviving`` sends it again once the model is back (the resident restarts it), up to
-``RETRIES`` times, each time through the queue like a new request. A model that dies on every start runs
-out of restarts, and the request then gets the cause (a 502). A retry plans the model again against the memory
-free now: when another program took the room meanwhile, the request gets a 503 with ``Retry-After`` saying what
-the model needs and what holds the memory, instead of a restart that would die the same way. Bytes already on
-their way are not sent twice: a stream that broke off mid-answer ends with the dialect's error event.
+its client saw, keep-alives aside. That holds for a stream whose head llama-server sent already: b11434 sends
+it as it starts reading the prompt (``send_partial_response``'s ``is_begin``), the first bytes only after the
+prompt, so a stream's response is relayed only once its body has begun (``Relay.first_bytes``).
+``answer_surviving`` sends it again once the model is back (the resident restarts it), up to ``RETRIES``
+times, each time through the queue like a new request. A model that dies on every start runs out of
+restarts, and the request then gets the cause (a 502). A retry plans the model again against the memory
+free now: when another program took the room meanwhile, the request gets a 503 with ``Retry-After`` saying
+what the model needs and what holds the memory, instead of a restart that would die the same way. Bytes
+already on their way are not sent twice: a stream that broke off mid-answer ends with the dialect's error
+event.
 """
 
 from __future__ import annotations
@@ -35,7 +39,7 @@ from launcher.errors import LoadError
 from studio.activity.trace import current, error_message
 from studio.errors import BusyError, DoesNotFitError, UpstreamDiedError
 from studio.http.errors import SHAPES, Dialect, ErrorAnswer, describe, stream_error_line
-from studio.http.wire.relay import LoadWait
+from studio.http.wire.relay import LoadWait, Relay
 from studio.residency.manager import ModelManager
 from studio.residency.resident import Lease, LoadedModel
 
@@ -62,8 +66,8 @@ def loading_comment(name: str, share: float | None) -> bytes:
 
 
 def reading_comment(name: str) -> bytes:
-    """The line once the model is loaded and has the request: llama-server answers nothing (not even its headers)
-    until its first token, so a long prompt would otherwise still read as ``loading``."""
+    """The line once the model is loaded and has the request: nothing of the answer comes until its first token,
+    so a long prompt would otherwise still read as ``loading``."""
     return f": {name} is reading the prompt\n\n".encode()
 
 
@@ -77,15 +81,22 @@ async def answer_when_loaded(
     media_type: str = "text/event-stream",
     detach: bool = False,
 ) -> Response:
-    """``answer``'s response for ``model``; when the model is not ready, a stream that keeps the client company
-    until it is (see the module docstring). ``beat`` makes the keep-alive line (default: the SSE comment).
-    With ``detach`` a client that leaves during the load leaves the request going (``LoadWait``).
+    """``answer``'s response for ``model``; when the model is not ready, or its answer does not begin at once (a
+    long prompt), a stream that keeps the client company until it does (see the module docstring). ``beat`` makes
+    the keep-alive line (default: the SSE comment). With ``detach`` a client that leaves during the wait leaves the
+    request going (``LoadWait``).
     """
-    found = manager.acquire_now(model)
-    if found is not None:
-        return await answer_surviving(manager, model, answer, found=found)
-    acquired: list[str] = []  # the model's name once the load is done and the request is on its way to it
-    task = asyncio.ensure_future(answer_surviving(manager, model, answer, acquired=acquired))
+    survival = _Survival(manager, model, answer, found=manager.acquire_now(model))
+    if survival.found is not None:  # ready: asked here, and only an answer that has not begun gets a task
+        try:
+            response = await survival.ask()
+            if not _unbegun(response):
+                return response
+        except UpstreamDiedError as exc:
+            if not survival.again(exc):
+                raise
+    # its first step runs before this task can cancel it: a response asked above is closed there if need be
+    task = asyncio.ensure_future(survival.answered())
     try:
         done, _ = await asyncio.wait({task}, timeout=FIRST_BEAT)
     except BaseException:
@@ -93,6 +104,7 @@ async def answer_when_loaded(
         raise
     if done:
         return task.result()  # ready or refused quickly: an ordinary answer, or an HTTP error
+    acquired = survival.acquired
 
     def comment() -> bytes:
         return reading_comment(acquired[0]) if acquired else loading_comment(*manager.load_progress(model))
@@ -115,29 +127,14 @@ async def answer_surviving(
     *,
     embeddings: bool = False,
     found: tuple[LoadedModel, Lease] | None = None,
-    acquired: list[str] | None = None,
 ) -> Response:
-    """``answer``'s response on ``model`` (``found``: already acquired), sent again when its llama-server died
-    before answering (the module docstring); ``acquired`` gets the model's name each time it is acquired.
+    """``answer``'s response on ``model`` (``found``: already acquired), once its body has begun; sent again when
+    its llama-server died before that (the module docstring).
 
     One budget of ``RETRIES`` covers the request's whole life: deaths while its model loads and deaths once it
     was sent count alike, so a model that dies on every start is started at most ``RETRIES + 1`` times for it.
     """
-    retries = _Retries()
-    while True:
-        try:
-            if found is None:
-                found = await _acquire(manager, model, embeddings, retries)
-            if acquired is not None:
-                acquired.append(found[0].name)
-            return await _answer(found, answer)
-        except UpstreamDiedError as exc:
-            if not retries.another():
-                raise
-            log.warning("sending a request again: its llama-server died first", model=model, error=str(exc))
-        found = None
-        if acquired is not None:
-            acquired.clear()  # loading again, until the model is back
+    return await _Survival(manager, model, answer, embeddings=embeddings, found=found).answered()
 
 
 async def acquire_surviving(
@@ -168,6 +165,83 @@ class _Retries:
         return True
 
 
+class _Survival:
+    """One request on its way to an answer whose body has begun, sent again each time its llama-server dies first
+    (``answered``); ``acquired`` has the model's name while the request has it."""
+
+    __slots__ = ("acquired", "answer", "asked", "embeddings", "found", "manager", "model", "retries")
+
+    def __init__(
+        self,
+        manager: ModelManager,
+        model: str | None,
+        answer: Answer,
+        *,
+        embeddings: bool = False,
+        found: tuple[LoadedModel, Lease] | None = None,
+    ) -> None:
+        self.manager, self.model, self.answer, self.embeddings = manager, model, answer, embeddings
+        self.found = found
+        self.asked: Response | None = None  # asked of ``found``'s llama-server: its body may not have begun
+        self.acquired: list[str] = []
+        self.retries = _Retries()
+
+    async def answered(self) -> Response:
+        """The response, once its body has begun: asked (again) until it does, or the retries run out."""
+        while True:
+            try:
+                if self.asked is None:
+                    await self.ask()
+                return await self._begun()
+            except UpstreamDiedError as exc:
+                if not self.again(exc):
+                    raise
+
+    async def ask(self) -> Response:
+        """The response of the model's llama-server (the model acquired first, if need be): a stream's head is
+        in, its body may not have begun."""
+        if self.found is None:
+            self.found = await _acquire(self.manager, self.model, self.embeddings, self.retries)
+        loaded, lease = self.found
+        self.acquired.append(loaded.name)
+        try:
+            self.asked = await self.answer(loaded, lease)
+        except BaseException:
+            await lease()
+            raise
+        return self.asked
+
+    async def _begun(self) -> Response:
+        """The response asked, once its body has begun; its llama-server dying first raises ``UpstreamDiedError``,
+        the response and the lease let go."""
+        asked, found = self.asked, self.found
+        assert asked is not None and found is not None
+        if _unbegun(asked):
+            assert isinstance(asked, Relay)
+            try:
+                await asked.first_bytes()
+            except BaseException:
+                await found[1]()
+                raise
+        return asked
+
+    def again(self, died: UpstreamDiedError) -> bool:
+        """Whether the request is sent again after its llama-server ``died`` before any byte of the answer (it
+        takes a retry; the request's record counts the death either way)."""
+        current().retrying(died.message)  # the last one, if it ends the request, is not counted as a retry
+        if not self.retries.another():
+            return False
+        log.warning("sending a request again: its llama-server died first", model=self.model, error=str(died))
+        self.found = self.asked = None
+        self.acquired.clear()  # loading again, until the model is back
+        return True
+
+
+def _unbegun(response: Response) -> bool:
+    """Whether ``response`` relays an answer whose body has not begun: a death before it costs the client nothing."""
+    return isinstance(response, Relay) and response.unbegun()
+
+
 async def _acquire(
     manager: ModelManager, model: str | None, embeddings: bool, retries: _Retries
 ) -> tuple[LoadedModel, Lease]:
@@ -175,7 +249,10 @@ async def _acquire(
         try:
             return await manager.acquire(model, embeddings=embeddings)
         except LoadError as exc:
-            if not _killed_while_loading(exc) or not retries.another():
+            if not _killed_while_loading(exc):
+                raise
+            current().retrying(str(exc))  # as ``_Survival.again``: the request's record counts the death
+            if not retries.another():
                 raise
             log.warning("loading again: its llama-server was killed while loading", model=model, error=str(exc))
         except DoesNotFitError as exc:

@@ -89,7 +89,7 @@ from studio.chat.tool_stream import HealingRelay
 from studio.dialects.anthropic_stop import StopSequenceStream, mended_answer
 from studio.dialects.chat_shape import chat_body
 from studio.dialects.responses_stream import ResponsesIndexes
-from studio.errors import BadRequestError, RouteRefusedError, UpstreamDiedError, UpstreamError
+from studio.errors import BadRequestError, RouteRefusedError, StudioError, UpstreamDiedError, UpstreamError
 from studio.http.ahead import ahead
 from studio.http.clients.load_wait import DEATH_NOTICE, answer_surviving, answer_when_loaded
 from studio.http.errors import Dialect, ErrorAnswer, describe, stream_error_event, upstream_response
@@ -208,11 +208,7 @@ async def _forward(request: Request, route: Route, upstream_path: str) -> Respon
         trace.got_model(loaded.name)
         if conv_id and claim and not stream_owners(request).settle(conv_id, claim, loaded.name):
             raise BadRequestError("request cancelled by a stop while the model was loading")
-        try:
-            return await _answer(request, route, upstream_path, body, form, query, conv_id, loaded, lease, began, turn)
-        except UpstreamDiedError as exc:
-            trace.retrying(exc.message)  # sent again by ``answer_surviving`` (or the last cause, if not)
-            raise
+        return await _answer(request, route, upstream_path, body, form, query, conv_id, loaded, lease, began, turn)
 
     if turn is not None and turn.stream:  # a cold load: the dialect's keep-alives meanwhile
         return await answer_when_loaded(
@@ -307,6 +303,7 @@ async def _answer(
             media_type=None if turn is None else turn.media_type,
             on_close=closed,
             on_break=lambda exc: broken_stream_event(exc, lease, loaded, route.dialect),
+            on_early_break=lambda exc: unanswered(exc, lease, loaded),  # before its first byte: sent again if it died
             reshape=reshape,
         )
     content = await read_answer(resp, lease, loaded)
@@ -318,14 +315,21 @@ async def read_answer(resp: httpx.Response, lease: Lease, loaded: LoadedModel) -
     try:
         return await resp.aread()
     except httpx.HTTPError as exc:
-        if lease.interruption:
-            raise lease.interruption from exc
-        if died := await lease.died(within=DEATH_NOTICE):  # nothing reached the client: it may be sent again
-            raise UpstreamDiedError(f"llama-server died before it answered: {died}") from exc
-        message, code = await broke_off(loaded, "llama-server broke off its answer", exc)
-        raise UpstreamError(message, code=code) from exc
+        raise await unanswered(exc, lease, loaded) from exc
     finally:
         await close_upstream(resp, lease)
+
+
+async def unanswered(exc: httpx.HTTPError, lease: Lease, loaded: LoadedModel) -> StudioError:
+    """The error of an answer that broke off before any of its bytes reached the client: an ``UpstreamDiedError``
+    when its llama-server died (the request may be sent again), else why it broke off (the model went away
+    under it, or the upstream failed)."""
+    if lease.interruption:
+        return lease.interruption
+    if died := await lease.died(within=DEATH_NOTICE):  # nothing reached the client: it may be sent again
+        return UpstreamDiedError(f"llama-server died before it answered: {died}")
+    message, code = await broke_off(loaded, "llama-server broke off its answer", exc)
+    return UpstreamError(message, code=code)
 
 
 def _counter(request: Request, route: Route, path: str, model: str, began: float) -> Count:

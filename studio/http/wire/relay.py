@@ -45,7 +45,7 @@ from starlette.responses import Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from studio.http.wire.client_wire import ChunkWriter, ClientWire, client_wire
-from studio.http.wire.upstream_wire import Framed, body_framed, body_pipe, body_reader
+from studio.http.wire.upstream_wire import Framed, body_begun, body_first_bytes, body_framed, body_pipe, body_reader
 
 #: The scope key under which ``with_server_send`` keeps the ASGI server's own ``send``.
 SERVER_SEND = "gguf_studio.server_send"
@@ -122,6 +122,8 @@ class Relay(_Streamed):
             with the time the first bytes arrived (``None``: none did) and the last two arrivals
             (llama-server's ``timings`` and ``usage`` are in them, for ``/metrics``).
         on_break: the last bytes for the client when the upstream breaks off (an error event).
+        on_early_break: what a break before the body's first bytes raises (``first_bytes``); none: the body is
+            relayed as it comes, and a break then is ``on_break``'s too.
         reshape: what to turn the bytes into; ``None`` passes them through untouched.
     """
 
@@ -131,6 +133,7 @@ class Relay(_Streamed):
         *,
         on_close: Callable[[float | None, bytes], Awaitable[None]],
         on_break: Callable[[httpx.HTTPError], Awaitable[bytes]],
+        on_early_break: Callable[[httpx.HTTPError], Awaitable[Exception]] | None = None,
         reshape: Reshape | None = None,
         status_code: int = 200,
         headers: Mapping[str, str] | None = None,
@@ -140,6 +143,7 @@ class Relay(_Streamed):
         self._upstream = upstream
         self._on_close = on_close
         self._on_break = on_break
+        self._on_early_break = on_early_break
         self._reshape = reshape
         self._first_at: float | None = None
         self._before_last = self._last = b""  # the last two arrivals
@@ -147,6 +151,29 @@ class Relay(_Streamed):
 
     def first_byte_at(self) -> float | None:
         return self._framed.first_at if self._framed is not None else self._first_at
+
+    def unbegun(self) -> bool:
+        """Whether the upstream body has not begun yet and a break before it is ``on_early_break``'s: then
+        ``first_bytes`` waits for it before the response goes out."""
+        return self._on_early_break is not None and not body_begun(self._upstream)
+
+    async def first_bytes(self) -> None:
+        """Wait until the upstream body has begun, its bytes left to be relayed first; when it breaks off before,
+        or the wait is cancelled, the upstream response is closed (not the rest of ``on_close``: nothing was
+        answered), and a break raises what ``on_early_break`` makes of it.
+
+        A llama-server that dies before the answer's first byte has cost the client nothing: its request may be
+        sent again (``studio.http.clients.load_wait``), which once the relay began it may not.
+        """
+        assert self._on_early_break is not None
+        try:
+            await body_first_bytes(self._upstream)
+        except httpx.HTTPError as exc:
+            await self._upstream.aclose()
+            raise await self._on_early_break(exc) from exc
+        except BaseException:
+            await self._upstream.aclose()
+            raise
 
     async def _close(self) -> None:
         if self._framed is not None:
@@ -394,9 +421,9 @@ class LoadWait(_Streamed):
         return self._ended(bytes(response.body))
 
     async def _relayed(self, response: _Streamed, send: Send) -> bytes:
-        """``response``'s body, with keep-alives until its first bytes. b11434 sends its head only with a stream's
-        first result (``handle_completions_impl``), after the prompt; a server that sent it before would leave the
-        client in silence for as long as a long prompt takes on a busy machine: seconds."""
+        """``response``'s body, with keep-alives until its first bytes: a relay handed over before its upstream body
+        began (the forwarded routes' wait for it first, ``Relay.first_bytes``) would otherwise leave the client in
+        silence for as long as a long prompt takes on a busy machine: seconds."""
         began = asyncio.Event()
 
         async def relay(message: Message) -> None:

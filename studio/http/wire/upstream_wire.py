@@ -222,22 +222,52 @@ class Answer(httpx.AsyncByteStream, asyncio.Protocol):
                 return b""
             if self._error is not None:
                 raise self._error
-            self._waiter = self._wire.loop.create_future()
-            try:
-                if self._timeout is None:
-                    await self._waiter
-                else:
-                    async with asyncio.timeout(self._timeout):
-                        await self._waiter
-            except TimeoutError as exc:
-                raise httpx.ReadTimeout(f"no data from llama-server for {self._timeout} s") from exc
-            finally:
-                self._waiter = None
+            await self._news()
         data = self._take_held()
         if self._held_size > READ_HIGH and self._wire.transport is not None and not self._wire.lost:
             self._wire.transport.resume_reading()
         self._held_size = 0
         return data
+
+    def begun(self) -> bool:
+        """Whether the body has begun: its first bytes are in (up to a chunk's end, where a body is chunked), or it
+        ended or broke off; ``first_bytes`` waits until it has."""
+        return (
+            (bool(self._held) and self.between_chunks)
+            or self.complete
+            or self._error is not None
+            or self._held_size > READ_HIGH  # reading paused: no more comes until they are read
+        )
+
+    async def first_bytes(self) -> None:
+        """Wait until the body has begun (``begun``), leaving what arrived to whoever reads or pipes the body.
+
+        Raises:
+            httpx.ReadTimeout: nothing arrived within the read timeout.
+            httpx.RemoteProtocolError: the server broke off, or sent a broken body, first.
+        """
+        while not self.begun():
+            await self._news()
+        if self._error is not None:
+            raise self._error
+
+    async def _news(self) -> None:
+        """Wait for the answer's next news (payload, its end, its failure), within the read timeout.
+
+        Raises:
+            httpx.ReadTimeout: nothing arrived within the read timeout.
+        """
+        self._waiter = self._wire.loop.create_future()
+        try:
+            if self._timeout is None:
+                await self._waiter
+            else:
+                async with asyncio.timeout(self._timeout):
+                    await self._waiter
+        except TimeoutError as exc:
+            raise httpx.ReadTimeout(f"no data from llama-server for {self._timeout} s") from exc
+        finally:
+            self._waiter = None
 
     def _take_held(self) -> bytes:
         """The payload that arrived and was not handed on yet, in one piece; none is held after."""
@@ -636,6 +666,23 @@ def body_reader(resp: httpx.Response) -> Callable[[], Awaitable[bytes]]:
         return b""
 
     return read
+
+
+def body_begun(resp: httpx.Response) -> bool:
+    """Whether ``resp``'s body has begun (``Answer.begun``): any other stream is read as it comes."""
+    stream = resp.stream
+    return stream.begun() if isinstance(stream, Answer) else True
+
+
+async def body_first_bytes(resp: httpx.Response) -> None:
+    """Wait until ``resp``'s body has begun (``Answer.first_bytes``), its bytes left for the relay.
+
+    Raises:
+        httpx.HTTPError: it broke off (or timed out) first.
+    """
+    stream = resp.stream
+    if isinstance(stream, Answer):
+        await stream.first_bytes()
 
 
 def body_framed(resp: httpx.Response, transport: asyncio.WriteTransport, flow: WriteFlow) -> Framed | None:
