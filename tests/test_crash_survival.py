@@ -13,12 +13,15 @@ import asyncio
 import itertools
 import json
 import os
+import re
 import signal
+import subprocess
 import threading
 import time
 from collections.abc import Callable, Iterator
 
 import httpx
+import openai
 import psutil
 import pytest
 from starlette.responses import Response
@@ -255,6 +258,84 @@ def test_a_stream_waiting_for_its_first_token_is_sent_again_when_its_llama_serve
     assert text, chunks
 
 
+def _last_request(url: str) -> dict:
+    """The activity record of the last request the studio answered."""
+    return wait_for(
+        lambda: (
+            (found := httpx.get(f"{url}/api/activity", params={"kind": "request"}, timeout=30).json()["records"])
+            and found[0]
+        ),
+        timeout=60,
+        what="the request's record",
+    )
+
+
+def _bytes_sent(port: int) -> dict[str, int]:
+    """The bytes each established TCP connection of the listener on ``port`` has sent, by its peer (``ss``'s
+    ``bytes_sent``, from the kernel's ``tcp_info``): what a server wrote on each, without a byte of it read here."""
+    shown = subprocess.run(
+        ["ss", "-tinH", "state", "established", f"( sport = :{port} )"], capture_output=True, text=True, check=True
+    ).stdout.splitlines()
+    sent = {}
+    for head, info in zip(shown[::2], shown[1::2], strict=True):
+        found = re.search(r"\bbytes_sent:(\d+)", info)
+        sent[head.split()[-1]] = int(found.group(1)) if found else 0
+    return sent
+
+
+def _head_sent(server: psutil.Process, port: int, before: dict[str, int]) -> int:
+    """Wait until ``server`` (listening on ``port``) has written on a connection since ``before``, then stop it
+    there (SIGSTOP); return the bytes it wrote."""
+
+    def written() -> int | None:
+        grown = [n - before.get(peer, 0) for peer, n in _bytes_sent(port).items() if n > before.get(peer, 0)]
+        return grown[0] if grown else None
+
+    wait_for(written, timeout=60, interval=0.005, what="llama-server to send its head")
+    server.suspend()
+    wrote = written()
+    assert wrote is not None
+    return wrote
+
+
+def test_a_stream_killed_before_its_first_token_is_sent_again(studio):
+    """b11434 sends a stream's head as it starts reading the prompt, its first bytes after it: the relay took the
+    stream over at the head, so a llama-server killed while it read the prompt ended the stream with an error
+    event (a 502 chunk), though not a byte of the answer had reached the client."""
+    url, env = studio
+    server = _fresh(url, env)
+    port = int(server.cmdline()[server.cmdline().index("--port") + 1])
+    assert httpx.delete(f"{url}/api/activity", timeout=30).status_code == 200
+    words = " ".join(f"river{i}" for i in range(250))  # a prompt of hundreds of tokens: seconds of reading it
+    question = [{"role": "user", "content": f"Say the first of these words: {words}"}]
+    client = openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0, timeout=300)
+    before = _bytes_sent(port)
+    answer: list[str] = []
+    failed: list[BaseException] = []
+
+    def stream() -> None:
+        try:
+            chunks = client.chat.completions.create(model=SMOL, messages=question, max_tokens=8, stream=True)
+            answer.extend(c.choices[0].delta.content or "" for c in chunks if c.choices)
+        except BaseException as exc:  # the assertions below say what it was
+            failed.append(exc)
+
+    asking = threading.Thread(target=stream)
+    asking.start()
+    wrote = _head_sent(server, port, before)
+    assert wrote < 400, wrote  # its head alone (b11434's is ~185 bytes; the first token's chunk is ~600 more)
+    time.sleep(0.5)  # the studio has read the head
+    server.kill()
+    asking.join(timeout=300)
+    assert not failed, failed
+    assert "".join(answer), answer
+    status = _ready(url)
+    assert status["restarts"] == 1 and "killed by SIGKILL" in status["last_exit"], status
+    record = _last_request(url)
+    assert record["retries"] == 1 and record["outcome"] in ("finished", "length"), record
+    assert "killed by SIGKILL" in record["retried_after"][0], record["retried_after"]
+
+
 def test_a_stream_killed_mid_answer_ends_with_the_dialects_error_naming_the_signal(studio):
     url, env = studio
     server = _fresh(url, env)
@@ -290,6 +371,8 @@ def test_a_request_waiting_for_a_load_that_is_killed_gets_its_answer_from_the_ne
     _server(env).kill()  # at once: it has not loaded the weights yet
     asking.join(timeout=120)
     assert answers and answers[0].status_code == 200, answers[0].text if answers else "no answer"
+    record = _last_request(url)  # the load killed under it is on its record, as a death once sent is
+    assert record["retries"] == 1 and "SIGKILL" in record["retried_after"][0], record
 
 
 def test_a_model_that_dies_on_every_start_gets_the_cause_not_a_wait_for_ever(studio):
