@@ -98,6 +98,7 @@ from studio.http.metrics import listener_of
 from studio.http.router.stream_owners import CONVERSATION_HEADER, conversation_of, stream_owners
 from studio.http.wire.relay import Relay, Reshape, client_gone
 from studio.http.wire.upstream import Upstream
+from studio.http.wire.upstream_wire import body_first_bytes
 from studio.residency.manager import ModelManager
 from studio.residency.requests import base_name
 from studio.residency.resident import Lease, LoadedModel
@@ -318,6 +319,16 @@ async def read_answer(resp: httpx.Response, lease: Lease, loaded: LoadedModel) -
         raise await unanswered(exc, lease, loaded) from exc
     finally:
         await close_upstream(resp, lease)
+
+
+async def first_bytes(resp: httpx.Response, loaded: LoadedModel, lease: Lease) -> None:
+    """Wait until the body of ``resp`` has begun: a stream's head comes before its prompt is read, its first bytes
+    after. A break before them raises ``unanswered``'s error (the request may be sent again), ``resp`` closed."""
+    try:
+        await body_first_bytes(resp)
+    except httpx.HTTPError as exc:
+        await resp.aclose()
+        raise await unanswered(exc, lease, loaded) from exc
 
 
 async def unanswered(exc: httpx.HTTPError, lease: Lease, loaded: LoadedModel) -> StudioError:

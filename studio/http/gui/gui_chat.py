@@ -59,7 +59,7 @@ from studio.history.recorder import Turn as StoredTurn
 from studio.history.recorder import begin_turn, recorded
 from studio.http.ahead import ahead
 from studio.http.clients.load_wait import RETRIES, acquire_surviving
-from studio.http.clients.openai_proxy import broke_off, prepare_chat_body, send_upstream, traced
+from studio.http.clients.openai_proxy import broke_off, first_bytes, prepare_chat_body, send_upstream, traced
 from studio.http.errors import answer_response, describe, openai_shape, validation_answer
 from studio.http.guards.model_paths import check_model_path
 from studio.http.gui.bodies import ApiBody
@@ -180,6 +180,8 @@ async def _chat(request: Request, body: ChatBody) -> Response:
                         trace.restoring(restored)
                         trace.sending()
                     resp = await send_upstream(request, own[0], "/v1/chat/completions", turn_body, own[1])
+                    if resp.status_code == 200:  # not a byte of the answer yet: a death until its first is survived
+                        await first_bytes(resp, *own)
                     break
                 except UpstreamDiedError as exc:
                     trace.retrying(exc.message)
