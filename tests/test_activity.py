@@ -103,7 +103,7 @@ def test_a_request_that_forced_a_swap_shows_its_wait_the_load_and_the_eviction(s
     assert phases["load_wait"] >= load["seconds"] * 0.9, (phases, load["seconds"])
     assert phases["prefill"] > 0 and phases["decode"] >= 0
     times = request["times"]
-    assert times["arrived"] <= times["acquired"] <= times["sent"] <= times["first_byte"] <= times["ended"]
+    assert times["arrived"] <= times["acquired"] <= times["sent"] <= times["first_byte"] <= times["ended"], times
     assert request["tokens"]["generated"] > 0 and request["tokens"]["prompt_processed"] > 0
     assert request["decode_tps"] > 0
     assert request["client"]["user_agent"].startswith("python-httpx")
@@ -122,21 +122,25 @@ def test_a_request_that_forced_a_swap_shows_its_wait_the_load_and_the_eviction(s
 
 def test_the_pages_own_chat_is_recorded_with_its_phases_tokens_and_outcome(studio, base):
     loaded(studio, "smollm")
-    body = {"model": "gemma", "messages": [{"role": "user", "content": "Tell me about the sea."}], "max_tokens": 6}
+    asked = [{"role": "user", "content": "Write a long poem about the sea."}]
+    # greedy: a sampled answer of six tokens may hold no visible text, and then no first byte
+    body = {"model": "gemma", "messages": asked, "max_tokens": 6, "temperature": 0}
     with httpx.stream("POST", f"{base}/api/chat", json=body, timeout=120) as resp:
         assert resp.status_code == 200
         events = [json.loads(line[6:]) for line in resp.iter_lines() if line.startswith("data: ")]
     done = events[-1]
-    assert done["type"] == "done" and done["finish_reason"] == "length", events[-3:]
+    assert done["type"] == "done" and done["finish_reason"] in ("length", "stop"), events[-3:]
     request = wait_records(base, lambda rs: rs and rs[0], "the chat's record", kind="request", route="/api/chat")
 
-    assert request["model"] == "gemma" and request["stream"] and request["outcome"] == "length"
+    # the model may end its turn before the limit: the record says what the page was told
+    outcome = {"length": "length", "stop": "finished"}[done["finish_reason"]]
+    assert request["model"] == "gemma" and request["stream"] and request["outcome"] == outcome
     assert request["load"] is not None and request["load"]["evicted"] == ["smollm"]
     phases = request["phases"]
     assert phases["load_wait"] > 0 and phases["prefill"] > 0 and phases["decode"] > 0, phases
     times = request["times"]
-    assert times["arrived"] <= times["acquired"] <= times["sent"] <= times["first_byte"] <= times["ended"]
-    assert request["tokens"]["generated"] == done["usage"]["completion_tokens"] == 6
+    assert times["arrived"] <= times["acquired"] <= times["sent"] <= times["first_byte"] <= times["ended"], times
+    assert request["tokens"]["generated"] == done["usage"]["completion_tokens"] > 1
     assert request["tokens"]["prompt_processed"] > 0 and request["decode_tps"] > 0
     metrics = httpx.get(f"{base}/metrics", timeout=30).text
     assert 'ggstudio_request_phase_seconds_count{model="gemma",phase="decode",route="/api/chat"}' in metrics
