@@ -165,7 +165,8 @@ def test_a_model_beside_one_that_kept_every_core_warns_of_more_threads_than_core
     assert said == (
         [
             f"{(held or 2) + 1} threads on 2 physical cores while a and this model are busy at once (a model "
-            "loaded alone keeps every core until it restarts); max_resident divides them from the first load"
+            "loaded alone keeps every core until a load restarts it idle); max_resident divides them from the "
+            "first load"
         ]
         if warned
         else []
@@ -193,3 +194,42 @@ def test_cores_are_room_under_max_resident(planner, bill, cap, residents, thread
     assert (decision.plan.threads, decision.evict, decision.fits) == (threads, evict, fits)
     if not fits:
         assert decision.drain == ("a",) and "core" in decision.need
+
+
+@pytest.mark.parametrize(
+    "cap, held, flags, restart",
+    [
+        (None, 2, {}, (("a", 1),)),  # kept every core, idle: restarted with its share first
+        (None, None, {}, (("a", 1),)),  # every core by default (no count in its plan): the same
+        (None, 2, {"busy": True}, ()),  # busy: never waited for, it keeps its cores (the warning says so)
+        (None, 2, {"pinned": True}, (("a", 1),)),  # pinned stays resident, and a restart keeps it resident
+        (None, 2, {"fixed": True}, ()),  # its threads were asked for, or it is the model's own chat instance
+        (None, 1, {}, ()),  # it has its share already
+        (2, 1, {}, ()),  # max_resident divided the cores from the first load
+    ],
+)
+def test_an_idle_resident_with_every_core_restarts_with_its_share(planner, bill, cap, held, flags, restart):
+    """Without max_resident a lone model keeps every core; a second model on the CPU names it to restart with
+    its share, so that both busy at once never run more threads than there are cores."""
+    [a] = build((resident("a", 0.1, 1, busy=flags.get("busy", False), pinned=flags.get("pinned", False)),), bill)
+    a = replace(a, threads=held, restartable=not flags.get("fixed", False))
+    snapshot = Snapshot(
+        inventory=cpu_only(cores=2), residents=(a,), budget=MemoryBudget(total=10 * bill), max_resident=cap
+    )
+    decision = decide(snapshot, PlanRequest(n_ctx=CTX, spec="off"), planner)
+    assert (decision.plan.threads, decision.evict, decision.restart, decision.fits) == (1, (), restart, True)
+    warned = any("threads on 2 physical cores" in w for w in decision.plan.warnings)
+    assert warned == (cap is None and held != 1 and not restart)
+
+
+def test_a_lone_model_keeps_every_core_and_an_evicted_one_is_not_restarted(planner, bill):
+    alone = decide(Snapshot(inventory=cpu_only(cores=2)), PlanRequest(n_ctx=CTX, spec="off"), planner)
+    assert (alone.plan.threads, alone.restart) == (2, ())
+    [a] = build((resident("a", 1.0, 1),), bill)
+    snapshot = Snapshot(
+        inventory=cpu_only(cores=2),
+        residents=(replace(a, threads=2, restartable=True),),
+        budget=MemoryBudget(total=int(1.5 * bill)),
+    )
+    decision = decide(snapshot, PlanRequest(n_ctx=CTX, spec="off"), planner)
+    assert (decision.evict, decision.restart, decision.plan.threads) == (("a",), (), 2)

@@ -254,6 +254,7 @@ class Resident:
     going: bool = False  # another load in flight reserved it to evict: it holds its memory until it is gone
     on_cpu: bool = False  # runs layers on the CPU, so its threads share the cores
     threads: int | None = None  # its --threads; None: every core
+    restartable: bool = False  # ready, threads not asked for, and no instance of the model placed: may get its share
 
 
 @dataclass(frozen=True)
@@ -313,6 +314,7 @@ class Decision:
     room: str = ""
     drain: tuple[str, ...] = ()  # busy models that would free enough once their requests are done
     shortfall: int = 0  # bytes missing even with every evictable model gone
+    restart: tuple[tuple[str, int], ...] = ()  # idle CPU residents to restart first with these --threads
 
 
 #: Plans a model on an inventory whose devices carry the room (``inventory_for``); the planner, bound to a model.
@@ -354,18 +356,34 @@ class Cores:
         """No core is left for another model on the CPU."""
         return self.count is not None and self.left < 1
 
-    def overcommit(self, launch: LaunchPlan, cores: int | None) -> str | None:
-        """The warning for a model that, busy at once with the staying CPU residents, runs more threads than
-        ``cores`` (without ``max_resident`` a model loaded alone keeps every core); None: they fit."""
+    def restarts(self, launch: LaunchPlan, cores: int | None) -> tuple[tuple[str, int], ...]:
+        """Without ``max_resident``: the idle CPU residents that, restarted with their share, keep the threads of
+        residents busy at once within ``cores`` (a lone model kept every core); each with its share."""
+        if self.count is not None or not cores or not launch.layers_on_cpu or not self.holders:
+            return ()
+        if sum(r.threads or cores for r in self.holders) + (launch.threads or cores) <= cores:
+            return ()
+        share = max(1, cores // self.sharers)
+        return tuple(
+            (r.holder.name, share)
+            for r in self.holders
+            if r.restartable and not r.holder.busy and (r.threads or cores) > share
+        )
+
+    def overcommit(self, launch: LaunchPlan, cores: int | None, restart: Mapping[str, int]) -> str | None:
+        """The warning for a model that, busy at once with the staying CPU residents (those in ``restart`` with
+        their new threads), runs more threads than ``cores``; None: they fit."""
         if self.count is not None or not cores or not launch.layers_on_cpu or not self.holders:
             return None
-        total = sum(r.threads or cores for r in self.holders) + (launch.threads or cores)
+        held = [restart.get(r.holder.name, r.threads or cores) for r in self.holders]
+        total = sum(held) + (launch.threads or cores)
         if total <= cores:
             return None
         names = ", ".join(r.holder.name for r in self.holders)
         return (
             f"{total} threads on {cores} physical cores while {names} and this model are busy at once (a model "
-            "loaded alone keeps every core until it restarts); max_resident divides them from the first load"
+            "loaded alone keeps every core until a load restarts it idle); max_resident divides them from the "
+            "first load"
         )
 
 
@@ -375,13 +393,17 @@ def decide(snapshot: Snapshot, request: PlanRequest, plan: PlanFn) -> Decision:
     Memory as it will be: what residents hold, less nothing for the models other loads reserved to evict
     (they hold their memory until they are gone, and count as busy), plus what those loads will take.
     Cores likewise: a model on the CPU gets its share, at most the cores the staying CPU residents leave;
-    when none is left, idle CPU residents are evicted for it as for memory.
+    when none is left, idle CPU residents are evicted for it as for memory. Without ``max_resident`` a lone
+    model kept every core: idle residents that would run more threads than their share beside it are named
+    to restart with their share first, so that residents busy at once never run more threads than cores.
     """
     room = snapshot.room()
     going = {r.holder.name for r in snapshot.residents if r.going}
     holders = [replace(r.holder, busy=True) if r.going else r.holder for r in snapshot.residents]
 
-    def planned(at: Room, asked: PlanRequest, leaving: Iterable[str] = ()) -> LaunchPlan:
+    def placed(
+        at: Room, asked: PlanRequest, leaving: Iterable[str] = ()
+    ) -> tuple[LaunchPlan, tuple[tuple[str, int], ...]]:
         cores = Cores.of(snapshot, {*going, *leaving})
         threads = cores.threads(asked)
         asked = replace(asked, cpu_sharers=cores.sharers, threads=threads or asked.threads)
@@ -390,16 +412,23 @@ def decide(snapshot: Snapshot, request: PlanRequest, plan: PlanFn) -> Decision:
         if threads is not None:
             why = f"threads: {threads}, the cores the other residents on the CPU leave of {cores.count}"
             reasons = tuple(why if r == f"threads: {threads}, as requested" else r for r in reasons)
-        overcommit = cores.overcommit(launch, snapshot.inventory.cpu.cores)
+        restart = cores.restarts(launch, snapshot.inventory.cpu.cores) if asked.threads is None else ()
+        if restart:
+            names = ", ".join(f"{name} with {n}" for name, n in restart)
+            reasons = (*reasons, f"restart: {names} thread(s) first, so that busy at once they share the cores")
+        overcommit = cores.overcommit(launch, snapshot.inventory.cpu.cores, dict(restart))
         warnings = (*launch.warnings, overcommit) if overcommit else launch.warnings
-        return replace(launch, reasons=(*reasons, *at.reasons), warnings=warnings)
+        return replace(launch, reasons=(*reasons, *at.reasons), warnings=warnings), restart
 
-    first = planned(room, request)
+    def planned(at: Room, asked: PlanRequest, leaving: Iterable[str] = ()) -> LaunchPlan:
+        return placed(at, asked, leaving)[0]
+
+    first, restart = placed(room, request)
     cap = snapshot.max_resident
     on_cpu = first.layers_on_cpu and request.threads is None
     if fits(first, room.available) and not (cap is not None and len(holders) >= cap):
         if not (on_cpu and Cores.of(snapshot, going).short):
-            return Decision(first)
+            return Decision(first, restart=restart)
     # The fewest evictions that let the model fit at its smallest context; the final plan then takes
     # whatever context the freed memory allows.
     everything = room.without(h for h in holders if h.evictable)
@@ -438,5 +467,5 @@ def decide(snapshot: Snapshot, request: PlanRequest, plan: PlanFn) -> Decision:
     freed = room.without(h for h in holders if h.name in evict)
     # the models it evicts give their cores back too: a model swapped in that planned its share beside the
     # model it replaced would run alone on part of the cores
-    final = planned(freed, request, leaving=evict)
-    return Decision(final, evict=evict, fits=fits(final, freed.available))
+    final, restart = placed(freed, request, leaving=evict)
+    return Decision(final, evict=evict, fits=fits(final, freed.available), restart=restart)

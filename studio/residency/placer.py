@@ -87,9 +87,14 @@ class Placer:
         budget = self.residency.memory_budget
         live, loads = residents(), others()
         going = {victim for other in loads for victim in other.victims}
+        restarting = {r for other in loads for r, _ in other.restarts}  # they stay: busy, never evicted
         snapshot = Snapshot(
             inventory=without_busy_workers(inventory, live, replacing),
-            residents=tuple(_seen(r, going=r in going) for r in live if r.state in HOLDS_MEMORY and r is not replacing),
+            residents=tuple(
+                _seen(r, going=r in going, kin=base_name(r.name) == base_name(name), restarting=r in restarting)
+                for r in live
+                if r.state in HOLDS_MEMORY and r is not replacing
+            ),
             reservations=tuple(other.reservation for other in loads if other.reservation is not None),
             budget=budget,
             # the studio's RSS read once per placement: the budget and the plans' reasons show the same reserve
@@ -110,15 +115,19 @@ class Placer:
         return Placed(**vars(decision), model=model, settings=settings)
 
 
-def _seen(r: ResidentModel, *, going: bool) -> placement.Resident:
-    """``r`` as the decision sees it: busy while it serves, loads, or its group may send its next request."""
+def _seen(r: ResidentModel, *, going: bool, kin: bool, restarting: bool = False) -> placement.Resident:
+    """``r`` as the decision sees it: busy while it serves, loads, or its group may send its next request.
+
+    ``kin``: an instance of the model placed (its chat instance, for an embedding instance) is never restarted
+    for it: the client that asks for embeddings between its chats would wait for its own model's restart.
+    """
     lingering = r.grouping and time.monotonic() - r.last_used < GROUP_LINGER
     holder = placement.holder(
         r.name,
         r.plan,
         r.actual,
         last_used=r.last_used,
-        busy=not r.idle or r.state is not ResidentState.READY or lingering,
+        busy=not r.idle or r.state is not ResidentState.READY or lingering or restarting,
         pinned=r.pinned,
     )
     return placement.Resident(
@@ -128,6 +137,7 @@ def _seen(r: ResidentModel, *, going: bool) -> placement.Resident:
         going=going,
         on_cpu=r.plan.layers_on_cpu,
         threads=r.plan.threads,
+        restartable=r.state is ResidentState.READY and not going and not kin and r.plan.request.threads is None,
     )
 
 

@@ -81,6 +81,7 @@ class Load:
     task: asyncio.Task[None] | None = None
     paused: list[ResidentModel] = field(default_factory=list)  # admitting no new requests for this load
     victims: tuple[ResidentModel, ...] = ()  # reserved to go (evictions, the replaced instance)
+    restarts: tuple[tuple[ResidentModel, int], ...] = ()  # idle CPU residents restarted first with these threads
     reservation: Holder | None = None  # what the new model will hold, from reserve until its resident exists
     resident: ResidentModel | None = None  # the new instance, once started
     waiting_since: float | None = None  # monotonic time it first waited for memory: loads that evict take turns
