@@ -15,7 +15,9 @@ request, end of sequence ignored) and sums what each generated over its own time
   (``launcher.platform.pin_to_cpus``): the second gets its share of the CPUs, the first the rest.
 
 It also prints what the other way to the ``planned`` division costs once the first model runs: restarting
-the first with its share (the time its llama-server takes to stop and start again, slot save aside).
+the first with its share (the time its llama-server takes to stop and start again, slot save aside), and
+with ``--studio-loads N`` what the studio's second load takes (Gemma chatted, then SmolLM2 loaded, medians
+of N): with the restart of Gemma it makes (its slot saved), and without it (Gemma's ``threads`` asked for).
 
 The configurations alternate for ``--rounds`` rounds, so a neighbour's load on the machine touches each
 alike. Target: ``planned`` at least 1.2x ``every core``.
@@ -133,6 +135,7 @@ def main() -> None:
     parser.add_argument("--tokens", type=int, default=64, help="tokens per request")
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--only", action="append", help="run only this configuration (repeat for more)")
+    parser.add_argument("--studio-loads", type=int, default=0, help="rounds of the studio's second load (0: none)")
     args = parser.parse_args()
     settings = Settings.from_env()
     binary = ensure_built(settings.home).llama_server
@@ -184,6 +187,36 @@ def main() -> None:
             print(f"{name} / {against}: {mean[name] / mean[against]:.2f}x" + (met if name == "planned" else ""))
     restart = _restart_seconds(models[0], second, inventory, caps, binary)
     print(f"restart of {models[0].path.stem} with its share: {restart}")
+    if args.studio_loads:
+        paths = {"gemma": models[0].path, "smollm": models[1].path}
+        for asked in (None, cores):
+            took = _second_load_seconds(binary, paths, args.studio_loads, asked)
+            how = "without the restart (gemma's threads asked)" if asked else "with gemma's restart"
+            print(f"studio's second load, {how}: {took}")
+
+
+def _second_load_seconds(binary: Path, paths: dict[str, Path], rounds: int, threads: int | None) -> str:
+    """Median seconds of ``/api/load`` of smollm once gemma (``threads`` asked, or not) answered a chat."""
+    from studio.residency.slot_cache import SlotCache
+    from studio.settings import ModelDefaults
+    from tests.support.studio import running_studio
+
+    took = []
+    for _ in range(rounds):
+        with tempfile.TemporaryDirectory(prefix="bench-threads-") as scratch:
+            root = Path(scratch)
+            cache = SlotCache(root / "slots", binary=binary, disk_budget=1 << 30)
+            defaults = {n: ModelDefaults(n_ctx=2048, spec="off") for n in paths}
+            with running_studio(root, binary, paths, defaults=defaults, slot_cache=cache) as s:
+                load = {"model": "gemma", **({"threads": threads} if threads else {})}
+                httpx.post(f"{s.url}/api/load", json=load, timeout=300).raise_for_status()
+                chat = {"model": "gemma", "messages": [{"role": "user", "content": PROMPT}], "max_tokens": 8}
+                httpx.post(f"{s.url}/v1/chat/completions", json=chat, timeout=300).raise_for_status()
+                began = time.monotonic()
+                httpx.post(f"{s.url}/api/load", json={"model": "smollm"}, timeout=300).raise_for_status()
+                took.append(time.monotonic() - began)
+                threads_now = sorted((r.name, r.plan.threads) for r in s.manager.residents)
+    return f"{statistics.median(took):.2f} s (median of {rounds}; threads {threads_now})"
 
 
 def _restart_seconds(model: ModelInfo, threads: int, inventory: Inventory, caps: Capabilities, binary: Path) -> str:

@@ -60,15 +60,17 @@ class Builder:
 
         ``ggstudio plan`` prints it too, so the command it shows is the one a load runs.
         """
+        return self.command_for(placed.plan, embeddings=placed.settings.embeddings)
+
+    def command_for(self, plan: LaunchPlan, *, embeddings: bool) -> LaunchCommand:
+        """The command that runs ``plan``; an embedding instance's slots are never saved."""
         try:
             return build_command(
-                placed.plan,
+                plan,
                 self.caps,
                 binary=self.binary,
                 files_root=self.files_root,
-                slot_dir=self.slot_cache.folder(placed.plan)
-                if self.slot_cache is not None and not placed.settings.embeddings
-                else None,
+                slot_dir=self.slot_cache.folder(plan) if self.slot_cache is not None and not embeddings else None,
             )
         except OSError as exc:
             raise StudioError(f"could not prepare llama-server's launch files: {exc}", code="launch_files") from exc
@@ -105,6 +107,29 @@ class Builder:
             on_admission=on_admission,
             # an embedding instance's slots hold no conversation to continue: nothing is saved
             before_stop=None if self.slot_cache is None or placed.settings.embeddings else self.slot_cache.save,
+        )
+
+    def restarted(self, old: ResidentModel, threads: int) -> ResidentModel:
+        """``old``'s model again (not started) with ``threads``: its settings, lifetime, callbacks and saved slots
+        (the slot folder's key leaves threads out, so its conversations are restored)."""
+        why = f"threads: {threads}, its share of the cores once another model on the CPU loaded beside it"
+        plan = replace(old.plan, threads=threads, reasons=(*old.plan.reasons, why))
+        command = self.command_for(plan, embeddings=old.settings.embeddings)
+        return ResidentModel(
+            name=old.name,
+            settings=old.settings,
+            plan=plan,
+            command=command,
+            spec=replace(command.launch_spec(), after_stop=self.after_stop(plan)),
+            facts=old.facts,
+            template=old.template,
+            make_supervisor=self.make_supervisor,
+            ttl=old.ttl,
+            pinned=old.pinned,
+            on_change=old.on_change,
+            on_transition=old.on_transition,
+            on_admission=old.on_admission,
+            before_stop=old.before_stop,
         )
 
     def after_stop(self, launch: LaunchPlan) -> Callable[[], None] | None:

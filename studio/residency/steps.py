@@ -47,6 +47,7 @@ class LoadSteps:
     builder: Builder
     placer: Placer
     _residents: dict[Key, ResidentModel]
+    _routes: dict[str, ResidentModel]
     _loads: dict[Key, Load]
     _placement: asyncio.Lock
     _changed: asyncio.Event
@@ -88,6 +89,7 @@ class LoadSteps:
                         if victim not in load.paused:
                             load.paused.append(victim)
                     load.victims = tuple(victims)
+                    load.restarts = self._reserve_restarts(load, placed, victims)
                     load.reservation = placement.reservation(load.entry.name, placed.plan, time.monotonic())
                     load.move(LoadStep.RESERVED)
                     break
@@ -128,6 +130,8 @@ class LoadSteps:
                     reason=f"{victim.name} was evicted to make room for {load.entry.name}",
                     why="evicted" if victim is not load.replacing else "restart",
                 )
+            for old, threads in load.restarts:
+                await self._restart_with(old, threads, for_model=load.entry.name)
             resident = self._new_resident(load, placed, command)
         except BaseException:
             command.cleanup()
@@ -157,7 +161,8 @@ class LoadSteps:
         """
         while True:
             changed = self._changed
-            busy = [v for v in load.victims if not v.idle and v.state is ResidentState.READY]
+            paused = (*load.victims, *(r for r, _ in load.restarts))
+            busy = [v for v in paused if not v.idle and v.state is ResidentState.READY]
             if not busy:
                 return
             left = deadline - time.monotonic()
@@ -165,6 +170,42 @@ class LoadSteps:
                 raise wording.still_serving(load.entry.name, busy, self.residency.busy_wait)
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(changed.wait(), left)
+
+    def _reserve_restarts(
+        self, load: Load, placed: Placed, victims: list[ResidentModel]
+    ) -> tuple[tuple[ResidentModel, int], ...]:
+        """Pause the idle CPU residents the decision restarts with their share of the cores (as a victim is paused:
+        new requests wait), under the placement lock; one another load pauses already is left to that load."""
+        out = []
+        for name, threads in placed.restart:
+            r = self.find(name)
+            if (
+                r is None
+                or r in victims
+                or r.state is not ResidentState.READY
+                or r.admission is not Admission.ACCEPTING
+            ):
+                continue
+            r.pause(reason=f"it restarts with {threads} thread(s) so that {load.entry.name} shares the cores")
+            load.paused.append(r)
+            out.append((r, threads))
+        return tuple(out)
+
+    async def _restart_with(self, old: ResidentModel, threads: int, *, for_model: str) -> None:
+        """Restart the idle ``old`` with ``threads``: its slots are saved as it stops and restored when its
+        conversation continues; requests for it wait for the new instance. A failed restart fails only it."""
+        log.info(
+            "restarting idle model with its share of the cores", model=old.name, threads=threads, for_model=for_model
+        )
+        new = self.builder.restarted(old, threads)
+        new.before_restart = functools.partial(self._room_to_restart, new)
+        self._residents[old.settings.key] = new  # requests waiting for the old instance find this one
+        for name in [n for n, r in self._routes.items() if r is old]:
+            self._routes[name] = new
+        await old.unload(grace=0, reason=f"{old.name} restarts with its share of the cores", why="restart")
+        new.start()
+        if await new.wait_settled() is not ResidentState.READY:
+            log.warning("the restart with a share of the cores failed", model=old.name, error=new.error)
 
     def _commit(self, load: Load, resident: ResidentModel) -> None:
         """The new resident is ready: route it, remember its extra flags, let the paused models serve on."""
@@ -222,21 +263,25 @@ class LoadSteps:
             on_transition=self._events.transition,
             on_admission=self._events.admission,
         )
-        resident.before_restart = functools.partial(self._room_to_restart, load.entry, load.request, resident)
+        resident.before_restart = functools.partial(self._room_to_restart, resident)
         load.resident = resident
         self._residents[placed.settings.key] = resident
         self.counters["loads"] += 1
         resident.start()
         return resident
 
-    async def _room_to_restart(
-        self, entry: CatalogEntry, request: LoadRequest, resident: ResidentModel
-    ) -> BusyError | None:
+    async def _room_to_restart(self, resident: ResidentModel) -> BusyError | None:
         """A crashed model's restart planned again against the memory free now: None when it fits there as it is;
         else the 503 its waiting requests get instead of a restart into the same death (the out-of-memory killer
         takes a model when another program took the room). The next request loads it anew, as any load."""
         async with self._placement:
-            placed = await self._place(entry, request, replacing=resident)
+            placed = await self.placer.place(
+                resident.name,
+                resident.settings,
+                lambda: sorted(self._residents.values(), key=lambda r: r.created),
+                lambda: list(self._loads.values()),
+                replacing=resident,
+            )
         if placed.fits and not placed.evict:
             return None
         need = placement.in_words(placement.physical(placed.plan.bill, placed.plan))

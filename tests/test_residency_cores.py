@@ -1,0 +1,93 @@
+"""Cores are room too: without ``max_resident`` a lone model keeps every core, and a later model on the CPU
+restarts an idle one with its share, so that residents busy at once never run more threads than there are cores.
+
+Measured on two cores before: a first resident with two threads and a second with one (three threads on two
+cores) cut Gemma's generation to a fraction of its rate at one thread each (docs/performance.md).
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import httpx
+import psutil
+import pytest
+
+from launcher.devices import Device, Inventory, usable_cores
+from studio.residency.requests import LoadRequest
+from studio.residency.slot_cache import SlotCache
+from studio.settings import ModelDefaults
+from tests.fake_llama import fake_children
+from tests.manager_harness import ZOO, fake_manager
+from tests.support.studio import running_studio
+from tests.test_slot_cache import STORY
+
+GIB = 1 << 30
+
+
+def two_cores() -> Inventory:
+    return Inventory((Device("CPU", None, "Test CPU", 64 * GIB, 60 * GIB, "psutil", cores=2),), ())
+
+
+def test_a_second_model_on_the_cpu_restarts_the_first_with_its_share(tmp_path, real, zoo_dir):
+    """Regression: the first resident kept both cores and the second took one: three threads on two cores."""
+    a, b = ZOO[:2]
+    models = {name: zoo_dir / f"{name}.gguf" for name in (a, b)}
+
+    async def run() -> None:
+        with fake_children() as children:
+            manager = fake_manager(tmp_path, children, real, models, discover=two_cores)
+            await manager.load(LoadRequest(model=a))
+            first = manager.find(a)
+            assert first is not None and first.plan.threads == 2  # alone: every core
+            await manager.load(LoadRequest(model=b))
+            threads = {r.name: r.plan.threads for r in manager.residents}
+            assert threads == {a: 1, b: 1}
+            again = manager.find(a)
+            assert again is not None and again is not first and again.admission.value == "accepting"
+            assert first.why == "restart"
+            await manager.aclose()
+
+    asyncio.run(run())
+
+
+def _threads() -> dict[str, int]:
+    """``--threads`` of each llama-server this test started, by its model file's name."""
+    out = {}
+    for p in psutil.Process().children(recursive=True):
+        if p.name() != "llama-server":
+            continue
+        argv = p.cmdline()
+        model = argv[argv.index("--model") + 1] if "--model" in argv else argv[argv.index("-m") + 1]
+        out[model.rsplit("/", 1)[-1]] = int(argv[argv.index("--threads") + 1])
+    return out
+
+
+def _chat(base: str, model: str, messages: list[dict]) -> dict:
+    body = {"model": model, "messages": messages, "max_tokens": 8, "temperature": 0}
+    resp = httpx.post(f"{base}/v1/chat/completions", json=body, timeout=180)
+    assert resp.status_code == 200, resp.text
+    return resp.json()
+
+
+@pytest.mark.slow
+def test_two_real_models_on_the_cpu_never_run_more_threads_than_cores(
+    tmp_path, llama_server_bin, smollm_model, gemma_model
+):
+    """The first model restarts with its share once the second loads; its conversation comes back warm."""
+    cache = SlotCache(tmp_path / "slots", binary=llama_server_bin, disk_budget=1 << 30)
+    defaults = {name: ModelDefaults(n_ctx=2048, spec="off") for name in ("smollm", "gemma")}
+    models = {"smollm": smollm_model, "gemma": gemma_model}
+    turn1 = [{"role": "user", "content": f"{STORY}\nWho is the story about? Answer in one short sentence."}]
+    with running_studio(tmp_path, llama_server_bin, models, defaults=defaults, slot_cache=cache) as s:
+        first = _chat(s.url, "smollm", turn1)
+        cores = usable_cores()
+        assert list(_threads().values()) == [cores]  # alone: every core
+        _chat(s.url, "gemma", [{"role": "user", "content": "Say hi."}])
+        threads = _threads()
+        assert len(threads) == 2 and sum(threads.values()) <= max(cores, len(threads)), threads
+        turn2 = [*turn1, first["choices"][0]["message"], {"role": "user", "content": "And what is the cat called?"}]
+        again = _chat(s.url, "smollm", turn2)
+        assert again["choices"][0]["message"]["content"]
+        conversation = again["timings"]["prompt_n"] + again["timings"].get("cache_n", 0)
+        assert again["timings"].get("cache_n", 0) >= 0.9 * conversation, again["timings"]  # its slot came back
