@@ -202,8 +202,10 @@ class LoadSteps:
         self._residents[old.settings.key] = new  # requests waiting for the old instance find this one
         for name in [n for n, r in self._routes.items() if r is old]:
             self._routes[name] = new
-        await old.unload(grace=0, reason=f"{old.name} restarts with its share of the cores", why="restart")
-        new.start()
+        try:
+            await old.unload(grace=0, reason=f"{old.name} restarts with its share of the cores", why="restart")
+        finally:  # the load cancelled meanwhile: the model still comes back (requests wait for this instance)
+            new.start()
         if await new.wait_settled() is not ResidentState.READY:
             log.warning("the restart with a share of the cores failed", model=old.name, error=new.error)
 
