@@ -9,7 +9,9 @@ running llama-server (what the kernel's out-of-memory killer does on a desktop) 
 
 It prints what the clients got: answered, cut mid-answer (a stream that had bytes, ended with its dialect's
 error event: allowed), refused as busy (an eviction waited out ``busy_wait``: not a crash's doing), cut by an
-unload, and **lost**: an error for a request that had received nothing, by kind; then how many requests the
+unload, given up after repeated deaths (sent again after each until its retries ran out: the issue's exception
+for a model that keeps dying), and **lost**: any other error for a request that had received nothing, by kind;
+then how many requests the
 studio sent again (its log), its RSS, descriptors and threads after the warm-up and at the end, and the
 llama-servers left after SIGTERM.
 
@@ -76,6 +78,8 @@ def classify_error(status: int | None, text: str, route: str) -> str:
     told by its type)."""
     if "unloaded" in text:
         return "cut by an unload"
+    if "times under this request" in text:  # sent again after each death until its retries ran out
+        return "given up after repeated deaths"
     if status == 503 or "server_busy" in text:
         return "refused as busy"
     return f"lost ({route}, {status or 'error event'})"

@@ -37,7 +37,7 @@ from starlette.responses import Response
 
 from launcher.errors import LoadError
 from studio.activity.trace import current, error_message
-from studio.errors import BusyError, DoesNotFitError, UpstreamDiedError
+from studio.errors import BusyError, DoesNotFitError, StudioError, UpstreamDiedError
 from studio.http.errors import SHAPES, Dialect, ErrorAnswer, describe, stream_error_line
 from studio.http.wire.relay import LoadWait, Relay
 from studio.residency.manager import ModelManager
@@ -230,6 +230,7 @@ class _Survival:
         takes a retry; the request's record counts the death either way)."""
         current().retrying(died.message)  # the last one, if it ends the request, is not counted as a retry
         if not self.retries.another():
+            _given_up(died)
             return False
         log.warning("sending a request again: its llama-server died first", model=self.model, error=str(died))
         self.found = self.asked = None
@@ -253,6 +254,7 @@ async def _acquire(
                 raise
             current().retrying(str(exc))  # as ``_Survival.again``: the request's record counts the death
             if not retries.another():
+                _given_up(exc)
                 raise
             log.warning("loading again: its llama-server was killed while loading", model=model, error=str(exc))
         except DoesNotFitError as exc:
@@ -260,6 +262,15 @@ async def _acquire(
                 raise
             # it fitted before it died: another program took the room meanwhile, which it may give back
             raise BusyError(f"{exc.message}; its llama-server died, and the memory it held is taken now") from exc
+
+
+def _given_up(exc: StudioError | LoadError) -> None:
+    """Say in ``exc`` that the request was sent again until its retries ran out: a client (and the soak) can tell
+    a model that keeps dying from a death that one more try would have survived."""
+    told = f"{exc.args[0]} (it died {RETRIES + 1} times under this request, which was sent again each time)"
+    exc.args = (told, *exc.args[1:])
+    if isinstance(exc, StudioError):
+        exc.message = told
 
 
 def _killed_while_loading(exc: LoadError) -> bool:
