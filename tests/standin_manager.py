@@ -104,6 +104,7 @@ class StandInManager:
         self.downloads = None
         self.build = {"backend": None, "path": None, "why": "a stand-in: no llama-server runs", "install": None}
         self.listeners: list[Any] = []  # /metrics' subscription to loads and evictions (this one has none)
+        self.admission_listeners: list[Any] = []  # /metrics' subscription to admissions (this one has none)
 
     async def warm(self, loaded: Any, body: Any) -> None:
         """Restores no saved slot: the replay upstream keeps none."""
