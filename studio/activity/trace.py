@@ -109,6 +109,10 @@ class RequestTrace:
     def sending(self) -> None:
         self.sent = time.perf_counter()
 
+    def answering(self, status: int) -> None:
+        """The response goes out with ``status``."""
+        self.status = status
+
     def asking(self, model: str | None, body: bytes | None) -> None:
         """The model the request names, and its body when a capture may keep it."""
         self.asked, self.request_body = model, body
@@ -327,6 +331,9 @@ class _NoTrace(RequestTrace):
         pass
 
     def sending(self) -> None:
+        pass
+
+    def answering(self, status: int) -> None:
         pass
 
     def asking(self, model: str | None, body: bytes | None) -> None:

@@ -19,7 +19,7 @@ from fastapi import Request
 from fastapi.responses import Response
 from fastapi.routing import iter_route_contexts
 from starlette.routing import BaseRoute, compile_path
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from studio.activity.recorder import Activity
 from studio.activity.trace import RequestTrace, current, error_message
@@ -111,27 +111,22 @@ class AheadRoutes:
             await self._serve(scope, receive, send, handler, dialect)
             return
         trace, token = self.activity.begin(scope["headers"], scope["path"], dialect, generates=recorded)
-        ended = False
-
-        async def noting(message: Message) -> None:  # the start and the end; a stream's chunks go past
-            nonlocal ended
-            if message["type"] == "http.response.start":
-                trace.status = message["status"]
-            elif not message.get("more_body", False):
-                ended = True
-            await send(message)
-
+        complete = False
         try:
-            await self._serve(scope, receive, noting, handler, dialect)
+            complete = await self._serve(scope, receive, send, handler, dialect)
         except BaseException:
             trace.failed(500, "internal error", "server_error")
             raise
         finally:
-            if not ended or trace.status == 499:
+            if not complete or trace.status == 499:
                 trace.left()
             self.activity.end(trace, token)
 
-    async def _serve(self, scope: Scope, receive: Receive, send: Send, handler: Handler, dialect: Dialect) -> None:
+    async def _serve(self, scope: Scope, receive: Receive, send: Send, handler: Handler, dialect: Dialect) -> bool:
+        """Answer the request; return whether the whole answer went out (a stream's client may leave before).
+
+        The record's status is the response's, read here rather than from its start message: a wrapper around
+        ``send`` cost every request another frame for each message it sent."""
         trace = current()
         try:
             response = await handler(Request(scope, receive))
@@ -146,7 +141,9 @@ class AheadRoutes:
                 trace.streaming(response.first_byte_at)
             elif response.status_code >= 400 and trace.error is None:
                 trace.failed(response.status_code, error_message(bytes(response.body)), "upstream_error")
+        trace.answering(response.status_code)
         await response(scope, receive, send)
+        return getattr(response, "complete", True)  # a whole answer's last bytes went out once it returns
 
 
 def note_error(trace: RequestTrace, exc: BaseException) -> None:

@@ -89,6 +89,7 @@ class _Streamed(Response):
         self.status_code = status_code
         self.media_type = media_type
         self.background = None
+        self.complete = False  # its last bytes went out: the client did not leave before (the activity's record)
         self.init_headers(headers)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -99,6 +100,7 @@ class _Streamed(Response):
         last = await until_client_leaves(receive, respond, self._close)
         if last is not None:
             await send({"type": "http.response.body", "body": last, "more_body": False})
+            self.complete = True
 
     async def _body(self, send: Send) -> bytes:
         """Send the body on as it comes; return the last bytes, sent with ``more_body`` false."""
