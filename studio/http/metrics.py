@@ -282,16 +282,19 @@ class PhaseHistograms(Collector):
     """
 
     def __init__(self) -> None:
-        self._counts: dict[tuple[str, str, str], list[float]] = {}  # per labels: bucket counts, then the sum
+        # per (model, route), then per phase: bucket counts, then the sum (one look-up of the pair a request)
+        self._counts: dict[tuple[str, str], dict[str, list[float]]] = {}
 
     def observe(self, model: str, route: str, phases: Mapping[str, float]) -> None:
-        counts = self._counts
+        per = self._counts.get((model, route))
+        if per is None:
+            per = self._counts[(model, route)] = {}
         for phase, seconds in phases.items():
             if seconds <= 0:
                 continue
-            found = counts.get((phase, model, route))
+            found = per.get(phase)
             if found is None:
-                found = counts[(phase, model, route)] = [0.0] * (len(_LATENCY_BUCKETS) + 2)
+                found = per[phase] = [0.0] * (len(_LATENCY_BUCKETS) + 2)
             found[bisect_left(_LATENCY_BUCKETS, seconds)] += 1
             found[-1] += seconds
 
@@ -302,13 +305,19 @@ class PhaseHistograms(Collector):
             "prefill: to the first byte, decode: from it to the end), by model and route",
             labels=["phase", "model", "route"],
         )
-        for labels, found in list(self._counts.items()):
-            running, buckets = 0.0, []
-            for bound, n in zip((*_LATENCY_BUCKETS, float("inf")), found[:-1], strict=True):
-                running += n
-                buckets.append((str(bound) if bound != float("inf") else "+Inf", running))
-            family.add_metric(list(labels), buckets, found[-1])
+        for (model, route), per in list(self._counts.items()):
+            for phase, found in list(per.items()):
+                family.add_metric([phase, model, route], _buckets(found), found[-1])
         yield family
+
+
+def _buckets(found: list[float]) -> list[tuple[str, float]]:
+    """The cumulative buckets of a phase's counts (the last item, the sum, is left out)."""
+    running, buckets = 0.0, []
+    for bound, n in zip((*_LATENCY_BUCKETS, float("inf")), found[:-1], strict=True):
+        running += n
+        buckets.append((str(bound) if bound != float("inf") else "+Inf", running))
+    return buckets
 
 
 class StatusCollector(Collector):
