@@ -708,7 +708,7 @@ def _env_values(env: Mapping[str, str], keys: Sequence[Option]) -> dict[str, Any
             except ValueError:
                 value = None
             if value is None or not (key.least or value) <= value <= (key.most or value):
-                raise ValueError(key.must(text, name=key.env))
+                raise ValueError(f"{key.must(text, name=key.env)} (the variable of the config key {key.name})")
         if key.check is not None:
             try:
                 value = key.check(value)
