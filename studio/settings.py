@@ -626,7 +626,7 @@ class Settings:
             residency=ResidencySettings(
                 memory_budget=values["memory_budget"],
                 ttl=values["ttl"],
-                max_resident=values["max_resident"],
+                max_resident=None if values["max_resident"] is None else int(values["max_resident"]),
                 preload=tuple(values["preload"]),
                 unload_grace=values["unload_grace"],
                 busy_wait=values["busy_wait"],

@@ -67,7 +67,8 @@ ACCEPTED: dict[str, tuple[str, dict[str, Any]]] = {
     ),
     "fractional residency numbers": (
         "ttl = 0.5\nmax_resident = 2.5\nunload_grace = 0.25\nbusy_wait = 1.5\ngroup_size = 2.7\n",
-        {"residency.ttl": 0.5, "residency.max_resident": 2.5, "residency.busy_wait": 1.5, "residency.group_size": 2},
+        # b5a9904 kept 2.5 models, which the placement cannot count with: whole models, as group_size was
+        {"residency.ttl": 0.5, "residency.max_resident": 2, "residency.busy_wait": 1.5, "residency.group_size": 2},
     ),
     "no slot cache": ("slot_cache_disk = 0\n", {"residency.slot_cache_disk": 0}),
     'no slot cache, as "0"': ('slot_cache_disk = "0"\n', {"residency.slot_cache_disk": 0}),
@@ -202,3 +203,12 @@ def test_the_configuration_pages_example_is_a_file_the_studio_takes(tmp_path):
     (tmp_path / "config.toml").write_text(text)
     assert Settings.from_env({"GGUF_STUDIO_HOME": str(tmp_path)}).model_defaults["gemma-3-270m-Q4_K_M"].n_ctx == 8192
     assert {o.env for o in CONFIG_KEYS if o.env and f"`{o.env}`" not in page} == set()
+
+
+def test_max_resident_from_the_file_is_a_whole_number_the_placement_can_count_with(tmp_path):
+    """Regression: read through the number row, ``max_resident = 1`` became 1.0, and every load that had to
+    evict failed with a 500 (``range()`` of a float in the placement's eviction search)."""
+    (tmp_path / "config.toml").write_text("max_resident = 1\ngroup_size = 2\n")
+    residency = Settings.from_env({"GGUF_STUDIO_HOME": str(tmp_path)}).residency
+    assert type(residency.max_resident) is int and residency.max_resident == 1
+    assert type(residency.group_size) is int and residency.group_size == 2
