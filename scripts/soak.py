@@ -238,6 +238,10 @@ def main() -> int:
         f"{end[2]} threads ({end[2] - warm[2]:+d})"
     )
     print(f"llama-servers left after SIGTERM: {len(left)}; exit status {serve.returncode}")
+    if lost or left:  # the studio's own account of what went wrong outlives its home
+        kept = Path(tempfile.gettempdir()) / f"ggstudio-soak-{serve.pid}.err"
+        shutil.copy(home / "serve.err", kept)
+        print(f"the studio's log: {kept}")
     shutil.rmtree(home, ignore_errors=True)
     return 0 if not lost and not left else 1
 
