@@ -55,9 +55,9 @@ chunk's) to its chunks. Issue 33's CPU per chunk reads the table's figure, a str
 set-up and end included; the split's part per chunk is also set against its 1.3x.
 
 With ``--stand-in`` a stand-in takes llama-server's place: a small asyncio
-server that answers every request the way b11434 streams (nothing until
-the first token, then its head and that token's events in one chunk, one chunk
-per event after that with llama-server's event shapes, the timings and usage
+server that answers every request the way b11434 streams (its head at once,
+as llama-server sends it when it starts reading the prompt, then the first
+token's events in one chunk, one chunk per event after that with llama-server's event shapes, the timings and usage
 chunks, ``[DONE]``, then it closes the connection) at ``--stand-in-tps``
 tokens/s per stream, at next to no CPU. That measures the relay alone at the
 token rate of a fast machine, however slow the real llama-server runs here;
@@ -353,6 +353,7 @@ def stand_in_llama_server(port: int, tokens_per_s: float) -> None:
                 "choices": [{"finish_reason": None, "index": 0, "delta": {"role": "assistant", "content": None}}],
                 **base,
             }
+            writer.write(head)  # b11434 sends a stream's head as it starts reading the prompt, its tokens after
             for i in range(n):
                 await (asyncio.sleep(1 / tokens_per_s) if i == 0 else step())
                 if writer.transport.is_closing():
@@ -361,7 +362,7 @@ def stand_in_llama_server(port: int, tokens_per_s: float) -> None:
                     "choices": [{"finish_reason": None, "index": 0, "delta": {"content": " sea" if i % 2 else " the"}}],
                     **base,
                 }
-                writer.write(head + _chunk(_sse(role), _sse(token)) if i == 0 else _event(token))
+                writer.write(_chunk(_sse(role), _sse(token)) if i == 0 else _event(token))
             timings = {
                 "prompt_n": 14,
                 "prompt_ms": 20.1,
@@ -415,13 +416,14 @@ def stand_in_llama_server(port: int, tokens_per_s: float) -> None:
                 "content_block_start",
             ),
         ]
+        writer.write(head)  # as for a chat: the head first, the tokens after the prompt
         for i in range(n):
             await (asyncio.sleep(1 / tokens_per_s) if i == 0 else step())
             if writer.transport.is_closing():
                 return
             text = {"type": "text_delta", "text": " sea" if i % 2 else " the"}
             delta = _sse({"type": "content_block_delta", "index": 0, "delta": text}, "content_block_delta")
-            writer.write(head + _chunk(*start, delta) if i == 0 else _chunk(delta))
+            writer.write(_chunk(*start, delta) if i == 0 else _chunk(delta))
         writer.write(
             _event({"type": "content_block_stop", "index": 0}, "content_block_stop")
             + _event(
