@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Any
 
 import structlog
 
@@ -91,15 +92,13 @@ class Builder:
         own = model_defaults_for(entry, self.model_defaults)
         facts = placed.model.facts
         template = placed.settings.chat_template or facts.chat_template
-        return ResidentModel(
+        return self._made(
+            placed.plan,
+            command,
             name=entry.name,
             settings=placed.settings,
-            plan=placed.plan,
-            command=command,
-            spec=replace(command.launch_spec(), after_stop=self.after_stop(placed.plan)),
             facts=facts,
             template=template_capabilities(template) if template else None,
-            make_supervisor=self.make_supervisor,
             ttl=next(t for t in (request.ttl, was.ttl if was else None, own.ttl, self.residency.ttl) if t is not None),
             pinned=next(p for p in (request.pinned, was.pinned if was else None, own.pinned, False) if p is not None),
             on_change=on_change,
@@ -115,15 +114,13 @@ class Builder:
         why = f"threads: {threads}, its share of the cores once another model on the CPU loaded beside it"
         plan = replace(old.plan, threads=threads, reasons=(*old.plan.reasons, why))
         command = self.command_for(plan, embeddings=old.settings.embeddings)
-        return ResidentModel(
+        return self._made(
+            plan,
+            command,
             name=old.name,
             settings=old.settings,
-            plan=plan,
-            command=command,
-            spec=replace(command.launch_spec(), after_stop=self.after_stop(plan)),
             facts=old.facts,
             template=old.template,
-            make_supervisor=self.make_supervisor,
             ttl=old.ttl,
             pinned=old.pinned,
             on_change=old.on_change,
@@ -131,6 +128,12 @@ class Builder:
             on_admission=old.on_admission,
             before_stop=old.before_stop,
         )
+
+    def _made(self, plan: LaunchPlan, command: LaunchCommand, **kept: Any) -> ResidentModel:
+        """A resident of ``plan`` run by ``command``: its launch spec and supervisor are this builder's, the rest
+        (name, settings, lifetime, callbacks) is ``kept``."""
+        spec = replace(command.launch_spec(), after_stop=self.after_stop(plan))
+        return ResidentModel(plan=plan, command=command, spec=spec, make_supervisor=self.make_supervisor, **kept)
 
     def after_stop(self, launch: LaunchPlan) -> Callable[[], None] | None:
         """What the supervisor runs once a llama-server on GPUs is reaped: wait until their free memory settles.
