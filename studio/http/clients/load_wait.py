@@ -87,23 +87,29 @@ async def answer_when_loaded(
     request going (``LoadWait``).
     """
     survival = _Survival(manager, model, answer, found=manager.acquire_now(model))
-    if survival.found is not None:  # ready: asked here, and only an answer that has not begun gets a task
+    waited = False  # the first ``FIRST_BEAT`` went by here, without a task: the keep-alive begins at once
+    if survival.found is not None:  # ready: asked and waited for here; only an answer that has not begun gets a task
         try:
             response = await survival.ask()
             if not _unbegun(response):
                 return response
+            begun = await survival.begun_within(FIRST_BEAT)
+            if begun is not None:
+                return begun
+            waited = True
         except UpstreamDiedError as exc:
             if not survival.again(exc):
                 raise
     # its first step runs before this task can cancel it: a response asked above is closed there if need be
     task = asyncio.ensure_future(survival.answered())
-    try:
-        done, _ = await asyncio.wait({task}, timeout=FIRST_BEAT)
-    except BaseException:
-        task.cancel()
-        raise
-    if done:
-        return task.result()  # ready or refused quickly: an ordinary answer, or an HTTP error
+    if not waited:
+        try:
+            done, _ = await asyncio.wait({task}, timeout=FIRST_BEAT)
+        except BaseException:
+            task.cancel()
+            raise
+        if done:
+            return task.result()  # ready or refused quickly: an ordinary answer, or an HTTP error
     acquired = survival.acquired
 
     def comment() -> bytes:
@@ -223,6 +229,20 @@ class _Survival:
             except BaseException:
                 await found[1]()
                 raise
+        return asked
+
+    async def begun_within(self, seconds: float) -> Response | None:
+        """The response asked, if its body begins within ``seconds`` (as ``_begun`` gives it: a break before its
+        first bytes raises); ``None``: not yet."""
+        asked, found = self.asked, self.found
+        assert isinstance(asked, Relay) and found is not None
+        try:
+            if not await asked.begins_within(seconds):
+                return None
+            await asked.first_bytes()  # at once: what it raises if the upstream broke off instead
+        except BaseException:
+            await found[1]()
+            raise
         return asked
 
     def again(self, died: UpstreamDiedError) -> bool:

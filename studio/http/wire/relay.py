@@ -45,7 +45,15 @@ from starlette.responses import Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from studio.http.wire.client_wire import ChunkWriter, ClientWire, client_wire
-from studio.http.wire.upstream_wire import Framed, body_begun, body_first_bytes, body_framed, body_pipe, body_reader
+from studio.http.wire.upstream_wire import (
+    Framed,
+    body_begins_within,
+    body_begun,
+    body_first_bytes,
+    body_framed,
+    body_pipe,
+    body_reader,
+)
 
 #: The scope key under which ``with_server_send`` keeps the ASGI server's own ``send``.
 SERVER_SEND = "gguf_studio.server_send"
@@ -173,6 +181,15 @@ class Relay(_Streamed):
         except httpx.HTTPError as exc:
             await self._upstream.aclose()
             raise await self._on_early_break(exc) from exc
+        except BaseException:
+            await self._upstream.aclose()
+            raise
+
+    async def begins_within(self, seconds: float) -> bool:
+        """Whether the upstream body begins (or breaks off) within ``seconds``; then ``first_bytes`` returns at once.
+        A cancelled wait closes the upstream response, as ``first_bytes``'s does."""
+        try:
+            return await body_begins_within(self._upstream, seconds)
         except BaseException:
             await self._upstream.aclose()
             raise

@@ -251,6 +251,32 @@ class Answer(httpx.AsyncByteStream, asyncio.Protocol):
         if self._error is not None:
             raise self._error
 
+    async def begins_within(self, seconds: float) -> bool:
+        """Whether the body begins (``begun``) within ``seconds``, what arrived left for the relay: the wait of a
+        ready model's stream for its first token, which needs no task of its own. ``False`` at once for an answer
+        read within a timeout (``first_bytes`` waits for it)."""
+        if self.begun():
+            return True
+        if self._timeout is not None:
+            return False
+        loop = self._wire.loop
+        expired = False
+
+        def expire() -> None:
+            nonlocal expired
+            expired = True
+            self._wake()
+
+        timer = loop.call_later(seconds, expire)
+        try:
+            while not self.begun() and not expired:
+                self._waiter = loop.create_future()
+                await self._waiter
+        finally:
+            timer.cancel()
+            self._waiter = None
+        return self.begun()
+
     async def _news(self) -> None:
         """Wait for the answer's next news (payload, its end, its failure), within the read timeout.
 
@@ -683,6 +709,12 @@ async def body_first_bytes(resp: httpx.Response) -> None:
     stream = resp.stream
     if isinstance(stream, Answer):
         await stream.first_bytes()
+
+
+async def body_begins_within(resp: httpx.Response, seconds: float) -> bool:
+    """Whether ``resp``'s body begins within ``seconds`` (``Answer.begins_within``); any other stream has begun."""
+    stream = resp.stream
+    return await stream.begins_within(seconds) if isinstance(stream, Answer) else True
 
 
 def body_framed(resp: httpx.Response, transport: asyncio.WriteTransport, flow: WriteFlow) -> Framed | None:
