@@ -93,3 +93,23 @@ def test_the_default_model_names_paris_at_temperature_0_and_make_run_prints_the_
         finally:
             stop_studio(serve)
     assert_no_llama_server(env)
+
+
+def test_a_request_during_the_first_load_of_a_model_given_by_path_is_answered_not_404(llama_server_bin, tmp_path):
+    """``ggstudio serve --model FILE`` with a file outside every model folder answers at once (``--ready-json``),
+    its model still loading: a request then, naming the model or none, got a 404 ("not one of the known models
+    (none)"): the default's name was looked up in the catalog, which does not list the file."""
+    from studio.library.default_model import ensure_default_model
+    from studio.settings import Settings
+    from tests.support.home_studio import home_env, serving
+
+    model = ensure_default_model(Settings.from_env().models_dir)
+    env = home_env(tmp_path / "home", llama_server_bin)
+    with serving(env, model, ctx=512) as (_, ready):
+        url = ready["url"]
+        assert httpx.get(f"{url}/api/status", timeout=30).json()["state"] != "ready"  # the load is still going
+        for named in ({}, {"model": SMOL}):
+            body = {**named, "messages": [{"role": "user", "content": QUESTION}], "max_tokens": 4}
+            resp = httpx.post(f"{url}/v1/chat/completions", json=body, timeout=120)
+            assert resp.status_code == 200, resp.text
+            assert resp.json()["model"] == SMOL

@@ -230,6 +230,8 @@ class ModelManager(LoadSteps, Unloading):
             return found
         resident = self._routes.get(model) if model is not None else self.default
         name = model if model is not None else resident.name if resident is not None else self._coming_default
+        if resident is not None and not resident.settings.embeddings:  # its file: one the catalog may not list
+            name = str(resident.settings.path)
         if name is None:
             raise BadRequestError("no model is loaded and the request names none; pass `model`", param="model")
         try:
