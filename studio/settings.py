@@ -25,6 +25,8 @@ Precedence: environment variables, then the optional TOML file
     busy_wait = 30                  # seconds a load waits for busy models to go idle before a 503
     group_size = 4                  # requests a busy model still takes once a load waits for its memory (0: none)
     slot_cache_disk = "4GiB"        # disk for conversations saved before an eviction; 0: none saved
+    activity_days = 7               # days the activity records (/api/activity) are kept; 0: none are made
+    activity_records = 50000        # activity records kept at most
     default_for_unknown = false     # true: a request naming no known model goes to the default (llama-server's way)
 
     [aliases]                       # extra names a client may send as `model`
@@ -89,6 +91,7 @@ Precedence: environment variables, then the optional TOML file
 | ``GGUF_STUDIO_MEMORY_BUDGET`` | ``2GiB`` (all models) or ``CPU=2GiB,CUDA0=20GiB``  |
 | ``GGUF_STUDIO_RPC_WORKERS`` | RPC workers, ``host:port,...`` (over ``rpc_workers``)  |
 | ``GGUF_STUDIO_MAX_BODY_BYTES`` | the largest request body, bytes (32 MiB)          |
+| ``GGUF_STUDIO_ACTIVITY_DAYS``  | days the activity records are kept (0: none)      |
 | ``GGUF_STUDIO_AUTO_DOWNLOAD`` | ``1``: loads download uncached Hugging Face models (off) |
 | ``GGML_RPC_SERVER_PATH`` | the ggml-rpc-server ``ggstudio rpc-worker`` runs        |
 """
@@ -387,6 +390,16 @@ CONFIG_KEYS: tuple[Option, ...] = (
         check=_slot_cache_disk,
     ),
     config_key(
+        "activity_days",
+        "number",
+        "Days each request's and load's activity record is kept (0: none is made)",
+        7.0,
+        least=0,
+        most=3650,
+        env="GGUF_STUDIO_ACTIVITY_DAYS",
+    ),
+    _positive_int("activity_records", "Activity records kept at most, the oldest dropped first", 50_000),
+    config_key(
         "default_for_unknown",
         "bool",
         "A request naming no known model goes to the default (llama-server's way)",
@@ -577,6 +590,8 @@ class Settings:
     auto_download: bool = False
     #: the answer limits of every model whose own table sets none (``max_tokens``, ``max_seconds``)
     sampling: Sampling = Sampling()
+    activity_days: float = 7.0  # how long activity records are kept; 0: none are made
+    activity_records: int = 50_000
 
     @property
     def models_dir(self) -> Path:
@@ -644,6 +659,8 @@ class Settings:
             allowed_hosts=values["allowed_hosts"],
             allow_any_path=values["allow_any_path"],
             sampling=Sampling(max_tokens=values["max_tokens"], max_seconds=values["max_seconds"]),
+            activity_days=values["activity_days"],
+            activity_records=values["activity_records"],
         )
 
 
@@ -702,9 +719,9 @@ def _env_values(env: Mapping[str, str], keys: Sequence[Option]) -> dict[str, Any
             value = env_flag(env, key.env)
         elif key.kind == "texts":
             value = tuple(item.strip() for item in text.split(key.env_sep) if item.strip())
-        elif key.kind == "int":
+        elif key.kind in ("int", "number"):
             try:
-                value = int(text)
+                value = int(text) if key.kind == "int" else float(text)
             except ValueError:
                 value = None
             if value is None or not (key.least or value) <= value <= (key.most or value):

@@ -5,7 +5,8 @@ to three places: the recent records in memory (what ``/api/activity`` answers fi
 shows), the live subscribers (``/api/activity/events``) and the batch for the database. The batch is
 handed to the history store's writer thread at most once a ``FLUSH_EVERY`` (a timer on the loop, no task
 per request), with the retention applied in the same transaction: the request never waits for the disk.
-A studio without a history keeps its records in memory only.
+A studio without a history keeps its records in memory only. One that makes none (``recording`` off: the
+config's ``activity_days = 0``) still reads and deletes what was kept before.
 
 Nothing of a request's body is kept unless a capture is on (``captures``): then its request and its
 answer's bytes are, bounded by the retention's ``capture_bytes``.
@@ -60,11 +61,13 @@ class Activity:
         *,
         retention: Retention | None = None,
         flush_every: float = FLUSH_EVERY,
+        recording: bool = True,
     ) -> None:
         self.manager = manager
         self.history = history
         self.retention = retention or Retention()
         self.flush_every = flush_every
+        self.recording = recording
         self.captures = CaptureSwitch()
         self.in_flight: dict[str, RequestTrace] = {}
         self.recent: deque[Kept] = deque(maxlen=RECENT)
@@ -76,7 +79,8 @@ class Activity:
         self._pending_captures: list[Capture] = []
         self._flush: asyncio.TimerHandle | None = None
         self.tracker = LoadTracker(manager, self._add, self.new_id)
-        manager.listeners.append(self.tracker.on_event)
+        if recording:
+            manager.listeners.append(self.tracker.on_event)
 
     def new_id(self) -> str:
         """A record id: unique in this studio's lifetime, and across restarts by its random prefix."""

@@ -225,6 +225,7 @@ def _serve_holding(
 
     def listeners() -> "Listeners":
         """The service around ``manager``: imported and built while the first model loads."""
+        from studio.activity.store import Retention
         from studio.chat.toolbox import Toolbox
         from studio.history.service import History
         from studio.http.app import create_app
@@ -250,6 +251,9 @@ def _serve_holding(
             history=History(settings.history_dir),
             hub_headers=header_cache(settings.home),
             not_found_hint=functools.partial(main_port_hint, ollama_port=ollama_port),
+            activity_kept=Retention(settings.activity_days * 86400, settings.activity_records)
+            if settings.activity_days > 0
+            else None,
         )
         ollama_app = create_ollama_app(app, api_token=token, access=access) if ollama_port is not None else None
         return Listeners(

@@ -21,6 +21,7 @@ from prometheus_client import CONTENT_TYPE_LATEST
 from studio import __version__
 from studio.activity.api import router as activity_router
 from studio.activity.recorder import Activity
+from studio.activity.store import Retention
 from studio.activity.trace import RequestTrace
 from studio.chat.toolbox import Toolbox
 from studio.history.api import router as history_router
@@ -74,6 +75,7 @@ def create_app(
     hub_headers: Path | None = None,
     not_found_hint: Callable[[Request], str | None] | None = None,
     load_options: Sequence[Option] = OPTIONS,
+    activity_kept: Retention | None = Retention(),
 ) -> FastAPI:
     """Return the service app around ``manager``; the ``preload`` models start loading at start-up, in order.
 
@@ -90,7 +92,8 @@ def create_app(
     searches and plans read (default: under the studio home, ``studio.library.hub_headers``). ``not_found_hint``
     adds to the 404 of a path the app does not serve (``ggstudio serve`` says where the Ollama API is:
     ``studio.http.clients.ollama_app.main_port_hint``, wired there so that this app knows nothing of that one).
-    ``load_options``: what ``/api/load`` and ``/api/plan`` take (``studio.load_options``).
+    ``load_options``: what ``/api/load`` and ``/api/plan`` take (``studio.load_options``). ``activity_kept``: how long
+    the activity records are kept (``studio.activity``); ``None``: none are made.
     ``app.state`` holds what the routes share (the manager, the metrics, the path policy, the body limit and, once
     started, the pooled upstream, the downloads and the toolbox): the Ollama listener's app shares
     it too (``studio.http.clients.ollama_app``).
@@ -133,7 +136,9 @@ def create_app(
     app.state.hub_headers = hub_headers or header_cache(studio_home())
     app.state.max_body_bytes = max_body_bytes  # the Ollama listener's limit too
     app.state.metrics = metrics = StudioMetrics(manager)
-    app.state.activity = activity = Activity(manager, history)
+    app.state.activity = activity = Activity(
+        manager, history, retention=activity_kept, recording=activity_kept is not None
+    )
     activity.listeners.append(_phases_to(metrics))
     app.state.router_loads = RouterLoads()
     app.state.stream_owners = StreamOwners()  # conv_id -> model, for /v1/stream (studio.http.router.streams)

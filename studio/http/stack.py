@@ -37,8 +37,10 @@ def stack(
     activity: Activity | None = None,
 ) -> None:
     """Put the studio's middleware around ``app``'s routes, and its error handlers in; call it once its routers are
-    included (the routes answered ahead are read from its table)."""
-    app.add_middleware(AheadRoutes, routes=app.router.routes, on_error=error_response, activity=activity)
+    included (the routes answered ahead are read from its table); ``activity`` records their requests, if it
+    records at all."""
+    recorder = activity if activity is not None and activity.recording else None
+    app.add_middleware(AheadRoutes, routes=app.router.routes, on_error=error_response, activity=recorder)
     app.add_middleware(BodySizeLimit, max_body_bytes=max_body_bytes, dialect_for=dialect_for)
     if api_token:
         app.add_middleware(BearerTokenMiddleware, token=api_token, dialect=dialect_for)
