@@ -188,7 +188,7 @@ def serve(port: int, conn: Connection, stand_in: int | None, ollama_port: int | 
         run_service(create_app(manager, preload=[load]), host="127.0.0.1", port=port, announce=announce)
 
 
-def stand_in_studio(upstream: int) -> tuple[FastAPI, StandInModel]:
+def stand_in_studio(upstream: int, recording: bool = True) -> tuple[FastAPI, StandInModel]:
     """The studio app in front of the stand-in llama-server on ``upstream``, and the model it routes to.
 
     Its manager is the tests' stand-in (``tests.standin_manager``): one ready resident
@@ -205,11 +205,14 @@ def stand_in_studio(upstream: int) -> tuple[FastAPI, StandInModel]:
     # a history database of its own, as ``ggstudio serve`` has: what the studio writes there (the activity
     # records) is in the CPU measured, its writer thread's included
     history = History(Path(tempfile.mkdtemp(prefix="bench-history-")))
-    return create_app(StandInManager(loaded), history=history), loaded  # type: ignore[arg-type]
+    if recording:
+        return create_app(StandInManager(loaded), history=history), loaded  # type: ignore[arg-type]
+    return create_app(StandInManager(loaded), history=history, activity_kept=None), loaded  # type: ignore[arg-type]
 
 
-def serve_stand_in(port: int, conn: Connection, upstream: int, ollama_port: int | None) -> None:
-    """The studio service (and its Ollama listener) in front of the stand-in llama-server on ``upstream``."""
+def serve_stand_in(port: int, conn: Connection, upstream: int, ollama_port: int | None, recording: bool = True) -> None:
+    """The studio service (and its Ollama listener) in front of the stand-in llama-server on ``upstream``; without
+    ``recording``, one that makes no activity records (the config's ``activity_days = 0``)."""
     from studio.http.server import run_service
 
     try:
@@ -217,7 +220,7 @@ def serve_stand_in(port: int, conn: Connection, upstream: int, ollama_port: int 
     except ModuleNotFoundError:  # a revision from before studio/http/ was split into folders (``--against``)
         from studio.http.ollama_app import create_ollama_app  # type: ignore[no-redef]
 
-    app, loaded = stand_in_studio(upstream)
+    app, loaded = stand_in_studio(upstream, recording)
     run_service(
         app,
         host="127.0.0.1",
@@ -227,6 +230,9 @@ def serve_stand_in(port: int, conn: Connection, upstream: int, ollama_port: int 
         ollama_port=ollama_port,
     )
 
+
+#: The path of ``--activity-off``'s studio.
+UNRECORDED = "no records /v1"
 
 #: The top-level packages an earlier revision's studio is imported from (its own, not this checkout's).
 PACKAGES = ("studio", "launcher", "gguf", "tests")
@@ -918,7 +924,15 @@ def main() -> int:
         metavar="REV",
         help="with --stand-in: also the studio of git revision REV, as the path 'REV /v1' (a before and after)",
     )
+    parser.add_argument(
+        "--activity-off",
+        action="store_true",
+        help="with --stand-in: also this studio making no activity records (activity_days = 0), as the path "
+        "'no records /v1': what recording costs, measured in the same run",
+    )
     args = parser.parse_args()
+    if args.activity_off and not args.stand_in:
+        raise SystemExit("--activity-off needs --stand-in")
     if args.against and not args.stand_in:
         raise SystemExit("--against needs --stand-in: an earlier studio is run in front of the stand-in")
     streams = [int(s) for s in args.streams.split(",")]
@@ -948,6 +962,14 @@ def main() -> int:
             daemon=True,
         )
         earlier = f"{rev} /v1", earlier_port, process, earlier_ours  # its path's name
+        helpers.append(process)
+    unrecorded: tuple[int, multiprocessing.process.BaseProcess, Connection] | None = None
+    if args.activity_off and stand_in is not None:
+        off_port, (off_ours, off_theirs) = free_port(), multiprocessing.Pipe()
+        process = spawn.Process(
+            target=serve_stand_in, args=(off_port, off_theirs, stand_in, free_port(), False), daemon=True
+        )
+        unrecorded = off_port, process, off_ours
         helpers.append(process)
     for process in (*helpers, service):
         process.start()
@@ -982,6 +1004,13 @@ def main() -> int:
             earlier_ours.recv()
             paths.append(Route(earlier_name, earlier_port, "/v1/chat/completions", {}, {}, V1_TOKEN, True, process.pid))
             baseline_of[earlier_name] = "direct"
+        if unrecorded is not None:
+            off_port, process, off_ours = unrecorded
+            if not off_ours.poll(120):
+                raise SystemExit("the studio without activity records did not start (its error, if any, is above)")
+            off_ours.recv()
+            paths.append(Route(UNRECORDED, off_port, "/v1/chat/completions", {}, {}, V1_TOKEN, True, process.pid))
+            baseline_of[UNRECORDED] = "direct"
         if not args.no_gui:
             paths += [
                 Route("direct+usage", up_port, "/v1/chat/completions", auth, usage, V1_TOKEN, False, service.pid),
@@ -1027,7 +1056,7 @@ def main() -> int:
             runs.append(asyncio.run(run_once(paths, baseline_of, streams, args.tokens, rounds)))
             if args.runs > 1:
                 print(f"run {i + 1}/{args.runs} done, load {psutil.getloadavg()[0]:.1f}", file=sys.stderr)
-        before = {earlier[0]} if earlier is not None else set()
+        before = ({earlier[0]} if earlier is not None else set()) | ({UNRECORDED} if unrecorded is not None else set())
         report(runs, paths, baseline_of, streams, before)
         if args.split and args.stand_in:
             from studio.http.wire.upstream import DEMAND_WINDOW
@@ -1036,16 +1065,18 @@ def main() -> int:
             for concurrency in sorted(CPU_OVER_FLOOR):
                 time.sleep(2 * DEMAND_WINDOW)  # a larger fan-out's spares are no longer wanted (see the docstring)
                 asyncio.run(cpu_split(split, concurrency, 16, 256, 4))
-            if args.requests:
-                time.sleep(2 * DEMAND_WINDOW)  # nor the last split's, for the CPU per request
         if args.requests:
+            if args.stand_in:  # the spares the rounds above wanted are let go: their renewals are no request's
+                from studio.http.wire.upstream import DEMAND_WINDOW
+
+                time.sleep(2 * DEMAND_WINDOW)
             at_once = 8
             measured = [p for p in paths if p.name in ("studio /v1", "floor py", "studio msgs") or p.name in before]
             # with --runs, each path is measured once a run, the paths taking turns, and the medians are printed:
             # one measurement of each, one after the other, moved by more than the differences it was to show
             per_path: dict[str, list[float]] = {p.name: [] for p in measured}
-            for _ in range(args.runs):
-                for p in measured:
+            for run in range(args.runs):
+                for p in measured if run % 2 == 0 else measured[::-1]:  # neither goes first every time
                     per_path[p.name].append(asyncio.run(cpu_per_request(p, args.requests, at_once)))
             figures = [f"{name} {statistics.median(ms):.3f}" for name, ms in per_path.items()]
             print(
@@ -1055,6 +1086,12 @@ def main() -> int:
             if args.runs > 1:
                 for name, ms in per_path.items():
                     print(f"    {name}: {' '.join(f'{m:.3f}' for m in ms)}")
+                for name in sorted(before):  # each run's ratio: the drift between runs hits both alike
+                    ratios = [a / b for a, b in zip(per_path["studio /v1"], per_path[name], strict=True)]
+                    print(
+                        f"    studio /v1 over {name}, run by run: {' '.join(f'{r:.3f}' for r in ratios)}; "
+                        f"median {statistics.median(ratios):.3f}"
+                    )
             if args.long_kb:
                 long = conversation(args.long_kb)
                 figures = [
