@@ -4,8 +4,10 @@ module docstring's example is a file the studio takes, naming every key."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import tomllib
+from collections.abc import Mapping
 from pathlib import Path
 from textwrap import dedent
 from typing import Any
@@ -70,6 +72,10 @@ ACCEPTED: dict[str, tuple[str, dict[str, Any]]] = {
         # b5a9904 kept 2.5 models, which the placement cannot count with: whole models, as group_size was
         {"residency.ttl": 0.5, "residency.max_resident": 2, "residency.busy_wait": 1.5, "residency.group_size": 2},
     ),
+    "whole residency numbers": (
+        "max_resident = 2\ngroup_size = 3\n",
+        {"residency.max_resident": 2, "residency.group_size": 3},
+    ),
     "no slot cache": ("slot_cache_disk = 0\n", {"residency.slot_cache_disk": 0}),
     'no slot cache, as "0"': ('slot_cache_disk = "0"\n', {"residency.slot_cache_disk": 0}),
     "a slot cache in bytes": ("slot_cache_disk = 1073741824\n", {"residency.slot_cache_disk": 2**30}),
@@ -79,7 +85,7 @@ ACCEPTED: dict[str, tuple[str, dict[str, Any]]] = {
     "empty tables": ("[aliases]\n[models]\n[mcp_servers]\n[tools]\n[tools.python]\n", {"aliases": {}}),
     "an empty model table": ("[models.m]\n", {"model_defaults.m.n_ctx": None}),
     "a fractional python timeout": ("[tools.python]\ntimeout = 0.5\n", {"tools.python.timeout": 0.5}),
-    "an integer python timeout": ("[tools.python]\ntimeout = 5\n", {"tools.python.timeout": 5}),
+    "an integer python timeout": ("[tools.python]\ntimeout = 5\n", {"tools.python.timeout": 5.0}),  # seconds
     "llama.cpp's spelling of a mode": (
         '[models.m]\nspec = "draft-mtp,ngram-mod"\n',
         {"model_defaults.m.spec": "mtp+ngram"},
@@ -107,13 +113,34 @@ def found(settings: Settings, path: str) -> Any:
     return value
 
 
+def typed(value: Any) -> Any:
+    """``value`` with the type of each part beside it, through dataclasses, mappings (any kind alike: a read-only
+    view is the dict it shows) and sequences: ``==`` on two of these tells ``1`` from ``1.0`` and ``True``, which
+    plain ``==`` takes as equal."""
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return type(value), tuple((f.name, typed(getattr(value, f.name))) for f in dataclasses.fields(value))
+    if isinstance(value, Mapping):
+        return Mapping, {k: typed(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return type(value), tuple(typed(v) for v in value)
+    return type(value), value
+
+
+def test_typed_tells_a_whole_float_from_an_integer_at_any_depth():
+    assert typed(1) != typed(1.0) and typed(1) != typed(True)
+    assert typed(MemoryBudget(total=2**31)) != typed(MemoryBudget(total=float(2**31)))
+    assert typed({"a": (1, "x")}) == typed({"a": (1, "x")}) and typed({"a": (1,)}) != typed({"a": (1.0,)})
+
+
 @pytest.mark.parametrize("name", ACCEPTED)
-def test_every_file_taken_before_is_still_taken(tmp_path, name):
-    """Regression for the reshaping onto pydantic: b5a9904's hand-written reader took each of these files."""
+def test_every_file_taken_before_is_still_taken_with_the_type_it_is_used_as(tmp_path, name):
+    """Regression for the reshaping onto pydantic: b5a9904's hand-written reader took each of these files. The
+    values are compared with their types: with ``==`` alone, ``1 == 1.0`` let ``max_resident = 1`` through as a
+    float, which the placement could not count with (a 500 on every eviction)."""
     text, expected = ACCEPTED[name]
     (tmp_path / "config.toml").write_text(text)
     settings = Settings.from_env({"GGUF_STUDIO_HOME": str(tmp_path)})
-    assert {path: found(settings, path) for path in expected} == expected
+    assert typed({path: found(settings, path) for path in expected}) == typed(expected)
 
 
 def example() -> str:
