@@ -18,6 +18,7 @@ file's own keys are rows of the same kind (``studio.settings.CONFIG_KEYS``), rea
 from __future__ import annotations
 
 import importlib
+import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -81,6 +82,9 @@ class Option:
     unknown: str | None = None
     env: str | None = None
     env_sep: str = ","  # a ``texts`` key's separator in its variable
+    #: an ``int`` key that also takes a fraction, read as the whole number below it: only the keys b5a9904 took
+    #: fractions for (``max_resident``, ``group_size``), so that every file it read is still read
+    floors: bool = False
 
     @property
     def flag(self) -> str | None:
@@ -104,13 +108,17 @@ class Option:
     def must(self, value: Any, *, name: str | None = None) -> str:
         """What a config file is told about a wrong ``value``; ``name``: what to call the key (a variable)."""
         text = self.wrong or _MUST[self.kind]
-        return text.format(
+        told = text.format(
             name=name or self.name,
             value=value,
             least=self.least or 0,
             most=self.most or 0,
             choices=", ".join(self.allowed()),
         )
+        if self.kind == "int" and isinstance(value, float):  # TOML's float, where an integer is asked for
+            within = (self.least is None or value >= self.least) and (self.most is None or value <= self.most)
+            return f"{told}, not {value!r}" + (f": write {value:.0f}" if value.is_integer() and within else "")
+        return told
 
 
 def joined(subject: str, text: str) -> str:
@@ -419,6 +427,8 @@ def _type(option: Option, parent: str) -> Any:
     if option.kind in ("table", "tables"):
         table = _model(option.table, f"{parent}_{option.name}")
         return table if option.kind == "table" else dict[str, table]  # type: ignore[valid-type]
+    if option.floors:  # the fraction is floored by ``_check``
+        return int | float
     return {
         "int": int,
         "number": float,
@@ -538,6 +548,8 @@ def _check(values: dict[str, Any], options: tuple[Option, ...], where: str, prob
         elif row.kind == "tables" and value is not None:
             for name, inner in value.items():
                 _check(inner, row.table, f"{_inside(where, key)[:-1]}.{name!r}]", problems)
+        if row.floors and isinstance(value, float):
+            values[key] = value = math.floor(value)
         if row.check is None or value is None:
             continue
         try:

@@ -374,13 +374,21 @@ CONFIG_KEYS: tuple[Option, ...] = (
         env="GGUF_STUDIO_MEMORY_BUDGET",
     ),
     replace(BY_NAME["ttl"], help="Seconds idle before a model is unloaded (0: never)", default="0", value=0),
-    _number("max_resident", "At most this many models at once", None, 1, 64),
+    config_key("max_resident", "int", "At most this many models at once", None, least=1, most=64, floors=True),
     config_key(
         "preload", "texts", "Models loaded at start, in this order", (), wrong="{name} must be a list of model names"
     ),
     _number("unload_grace", "Seconds an unload waits for requests in flight before it ends them", 10.0, 0, 3600),
     _number("busy_wait", "Seconds a load waits for busy models to go idle before a 503", 30.0, 0, 3600),
-    _number("group_size", "Requests a busy model still takes once a load waits for its memory (0: none)", 4, 0, 1000),
+    config_key(
+        "group_size",
+        "int",
+        "Requests a busy model still takes once a load waits for its memory (0: none)",
+        4,
+        least=0,
+        most=1000,
+        floors=True,
+    ),
     config_key(
         "slot_cache_disk",
         "size",
@@ -641,11 +649,11 @@ class Settings:
             residency=ResidencySettings(
                 memory_budget=values["memory_budget"],
                 ttl=values["ttl"],
-                max_resident=None if values["max_resident"] is None else int(values["max_resident"]),
+                max_resident=values["max_resident"],
                 preload=tuple(values["preload"]),
                 unload_grace=values["unload_grace"],
                 busy_wait=values["busy_wait"],
-                group_size=int(values["group_size"]),
+                group_size=values["group_size"],
                 slot_cache_disk=values["slot_cache_disk"],
                 default_for_unknown=values["default_for_unknown"],
             ),

@@ -46,7 +46,7 @@ def test_a_requests_own_values_win_over_the_models_which_win_over_the_studios():
     limits = [BY_NAME[k] for k in ("temperature", "top_k", "max_tokens")]
     assert config_problems({"temperature": "hot", "top_k": 1.5, "max_tokens": 0}, limits)[1] == [
         "temperature must be a number from 0 to 5",
-        "top_k must be an integer from 0 to 1000000",
+        "top_k must be an integer from 0 to 1000000, not 1.5",
         "max_tokens must be an integer from 1 to 16777216",
     ]
 

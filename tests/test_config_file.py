@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 
 import studio.settings
+from studio.load_options import Option
 from studio.settings import (
     CONFIG_KEYS,
     MCP_KEYS,
@@ -239,3 +240,59 @@ def test_max_resident_from_the_file_is_a_whole_number_the_placement_can_count_wi
     residency = Settings.from_env({"GGUF_STUDIO_HOME": str(tmp_path)}).residency
     assert type(residency.max_resident) is int and residency.max_resident == 1
     assert type(residency.group_size) is int and residency.group_size == 2
+
+
+def _whole_number_keys(rows: tuple[Option, ...] = CONFIG_KEYS, table: str = "") -> list[tuple[str, Option]]:
+    """Each ``int`` row of the file, by the table it is written in ("" at the top; a model's for ``[models.m]``)."""
+    found = []
+    for row in rows:
+        if row.kind == "int":
+            found.append((table, row))
+        elif row.kind in ("table", "tables"):
+            inner = f"{table}.{row.name}" if table else row.name
+            found += _whole_number_keys(row.table, f"{inner}.m" if row.kind == "tables" else inner)
+    return found
+
+
+def _written(table: str, key: str, value: Any) -> str:
+    return (f"[{table}]\n" if table else "") + f"{key} = {value!r}\n"
+
+
+def test_max_resident_and_group_size_are_ints_as_the_file_is_read_not_when_settings_are_built(tmp_path):
+    """Regression: both were number rows, read as floats, and made ints by an ``int()`` where ``Settings`` was
+    built; every other reader of the file's values got ``2.0``."""
+    values = read(tmp_path, "max_resident = 2\ngroup_size = 3\n", keys=CONFIG_KEYS)
+    assert typed((values["max_resident"], values["group_size"])) == typed((2, 3))
+
+
+@pytest.mark.parametrize(
+    "table, row", [pytest.param(t, r, id=f"{t or 'top'}.{r.name}") for t, r in _whole_number_keys()]
+)
+def test_every_whole_number_key_is_an_int_as_the_file_is_read(tmp_path, table, row):
+    """An ``int`` row is an ``int`` as the file is read; a fraction, or a whole float (TOML's ``2.0``), is refused,
+    naming the file, table and key and what to write, except where b5a9904 took a fraction (``floors``): read as
+    the number below it, so that each file it read is still read."""
+    least = int(row.least or 0)
+    path = [*table.split("."), row.name] if table else [row.name]
+    for written in (least, least + 0.5, float(least)):
+        text = _written(table, row.name, written)
+        if isinstance(written, int) or row.floors:
+            value: Any = read(tmp_path, text, keys=CONFIG_KEYS)
+            for step in path:
+                value = value[step]
+            assert typed(value) == typed(least)
+            continue
+        with pytest.raises(ValueError) as info:
+            read(tmp_path, text, keys=CONFIG_KEYS)
+        where = "[" + table.replace(".m", ".'m'") + "]: " if table else ""
+        said = str(info.value)
+        assert said.startswith(f"{tmp_path / 'config.toml'}: {where}{row.name} must be"), said
+        assert said.endswith(f", not {written!r}" + (f": write {least}" if written == least else "")), said
+
+
+def test_a_made_up_whole_number_row_that_floors_reads_a_fraction_as_an_int(tmp_path):
+    """A row is all it takes: the kind and ``floors`` say how the file's value is read, nowhere else."""
+    floors = config_key("made_up", "int", "A made-up count", 3, least=1, most=9, floors=True)
+    assert typed(read(tmp_path, "made_up = 2.5\n", keys=(*CONFIG_KEYS, floors))["made_up"]) == typed(2)
+    with pytest.raises(ValueError, match=r"made_up must be an integer from 1 to 9, not 2\.5$"):
+        read(tmp_path, "made_up = 2.5\n")  # MADE_UP: an int row that does not floor

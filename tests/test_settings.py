@@ -77,7 +77,7 @@ def test_the_ollama_listener_is_off_unless_a_port_is_given(tmp_path):
         ("memory_budget = 'lots'", "memory_budget: 'lots' is not a size"),
         ("memory_budget = {CPU = '-1GiB'}", "is not a size"),
         ("ttl = -5", "ttl must be a number from 0"),
-        ("max_resident = 0", "max_resident must be a number from 1"),
+        ("max_resident = 0", "max_resident must be an integer from 1 to 64"),
         ("preload = 'gemma'", "preload must be a list of model names"),
         ("[models.m]\nttl = -1", "[models.'m']: ttl must be a number from 0"),
         ("[models.m]\npinned = 'yes'", "pinned must be true or false"),
