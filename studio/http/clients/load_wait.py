@@ -23,7 +23,8 @@ restarts, and the request then gets the cause (a 502). A retry plans the model a
 free now: when another program took the room meanwhile, the request gets a 503 with ``Retry-After`` saying
 what the model needs and what holds the memory, instead of a restart that would die the same way. Bytes
 already on their way are not sent twice: a stream that broke off mid-answer ends with the dialect's error
-event.
+event. The page's chat (``studio.http.gui.gui_chat``) sends each model call of its tool loop through the same
+``Survival``, its answer llama-server's stream, which the chat reshapes into its own events.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import Awaitable, Callable
+from typing import Generic, TypeVar
 
 import structlog
 from starlette.responses import Response
@@ -58,6 +60,8 @@ RETRIES = 2
 
 #: What a request does with its model once it has it: returns the response (a stream, or a whole answer).
 Answer = Callable[[LoadedModel, Lease], Awaitable[Response]]
+#: What a ``Survival``'s request gets from its model's llama-server: a response, or (the page's chat) the upstream's.
+R = TypeVar("R")
 
 
 def loading_comment(name: str, share: float | None) -> bytes:
@@ -86,7 +90,7 @@ async def answer_when_loaded(
     the keep-alive line (default: the SSE comment). With ``detach`` a client that leaves during the wait leaves the
     request going (``LoadWait``).
     """
-    survival = _Survival(manager, model, answer, found=manager.acquire_now(model))
+    survival = Survival(manager, model, answer, _relay_opening, found=manager.acquire_now(model))
     waited = False  # the first ``FIRST_BEAT`` went by here, without a task: the keep-alive begins at once
     if survival.found is not None:  # ready: asked and waited for here; only an answer that has not begun gets a task
         try:
@@ -140,18 +144,19 @@ async def answer_surviving(
     One budget of ``RETRIES`` covers the request's whole life: deaths while its model loads and deaths once it
     was sent count alike, so a model that dies on every start is started at most ``RETRIES + 1`` times for it.
     """
-    return await _Survival(manager, model, answer, embeddings=embeddings, found=found).answered()
+    return await Survival(manager, model, answer, _relay_opening, embeddings=embeddings, found=found).answered()
 
 
 async def acquire_surviving(
-    manager: ModelManager, model: str | None, *, embeddings: bool = False
+    manager: ModelManager, model: str | None, *, embeddings: bool = False, retries: Retries | None = None
 ) -> tuple[LoadedModel, Lease]:
-    """``manager.acquire``, loading again when the load was killed (a load that fails on its own says so)."""
-    return await _acquire(manager, model, embeddings, _Retries())
+    """``manager.acquire``, loading again when the load was killed (a load that fails on its own says so), on the
+    budget of ``retries`` (default: a new one)."""
+    return await _acquire(manager, model, embeddings, retries or Retries())
 
 
-class _Retries:
-    """What is left of one request's ``RETRIES``."""
+class Retries:
+    """What is left of one request's ``RETRIES``: shared by its load and its sending (``Survival``)."""
 
     __slots__ = ("left",)
 
@@ -171,28 +176,38 @@ class _Retries:
         return True
 
 
-class _Survival:
+class Survival(Generic[R]):
     """One request on its way to an answer whose body has begun, sent again each time its llama-server dies first
-    (``answered``); ``acquired`` has the model's name while the request has it."""
+    (``answered``), on the budget of ``retries`` (default: a new one); ``acquired`` has the model's name while the
+    request has it.
 
-    __slots__ = ("acquired", "answer", "asked", "embeddings", "found", "manager", "model", "retries")
+    ``answer`` asks the model's llama-server; ``opening`` waits for what it returned to begin its body (``None``:
+    it began, or there is none to wait for). The forwarded routes' answer is a response (``answer_surviving``); the
+    page's chat asks for each model call of its tool loop, its answer llama-server's stream itself. Once
+    ``answered`` returns, the lease is the caller's; when it raises, every lease it held was let go.
+    """
+
+    __slots__ = ("acquired", "answer", "asked", "embeddings", "found", "manager", "model", "opening", "retries")
 
     def __init__(
         self,
         manager: ModelManager,
         model: str | None,
-        answer: Answer,
+        answer: Callable[[LoadedModel, Lease], Awaitable[R]],
+        opening: Callable[[R], Awaitable[None] | None],
         *,
         embeddings: bool = False,
         found: tuple[LoadedModel, Lease] | None = None,
+        retries: Retries | None = None,
     ) -> None:
-        self.manager, self.model, self.answer, self.embeddings = manager, model, answer, embeddings
+        self.manager, self.model, self.embeddings = manager, model, embeddings
+        self.answer, self.opening = answer, opening
         self.found = found
-        self.asked: Response | None = None  # asked of ``found``'s llama-server: its body may not have begun
+        self.asked: R | None = None  # asked of ``found``'s llama-server: its body may not have begun
         self.acquired: list[str] = []
-        self.retries = _Retries()
+        self.retries = retries or Retries()
 
-    async def answered(self) -> Response:
+    async def answered(self) -> R:
         """The response, once its body has begun: asked (again) until it does, or the retries run out."""
         while True:
             try:
@@ -203,7 +218,7 @@ class _Survival:
                 if not self.again(exc):
                     raise
 
-    async def ask(self) -> Response:
+    async def ask(self) -> R:
         """The response of the model's llama-server (the model acquired first, if need be): a stream's head is
         in, its body may not have begun."""
         if self.found is None:
@@ -217,21 +232,21 @@ class _Survival:
             raise
         return self.asked
 
-    async def _begun(self) -> Response:
-        """The response asked, once its body has begun; its llama-server dying first raises ``UpstreamDiedError``,
-        the response and the lease let go."""
+    async def _begun(self) -> R:
+        """The answer asked, once its body has begun; its llama-server dying first raises ``UpstreamDiedError``,
+        the answer (``opening`` closes it) and the lease let go."""
         asked, found = self.asked, self.found
         assert asked is not None and found is not None
-        if _unbegun(asked):
-            assert isinstance(asked, Relay)
+        opening = self.opening(asked)
+        if opening is not None:
             try:
-                await asked.first_bytes()
+                await opening
             except BaseException:
                 await found[1]()
                 raise
         return asked
 
-    async def begun_within(self, seconds: float) -> Response | None:
+    async def begun_within(self, seconds: float) -> R | None:
         """The response asked, if its body begins within ``seconds`` (as ``_begun`` gives it: a break before its
         first bytes raises); ``None``: not yet."""
         asked, found = self.asked, self.found
@@ -263,8 +278,13 @@ def _unbegun(response: Response) -> bool:
     return isinstance(response, Relay) and response.unbegun()
 
 
+def _relay_opening(response: Response) -> Awaitable[None] | None:
+    """The wait for a relayed answer's body to begin (``Relay.first_bytes``); ``None`` for any other response."""
+    return response.first_bytes() if isinstance(response, Relay) and response.unbegun() else None
+
+
 async def _acquire(
-    manager: ModelManager, model: str | None, embeddings: bool, retries: _Retries
+    manager: ModelManager, model: str | None, embeddings: bool, retries: Retries
 ) -> tuple[LoadedModel, Lease]:
     while True:
         try:
@@ -272,7 +292,7 @@ async def _acquire(
         except LoadError as exc:
             if not _killed_while_loading(exc):
                 raise
-            current().retrying(str(exc))  # as ``_Survival.again``: the request's record counts the death
+            current().retrying(str(exc))  # as ``Survival.again``: the request's record counts the death
             if not retries.another():
                 _given_up(exc)
                 raise

@@ -323,12 +323,16 @@ async def read_answer(resp: httpx.Response, lease: Lease, loaded: LoadedModel) -
 
 async def first_bytes(resp: httpx.Response, loaded: LoadedModel, lease: Lease) -> None:
     """Wait until the body of ``resp`` has begun: a stream's head comes before its prompt is read, its first bytes
-    after. A break before them raises ``unanswered``'s error (the request may be sent again), ``resp`` closed."""
+    after. A break before them raises ``unanswered``'s error (the request may be sent again); ``resp`` is closed
+    when the wait ends otherwise than with them (a cancelled one too: the caller has no response to close)."""
     try:
         await body_first_bytes(resp)
     except httpx.HTTPError as exc:
         await resp.aclose()
         raise await unanswered(exc, lease, loaded) from exc
+    except BaseException:
+        await resp.aclose()
+        raise
 
 
 async def unanswered(exc: httpx.HTTPError, lease: Lease, loaded: LoadedModel) -> StudioError:

@@ -28,7 +28,7 @@ than FastAPI's routing and ``StreamingResponse`` (``scripts/bench_proxy.py``).
 from __future__ import annotations
 
 import time
-from collections.abc import AsyncGenerator, AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable
 from typing import Any
 
 import anyio
@@ -51,14 +51,13 @@ from studio.errors import (
     ConversationNotFoundError,
     HistoryError,
     StudioError,
-    UpstreamDiedError,
     error_body,
 )
 from studio.history.api import history_of
 from studio.history.recorder import Turn as StoredTurn
 from studio.history.recorder import begin_turn, recorded
 from studio.http.ahead import ahead
-from studio.http.clients.load_wait import RETRIES, acquire_surviving
+from studio.http.clients.load_wait import Retries, Survival, acquire_surviving
 from studio.http.clients.openai_proxy import broke_off, first_bytes, prepare_chat_body, send_upstream, traced
 from studio.http.errors import answer_response, describe, openai_shape, validation_answer
 from studio.http.guards.model_paths import check_model_path
@@ -147,7 +146,8 @@ async def _chat(request: Request, body: ChatBody) -> Response:
     await preflight_chat(manager, payload)
     trace = await traced(request, body.model)
     trace.streaming()
-    loaded, lease = await acquire_surviving(manager, body.model)
+    retries = Retries()  # the load's and the first model call's: one request to llama-server
+    loaded, lease = await acquire_surviving(manager, body.model, retries=retries)
     trace.got_model(loaded.name)
     try:
         prepare_chat_body(payload, loaded)
@@ -162,34 +162,34 @@ async def _chat(request: Request, body: ChatBody) -> Response:
         messages: list[dict[str, Any]],
         offer: list[dict[str, Any]] | None,
     ) -> AsyncIterator[dict[str, Any] | Turn]:
-        """One streamed model call; the first uses the model acquired above, later ones acquire their own."""
-        own = held.pop() if held else await _acquire(manager, body.model)
+        """One streamed model call; the first uses the model acquired above, later ones acquire their own. Each is
+        sent again when its llama-server dies before the first byte of its answer (``Survival``)."""
         turn_body = {**payload, "messages": messages, "stream": True, "stream_options": {"include_usage": True}}
         if body.use_tools is not None:
             turn_body.pop("tool_choice", None)
             turn_body.pop("tools", None)
             if offer:
                 turn_body["tools"] = offer
+
+        async def ask(loaded: LoadedModel, lease: Lease) -> _Asked:
+            restored = await manager.warm(loaded, turn_body)  # a resumed conversation after an eviction: its slot
+            if trace.sent is None:  # the first model call: a tool loop's later calls are in its decode
+                trace.restoring(restored)
+                trace.sending()
+            return await send_upstream(request, loaded, "/v1/chat/completions", turn_body, lease), loaded, lease
+
+        first = held.pop() if held else None
+        own: tuple[LoadedModel, Lease] | None = None
         resp: httpx.Response | None = None
         try:
-            for attempt in range(RETRIES + 1):  # sent again when its llama-server died before answering
-                try:
-                    # a resumed conversation after an eviction: its slot first
-                    restored = await manager.warm(own[0], turn_body)
-                    if trace.sent is None:  # the first model call: a tool loop's later calls are in its decode
-                        trace.restoring(restored)
-                        trace.sending()
-                    resp = await send_upstream(request, own[0], "/v1/chat/completions", turn_body, own[1])
-                    if resp.status_code == 200:  # not a byte of the answer yet: a death until its first is survived
-                        await first_bytes(resp, *own)
-                    break
-                except UpstreamDiedError as exc:
-                    trace.retrying(exc.message)
-                    if attempt == RETRIES:
-                        raise
-                    await own[1]()
-                    own = await _acquire(manager, body.model)
-            assert resp is not None  # sent, or the last try raised
+            try:
+                sent = Survival(manager, body.model, ask, _opening, found=first, retries=retries if first else None)
+                asked = await sent.answered()
+                resp, own = asked[0], asked[1:]
+            except StudioError:
+                raise
+            except Exception as exc:  # a failed load mid-chat: an error event, not a broken stream
+                raise _turn_error(exc, "the model could not be loaded") from exc
             heal = tool_parameters(turn_body) if turn_body.get("tool_choice") != "none" else None
             template = own[0].template
             async for item in read_turn(
@@ -198,16 +198,17 @@ async def _chat(request: Request, body: ChatBody) -> Response:
                 counted.saw(own[0].name, item)
                 yield item
         except TurnError as exc:
-            if not isinstance(exc.__cause__, httpx.HTTPError):
+            if own is None or not isinstance(exc.__cause__, httpx.HTTPError):  # no ``own``: it was never sent
                 raise
             raise await _broken_stream(own, exc.__cause__) from exc
-        except StudioError as exc:  # refused before it reached llama-server (TurnError is one too: caught above)
+        except StudioError as exc:  # refused, or failed before its answer began (TurnError is one: caught above)
             raise _turn_error(exc) from exc
         finally:
             with anyio.CancelScope(shield=True):
                 if resp is not None:
                     await resp.aclose()
-                await own[1]()
+                if own is not None:  # else ``Survival`` let every lease go
+                    await own[1]()
 
     if body.use_tools is not None:
         limits = LoopLimits(**(body.tool_limits or ToolLimits()).model_dump())
@@ -316,11 +317,13 @@ async def _sse_events(events: AsyncIterator[dict[str, Any]], trace: RequestTrace
         await events.aclose()  # type: ignore[attr-defined]
 
 
-async def _acquire(manager: ModelManager, model: str | None) -> tuple[LoadedModel, Lease]:
-    try:
-        return await acquire_surviving(manager, model)
-    except Exception as exc:  # a failed load mid-chat: an error event, not a broken stream
-        raise _turn_error(exc, "the model could not be loaded") from exc
+#: A model call's answer as ``Survival`` hands it over: llama-server's stream, and the model and lease it is on.
+_Asked = tuple[httpx.Response, LoadedModel, Lease]
+
+
+def _opening(asked: _Asked) -> Awaitable[None] | None:
+    """The wait for a model call's stream to begin: a death before it is survived; none for an error answer."""
+    return first_bytes(*asked) if asked[0].status_code == 200 else None
 
 
 def _turn_error(exc: BaseException, doing: str | None = None) -> TurnError:
