@@ -73,12 +73,28 @@ class Tally:
                 self.examples[outcome] = example[:300]
 
 
-def classify_error(status: int | None, text: str, route: str) -> str:
+#: The error code of a request sent again after each death until its retries ran out (``RetriesSpentError``).
+RETRIES_SPENT = "retries_spent"
+
+
+def error_code(text: str, headers: httpx.Headers | None = None) -> str | None:
+    """The studio's code of an error answer: its ``X-Error-Code`` header (every dialect's answer has it; the
+    Anthropic and Ollama shapes have no field for it), else the OpenAI shape's ``code`` (a stream's error event)."""
+    if headers is not None and (code := headers.get("x-error-code")):
+        return code
+    try:
+        error = json.loads(text.removeprefix("data: ")).get("error")
+    except (ValueError, AttributeError):
+        return None
+    return error.get("code") if isinstance(error, dict) else None
+
+
+def classify_error(status: int | None, text: str, route: str, headers: httpx.Headers | None = None) -> str:
     """What an error answer to a request that had received nothing means (``status`` None: a stream's error event,
     told by its type)."""
     if "unloaded" in text:
         return "cut by an unload"
-    if "times under this request" in text:  # sent again after each death until its retries ran out
+    if error_code(text, headers) == RETRIES_SPENT:  # sent again after each death until its retries ran out
         return "given up after repeated deaths"
     if status == 503 or "server_busy" in text:
         return "refused as busy"
@@ -109,12 +125,12 @@ def ask(client: httpx.Client, url: str, ollama: str, tally: Tally, rng: random.R
         if resp.status_code == 200:
             tally.add("answered")
         else:
-            tally.add(classify_error(resp.status_code, resp.text, kind), resp.text)
+            tally.add(classify_error(resp.status_code, resp.text, kind, resp.headers), resp.text)
         return
     got_answer = False
     with client.stream("POST", target, json=body) as resp:
         if resp.status_code != 200:
-            tally.add(classify_error(resp.status_code, resp.read().decode(errors="replace"), kind))
+            tally.add(classify_error(resp.status_code, resp.read().decode(errors="replace"), kind, resp.headers))
             return
         chunks = 0
         for line in resp.iter_lines():

@@ -52,6 +52,7 @@ TABLE: Mapping[type[BaseException], Outcome] = {
     # studio
     s.UpstreamError: Outcome(502, "upstream_error", None, Exit.LLAMA_FAILED),
     s.UpstreamDiedError: Outcome(502, "upstream_error", "llama_server_died", Exit.LLAMA_FAILED),
+    s.RetriesSpentError: Outcome(502, "upstream_error", "retries_spent", Exit.LLAMA_FAILED),
     s.ModelNotFoundError: Outcome(404, "not_found_error", "model_not_found", Exit.NOT_FOUND, "model"),
     s.ModelNotResidentError: Outcome(404, "not_found_error", "model_not_resident", Exit.NOT_FOUND, "model"),
     s.BadRequestError: Outcome(400, _BAD, None),

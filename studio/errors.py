@@ -31,7 +31,8 @@
     ├── AlreadyRunningError                 another studio holds this studio home (studio.instance)
     ├── StudioHomeError (+OSError)          the studio home cannot be locked or written (a read-only folder)
     ├── UpstreamError                       llama-server failed or went away
-    │   └── UpstreamDiedError               it died before answering: the request is sent again (a few times)
+    │   ├── UpstreamDiedError               it died before answering: the request is sent again (a few times)
+    │   └── RetriesSpentError               it died under the request each time it was sent, until its retries ran out
     ├── AnsweredError                       another server answered with an error: its status and code, kept
     │   └── TurnError                       llama-server, to one model call of a chat (studio.chat.model_turn)
     └── CommandError                        a CLI command's own refusal: one line, a hint, an exit code
@@ -183,6 +184,16 @@ class UpstreamError(StudioError):
 
 class UpstreamDiedError(UpstreamError):
     """llama-server died under a request before the first byte of its answer."""
+
+
+class RetriesSpentError(UpstreamError):
+    """llama-server died under a request (or its load) each time it was sent, until its retries ran out: the model
+    keeps dying, where one more try would not help. ``tries``: the times it was sent (or loaded); the last death is
+    the ``__cause__``."""
+
+    def __init__(self, message: str, *, tries: int) -> None:
+        super().__init__(message)
+        self.tries = tries
 
 
 class AnsweredError(StudioError):

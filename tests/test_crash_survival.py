@@ -30,7 +30,7 @@ from starlette.responses import Response
 from launcher.devices import Inventory
 from launcher.diagnosis import exit_by_signal
 from launcher.errors import LoadError
-from studio.errors import BusyError, UpstreamDiedError, UpstreamError
+from studio.errors import BusyError, RetriesSpentError, UpstreamDiedError, UpstreamError
 from studio.http.clients.load_wait import RETRIES, Answer, acquire_surviving, answer_surviving
 from studio.http.errors import describe
 from studio.residency.lifecycle import ResidentState
@@ -70,8 +70,9 @@ def test_a_model_killed_on_every_load_is_loaded_at_most_once_per_retry(tmp_path,
             manager = fake_manager(tmp_path, children, real, {model: zoo_dir / f"{model}.gguf"})
             try:
                 # the error says it was tried again until the budget ran out, not only that it died
-                with pytest.raises(LoadError, match=rf"SIGKILL.*died {RETRIES + 1} times under this request"):
+                with pytest.raises(RetriesSpentError, match=rf"SIGKILL.*died {RETRIES + 1} times under this") as spent:
                     await answer_surviving(manager, model, never)
+                assert spent.value.tries == RETRIES + 1 and isinstance(spent.value.__cause__, LoadError)
             finally:
                 await manager.aclose()
             return children.starts
@@ -99,6 +100,34 @@ def _answer_once_killed(children: FakeChildren) -> Answer:
         return Response(b"answered")
 
     return answer
+
+
+def test_retries_spent_are_told_by_the_errors_code_not_only_by_its_message(tmp_path, real, zoo_dir):
+    """Regression: a request sent again until its retries ran out was told so only in its message (the soak
+    matched "times under this request"): a ``RetriesSpentError`` now, ``retries_spent`` in the answer's code."""
+    model = ZOO[0]
+
+    async def killed(loaded: LoadedModel, lease: Lease) -> Response:  # every time the request reaches it
+        assert children.supervisors[-1].crash()
+        raise UpstreamDiedError(f"llama-server died before it answered: {await lease.died(within=10)}")
+
+    async def run() -> RetriesSpentError:
+        try:
+            with pytest.raises(RetriesSpentError) as spent:
+                await answer_surviving(manager, model, killed)
+            return spent.value
+        finally:
+            await manager.aclose()
+
+    with fake_children() as children:
+        manager = fake_manager(tmp_path, children, real, {model: zoo_dir / f"{model}.gguf"})
+        spent = asyncio.run(run())
+    assert spent.tries == RETRIES + 1 and isinstance(spent.__cause__, UpstreamDiedError)
+    answer = describe(spent)
+    assert (answer.status, answer.type, answer.code) == (502, "upstream_error", "retries_spent"), answer
+    # the message still says what happened, to a person
+    assert "llama-server died before it answered" in answer.message, answer.message
+    assert f"it died {RETRIES + 1} times under this request" in answer.message, answer.message
 
 
 def test_a_restart_into_memory_another_program_took_answers_503_naming_it(tmp_path, real, zoo_dir):
@@ -431,7 +460,8 @@ def test_a_model_that_dies_on_every_start_gets_the_cause_not_a_wait_for_ever(stu
         thread.join()
     assert answer.status_code == 502, answer.text
     error = answer.json()["error"]
-    assert "killed by SIGKILL" in error["message"] and error["code"] == "killed", error
+    assert "killed by SIGKILL" in error["message"] and error["code"] == "retries_spent", error
+    assert answer.headers["x-error-code"] == "retries_spent"  # as the Anthropic and Ollama shapes' answers say it
     assert "exited with code" not in error["message"]  # not whatever log line came last
     loads = [argv for argv in started.values() if " -m " in argv]  # not the placement's `--list-devices` runs
     assert 1 <= len(loads) <= RETRIES + 1, loads  # one budget of retries for the request, not one per load

@@ -28,6 +28,7 @@ from studio.errors import (
     ModelNotFoundError,
     ModelNotResidentError,
     ModelUnloadedError,
+    RetriesSpentError,
     UpstreamError,
     WorkTimeoutError,
 )
@@ -63,6 +64,7 @@ from studio.http.guards.auth import BearerTokenMiddleware
         (DiskSpaceError("full disk"), 507, "insufficient_storage", None),
         (DownloadCancelledError("stop"), 499, "cancelled", None),
         (UpstreamError("gone"), 502, "upstream_error", None),
+        (RetriesSpentError("died 3 times", tries=3), 502, "upstream_error", "retries_spent"),
         (gguf.GGUFError("not a GGUF file"), 400, "invalid_request_error", "invalid_gguf"),
         (SpeculativeConfigError("warp"), 400, "invalid_request_error", "invalid_speculative"),
         (ExtraArgsError("--port", flags=["--port"]), 400, "invalid_request_error", "invalid_extra_args"),
@@ -89,6 +91,14 @@ def test_a_bug_is_not_described():
 def test_busy_says_when_to_retry_in_every_dialect():
     for dialect in ("openai", "anthropic", "ollama"):
         assert error_response(BusyError("full", retry_after=7), dialect).headers["retry-after"] == "7"
+
+
+def test_retries_spent_is_told_by_its_code_in_every_dialect():
+    """Regression: a request sent again until its retries ran out was told so only in its message; the Anthropic
+    and Ollama shapes have no field for a code, so every dialect's answer carries it in a header too."""
+    for dialect in ("openai", "anthropic", "ollama"):
+        assert error_response(RetriesSpentError("it died", tries=3), dialect).headers["x-error-code"] == "retries_spent"
+    assert "x-error-code" not in error_response(BadRequestError("bad"), "anthropic").headers  # none: none sent
 
 
 def test_the_three_shapes():

@@ -112,6 +112,10 @@ def anthropic_type(status: int) -> str:
     return ANTHROPIC_TYPES.get(status) or ("api_error" if status >= 500 else "invalid_request_error")
 
 
+#: The header an error answer carries its code in, in every dialect (``answer_response``).
+CODE_HEADER = "X-Error-Code"
+
+
 def openai_shape(answer: ErrorAnswer) -> dict[str, Any]:
     return error_body(answer.message, answer.type, answer.param, answer.code, **answer.extra)
 
@@ -137,8 +141,13 @@ def dialect_of(path: str) -> Dialect:
 
 
 def answer_response(answer: ErrorAnswer, dialect: Dialect) -> JSONResponse:
-    """``answer`` as a JSON response in ``dialect``'s shape."""
-    return JSONResponse(SHAPES[dialect](answer), answer.status, headers=dict(answer.headers or {}) or None)
+    """``answer`` as a JSON response in ``dialect``'s shape, its code in the ``X-Error-Code`` header too: the
+    Anthropic and Ollama shapes have no field for it, and a client of theirs can still tell one error from another
+    (``retries_spent``: the studio sent it again already, until its retries ran out)."""
+    headers = dict(answer.headers or {})
+    if answer.code:
+        headers[CODE_HEADER] = answer.code
+    return JSONResponse(SHAPES[dialect](answer), answer.status, headers=headers or None)
 
 
 def error_response(exc: BaseException, dialect: Dialect = "openai") -> JSONResponse | None:

@@ -39,7 +39,7 @@ from starlette.responses import Response
 
 from launcher.errors import LoadError
 from studio.activity.trace import current, error_message
-from studio.errors import BusyError, DoesNotFitError, StudioError, UpstreamDiedError
+from studio.errors import BusyError, DoesNotFitError, RetriesSpentError, StudioError, UpstreamDiedError
 from studio.http.errors import SHAPES, Dialect, ErrorAnswer, describe, stream_error_line
 from studio.http.wire.relay import LoadWait, Relay
 from studio.residency.manager import ModelManager
@@ -102,8 +102,7 @@ async def answer_when_loaded(
                 return begun
             waited = True
         except UpstreamDiedError as exc:
-            if not survival.again(exc):
-                raise
+            survival.again(exc)
     # its first step runs before this task can cancel it: a response asked above is closed there if need be
     task = asyncio.ensure_future(survival.answered())
     if not waited:
@@ -215,8 +214,7 @@ class Survival(Generic[R]):
                     await self.ask()
                 return await self._begun()
             except UpstreamDiedError as exc:
-                if not self.again(exc):
-                    raise
+                self.again(exc)
 
     async def ask(self) -> R:
         """The response of the model's llama-server (the model acquired first, if need be): a stream's head is
@@ -260,17 +258,19 @@ class Survival(Generic[R]):
             raise
         return asked
 
-    def again(self, died: UpstreamDiedError) -> bool:
-        """Whether the request is sent again after its llama-server ``died`` before any byte of the answer (it
-        takes a retry; the request's record counts the death either way)."""
+    def again(self, died: UpstreamDiedError) -> None:
+        """Get ready to send the request again after its llama-server ``died`` before any byte of the answer (it
+        takes a retry; the request's record counts the death either way).
+
+        Raises:
+            RetriesSpentError: its retries ran out.
+        """
         current().retrying(died.message)  # the last one, if it ends the request, is not counted as a retry
         if not self.retries.another():
-            _given_up(died)
-            return False
+            raise _given_up(died) from died
         log.warning("sending a request again: its llama-server died first", model=self.model, error=str(died))
         self.found = self.asked = None
         self.acquired.clear()  # loading again, until the model is back
-        return True
 
 
 def _unbegun(response: Response) -> bool:
@@ -294,8 +294,7 @@ async def _acquire(
                 raise
             current().retrying(str(exc))  # as ``Survival.again``: the request's record counts the death
             if not retries.another():
-                _given_up(exc)
-                raise
+                raise _given_up(exc) from exc
             log.warning("loading again: its llama-server was killed while loading", model=model, error=str(exc))
         except DoesNotFitError as exc:
             if not retries.taken:
@@ -304,13 +303,15 @@ async def _acquire(
             raise BusyError(f"{exc.message}; its llama-server died, and the memory it held is taken now") from exc
 
 
-def _given_up(exc: StudioError | LoadError) -> None:
-    """Say in ``exc`` that the request was sent again until its retries ran out: a client (and the soak) can tell
-    a model that keeps dying from a death that one more try would have survived."""
-    told = f"{exc.args[0]} (it died {RETRIES + 1} times under this request, which was sent again each time)"
-    exc.args = (told, *exc.args[1:])
-    if isinstance(exc, StudioError):
-        exc.message = told
+def _given_up(last: StudioError | LoadError) -> RetriesSpentError:
+    """The error of a request sent again until its retries ran out, ``last`` the death that ended it: a client (and
+    the soak) can tell a model that keeps dying from a death that one more try would have survived, by its code
+    (``retries_spent``); its message says why the last one died, and how many times it did."""
+    why = last.message if isinstance(last, StudioError) else str(last.args[0])
+    tries = RETRIES + 1
+    return RetriesSpentError(
+        f"{why} (it died {tries} times under this request, which was sent again each time)", tries=tries
+    )
 
 
 def _killed_while_loading(exc: LoadError) -> bool:
