@@ -226,7 +226,18 @@ def studio(listening) -> tuple[str, dict[str, str]]:
 
 
 def _server(env: dict[str, str]) -> psutil.Process:
-    return wait_for(lambda: (found := llama_servers(env)) and found[0], timeout=60, what="a llama-server")
+    """The llama-server of a model: not one of the placement's short ``--list-devices`` runs, which come first."""
+
+    def serving() -> psutil.Process | None:
+        for server in llama_servers(env):
+            try:
+                if "-m" in server.cmdline():
+                    return server
+            except psutil.NoSuchProcess:
+                continue
+        return None
+
+    return wait_for(serving, timeout=60, interval=0.01, what="a model's llama-server")
 
 
 def _fresh(url: str, env: dict[str, str]) -> psutil.Process:
