@@ -59,6 +59,7 @@ from studio.residency.slot_cache import SlotCache
 from studio.residency.steps import NOT_SERVING, LoadSteps
 from studio.residency.transaction import Key, Load, LoadStep, _Superseded
 from studio.residency.unloading import Unloading
+from studio.residency.waits import WaitObserver, Waits, observed
 from studio.settings import ModelDefaults, ResidencySettings
 
 log = structlog.get_logger(__name__)
@@ -213,11 +214,14 @@ class ModelManager(LoadSteps, Unloading):
         return None
 
     # -- requests ------------------------------------------------------------------------------
-    async def acquire(self, model: str | None, *, embeddings: bool = False) -> tuple[LoadedModel, Lease]:
+    async def acquire(
+        self, model: str | None, *, embeddings: bool = False, waits: Waits | None = None
+    ) -> tuple[LoadedModel, Lease]:
         """Return the model a request should use (loading it if needed) and the lease to release.
 
         An ``embeddings`` request gets an instance that embeds: the model's own when it does, else its
         embedding instance (the module docstring). A name with ``EMBEDDINGS_SUFFIX`` names that instance.
+        ``waits`` gives the observer told of each wait (``studio.residency.waits``), asked only if one comes.
 
         Raises:
             BusyError: too many requests wait already, or busy models hold the memory it needs.
@@ -234,16 +238,17 @@ class ModelManager(LoadSteps, Unloading):
             name = str(resident.settings.path)
         if name is None:
             raise BadRequestError("no model is loaded and the request names none; pass `model`", param="model")
+        seen = waits() if waits is not None else None
         try:
             if embeddings or name.endswith(EMBEDDINGS_SUFFIX):
-                return await self._queued(lambda: self._ready_embeddings(name))
-            return await self._queued(lambda: self._ready(name, None))
+                return await self._queued(lambda: self._ready_embeddings(name, seen))
+            return await self._queued(lambda: self._ready(name, None, seen))
         except ModelNotFoundError:
             fallback = self.default.name if self.default is not None else self._coming_default  # or the one loading
             if model is None or not self.residency.default_for_unknown or fallback is None or fallback == model:
                 raise
             log.info("an unknown model goes to the default", asked=model, model=fallback)
-            return await self.acquire(fallback, embeddings=embeddings)
+            return await self.acquire(fallback, embeddings=embeddings, waits=waits)
 
     def acquire_now(self, model: str | None, *, embeddings: bool = False) -> tuple[LoadedModel, Lease] | None:
         """The fast path of ``acquire``: the model and its lease when it is ready now, else ``None`` (no wait).
@@ -329,7 +334,7 @@ class ModelManager(LoadSteps, Unloading):
         finally:
             self._waiting -= 1
 
-    async def _ready_embeddings(self, model: str) -> tuple[LoadedModel, Lease]:
+    async def _ready_embeddings(self, model: str, seen: WaitObserver | None) -> tuple[LoadedModel, Lease]:
         """Wait for an instance of ``model`` that embeds and enter it: the model's own when it was given
         ``--embeddings`` (running, or configured so), else its embedding instance."""
         base = base_name(model)
@@ -339,12 +344,15 @@ class ModelManager(LoadSteps, Unloading):
             serving = chat is not None and chat.state not in NOT_SERVING
             own = chat.settings if chat is not None and serving else self._settings(LoadRequest(model=base), entry)
             if own.embeds:
-                return await self._ready(base, None)
+                return await self._ready(base, None, seen)
         name = embedding_name(base)
-        return await self._ready(name, LoadRequest(model=name, embeddings=True))
+        return await self._ready(name, LoadRequest(model=name, embeddings=True), seen)
 
-    async def _ready(self, model: str, request: LoadRequest | None) -> tuple[LoadedModel, Lease]:
-        """Wait until ``model`` is resident and ready (with ``request``'s settings, when given) and enter it.
+    async def _ready(
+        self, model: str, request: LoadRequest | None, seen: WaitObserver | None = None
+    ) -> tuple[LoadedModel, Lease]:
+        """Wait until ``model`` is resident and ready (with ``request``'s settings, when given) and enter it;
+        ``seen`` hears each wait: for its load, or queued while the ready model admits no new request.
 
         A request without settings takes the resident instance as it is, or joins the load in progress;
         an explicit load with other settings than the running instance's (or the loading one's) begins
@@ -358,18 +366,20 @@ class ModelManager(LoadSteps, Unloading):
             resident = self._residents.get(key)
             wanted = self._settings(request, entry) if request is not None else None
             if resident is not None and resident.state in GOING_AWAY and load is None:
-                await resident.wait_until({ResidentState.UNLOADED})  # evicted or unloading: then load it anew
+                gone = resident.wait_until({ResidentState.UNLOADED})  # evicted or unloading: then load it anew
+                await observed(seen, "load", resident.name, gone)
                 continue
             serving = resident is not None and resident.state not in NOT_SERVING
             if serving and resident is not None and (wanted is None or wanted == resident.settings):
                 if load is None or (wanted is None and resident.state is ResidentState.READY):
                     self._route(model, resident)
-                    state = await resident.wait_settled()
+                    coming = seen if resident.state is not ResidentState.READY else None  # a load or a restart
+                    state = await observed(coming, "load", resident.name, resident.wait_settled())
                     if state is ResidentState.READY:
                         try:
                             return resident.enter()
                         except NotReadyError:  # paused for a load that waits for its memory, or going away
-                            await self.changed()  # an admission event or a change of state
+                            await observed(seen, "queued", resident.name, self.changed())  # admission, state
                     elif state is ResidentState.FAILED:
                         raise resident.failure or StudioError(resident.error or f"{resident.name} failed")
                     continue
@@ -380,7 +390,7 @@ class ModelManager(LoadSteps, Unloading):
                 load.cancel(f"a later load of {entry.name} took this one's place", superseded=True)
                 load = self._begin(model, entry, request, after=load)
             try:
-                resident = await load.wait()
+                resident = await observed(seen, "load", load.entry.name, load.wait())
             except _Superseded:
                 request = None  # the later load's settings win: follow it, never fight it
                 continue
