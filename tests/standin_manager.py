@@ -130,7 +130,10 @@ class StandInManager:
         self.acquired += 1
         return self.model, StandInLease(self)
 
-    async def acquire(self, model: str | None, *, embeddings: bool = False) -> tuple[Any, StandInLease]:
+    async def acquire(
+        self, model: str | None, *, embeddings: bool = False, waits: Any = None
+    ) -> tuple[Any, StandInLease]:
+        """As ``acquire_now``: a request never waits, so ``waits`` is never asked (as on the real ready path)."""
         return self.acquire_now(model, embeddings=embeddings)
 
     def status(self) -> dict[str, Any]:

@@ -6,6 +6,9 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
+import pytest
+
+from studio import json_codec
 from studio.activity.recorder import as_record
 from studio.activity.store import Query, Retention, select, write_batch
 from studio.activity.trace import RequestTrace
@@ -59,3 +62,41 @@ def test_a_schema_3_database_keeps_its_records_and_drops_the_oldest_by_age_and_c
     assert [r["id"] for r in select(conn, Query())] == ["t-5", "t-4", "t-3"]  # t-2 ended 98 s ago
     write_batch(conn, [finished(6, now)], [], Retention(max_records=2), now)
     assert [r["id"] for r in select(conn, Query())] == ["t-6", "t-5"]
+
+
+def test_a_request_stored_before_waits_were_recorded_reads_back_with_its_phases_split_at_its_load() -> None:
+    """A row written before the waits were recorded: the state list ends at the load (its start 1 s in)."""
+    timings = {"prompt_n": 9, "prompt_ms": 100.0, "predicted_n": 4, "predicted_ms": 400.0}
+    load = {"id": "L1", "model": "gemma", "evicted": ["smollm"], "began_at": 1.0}
+    older = ["t-old", "/v1/chat/completions", "openai", "gemma", "agent/1", None, True, False, "gemma", 1.7e9, 0]
+    older += [200, "finished", None, [], timings, [3.0, 3.1, None, 3.7], load]
+    record = as_record(RequestTrace.from_state(json_codec.dumps(older)))
+
+    assert record["waits"] is None and record["load"] == {"id": "L1", "model": "gemma", "evicted": ["smollm"]}
+    # before the load began: queued; then the load; of the 0.6 s upstream, llama-server's own timings say 0.5
+    expected = {"queued": 1.1, "load_wait": 2.0, "prefill": 0.1, "decode": 0.4}
+    assert record["phases"] == pytest.approx(expected, abs=1e-9), record["phases"]
+
+
+def test_a_requests_waits_are_stored_and_read_back_with_their_phases(tmp_path: Path) -> None:
+    conn = open_database(tmp_path / "history.db")
+    trace = RequestTrace(
+        "t-w", "/v1/chat/completions", "openai", "m", None, None, True, time.perf_counter(), time.time()
+    )
+    trace.waiting("queued", "m")
+    trace.waited()
+    trace.waiting("load", "m")
+    trace.waited()
+    assert trace.waits is not None
+    trace.waits[-1][4] = "L7"  # the load record's id, as ``Activity.end`` finds it
+    trace.got_model("m")
+    trace.sending()
+    trace.answered(None, TAIL)
+    trace.finish()
+    write_batch(conn, [trace], [], Retention(), time.time())
+    [stored] = select(conn, Query())
+
+    assert [(w["for"], w["model"], w["load"]) for w in stored["waits"]] == [("queued", "m", None), ("load", "m", "L7")]
+    for read, kept in zip(stored["waits"], as_record(trace)["waits"], strict=True):
+        assert (read["began"], read["ended"]) == pytest.approx((kept["began"], kept["ended"]))
+    assert stored["phases"] == pytest.approx(as_record(trace)["phases"])

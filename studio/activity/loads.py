@@ -114,12 +114,13 @@ class LoadTracker:
             "memory": {"predicted": total("predicted"), "actual": total("actual")},
         }
 
-    def load_for(self, model: str | None, arrived: float, acquired: float | None) -> dict[str, Any] | None:
-        """The load of ``model`` that a request arriving at ``arrived`` and served at ``acquired`` waited for."""
-        if model is None or acquired is None:
-            return None
+    def load_during(self, model: str, began: float, ended: float | None) -> dict[str, Any] | None:
+        """The load of ``model`` that ended (ready or failed) while a request waited for it, from ``began`` to
+        ``ended`` (``perf_counter`` times; None: the wait goes on), the latest if several did (a restart)."""
         for load in reversed(self.recent):
-            if load["model"] == model and arrived <= load["ended_at"] <= acquired:
+            if load["model"] == model and began <= load["ended_at"] <= (
+                ended if ended is not None else load["ended_at"]
+            ):
                 return {
                     "id": load["id"],
                     "model": load["model"],

@@ -116,8 +116,11 @@ class Activity:
             CURRENT.reset(token)
         self.in_flight.pop(trace.id, None)
         trace.finish()
-        if self.tracker.recent:
-            trace.load = self.tracker.load_for(trace.model, trace.arrived, trace.acquired)
+        for wait in trace.waits or ():  # each load it waited for: the one of its model that ended meanwhile
+            if wait[0] == "load":
+                found = self.tracker.load_during(wait[3], wait[1], wait[2] if wait[2] is not None else trace.ended)
+                if found is not None:
+                    wait[4], trace.load = found["id"], found
         for listener in self.listeners:
             listener(trace)
         if trace.request_body is not None:
@@ -131,8 +134,9 @@ class Activity:
         """A request in flight as the live views show it: its phase now and since when."""
         now = time.perf_counter()
         first = trace.first_byte_now()
+        waiting = trace.waits[-1] if trace.waits and trace.waits[-1][2] is None else None
         if trace.acquired is None:
-            phase = "loading" if self._loading(trace.asked) else "queued"
+            phase = ("loading" if waiting[0] == "load" else "queued") if waiting else "queued"
         elif trace.sent is None:
             phase = "queued"
         elif first is None:
@@ -155,13 +159,6 @@ class Activity:
             "retries": len(trace.retried_after),
             "outcome": "in_flight",
         }
-
-    def _loading(self, model: str | None) -> bool:
-        """Whether a load of ``model`` (the default: any) is in progress now."""
-        for load in getattr(self.manager, "loads", ()):
-            if model is None or load.names(model):
-                return True
-        return False
 
     # -- records, subscribers, batches -------------------------------------------------------------
 

@@ -5,6 +5,11 @@ in a context variable (``CURRENT``), so the few places that know a moment (the m
 sent upstream, the end) set it without being handed the trace, the load-wait task included (a task copies its
 context). Outside a traced request ``current()`` is ``NO_TRACE``, which records nothing.
 
+Before the request has its model, the residency manager tells the trace what it waits for
+(``studio.residency.waits``): ``queued`` behind other requests, or a ``load`` of its model, each with its
+beginning and end; ``phases`` adds them up. Once sent, the time llama-server kept the request before its slot
+began is what its own ``timings`` do not account for: queued too (a model with its slots all busy).
+
 Times are ``time.perf_counter()`` values (the relay's first-byte time is one); ``wall`` turns them into
 epoch seconds against the pair taken at arrival. Nothing of the prompt is kept; the answer's last bytes
 are read once, at the end, for llama-server's ``timings`` and finish reason.
@@ -85,6 +90,9 @@ class RequestTrace:
     probe: Callable[[], float | None] | None = None  # the response's first-byte time while it streams
     request_body: bytes | None = None  # only while a capture wants it (``studio.activity.captures``)
     captured: int | None = None  # bytes of its capture, when one was kept
+    # each wait before it had its model: [what, began, ended (None: going on), model, load record id]; None: a
+    # record stored before waits were recorded, whose phases are inferred from its load's start
+    waits: tuple[list[Any], ...] | None = ()
 
     def first_byte_now(self) -> float | None:
         """When the answer's first bytes came, if they did yet (a stream in flight says so through ``probe``)."""
@@ -103,6 +111,21 @@ class RequestTrace:
         if self.acquired is None:
             self.acquired = time.perf_counter()
         self.model = name
+
+    def waiting(self, what: str, model: str) -> None:
+        """The request begins to wait for ``what`` (``queued``, ``load``) on ``model``; the same wait again, as
+        the manager looks once more after a change that was not the one it waits for, goes on as one."""
+        waits = self.waits or ()
+        last = waits[-1] if waits else None
+        if last is not None and last[0] == what and last[3] == model:
+            last[2] = None
+        else:
+            self.waits = (*waits, [what, time.perf_counter(), None, model, None])
+
+    def waited(self) -> None:
+        """The wait begun last ended."""
+        if self.waits and self.waits[-1][2] is None:
+            self.waits[-1][2] = time.perf_counter()
 
     def retrying(self, cause: str) -> None:
         """The attempt failed before any answer byte and will be sent again."""
@@ -175,24 +198,40 @@ class RequestTrace:
             self.outcome = "length"
 
     def phases(self) -> dict[str, float]:
-        """Seconds in each phase: queued, waiting for a load, prefill (to the first byte), decode."""
-        arrived, acquired = self.arrived, self.acquired if self.acquired is not None else self.ended
-        end = self.ended if self.ended is not None else time.perf_counter()
-        got = acquired if acquired is not None else end
-        load_began = self.load.get("began_at") if self.load else None
-        queued_until = got if load_began is None else min(got, max(arrived, load_began))
-        phases = {"queued": queued_until - arrived, "load_wait": got - queued_until, "prefill": 0.0, "decode": 0.0}
+        """Seconds in each phase: queued (behind other requests, in the studio or for a slot of llama-server),
+        waiting for a load, prefill (to the first byte), decode."""
+        arrived, end = self.arrived, self.ended if self.ended is not None else time.perf_counter()
+        got = self.acquired if self.acquired is not None else end
+        load_wait = self._load_wait(got)
+        phases = {"queued": got - arrived - load_wait, "load_wait": load_wait, "prefill": 0.0, "decode": 0.0}
         if self.sent is None or self.ended is None:
             return phases
-        if self.first_byte is not None:
-            phases["prefill"], phases["decode"] = self.first_byte - self.sent, max(0.0, end - self.first_byte)
-        elif self.timings and "prompt_ms" in self.timings:  # a whole answer: llama-server's own split of its time
+        t = self.timings or {}
+        prompt, slot = t.get("prompt_ms"), 0.0
+        if self.first_byte is not None:  # llama-server's first bytes come once its slot read the prompt
+            upstream = self.first_byte - self.sent
+            slot = 0.0 if prompt is None else max(0.0, upstream - prompt / 1000)
+            phases["prefill"], phases["decode"] = upstream - slot, max(0.0, end - self.first_byte)
+        elif prompt is not None:  # a whole answer: llama-server's own split of its time
             upstream = end - self.sent
-            prefill = min(upstream, self.timings["prompt_ms"] / 1000)
-            phases["prefill"], phases["decode"] = prefill, upstream - prefill
+            slot = max(0.0, upstream - (prompt + t.get("predicted_ms", 0.0)) / 1000)
+            prefill = min(upstream - slot, prompt / 1000)
+            phases["prefill"], phases["decode"] = prefill, upstream - slot - prefill
         else:
             phases["prefill"] = end - self.sent
+        phases["queued"] += slot
         return phases
+
+    def _load_wait(self, got: float) -> float:
+        """Seconds it waited for a load before ``got``: the recorded waits', or for a trace stored before those
+        were, the time from its load's start on."""
+        arrived, waits = self.arrived, self.waits
+        if waits is None:
+            began = self.load.get("began_at") if self.load else None
+            return 0.0 if began is None else got - min(got, max(arrived, began))
+        return sum(
+            max(0.0, min(got, w[2] if w[2] is not None else got) - max(arrived, w[1])) for w in waits if w[0] == "load"
+        )
 
     def state(self) -> list[Any]:
         """The finished trace as a list of JSON values, for the database: not the record (which is built on
@@ -201,7 +240,7 @@ class RequestTrace:
         if load is not None:
             load = {**load, "began_at": load["began_at"] - at}
         acquired, sent, first, ended = self.acquired, self.sent, self.first_byte, self.ended
-        return [  # in ``_STATE``'s order, then the times and the load
+        return [  # in ``_STATE``'s order, then the times, the load and the waits
             self.id,
             self.route,
             self.dialect,
@@ -225,6 +264,9 @@ class RequestTrace:
                 None if ended is None else ended - at,
             ],
             load,
+            None
+            if self.waits is None
+            else [[w[0], w[1] - at, None if w[2] is None else w[2] - at, *w[3:]] for w in self.waits],
         ]
 
     @classmethod
@@ -233,6 +275,7 @@ class RequestTrace:
         values = json_codec.loads(data)
         fields = dict(zip(_STATE, values, strict=False))
         times, load = values[len(_STATE)], values[len(_STATE) + 1]
+        waits = values[len(_STATE) + 2] if len(values) > len(_STATE) + 2 else None  # None: stored before waits
         trace = cls(
             **{k: fields[k] for k in _STATE[:6]}, generates=fields["generates"], arrived=0.0, wall0=fields["wall0"]
         )
@@ -241,6 +284,7 @@ class RequestTrace:
         trace.retried_after, trace.timings = tuple(fields["retried_after"]), fields["timings"]
         trace.acquired, trace.sent, trace.first_byte, trace.ended = times
         trace.load = load
+        trace.waits = None if waits is None else tuple(waits)
         return trace
 
     def filed_as(self) -> str:
@@ -283,6 +327,12 @@ class RequestTrace:
             },
             "phases": self.phases(),
             "load": None if self.load is None else {k: v for k, v in self.load.items() if k != "began_at"},
+            "waits": None
+            if self.waits is None
+            else [
+                {"for": w[0], "model": w[3], "began": self.wall(w[1]), "ended": self.wall(w[2]), "load": w[4]}
+                for w in self.waits
+            ],
             "tokens": tokens,
             "decode_tps": t.get("predicted_per_second"),
             "status": self.status,
@@ -336,6 +386,12 @@ class _NoTrace(RequestTrace):
     """Outside a traced request: every moment is dropped (nothing is ever set on it)."""
 
     def got_model(self, name: str) -> None:
+        pass
+
+    def waiting(self, what: str, model: str) -> None:
+        pass
+
+    def waited(self) -> None:
         pass
 
     def retrying(self, cause: str) -> None:

@@ -288,7 +288,7 @@ async def _acquire(
 ) -> tuple[LoadedModel, Lease]:
     while True:
         try:
-            return await manager.acquire(model, embeddings=embeddings)
+            return await manager.acquire(model, embeddings=embeddings, waits=current)  # its trace hears each wait
         except LoadError as exc:
             if not _killed_while_loading(exc):
                 raise
