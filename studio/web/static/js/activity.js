@@ -197,7 +197,8 @@ export class ActivityView {
       if (seconds <= 0) continue;
       const rect = svg("rect", { class: `phase phase-${phase}`, "data-phase": phase, x: x(at), y,
         width: Math.max(1.5, x(at + seconds) - x(at)), height: ROW });
-      bar.append(titled(rect, `${what} · ${PHASE_NAMES[phase]} ${ms(seconds)}`));
+      const load = phase === "load_wait" && r.load ? ` (the load of ${r.load.model}, ${r.load.id})` : "";
+      bar.append(titled(rect, `${what} · ${PHASE_NAMES[phase]} ${ms(seconds)}${load}`));
       at += seconds;
     }
     if (r.outcome === "error") {
