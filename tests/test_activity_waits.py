@@ -55,6 +55,13 @@ def in_background(base: str, model: str, content: str, **options: Any) -> thread
     return thread
 
 
+def queued_seconds(base: str, model: str) -> float:
+    """``/metrics``' total of ``model``'s chats' queued phase."""
+    name = f'ggstudio_request_phase_seconds_sum{{model="{model}",phase="queued",route="/v1/chat/completions"}} '
+    lines = httpx.get(f"{base}/metrics", timeout=30).text.splitlines()
+    return next((float(line[len(name) :]) for line in lines if line.startswith(name)), 0.0)
+
+
 def request_of(base: str, content_model: str, count: int) -> list[dict[str, Any]]:
     """The ``count`` request records of ``content_model``, oldest first, once all are in."""
     found = wait_records(
@@ -68,6 +75,7 @@ def test_a_request_behind_another_client_on_a_one_slot_model_shows_it_queued_not
     studio, base, stream
 ):
     loaded(studio, "smollm")
+    counted = queued_seconds(base, "smollm")
     first = in_background(base, "smollm", "Tell me a long story about a lighthouse.", **LONG)
     time.sleep(0.5)  # the first one has the slot
     chat(base, "smollm", [{"role": "user", "content": "Say hi."}], stream=stream)
@@ -83,6 +91,8 @@ def test_a_request_behind_another_client_on_a_one_slot_model_shows_it_queued_not
     assert before["phases"]["queued"] < 0.5 and before["phases"]["load_wait"] == 0, before["phases"]
     total = after["times"]["ended"] - after["times"]["arrived"]
     assert abs(sum(phases.values()) - total) < 0.05, (phases, total)
+    both = phases["queued"] + before["phases"]["queued"]
+    assert queued_seconds(base, "smollm") - counted == pytest.approx(both, abs=1e-3)  # /metrics has the same
 
 
 def test_a_request_that_forced_a_swap_waited_for_that_load_and_was_not_queued(studio, base):

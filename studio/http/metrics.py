@@ -301,7 +301,8 @@ class PhaseHistograms(Collector):
     def collect(self) -> Iterable[Metric]:
         family = HistogramMetricFamily(
             "ggstudio_request_phase_seconds",
-            "Seconds a generating request spent in each phase (queued, load_wait: waiting for its model's load, "
+            "Seconds a generating request spent in each phase (queued: behind other clients, for the model or a slot; "
+            "load_wait: waiting for its model's load, "
             "prefill: to the first byte, decode: from it to the end), by model and route",
             labels=["phase", "model", "route"],
         )
