@@ -429,6 +429,6 @@ NO_TRACE = _NoTrace("", "", "", None, None, None, False, 0.0, 0.0)
 CURRENT: ContextVar[RequestTrace] = ContextVar("gguf_studio_activity_trace", default=NO_TRACE)
 
 
-def current() -> RequestTrace:
-    """The trace of the request this code runs for (``NO_TRACE`` outside one)."""
-    return CURRENT.get()
+#: The trace of the request this code runs for (``NO_TRACE`` outside one): the variable's own ``get``, called a few
+#: times a request, without a Python frame around it.
+current: Callable[[], RequestTrace] = CURRENT.get
