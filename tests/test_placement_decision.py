@@ -14,14 +14,14 @@ import pytest
 from launcher.devices import Device, Inventory
 from launcher.planner import PlanRequest, plan
 from launcher.units import MIB
-from studio.residency.placement import Holder, Resident, Snapshot, decide, physical
+from studio.residency.placement import Holder, Rebalance, Resident, Snapshot, decide, physical, rebalance
 from studio.settings import MemoryBudget
 
 GIB = 1024 * MIB
 CTX = 1024
 
 
-def cpu_only(cores: int = 2) -> Inventory:
+def cpu_only(cores: int | None = 2) -> Inventory:
     return Inventory((Device("CPU", None, "Test CPU", 64 * GIB, 60 * GIB, "psutil", cores=cores),), ())
 
 
@@ -233,3 +233,52 @@ def test_a_lone_model_keeps_every_core_and_an_evicted_one_is_not_restarted(plann
     )
     decision = decide(snapshot, PlanRequest(n_ctx=CTX, spec="off"), planner)
     assert (decision.evict, decision.restart, decision.plan.threads) == (("a",), (), 2)
+
+
+def _cpu(name: str, threads: int | None, **flags: bool) -> Resident:
+    """A CPU resident of ``rebalance``'s rows: ready, restartable unless ``fixed``, with ``threads``."""
+    held = {"CPU": GIB}
+    return Resident(
+        Holder(name, held, held, 1.0, busy=flags.get("busy", False), pinned=flags.get("pinned", False)),
+        loading=flags.get("loading", False),
+        ready=not flags.get("loading", False),
+        going=flags.get("going", False),
+        on_cpu=not flags.get("gpu", False),
+        threads=threads,
+        restartable=not flags.get("fixed", False) and not flags.get("loading", False),
+    )
+
+
+@pytest.mark.parametrize(
+    "residents, cores, extra, expected",
+    [
+        # a model left: the one left alone with its share gets every core back
+        ([_cpu("a", 1)], 2, {}, Rebalance(restart=(("a", 2),))),
+        ([_cpu("a", 1, pinned=True)], 2, {}, Rebalance(restart=(("a", 2),))),  # a restart keeps it resident
+        ([_cpu("a", 1, busy=True)], 2, {}, Rebalance(once_idle=("a",))),  # busy: once its requests are done
+        ([_cpu("a", 2)], 2, {}, Rebalance()),  # it has every core
+        ([_cpu("a", None)], 2, {}, Rebalance()),  # every core by default
+        ([_cpu("a", 1, fixed=True)], 2, {}, Rebalance()),  # its threads were asked for
+        ([_cpu("a", 1), _cpu("b", 1)], 2, {}, Rebalance()),  # two on two cores: each has its share
+        ([_cpu("a", 1), _cpu("b", 1), _cpu("c", 1)], 2, {}, Rebalance()),  # three on two: nothing to give
+        ([_cpu("a", 1), _cpu("b", 1)], 4, {}, Rebalance(restart=(("a", 2), ("b", 2)))),  # the third of 4 left
+        ([_cpu("a", 1), _cpu("b", 2, fixed=True)], 4, {}, Rebalance(restart=(("a", 2),))),
+        ([_cpu("a", 1), _cpu("g", 1, gpu=True)], 2, {}, Rebalance(restart=(("a", 2),))),  # a GPU model shares none
+        # a load restarted none of a busy resident: it kept every core beside the new one; once idle it gets its share
+        ([_cpu("a", 2, busy=True), _cpu("b", 1)], 2, {}, Rebalance(once_idle=("a",))),
+        ([_cpu("a", 2), _cpu("b", 1)], 2, {}, Rebalance(restart=(("a", 1),))),
+        # a busy one above its share still runs its threads: the one below waits for them before it grows
+        ([_cpu("a", 4, busy=True), _cpu("b", 1)], 4, {}, Rebalance(once_idle=("a",))),
+        # a load in flight, or a resident starting or going: that load's decision owns the cores
+        ([_cpu("a", 1)], 2, {"loads": 1}, Rebalance()),
+        ([_cpu("a", 1), _cpu("b", 1, loading=True)], 2, {}, Rebalance()),
+        ([_cpu("a", 1), _cpu("b", 1, going=True)], 2, {}, Rebalance()),
+        ([_cpu("a", 1)], 2, {"max_resident": 2}, Rebalance()),  # max_resident divided them from the first load
+        ([_cpu("a", 1)], None, {}, Rebalance()),  # cores not counted
+    ],
+)
+def test_the_cores_are_divided_again_once_the_residents_changed(residents, cores, extra, expected):
+    """Without a load, once a model left or a busy one turned idle: a lone model gets every core back, one that
+    kept more than its share beside a newer one gets its share; busy ones wait until their requests are done."""
+    snapshot = Snapshot(inventory=cpu_only(cores=cores), residents=tuple(residents), **extra)  # type: ignore[arg-type]
+    assert rebalance(snapshot) == expected

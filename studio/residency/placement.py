@@ -280,6 +280,7 @@ class Snapshot:
     budget: MemoryBudget | None = None  # None: the planner's share of free memory
     reserve: int = 0  # the studio's own host memory, off a budget
     max_resident: int | None = None
+    loads: int = 0  # loads in flight, reserved or not: their decisions own the cores (``rebalance``)
 
     def room(self) -> Room:
         """The one room a model may take: the budget (less the studio's reserve) or free memory, less what the
@@ -385,6 +386,48 @@ class Cores:
             "loaded alone keeps every core until a load restarts it idle); max_resident divides them from the "
             "first load"
         )
+
+
+@dataclass(frozen=True)
+class Rebalance:
+    """What the cores' division asks once the residents changed without a load: restarts now, and later."""
+
+    restart: tuple[tuple[str, int], ...] = ()  # idle CPU residents to restart now with these --threads
+    once_idle: tuple[str, ...] = ()  # busy ones whose threads should change too: once their requests are done
+
+
+def rebalance(snapshot: Snapshot) -> Rebalance:
+    """Each CPU resident's share of the cores once a model left or a load ended, when no load is in flight.
+
+    Without ``max_resident`` the division follows the models on the CPU: a model left alone with its share
+    of the cores gets every core back (what a user expects of a lone model), and one that kept more than
+    its share beside a model loaded while it was busy gets its share once its requests are done, so that
+    residents busy at once never run more threads than there are cores. Only ready residents whose threads
+    were not asked for move; a load in flight, or a resident starting, going or restarting, decides
+    nothing here (that load's decision owns the cores; the division is looked at again once it ends).
+    """
+    cores = snapshot.inventory.cpu.cores
+    on_cpu = [r for r in snapshot.residents if r.on_cpu]
+    if snapshot.max_resident is not None or not cores or not on_cpu or snapshot.loads or snapshot.reservations:
+        return Rebalance()
+    if any(r.loading or r.going for r in on_cpu):
+        return Rebalance()
+    share = max(1, cores // len(on_cpu))
+    held = {r.holder.name: r.threads or cores for r in on_cpu}
+    movable = [r for r in on_cpu if r.restartable]
+    # more threads than cores: those above their share come down to it
+    over = [r for r in movable if held[r.holder.name] > share] if sum(held.values()) > cores else []
+    after = {**held, **{r.holder.name: share for r in over}}
+    under = [r for r in movable if held[r.holder.name] < share]
+    if under:  # the cores the rest hold now (a busy one above its share still runs its threads) are left
+        rest = sum(held[r.holder.name] if r.holder.busy else after[r.holder.name] for r in on_cpu if r not in under)
+        each = min(share, (cores - rest) // len(under))
+        after.update({r.holder.name: each for r in under if each > held[r.holder.name]})
+    moves = [(r, after[r.holder.name]) for r in movable if after[r.holder.name] != held[r.holder.name]]
+    return Rebalance(
+        restart=tuple((r.holder.name, n) for r, n in moves if not r.holder.busy),
+        once_idle=tuple(r.holder.name for r, _ in moves if r.holder.busy),
+    )
 
 
 def decide(snapshot: Snapshot, request: PlanRequest, plan: PlanFn) -> Decision:
