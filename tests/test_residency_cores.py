@@ -8,6 +8,7 @@ cores) cut Gemma's generation to a fraction of its rate at one thread each (docs
 from __future__ import annotations
 
 import asyncio
+import time
 
 import httpx
 import psutil
@@ -51,6 +52,67 @@ def test_a_second_model_on_the_cpu_restarts_the_first_with_its_share(tmp_path, r
     asyncio.run(run())
 
 
+async def _until(check, timeout: float = 10.0) -> None:
+    """Wait until ``check()`` holds (the division of the cores happens after the change that asked for it)."""
+    async with asyncio.timeout(timeout):
+        while not check():
+            await asyncio.sleep(0.01)
+
+
+def test_a_model_left_alone_gets_every_core_back(tmp_path, real, zoo_dir):
+    """Regression: the first resident, restarted with its share beside a second, kept that share after the
+    second was unloaded: a lone model on half the cores."""
+    a, b = ZOO[:2]
+    models = {name: zoo_dir / f"{name}.gguf" for name in (a, b)}
+
+    async def run() -> None:
+        with fake_children() as children:
+            manager = fake_manager(tmp_path, children, real, models, discover=two_cores)
+            await manager.load(LoadRequest(model=a))
+            await manager.load(LoadRequest(model=b))
+            shared = manager.find(a)
+            assert shared is not None and shared.plan.threads == 1
+            await manager.unload(b)
+            await _until(
+                lambda: (r := manager.find(a)) is not None and r.plan.threads == 2 and r.state.value == "ready"
+            )
+            again = manager.find(a)
+            assert again is not None and again is not shared and shared.why == "restart"
+            assert (
+                again.plan.reasons[-1]
+                == "threads: 2, its share of the cores once the models beside it on the CPU changed"
+            )
+            assert children.starts == {f"{a}.gguf": 3, f"{b}.gguf": 1} and len(children.running()) == 1
+            await manager.aclose()
+
+    asyncio.run(run())
+
+
+def test_a_busy_model_left_alone_gets_every_core_back_once_idle(tmp_path, real, zoo_dir):
+    """Its request is never cut for the restart: the model is restarted once the request ended."""
+    a, b = ZOO[:2]
+    models = {name: zoo_dir / f"{name}.gguf" for name in (a, b)}
+
+    async def run() -> None:
+        with fake_children() as children:
+            manager = fake_manager(tmp_path, children, real, models, discover=two_cores)
+            await manager.load(LoadRequest(model=a))
+            await manager.load(LoadRequest(model=b))
+            _, lease = await manager.acquire(a)
+            shared = manager.find(a)
+            await manager.unload(b)
+            await asyncio.sleep(0.2)
+            assert manager.find(a) is shared and shared is not None and shared.state.value == "ready"
+            assert lease.interruption is None
+            await lease()
+            await _until(
+                lambda: (r := manager.find(a)) is not None and r.plan.threads == 2 and r.state.value == "ready"
+            )
+            await manager.aclose()
+
+    asyncio.run(run())
+
+
 def _threads() -> dict[str, int]:
     """``--threads`` of each llama-server this test started, by its model file's name."""
     out = {}
@@ -89,5 +151,37 @@ def test_two_real_models_on_the_cpu_never_run_more_threads_than_cores(
         turn2 = [*turn1, first["choices"][0]["message"], {"role": "user", "content": "And what is the cat called?"}]
         again = _chat(s.url, "smollm", turn2)
         assert again["choices"][0]["message"]["content"]
+        conversation = again["timings"]["prompt_n"] + again["timings"].get("cache_n", 0)
+        assert again["timings"].get("cache_n", 0) >= 0.9 * conversation, again["timings"]  # its slot came back
+
+
+def _until_threads(expected: dict[str, int], timeout: float = 120.0) -> dict[str, int]:
+    """Wait until the llama-servers this test started run ``expected`` threads; what they run then."""
+    deadline = time.monotonic() + timeout
+    while (threads := _threads()) != expected and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return threads
+
+
+@pytest.mark.slow
+def test_a_real_model_left_alone_gets_every_core_back_and_its_conversation(
+    tmp_path, llama_server_bin, smollm_model, gemma_model
+):
+    """SmolLM2 restarted with its share beside Gemma gets every core back once Gemma is unloaded; its next turn
+    reads most of its prompt from the slot saved as it stopped."""
+    cache = SlotCache(tmp_path / "slots", binary=llama_server_bin, disk_budget=1 << 30)
+    defaults = {name: ModelDefaults(n_ctx=2048, spec="off") for name in ("smollm", "gemma")}
+    models = {"smollm": smollm_model, "gemma": gemma_model}
+    turn1 = [{"role": "user", "content": f"{STORY}\nWho is the story about? Answer in one short sentence."}]
+    cores = usable_cores()
+    with running_studio(tmp_path, llama_server_bin, models, defaults=defaults, slot_cache=cache) as s:
+        first = _chat(s.url, "smollm", turn1)
+        _chat(s.url, "gemma", [{"role": "user", "content": "Say hi."}])
+        shared = _threads()
+        assert len(shared) == 2 and sum(shared.values()) <= max(cores, 2), shared
+        httpx.post(f"{s.url}/api/unload", json={"model": "gemma"}, timeout=60).raise_for_status()
+        assert _until_threads({"smollm.gguf": cores}) == {"smollm.gguf": cores}
+        turn2 = [*turn1, first["choices"][0]["message"], {"role": "user", "content": "And what is the cat called?"}]
+        again = _chat(s.url, "smollm", turn2)
         conversation = again["timings"]["prompt_n"] + again["timings"].get("cache_n", 0)
         assert again["timings"].get("cache_n", 0) >= 0.9 * conversation, again["timings"]  # its slot came back

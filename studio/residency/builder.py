@@ -108,11 +108,13 @@ class Builder:
             before_stop=None if self.slot_cache is None or placed.settings.embeddings else self.slot_cache.save,
         )
 
-    def restarted(self, old: ResidentModel, threads: int) -> ResidentModel:
+    def restarted(self, old: ResidentModel, threads: int, *, why: str) -> ResidentModel:
         """``old``'s model again (not started) with ``threads``: its settings, lifetime, callbacks and saved slots
-        (the slot folder's key leaves threads out, so its conversations are restored)."""
-        why = f"threads: {threads}, its share of the cores once another model on the CPU loaded beside it"
-        plan = replace(old.plan, threads=threads, reasons=(*old.plan.reasons, why))
+        (the slot folder's key leaves threads out, so its conversations are restored). ``why`` ends its plan's
+        reason: "threads: N, its share of the cores " + ``why``."""
+        reason = f"threads: {threads}, its share of the cores {why}"
+        kept = tuple(r for r in old.plan.reasons if not r.startswith("threads: "))  # a restart's reason replaces
+        plan = replace(old.plan, threads=threads, reasons=(*kept, reason))
         command = self.command_for(plan, embeddings=old.settings.embeddings)
         return self._made(
             plan,

@@ -132,6 +132,8 @@ class ModelManager(LoadSteps, Unloading):
         self._preloading: asyncio.Task[None] | None = None  # ``start_preload``'s, until ``aclose`` ends it
         self._placement = asyncio.Lock()
         self._changed = asyncio.Event()  # set whenever a resident model goes idle, changes state or goes
+        self._cores_due, self._once_idle = False, frozenset[str]()  # ``steps.LoadSteps._cores_changed``
+        self._rebalancing: asyncio.Task[None] | None = None  # restarts residents with their share of the cores
         self._waiting = 0
         self._last_extra_args: dict[Path, tuple[str, ...]] = {}
         self.counters = {"loads": 0, "evictions": 0, "load_failures": 0}
@@ -441,6 +443,7 @@ class ModelManager(LoadSteps, Unloading):
             load.move(LoadStep.UNDONE)  # cancelled before it touched anything
         if self._loads.get(load.settings.key) is load:
             del self._loads[load.settings.key]
+        self._cores_changed(None)
         self._notify()
 
     def _check_open(self) -> None:
@@ -491,6 +494,7 @@ class ModelManager(LoadSteps, Unloading):
                 del self._residents[resident.settings.key]
             for name in [n for n, r in self._routes.items() if r is resident]:
                 del self._routes[name]
+        self._cores_changed(resident)
         self._notify()
 
     async def warm(self, loaded: LoadedModel, body: Mapping[str, Any]) -> int:

@@ -51,6 +51,7 @@ class Placer:
     work_timeout: float
     own_memory: Callable[[], int] | None = None  # the studio's RSS now; None: no reserve (a manager inside a test)
     spec_measurements: Path | None = None  # ``bench-spec``'s results, which ``auto`` follows
+    seen: Inventory | None = None  # the devices the last placement read: ``now`` divides their cores
 
     @property
     def reserve(self) -> int:
@@ -76,6 +77,7 @@ class Placer:
             gguf.read, settings.path, timeout=self.work_timeout, what=f"reading {settings.path.name}"
         )
         inventory = await run_blocking(self.discover_devices, timeout=self.work_timeout, what="listing devices")
+        self.seen = inventory
         projector = (
             await run_blocking(
                 gguf.read, settings.mmproj, timeout=self.work_timeout, what=f"reading {settings.mmproj.name}"
@@ -113,6 +115,19 @@ class Placer:
             placement.decide, snapshot, request, plan, timeout=self.work_timeout, what=f"planning {info.path.name}"
         )
         return Placed(**vars(decision), model=model, settings=settings)
+
+    def now(self, residents: Sequence[ResidentModel], *, loads: int) -> Snapshot | None:
+        """The residents as they are, on the devices the last placement read (None before any): what
+        ``placement.rebalance`` divides the cores by between loads. It reads no memory, so no device is asked again
+        (a machine's cores do not change between two loads)."""
+        if self.seen is None:
+            return None
+        return Snapshot(
+            inventory=self.seen,
+            residents=tuple(_seen(r, going=False, kin=False) for r in residents if r.state in HOLDS_MEMORY),
+            max_resident=self.residency.max_resident,
+            loads=loads,
+        )
 
 
 def _seen(r: ResidentModel, *, going: bool, kin: bool, restarting: bool = False) -> placement.Resident:

@@ -57,6 +57,10 @@ class LoadSteps:
     _settings: Callable[[LoadRequest, CatalogEntry], LoadSettings]
     _on_resident_change: Callable[[ResidentModel], None]
     _events: Narrator
+    _closing: bool
+    _cores_due: bool  # a CPU resident left, a load ended, or one waiting for its share turned idle
+    _once_idle: frozenset[str]  # busy residents whose threads change once their requests are done
+    _rebalancing: asyncio.Task[None] | None
 
     async def _transact(self, load: Load) -> ResidentModel:
         """Check, reserve, start; return the ready resident. Raises what refused or failed the load."""
@@ -131,7 +135,7 @@ class LoadSteps:
                     why="evicted" if victim is not load.replacing else "restart",
                 )
             for old, threads in load.restarts:
-                await self._restart_with(old, threads, for_model=load.entry.name)
+                await self._restart_with(old, threads, why=f"once {load.entry.name} loaded beside it on the CPU")
             resident = self._new_resident(load, placed, command)
         except BaseException:
             command.cleanup()
@@ -191,13 +195,12 @@ class LoadSteps:
             out.append((r, threads))
         return tuple(out)
 
-    async def _restart_with(self, old: ResidentModel, threads: int, *, for_model: str) -> None:
-        """Restart the idle ``old`` with ``threads``: its slots are saved as it stops and restored when its
-        conversation continues; requests for it wait for the new instance. A failed restart fails only it."""
-        log.info(
-            "restarting idle model with its share of the cores", model=old.name, threads=threads, for_model=for_model
-        )
-        new = self.builder.restarted(old, threads)
+    async def _restart_with(self, old: ResidentModel, threads: int, *, why: str) -> None:
+        """Restart the idle ``old`` with ``threads``, its share of the cores ``why``: its slots are saved as it stops
+        and restored when its conversation continues; requests for it wait for the new instance. A failed restart
+        fails only it."""
+        log.info("restarting idle model with its share of the cores", model=old.name, threads=threads, why=why)
+        new = self.builder.restarted(old, threads, why=why)
         new.before_restart = functools.partial(self._room_to_restart, new)
         self._residents[old.settings.key] = new  # requests waiting for the old instance find this one
         for name in [n for n, r in self._routes.items() if r is old]:
@@ -208,6 +211,44 @@ class LoadSteps:
             new.start()
         if await new.wait_settled() is not ResidentState.READY:
             log.warning("the restart with a share of the cores failed", model=old.name, error=new.error)
+
+    def _cores_changed(self, resident: ResidentModel | None) -> None:
+        """Divide the cores again (``_rebalance``) once a CPU resident left, a load ended (``resident`` None), or a
+        resident waiting for its share turned idle; never while a load is in flight (its decision owns them)."""
+        if resident is None or (resident.state in NOT_SERVING and resident.plan.layers_on_cpu):
+            self._cores_due = True
+        elif resident.name in self._once_idle and resident.idle and resident.state is ResidentState.READY:
+            self._cores_due = True
+        self._rebalance_soon()
+
+    def _rebalance_soon(self, *_: object) -> None:
+        running = self._rebalancing is not None and not self._rebalancing.done()
+        if self._cores_due and not self._loads and not self._closing and not running:
+            self._cores_due = False
+            self._rebalancing = asyncio.create_task(self._rebalance(), name="divide the cores")
+            self._rebalancing.add_done_callback(self._rebalance_soon)  # what changed meanwhile
+
+    async def _rebalance(self) -> None:
+        """Restart the idle CPU residents ``placement.rebalance`` names with their share of the cores, under the
+        placement lock: a load that comes meanwhile decides once they are back. Busy ones it names are looked at
+        again when they turn idle."""
+        async with self._placement:
+            residents = sorted(self._residents.values(), key=lambda r: r.created)
+            snapshot = self.placer.now(residents, loads=len(self._loads))
+            change = placement.rebalance(snapshot) if snapshot is not None else placement.Rebalance()
+            self._once_idle = frozenset(change.once_idle)
+            restarts = [
+                (r, threads)
+                for name, threads in change.restart
+                if (r := self.find(name)) is not None
+                and r.state is ResidentState.READY
+                and r.idle
+                and r.admission is Admission.ACCEPTING
+            ]
+            for r, threads in restarts:  # paused at once: no request enters between the snapshot and its restart
+                r.pause(reason=f"it restarts with {threads} thread(s), its share of the cores")
+            for r, threads in restarts:
+                await self._restart_with(r, threads, why="once the models beside it on the CPU changed")
 
     def _commit(self, load: Load, resident: ResidentModel) -> None:
         """The new resident is ready: route it, remember its extra flags, let the paused models serve on."""

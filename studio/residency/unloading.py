@@ -27,6 +27,7 @@ class Unloading:
     _loads: dict[Key, Load]
     _closing: bool
     _preloading: asyncio.Task[None] | None
+    _rebalancing: asyncio.Task[None] | None
     find: Callable[[str], ResidentModel | None]
 
     async def unload(self, model: str | None = None, *, grace: float | None = None) -> None:
@@ -96,6 +97,9 @@ class Unloading:
             self._preloading.cancel()
             await asyncio.gather(self._preloading, return_exceptions=True)
         self._closing = True
+        if self._rebalancing is not None:  # a restart with a share of the cores: its new instance is unloaded below
+            self._rebalancing.cancel()
+            await asyncio.gather(self._rebalancing, return_exceptions=True)
         await self._cancel(list(self._loads.values()), "the studio is shutting down while {} was loading")
         await asyncio.gather(
             *(
