@@ -282,3 +282,25 @@ def test_the_cores_are_divided_again_once_the_residents_changed(residents, cores
     kept more than its share beside a newer one gets its share; busy ones wait until their requests are done."""
     snapshot = Snapshot(inventory=cpu_only(cores=cores), residents=tuple(residents), **extra)  # type: ignore[arg-type]
     assert rebalance(snapshot) == expected
+
+
+def test_a_busy_resident_with_every_core_is_said_to_restart_once_its_requests_are_done(planner, bill):
+    """A load never waits for a busy resident's answer to restart it: the plan says the threads exceed the cores
+    until that resident, once idle, restarts with its share (``rebalance``, after the load)."""
+    [a] = build((resident("a", 0.1, 1, busy=True),), bill)
+    snapshot = Snapshot(
+        inventory=cpu_only(cores=2),
+        residents=(replace(a, threads=2, restartable=True),),
+        budget=MemoryBudget(total=10 * bill),
+    )
+    decision = decide(snapshot, PlanRequest(n_ctx=CTX, spec="off"), planner)
+    assert (decision.plan.threads, decision.restart) == (1, ())
+    assert [w for w in decision.plan.warnings if "physical cores" in w] == [
+        "3 threads on 2 physical cores while a and this model are busy at once, until a restart(s) with a share "
+        "of the cores once their requests are done"
+    ]
+    after = Snapshot(
+        inventory=cpu_only(cores=2),
+        residents=(replace(a, threads=2, restartable=True), *build((resident("b", 0.1, 2),), bill)),
+    )
+    assert rebalance(after) == Rebalance(once_idle=("a",))

@@ -8,6 +8,7 @@ cores) cut Gemma's generation to a fraction of its rate at one thread each (docs
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 
 import httpx
@@ -117,9 +118,12 @@ def _threads() -> dict[str, int]:
     """``--threads`` of each llama-server this test started, by its model file's name."""
     out = {}
     for p in psutil.Process().children(recursive=True):
-        if p.name() != "llama-server":
+        try:
+            if p.name() != "llama-server" or p.status() == psutil.STATUS_ZOMBIE:
+                continue
+            argv = p.cmdline()
+        except psutil.Error:  # a restart's old llama-server, exiting or reaped meanwhile
             continue
-        argv = p.cmdline()
         model = argv[argv.index("--model") + 1] if "--model" in argv else argv[argv.index("-m") + 1]
         out[model.rsplit("/", 1)[-1]] = int(argv[argv.index("--threads") + 1])
     return out
@@ -185,3 +189,43 @@ def test_a_real_model_left_alone_gets_every_core_back_and_its_conversation(
         again = _chat(s.url, "smollm", turn2)
         conversation = again["timings"]["prompt_n"] + again["timings"].get("cache_n", 0)
         assert again["timings"].get("cache_n", 0) >= 0.9 * conversation, again["timings"]  # its slot came back
+
+
+@pytest.mark.slow
+def test_a_real_model_busy_while_another_loads_gets_its_share_once_its_stream_ends(
+    tmp_path, llama_server_bin, smollm_model, gemma_model
+):
+    """Regression: SmolLM2, streaming while Gemma loaded, kept every core beside Gemma's share for good. The load
+    waits for no stranger's answer and the stream is never cut; once it ends SmolLM2 restarts with its share."""
+    defaults = {name: ModelDefaults(n_ctx=2048, spec="off") for name in ("smollm", "gemma")}
+    models = {"smollm": smollm_model, "gemma": gemma_model}
+    cores = usable_cores()
+    body = {
+        "model": "smollm",
+        "messages": [{"role": "user", "content": "Write a long story about a lighthouse."}],
+        "max_tokens": 300,
+        "ignore_eos": True,
+        "temperature": 0,
+        "stream": True,
+    }
+    with running_studio(tmp_path, llama_server_bin, models, defaults=defaults) as s:
+        _chat(s.url, "smollm", [{"role": "user", "content": "Say hi."}])
+        lines: list[str] = []
+        during: dict[str, int] = {}
+        with httpx.stream("POST", f"{s.url}/v1/chat/completions", json=body, timeout=300) as resp:
+            for line in resp.iter_lines():
+                lines.append(line)
+                if not during and line.startswith("data: {"):  # it streams: now Gemma loads beside it
+                    loaded = httpx.post(f"{s.url}/api/load", json={"model": "gemma"}, timeout=120)
+                    assert loaded.status_code == 200, loaded.text
+                    during = _threads()
+        chunks = [json.loads(x[6:]) for x in lines if x.startswith("data: {")]
+        assert not [c for c in chunks if "error" in c] and "data: [DONE]" in lines, lines[-3:]
+        assert chunks[-1]["choices"][0]["finish_reason"] == "length"  # answered to its end, never cut
+        assert during == {"smollm.gguf": cores, "gemma.gguf": max(1, cores // 2)}, during  # no restart under it
+        gemma = s.manager.find("gemma")
+        assert gemma is not None
+        assert any("until smollm restart(s) with a share of the cores" in w for w in gemma.plan.warnings)
+        share = max(1, cores // 2)
+        expected = {"smollm.gguf": share, "gemma.gguf": share}
+        assert _until_threads(expected) == expected

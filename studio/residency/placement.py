@@ -381,10 +381,15 @@ class Cores:
         if total <= cores:
             return None
         names = ", ".join(r.holder.name for r in self.holders)
+        said = f"{total} threads on {cores} physical cores while {names} and this model are busy at once"
+        later = [
+            r.holder.name for r in self.holders if r.restartable and r.holder.busy and r.holder.name not in restart
+        ]
+        if later:  # ``rebalance`` restarts them once idle
+            return f"{said}, until {', '.join(later)} restart(s) with a share of the cores once their requests are done"
         return (
-            f"{total} threads on {cores} physical cores while {names} and this model are busy at once (a model "
-            "loaded alone keeps every core until a load restarts it idle); max_resident divides them from the "
-            "first load"
+            f"{said} (a model loaded alone keeps every core until a load restarts it idle); max_resident divides "
+            "them from the first load"
         )
 
 

@@ -122,9 +122,13 @@ class Placer:
         (a machine's cores do not change between two loads)."""
         if self.seen is None:
             return None
+        live = [r for r in residents if r.state in HOLDS_MEMORY]
         return Snapshot(
             inventory=self.seen,
-            residents=tuple(_seen(r, going=False, kin=False) for r in residents if r.state in HOLDS_MEMORY),
+            # an instance beside its model's other one (chat, embeddings) is never restarted for it (``_seen``)
+            residents=tuple(
+                _seen(r, going=False, kin=sum(base_name(o.name) == base_name(r.name) for o in live) > 1) for r in live
+            ),
             max_resident=self.residency.max_resident,
             loads=loads,
         )
