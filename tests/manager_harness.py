@@ -24,8 +24,9 @@ ZOO = ("llama-dense", "qwen2-dense", "mistral3-dense")
 SMALL = ModelDefaults(n_ctx=256, spec="off")
 
 
-def cpu_machine(free: int = 64 * GIB) -> Inventory:
-    return Inventory((Device("CPU", None, "Test CPU", free, free, "psutil"),), ())
+def cpu_machine(free: int = 64 * GIB, *, cores: int | None = None) -> Inventory:
+    """A CPU-only machine with ``free`` bytes free; ``cores`` counted, so models on it share them (None: not)."""
+    return Inventory((Device("CPU", None, "Test CPU", free, free, "psutil", cores=cores),), ())
 
 
 def zoo_bill(caps: Capabilities, path: Path) -> int:

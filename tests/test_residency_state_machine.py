@@ -1,7 +1,8 @@
 """The model manager's invariants under random sequences of everything a user or a fault can do.
 
 Hypothesis drives the real manager (``tests.manager_harness``: real catalog, headers, planner and
-placement; fake llama-servers) over three zoo models under a budget that fits two, each also reached by
+placement; fake llama-servers) over three zoo models under a budget that fits two, on two CPU cores (so a
+second model restarts the first with its share, and one left alone gets every core back), each also reached by
 a second name (a link to its file, as people share one file between apps), with rules
 for loads with good and bad settings (awaited, or left running while other rules act), unloads,
 chats, streams held across steps, clients leaving, crashes of a llama-server (alone, or under a request
@@ -52,7 +53,7 @@ from studio.residency.resident import Lease, LoadedModel, ResidentModel
 from studio.residency.slot_cache import SlotCache
 from tests.fake_llama import FakeChildren, fake_children
 from tests.helpers import LoopThread
-from tests.manager_harness import ZOO, fake_manager, zoo_bill
+from tests.manager_harness import ZOO, cpu_machine, fake_manager, zoo_bill
 
 pytestmark = pytest.mark.slow
 
@@ -76,6 +77,7 @@ class ManagerMachine(RuleBasedStateMachine):
     steps = 0
     sequences = 0
     restored = 0  # chats that continued a slot saved before their model's eviction (real llama-servers)
+    shares: dict[str, int] = {}  # instances started with a share of the cores, by why: a load beside, or a change
 
     @initialize()
     def start(self) -> None:
@@ -98,7 +100,13 @@ class ManagerMachine(RuleBasedStateMachine):
                     self.children_cm = fake_children(load_seconds=0.02)
                     self.children = self.children_cm.__enter__()
                 manager = fake_manager(
-                    self.root, self.children, self.caps, self.models, budget=self.budget, busy_wait=0.2
+                    self.root,
+                    self.children,
+                    self.caps,
+                    self.models,
+                    budget=self.budget,
+                    busy_wait=0.2,
+                    discover=lambda: cpu_machine(cores=2),  # models on the CPU share its cores: restarts happen
                 )
             else:
                 from studio.library.catalog import Catalog
@@ -134,6 +142,11 @@ class ManagerMachine(RuleBasedStateMachine):
             self.violations.append(f"{what} failed with a bug: {type(exc).__name__}: {exc}")
 
     def _on_event(self, event: ResidencyEvent) -> None:
+        started = self.manager.find(event.model) if event.kind == "loaded" else None
+        for why in started.plan.reasons if started is not None else ():
+            if "its share of the cores once" in why:
+                key = "beside a load" if "loaded beside it" in why else "once the residents changed"
+                self.shares[key] = self.shares.get(key, 0) + 1
         if event.kind == "evicted" and event.reason == "evicted":
             if event.model in self.pinned:  # a resident goes by its model's name, never a link's
                 self.violations.append(f"pinned {event.model} was evicted")
@@ -180,7 +193,7 @@ class ManagerMachine(RuleBasedStateMachine):
     def refused_load(self, model: str) -> None:
         async def go() -> None:
             calm = {ResidentState.READY, ResidentState.FAILED}
-            busy = self.manager.loads or any(not f.done() for f in self.background)
+            busy = self.manager.loads or any(not f.done() for f in self.background) or self.manager.dividing_cores
             if busy or any(r.state not in calm for r in self.manager.residents):
                 return  # a load or a crash's restart in progress may change things meanwhile: compare when calm
             before = self._snapshot()
@@ -395,10 +408,17 @@ class ManagerMachine(RuleBasedStateMachine):
         running = self.children.running()
         files = [file_identity(self.root / "models" / name) for name in running.values()]
         assert len(files) == len(set(files)), f"two llama-servers of one model file: {running}"
-        owned = {r.supervisor for r in self.manager.residents}
-        for sup in self.children.supervisors:
-            if sup.status().pid is not None:
-                assert sup in owned, "a llama-server runs without its resident"
+        # A model restarted with its share of the cores leaves the resident set as its old llama-server stops, and
+        # a rebalance runs between steps (once a model left or went idle): a child counts as without its resident
+        # only when it stays so.
+        deadline = time.monotonic() + 5.0
+        while orphans := [
+            sup
+            for sup in self.children.supervisors
+            if sup.status().pid is not None and sup not in {r.supervisor for r in self.manager.residents}
+        ]:
+            assert time.monotonic() < deadline, ("a llama-server runs without its resident", orphans)
+            time.sleep(0.01)
 
     @invariant()
     def the_residents_fit_the_budget(self) -> None:
@@ -475,6 +495,7 @@ def _configure(loop: LoopThread, root: Path, caps: Capabilities, zoo_dir: Path, 
     ManagerMachine.bill = max(zoo_bill(caps, p) for p in models.values())
     ManagerMachine.real_binary = real_binary
     ManagerMachine.steps = ManagerMachine.sequences = ManagerMachine.restored = 0
+    ManagerMachine.shares = {}
 
 
 def test_the_manager_keeps_its_invariants(loop, tmp_path, real, zoo_dir, capsys):
@@ -492,7 +513,9 @@ def test_the_manager_keeps_its_invariants(loop, tmp_path, real, zoo_dir, capsys)
     run().runTest()
     with capsys.disabled():
         print(f"\nstate machine: {ManagerMachine.sequences} sequences, {ManagerMachine.steps} steps")
+        print(f"restarts with a share of the cores: {ManagerMachine.shares}")
     assert ManagerMachine.steps >= 500
+    assert len(ManagerMachine.shares) == 2, ManagerMachine.shares  # beside a load, and once the residents changed
 
 
 def test_the_manager_keeps_its_invariants_on_real_llama_servers(
@@ -562,5 +585,91 @@ def test_a_model_restarted_under_requests_is_still_busy(loop, tmp_path, real, zo
         machine.load(model="qwen2-dense", n_ctx=256)
         assert {r.name for r in machine.manager.residents} == {"llama-dense", "qwen2-dense"}
         machine.nothing_went_wrong()
+    finally:
+        machine.teardown()
+
+
+def _restart_begun(machine: ManagerMachine, model: str, first: ResidentModel) -> None:
+    """Wait until a load began ``first``'s restart with its share of the cores (its new instance is routed)."""
+
+    async def begun() -> None:
+        while machine.manager.find(model) in (first, None):
+            await asyncio.sleep(0.002)
+
+    machine.loop.run(begun(), STEP_TIMEOUT)
+
+
+def _threads_of(machine: ManagerMachine) -> dict[str, int | None]:
+    return {r.name: r.plan.threads for r in machine.manager.residents if r.state in HOLDS_MEMORY}
+
+
+def _until_threads(machine: ManagerMachine, expected: dict[str, int | None]) -> None:
+    async def divided() -> None:
+        while _threads_of(machine) != expected or any(
+            r.state is not ResidentState.READY for r in machine.manager.residents if r.state in HOLDS_MEMORY
+        ):
+            await asyncio.sleep(0.01)
+
+    machine.loop.run(divided(), STEP_TIMEOUT)
+
+
+def _restarting(loop: LoopThread, tmp_path: Path, caps: Capabilities, zoo_dir: Path) -> tuple[ManagerMachine, Any]:
+    """llama-dense alone on the two cores, then qwen2-dense loading in the background, its load restarting
+    llama-dense with its share: returned once that restart began (its new instance starts slowly)."""
+    machine = _replay(loop, tmp_path, caps, zoo_dir)
+    machine.load(model="llama-dense", n_ctx=256)
+    first = machine.manager.find("llama-dense")
+    assert first is not None and first.plan.threads == 2
+    assert machine.children is not None
+    machine.children.load_seconds = 0.4  # the restart's new llama-server starts for a while
+    machine.load_in_background(model="qwen2-dense", n_ctx=256)
+    _restart_begun(machine, "llama-dense", first)
+    return machine, first
+
+
+def test_an_unload_of_the_model_a_load_restarts_ends_both(loop, tmp_path, real, zoo_dir):
+    """Unloaded during the restart a load began for it: the model goes (none of its llama-servers is left), the
+    load still ends with its model loaded, which then gets every core."""
+    machine, first = _restarting(loop, tmp_path, real, zoo_dir)
+    try:
+        machine.unload(model="llama-dense")
+        machine.settle()
+        assert first.state is ResidentState.UNLOADED and machine.manager.find("llama-dense") is None
+        _until_threads(machine, {"qwen2-dense": 2})
+        assert machine.children is not None and list(machine.children.running().values()) == ["qwen2-dense.gguf"]
+        machine.nothing_went_wrong()
+        machine.one_llama_server_per_model_and_none_without_its_resident()
+    finally:
+        machine.teardown()
+
+
+def test_a_shutdown_during_a_restart_for_a_load_ends_everything(loop, tmp_path, real, zoo_dir):
+    """The load gets a clear error, no llama-server outlives the shutdown (the ``shutdown`` rule checks it)."""
+    machine, _ = _restarting(loop, tmp_path, real, zoo_dir)
+    try:
+        machine.shutdown()
+        machine.nothing_went_wrong()
+    finally:
+        machine.teardown()
+
+
+def test_the_restarted_llama_server_killed_during_its_restart_fails_only_it(loop, tmp_path, real, zoo_dir):
+    """SIGKILL takes the restart's llama-server while it loads: that model fails (nothing of it runs), the load
+    that asked for the restart ends loaded and gets every core; the next request loads the model anew."""
+    machine = _replay(loop, tmp_path, real, zoo_dir)
+    try:
+        machine.load(model="llama-dense", n_ctx=256)
+        first = machine.manager.find("llama-dense")
+        assert machine.children is not None and first is not None
+        machine.children.killed.add("llama-dense.gguf")  # its next start, the restart's, is killed while loading
+        machine.load(model="qwen2-dense", n_ctx=256)
+        assert first.state is ResidentState.UNLOADED
+        _until_threads(machine, {"qwen2-dense": 2})
+        assert list(machine.children.running().values()) == ["qwen2-dense.gguf"]
+        machine.children.killed.clear()
+        machine.chat(model="llama-dense")
+        _until_threads(machine, {"llama-dense": 1, "qwen2-dense": 1})
+        machine.nothing_went_wrong()
+        machine.one_llama_server_per_model_and_none_without_its_resident()
     finally:
         machine.teardown()

@@ -222,11 +222,15 @@ class LoadSteps:
         self._rebalance_soon()
 
     def _rebalance_soon(self, *_: object) -> None:
-        running = self._rebalancing is not None and not self._rebalancing.done()
-        if self._cores_due and not self._loads and not self._closing and not running:
+        if self._cores_due and not self._loads and not self._closing and not self.dividing_cores:
             self._cores_due = False
             self._rebalancing = asyncio.create_task(self._rebalance(), name="divide the cores")
             self._rebalancing.add_done_callback(self._rebalance_soon)  # what changed meanwhile
+
+    @property
+    def dividing_cores(self) -> bool:
+        """Whether residents are being restarted with their share of the cores, between loads (``_rebalance``)."""
+        return self._rebalancing is not None and not self._rebalancing.done()
 
     async def _rebalance(self) -> None:
         """Restart the idle CPU residents ``placement.rebalance`` names with their share of the cores, under the
