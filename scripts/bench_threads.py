@@ -18,6 +18,8 @@ It also prints what the other way to the ``planned`` division costs once the fir
 the first with its share (the time its llama-server takes to stop and start again, slot save aside), and
 with ``--studio-loads N`` what the studio's second load takes (Gemma chatted, then SmolLM2 loaded, medians
 of N): with the restart of Gemma it makes (its slot saved), and without it (Gemma's ``threads`` asked for).
+With ``--alone``, Gemma alone at its share of two and at every core: what its restart gives it back once the
+other model left (``placement.rebalance``).
 
 The configurations alternate for ``--rounds`` rounds, so a neighbour's load on the machine touches each
 alike. Target: ``planned`` at least 1.2x ``every core``.
@@ -136,6 +138,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--only", action="append", help="run only this configuration (repeat for more)")
     parser.add_argument("--studio-loads", type=int, default=0, help="rounds of the studio's second load (0: none)")
+    parser.add_argument("--alone", action="store_true", help="the first model alone at its share, then every core")
     args = parser.parse_args()
     settings = Settings.from_env()
     binary = ensure_built(settings.home).llama_server
@@ -187,6 +190,14 @@ def main() -> None:
             print(f"{name} / {against}: {mean[name] / mean[against]:.2f}x" + (met if name == "planned" else ""))
     restart = _restart_seconds(models[0], second, inventory, caps, binary)
     print(f"restart of {models[0].path.stem} with its share: {restart}")
+    if args.alone:  # what the grow-back restart gives a model left alone, against what it costs (printed above)
+        with tempfile.TemporaryDirectory(prefix="bench-threads-") as scratch:
+            for round_ in range(1, args.rounds + 1):
+                for threads in (second, cores):
+                    with ExitStack() as stack:
+                        server = _serve(stack, models[0], threads, inventory, caps, binary, Path(scratch))
+                        [rate] = _run([server], args.seconds, args.tokens)
+                    print(f"round {round_}  {models[0].path.stem} alone, threads {threads}: {rate:6.1f} tok/s")
     if args.studio_loads:
         paths = {"gemma": models[0].path, "smollm": models[1].path}
         for asked in (None, cores):
