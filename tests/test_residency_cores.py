@@ -9,7 +9,11 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+import signal
+import threading
 import time
+from collections.abc import Callable
 
 import httpx
 import psutil
@@ -124,6 +128,8 @@ def _threads() -> dict[str, int]:
             argv = p.cmdline()
         except psutil.Error:  # a restart's old llama-server, exiting or reaped meanwhile
             continue
+        if "--model" not in argv and "-m" not in argv:  # the short --list-devices run a placement starts
+            continue
         model = argv[argv.index("--model") + 1] if "--model" in argv else argv[argv.index("-m") + 1]
         out[model.rsplit("/", 1)[-1]] = int(argv[argv.index("--threads") + 1])
     return out
@@ -229,3 +235,92 @@ def test_a_real_model_busy_while_another_loads_gets_its_share_once_its_stream_en
         share = max(1, cores // 2)
         expected = {"smollm.gguf": share, "gemma.gguf": share}
         assert _until_threads(expected) == expected
+
+
+def _smollm_servers() -> list[psutil.Process]:
+    out = []
+    for p in psutil.Process().children(recursive=True):
+        try:
+            if (
+                p.name() == "llama-server"
+                and p.status() != psutil.STATUS_ZOMBIE
+                and "smollm.gguf" in " ".join(p.cmdline())
+            ):
+                out.append(p)
+        except psutil.Error:
+            continue
+    return out
+
+
+def _during_the_restart(url: str, first: psutil.Process, act: Callable[[psutil.Process], object]) -> httpx.Response:
+    """Load Gemma beside SmolLM2 (whose llama-server is ``first``), and ``act`` on SmolLM2's new llama-server as
+    soon as the restart the load asked for starts it; Gemma's load's answer."""
+    acted = threading.Event()
+
+    def watch() -> None:
+        deadline = time.monotonic() + 60
+        while not acted.is_set() and time.monotonic() < deadline:
+            for p in _smollm_servers():
+                if p.pid != first.pid:
+                    act(p)
+                    acted.set()
+                    break
+            time.sleep(0.002)
+
+    watcher = threading.Thread(target=watch)
+    watcher.start()
+    try:
+        return httpx.post(f"{url}/api/load", json={"model": "gemma"}, timeout=120)
+    finally:
+        watcher.join()
+        assert acted.is_set(), "the restart never started a llama-server"
+
+
+@pytest.mark.slow
+def test_a_real_unload_during_the_restart_a_load_asked_for_ends_both(
+    tmp_path, llama_server_bin, smollm_model, gemma_model
+):
+    """SmolLM2 unloaded while the restart Gemma's load asked for starts it again: SmolLM2 goes, none of its
+    llama-servers is left, and Gemma's load still ends loaded, then alone gets every core."""
+    defaults = {name: ModelDefaults(n_ctx=2048, spec="off") for name in ("smollm", "gemma")}
+    models = {"smollm": smollm_model, "gemma": gemma_model}
+    with running_studio(tmp_path, llama_server_bin, models, defaults=defaults) as s:
+        _chat(s.url, "smollm", [{"role": "user", "content": "Say hi."}])
+        [first] = _smollm_servers()
+        unloaded: list[int] = []
+
+        def unload(_: psutil.Process) -> None:
+            unloaded.append(httpx.post(f"{s.url}/api/unload", json={"model": "smollm"}, timeout=60).status_code)
+
+        loaded = _during_the_restart(s.url, first, unload)
+        assert loaded.status_code == 200 and unloaded == [200], (loaded.text, unloaded)
+        cores = usable_cores()
+        assert _until_threads({"gemma.gguf": cores}) == {"gemma.gguf": cores}
+        assert s.manager.find("smollm") is None
+
+
+@pytest.mark.slow
+def test_a_real_restart_killed_while_it_loads_fails_only_its_model(
+    tmp_path, llama_server_bin, smollm_model, gemma_model
+):
+    """SIGKILL takes SmolLM2's new llama-server while the restart Gemma's load asked for loads: Gemma's load still
+    ends loaded and, alone, gets every core; SmolLM2's next chat loads it anew, and both share the cores."""
+    defaults = {name: ModelDefaults(n_ctx=2048, spec="off") for name in ("smollm", "gemma")}
+    models = {"smollm": smollm_model, "gemma": gemma_model}
+    cores = usable_cores()
+    hi = [{"role": "user", "content": "Say hi."}]
+    with running_studio(tmp_path, llama_server_bin, models, defaults=defaults) as s:
+        _chat(s.url, "smollm", hi)
+        [first] = _smollm_servers()
+        killed: list[int] = []
+        loaded = _during_the_restart(s.url, first, lambda p: (os.kill(p.pid, signal.SIGKILL), killed.append(p.pid)))
+        assert loaded.status_code == 200 and killed, loaded.text
+        smollm = s.manager.find("smollm")
+        assert smollm is not None and smollm.state.value == "failed", smollm and smollm.state
+        assert _until_threads({"gemma.gguf": cores}) == {"gemma.gguf": cores}  # alone: every core
+        _chat(s.url, "smollm", hi)  # loaded anew
+        share = max(1, cores // 2)
+        assert _until_threads({"smollm.gguf": share, "gemma.gguf": share}) == {
+            "smollm.gguf": share,
+            "gemma.gguf": share,
+        }

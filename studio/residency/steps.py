@@ -209,7 +209,10 @@ class LoadSteps:
             await old.unload(grace=0, reason=f"{old.name} restarts with its share of the cores", why="restart")
         finally:  # the load cancelled meanwhile: the model still comes back (requests wait for this instance)
             new.start()
-        if await new.wait_settled() is not ResidentState.READY:
+        state = await new.wait_settled()
+        if state in GOING_AWAY or state is ResidentState.UNLOADED:
+            log.info("a model restarting with its share of the cores was unloaded meanwhile", model=old.name)
+        elif state is not ResidentState.READY:
             log.warning("the restart with a share of the cores failed", model=old.name, error=new.error)
 
     def _cores_changed(self, resident: ResidentModel | None) -> None:
