@@ -255,7 +255,11 @@ class LoadSteps:
             for r, threads in restarts:  # paused at once: no request enters between the snapshot and its restart
                 r.pause(reason=f"it restarts with {threads} thread(s), its share of the cores")
             for r, threads in restarts:
-                await self._restart_with(r, threads, why="once the models beside it on the CPU changed")
+                try:
+                    await self._restart_with(r, threads, why="once the models beside it on the CPU changed")
+                except StudioError as exc:  # its launch files could not be written: it serves on as it is
+                    log.warning("could not restart a model with its share of the cores", model=r.name, error=str(exc))
+                    r.resume(f"its restart with {threads} thread(s) could not begin")
 
     def _commit(self, load: Load, resident: ResidentModel) -> None:
         """The new resident is ready: route it, remember its extra flags, let the paused models serve on."""
