@@ -645,9 +645,10 @@ def test_an_unload_of_the_model_a_load_restarts_ends_both(loop, tmp_path, real, 
 
 def test_a_shutdown_during_a_restart_for_a_load_ends_everything(loop, tmp_path, real, zoo_dir):
     """The load gets a clear error, no llama-server outlives the shutdown (the ``shutdown`` rule checks it)."""
-    machine, _ = _restarting(loop, tmp_path, real, zoo_dir)
+    machine, first = _restarting(loop, tmp_path, real, zoo_dir)
     try:
         machine.shutdown()
+        assert first.state is ResidentState.UNLOADED  # the restart's old instance too, before the shutdown ended
         machine.nothing_went_wrong()
     finally:
         machine.teardown()

@@ -1,4 +1,5 @@
-"""The steps of one load, over the manager's state: check and reserve, drain, start, commit or undo.
+"""The steps of one load, over the manager's state: check and reserve, drain, start, commit or undo; and
+between loads, the restarts that give CPU residents their share of the cores (``placement.rebalance``).
 
 ``studio.residency.transaction`` says what a load is and which steps it may take; this is what each
 step does. One placement at a time decides (``placement.decide``, under the placement lock), nothing
@@ -205,8 +206,14 @@ class LoadSteps:
         self._residents[old.settings.key] = new  # requests waiting for the old instance find this one
         for name in [n for n, r in self._routes.items() if r is old]:
             self._routes[name] = new
+        stopping = asyncio.ensure_future(
+            old.unload(grace=0, reason=f"{old.name} restarts with its share of the cores", why="restart")
+        )
         try:
-            await old.unload(grace=0, reason=f"{old.name} restarts with its share of the cores", why="restart")
+            await asyncio.shield(stopping)
+        except asyncio.CancelledError:  # an unload or the shutdown: the old llama-server is stopped before it goes on
+            await stopping
+            raise
         finally:  # the load cancelled meanwhile: the model still comes back (requests wait for this instance)
             new.start()
         state = await new.wait_settled()
