@@ -341,7 +341,7 @@ class ModelManager(LoadSteps, Unloading):
         ``--embeddings`` (running, or configured so), else its embedding instance."""
         base = base_name(model)
         if model == base:
-            entry = await self._entry(base)
+            entry = await self.lookup.entry(base)
             chat = self._residents.get((entry.path, False))
             serving = chat is not None and chat.state not in NOT_SERVING
             own = chat.settings if chat is not None and serving else self._settings(LoadRequest(model=base), entry)
@@ -362,7 +362,7 @@ class ModelManager(LoadSteps, Unloading):
         """
         while True:
             self._check_open()
-            entry = await self._entry(model)
+            entry = await self.lookup.entry(model)
             key = (entry.path, request is not None and request.embeddings)
             load = self._loads.get(key)
             resident = self._residents.get(key)
@@ -474,11 +474,8 @@ class ModelManager(LoadSteps, Unloading):
     # -- placement -----------------------------------------------------------------------------
     async def preview(self, request: LoadRequest) -> Placed:
         """What a load of ``request`` would get, and which resident models it would evict; loads nothing."""
-        entry = await self._entry(request.model)
+        entry = await self.lookup.entry(request.model)
         return await self._place(entry, request, replacing=self._residents.get((entry.path, request.embeddings)))
-
-    async def _entry(self, model: str) -> CatalogEntry:
-        return await self.lookup.entry(model)
 
     def _on_admission(self, event: AdmissionEvent) -> None:
         if event.new == "accepting":  # a hold ended: the requests it held look again (a hold itself wakes none)
