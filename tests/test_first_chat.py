@@ -11,9 +11,12 @@ from __future__ import annotations
 
 import os
 import subprocess
+import threading
+import time
 from pathlib import Path
 
 import httpx
+import psutil
 import pytest
 from openai import OpenAI
 
@@ -98,18 +101,49 @@ def test_the_default_model_names_paris_at_temperature_0_and_make_run_prints_the_
 def test_a_request_during_the_first_load_of_a_model_given_by_path_is_answered_not_404(llama_server_bin, tmp_path):
     """``ggstudio serve --model FILE`` with a file outside every model folder answers at once (``--ready-json``),
     its model still loading: a request then, naming the model or none, got a 404 ("not one of the known models
-    (none)"): the default's name was looked up in the catalog, which does not list the file."""
+    (none)"): the default's name was looked up in the catalog, which does not list the file. The model's
+    llama-server is stopped (SIGSTOP) as soon as it appears, so the requests come while it loads."""
     from studio.library.default_model import ensure_default_model
     from studio.settings import Settings
-    from tests.support.home_studio import home_env, serving
+    from tests.support.home_studio import home_env, read_ready, start_serve, stop
 
     model = ensure_default_model(Settings.from_env().models_dir)
     env = home_env(tmp_path / "home", llama_server_bin)
-    with serving(env, model, ctx=512) as (_, ready):
-        url = ready["url"]
-        assert httpx.get(f"{url}/api/status", timeout=30).json()["state"] != "ready"  # the load is still going
-        for named in ({}, {"model": SMOL}):
+    serve = start_serve(env, model, ctx=512)
+    try:
+
+        def loading() -> psutil.Process | None:
+            for child in psutil.Process(serve.pid).children(recursive=True):
+                try:
+                    if "-m" in child.cmdline():
+                        return child
+                except psutil.Error:
+                    continue
+            return None
+
+        server = wait_for(loading, timeout=60, interval=0.002, what="the model's llama-server")
+        server.suspend()
+        url = read_ready(serve, env)["url"]
+        assert httpx.get(f"{url}/api/status", timeout=30).json()["state"] != "ready"  # the load is held
+        answers: dict[str, httpx.Response] = {}
+
+        def ask(label: str, named: dict[str, str]) -> None:
             body = {**named, "messages": [{"role": "user", "content": QUESTION}], "max_tokens": 4}
-            resp = httpx.post(f"{url}/v1/chat/completions", json=body, timeout=120)
-            assert resp.status_code == 200, resp.text
+            answers[label] = httpx.post(f"{url}/v1/chat/completions", json=body, timeout=120)
+
+        asking = [
+            threading.Thread(target=ask, args=(label, named))
+            for label, named in (("no model", {}), ("by name", {"model": SMOL}))
+        ]
+        for thread in asking:
+            thread.start()
+        time.sleep(1)  # both wait for the held load (a 404 would have come at once)
+        server.resume()
+        for thread in asking:
+            thread.join(150)
+        for label, resp in answers.items():
+            assert resp.status_code == 200, (label, resp.text)
             assert resp.json()["model"] == SMOL
+        assert len(answers) == 2
+    finally:
+        stop(serve)

@@ -234,7 +234,7 @@ class ModelManager(LoadSteps, Unloading):
         found = self.acquire_now(model, embeddings=embeddings)
         if found is not None:
             return found
-        resident = self._routes.get(model) if model is not None else self.default
+        resident = self.find(model) if model is not None else self.default  # a loading one too
         name = model if model is not None else resident.name if resident is not None else self._coming_default
         if resident is not None and not resident.settings.embeddings:  # its file: one the catalog may not list
             name = str(resident.settings.path)
