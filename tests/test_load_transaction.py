@@ -314,14 +314,14 @@ def test_a_load_superseded_in_the_tick_it_began_still_answers_its_waiters(tmp_pa
     """Two loads of one model with other settings, sent together (a GUI applying two settings at once):
     the first load's task was cancelled before its first step ran, so none of its code settled it, and
     its waiters (and the shutdown after them) waited for ever (found by the state-machine test)."""
-    from studio.residency.manager import ModelManager
+    from studio.residency.lookup import Lookup
 
     a = ZOO[0]
 
     async def entry_at_once(self, model):  # a lookup that answers without a thread: the second load runs
         return self.catalog.resolve(model)  # before the first load's task took its first step
 
-    monkeypatch.setattr(ModelManager, "_entry", entry_at_once)
+    monkeypatch.setattr(Lookup, "entry", entry_at_once)
 
     async def run() -> None:
         with fake_children() as children:
