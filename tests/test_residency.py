@@ -469,16 +469,23 @@ def test_unknown_routes_and_models_answer_in_the_openai_error_shape(tmp_path, ll
 
 
 def test_three_idle_models_cost_the_studio_next_to_no_cpu(tmp_path, llama_server_bin, zoo_models):
-    """One idle model cost 2 % of a core: a new httpx client (TLS context and all) every health check."""
+    """One idle model cost 2 % of a core: a new httpx client (TLS context and all) every health check.
+
+    The CPU counted is that of the threads this studio started: in the full suite this process also runs what
+    earlier tests left (0.3-0.4 % of a core once, not found yet), which is not this studio's idle cost."""
+    me = psutil.Process()
+    earlier = {t.id for t in me.threads()}
+
+    def studio_cpu() -> float:
+        return sum(t.user_time + t.system_time for t in me.threads() if t.id not in earlier)
+
     with running_studio(tmp_path, llama_server_bin, zoo_models, defaults={n: SMALL for n in ZOO}) as s:
         for name in ZOO[:3]:
             assert chat(s.url, name).status_code == 200
         time.sleep(1)
-        me = psutil.Process()
-        before, t0 = me.cpu_times(), time.monotonic()
+        before, t0 = studio_cpu(), time.monotonic()
         time.sleep(10)
-        after, elapsed = me.cpu_times(), time.monotonic() - t0
-        share = (after.user + after.system - before.user - before.system) / elapsed
+        share = (studio_cpu() - before) / (time.monotonic() - t0)
         assert share < 0.005, f"{share:.2%} of a core while idle"  # the benchmark's target is 0.1 %
 
 
