@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import multiprocessing
 import os
 import re
@@ -60,31 +59,9 @@ def serve(variant: str, port: int, upstream: int, root: str | None) -> None:
         bench_proxy.serve_stand_in(port, _Ready(), upstream, bench_proxy.free_port(), recording)  # type: ignore[arg-type]
 
 
-async def stream(route: bench_proxy.Route, tokens: int) -> None:
-    """One streamed completion of ``tokens`` tokens on a fresh connection, read to its end (``bench_proxy``'s
-    ``one_stream`` without its rates: under valgrind a stream's tokens may all come in one read)."""
-    body = json.dumps(
-        {"model": bench_proxy.MODEL, "messages": bench_proxy.PROMPT, "max_tokens": tokens, "stream": True}
-    ).encode()
-    head = (
-        f"POST {route.target} HTTP/1.1\r\nHost: 127.0.0.1:{route.port}\r\nContent-Type: application/json\r\n"
-        f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n"
-    )
-    reader, writer = await asyncio.open_connection("127.0.0.1", route.port)
-    writer.write(head.encode() + body)
-    data = bytearray()
-    try:
-        while chunk := await reader.read(65536):
-            data += chunk
-    finally:
-        writer.close()
-    if not data.startswith(b"HTTP/1.1 200") or len(route.token.findall(data)) < tokens:
-        raise SystemExit(f"{route.name}: not a whole stream: {bytes(data[:300])!r}")
-
-
 async def streams(route: bench_proxy.Route, n: int, tokens: int) -> None:
     for _ in range(n // 8):
-        await asyncio.gather(*(stream(route, tokens) for _ in range(8)))
+        await asyncio.gather(*(bench_proxy.one_request(route, tokens=tokens) for _ in range(8)))
 
 
 def count(variant: str, root: str | None, upstream: int, n: int, tokens: int) -> float:

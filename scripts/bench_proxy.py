@@ -618,9 +618,12 @@ def conversation(kilobytes: int) -> list[dict[str, str]]:
     return [{"role": "user" if i % 2 == 0 else "assistant", "content": text} for i in range(50)]
 
 
-async def one_request(path: Route, messages: list[dict[str, str]] = PROMPT) -> None:
-    """One streamed completion of one token on a fresh connection, read to its end."""
-    body = json.dumps({"model": MODEL, "messages": messages, "max_tokens": 1, "stream": True, **path.extra}).encode()
+async def one_request(path: Route, messages: list[dict[str, str]] = PROMPT, *, tokens: int = 1) -> None:
+    """One streamed completion of ``tokens`` tokens on a fresh connection, read to its end (no rates measured:
+    ``scripts/bench_instructions.py`` streams under valgrind, where a stream's tokens may come in one read)."""
+    body = json.dumps(
+        {"model": MODEL, "messages": messages, "max_tokens": tokens, "stream": True, **path.extra}
+    ).encode()
     head = (
         f"POST {path.target} HTTP/1.1\r\nHost: 127.0.0.1:{path.port}\r\nContent-Type: application/json\r\n"
         f"Content-Length: {len(body)}\r\nConnection: close\r\n"
