@@ -13,13 +13,17 @@ import os
 import signal
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
 
 import httpx
 import psutil
 import pytest
 
 from launcher.devices import Device, Inventory, usable_cores
+from studio.residency.manager import ModelManager
 from studio.residency.requests import LoadRequest
 from studio.residency.slot_cache import SlotCache
 from studio.settings import ModelDefaults
@@ -35,14 +39,20 @@ def two_cores() -> Inventory:
     return Inventory((Device("CPU", None, "Test CPU", 64 * GIB, 60 * GIB, "psutil", cores=2),), ())
 
 
+@contextmanager
+def two_on_two_cores(tmp_path: Path, real: Any, zoo_dir: Path) -> Iterator[tuple[ModelManager, Any]]:
+    """A manager over the zoo's first two models on a 2-core CPU, its llama-servers fake, and those children."""
+    with fake_children() as children:
+        models = {name: zoo_dir / f"{name}.gguf" for name in ZOO[:2]}
+        yield fake_manager(tmp_path, children, real, models, discover=two_cores), children
+
+
 def test_a_second_model_on_the_cpu_restarts_the_first_with_its_share(tmp_path, real, zoo_dir):
     """Regression: the first resident kept both cores and the second took one: three threads on two cores."""
     a, b = ZOO[:2]
-    models = {name: zoo_dir / f"{name}.gguf" for name in (a, b)}
 
     async def run() -> None:
-        with fake_children() as children:
-            manager = fake_manager(tmp_path, children, real, models, discover=two_cores)
+        with two_on_two_cores(tmp_path, real, zoo_dir) as (manager, children):
             await manager.load(LoadRequest(model=a))
             first = manager.find(a)
             assert first is not None and first.plan.threads == 2  # alone: every core
@@ -68,11 +78,9 @@ def test_a_model_left_alone_gets_every_core_back(tmp_path, real, zoo_dir):
     """Regression: the first resident, restarted with its share beside a second, kept that share after the
     second was unloaded: a lone model on half the cores."""
     a, b = ZOO[:2]
-    models = {name: zoo_dir / f"{name}.gguf" for name in (a, b)}
 
     async def run() -> None:
-        with fake_children() as children:
-            manager = fake_manager(tmp_path, children, real, models, discover=two_cores)
+        with two_on_two_cores(tmp_path, real, zoo_dir) as (manager, children):
             await manager.load(LoadRequest(model=a))
             await manager.load(LoadRequest(model=b))
             shared = manager.find(a)
@@ -96,11 +104,9 @@ def test_a_model_left_alone_gets_every_core_back(tmp_path, real, zoo_dir):
 def test_a_busy_model_left_alone_gets_every_core_back_once_idle(tmp_path, real, zoo_dir):
     """Its request is never cut for the restart: the model is restarted once the request ended."""
     a, b = ZOO[:2]
-    models = {name: zoo_dir / f"{name}.gguf" for name in (a, b)}
 
     async def run() -> None:
-        with fake_children() as children:
-            manager = fake_manager(tmp_path, children, real, models, discover=two_cores)
+        with two_on_two_cores(tmp_path, real, zoo_dir) as (manager, children):
             await manager.load(LoadRequest(model=a))
             await manager.load(LoadRequest(model=b))
             _, lease = await manager.acquire(a)
