@@ -1,12 +1,15 @@
 """The activity of one studio: the requests in flight, the recent records, the live subscribers, the writes.
 
-A request's record is made once it ends (``end``), in a few microseconds on the event loop, and goes
-to three places: the recent records in memory (what ``/api/activity`` answers first and ``ggstudio top``
-shows), the live subscribers (``/api/activity/events``) and the batch for the database. The batch is
-handed to the history store's writer thread at most once a ``FLUSH_EVERY`` (a timer on the loop, no task
-per request), with the retention applied in the same transaction: the request never waits for the disk.
-A studio without a history keeps its records in memory only. One that makes none (``recording`` off: the
-config's ``activity_days = 0``) still reads and deletes what was kept before.
+A request's trace is kept once it ends (``end``), in a few steps on the event loop: in the recent records in
+memory (what ``/api/activity`` answers first and ``ggstudio top`` shows), for the live subscribers
+(``/api/activity/events``) and in the pending batch. What is derived from it (its client, llama-server's
+timings, its phases for ``/metrics``, its database row) is worked out per batch, at most once a
+``FLUSH_EVERY`` (a timer on the loop, no task per request), or sooner when a reader wants it (``select``,
+``/metrics``): code run for a hundred traces in a row stays in the caches, and the request's path does not
+run it. The batch then goes to the history store's writer thread, with the retention applied in the same
+transaction: the request never waits for the disk. A studio without a history keeps its records in memory
+only. One that makes none (``recording`` off: the config's ``activity_days = 0``) still reads and deletes
+what was kept before.
 
 Nothing of a request's body is kept unless a capture is on (``captures``): then its request and its
 answer's bytes are, bounded by the retention's ``capture_bytes``.
@@ -45,7 +48,7 @@ RECENT = 1000
 #: Events a live subscriber may fall behind by before it is dropped (it reconnects and reads again).
 SUBSCRIBER_BACKLOG = 1000
 
-#: Told of every finished request, with its trace (``/metrics`` observes the phases).
+#: Told of every finished request, with its trace, once its batch is settled (``/metrics`` observes the phases).
 RequestListener = Callable[[RequestTrace], None]
 #: What the recent records and the batch hold: a finished request's trace, or a load's (eviction's...) record.
 Kept = RequestTrace | dict[str, Any]
@@ -92,42 +95,35 @@ class Activity:
         self, headers: Mapping[bytes, bytes] | list[tuple[bytes, bytes]], route: str, dialect: str, *, generates: bool
     ) -> tuple[RequestTrace, Token[RequestTrace]]:
         """Start the trace of a request that just arrived, and make it the current one (``CURRENT``)."""
-        agent = origin = None
-        for name, value in headers if isinstance(headers, list) else headers.items():
-            if name == b"user-agent":
-                agent = value.decode("latin-1")[:200]
-            elif name == b"origin":
-                origin = value.decode("latin-1")[:200]
         trace = RequestTrace(
-            self.new_id(), route, dialect, None, agent, origin, generates, time.perf_counter(), time.time()
+            self.new_id(), route, dialect, None, None, None, generates, time.perf_counter(), time.time()
         )
+        trace.headers = headers
         self.in_flight[trace.id] = trace
         if self._subscribers:
             self._publish({"type": "begin", "request": self.live(trace)})
         return trace, CURRENT.set(trace)
 
     def end(self, trace: RequestTrace, token: Token[RequestTrace] | None = None) -> None:
-        """The request is over: keep its trace (memory, the next batch) and tell the listeners and subscribers.
+        """The request is over: keep its trace (memory, the next batch) and tell the subscribers.
 
-        The record itself (a dict of dicts) is made only when someone reads it: the database row is the
-        trace's compact state, so that what a request costs the loop stays a few microseconds.
+        Nothing is derived from it here (see the module docstring): the listeners hear of it with its batch.
         """
         if token is not None:
             CURRENT.reset(token)
         self.in_flight.pop(trace.id, None)
-        trace.finish()
+        if trace.ended is None:
+            trace.ended = time.perf_counter()
+        trace.probe = None  # the probe holds the response: kept, it kept the whole exchange alive
         for wait in trace.waits or ():  # each load it waited for: the one of its model that ended meanwhile
             if wait[0] == "load":
                 found = self.tracker.load_during(wait[3], wait[1], wait[2] if wait[2] is not None else trace.ended)
                 if found is not None:
                     wait[4], trace.load = found["id"], found
-        for listener in self.listeners:
-            listener(trace)
         if trace.request_body is not None:
             captured = self.captures.take(trace)
             if captured is not None:
                 self._pending_captures.append(captured)
-        trace.tail, trace.probe = b"", None  # the probe holds the response: kept, it kept the whole exchange alive
         self._add(trace)
 
     def live(self, trace: RequestTrace) -> dict[str, Any]:
@@ -147,7 +143,7 @@ class Activity:
             "id": trace.id,
             "route": trace.route,
             "model": trace.model or trace.asked,
-            "client": {"user_agent": trace.user_agent, "origin": trace.origin},
+            "client": trace.client(),
             "phase": phase,
             "arrived": trace.wall0,
             "seconds": now - trace.arrived,
@@ -166,8 +162,6 @@ class Activity:
         self.recent.append(record)
         if self._subscribers:
             self._publish({"type": "record", "record": as_record(record)})
-        if self.history is None:
-            return
         self._pending.append(record)
         if self._flush is None:
             try:
@@ -177,11 +171,21 @@ class Activity:
             self._flush = loop.call_later(self.flush_every, self.flush)
 
     def flush(self) -> None:
-        """Hand the pending records to the database's writer (it runs them on its thread; nothing waits here)."""
-        self._flush = None
-        if self.history is None or not (self._pending or self._pending_captures):
-            return
+        """Settle the pending batch (each request's trace finished, the listeners told) and hand it to the
+        database's writer (it runs it on its thread; nothing waits here)."""
+        if self._flush is not None:
+            self._flush.cancel()
+            self._flush = None
         records, self._pending = self._pending, []
+        listeners = self.listeners
+        for kept in records:
+            if isinstance(kept, RequestTrace):
+                kept.finish()
+                for listener in listeners:
+                    listener(kept)
+        if self.history is None or not (records or self._pending_captures):
+            self._pending_captures.clear()
+            return
         captures, self._pending_captures = self._pending_captures, []
         future = self.history.submit(store.write_batch, records, captures, self.retention, time.time())
         future.add_done_callback(_log_failure)
@@ -215,14 +219,13 @@ class Activity:
 
     async def delete(self, before: float | None) -> int:
         """Delete the records (and captures) begun before ``before`` (all: ``None``); return how many were stored."""
+        self.flush()  # the batch is written (and its listeners told) before the delete, on the same writer
         if before is None:
             self.recent.clear()
         else:
             kept = [r for r in self.recent if _started(r) >= before]
             self.recent.clear()
             self.recent.extend(kept)
-        self._pending = [r for r in self._pending if before is not None and _started(r) >= before]
-        self._pending_captures = [c for c in self._pending_captures if before is not None and c.created >= before]
         if self.history is None:
             return 0
         return await self.history.write(store.delete_all, before)

@@ -11,8 +11,10 @@ beginning and end; ``phases`` adds them up. Once sent, the time llama-server kep
 began is what its own ``timings`` do not account for: queued too (a model with its slots all busy).
 
 Times are ``time.perf_counter()`` values (the relay's first-byte time is one); ``wall`` turns them into
-epoch seconds against the pair taken at arrival. Nothing of the prompt is kept; the answer's last bytes
-are read once, at the end, for llama-server's ``timings`` and finish reason.
+epoch seconds against the pair taken at arrival. Nothing of the prompt is kept. What is read from the
+request's headers (the client) and from the answer's last bytes (llama-server's ``timings``, the finish
+reason) is read once, by ``finish``, after the request: in a batch, off the request's own path
+(``studio.activity.recorder``), or when a reader wants the record first.
 """
 
 from __future__ import annotations
@@ -93,6 +95,7 @@ class RequestTrace:
     # each wait before it had its model: [what, began, ended (None: going on), model, load record id]; None: a
     # record stored before waits were recorded, whose phases are inferred from its load's start
     waits: tuple[list[Any], ...] | None = ()
+    headers: Any = None  # the request's ASGI headers, until ``finish`` reads the client from them
 
     def first_byte_now(self) -> float | None:
         """When the answer's first bytes came, if they did yet (a stream in flight says so through ``probe``)."""
@@ -187,15 +190,33 @@ class RequestTrace:
     # -- the end ----------------------------------------------------------------------------------
 
     def finish(self) -> None:
-        """Read the tail once: llama-server's ``timings`` and whether the answer hit its token limit."""
+        """Read what the request left to read, once: its client from its headers, llama-server's ``timings`` and
+        whether the answer hit its token limit from the answer's tail (let go once read)."""
         if self.ended is None:
             self.ended = time.perf_counter()
+        if self.headers is not None:
+            self._read_client()
         tail = self.tail
         if not tail:
             return
+        self.tail = b""
         self.timings = timings_of(tail)
         if self.outcome == "finished" and _hit_limit(tail):
             self.outcome = "length"
+
+    def _read_client(self) -> None:
+        headers, self.headers = self.headers, None
+        for name, value in headers if isinstance(headers, list) else headers.items():
+            if name == b"user-agent":
+                self.user_agent = value.decode("latin-1")[:200]
+            elif name == b"origin":
+                self.origin = value.decode("latin-1")[:200]
+
+    def client(self) -> dict[str, str | None]:
+        """Who sent it: the user agent and the origin its headers name."""
+        if self.headers is not None:
+            self._read_client()
+        return {"user_agent": self.user_agent, "origin": self.origin}
 
     def phases(self) -> dict[str, float]:
         """Seconds in each phase: queued (behind other requests, in the studio or for a slot of llama-server),
@@ -236,6 +257,7 @@ class RequestTrace:
     def state(self) -> list[Any]:
         """The finished trace as a list of JSON values, for the database: not the record (which is built on
         reading), its times relative to the arrival. ``from_state`` makes the trace again from its JSON."""
+        self.finish()
         at, load = self.arrived, self.load
         if load is not None:
             load = {**load, "began_at": load["began_at"] - at}
@@ -299,6 +321,7 @@ class RequestTrace:
 
     def record(self) -> dict[str, Any]:
         """The request as ``/api/activity`` shows it (and the database keeps it)."""
+        self.finish()
         t = self.timings or {}
         generated = t.get("predicted_n")
         tokens = {
@@ -317,7 +340,7 @@ class RequestTrace:
             "model": self.model or self.asked,
             "asked": self.asked,
             "stream": self.stream,
-            "client": {"user_agent": self.user_agent, "origin": self.origin},
+            "client": self.client(),
             "times": {
                 "arrived": self.wall0,
                 "acquired": self.wall(self.acquired),

@@ -178,6 +178,7 @@ def create_app(
         With ``?model=``, that model's llama-server's own ``/metrics`` (a forwarded route)."""
         if request.query_params.get("model"):
             return await forward(request)
+        activity.flush()  # the phases of the requests that ended since the last batch are counted first
         return Response(await metrics.render(request.app.state.upstream), media_type=CONTENT_TYPE_LATEST)
 
     return app
