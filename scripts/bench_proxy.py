@@ -231,8 +231,10 @@ def serve_stand_in(port: int, conn: Connection, upstream: int, ollama_port: int 
     )
 
 
-#: The path of ``--activity-off``'s studio.
+#: The paths of ``--activity-off``'s two studios, alike but for the recording: each serves its own /v1 rounds
+#: only, where "studio /v1" also serves the other dialects' rounds (a few percent per chunk of its own).
 UNRECORDED = "no records /v1"
+RECORDED = "records /v1"
 
 #: The top-level packages an earlier revision's studio is imported from (its own, not this checkout's).
 PACKAGES = ("studio", "launcher", "gguf", "tests")
@@ -847,6 +849,12 @@ def report(
         for name in ("studio /v1", *sorted(before)):
             targets(runs, name, baseline_of[name], streams)
 
+    if RECORDED in names and UNRECORDED in names:
+        for c in streams:
+            chunk = median_ratio(runs, c, RECORDED, UNRECORDED, "cpu_us_per_chunk")
+            net = median_ratio(runs, c, RECORDED, UNRECORDED, "net_us_per_chunk")
+            print(f"{RECORDED} over {UNRECORDED}, {c} streams: CPU per chunk {chunk:.3f}x (net {net:.3f}x), run by run")
+
     firsts = [p.name for p in paths if p.name in ("studio /v1", "floor py") or p.name in before]
     print("+TTFT p50 of each concurrency's first round, not in the table (the studio's spares a smaller fan-out's):")
     for c in streams:
@@ -966,14 +974,17 @@ def main() -> int:
         )
         earlier = f"{rev} /v1", earlier_port, process, earlier_ours  # its path's name
         helpers.append(process)
-    unrecorded: tuple[int, multiprocessing.process.BaseProcess, Connection] | None = None
+    alike: list[tuple[str, int, multiprocessing.process.BaseProcess, Connection]] = []
     if args.activity_off and stand_in is not None:
-        off_port, (off_ours, off_theirs) = free_port(), multiprocessing.Pipe()
-        process = spawn.Process(
-            target=serve_stand_in, args=(off_port, off_theirs, stand_in, free_port(), False), daemon=True
-        )
-        unrecorded = off_port, process, off_ours
-        helpers.append(process)
+        for path_name, recording in ((RECORDED, True), (UNRECORDED, False)):
+            alike_port, (alike_ours, alike_theirs) = free_port(), multiprocessing.Pipe()
+            process = spawn.Process(
+                target=serve_stand_in,
+                args=(alike_port, alike_theirs, stand_in, free_port(), recording),
+                daemon=True,
+            )
+            alike.append((path_name, alike_port, process, alike_ours))
+            helpers.append(process)
     for process in (*helpers, service):
         process.start()
     try:
@@ -1007,13 +1018,12 @@ def main() -> int:
             earlier_ours.recv()
             paths.append(Route(earlier_name, earlier_port, "/v1/chat/completions", {}, {}, V1_TOKEN, True, process.pid))
             baseline_of[earlier_name] = "direct"
-        if unrecorded is not None:
-            off_port, process, off_ours = unrecorded
-            if not off_ours.poll(120):
-                raise SystemExit("the studio without activity records did not start (its error, if any, is above)")
-            off_ours.recv()
-            paths.append(Route(UNRECORDED, off_port, "/v1/chat/completions", {}, {}, V1_TOKEN, True, process.pid))
-            baseline_of[UNRECORDED] = "direct"
+        for path_name, alike_port, process, alike_ours in alike:
+            if not alike_ours.poll(120):
+                raise SystemExit(f"the studio of '{path_name}' did not start (its error, if any, is above)")
+            alike_ours.recv()
+            paths.append(Route(path_name, alike_port, "/v1/chat/completions", {}, {}, V1_TOKEN, True, process.pid))
+            baseline_of[path_name] = "direct"
         if not args.no_gui:
             paths += [
                 Route("direct+usage", up_port, "/v1/chat/completions", auth, usage, V1_TOKEN, False, service.pid),
@@ -1059,7 +1069,7 @@ def main() -> int:
             runs.append(asyncio.run(run_once(paths, baseline_of, streams, args.tokens, rounds)))
             if args.runs > 1:
                 print(f"run {i + 1}/{args.runs} done, load {psutil.getloadavg()[0]:.1f}", file=sys.stderr)
-        before = ({earlier[0]} if earlier is not None else set()) | ({UNRECORDED} if unrecorded is not None else set())
+        before = ({earlier[0]} if earlier is not None else set()) | {name for name, *_ in alike}
         report(runs, paths, baseline_of, streams, before)
         if args.split and args.stand_in:
             from studio.http.wire.upstream import DEMAND_WINDOW
@@ -1089,10 +1099,13 @@ def main() -> int:
             if args.runs > 1:
                 for name, ms in per_path.items():
                     print(f"    {name}: {' '.join(f'{m:.3f}' for m in ms)}")
-                for name in sorted(before):  # each run's ratio: the drift between runs hits both alike
-                    ratios = [a / b for a, b in zip(per_path["studio /v1"], per_path[name], strict=True)]
+                pairs = [("studio /v1", name) for name in sorted(before - {RECORDED})]
+                if alike:
+                    pairs.append((RECORDED, UNRECORDED))  # what recording costs, the two studios alike otherwise
+                for name, other in pairs:  # each run's ratio: the drift between runs hits both alike
+                    ratios = [a / b for a, b in zip(per_path[name], per_path[other], strict=True)]
                     print(
-                        f"    studio /v1 over {name}, run by run: {' '.join(f'{r:.3f}' for r in ratios)}; "
+                        f"    {name} over {other}, run by run: {' '.join(f'{r:.3f}' for r in ratios)}; "
                         f"median {statistics.median(ratios):.3f}"
                     )
             if args.long_kb:
