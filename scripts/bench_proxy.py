@@ -766,13 +766,13 @@ async def run_once(
     return rows
 
 
-async def cpu_split(paths: list[Route], concurrency: int, low: int, high: int, rounds: int) -> None:
-    """Print each path's CPU as a part per chunk plus a part per stream, from rounds of ``low`` and ``high`` tokens.
+async def cpu_split(paths: list[Route], concurrency: int, low: int, high: int, rounds: int) -> Parts:
+    """Each path's CPU as a part per chunk (us) plus a part per stream (ms), from rounds of ``low`` and ``high``
+    tokens.
 
     CPU per chunk at one stream length mixes the two: a stream's set-up and end (the CPU per request)
     spread over its chunks. The slope between two lengths is what one more chunk costs, the intercept
-    what a stream costs besides. Against the floor's: the part per chunk as a ratio, the part per stream as a
-    difference (the floor's is near nothing, within noise of zero, and a ratio to it read -172x in one run).
+    what a stream costs besides.
     """
     samples = {(p.name, t): Samples() for p in paths for t in (low, high)}
     for i in range(rounds):
@@ -786,7 +786,25 @@ async def cpu_split(paths: list[Route], concurrency: int, low: int, high: int, r
         ev_lo, ev_hi = lo.events / len(lo.streams), hi.events / len(hi.streams)
         per_chunk = (cpu_hi - cpu_lo) / (ev_hi - ev_lo)
         parts[p.name] = per_chunk * 1e6, (cpu_lo - per_chunk * ev_lo) * 1e3
-    print(f"CPU split at {concurrency} streams ({low} and {high} tokens, {rounds} rounds each): per chunk + per stream")
+    return parts
+
+
+#: A split's figures by path: CPU per chunk (us), per stream (ms).
+Parts = dict[str, tuple[float, float]]
+
+
+def print_split(
+    concurrency: int, low: int, high: int, rounds: int, runs: list[Parts], pairs: list[tuple[str, str]]
+) -> None:
+    """Print the medians of ``runs`` of ``cpu_split``; against the floor's: the part per chunk as a ratio, the part
+    per stream as a difference (the floor's is near nothing, within noise of zero, and a ratio to it read -172x in
+    one run). For each of ``pairs`` (after, before), each run's ratio per chunk and difference per stream, then
+    their medians: the intercept moves by a tenth of a millisecond from one run to the next."""
+    print(
+        f"CPU split at {concurrency} streams ({low} and {high} tokens, {rounds} rounds each, medians of {len(runs)}): "
+        "per chunk + per stream"
+    )
+    parts = {name: tuple(statistics.median(r[name][i] for r in runs) for i in (0, 1)) for name in runs[0]}
     floor = parts.get("floor py")
     for name, (chunk, stream) in parts.items():
         ratio = ""
@@ -796,6 +814,16 @@ async def cpu_split(paths: list[Route], concurrency: int, low: int, high: int, r
                 ok = chunk / floor[0] <= CPU_OVER_FLOOR[concurrency]
                 ratio += f", per chunk alone <= {CPU_OVER_FLOOR[concurrency]:g}x: {verdict(ok)}"
         print(f"  {name:>14} {chunk:6.1f} us + {stream:5.3f} ms{ratio}")
+    for after, before in pairs:
+        if after not in parts or before not in parts:
+            continue
+        ratios = [r[after][0] / r[before][0] for r in runs]
+        deltas = [r[after][1] - r[before][1] for r in runs]
+        print(
+            f"    {after} over {before}, run by run: per chunk {' '.join(f'{x:.3f}' for x in ratios)} "
+            f"(median {statistics.median(ratios):.3f}x); per stream {' '.join(f'{x:+.3f}' for x in deltas)} "
+            f"(median {statistics.median(deltas):+.3f} ms)"
+        )
 
 
 def median_difference(runs: list[Rows], c: int, name: str, other: str, attr: str) -> float:
@@ -919,6 +947,15 @@ def main() -> int:
         help="with --stand-in: also split CPU into a part per chunk and a part per stream (16 and 256 tokens, 8 and 32 "
         "streams)",
     )
+    parser.add_argument(
+        "--request-runs",
+        type=int,
+        default=0,
+        help="measure the CPU per request this many times, the paths taking turns (default: --runs); each takes a "
+        "second or so, where a run of the rest takes a minute",
+    )
+    parser.add_argument("--split-runs", type=int, default=1, help="with --split: repeat it; medians are printed")
+    parser.add_argument("--split-rounds", type=int, default=4, help="with --split: rounds of each length a run")
     parser.add_argument(
         "--after-fan-out",
         action="store_true",
@@ -1070,14 +1107,21 @@ def main() -> int:
             if args.runs > 1:
                 print(f"run {i + 1}/{args.runs} done, load {psutil.getloadavg()[0]:.1f}", file=sys.stderr)
         before = ({earlier[0]} if earlier is not None else set()) | {name for name, *_ in alike}
+        # (after, before): today's studio against each other one; what recording costs, the two studios alike
+        pairs = [("studio /v1", name) for name in sorted(before - {RECORDED})]
+        if alike:  # and the studio alike to an earlier one's (its /v1 rounds only) against it
+            pairs += [(RECORDED, UNRECORDED)] + ([(RECORDED, earlier[0])] if earlier is not None else [])
         report(runs, paths, baseline_of, streams, before)
         if args.split and args.stand_in:
             from studio.http.wire.upstream import DEMAND_WINDOW
 
             split = [p for p in paths if p.name in ("studio /v1", "floor py", "floor C") or p.name in before]
             for concurrency in sorted(CPU_OVER_FLOOR):
-                time.sleep(2 * DEMAND_WINDOW)  # a larger fan-out's spares are no longer wanted (see the docstring)
-                asyncio.run(cpu_split(split, concurrency, 16, 256, 4))
+                split_runs = []
+                for _ in range(args.split_runs):
+                    time.sleep(2 * DEMAND_WINDOW)  # a larger fan-out's spares are no longer wanted (the docstring)
+                    split_runs.append(asyncio.run(cpu_split(split, concurrency, 16, 256, args.split_rounds)))
+                print_split(concurrency, 16, 256, args.split_rounds, split_runs, pairs)
         if args.requests:
             if args.stand_in:  # the spares the rounds above wanted are let go: their renewals are no request's
                 from studio.http.wire.upstream import DEMAND_WINDOW
@@ -1088,20 +1132,17 @@ def main() -> int:
             # with --runs, each path is measured once a run, the paths taking turns, and the medians are printed:
             # one measurement of each, one after the other, moved by more than the differences it was to show
             per_path: dict[str, list[float]] = {p.name: [] for p in measured}
-            for run in range(args.runs):
+            for run in range(args.request_runs or args.runs):
                 for p in measured if run % 2 == 0 else measured[::-1]:  # neither goes first every time
                     per_path[p.name].append(asyncio.run(cpu_per_request(p, args.requests, at_once)))
             figures = [f"{name} {statistics.median(ms):.3f}" for name, ms in per_path.items()]
             print(
                 f"CPU per request (ms, {args.requests} one-token streams, {at_once} at a time, median of "
-                f"{args.runs}): {', '.join(figures)}"
+                f"{args.request_runs or args.runs}): {', '.join(figures)}"
             )
-            if args.runs > 1:
+            if (args.request_runs or args.runs) > 1:
                 for name, ms in per_path.items():
                     print(f"    {name}: {' '.join(f'{m:.3f}' for m in ms)}")
-                pairs = [("studio /v1", name) for name in sorted(before - {RECORDED})]
-                if alike:
-                    pairs.append((RECORDED, UNRECORDED))  # what recording costs, the two studios alike otherwise
                 for name, other in pairs:  # each run's ratio: the drift between runs hits both alike
                     ratios = [a / b for a, b in zip(per_path[name], per_path[other], strict=True)]
                     print(
