@@ -975,8 +975,8 @@ def main() -> int:
     parser.add_argument(
         "--activity-off",
         action="store_true",
-        help="with --stand-in: also this studio making no activity records (activity_days = 0), as the path "
-        "'no records /v1': what recording costs, measured in the same run",
+        help="with --stand-in: also two studios alike but for the activity records, each serving its /v1 rounds "
+        "only: 'records /v1' and 'no records /v1' (activity_days = 0): what recording costs, in the same run",
     )
     args = parser.parse_args()
     if args.activity_off and not args.stand_in:
