@@ -40,11 +40,11 @@ def two_cores() -> Inventory:
 
 
 @contextmanager
-def two_on_two_cores(tmp_path: Path, real: Any, zoo_dir: Path) -> Iterator[tuple[ModelManager, Any]]:
+def two_on_two_cores(tmp_path: Path, real: Any, zoo_dir: Path, **options: Any) -> Iterator[tuple[ModelManager, Any]]:
     """A manager over the zoo's first two models on a 2-core CPU, its llama-servers fake, and those children."""
     with fake_children() as children:
         models = {name: zoo_dir / f"{name}.gguf" for name in ZOO[:2]}
-        yield fake_manager(tmp_path, children, real, models, discover=two_cores), children
+        yield fake_manager(tmp_path, children, real, models, discover=two_cores, **options), children
 
 
 def test_a_second_model_on_the_cpu_restarts_the_first_with_its_share(tmp_path, real, zoo_dir):
@@ -119,6 +119,31 @@ def test_a_busy_model_left_alone_gets_every_core_back_once_idle(tmp_path, real, 
             await _until(
                 lambda: (r := manager.find(a)) is not None and r.plan.threads == 2 and r.state.value == "ready"
             )
+            await manager.aclose()
+
+    asyncio.run(run())
+
+
+def test_a_restart_for_the_cores_that_cannot_begin_leaves_the_model_serving(tmp_path, real, zoo_dir):
+    """Its launch files cannot be written (their folder is now a file): the model serves on with its share."""
+    a, b = ZOO[:2]
+    launch = tmp_path / "launch"
+
+    async def run() -> None:
+        with two_on_two_cores(tmp_path, real, zoo_dir, files_root=launch) as (manager, _):
+            await manager.load(LoadRequest(model=a))
+            await manager.load(LoadRequest(model=b))
+            shared = manager.find(a)
+            assert shared is not None and shared.plan.threads == 1 and any(launch.iterdir())
+            launch.rename(tmp_path / "launch.gone")
+            launch.write_text("not a folder")
+            await manager.unload(b)
+            await _until(lambda: not manager.dividing_cores and manager.find(b) is None)
+            await asyncio.sleep(0.1)
+            assert manager.find(a) is shared and shared.state.value == "ready"
+            assert shared.admission.value == "accepting" and shared.plan.threads == 1
+            _, lease = await manager.acquire(a)  # it answers
+            await lease()
             await manager.aclose()
 
     asyncio.run(run())
