@@ -132,7 +132,7 @@ class Activity:
         first = trace.first_byte_now()
         waiting = trace.waits[-1] if trace.waits and trace.waits[-1][2] is None else None
         if trace.acquired is None:
-            phase = ("loading" if waiting[0] == "load" else "queued") if waiting else "queued"
+            phase = "loading" if waiting and waiting[0] == "load" else "queued"
         elif trace.sent is None:
             phase = "queued"
         elif first is None:

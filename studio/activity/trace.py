@@ -256,8 +256,8 @@ class RequestTrace:
 
     def state(self) -> list[Any]:
         """The finished trace as a list of JSON values, for the database: not the record (which is built on
-        reading), its times relative to the arrival. ``from_state`` makes the trace again from its JSON."""
-        self.finish()
+        reading), its times relative to the arrival, once ``finish`` read what it left to read (the batch's
+        settling, on the event loop). ``from_state`` makes the trace again from its JSON."""
         at, load = self.arrived, self.load
         if load is not None:
             load = {**load, "began_at": load["began_at"] - at}

@@ -415,7 +415,7 @@ def rebalance(snapshot: Snapshot) -> Rebalance:
     on_cpu = [r for r in snapshot.residents if r.on_cpu]
     if snapshot.max_resident is not None or not cores or not on_cpu or snapshot.loads or snapshot.reservations:
         return Rebalance()
-    if any(r.loading or r.going for r in on_cpu):
+    if any(r.loading or r.going for r in on_cpu):  # a resident starting, going or restarting decides nothing
         return Rebalance()
     share = max(1, cores // len(on_cpu))
     held = {r.holder.name: r.threads or cores for r in on_cpu}

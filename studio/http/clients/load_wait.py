@@ -32,7 +32,7 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import Awaitable, Callable
-from typing import Generic, TypeVar
+from typing import Generic, TypeGuard, TypeVar
 
 import structlog
 from starlette.responses import Response
@@ -273,14 +273,14 @@ class Survival(Generic[R]):
         self.acquired.clear()  # loading again, until the model is back
 
 
-def _unbegun(response: Response) -> bool:
+def _unbegun(response: Response) -> TypeGuard[Relay]:
     """Whether ``response`` relays an answer whose body has not begun: a death before it costs the client nothing."""
     return isinstance(response, Relay) and response.unbegun()
 
 
 def _relay_opening(response: Response) -> Awaitable[None] | None:
     """The wait for a relayed answer's body to begin (``Relay.first_bytes``); ``None`` for any other response."""
-    return response.first_bytes() if isinstance(response, Relay) and response.unbegun() else None
+    return response.first_bytes() if _unbegun(response) else None
 
 
 async def _acquire(
