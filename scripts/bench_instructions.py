@@ -59,11 +59,6 @@ def serve(variant: str, port: int, upstream: int, root: str | None) -> None:
         bench_proxy.serve_stand_in(port, _Ready(), upstream, bench_proxy.free_port(), recording)  # type: ignore[arg-type]
 
 
-async def streams(route: bench_proxy.Route, n: int, tokens: int) -> None:
-    for _ in range(n // 8):
-        await asyncio.gather(*(bench_proxy.one_request(route, tokens=tokens) for _ in range(8)))
-
-
 def count(variant: str, root: str | None, upstream: int, n: int, tokens: int) -> float:
     """Instructions per stream of one studio, started under callgrind with its counting off until the warm-up
     is done."""
@@ -90,10 +85,10 @@ def count(variant: str, root: str | None, upstream: int, n: int, tokens: int) ->
             route = bench_proxy.Route(
                 variant, port, "/v1/chat/completions", {}, {}, bench_proxy.V1_TOKEN, True, studio.pid
             )
-            asyncio.run(streams(route, 24, tokens))
+            asyncio.run(bench_proxy.requests(route, 24, 8, tokens=tokens))
             time.sleep(2)  # what the warm-up left (the spares, the history's first batch) is done
             subprocess.run(["callgrind_control", "-i", "on", str(studio.pid)], check=True, capture_output=True)
-            asyncio.run(streams(route, n, tokens))
+            asyncio.run(bench_proxy.requests(route, n, 8, tokens=tokens))
             time.sleep(2)  # the last stream's end (its record, its connection's close)
             subprocess.run(["callgrind_control", "-i", "off", str(studio.pid)], check=True, capture_output=True)
             subprocess.run(["callgrind_control", "-d", str(studio.pid)], check=True, capture_output=True)

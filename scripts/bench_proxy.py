@@ -644,12 +644,19 @@ async def one_request(path: Route, messages: list[dict[str, str]] = PROMPT, *, t
         raise SystemExit(f"{path.name}: {bytes(data[:300])!r}")
 
 
+async def requests(path: Route, n: int, at_once: int, messages: list[dict[str, str]] = PROMPT, tokens: int = 1) -> int:
+    """``n`` streamed requests of ``tokens`` tokens (``one_request``), ``at_once`` at a time; how many were sent (a
+    whole number of ``at_once``)."""
+    for _ in range(n // at_once):
+        await asyncio.gather(*(one_request(path, messages, tokens=tokens) for _ in range(at_once)))
+    return n // at_once * at_once
+
+
 async def cpu_per_request(path: Route, n: int, at_once: int, messages: list[dict[str, str]] = PROMPT) -> float:
     """Milliseconds of ``path.pid``'s CPU per request over ``n`` one-token requests, ``at_once`` at a time."""
     before = studio_cpu(path.pid)
-    for _ in range(n // at_once):
-        await asyncio.gather(*(one_request(path, messages) for _ in range(at_once)))
-    return (studio_cpu(path.pid) - before) / (n // at_once * at_once) * 1000
+    sent = await requests(path, n, at_once, messages)
+    return (studio_cpu(path.pid) - before) / sent * 1000
 
 
 async def warm_up(paths: list[Route]) -> None:
@@ -842,7 +849,10 @@ def report(
     baseline_of: dict[str, str],
     streams: Sequence[int],
     before: set[str],
+    pairs: Sequence[tuple[str, str]] = (),
 ) -> None:
+    """Print the table of ``runs``, issue 33's targets, and each of ``pairs``' (after, before) CPU per chunk ratio."""
+
     def med(c: int, name: str, attr: str) -> float:
         return statistics.median(getattr(r[c, name], attr) for r in runs)
 
@@ -877,11 +887,11 @@ def report(
         for name in ("studio /v1", *sorted(before)):
             targets(runs, name, baseline_of[name], streams)
 
-    if RECORDED in names and UNRECORDED in names:
+    for after, earlier in pairs:
         for c in streams:
-            chunk = median_ratio(runs, c, RECORDED, UNRECORDED, "cpu_us_per_chunk")
-            net = median_ratio(runs, c, RECORDED, UNRECORDED, "net_us_per_chunk")
-            print(f"{RECORDED} over {UNRECORDED}, {c} streams: CPU per chunk {chunk:.3f}x (net {net:.3f}x), run by run")
+            chunk = median_ratio(runs, c, after, earlier, "cpu_us_per_chunk")
+            net = median_ratio(runs, c, after, earlier, "net_us_per_chunk")
+            print(f"{after} over {earlier}, {c} streams: CPU per chunk {chunk:.3f}x (net {net:.3f}x), run by run")
 
     firsts = [p.name for p in paths if p.name in ("studio /v1", "floor py") or p.name in before]
     print("+TTFT p50 of each concurrency's first round, not in the table (the studio's spares a smaller fan-out's):")
@@ -1111,7 +1121,7 @@ def main() -> int:
         pairs = [("studio /v1", name) for name in sorted(before - {RECORDED})]
         if alike:  # and the studio alike to an earlier one's (its /v1 rounds only) against it
             pairs += [(RECORDED, UNRECORDED)] + ([(RECORDED, earlier[0])] if earlier is not None else [])
-        report(runs, paths, baseline_of, streams, before)
+        report(runs, paths, baseline_of, streams, before, pairs)
         if args.split and args.stand_in:
             from studio.http.wire.upstream import DEMAND_WINDOW
 
